@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Installs every Debian bookworm package that building, running and testing rdma-sidecar needs.
+# Used by the README, .ci/run and the Dockerfile. Idempotent; run as root (or with sudo).
+#   scripts/install-deps.sh            build + test dependencies
+#   scripts/install-deps.sh --runtime  only what the daemon needs at run time (container image)
+set -euo pipefail
+
+runtime=(libgrpc29 libprotobuf-c1 libnats3.4 libssl3 libibverbs1 ibverbs-providers rdma-core)
+build=(build-essential cmake pkg-config git
+       libgrpc-dev protobuf-c-compiler libprotobuf-c-dev libssl-dev libnats-dev
+       libibverbs-dev rdma-core ibverbs-providers ibverbs-utils
+       nats-server python3 python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc
+       iproute2 procps psmisc valgrind clang libclang-rt-14-dev)
+# The Soft-RoCE VM test and the benchmarks.
+vm=(qemu-system-x86 busybox-static kmod cpio perftest iperf3)
+
+pkgs=("${build[@]}" "${vm[@]}")
+if [[ "${1:-}" == "--runtime" ]]; then
+  pkgs=("${runtime[@]}")
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=600 "${missing[@]}"

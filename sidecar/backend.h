@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * backend.h: the interface every data-plane backend implements (tcp, ibverbs, local), in the
+ * shape of Monarch's RdmaBackend: a const ops table with named initializers, called through the
+ * inline wrappers below; a backend's object embeds struct sc_backend and downcasts with
+ * container_of. Ops a backend lacks point at the sc_backend_*_unsupported stubs, so callers never
+ * test for NULL.
+ *
+ * An active operation becomes one struct sc_xfer, submitted to one backend. The backend moves the
+ * bytes on its own threads, reports progress, and calls on_complete exactly once (from any of its
+ * threads, never from inside submit), after it has told the passive side (DONE / CANCEL).
+ */
+#ifndef SC_BACKEND_H
+#define SC_BACKEND_H
+
+#include "engine.h"
+#include "metadata.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+#ifndef container_of
+#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+#endif
+
+struct sc_backend;
+struct sc_region;
+
+/* One contiguous piece of an active transfer: local memory <-> remote descriptor remote_desc. */
+struct sc_xfer_seg {
+	uint8_t *local;
+	uint64_t len;
+	uint32_t remote_desc;
+	uint64_t remote_addr; /* ibverbs: from the metadata */
+	uint32_t rkey;        /* ibverbs: from the metadata */
+	void *local_mr;       /* ibverbs: the local region's registration (struct ibv_mr *) */
+};
+
+struct sc_xfer {
+	enum sc_op_kind kind; /* SC_OP_READ (remote -> local) or SC_OP_WRITE (local -> remote) */
+	const struct sc_metadata *meta; /* verified: endpoints, token, ibverbs endpoint */
+	uint64_t xfer_id;
+	struct sc_xfer_seg *segs;
+	size_t n_segs;
+	uint64_t total;
+	uint64_t deadline_mono_ms;
+	atomic_bool cancel_requested;
+	/* Called from backend threads. on_progress may run concurrently from several threads. */
+	void (*on_progress)(struct sc_xfer *x, uint64_t delta);
+	void (*on_complete)(struct sc_xfer *x, enum sc_status status, const char *msg);
+	void *owner; /* the engine's operation */
+	void *priv;  /* the backend's */
+};
+
+struct sc_backend_ops {
+	const char *name;
+	enum sc_backend_kind kind;
+	int transport_level; /* tcp 1 < nic 2 < local 3 */
+	/* Bind/start threads. Called once by sc_engine_start. */
+	int (*start)(struct sc_backend *b, struct sc_err *err);
+	/* Stop accepting and cancel what is in flight; join threads. */
+	void (*stop)(struct sc_backend *b);
+	void (*destroy)(struct sc_backend *b);
+	/* Make a region usable by this backend (ibverbs: ibv_reg_mr). *handle is stored with it. */
+	int (*register_region)(struct sc_backend *b, void *addr, uint64_t len, void **handle,
+			       struct sc_err *err);
+	void (*deregister_region)(struct sc_backend *b, void *handle);
+	/* Grant remote access to one passive operation's ranges; fill md->descs' addr/rkey and
+	 * md->ib. *handle identifies the grant for revoke. */
+	int (*expose)(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs,
+		      void *const *region_handles, void **handle, struct sc_err *err);
+	void (*revoke)(struct sc_backend *b, void *handle);
+	int (*submit)(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
+	/* Ask the transfer to end early (CANCELLED); on_complete still runs exactly once. */
+	void (*cancel)(struct sc_backend *b, struct sc_xfer *x);
+};
+
+struct sc_backend {
+	const struct sc_backend_ops *ops;
+	struct sc_engine *eng;
+	bool available;
+	char detail[256];
+	char devices[4][64];
+	size_t n_devices;
+	char endpoint[80]; /* tcp: "host:port" peers dial, once started */
+};
+
+int sc_backend_start_unsupported(struct sc_backend *b, struct sc_err *err);
+void sc_backend_noop(struct sc_backend *b);
+int sc_backend_register_unsupported(struct sc_backend *b, void *addr, uint64_t len, void **handle,
+				    struct sc_err *err);
+void sc_backend_deregister_noop(struct sc_backend *b, void *handle);
+int sc_backend_expose_noop(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs,
+			   void *const *region_handles, void **handle, struct sc_err *err);
+void sc_backend_revoke_noop(struct sc_backend *b, void *handle);
+int sc_backend_submit_unsupported(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
+void sc_backend_cancel_noop(struct sc_backend *b, struct sc_xfer *x);
+
+static inline int sc_backend_start(struct sc_backend *b, struct sc_err *err)
+{
+	return b->ops->start(b, err);
+}
+static inline void sc_backend_stop(struct sc_backend *b)
+{
+	b->ops->stop(b);
+}
+static inline void sc_backend_destroy(struct sc_backend *b)
+{
+	if (b)
+		b->ops->destroy(b);
+}
+static inline int sc_backend_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err)
+{
+	return b->ops->submit(b, x, err);
+}
+static inline void sc_backend_cancel(struct sc_backend *b, struct sc_xfer *x)
+{
+	b->ops->cancel(b, x);
+}
+
+/* Constructors. Each returns a backend even when unusable (available=false, detail says why). */
+struct sc_backend *sc_backend_tcp_create(struct sc_engine *eng, const struct sc_config *cfg);
+struct sc_backend *sc_backend_local_create(struct sc_engine *eng);
+struct sc_backend *sc_backend_ibverbs_create(struct sc_engine *eng, const struct sc_config *cfg);
+
+#endif

@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * config.h: the daemon's configuration, from flags with RDMA_SIDECAR_<NAME> environment twins
+ * (the flag wins; --grpc-listen may repeat, its env twin is comma-separated).
+ * Parsed once on the main thread at start-up; read-only afterwards, so any thread may read it.
+ */
+#ifndef SC_CONFIG_H
+#define SC_CONFIG_H
+
+#include "log.h"
+#include "status.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Backend bits for --backends. */
+enum {
+	SC_BACKEND_BIT_TCP = 1u << 0,
+	SC_BACKEND_BIT_IBVERBS = 1u << 1,
+	SC_BACKEND_BIT_LOCAL = 1u << 2,
+};
+
+#define SC_MAX_GRPC_LISTENERS 8
+
+struct sc_config {
+	char *id;                                     /* --id; default "<hostname>-<6 hex>" */
+	char *grpc_listen[SC_MAX_GRPC_LISTENERS];     /* --grpc-listen, repeatable */
+	size_t n_grpc_listen;                         /* default: unix socket + 127.0.0.1:50051 */
+	char *data_listen;                            /* --data-listen HOST:PORT, "0.0.0.0:0" */
+	char *advertise;                              /* --advertise HOST; NULL = derived */
+	char *shm_dir;                                /* --shm-dir, "/dev/shm" */
+	char *nats_url;                               /* --nats-url; NULL/"" = NATS off */
+	char *key_file;                               /* --key-file; NULL = no signing */
+	unsigned backends;                            /* --backends tcp,ibverbs; 0 = all available */
+	char *ib_device;                              /* --ib-device; NULL = first active */
+	int ib_port;                                  /* --ib-port; 0 = first active */
+	int ib_gid_index;                             /* --ib-gid-index; -1 = first RoCEv2 */
+	enum sc_log_level log_level;                  /* --log-level, info */
+	bool log_json;                                /* --log-json */
+	char *metrics_listen;                         /* --metrics-listen HOST:PORT; NULL = off */
+	uint64_t default_timeout_ms;                  /* --default-timeout, 60000 */
+	uint64_t retention_ms;                        /* --retention, 300000 */
+	uint64_t grace_ms;                            /* --grace-period, 10000 */
+	uint32_t max_concurrent_transfers;            /* --max-concurrent-transfers, 64 */
+	uint64_t max_inflight_bytes;                  /* --max-inflight-bytes, 4 GiB */
+	uint64_t max_message_bytes;                   /* --max-message-size, 64 MiB (gRPC) */
+	uint32_t grpc_threads;                        /* --grpc-threads, 4 */
+	uint32_t tcp_streams;                         /* --tcp-streams, parallel data conns, 2 */
+	uint64_t tcp_chunk_bytes;                     /* --tcp-chunk-size, 8 MiB */
+	uint64_t max_region_bytes;                    /* --max-region-size, 64 GiB */
+};
+
+/* Result of sc_config_parse. */
+enum sc_config_result {
+	SC_CONFIG_OK = 0,   /* run the daemon */
+	SC_CONFIG_EXIT = 1, /* --help or --version was printed to stdout: exit 0 */
+	SC_CONFIG_ERROR = 2 /* bad configuration: err says what and how to fix; exit 2 */
+};
+
+/*
+ * Fill cfg from argv and the environment (envp: NULL-terminated "NAME=value" array, usually
+ * `environ`). cfg is fully initialised with defaults first; on any result call sc_config_free().
+ * Validates syntax (addresses, numbers, backend names, level); does not bind sockets.
+ */
+enum sc_config_result sc_config_parse(struct sc_config *cfg, int argc, char **argv, char **envp,
+				      struct sc_err *err);
+void sc_config_free(struct sc_config *cfg);
+
+/* Print the --help text (every option, its env twin and its default) to f. */
+void sc_config_usage(FILE *f, const char *argv0);
+
+/*
+ * Split "host:port", "[v6]:port" into host (without brackets) and port. Port must be 0..65535.
+ * Returns 0, or -1 with err INVALID_ARGUMENT.
+ */
+int sc_parse_hostport(const char *text, char *host, size_t host_cap, uint16_t *port,
+		      struct sc_err *err);
+/* "64MiB", "4k", "1G", "123" -> bytes. Returns 0 or -1 with err. */
+int sc_parse_size(const char *text, uint64_t *out, struct sc_err *err);
+/* "500ms", "30s", "2m", "1h", "1500" (ms) -> milliseconds. Returns 0 or -1 with err. */
+int sc_parse_duration_ms(const char *text, uint64_t *out, struct sc_err *err);
+
+#endif

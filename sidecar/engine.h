@@ -1,0 +1,244 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * engine.h: the engine's public API, the only header the gRPC layer (service/) uses.
+ *
+ * The engine owns regions, operations, backends, the metadata keys, the NATS bus and a timer
+ * thread. Ownership: engine > region > operation. Every call here is thread-safe (one engine lock
+ * guards the tables; transfers run on backend threads). Calls that return information fill
+ * caller-owned snapshot structs (free them with the matching *_free); ids are copied, never shared.
+ * Errors: -1 with struct sc_err filled (code = gRPC status code, message for the client).
+ */
+#ifndef SC_ENGINE_H
+#define SC_ENGINE_H
+
+#include "config.h"
+#include "status.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct sc_engine;
+
+/* Values equal the proto enums of rdma_sidecar.v1. */
+enum sc_device_kind { SC_DEVICE_UNSPECIFIED = 0, SC_DEVICE_HOST = 1, SC_DEVICE_CUDA = 2 };
+enum sc_op_kind { SC_OP_NONE = 0, SC_OP_READABLE = 1, SC_OP_WRITABLE = 2, SC_OP_READ = 3, SC_OP_WRITE = 4 };
+enum sc_op_status {
+	SC_OPS_UNSPECIFIED = 0,
+	SC_OPS_INITIALIZED = 1,
+	SC_OPS_IN_PROGRESS = 2,
+	SC_OPS_COMPLETE = 3,
+	SC_OPS_CANCELLED = 4,
+	SC_OPS_ERRORED = 5,
+	SC_OPS_SCHEDULED = 6,
+};
+enum sc_backend_kind { SC_BACKEND_NONE = 0, SC_BACKEND_TCP = 1, SC_BACKEND_IBVERBS = 2, SC_BACKEND_LOCAL = 3 };
+
+#define SC_ID_MAX 40
+#define SC_NAME_MAX 128
+
+static inline bool sc_op_status_terminal(enum sc_op_status s)
+{
+	return s == SC_OPS_COMPLETE || s == SC_OPS_CANCELLED || s == SC_OPS_ERRORED;
+}
+const char *sc_op_status_name(enum sc_op_status s);
+const char *sc_op_kind_name(enum sc_op_kind k);
+const char *sc_backend_name(enum sc_backend_kind b);
+
+/* ---- lifecycle (main thread) --------------------------------------------------------------- */
+
+/* Probes backends, loads keys, creates the shm dir check. Binds nothing yet. */
+int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct sc_err *err);
+/* Binds the data listener, starts the timer, data-plane and NATS threads. */
+int sc_engine_start(struct sc_engine *eng, struct sc_err *err);
+/* From now on new operations and regions are refused with UNAVAILABLE ("sidecar is draining"). */
+void sc_engine_begin_drain(struct sc_engine *eng);
+/* Waits up to timeout_ms for live transfers to end. Returns true when none is left. */
+bool sc_engine_wait_idle(struct sc_engine *eng, uint64_t timeout_ms);
+/* Cancels what is left, joins every thread, unmaps regions, removes files it created. NULL ok. */
+void sc_engine_destroy(struct sc_engine *eng);
+/* SIGHUP: reload the key file. The old keys stay on failure. */
+int sc_engine_reload_keys(struct sc_engine *eng, struct sc_err *err);
+
+/* ---- info ------------------------------------------------------------------------------------ */
+
+struct sc_backend_report {
+	enum sc_backend_kind backend;
+	bool available;
+	char detail[256];
+	char devices[4][64];
+	size_t n_devices;
+};
+
+struct sc_info {
+	char sidecar_id[SC_NAME_MAX];
+	const char *version;
+	struct sc_backend_report backends[3];
+	size_t n_backends;
+	char data_endpoints[2][80];
+	size_t n_data_endpoints;
+	char nats_state[32];
+	bool signing_enabled;
+	char signing_key_id[64];
+	bool cuda_available;
+	char cuda_detail[256];
+};
+void sc_engine_info(struct sc_engine *eng, struct sc_info *out);
+
+/* ---- regions --------------------------------------------------------------------------------- */
+
+struct sc_region_info {
+	char id[SC_ID_MAX];
+	enum sc_device_kind kind;
+	uint32_t device_index;
+	uint64_t size;
+	char path[512];
+	uint64_t file_offset;
+	char name[SC_NAME_MAX];
+	uint32_t live_ops;
+};
+
+int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind kind,
+		     uint32_t device_index, const char *name, struct sc_region_info *out,
+		     struct sc_err *err);
+int sc_region_register_host(struct sc_engine *eng, const char *path, uint64_t offset,
+			    uint64_t size, const char *name, struct sc_region_info *out,
+			    struct sc_err *err);
+int sc_region_deregister(struct sc_engine *eng, const char *id, bool force, struct sc_err *err);
+/* *out is malloc'd (free() it); *n may be 0. */
+int sc_region_list(struct sc_engine *eng, struct sc_region_info **out, size_t *n,
+		   struct sc_err *err);
+/* Copy bytes in or out of a host region (WriteRegion / ReadRegion). Bounds-checked. */
+int sc_region_write(struct sc_engine *eng, const char *id, uint64_t offset, const void *data,
+		    size_t len, struct sc_err *err);
+int sc_region_read(struct sc_engine *eng, const char *id, uint64_t offset, void *buf, size_t len,
+		   struct sc_err *err);
+int sc_region_get(struct sc_engine *eng, const char *id, struct sc_region_info *out,
+		  struct sc_err *err);
+
+/* ---- operations ------------------------------------------------------------------------------ */
+
+struct sc_desc {
+	char region_id[SC_ID_MAX];
+	uint64_t offset;
+	uint64_t length;
+};
+
+struct sc_op_info {
+	char id[SC_ID_MAX];
+	enum sc_op_kind kind;
+	enum sc_op_status status;
+	enum sc_backend_kind backend;
+	uint64_t bytes_total;
+	uint64_t bytes_done;
+	char *metadata; /* owned; passive operations: "rsm1." text; else NULL */
+	enum sc_status err_code;
+	char err_msg[SC_ERR_MSG_MAX];
+	char peer[SC_NAME_MAX];
+	uint64_t created_unix_ms;
+	uint64_t deadline_unix_ms;
+	uint64_t completed_unix_ms;
+	char request_id[SC_NAME_MAX];
+	struct sc_desc *descs; /* owned */
+	size_t n_descs;
+	char backend_reason[256];
+	uint32_t uses_left;
+};
+void sc_op_info_free(struct sc_op_info *info);
+/* Deep copy; returns -1 on allocation failure. */
+int sc_op_info_copy(struct sc_op_info *dst, const struct sc_op_info *src);
+
+struct sc_passive_req {
+	const struct sc_desc *descs;
+	size_t n_descs;
+	uint64_t timeout_ms; /* 0 = --default-timeout */
+	const char *audience;
+	uint32_t max_uses; /* 0 = 1 */
+	const char *request_id;
+};
+
+struct sc_requirement {
+	bool set;
+	char request_id[SC_NAME_MAX];
+	uint64_t iteration;
+	bool has_layer;
+	uint32_t layer;
+};
+
+struct sc_active_req {
+	const char *metadata;
+	const struct sc_desc *descs;
+	size_t n_descs;
+	uint64_t timeout_ms;
+	struct sc_requirement requirement;
+	enum sc_backend_kind backend; /* NONE = fastest both sides have */
+	const char *request_id;
+};
+
+/* kind: SC_OP_READABLE or SC_OP_WRITABLE. */
+int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
+			 const struct sc_passive_req *req, struct sc_op_info *out, struct sc_err *err);
+/* kind: SC_OP_READ or SC_OP_WRITE. Returns once the operation exists (SCHEDULED/IN_PROGRESS). */
+int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_active_req *req,
+		struct sc_op_info *out, struct sc_err *err);
+int sc_op_get(struct sc_engine *eng, const char *id, struct sc_op_info *out, struct sc_err *err);
+int sc_op_cancel(struct sc_engine *eng, const char *id, struct sc_op_info *out,
+		 struct sc_err *err);
+int sc_op_release(struct sc_engine *eng, const char *id, struct sc_err *err);
+/* *out is malloc'd: sc_op_info_free() each, then free(). */
+int sc_op_list(struct sc_engine *eng, struct sc_op_info **out, size_t *n, struct sc_err *err);
+
+/*
+ * Watch an operation. `fn` runs on an engine thread with the engine lock held, at every status
+ * change and progress update: it must not block and must not call into the engine. It returns
+ * false to stop watching. After it has seen a terminal status it is never called again (the
+ * watch ends by itself). `first` receives the current state, taken atomically with registration.
+ * *watch_id identifies the watch for sc_op_unwatch.
+ */
+typedef bool (*sc_op_watch_fn)(void *ctx, const struct sc_op_info *info);
+int sc_op_watch(struct sc_engine *eng, const char *id, sc_op_watch_fn fn, void *ctx,
+		uint64_t *watch_id, struct sc_op_info *first, struct sc_err *err);
+/* Synchronous: when it returns, fn is not running and will not run again. Returns true if the
+ * watch was still registered (false: it had already ended). Not from inside fn. */
+bool sc_op_unwatch(struct sc_engine *eng, uint64_t watch_id);
+
+/* ReportProgress: releases scheduled operations whose requirement is now met. */
+int sc_progress_report(struct sc_engine *eng, const char *request_id, uint64_t iteration,
+		       bool has_layer, uint32_t layer, bool iteration_complete, uint32_t *released,
+		       struct sc_err *err);
+
+/* ---- metadata bus (NATS) -------------------------------------------------------------------- */
+
+struct sc_bus_event {
+	const char *subject;
+	const char *metadata;
+	const char *issuer;
+	enum sc_op_kind kind;
+	const uint64_t *descriptor_lengths;
+	size_t n_descriptors;
+	uint64_t expires_unix_ms;
+};
+/* Either op_id (a local passive operation) or metadata ("rsm1." text, verified first). */
+int sc_bus_publish(struct sc_engine *eng, const char *subject, const char *op_id,
+		   const char *metadata, struct sc_err *err);
+/* fn runs on a NATS thread; it must not block. Only verified metadata reaches it. */
+typedef void (*sc_bus_event_fn)(void *ctx, const struct sc_bus_event *ev);
+int sc_bus_subscribe(struct sc_engine *eng, const char *subject, const char *queue_group,
+		     sc_bus_event_fn fn, void *ctx, uint64_t *sub_id, struct sc_err *err);
+/* Synchronous: when it returns fn will not run again. */
+void sc_bus_unsubscribe(struct sc_engine *eng, uint64_t sub_id);
+
+/* ---- timers ---------------------------------------------------------------------------------- */
+
+/* fn runs on the timer thread after delay_ms unless cancelled first. */
+typedef void (*sc_timer_fn)(void *ctx);
+uint64_t sc_engine_timer_add(struct sc_engine *eng, uint64_t delay_ms, sc_timer_fn fn, void *ctx);
+/* Synchronous: when it returns fn is not running and will not run. Returns true if it was
+ * cancelled before running. Not from inside fn. */
+bool sc_engine_timer_cancel(struct sc_engine *eng, uint64_t timer_id);
+
+/* Wall clock in unix ms, and a monotonic clock in ms (for deadlines). */
+uint64_t sc_now_unix_ms(void);
+uint64_t sc_now_mono_ms(void);
+
+#endif

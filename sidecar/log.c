@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * log.c: formats one log line and writes it to stderr with a single write(2), so lines from
+ * different threads never interleave. Any thread. The level and format are set once at start-up
+ * (sc_log_configure) before other threads exist, and read with relaxed atomics after.
+ */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static atomic_int g_level = SC_LOG_INFO;
+static atomic_bool g_json = false;
+
+static const char *const level_names[] = {"DEBUG", "INFO", "WARN", "ERROR", "OFF"};
+
+void sc_log_configure(enum sc_log_level level, bool json)
+{
+	atomic_store(&g_level, (int)level);
+	atomic_store(&g_json, json);
+}
+
+bool sc_log_level_parse(const char *text, enum sc_log_level *out)
+{
+	static const char *const names[] = {"debug", "info", "warn", "error", "off"};
+	for (int i = 0; i <= SC_LOG_OFF; i++) {
+		if (strcasecmp(text, names[i]) == 0) {
+			*out = (enum sc_log_level)i;
+			return true;
+		}
+	}
+	if (strcasecmp(text, "warning") == 0) {
+		*out = SC_LOG_WARN;
+		return true;
+	}
+	return false;
+}
+
+bool sc_log_enabled(enum sc_log_level level)
+{
+	return (int)level >= atomic_load_explicit(&g_level, memory_order_relaxed);
+}
+
+/* Append s to buf as a JSON string body (no quotes). Returns the new length. */
+static size_t json_escape(char *buf, size_t len, size_t cap, const char *s)
+{
+	for (; *s && len + 7 < cap; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\') {
+			buf[len++] = '\\';
+			buf[len++] = (char)c;
+		} else if (c < 0x20) {
+			len += (size_t)snprintf(buf + len, cap - len, "\\u%04x", c);
+		} else {
+			buf[len++] = (char)c;
+		}
+	}
+	return len;
+}
+
+void sc_log(enum sc_log_level level, const char *area, const char *fmt, ...)
+{
+	if (!sc_log_enabled(level) || level >= SC_LOG_OFF)
+		return;
+	char msg[2048];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	struct tm tm;
+	gmtime_r(&ts.tv_sec, &tm);
+	char when[40];
+	size_t wl = strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(when + wl, sizeof(when) - wl, ".%03ldZ", ts.tv_nsec / 1000000);
+
+	char line[4096];
+	size_t len;
+	if (atomic_load_explicit(&g_json, memory_order_relaxed)) {
+		len = (size_t)snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"%s\",\"area\":\"",
+				       when, level_names[level]);
+		len = json_escape(line, len, sizeof(line), area);
+		len += (size_t)snprintf(line + len, sizeof(line) - len, "\",\"msg\":\"");
+		len = json_escape(line, len, sizeof(line), msg);
+		len += (size_t)snprintf(line + len, sizeof(line) - len, "\"}\n");
+	} else {
+		len = (size_t)snprintf(line, sizeof(line), "%s %-5s [%s] %s\n", when,
+				       level_names[level], area, msg);
+	}
+	if (len >= sizeof(line)) {
+		len = sizeof(line) - 1;
+		line[len - 1] = '\n';
+	}
+	ssize_t rc = write(STDERR_FILENO, line, len);
+	(void)rc;
+}

@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * metadata.h: the signed RDMA metadata that a passive operation hands out ("rsm1." text).
+ *
+ * text    = "rsm1." + base64url_nopad(SignedMetadata{key_id, payload, mac})
+ * payload = serialized RdmaMetadata (proto/rdma_sidecar/v1/sidecar.proto)
+ * mac     = HMAC-SHA256(key[key_id], "rsm1" 0x00 key_id 0x00 payload)
+ *
+ * Verification, in this order, each failure with its own code and message: size cap, "rsm1."
+ * prefix and base64url (INVALID_ARGUMENT), envelope parse (INVALID_ARGUMENT), known key id
+ * (UNAUTHENTICATED), constant-time MAC check (UNAUTHENTICATED), payload parse and version
+ * (INVALID_ARGUMENT), expiry with SC_METADATA_SKEW_MS allowance (FAILED_PRECONDITION), audience
+ * (PERMISSION_DENIED), descriptor sanity (INVALID_ARGUMENT: count 1..SC_METADATA_MAX_DESCS, every
+ * length > 0, sum without overflow, token 16 bytes, kind READABLE or WRITABLE).
+ * Pure functions over their arguments; any thread.
+ */
+#ifndef SC_METADATA_H
+#define SC_METADATA_H
+
+#include "engine.h"
+#include "keys.h"
+#include "status.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SC_METADATA_VERSION 1
+#define SC_METADATA_PREFIX "rsm1."
+#define SC_METADATA_MAX_TEXT (256 * 1024)
+#define SC_METADATA_MAX_DESCS 4096
+#define SC_METADATA_SKEW_MS 5000
+#define SC_TOKEN_LEN 16
+#define SC_MAX_ENDPOINTS 4
+
+struct sc_meta_desc {
+	uint64_t length;
+	enum sc_device_kind device_kind;
+	uint64_t remote_addr; /* ibverbs only */
+	uint32_t rkey;        /* ibverbs only */
+};
+
+struct sc_ib_endpoint {
+	bool present;
+	uint8_t gid[16];
+	uint32_t lid;
+	uint32_t port;
+	uint32_t mtu;
+	char device[64];
+};
+
+struct sc_metadata {
+	uint32_t version;
+	char issuer[SC_NAME_MAX];
+	char audience[SC_NAME_MAX];
+	enum sc_op_kind kind; /* SC_OP_READABLE or SC_OP_WRITABLE */
+	uint8_t token[SC_TOKEN_LEN];
+	char endpoints[SC_MAX_ENDPOINTS][80];
+	size_t n_endpoints;
+	unsigned backends; /* SC_BACKEND_BIT_* the issuer can serve with */
+	struct sc_ib_endpoint ib;
+	struct sc_meta_desc *descs; /* owned */
+	size_t n_descs;
+	uint64_t issued_unix_ms;
+	uint64_t expires_unix_ms;
+	uint8_t nonce[SC_TOKEN_LEN];
+	uint32_t max_uses;
+	char key_id[SC_KEY_ID_MAX]; /* filled by verify: which key signed it */
+};
+
+/* Sign with the ring's signing key. *text is malloc'd. FAILED_PRECONDITION without a key. */
+int sc_metadata_sign(const struct sc_keyring *ring, const struct sc_metadata *md, char **text,
+		     struct sc_err *err);
+/*
+ * Verify `text` and fill *out (sc_metadata_free it on success; untouched on failure).
+ * self_id: this sidecar's id, checked against a non-empty audience. now_unix_ms: the clock.
+ */
+int sc_metadata_verify(const struct sc_keyring *ring, const char *text, const char *self_id,
+		       uint64_t now_unix_ms, struct sc_metadata *out, struct sc_err *err);
+void sc_metadata_free(struct sc_metadata *md);
+
+/* base64url without padding. encode: *out malloc'd, NUL-terminated. decode: false on bad input. */
+int sc_base64url_encode(const uint8_t *data, size_t len, char **out);
+bool sc_base64url_decode(const char *text, size_t text_len, uint8_t **out, size_t *out_len);
+/* Standard base64 (with padding), for key files. */
+bool sc_base64_decode(const char *text, size_t text_len, uint8_t **out, size_t *out_len);
+
+/* Fill buf with cryptographically random bytes (OpenSSL RAND_bytes). Returns 0 or -1. */
+int sc_random_bytes(void *buf, size_t len);
+
+#endif

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Installs what the Soft-RoCE VM harness needs on the host (Debian packages:
+# QEMU, busybox, kmod, cpio, rdma-core, ibverbs, perftest, iproute2) and
+# downloads and unpacks (does not install) the stock Debian kernel that
+# linux-image-amd64 points at into the cache
+# (${RDMA_SIDECAR_VM_CACHE:-/var/cache/rdma-sidecar-vm}/kernel/<package>/).
+# Idempotent and non-interactive; waits for a dpkg lock held by another apt.
+# Prints the unpacked kernel directory on stdout.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$here/lib.sh"
+
+packages=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-providers
+    ibverbs-utils libibverbs-dev perftest iproute2 util-linux coreutils)
+
+apt_opts=(-y -q -o DPkg::Lock::Timeout=600 -o Acquire::Retries=3)
+export DEBIAN_FRONTEND=noninteractive
+
+missing_packages() {
+    local p
+    for p in "${packages[@]}"; do
+        if ! dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+            printf '%s\n' "$p"
+        fi
+    done
+}
+
+# apt-get update at most once per run, and only when something is missing.
+updated=0
+apt_update() {
+    if ((updated == 0)); then
+        apt-get "${apt_opts[@]}" update >&2
+        updated=1
+    fi
+}
+
+mapfile -t missing < <(missing_packages)
+if ((${#missing[@]} > 0)); then
+    vm_log "installing: ${missing[*]}"
+    if ! apt-get "${apt_opts[@]}" install --no-install-recommends "${missing[@]}" >&2; then
+        apt_update
+        apt-get "${apt_opts[@]}" install --no-install-recommends "${missing[@]}" >&2
+    fi
+fi
+
+vm_lock_cache
+
+kpkg="$(vm_kernel_pkg || true)"
+if [[ -z "$kpkg" ]]; then
+    apt_update
+    kpkg="$(vm_kernel_pkg)" || vm_die "apt knows no linux-image-amd64 dependency"
+fi
+kdir="$(vm_kernel_dir "$kpkg")"
+
+if [[ ! -f "$kdir/.complete" ]]; then
+    vm_log "downloading and unpacking $kpkg into $kdir"
+    work="$(mktemp -d "$VM_CACHE/.dl.XXXXXX")"
+    trap 'rm -rf "$work"' EXIT
+    # _apt (apt's download user) cannot write into a root-only mktemp dir.
+    chmod 755 "$work"
+    if ! (cd "$work" && apt-get -q download "$kpkg" >&2); then
+        apt_update
+        (cd "$work" && apt-get -q download "$kpkg" >&2)
+    fi
+    mkdir -p "$work/tree"
+    dpkg-deb -x "$work"/"$kpkg"_*.deb "$work/tree"
+    kver="$(vm_kernel_release "$work/tree")" || vm_die "no modules in $kpkg"
+    [[ -f "$work/tree/boot/vmlinuz-$kver" ]] || vm_die "no vmlinuz-$kver in $kpkg"
+    touch "$work/tree/.complete"
+    rm -rf "$kdir"
+    mkdir -p "$(dirname "$kdir")"
+    mv "$work/tree" "$kdir"
+fi
+
+printf '%s\n' "$kdir"
