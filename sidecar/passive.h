@@ -19,6 +19,8 @@
 #include "metadata.h"
 
 struct sc_op;
+struct sc_peer_pool;
+struct sc_peer_server;
 
 /* A pinned range of a passive operation's memory. While held, the memory stays mapped even if the
  * operation is cancelled or its region force-deregistered. */
@@ -57,5 +59,9 @@ void sc_passive_abandon(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN]
 struct sc_keyring *sc_engine_keyring(struct sc_engine *eng);
 const char *sc_engine_id(struct sc_engine *eng);
 const struct sc_config *sc_engine_config(struct sc_engine *eng);
+/* The engine's peer-connection pool (authenticated, reusable data-plane connections), created by
+ * the engine before any backend; shared by the tcp and ibverbs backends. */
+struct sc_peer_pool *sc_engine_peer_pool(struct sc_engine *eng);
+struct sc_peer_server *sc_engine_peer_server(struct sc_engine *eng);
 
 #endif
