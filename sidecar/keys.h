@@ -30,6 +30,9 @@ int sc_keyring_parse(const char *text, size_t len, struct sc_keyring **out, stru
 struct sc_keyring *sc_keyring_retain(struct sc_keyring *ring);
 void sc_keyring_release(struct sc_keyring *ring); /* NULL ok */
 
+/* True when id[0..len) is a valid key id: 1..SC_KEY_ID_MAX-1 characters of [A-Za-z0-9._-]. */
+bool sc_key_id_valid(const char *id, size_t len);
+
 const char *sc_keyring_signing_id(const struct sc_keyring *ring);
 size_t sc_keyring_count(const struct sc_keyring *ring);
 /* HMAC-SHA256 with key `key_id` over the concatenation of parts. Returns false for unknown id. */

@@ -56,7 +56,19 @@ int sc_err_prefix(struct sc_err *err, const char *fmt, ...)
 	vsnprintf(prefix, sizeof(prefix), fmt, ap);
 	va_end(ap);
 	memcpy(old, err->msg, sizeof(old));
-	snprintf(err->msg, sizeof(err->msg), "%s: %s", prefix, old);
+	/* prefix + ": " + old, cut to fit (assembled by hand: -Wformat-truncation). */
+	size_t pl = strnlen(prefix, sizeof(err->msg) - 1);
+	memcpy(err->msg, prefix, pl);
+	size_t len = pl;
+	if (len + 2 < sizeof(err->msg)) {
+		err->msg[len++] = ':';
+		err->msg[len++] = ' ';
+	}
+	size_t ol = strnlen(old, sizeof(old));
+	if (ol > sizeof(err->msg) - 1 - len)
+		ol = sizeof(err->msg) - 1 - len;
+	memcpy(err->msg + len, old, ol);
+	err->msg[len + ol] = '\0';
 	return -1;
 }
 

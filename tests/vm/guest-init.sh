@@ -35,6 +35,15 @@ fail() {
     finish 1
 }
 
+# "rdma_sidecar.debug" on the kernel command line: time each stage.
+debug=0
+stamp() {
+    if [ "$debug" = 1 ]; then
+        read -r up _ </proc/uptime
+        echo "vm-init: [${up}s] $*"
+    fi
+}
+
 # Bounded helpers: nothing in the guest may hang the VM.
 t() {
     timeout 60 "$@"
@@ -48,10 +57,15 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 exec </dev/console >/dev/console 2>&1
+case " $(cat /proc/cmdline) " in
+*" rdma_sidecar.debug "*) debug=1 ;;
+esac
+stamp "init started"
 
 while read -r mod; do
     t insmod "/lib/modules/$mod.ko" || fail "insmod $mod failed"
 done </lib/modules/order
+stamp "modules loaded"
 
 t mount -t 9p -o "$NINEP" out /out || fail "cannot mount the results share"
 [ -f /out/.vm/init.conf ] || fail "no .vm/init.conf in the results share"
@@ -82,6 +96,7 @@ case "$VM_CWD" in
     t mount --bind "/rohost$VM_CWD" "/host$VM_CWD" || fail "cannot show $VM_CWD"
     ;;
 esac
+stamp "file systems mounted"
 mkdir -p "/host$VM_OUT_PATH" 2>/dev/null
 t mount --bind /out "/host$VM_OUT_PATH" || fail "cannot mount the share at $VM_OUT_PATH"
 
@@ -92,6 +107,7 @@ in_host ip link set v0 up || fail "v0 up"
 in_host ip link set v1 up || fail "v1 up"
 in_host rdma link add "$RXE_DEV" type rxe netdev v0 || fail "rdma link add $RXE_DEV"
 
+stamp "rxe added"
 # The GID table fills asynchronously; find the RoCEv2 IPv4-mapped GID of RXE_IP.
 want=0000:0000:0000:0000:0000:ffff:0a63:0001
 gid_index=
@@ -107,7 +123,8 @@ while [ -z "$gid_index" ] && [ "$tries" -lt 100 ]; do
     tries=$((tries + 1))
 done
 [ -n "$gid_index" ] || fail "no GID for $RXE_IP on $RXE_DEV"
-echo "vm-init: $RXE_DEV ready on v0 ($RXE_IP, GID index $gid_index)"
+read -r up _ </proc/uptime
+echo "vm-init: $RXE_DEV ready on v0 ($RXE_IP, GID index $gid_index) at ${up}s"
 
 (
     chroot /host /usr/bin/env -i \

@@ -13,7 +13,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/lib.sh"
 
 packages=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-providers
-    ibverbs-utils libibverbs-dev perftest iproute2 util-linux coreutils)
+    ibverbs-utils libibverbs-dev perftest iproute2 util-linux coreutils xz-utils)
 
 apt_opts=(-y -q -o DPkg::Lock::Timeout=600 -o Acquire::Retries=3)
 export DEBIAN_FRONTEND=noninteractive
@@ -60,9 +60,10 @@ if [[ ! -f "$kdir/.complete" ]]; then
     trap 'rm -rf "$work"' EXIT
     # _apt (apt's download user) cannot write into a root-only mktemp dir.
     chmod 755 "$work"
-    if ! (cd "$work" && apt-get -q download "$kpkg" >&2); then
+    dl=(apt-get -q -o APT::Sandbox::User=root download "$kpkg")
+    if ! (cd "$work" && "${dl[@]}" >&2); then
         apt_update
-        (cd "$work" && apt-get -q download "$kpkg" >&2)
+        (cd "$work" && "${dl[@]}" >&2)
     fi
     mkdir -p "$work/tree"
     dpkg-deb -x "$work"/"$kpkg"_*.deb "$work/tree"
@@ -72,6 +73,14 @@ if [[ ! -f "$kdir/.complete" ]]; then
     rm -rf "$kdir"
     mkdir -p "$(dirname "$kdir")"
     mv "$work/tree" "$kdir"
+fi
+
+# The uncompressed kernel, for a faster (PVH) boot; run-in-vm.sh falls back
+# to vmlinuz without it. Also done for trees unpacked by older versions.
+kver="$(vm_kernel_release "$kdir")"
+if [[ ! -f "$kdir/boot/vmlinux-$kver" ]] && grep -q '^CONFIG_PVH=y' "$kdir/boot/config-$kver"; then
+    vm_extract_vmlinux "$kdir/boot/vmlinuz-$kver" "$kdir/boot/vmlinux-$kver" ||
+        vm_log "could not extract vmlinux from vmlinuz-$kver; booting the compressed kernel"
 fi
 
 printf '%s\n' "$kdir"

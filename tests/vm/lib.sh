@@ -53,3 +53,28 @@ vm_lock_cache() {
     exec 9>"$VM_CACHE/.lock"
     flock -w 900 9 || vm_die "timed out waiting for the lock on $VM_CACHE"
 }
+
+# Decompresses the ELF vmlinux out of a bzImage (xz, zstd or gzip payload),
+# so QEMU can boot it through its PVH entry point: this skips the real-mode
+# setup and in-guest decompression, about 5 s under TCG. Returns 1 when no
+# payload decompresses to an ELF file.
+vm_extract_vmlinux() {
+    local img="$1" out="$2" magic tool off
+    for magic in 'xz:\xFD7zXZ\x00' 'zstd:\x28\xB5\x2F\xFD' 'gzip:\x1F\x8B\x08'; do
+        tool="${magic%%:*}"
+        command -v "$tool" >/dev/null || continue
+        while read -r off; do
+            case "$tool" in
+            xz) tail -c +"$((off + 1))" "$img" | xz -dc --single-stream >"$out.tmp" 2>/dev/null || true ;;
+            zstd) tail -c +"$((off + 1))" "$img" | zstd -qdc >"$out.tmp" 2>/dev/null || true ;;
+            gzip) tail -c +"$((off + 1))" "$img" | gzip -dc >"$out.tmp" 2>/dev/null || true ;;
+            esac
+            if [[ "$(head -c 4 "$out.tmp" | od -An -tx1 | tr -d ' \n')" == 7f454c46 ]]; then
+                mv "$out.tmp" "$out"
+                return 0
+            fi
+        done < <(LC_ALL=C grep -obUaP "${magic#*:}" "$img" | cut -d: -f1)
+    done
+    rm -f "$out.tmp"
+    return 1
+}

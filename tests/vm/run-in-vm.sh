@@ -25,6 +25,8 @@
 #   RDMA_SIDECAR_VM_PASSENV  more variable names to pass to the guest
 #   RDMA_SIDECAR_VM_CACHE    kernel/initramfs cache (default /var/cache/rdma-sidecar-vm)
 #   RDMA_SIDECAR_VM_MEM, RDMA_SIDECAR_VM_SMP   guest memory (MiB, 2048), CPUs (2)
+#   RDMA_SIDECAR_VM_APPEND   more kernel parameters ("rdma_sidecar.debug"
+#                            times the guest init's stages)
 #   RDMA_SIDECAR_SKIP_VM=1   do nothing, exit 77 (skip)
 # Files left in $VM_OUT: guest.log (the script's output), .vm/console.log
 # (the whole console), .vm/exit-code.
@@ -59,7 +61,9 @@ t0=$SECONDS
 kdir="$(bash "$here/install-deps.sh" | tail -n 1)"
 initrd="$(bash "$here/build-initramfs.sh" "$kdir" | tail -n 1)"
 kver="$(vm_kernel_release "$kdir")"
-kernel="$kdir/boot/vmlinuz-$kver"
+kernel="$kdir/boot/vmlinux-$kver"
+[[ -f "$kernel" ]] || kernel="$kdir/boot/vmlinuz-$kver"
+kernel="${RDMA_SIDECAR_VM_KERNEL:-$kernel}"
 
 keep_out=0
 if [[ -n "${RDMA_SIDECAR_VM_OUT:-}" ]]; then
@@ -111,15 +115,17 @@ qemu=(qemu-system-x86_64
     -accel "tcg,thread=multi" -cpu max
     -m "${RDMA_SIDECAR_VM_MEM:-2048}" -smp "${RDMA_SIDECAR_VM_SMP:-2}"
     -nographic -no-reboot -nic none
+    -fw_cfg "name=etc/sercon-port,string=0" # SeaBIOS: no output, no ESC c
     -kernel "$kernel" -initrd "$initrd"
-    -append "console=ttyS0 quiet panic=-1"
+    -append "console=ttyS0 quiet panic=-1 mitigations=off tsc=reliable no_timer_check 8250.nr_uarts=1 ${RDMA_SIDECAR_VM_APPEND:-}"
     -virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap"
     -virtfs "local,path=$out,mount_tag=out,security_model=none,multidevs=remap")
 
 console="$out/.vm/console.log"
 fifo="$out/.vm/console.fifo"
 mkfifo "$fifo"
-tee "$console" <"$fifo" &
+# Drop QEMU's warning about the fw_cfg name and the serial line's CRs.
+sed -u -e '/etc\/sercon-port/d' -e 's/\r$//' <"$fifo" | tee "$console" &
 tee_pid=$!
 vm_log "booting $kver (timeout ${vm_timeout}s, guest script ${guest_timeout}s): $script $*"
 t_boot=$SECONDS
@@ -140,7 +146,7 @@ rm -f "$fifo"
 
 elapsed=$((SECONDS - t_boot))
 rc_file="$out/.vm/exit-code"
-if ! tr -d '\r' <"$console" | grep -q "^$MARKER rc=[0-9]*$"; then
+if ! grep -q "$MARKER rc=[0-9]" "$console"; then
     if ((qemu_rc == 124 || qemu_rc == 137)); then
         why="timed out after ${vm_timeout}s (RDMA_SIDECAR_VM_TIMEOUT)"
     else

@@ -1,0 +1,47 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * info.c: GetInfo: identity, version, listeners, backends (and why one is unavailable), data
+ * endpoints, NATS state, signing, CUDA. A gRPC worker thread.
+ */
+#include "handlers.h"
+#include "service.h"
+
+void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req)
+{
+	struct sc_info info;
+	sc_engine_info(sc_call_engine(c), &info);
+
+	RdmaSidecar__V1__SidecarInfo m = RDMA_SIDECAR__V1__SIDECAR_INFO__INIT;
+	m.sidecar_id = info.sidecar_id;
+	m.version = (char *)info.version;
+	RdmaSidecar__V1__BackendInfo b[3];
+	RdmaSidecar__V1__BackendInfo *bp[3];
+	char *devs[3][4];
+	for (size_t i = 0; i < info.n_backends && i < 3; i++) {
+		rdma_sidecar__v1__backend_info__init(&b[i]);
+		b[i].backend = (RdmaSidecar__V1__Backend)info.backends[i].backend;
+		b[i].available = info.backends[i].available;
+		b[i].detail = info.backends[i].detail;
+		for (size_t d = 0; d < info.backends[i].n_devices; d++)
+			devs[i][d] = info.backends[i].devices[d];
+		b[i].n_devices = info.backends[i].n_devices;
+		b[i].devices = devs[i];
+		bp[i] = &b[i];
+	}
+	m.n_backends = info.n_backends;
+	m.backends = bp;
+	char *eps[2];
+	for (size_t i = 0; i < info.n_data_endpoints; i++)
+		eps[i] = info.data_endpoints[i];
+	m.n_data_endpoints = info.n_data_endpoints;
+	m.data_endpoints = eps;
+	m.nats_state = info.nats_state;
+	const char **listeners;
+	m.n_grpc_listeners = sc_service_listeners(sc_call_service(c), &listeners);
+	m.grpc_listeners = (char **)listeners;
+	m.signing_enabled = info.signing_enabled;
+	m.signing_key_id = info.signing_key_id;
+	m.cuda_available = info.cuda_available;
+	m.cuda_detail = info.cuda_detail;
+	sc_call_reply(c, &m.base);
+}

@@ -1,0 +1,373 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * operations.c: the operation RPCs: CreateReadable/CreateWritable (passive), BeginRead/BeginWrite
+ * (active), GetOperation, WaitOperation, WatchOperation, CancelOperation, ReleaseOperation,
+ * ListOperations and ReportProgress.
+ *
+ * WaitOperation and WatchOperation answer later: they register an engine watcher (which runs on
+ * whatever engine thread changes the operation) and, for Wait, a timer. Exactly one of watcher,
+ * timer and client cancellation answers; an atomic flag in the shared waiter decides which.
+ * Handlers start on gRPC worker threads.
+ */
+#include "handlers.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void reply_op(struct sc_call *c, const struct sc_op_info *info)
+{
+	struct sc_pb_op p;
+	sc_pb_op_fill(&p, info);
+	sc_call_reply(c, &p.msg.base);
+	sc_pb_op_clear(&p);
+}
+
+static bool send_op(struct sc_call *c, const struct sc_op_info *info)
+{
+	struct sc_pb_op p;
+	sc_pb_op_fill(&p, info);
+	bool ok = sc_call_send(c, &p.msg.base);
+	sc_pb_op_clear(&p);
+	return ok;
+}
+
+/* Answer with the operation, or the error. Frees info. */
+static void answer(struct sc_call *c, int rc, struct sc_op_info *info, const struct sc_err *err)
+{
+	if (rc != 0) {
+		sc_call_fail_err(c, err);
+		return;
+	}
+	reply_op(c, info);
+	sc_op_info_free(info);
+}
+
+static void create_passive(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind)
+{
+	RdmaSidecar__V1__CreatePassiveRequest *r = (RdmaSidecar__V1__CreatePassiveRequest *)req;
+	struct sc_err err;
+	sc_err_clear(&err);
+	struct sc_desc *descs;
+	if (sc_pb_descs(r->descriptors, r->n_descriptors, &descs, &err) != 0) {
+		sc_call_fail_err(c, &err);
+		return;
+	}
+	struct sc_passive_req pr = {
+		.descs = descs,
+		.n_descs = r->n_descriptors,
+		.timeout_ms = r->timeout_ms,
+		.audience = r->audience,
+		.max_uses = r->max_uses,
+		.request_id = r->request_id,
+	};
+	struct sc_op_info info;
+	int rc = sc_op_create_passive(sc_call_engine(c), kind, &pr, &info, &err);
+	free(descs);
+	answer(c, rc, &info, &err);
+}
+
+void sc_h_create_readable(struct sc_call *c, ProtobufCMessage *req)
+{
+	create_passive(c, req, SC_OP_READABLE);
+}
+
+void sc_h_create_writable(struct sc_call *c, ProtobufCMessage *req)
+{
+	create_passive(c, req, SC_OP_WRITABLE);
+}
+
+static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind)
+{
+	RdmaSidecar__V1__BeginTransferRequest *r = (RdmaSidecar__V1__BeginTransferRequest *)req;
+	struct sc_err err;
+	sc_err_clear(&err);
+	struct sc_desc *descs;
+	if (sc_pb_descs(r->descriptors, r->n_descriptors, &descs, &err) != 0) {
+		sc_call_fail_err(c, &err);
+		return;
+	}
+	struct sc_active_req ar = {
+		.metadata = r->metadata,
+		.descs = descs,
+		.n_descs = r->n_descriptors,
+		.timeout_ms = r->timeout_ms,
+		.backend = (enum sc_backend_kind)r->backend,
+		.request_id = r->request_id,
+	};
+	if (r->requirement) {
+		const char *rid = r->requirement->request_id ? r->requirement->request_id : "";
+		if (!rid[0] || strlen(rid) >= sizeof(ar.requirement.request_id)) {
+			free(descs);
+			sc_call_fail(c, SC_INVALID_ARGUMENT,
+				     "requirement.request_id must be 1..127 characters");
+			return;
+		}
+		ar.requirement.set = true;
+		strcpy(ar.requirement.request_id, rid);
+		ar.requirement.iteration = r->requirement->iteration;
+		ar.requirement.has_layer = r->requirement->has_layer;
+		ar.requirement.layer = r->requirement->layer;
+	}
+	if (r->backend > RDMA_SIDECAR__V1__BACKEND__BACKEND_LOCAL) {
+		free(descs);
+		sc_call_fail(c, SC_INVALID_ARGUMENT, "unknown backend value");
+		return;
+	}
+	struct sc_op_info info;
+	int rc = sc_op_begin(sc_call_engine(c), kind, &ar, &info, &err);
+	free(descs);
+	answer(c, rc, &info, &err);
+}
+
+void sc_h_begin_read(struct sc_call *c, ProtobufCMessage *req)
+{
+	begin(c, req, SC_OP_READ);
+}
+
+void sc_h_begin_write(struct sc_call *c, ProtobufCMessage *req)
+{
+	begin(c, req, SC_OP_WRITE);
+}
+
+void sc_h_get_operation(struct sc_call *c, ProtobufCMessage *req)
+{
+	RdmaSidecar__V1__GetOperationRequest *r = (RdmaSidecar__V1__GetOperationRequest *)req;
+	struct sc_err err;
+	struct sc_op_info info;
+	sc_err_clear(&err);
+	int rc = sc_op_get(sc_call_engine(c), r->operation_id, &info, &err);
+	answer(c, rc, &info, &err);
+}
+
+void sc_h_cancel_operation(struct sc_call *c, ProtobufCMessage *req)
+{
+	RdmaSidecar__V1__CancelOperationRequest *r = (RdmaSidecar__V1__CancelOperationRequest *)req;
+	struct sc_err err;
+	struct sc_op_info info;
+	sc_err_clear(&err);
+	int rc = sc_op_cancel(sc_call_engine(c), r->operation_id, &info, &err);
+	answer(c, rc, &info, &err);
+}
+
+void sc_h_release_operation(struct sc_call *c, ProtobufCMessage *req)
+{
+	RdmaSidecar__V1__ReleaseOperationRequest *r =
+		(RdmaSidecar__V1__ReleaseOperationRequest *)req;
+	struct sc_err err;
+	sc_err_clear(&err);
+	if (sc_op_release(sc_call_engine(c), r->operation_id, &err) != 0) {
+		sc_call_fail_err(c, &err);
+		return;
+	}
+	RdmaSidecar__V1__ReleaseOperationResponse m = RDMA_SIDECAR__V1__RELEASE_OPERATION_RESPONSE__INIT;
+	sc_call_reply(c, &m.base);
+}
+
+void sc_h_list_operations(struct sc_call *c, ProtobufCMessage *req)
+{
+	struct sc_op_info *infos = NULL;
+	size_t n = 0;
+	struct sc_err err;
+	sc_err_clear(&err);
+	if (sc_op_list(sc_call_engine(c), &infos, &n, &err) != 0) {
+		sc_call_fail_err(c, &err);
+		return;
+	}
+	struct sc_pb_op *ops = calloc(n ? n : 1, sizeof(*ops));
+	RdmaSidecar__V1__Operation **ptrs = calloc(n ? n : 1, sizeof(*ptrs));
+	if (!ops || !ptrs) {
+		sc_call_fail(c, SC_RESOURCE_EXHAUSTED, "out of memory");
+	} else {
+		for (size_t i = 0; i < n; i++) {
+			sc_pb_op_fill(&ops[i], &infos[i]);
+			ptrs[i] = &ops[i].msg;
+		}
+		RdmaSidecar__V1__ListOperationsResponse m =
+			RDMA_SIDECAR__V1__LIST_OPERATIONS_RESPONSE__INIT;
+		m.n_operations = n;
+		m.operations = ptrs;
+		sc_call_reply(c, &m.base);
+		for (size_t i = 0; i < n; i++)
+			sc_pb_op_clear(&ops[i]);
+	}
+	for (size_t i = 0; i < n; i++)
+		sc_op_info_free(&infos[i]);
+	free(infos);
+	free(ops);
+	free(ptrs);
+}
+
+void sc_h_report_progress(struct sc_call *c, ProtobufCMessage *req)
+{
+	RdmaSidecar__V1__ReportProgressRequest *r = (RdmaSidecar__V1__ReportProgressRequest *)req;
+	struct sc_err err;
+	sc_err_clear(&err);
+	uint32_t released = 0;
+	if (sc_progress_report(sc_call_engine(c), r->request_id, r->iteration, r->has_layer,
+			       r->layer, r->iteration_complete, &released, &err) != 0) {
+		sc_call_fail_err(c, &err);
+		return;
+	}
+	RdmaSidecar__V1__ReportProgressResponse m = RDMA_SIDECAR__V1__REPORT_PROGRESS_RESPONSE__INIT;
+	m.released = released;
+	sc_call_reply(c, &m.base);
+}
+
+/* ---- WaitOperation and WatchOperation -------------------------------------------------------- */
+
+/* Shared by the engine watcher, the timer and the cancel hook; the last holder frees it. */
+struct waiter {
+	atomic_int refs;
+	atomic_bool done; /* the call has been (or is being) answered */
+	struct sc_call *call;
+	struct sc_engine *eng;
+	char op_id[SC_ID_MAX];
+	uint64_t watch_id;
+	uint64_t timer_id;
+	bool stream; /* Watch (stream every change) rather than Wait */
+};
+
+static void waiter_unref(struct waiter *w)
+{
+	if (atomic_fetch_sub(&w->refs, 1) == 1) {
+		sc_call_unref(w->call);
+		free(w);
+	}
+}
+
+/* Claim the right to answer; true for exactly one caller. */
+static bool waiter_claim(struct waiter *w)
+{
+	return !atomic_exchange(&w->done, true);
+}
+
+/* Engine watcher: runs under the engine lock; must not call into the engine. */
+static bool waiter_on_change(void *ctx, const struct sc_op_info *info)
+{
+	struct waiter *w = ctx;
+	bool terminal = sc_op_status_terminal(info->status);
+	if (w->stream) {
+		if (atomic_load(&w->done))
+			return false;
+		send_op(w->call, info);
+		if (terminal && waiter_claim(w)) {
+			sc_call_finish(w->call, SC_OK, NULL);
+			waiter_unref(w); /* the watch's reference: the watch ends with terminal */
+		}
+		return !terminal;
+	}
+	if (!terminal)
+		return true;
+	if (waiter_claim(w))
+		reply_op(w->call, info);
+	waiter_unref(w); /* the watch's reference */
+	return false;
+}
+
+/* WaitOperation's timeout: answer with the current, unchanged state. Timer thread. */
+static void waiter_on_timeout(void *ctx)
+{
+	struct waiter *w = ctx;
+	if (waiter_claim(w)) {
+		if (sc_op_unwatch(w->eng, w->watch_id))
+			waiter_unref(w); /* removed the watch before it answered */
+		struct sc_op_info info;
+		struct sc_err err;
+		sc_err_clear(&err);
+		int rc = sc_op_get(w->eng, w->op_id, &info, &err);
+		answer(w->call, rc, &info, &err);
+	}
+	waiter_unref(w); /* the timer's reference */
+}
+
+/* The client went away (or its deadline passed, or the server is stopping). Worker thread. */
+static void waiter_on_cancel(struct sc_call *c)
+{
+	struct waiter *w = sc_call_state(c);
+	if (!waiter_claim(w))
+		return;
+	if (sc_op_unwatch(w->eng, w->watch_id))
+		waiter_unref(w);
+	if (w->timer_id && sc_engine_timer_cancel(w->eng, w->timer_id))
+		waiter_unref(w);
+	sc_call_finish(c, SC_CANCELLED, "cancelled by the client");
+}
+
+static void waiter_state_release(void *p)
+{
+	(void)p; /* the waiter is freed by its last reference, not with the call state */
+}
+
+static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout_ms, bool stream)
+{
+	struct sc_engine *eng = sc_call_engine(c);
+	struct waiter *w = calloc(1, sizeof(*w));
+	if (!w) {
+		sc_call_fail(c, SC_RESOURCE_EXHAUSTED, "out of memory");
+		return;
+	}
+	if (!op_id || strlen(op_id) >= sizeof(w->op_id)) {
+		free(w);
+		sc_call_fail(c, SC_NOT_FOUND, "no such operation");
+		return;
+	}
+	strcpy(w->op_id, op_id);
+	w->call = c;
+	w->eng = eng;
+	w->stream = stream;
+	sc_call_ref(c);
+	atomic_init(&w->refs, 2); /* this function's + the watch's */
+
+	struct sc_op_info first;
+	struct sc_err err;
+	sc_err_clear(&err);
+	if (sc_op_watch(eng, op_id, waiter_on_change, w, &w->watch_id, &first, &err) != 0) {
+		atomic_store(&w->done, true);
+		sc_call_fail_err(c, &err);
+		atomic_fetch_sub(&w->refs, 1); /* no watch exists */
+		waiter_unref(w);
+		return;
+	}
+	bool terminal = sc_op_status_terminal(first.status);
+	if (terminal)
+		atomic_fetch_sub(&w->refs, 1); /* the watch ended at once: no reference */
+
+	if (stream) {
+		send_op(c, &first);
+		if (terminal && waiter_claim(w))
+			sc_call_finish(c, SC_OK, NULL);
+	} else if (terminal || timeout_ms == 0 || sc_call_deadline_left_ms(c) == 0) {
+		if (waiter_claim(w)) {
+			if (!terminal && sc_op_unwatch(eng, w->watch_id))
+				waiter_unref(w);
+			reply_op(c, &first);
+		}
+	} else {
+		uint64_t left = sc_call_deadline_left_ms(c);
+		uint64_t wait = timeout_ms < left ? timeout_ms : left;
+		atomic_fetch_add(&w->refs, 1); /* the timer's */
+		w->timer_id = sc_engine_timer_add(eng, wait, waiter_on_timeout, w);
+		if (!w->timer_id)
+			atomic_fetch_sub(&w->refs, 1);
+	}
+	sc_op_info_free(&first);
+	if (!atomic_load(&w->done)) {
+		sc_call_set_state(c, w, waiter_state_release);
+		sc_call_on_cancel(c, waiter_on_cancel);
+	}
+	waiter_unref(w);
+}
+
+void sc_h_wait_operation(struct sc_call *c, ProtobufCMessage *req)
+{
+	RdmaSidecar__V1__WaitOperationRequest *r = (RdmaSidecar__V1__WaitOperationRequest *)req;
+	wait_or_watch(c, r->operation_id, r->timeout_ms, false);
+}
+
+void sc_h_watch_operation(struct sc_call *c, ProtobufCMessage *req)
+{
+	RdmaSidecar__V1__WatchOperationRequest *r = (RdmaSidecar__V1__WatchOperationRequest *)req;
+	wait_or_watch(c, r->operation_id, 0, true);
+}

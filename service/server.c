@@ -1,0 +1,767 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * server.c: the gRPC C-core server and the call lifecycle; the only file that includes gRPC
+ * headers. One completion queue, --grpc-threads worker threads blocked in
+ * grpc_completion_queue_next, each event's tag carrying its callback.
+ *
+ * For every method of the table one request is always armed; when a call arrives the next request
+ * is armed at once, a RECV_CLOSE_ON_SERVER batch learns of client cancellation, and the handler
+ * runs. A generic request answers every unknown method UNIMPLEMENTED at once. Answers go out as
+ * batches, one send in flight per call (streams queue), each batch holding a call reference until
+ * it completes, so a call lives until its last batch is done.
+ *
+ * Threads: workers run handlers and batch completions; engine/NATS/timer threads send on calls
+ * they hold a reference to. Owns the server, the queue, the worker threads and every call.
+ */
+#include "call.h"
+#include "handlers.h"
+#include "log.h"
+#include "service.h"
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct tag {
+	void (*cb)(struct tag *t, bool ok);
+};
+
+struct out_msg {
+	grpc_byte_buffer *bb; /* NULL: only the status */
+	struct out_msg *next;
+};
+
+struct sc_call {
+	struct sc_service *svc;
+	const struct sc_method_def *method; /* NULL for the generic (unknown method) call */
+	grpc_call *call;
+	gpr_timespec deadline;
+	grpc_metadata_array req_md;
+	grpc_byte_buffer *payload;
+	grpc_call_details details; /* generic calls only */
+	atomic_int refs;
+	pthread_mutex_t mu;
+	struct tag t_start, t_close, t_send, t_recv;
+	int cancelled_flag;
+	atomic_bool cancelled;
+	bool initial_md_sent;
+	bool send_in_flight;
+	bool answered; /* status queued or sent */
+	struct out_msg *q_head, *q_tail;
+	enum sc_status final_code;
+	grpc_slice final_details;
+	bool have_details;
+	grpc_byte_buffer *sending;
+	grpc_byte_buffer *recv_bb;
+	const ProtobufCMessageDescriptor *recv_desc;
+	sc_call_recv_fn recv_fn;
+	void *state;
+	void (*state_free)(void *);
+	void (*cancel_fn)(struct sc_call *c);
+	void (*drained_fn)(struct sc_call *c);
+	bool cancel_fired;
+};
+
+struct sc_service {
+	struct sc_engine *eng;
+	const struct sc_config *cfg;
+	grpc_server *server;
+	grpc_completion_queue *cq;
+	void **method_handles;
+	pthread_t *threads;
+	size_t n_threads;
+	struct tag t_shutdown;
+	atomic_bool shutdown_done;
+	bool started;
+	bool shutting_down;
+	struct sc_health *health;
+	char *listeners[SC_MAX_GRPC_LISTENERS];
+	const char *listener_view[SC_MAX_GRPC_LISTENERS];
+	size_t n_listeners;
+	atomic_int live_calls;
+};
+
+/* ---- helpers --------------------------------------------------------------------------------- */
+
+static grpc_byte_buffer *pack(const ProtobufCMessage *msg)
+{
+	size_t len = protobuf_c_message_get_packed_size(msg);
+	grpc_slice s = grpc_slice_malloc(len);
+	protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
+	grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+	grpc_slice_unref(s);
+	return bb;
+}
+
+static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb)
+{
+	grpc_byte_buffer_reader reader;
+	if (!grpc_byte_buffer_reader_init(&reader, bb))
+		return NULL;
+	grpc_slice s = grpc_byte_buffer_reader_readall(&reader);
+	grpc_byte_buffer_reader_destroy(&reader);
+	ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(s),
+							GRPC_SLICE_START_PTR(s));
+	grpc_slice_unref(s);
+	return m;
+}
+
+struct sc_engine *sc_call_engine(struct sc_call *c)
+{
+	return c->svc->eng;
+}
+
+struct sc_service *sc_call_service(struct sc_call *c)
+{
+	return c->svc;
+}
+
+struct sc_health *sc_service_health(struct sc_service *svc)
+{
+	return svc->health;
+}
+
+const char *sc_call_method(struct sc_call *c)
+{
+	return c->method ? c->method->path : "(unknown)";
+}
+
+bool sc_call_is_cancelled(struct sc_call *c)
+{
+	return atomic_load(&c->cancelled);
+}
+
+uint64_t sc_call_deadline_left_ms(struct sc_call *c)
+{
+	gpr_timespec d = gpr_convert_clock_type(c->deadline, GPR_CLOCK_MONOTONIC);
+	if (gpr_time_cmp(d, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0)
+		return UINT64_MAX;
+	gpr_timespec now = gpr_now(GPR_CLOCK_MONOTONIC);
+	if (gpr_time_cmp(d, now) <= 0)
+		return 0;
+	gpr_timespec left = gpr_time_sub(d, now);
+	return (uint64_t)left.tv_sec * 1000u + (uint64_t)left.tv_nsec / 1000000u;
+}
+
+void sc_call_set_state(struct sc_call *c, void *state, void (*free_fn)(void *state))
+{
+	c->state = state;
+	c->state_free = free_fn;
+}
+
+void *sc_call_state(struct sc_call *c)
+{
+	return c->state;
+}
+
+void sc_call_on_cancel(struct sc_call *c, void (*fn)(struct sc_call *c))
+{
+	pthread_mutex_lock(&c->mu);
+	c->cancel_fn = fn;
+	bool fire = atomic_load(&c->cancelled) && !c->cancel_fired && fn;
+	if (fire)
+		c->cancel_fired = true;
+	pthread_mutex_unlock(&c->mu);
+	if (fire)
+		fn(c);
+}
+
+void sc_call_on_drained(struct sc_call *c, void (*fn)(struct sc_call *c))
+{
+	c->drained_fn = fn;
+}
+
+/* ---- lifetime -------------------------------------------------------------------------------- */
+
+void sc_call_ref(struct sc_call *c)
+{
+	atomic_fetch_add(&c->refs, 1);
+}
+
+void sc_call_unref(struct sc_call *c)
+{
+	if (atomic_fetch_sub(&c->refs, 1) != 1)
+		return;
+	if (c->state_free)
+		c->state_free(c->state);
+	while (c->q_head) {
+		struct out_msg *m = c->q_head;
+		c->q_head = m->next;
+		if (m->bb)
+			grpc_byte_buffer_destroy(m->bb);
+		free(m);
+	}
+	if (c->have_details)
+		grpc_slice_unref(c->final_details);
+	if (c->payload)
+		grpc_byte_buffer_destroy(c->payload);
+	if (c->recv_bb)
+		grpc_byte_buffer_destroy(c->recv_bb);
+	grpc_metadata_array_destroy(&c->req_md);
+	if (!c->method)
+		grpc_call_details_destroy(&c->details);
+	if (c->call)
+		grpc_call_unref(c->call);
+	pthread_mutex_destroy(&c->mu);
+	atomic_fetch_sub(&c->svc->live_calls, 1);
+	free(c);
+}
+
+/* ---- sending --------------------------------------------------------------------------------- */
+
+static void on_send_done(struct tag *t, bool ok);
+
+/* Start the next send batch if none is in flight. Caller holds c->mu. */
+static void pump_locked(struct sc_call *c)
+{
+	if (c->send_in_flight || !c->q_head)
+		return;
+	struct out_msg *m = c->q_head;
+	c->q_head = m->next;
+	if (!c->q_head)
+		c->q_tail = NULL;
+	grpc_op ops[3];
+	memset(ops, 0, sizeof(ops));
+	size_t n = 0;
+	if (!c->initial_md_sent) {
+		ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+		ops[n].data.send_initial_metadata.count = 0;
+		n++;
+		c->initial_md_sent = true;
+	}
+	if (m->bb) {
+		ops[n].op = GRPC_OP_SEND_MESSAGE;
+		ops[n].data.send_message.send_message = m->bb;
+		n++;
+	}
+	if (!m->bb) { /* the status: always last in the queue */
+		ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+		ops[n].data.send_status_from_server.trailing_metadata_count = 0;
+		ops[n].data.send_status_from_server.status = (grpc_status_code)c->final_code;
+		ops[n].data.send_status_from_server.status_details =
+			c->have_details ? &c->final_details : NULL;
+		n++;
+	}
+	c->sending = m->bb;
+	free(m);
+	c->send_in_flight = true;
+	sc_call_ref(c);
+	grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_send, NULL);
+	if (e != GRPC_CALL_OK) {
+		SC_ERROR("grpc", "%s: start_batch failed: %d", sc_call_method(c), (int)e);
+		if (c->sending)
+			grpc_byte_buffer_destroy(c->sending);
+		c->sending = NULL;
+		c->send_in_flight = false;
+		atomic_fetch_sub(&c->refs, 1); /* cannot be the last: the caller holds one */
+	}
+}
+
+static void on_send_done(struct tag *t, bool ok)
+{
+	struct sc_call *c = (struct sc_call *)((char *)t - offsetof(struct sc_call, t_send));
+	void (*drained)(struct sc_call *) = NULL;
+	pthread_mutex_lock(&c->mu);
+	if (c->sending)
+		grpc_byte_buffer_destroy(c->sending);
+	c->sending = NULL;
+	c->send_in_flight = false;
+	if (!ok) {
+		/* The call is gone (cancelled): drop what is queued. */
+		while (c->q_head) {
+			struct out_msg *m = c->q_head;
+			c->q_head = m->next;
+			if (m->bb)
+				grpc_byte_buffer_destroy(m->bb);
+			free(m);
+		}
+		c->q_tail = NULL;
+		c->answered = true;
+	}
+	pump_locked(c);
+	if (!c->send_in_flight && !c->q_head && !c->answered)
+		drained = c->drained_fn;
+	pthread_mutex_unlock(&c->mu);
+	if (drained)
+		drained(c);
+	sc_call_unref(c);
+}
+
+/* Queue a message behind what is queued; false once the call has been answered. */
+static bool enqueue(struct sc_call *c, grpc_byte_buffer *bb)
+{
+	struct out_msg *m = calloc(1, sizeof(*m));
+	pthread_mutex_lock(&c->mu);
+	if (!m || c->answered) {
+		pthread_mutex_unlock(&c->mu);
+		grpc_byte_buffer_destroy(bb);
+		free(m);
+		return false;
+	}
+	m->bb = bb;
+	if (c->q_tail)
+		c->q_tail->next = m;
+	else
+		c->q_head = m;
+	c->q_tail = m;
+	pump_locked(c);
+	pthread_mutex_unlock(&c->mu);
+	return true;
+}
+
+bool sc_call_send(struct sc_call *c, const ProtobufCMessage *msg)
+{
+	return enqueue(c, pack(msg));
+}
+
+void sc_call_finish(struct sc_call *c, enum sc_status code, const char *msg)
+{
+	/* The status rides in its own out_msg (bb NULL), queued after every message. */
+	pthread_mutex_lock(&c->mu);
+	if (c->answered) {
+		pthread_mutex_unlock(&c->mu);
+		return;
+	}
+	c->answered = true;
+	c->final_code = code;
+	if (msg && msg[0]) {
+		c->final_details = grpc_slice_from_copied_string(msg);
+		c->have_details = true;
+	}
+	struct out_msg *st = calloc(1, sizeof(*st));
+	if (st) {
+		if (c->q_tail)
+			c->q_tail->next = st;
+		else
+			c->q_head = st;
+		c->q_tail = st;
+	}
+	pump_locked(c);
+	pthread_mutex_unlock(&c->mu);
+	if (code != SC_OK)
+		SC_DEBUG("grpc", "%s -> %s: %s", sc_call_method(c), sc_status_name(code),
+			 msg ? msg : "");
+}
+
+void sc_call_reply(struct sc_call *c, const ProtobufCMessage *msg)
+{
+	if (sc_call_send(c, msg))
+		sc_call_finish(c, SC_OK, NULL);
+}
+
+void sc_call_fail(struct sc_call *c, enum sc_status code, const char *msg)
+{
+	sc_call_finish(c, code, msg);
+}
+
+void sc_call_fail_err(struct sc_call *c, const struct sc_err *err)
+{
+	sc_call_finish(c, err->code == SC_OK ? SC_INTERNAL : err->code, err->msg);
+}
+
+/* ---- receiving (client streams) -------------------------------------------------------------- */
+
+static void on_recv_done(struct tag *t, bool ok)
+{
+	struct sc_call *c = (struct sc_call *)((char *)t - offsetof(struct sc_call, t_recv));
+	grpc_byte_buffer *bb = c->recv_bb;
+	c->recv_bb = NULL;
+	sc_call_recv_fn fn = c->recv_fn;
+	if (!ok || !bb) {
+		if (bb)
+			grpc_byte_buffer_destroy(bb);
+		fn(c, NULL, true);
+	} else {
+		ProtobufCMessage *m = unpack(c->recv_desc, bb);
+		grpc_byte_buffer_destroy(bb);
+		if (!m)
+			sc_call_fail(c, SC_INVALID_ARGUMENT,
+				     "malformed message in the request stream (protobuf decode failed)");
+		else
+			fn(c, m, false);
+		if (m)
+			protobuf_c_message_free_unpacked(m, NULL);
+	}
+	sc_call_unref(c);
+}
+
+void sc_call_recv(struct sc_call *c, const ProtobufCMessageDescriptor *desc, sc_call_recv_fn fn)
+{
+	c->recv_desc = desc;
+	c->recv_fn = fn;
+	grpc_op op;
+	memset(&op, 0, sizeof(op));
+	op.op = GRPC_OP_RECV_MESSAGE;
+	op.data.recv_message.recv_message = &c->recv_bb;
+	sc_call_ref(c);
+	if (grpc_call_start_batch(c->call, &op, 1, &c->t_recv, NULL) != GRPC_CALL_OK) {
+		sc_call_unref(c);
+		fn(c, NULL, true);
+	}
+}
+
+/* ---- arrival --------------------------------------------------------------------------------- */
+
+static void on_call_start(struct tag *t, bool ok);
+static void on_generic_start(struct tag *t, bool ok);
+
+static struct sc_call *call_new(struct sc_service *svc, const struct sc_method_def *m)
+{
+	struct sc_call *c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	c->svc = svc;
+	c->method = m;
+	atomic_init(&c->refs, 1);
+	pthread_mutex_init(&c->mu, NULL);
+	grpc_metadata_array_init(&c->req_md);
+	if (!m)
+		grpc_call_details_init(&c->details);
+	c->t_send.cb = on_send_done;
+	c->t_recv.cb = on_recv_done;
+	atomic_fetch_add(&svc->live_calls, 1);
+	return c;
+}
+
+/* Arm the request for method index i (or the generic request when i == n_methods). */
+static void arm(struct sc_service *svc, size_t i)
+{
+	const struct sc_method_def *m = i < sc_n_methods ? &sc_methods[i] : NULL;
+	struct sc_call *c = call_new(svc, m);
+	if (!c) {
+		SC_ERROR("grpc", "out of memory arming %s", m ? m->path : "generic");
+		return;
+	}
+	grpc_call_error e;
+	if (m) {
+		c->t_start.cb = on_call_start;
+		e = grpc_server_request_registered_call(
+			svc->server, svc->method_handles[i], &c->call, &c->deadline, &c->req_md,
+			m->kind == SC_METHOD_CLIENT_STREAM ? NULL : &c->payload, svc->cq, svc->cq,
+			&c->t_start);
+	} else {
+		c->t_start.cb = on_generic_start;
+		e = grpc_server_request_call(svc->server, &c->call, &c->details, &c->req_md, svc->cq,
+					     svc->cq, &c->t_start);
+	}
+	if (e != GRPC_CALL_OK) {
+		SC_ERROR("grpc", "cannot arm %s: %d", m ? m->path : "generic", (int)e);
+		sc_call_unref(c);
+	}
+}
+
+static void on_close(struct tag *t, bool ok)
+{
+	struct sc_call *c = (struct sc_call *)((char *)t - offsetof(struct sc_call, t_close));
+	void (*fn)(struct sc_call *) = NULL;
+	pthread_mutex_lock(&c->mu);
+	if (c->cancelled_flag || !ok) {
+		atomic_store(&c->cancelled, true);
+		if (c->cancel_fn && !c->cancel_fired) {
+			c->cancel_fired = true;
+			fn = c->cancel_fn;
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+	if (fn)
+		fn(c);
+	sc_call_unref(c);
+}
+
+static void start_close_watch(struct sc_call *c)
+{
+	c->t_close.cb = on_close;
+	grpc_op op;
+	memset(&op, 0, sizeof(op));
+	op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+	op.data.recv_close_on_server.cancelled = &c->cancelled_flag;
+	sc_call_ref(c);
+	if (grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL) != GRPC_CALL_OK)
+		sc_call_unref(c);
+}
+
+static void on_call_start(struct tag *t, bool ok)
+{
+	struct sc_call *c = (struct sc_call *)((char *)t - offsetof(struct sc_call, t_start));
+	struct sc_service *svc = c->svc;
+	if (!ok) {
+		/* Server shutting down: this request will never be a call. */
+		sc_call_unref(c);
+		return;
+	}
+	arm(svc, (size_t)(c->method - sc_methods));
+	start_close_watch(c);
+	const struct sc_method_def *m = c->method;
+	SC_DEBUG("grpc", "call %s", m->path);
+	if (m->kind == SC_METHOD_CLIENT_STREAM) {
+		m->fn(c, NULL);
+	} else if (!c->payload) {
+		sc_call_fail(c, SC_INVALID_ARGUMENT, "request message missing");
+	} else {
+		ProtobufCMessage *req = unpack(m->request, c->payload);
+		grpc_byte_buffer_destroy(c->payload);
+		c->payload = NULL;
+		if (!req) {
+			sc_call_fail(c, SC_INVALID_ARGUMENT,
+				     "malformed request (protobuf decode failed): check the client "
+				     "was generated from rdma_sidecar/v1/sidecar.proto");
+		} else {
+			m->fn(c, req);
+			protobuf_c_message_free_unpacked(req, NULL);
+		}
+	}
+	sc_call_unref(c); /* the arrival's reference; batches and holders keep their own */
+}
+
+static void on_generic_start(struct tag *t, bool ok)
+{
+	struct sc_call *c = (struct sc_call *)((char *)t - offsetof(struct sc_call, t_start));
+	struct sc_service *svc = c->svc;
+	if (!ok) {
+		sc_call_unref(c);
+		return;
+	}
+	arm(svc, sc_n_methods);
+	char path[256];
+	size_t len = GRPC_SLICE_LENGTH(c->details.method);
+	if (len >= sizeof(path))
+		len = sizeof(path) - 1;
+	memcpy(path, GRPC_SLICE_START_PTR(c->details.method), len);
+	path[len] = '\0';
+	SC_DEBUG("grpc", "unknown method %s", path);
+	start_close_watch(c);
+	char msg[320];
+	snprintf(msg, sizeof(msg), "unknown method %s: see proto/rdma_sidecar/v1/sidecar.proto", path);
+	sc_call_fail(c, SC_UNIMPLEMENTED, msg);
+	sc_call_unref(c);
+}
+
+/* ---- the server ------------------------------------------------------------------------------ */
+
+static void on_shutdown(struct tag *t, bool ok)
+{
+	struct sc_service *svc =
+		(struct sc_service *)((char *)t - offsetof(struct sc_service, t_shutdown));
+	atomic_store(&svc->shutdown_done, true);
+	grpc_completion_queue_shutdown(svc->cq);
+}
+
+static void *worker_main(void *arg)
+{
+	struct sc_service *svc = arg;
+	for (;;) {
+		grpc_event ev = grpc_completion_queue_next(svc->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+							   NULL);
+		if (ev.type == GRPC_QUEUE_SHUTDOWN)
+			break;
+		if (ev.type != GRPC_OP_COMPLETE)
+			continue;
+		struct tag *t = ev.tag;
+		t->cb(t, ev.success != 0);
+	}
+	return NULL;
+}
+
+/* Make the directory of a unix socket path; a clear error when it cannot be used. */
+static int prepare_unix_dir(const char *path, struct sc_err *err)
+{
+	char dir[512];
+	snprintf(dir, sizeof(dir), "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return 0;
+	*slash = '\0';
+	for (char *p = dir + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		mkdir(dir, 0755);
+		*p = '/';
+	}
+	if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "--grpc-listen unix:%s: cannot create directory %s: %s", path, dir,
+				  strerror(errno));
+	if (access(dir, W_OK | X_OK) != 0)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "--grpc-listen unix:%s: directory %s is not writable: %s", path, dir,
+				  strerror(errno));
+	return 0;
+}
+
+int sc_service_create(struct sc_engine *eng, const struct sc_config *cfg,
+		      struct sc_service **out, struct sc_err *err)
+{
+	struct sc_service *svc = calloc(1, sizeof(*svc));
+	if (!svc)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	svc->eng = eng;
+	svc->cfg = cfg;
+	svc->t_shutdown.cb = on_shutdown;
+	svc->health = sc_health_create();
+	grpc_init();
+
+	grpc_arg args[4];
+	memset(args, 0, sizeof(args));
+	args[0].type = GRPC_ARG_INTEGER;
+	args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+	args[0].value.integer = (int)cfg->max_message_bytes;
+	args[1].type = GRPC_ARG_INTEGER;
+	args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+	args[1].value.integer = (int)cfg->max_message_bytes;
+	args[2].type = GRPC_ARG_INTEGER;
+	args[2].key = GRPC_ARG_ALLOW_REUSEPORT;
+	args[2].value.integer = 0;
+	args[3].type = GRPC_ARG_INTEGER;
+	args[3].key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS;
+	args[3].value.integer = 1;
+	grpc_channel_args chargs = {.num_args = 4, .args = args};
+	svc->server = grpc_server_create(&chargs, NULL);
+	svc->cq = grpc_completion_queue_create_for_next(NULL);
+	grpc_server_register_completion_queue(svc->server, svc->cq, NULL);
+
+	svc->method_handles = calloc(sc_n_methods, sizeof(void *));
+	if (!svc->method_handles) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+		goto fail;
+	}
+	for (size_t i = 0; i < sc_n_methods; i++) {
+		grpc_server_register_method_payload_handling ph =
+			sc_methods[i].kind == SC_METHOD_CLIENT_STREAM
+				? GRPC_SRM_PAYLOAD_NONE
+				: GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER;
+		svc->method_handles[i] =
+			grpc_server_register_method(svc->server, sc_methods[i].path, NULL, ph, 0);
+		if (!svc->method_handles[i]) {
+			sc_err_set(err, SC_INTERNAL, "cannot register %s", sc_methods[i].path);
+			goto fail;
+		}
+	}
+
+	for (size_t i = 0; i < cfg->n_grpc_listen; i++) {
+		const char *addr = cfg->grpc_listen[i];
+		if (strncmp(addr, "unix:", 5) == 0 && prepare_unix_dir(addr + 5, err) != 0)
+			goto fail;
+		grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+		int port = grpc_server_add_http2_port(svc->server, addr, creds);
+		grpc_server_credentials_release(creds);
+		if (port == 0) {
+			sc_err_set(err, SC_INVALID_ARGUMENT,
+				   "--grpc-listen %s: cannot listen there (address in use, not "
+				   "permitted, or not an address): pick another with --grpc-listen",
+				   addr);
+			goto fail;
+		}
+		char *shown = NULL;
+		if (strncmp(addr, "unix:", 5) == 0) {
+			shown = strdup(addr);
+		} else {
+			/* Report the real port (":0" asks for an ephemeral one). */
+			const char *colon = strrchr(addr, ':');
+			size_t hl = colon ? (size_t)(colon - addr) : strlen(addr);
+			shown = malloc(hl + 8);
+			if (shown)
+				snprintf(shown, hl + 8, "%.*s:%d", (int)hl, addr, port);
+		}
+		svc->listeners[svc->n_listeners] = shown;
+		svc->listener_view[svc->n_listeners] = shown ? shown : addr;
+		svc->n_listeners++;
+	}
+	*out = svc;
+	return 0;
+fail:
+	sc_service_destroy(svc);
+	return -1;
+}
+
+size_t sc_service_listeners(struct sc_service *svc, const char ***out)
+{
+	*out = svc->listener_view;
+	return svc->n_listeners;
+}
+
+int sc_service_start(struct sc_service *svc, struct sc_err *err)
+{
+	grpc_server_start(svc->server);
+	svc->started = true;
+	for (size_t i = 0; i <= sc_n_methods; i++)
+		arm(svc, i);
+	svc->threads = calloc(svc->cfg->grpc_threads, sizeof(pthread_t));
+	if (!svc->threads)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	for (uint32_t i = 0; i < svc->cfg->grpc_threads; i++) {
+		if (pthread_create(&svc->threads[i], NULL, worker_main, svc) != 0)
+			return sc_err_set(err, SC_INTERNAL, "cannot start gRPC worker thread");
+		pthread_setname_np(svc->threads[i], "sc-grpc");
+		svc->n_threads++;
+	}
+	sc_health_set(svc->health, true);
+	for (size_t i = 0; i < svc->n_listeners; i++)
+		SC_INFO("grpc", "serving on %s", svc->listener_view[i]);
+	return 0;
+}
+
+void sc_service_begin_drain(struct sc_service *svc)
+{
+	if (!svc || svc->shutting_down)
+		return;
+	sc_health_set(svc->health, false);
+	if (svc->started) {
+		svc->shutting_down = true;
+		grpc_server_shutdown_and_notify(svc->server, svc->cq, &svc->t_shutdown);
+	}
+}
+
+void sc_service_shutdown(struct sc_service *svc, uint64_t grace_ms)
+{
+	if (!svc || !svc->started)
+		return;
+	sc_service_begin_drain(svc);
+	/* Calls in flight get the grace period (bounded), then are cancelled. */
+	struct timespec ts = {0, 20 * 1000000L};
+	for (uint64_t waited = 0; waited < grace_ms && !atomic_load(&svc->shutdown_done);
+	     waited += 20)
+		nanosleep(&ts, NULL);
+	grpc_server_cancel_all_calls(svc->server);
+	for (size_t i = 0; i < svc->n_threads; i++)
+		pthread_join(svc->threads[i], NULL);
+	svc->n_threads = 0;
+	svc->started = false;
+}
+
+void sc_service_destroy(struct sc_service *svc)
+{
+	if (!svc)
+		return;
+	if (svc->started)
+		sc_service_shutdown(svc, 0);
+	else if (svc->server && !svc->shutting_down) {
+		/* Never started: still shut down cleanly so gRPC frees the ports. */
+		grpc_server_shutdown_and_notify(svc->server, svc->cq, &svc->t_shutdown);
+		grpc_server_cancel_all_calls(svc->server);
+		worker_main(svc);
+	}
+	if (svc->server)
+		grpc_server_destroy(svc->server);
+	if (svc->cq)
+		grpc_completion_queue_destroy(svc->cq);
+	free(svc->method_handles);
+	free(svc->threads);
+	for (size_t i = 0; i < svc->n_listeners; i++)
+		free(svc->listeners[i]);
+	sc_health_destroy(svc->health);
+	free(svc);
+	grpc_shutdown();
+}

@@ -1,0 +1,29 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * service.h: the gRPC front end, as main sees it. No gRPC types here.
+ *
+ * Lifecycle (main thread): create (binds every --grpc-listen address; a bad or busy address is a
+ * configuration error) -> start (worker threads, health SERVING) -> begin_drain (health
+ * NOT_SERVING, new calls refused) -> shutdown (waits up to the grace period for calls, cancels the
+ * rest, joins the workers) -> destroy.
+ */
+#ifndef SC_SERVICE_H
+#define SC_SERVICE_H
+
+#include "config.h"
+#include "engine.h"
+#include "status.h"
+
+struct sc_service;
+
+int sc_service_create(struct sc_engine *eng, const struct sc_config *cfg,
+		      struct sc_service **out, struct sc_err *err);
+int sc_service_start(struct sc_service *svc, struct sc_err *err);
+void sc_service_begin_drain(struct sc_service *svc);
+void sc_service_shutdown(struct sc_service *svc, uint64_t grace_ms);
+void sc_service_destroy(struct sc_service *svc); /* NULL ok; calls grpc_shutdown */
+
+/* The listeners actually bound ("unix:/tmp/x.sock", "127.0.0.1:50051"). */
+size_t sc_service_listeners(struct sc_service *svc, const char ***out);
+
+#endif

@@ -1,0 +1,1148 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * config.c: the daemon's configuration. Defaults, then RDMA_SIDECAR_<NAME> environment twins, then
+ * command-line flags (the flag wins). One table (sc_options) names every option once: the parser,
+ * the environment lookup and the --help text all read it, so an option cannot exist in one and be
+ * missing from another. Values are checked for syntax here; nothing is bound or opened.
+ *
+ * Runs on the main thread at start-up. No global state: sc_config_parse may be called any number
+ * of times (the tests do). The struct sc_config owns every string it points to.
+ */
+#include "config.h"
+
+#include "build_config.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <limits.h>
+#include <openssl/rand.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#define ENV_PREFIX "RDMA_SIDECAR_"
+#define ID_MAX_LEN 100
+/* Hostname part of the default id: pod names run to 63 characters, and a cut must never eat the
+ * random suffix wherever the id is stored in a shorter field (engine.h SC_ID_MAX is 40). */
+#define ID_HOST_MAX 32
+#define HOST_MAX_LEN 255
+#define LABEL_MAX 64	/* "--max-concurrent-transfers" or "RDMA_SIDECAR_MAX_CONCURRENT_..." */
+#define VALUE_SHOWN 200 /* at most this much of a bad value is echoed in an error message */
+#define KIB (UINT64_C(1) << 10)
+#define MIB (UINT64_C(1) << 20)
+#define GIB (UINT64_C(1) << 30)
+#define TIB (UINT64_C(1) << 40)
+
+#define HOSTPORT_HINT "expected HOST:PORT (e.g. 0.0.0.0:7000)"
+
+enum opt_id {
+	OPT_ID,
+	OPT_NATS_URL,
+	OPT_GRPC_LISTEN,
+	OPT_GRPC_THREADS,
+	OPT_MAX_MESSAGE_SIZE,
+	OPT_DATA_LISTEN,
+	OPT_ADVERTISE,
+	OPT_BACKENDS,
+	OPT_SHM_DIR,
+	OPT_TCP_STREAMS,
+	OPT_TCP_CHUNK_SIZE,
+	OPT_KEY_FILE,
+	OPT_IB_DEVICE,
+	OPT_IB_PORT,
+	OPT_IB_GID_INDEX,
+	OPT_DEFAULT_TIMEOUT,
+	OPT_RETENTION,
+	OPT_GRACE_PERIOD,
+	OPT_MAX_CONCURRENT_TRANSFERS,
+	OPT_MAX_INFLIGHT_BYTES,
+	OPT_MAX_REGION_SIZE,
+	OPT_LOG_LEVEL,
+	OPT_LOG_JSON,
+	OPT_METRICS_LISTEN,
+	OPT_HELP,
+	OPT_VERSION,
+};
+
+enum opt_arg {
+	ARG_REQUIRED, /* --name VALUE or --name=VALUE */
+	ARG_BOOL,     /* --name alone means true; --name=VALUE takes 1/true/yes/0/false/no */
+	ARG_NONE,     /* --help, --version: no value, no environment twin */
+};
+
+struct sc_option {
+	enum opt_id id;
+	const char *name; /* long flag without dashes */
+	char short_name;  /* 0 = none */
+	enum opt_arg arg;
+	const char *value; /* placeholder shown in --help */
+	const char *group; /* --help heading; a new heading starts when it changes */
+	const char *help;
+	const char *def; /* default as shown in --help; NULL = none shown */
+};
+
+/* One option per paragraph reads better than clang-format's one field per line. */
+/* clang-format off */
+static const struct sc_option sc_options[] = {
+	{.id = OPT_ID, .name = "id", .arg = ARG_REQUIRED, .value = "ID", .group = "General",
+	 .help = "name in metadata and logs: 1-100 of A-Z a-z 0-9 . _ -",
+	 .def = "<hostname>-<6 random hex>"},
+	{.id = OPT_NATS_URL, .name = "nats-url", .arg = ARG_REQUIRED, .value = "URL",
+	 .group = "General",
+	 .help = "NATS for metadata exchange: nats://HOST:PORT[,...]; empty = off",
+	 .def = "off"},
+	{.id = OPT_HELP, .name = "help", .short_name = 'h', .arg = ARG_NONE, .group = "General",
+	 .help = "print this help and exit"},
+	{.id = OPT_VERSION, .name = "version", .short_name = 'V', .arg = ARG_NONE,
+	 .group = "General", .help = "print the version and exit"},
+
+	{.id = OPT_GRPC_LISTEN, .name = "grpc-listen", .arg = ARG_REQUIRED, .value = "ADDR",
+	 .group = "gRPC",
+	 .help = "for workers: unix:/ABS/PATH, HOST:PORT or [V6]:PORT; repeatable, up to 8 "
+		 "(env: comma list)",
+	 .def = "unix:/tmp/rdma-sidecar/sidecar.sock,127.0.0.1:50051"},
+	{.id = OPT_GRPC_THREADS, .name = "grpc-threads", .arg = ARG_REQUIRED, .value = "N",
+	 .group = "gRPC", .help = "threads serving gRPC calls, 1-64", .def = "4"},
+	{.id = OPT_MAX_MESSAGE_SIZE, .name = "max-message-size", .arg = ARG_REQUIRED,
+	 .value = "SIZE", .group = "gRPC",
+	 .help = "largest gRPC message sent or received, 1KiB-1GiB", .def = "64MiB"},
+
+	{.id = OPT_DATA_LISTEN, .name = "data-listen", .arg = ARG_REQUIRED, .value = "HOST:PORT",
+	 .group = "Data plane", .help = "where peer sidecars connect; port 0 = ephemeral",
+	 .def = "0.0.0.0:0"},
+	{.id = OPT_ADVERTISE, .name = "advertise", .arg = ARG_REQUIRED, .value = "HOST",
+	 .group = "Data plane", .help = "address peers dial, put into metadata",
+	 .def = "derived from the data listener"},
+	{.id = OPT_BACKENDS, .name = "backends", .arg = ARG_REQUIRED, .value = "LIST",
+	 .group = "Data plane",
+	 .help = "comma list of tcp, ibverbs, local, or all", .def = "all available"},
+	{.id = OPT_SHM_DIR, .name = "shm-dir", .arg = ARG_REQUIRED, .value = "DIR",
+	 .group = "Data plane", .help = "directory of region files shared with workers",
+	 .def = "/dev/shm"},
+	{.id = OPT_TCP_STREAMS, .name = "tcp-streams", .arg = ARG_REQUIRED, .value = "N",
+	 .group = "Data plane", .help = "parallel TCP connections per peer, 1-16", .def = "2"},
+	{.id = OPT_TCP_CHUNK_SIZE, .name = "tcp-chunk-size", .arg = ARG_REQUIRED, .value = "SIZE",
+	 .group = "Data plane", .help = "bytes per TCP data chunk, 64KiB-1GiB", .def = "8MiB"},
+
+	{.id = OPT_KEY_FILE, .name = "key-file", .arg = ARG_REQUIRED, .value = "PATH",
+	 .group = "Security",
+	 .help = "metadata keys, lines KEY_ID:BASE64KEY; first signs, all verify; SIGHUP reloads",
+	 .def = "none: transfers inside this sidecar only"},
+
+	{.id = OPT_IB_DEVICE, .name = "ib-device", .arg = ARG_REQUIRED, .value = "NAME",
+	 .group = "RDMA", .help = "RDMA device, e.g. mlx5_0", .def = "first active"},
+	{.id = OPT_IB_PORT, .name = "ib-port", .arg = ARG_REQUIRED, .value = "N", .group = "RDMA",
+	 .help = "device port, 1-255", .def = "first active"},
+	{.id = OPT_IB_GID_INDEX, .name = "ib-gid-index", .arg = ARG_REQUIRED, .value = "N",
+	 .group = "RDMA", .help = "GID table index, 0-255, or -1 to pick", .def = "-1, first RoCEv2"},
+
+	{.id = OPT_DEFAULT_TIMEOUT, .name = "default-timeout", .arg = ARG_REQUIRED,
+	 .value = "DURATION", .group = "Limits",
+	 .help = "operation deadline when a request gives none", .def = "60s"},
+	{.id = OPT_RETENTION, .name = "retention", .arg = ARG_REQUIRED, .value = "DURATION",
+	 .group = "Limits", .help = "how long finished operations stay queryable", .def = "5m"},
+	{.id = OPT_GRACE_PERIOD, .name = "grace-period", .arg = ARG_REQUIRED, .value = "DURATION",
+	 .group = "Limits", .help = "on SIGTERM, how long live transfers may finish", .def = "10s"},
+	{.id = OPT_MAX_CONCURRENT_TRANSFERS, .name = "max-concurrent-transfers",
+	 .arg = ARG_REQUIRED, .value = "N", .group = "Limits",
+	 .help = "transfers moving bytes at once; more wait as SCHEDULED", .def = "64"},
+	{.id = OPT_MAX_INFLIGHT_BYTES, .name = "max-inflight-bytes", .arg = ARG_REQUIRED,
+	 .value = "SIZE", .group = "Limits", .help = "bytes of running transfers at once",
+	 .def = "4GiB"},
+	{.id = OPT_MAX_REGION_SIZE, .name = "max-region-size", .arg = ARG_REQUIRED, .value = "SIZE",
+	 .group = "Limits", .help = "largest region a worker may create or register",
+	 .def = "64GiB"},
+
+	{.id = OPT_LOG_LEVEL, .name = "log-level", .arg = ARG_REQUIRED, .value = "LEVEL",
+	 .group = "Logging and metrics", .help = "debug, info, warn, error or off", .def = "info"},
+	{.id = OPT_LOG_JSON, .name = "log-json", .arg = ARG_BOOL, .group = "Logging and metrics",
+	 .help = "JSON log lines (env: 1/true/yes or 0/false/no)", .def = "off"},
+	{.id = OPT_METRICS_LISTEN, .name = "metrics-listen", .arg = ARG_REQUIRED,
+	 .value = "HOST:PORT", .group = "Logging and metrics",
+	 .help = "serve Prometheus metrics over HTTP here", .def = "off"},
+};
+/* clang-format on */
+
+#define N_OPTIONS (sizeof(sc_options) / sizeof(sc_options[0]))
+
+/* "grpc-listen" -> "RDMA_SIDECAR_GRPC_LISTEN". */
+static void env_name(const struct sc_option *opt, char *buf, size_t cap)
+{
+	size_t n = (size_t)snprintf(buf, cap, "%s", ENV_PREFIX);
+	for (const char *p = opt->name; *p && n + 1 < cap; p++)
+		buf[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+	buf[n < cap ? n : cap - 1] = '\0';
+}
+
+/* Rewrite err->msg as "<label> <old message>", e.g. `--data-listen "foo": expected ...`. */
+static int label_err(struct sc_err *err, const char *label)
+{
+	if (!err)
+		return -1;
+	size_t cap = sizeof(err->msg), n = strlen(label) + 1;
+	if (n >= cap)
+		return -1;
+	err->msg[cap - 1] = '\0';
+	memmove(err->msg + n, err->msg, cap - n - 1); /* the old text, cut to fit */
+	err->msg[cap - 1] = '\0';
+	memcpy(err->msg, label, n - 1);
+	err->msg[n - 1] = ' ';
+	return -1;
+}
+
+/* ---- value parsers ---- */
+
+/* Decimal digits only, no sign, no spaces: 0, -1 on garbage, -2 past UINT64_MAX. */
+static int parse_u64_digits(const char *s, const char **end, uint64_t *out)
+{
+	uint64_t v = 0;
+	const char *p = s;
+	if (!isdigit((unsigned char)*p))
+		return -1;
+	for (; isdigit((unsigned char)*p); p++) {
+		unsigned d = (unsigned)(*p - '0');
+		if (v > (UINT64_MAX - d) / 10)
+			return -2;
+		v = v * 10 + d;
+	}
+	*end = p;
+	*out = v;
+	return 0;
+}
+
+static bool valid_hostname(const char *h, size_t len)
+{
+	bool all_numeric = true;
+	if (len == 0 || len > HOST_MAX_LEN)
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)h[i];
+		if (!isalnum(c) && c != '.' && c != '-' && c != '_')
+			return false;
+		if (!isdigit(c) && c != '.')
+			all_numeric = false;
+	}
+	if (all_numeric) { /* looks like dotted IPv4: must be one */
+		char tmp[HOST_MAX_LEN + 1];
+		struct in_addr a;
+		memcpy(tmp, h, len);
+		tmp[len] = '\0';
+		return inet_pton(AF_INET, tmp, &a) == 1;
+	}
+	return true;
+}
+
+/* An IPv6 literal, optionally with a %zone suffix. */
+static bool valid_ipv6(const char *h, size_t len)
+{
+	char tmp[HOST_MAX_LEN + 1];
+	struct in6_addr a;
+	if (len == 0 || len > HOST_MAX_LEN)
+		return false;
+	memcpy(tmp, h, len);
+	tmp[len] = '\0';
+	char *zone = strchr(tmp, '%');
+	if (zone) {
+		*zone++ = '\0';
+		if (!*zone)
+			return false;
+		for (const char *z = zone; *z; z++)
+			if (!isalnum((unsigned char)*z) && *z != '.' && *z != '-' && *z != '_')
+				return false;
+	}
+	return inet_pton(AF_INET6, tmp, &a) == 1;
+}
+
+int sc_parse_hostport(const char *text, char *host, size_t host_cap, uint16_t *port,
+		      struct sc_err *err)
+{
+	if (!text)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "(null): " HOSTPORT_HINT);
+	const char *h, *colon;
+	size_t hlen;
+	if (text[0] == '[') {
+		const char *close = strchr(text, ']');
+		if (!close)
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "\"%.*s\": missing ']' after the IPv6 address, expected "
+					  "[V6]:PORT (e.g. [::1]:50051)",
+					  VALUE_SHOWN, text);
+		h = text + 1;
+		hlen = (size_t)(close - h);
+		if (hlen == 0)
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "\"%.*s\": empty host, " HOSTPORT_HINT, VALUE_SHOWN,
+					  text);
+		if (!valid_ipv6(h, hlen))
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "\"%.*s\": \"%.*s\" is not an IPv6 address, expected "
+					  "[V6]:PORT (e.g. [::1]:50051)",
+					  VALUE_SHOWN, text,
+					  (int)(hlen > VALUE_SHOWN ? VALUE_SHOWN : hlen), h);
+		if (close[1] != ':')
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "\"%.*s\": missing port, expected [V6]:PORT (e.g. "
+					  "[::1]:50051)",
+					  VALUE_SHOWN, text);
+		colon = close + 1;
+	} else {
+		colon = strrchr(text, ':');
+		if (!colon)
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "\"%.*s\": missing port, " HOSTPORT_HINT, VALUE_SHOWN,
+					  text);
+		if (memchr(text, ':', (size_t)(colon - text)))
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "\"%.*s\": an IPv6 address needs brackets, e.g. "
+					  "[::1]:50051",
+					  VALUE_SHOWN, text);
+		h = text;
+		hlen = (size_t)(colon - text);
+		if (hlen == 0)
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "\"%.*s\": empty host, " HOSTPORT_HINT, VALUE_SHOWN,
+					  text);
+		if (hlen > HOST_MAX_LEN || !valid_hostname(h, hlen))
+			return sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "\"%.*s\": bad host, expected a hostname, an IPv4 address "
+			    "or [V6] (e.g. 0.0.0.0:7000)",
+			    VALUE_SHOWN, text);
+	}
+
+	const char *ps = colon + 1, *end;
+	uint64_t p;
+	if (!*ps)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "\"%.*s\": missing port, " HOSTPORT_HINT, VALUE_SHOWN, text);
+	int rc = parse_u64_digits(ps, &end, &p);
+	if (rc == -1 || (rc == 0 && *end))
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "\"%.*s\": port \"%.*s\" is not a number, " HOSTPORT_HINT,
+				  VALUE_SHOWN, text, VALUE_SHOWN, ps);
+	if (rc == -2 || p > 65535)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "\"%.*s\": port %.*s is out of range, use 0-65535", VALUE_SHOWN,
+				  text, VALUE_SHOWN, ps);
+
+	if (host && host_cap) {
+		if (hlen >= host_cap)
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "\"%.*s\": host is longer than %zu characters",
+					  VALUE_SHOWN, text, host_cap - 1);
+		memcpy(host, h, hlen);
+		host[hlen] = '\0';
+	}
+	if (port)
+		*port = (uint16_t)p;
+	return 0;
+}
+
+int sc_parse_size(const char *text, uint64_t *out, struct sc_err *err)
+{
+	static const struct {
+		const char *suffix;
+		uint64_t mult;
+	} units[] = {
+	    {"", 1},	  {"b", 1},    {"k", KIB},   {"kb", KIB},  {"kib", KIB},
+	    {"m", MIB},	  {"mb", MIB}, {"mib", MIB}, {"g", GIB},   {"gb", GIB},
+	    {"gib", GIB}, {"t", TIB},  {"tb", TIB},  {"tib", TIB},
+	};
+	const char *end;
+	uint64_t v;
+	if (!text)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "(null): expected a size");
+	if (text[0] == '-')
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "\"%.*s\": a size cannot be negative",
+				  VALUE_SHOWN, text);
+	int rc = parse_u64_digits(text, &end, &v);
+	if (rc == -2)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "\"%.*s\": too large (at most 18446744073709551615 bytes)",
+				  VALUE_SHOWN, text);
+	if (rc == 0) {
+		for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+			if (strcasecmp(end, units[i].suffix) != 0)
+				continue;
+			if (v > UINT64_MAX / units[i].mult)
+				return sc_err_set(err, SC_INVALID_ARGUMENT,
+						  "\"%.*s\": too large (at most 16 EiB)",
+						  VALUE_SHOWN, text);
+			*out = v * units[i].mult;
+			return 0;
+		}
+	}
+	return sc_err_set(err, SC_INVALID_ARGUMENT,
+			  "\"%.*s\": expected a size in bytes with an optional K, M, G or T "
+			  "(powers of 1024), e.g. 4096, 64KiB, 8M, 1GiB",
+			  VALUE_SHOWN, text);
+}
+
+int sc_parse_duration_ms(const char *text, uint64_t *out, struct sc_err *err)
+{
+	static const struct {
+		const char *suffix;
+		uint64_t mult;
+	} units[] = {
+	    {"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60 * 1000}, {"h", 60 * 60 * 1000},
+	};
+	const char *end;
+	uint64_t v;
+	if (!text)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "(null): expected a duration");
+	if (text[0] == '-')
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "\"%.*s\": a duration cannot be negative", VALUE_SHOWN, text);
+	int rc = parse_u64_digits(text, &end, &v);
+	for (size_t i = 0; rc != -1 && i < sizeof(units) / sizeof(units[0]); i++) {
+		if (rc == 0 && strcmp(end, units[i].suffix) != 0)
+			continue;
+		if (rc == -2 || v > UINT64_MAX / units[i].mult)
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "\"%.*s\": too large (at most 18446744073709551615 ms)",
+					  VALUE_SHOWN, text);
+		*out = v * units[i].mult;
+		return 0;
+	}
+	return sc_err_set(err, SC_INVALID_ARGUMENT,
+			  "\"%.*s\": expected a duration: a number with ms, s, m or h (plain "
+			  "number = ms), e.g. 1500, 500ms, 30s, 2m, 1h",
+			  VALUE_SHOWN, text);
+}
+
+/* Decimal integer in [min, max], with an optional leading '-' when min < 0. */
+static int parse_int_range(const char *text, long long min, long long max, long long *out,
+			   struct sc_err *err)
+{
+	const char *p = text, *end;
+	bool neg = false;
+	uint64_t v;
+	if (*p == '-' && min < 0) {
+		neg = true;
+		p++;
+	}
+	int rc = parse_u64_digits(p, &end, &v);
+	if (rc == 0 && *end == '\0' && v <= (uint64_t)LLONG_MAX) {
+		long long s = neg ? -(long long)v : (long long)v;
+		if (s >= min && s <= max) {
+			*out = s;
+			return 0;
+		}
+	}
+	return sc_err_set(err, SC_INVALID_ARGUMENT,
+			  "\"%.*s\": expected an integer from %lld to %lld", VALUE_SHOWN, text, min,
+			  max);
+}
+
+static int parse_bool(const char *text, bool *out, struct sc_err *err)
+{
+	static const char *const yes[] = {"1", "true", "yes", "on"};
+	static const char *const no[] = {"0", "false", "no", "off"};
+	for (size_t i = 0; i < 4; i++) {
+		if (strcasecmp(text, yes[i]) == 0) {
+			*out = true;
+			return 0;
+		}
+		if (strcasecmp(text, no[i]) == 0) {
+			*out = false;
+			return 0;
+		}
+	}
+	return sc_err_set(err, SC_INVALID_ARGUMENT, "\"%.*s\": expected 1/true/yes or 0/false/no",
+			  VALUE_SHOWN, text);
+}
+
+/* ---- per-option checks ---- */
+
+static int check_id(const char *v, struct sc_err *err)
+{
+	size_t n = strlen(v);
+	if (n == 0 || n > ID_MAX_LEN)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "\"%.*s\": an id has 1-%d characters (got %zu)", VALUE_SHOWN, v,
+				  ID_MAX_LEN, n);
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)v[i];
+		if (!isalnum(c) && c != '.' && c != '_' && c != '-')
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "\"%.*s\": character %zu is not allowed, use only "
+					  "A-Z a-z 0-9 . _ -",
+					  VALUE_SHOWN, v, i + 1);
+	}
+	return 0;
+}
+
+/* unix:/abs/path, HOST:PORT or [V6]:PORT. */
+static int check_grpc_addr(const char *v, struct sc_err *err)
+{
+	if (strncmp(v, "unix:", 5) == 0) {
+		const char *path = v + 5;
+		if (path[0] != '/')
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "\"%.*s\": a unix socket needs an absolute path, e.g. "
+					  "unix:/tmp/rdma-sidecar/sidecar.sock",
+					  VALUE_SHOWN, v);
+		if (strlen(path) >= 108) /* sizeof(sockaddr_un.sun_path) */
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "\"%.*s\": a unix socket path has at most 107 characters",
+					  VALUE_SHOWN, v);
+		return 0;
+	}
+	if (strchr(v, ':'))
+		return sc_parse_hostport(v, NULL, 0, NULL, err);
+	return sc_err_set(err, SC_INVALID_ARGUMENT,
+			  "\"%.*s\": expected unix:/ABS/PATH, HOST:PORT or [V6]:PORT (e.g. "
+			  "127.0.0.1:50051)",
+			  VALUE_SHOWN, v);
+}
+
+/* HOST without port: a hostname, an IPv4 address, or an IPv6 address with or without brackets. */
+static int check_advertise(const char *v, char **out, struct sc_err *err)
+{
+	size_t n = strlen(v);
+	const char *h = v;
+	if (n >= 2 && v[0] == '[' && v[n - 1] == ']') {
+		h = v + 1;
+		n -= 2;
+		if (!valid_ipv6(h, n))
+			goto bad;
+	} else if (strchr(v, ':')) {
+		if (!valid_ipv6(h, n))
+			return sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "\"%.*s\": expected a HOST without a port (e.g. 10.0.0.5 "
+			    "or node1.example); the data port comes from --data-listen",
+			    VALUE_SHOWN, v);
+	} else if (n == 0 || n > HOST_MAX_LEN || !valid_hostname(h, n)) {
+		goto bad;
+	}
+	*out = strndup(h, n);
+	if (!*out)
+		return sc_err_set(err, SC_INTERNAL, "out of memory");
+	return 0;
+bad:
+	return sc_err_set(err, SC_INVALID_ARGUMENT,
+			  "\"%.*s\": expected a hostname or an IP address (e.g. 10.0.0.5)",
+			  VALUE_SHOWN, v);
+}
+
+/* Show a URL without its user:password@ part. */
+static void redact_url(const char *url, size_t len, char *buf, size_t cap)
+{
+	const char *at = memrchr(url, '@', len);
+	if (!at) {
+		snprintf(buf, cap, "%.*s", (int)(len > VALUE_SHOWN ? VALUE_SHOWN : len), url);
+		return;
+	}
+	const char *scheme_end = strstr(url, "://");
+	size_t keep = scheme_end && scheme_end < at ? (size_t)(scheme_end - url) + 3 : 0;
+	size_t rest = len - (size_t)(at + 1 - url);
+	snprintf(buf, cap, "%.*s<redacted>@%.*s", (int)keep, url,
+		 (int)(rest > VALUE_SHOWN ? VALUE_SHOWN : rest), at + 1);
+}
+
+/* One NATS server: nats://[USER[:PASS]@]HOST[:PORT] (also tls://). */
+static int check_nats_one(const char *u, size_t len, struct sc_err *err)
+{
+	char shown[VALUE_SHOWN + 64];
+	char buf[HOST_MAX_LEN + 16];
+	redact_url(u, len, shown, sizeof(shown));
+	size_t skip;
+	if (len > 7 && strncasecmp(u, "nats://", 7) == 0)
+		skip = 7;
+	else if (len > 6 && strncasecmp(u, "tls://", 6) == 0)
+		skip = 6;
+	else
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "\"%s\": expected nats://HOST:PORT (e.g. nats://127.0.0.1:4222)",
+				  shown);
+	const char *hp = u + skip;
+	const char *at = memrchr(hp, '@', len - skip);
+	if (at)
+		hp = at + 1;
+	size_t hplen = len - (size_t)(hp - u);
+	if (hplen > 0 && hp[hplen - 1] == '/')
+		hplen--; /* "nats://host:4222/" */
+	if (hplen == 0 || hplen >= sizeof(buf) - 8)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "\"%s\": bad host, expected nats://HOST:PORT (e.g. "
+				  "nats://127.0.0.1:4222)",
+				  shown);
+	memcpy(buf, hp, hplen);
+	buf[hplen] = '\0';
+	/* Without a port nats.c uses 4222; add it so one parser checks the host. */
+	const char *last_colon = strrchr(buf, ':');
+	const char *close = strrchr(buf, ']');
+	if (!last_colon || (close && close > last_colon) ||
+	    (buf[0] != '[' && memchr(buf, ':', (size_t)(last_colon - buf))))
+		strcat(buf, ":4222");
+	uint16_t port;
+	if (sc_parse_hostport(buf, NULL, 0, &port, err) != 0)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "\"%s\": expected nats://HOST:PORT (e.g. nats://127.0.0.1:4222)",
+				  shown);
+	if (port == 0)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "\"%s\": port 0 cannot be dialled",
+				  shown);
+	return 0;
+}
+
+static int check_nats_url(const char *v, struct sc_err *err)
+{
+	const char *p = v;
+	for (;;) {
+		const char *comma = strchr(p, ',');
+		size_t len = comma ? (size_t)(comma - p) : strlen(p);
+		if (len == 0)
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "has an empty entry in its comma-separated list");
+		if (check_nats_one(p, len, err) != 0)
+			return -1;
+		if (!comma)
+			return 0;
+		p = comma + 1;
+	}
+}
+
+static int parse_backends(const char *v, unsigned *out, struct sc_err *err)
+{
+	static const struct {
+		const char *name;
+		unsigned bit;
+	} names[] = {
+	    {"tcp", SC_BACKEND_BIT_TCP},
+	    {"ibverbs", SC_BACKEND_BIT_IBVERBS},
+	    {"local", SC_BACKEND_BIT_LOCAL},
+	};
+	unsigned bits = 0;
+	bool all = false;
+	const char *p = v;
+	for (;;) {
+		const char *comma = strchr(p, ',');
+		size_t len = comma ? (size_t)(comma - p) : strlen(p);
+		bool found = false;
+		if (len == 3 && strncasecmp(p, "all", 3) == 0) {
+			all = true;
+			found = true;
+		}
+		for (size_t i = 0; !found && i < sizeof(names) / sizeof(names[0]); i++) {
+			if (strlen(names[i].name) == len &&
+			    strncasecmp(p, names[i].name, len) == 0) {
+				bits |= names[i].bit;
+				found = true;
+			}
+		}
+		if (!found)
+			return sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "\"%.*s\": unknown backend \"%.*s\" (valid: tcp, ibverbs, "
+			    "local, all; comma-separated)",
+			    VALUE_SHOWN, v, (int)(len > VALUE_SHOWN ? VALUE_SHOWN : len), p);
+		if (!comma)
+			break;
+		p = comma + 1;
+	}
+	*out = all ? 0 : bits;
+	return 0;
+}
+
+static int parse_size_range(const char *v, uint64_t min, uint64_t max, const char *range,
+			    uint64_t *out, struct sc_err *err)
+{
+	uint64_t n;
+	if (sc_parse_size(v, &n, err) != 0)
+		return -1;
+	if (n < min || n > max)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "\"%.*s\": must be %s", VALUE_SHOWN, v,
+				  range);
+	*out = n;
+	return 0;
+}
+
+/* ---- applying one value ---- */
+
+/* Parse state that must not outlive one sc_config_parse call. */
+struct parse_state {
+	bool listen_from_flags; /* the first --grpc-listen flag replaces the env/default list */
+};
+
+static void free_listen(struct sc_config *cfg)
+{
+	for (size_t i = 0; i < cfg->n_grpc_listen; i++) {
+		free(cfg->grpc_listen[i]);
+		cfg->grpc_listen[i] = NULL;
+	}
+	cfg->n_grpc_listen = 0;
+}
+
+static int add_listen(struct sc_config *cfg, const char *v, size_t len, bool from_env,
+		      struct sc_err *err)
+{
+	if (cfg->n_grpc_listen >= SC_MAX_GRPC_LISTENERS)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  from_env ? "lists more than %d addresses; at most %d gRPC "
+					     "addresses are served"
+					   : "given more than %d times; at most %d gRPC addresses "
+					     "are served",
+				  SC_MAX_GRPC_LISTENERS, SC_MAX_GRPC_LISTENERS);
+	char *s = strndup(v, len);
+	if (!s)
+		return sc_err_set(err, SC_INTERNAL, "out of memory");
+	if (check_grpc_addr(s, err) != 0) {
+		free(s);
+		return -1;
+	}
+	cfg->grpc_listen[cfg->n_grpc_listen++] = s;
+	return 0;
+}
+
+/* Replace *slot with a copy of v; an empty v clears it to NULL when allow_empty. */
+static int set_str(char **slot, const char *v, bool allow_empty, struct sc_err *err)
+{
+	char *s = NULL;
+	if (!*v && !allow_empty)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "\"\": must not be empty");
+	if (*v) {
+		s = strdup(v);
+		if (!s)
+			return sc_err_set(err, SC_INTERNAL, "out of memory");
+	}
+	free(*slot);
+	*slot = s;
+	return 0;
+}
+
+static int set_hostport(char **slot, const char *v, bool allow_empty, struct sc_err *err)
+{
+	if (!*v && allow_empty)
+		return set_str(slot, v, true, err);
+	if (sc_parse_hostport(v, NULL, 0, NULL, err) != 0)
+		return -1;
+	return set_str(slot, v, false, err);
+}
+
+/*
+ * Apply one value. label is "--name" or "RDMA_SIDECAR_NAME", for messages; from_env tells
+ * list-valued options to split on commas. On error err names the label, the value and the fix.
+ */
+static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_option *opt,
+		 const char *v, const char *label, bool from_env, struct sc_err *err)
+{
+	long long n;
+	int rc = 0;
+	switch (opt->id) {
+	case OPT_ID:
+		rc = check_id(v, err);
+		if (rc == 0)
+			rc = set_str(&cfg->id, v, false, err);
+		break;
+	case OPT_NATS_URL:
+		rc = *v ? check_nats_url(v, err) : 0;
+		if (rc == 0)
+			rc = set_str(&cfg->nats_url, v, true, err);
+		break;
+	case OPT_GRPC_LISTEN:
+		if (from_env) {
+			free_listen(cfg);
+			const char *p = v;
+			for (;;) {
+				const char *comma = strchr(p, ',');
+				size_t len = comma ? (size_t)(comma - p) : strlen(p);
+				if (len == 0) {
+					rc = sc_err_set(
+					    err, SC_INVALID_ARGUMENT,
+					    "\"%.*s\": empty entry in the comma-separated "
+					    "list",
+					    VALUE_SHOWN, v);
+					break;
+				}
+				rc = add_listen(cfg, p, len, true, err);
+				if (rc != 0 || !comma)
+					break;
+				p = comma + 1;
+			}
+		} else {
+			if (!st->listen_from_flags) {
+				free_listen(cfg);
+				st->listen_from_flags = true;
+			}
+			rc = add_listen(cfg, v, strlen(v), false, err);
+		}
+		break;
+	case OPT_GRPC_THREADS:
+		rc = parse_int_range(v, 1, 64, &n, err);
+		if (rc == 0)
+			cfg->grpc_threads = (uint32_t)n;
+		break;
+	case OPT_MAX_MESSAGE_SIZE:
+		rc = parse_size_range(v, KIB, GIB, "1KiB-1GiB", &cfg->max_message_bytes, err);
+		break;
+	case OPT_DATA_LISTEN:
+		rc = set_hostport(&cfg->data_listen, v, false, err);
+		break;
+	case OPT_ADVERTISE:
+		if (!*v) {
+			rc = set_str(&cfg->advertise, v, true, err);
+		} else {
+			char *h = NULL;
+			rc = check_advertise(v, &h, err);
+			if (rc == 0) {
+				free(cfg->advertise);
+				cfg->advertise = h;
+			}
+		}
+		break;
+	case OPT_BACKENDS:
+		rc = parse_backends(v, &cfg->backends, err);
+		break;
+	case OPT_SHM_DIR:
+		if (v[0] != '/')
+			rc = sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "\"%.*s\": expected an absolute directory path (e.g. /dev/shm)",
+			    VALUE_SHOWN, v);
+		else
+			rc = set_str(&cfg->shm_dir, v, false, err);
+		break;
+	case OPT_TCP_STREAMS:
+		rc = parse_int_range(v, 1, 16, &n, err);
+		if (rc == 0)
+			cfg->tcp_streams = (uint32_t)n;
+		break;
+	case OPT_TCP_CHUNK_SIZE:
+		rc = parse_size_range(v, 64 * KIB, GIB, "64KiB-1GiB", &cfg->tcp_chunk_bytes, err);
+		break;
+	case OPT_KEY_FILE:
+		rc = set_str(&cfg->key_file, v, true, err);
+		break;
+	case OPT_IB_DEVICE:
+		rc = set_str(&cfg->ib_device, v, true, err);
+		break;
+	case OPT_IB_PORT:
+		rc = parse_int_range(v, 1, 255, &n, err);
+		if (rc == 0)
+			cfg->ib_port = (int)n;
+		break;
+	case OPT_IB_GID_INDEX:
+		rc = parse_int_range(v, -1, 255, &n, err);
+		if (rc == 0)
+			cfg->ib_gid_index = (int)n;
+		break;
+	case OPT_DEFAULT_TIMEOUT:
+		rc = sc_parse_duration_ms(v, &cfg->default_timeout_ms, err);
+		if (rc == 0 && cfg->default_timeout_ms == 0)
+			rc = sc_err_set(err, SC_INVALID_ARGUMENT,
+					"\"%.*s\": must be longer than 0 (e.g. 60s)", VALUE_SHOWN,
+					v);
+		break;
+	case OPT_RETENTION:
+		rc = sc_parse_duration_ms(v, &cfg->retention_ms, err);
+		break;
+	case OPT_GRACE_PERIOD:
+		rc = sc_parse_duration_ms(v, &cfg->grace_ms, err);
+		break;
+	case OPT_MAX_CONCURRENT_TRANSFERS:
+		rc = parse_int_range(v, 1, UINT32_MAX, &n, err);
+		if (rc == 0)
+			cfg->max_concurrent_transfers = (uint32_t)n;
+		break;
+	case OPT_MAX_INFLIGHT_BYTES:
+		rc = parse_size_range(v, 1, UINT64_MAX, "at least 1 byte", &cfg->max_inflight_bytes,
+				      err);
+		break;
+	case OPT_MAX_REGION_SIZE:
+		rc = parse_size_range(v, 1, UINT64_MAX, "at least 1 byte", &cfg->max_region_bytes,
+				      err);
+		break;
+	case OPT_LOG_LEVEL:
+		if (!sc_log_level_parse(v, &cfg->log_level))
+			rc = sc_err_set(err, SC_INVALID_ARGUMENT,
+					"\"%.*s\": expected debug, info, warn, error or off",
+					VALUE_SHOWN, v);
+		break;
+	case OPT_LOG_JSON:
+		rc = parse_bool(v, &cfg->log_json, err);
+		break;
+	case OPT_METRICS_LISTEN:
+		rc = set_hostport(&cfg->metrics_listen, v, true, err);
+		break;
+	case OPT_HELP:
+	case OPT_VERSION:
+		break;
+	}
+	return rc == 0 ? 0 : label_err(err, label);
+}
+
+/* ---- defaults, environment, flags ---- */
+
+static int set_defaults(struct sc_config *cfg, struct sc_err *err)
+{
+	static const char *const listen[] = {"unix:/tmp/rdma-sidecar/sidecar.sock",
+					     "127.0.0.1:50051"};
+	memset(cfg, 0, sizeof(*cfg));
+	for (size_t i = 0; i < sizeof(listen) / sizeof(listen[0]); i++) {
+		cfg->grpc_listen[i] = strdup(listen[i]);
+		if (!cfg->grpc_listen[i])
+			return sc_err_set(err, SC_INTERNAL, "out of memory");
+		cfg->n_grpc_listen++;
+	}
+	cfg->data_listen = strdup("0.0.0.0:0");
+	cfg->shm_dir = strdup("/dev/shm");
+	if (!cfg->data_listen || !cfg->shm_dir)
+		return sc_err_set(err, SC_INTERNAL, "out of memory");
+	cfg->backends = 0;
+	cfg->ib_port = 0;
+	cfg->ib_gid_index = -1;
+	cfg->log_level = SC_LOG_INFO;
+	cfg->log_json = false;
+	cfg->default_timeout_ms = 60 * 1000;
+	cfg->retention_ms = 300 * 1000;
+	cfg->grace_ms = 10 * 1000;
+	cfg->max_concurrent_transfers = 64;
+	cfg->max_inflight_bytes = 4 * GIB;
+	cfg->max_message_bytes = 64 * MIB;
+	cfg->grpc_threads = 4;
+	cfg->tcp_streams = 2;
+	cfg->tcp_chunk_bytes = 8 * MIB;
+	cfg->max_region_bytes = 64 * GIB;
+	return 0;
+}
+
+/* "<hostname>-<6 random hex>", the hostname cut and cleaned so the id stays valid. */
+static int default_id(struct sc_config *cfg, struct sc_err *err)
+{
+	char host[HOST_MAX_LEN + 1];
+	unsigned char rnd[3];
+	if (gethostname(host, sizeof(host)) != 0 || !host[0])
+		snprintf(host, sizeof(host), "sidecar");
+	host[sizeof(host) - 1] = '\0';
+	host[ID_HOST_MAX] = '\0'; /* room for "-xxxxxx" */
+	for (char *p = host; *p; p++)
+		if (!isalnum((unsigned char)*p) && *p != '.' && *p != '_' && *p != '-')
+			*p = '-';
+	if (RAND_bytes(rnd, sizeof(rnd)) != 1)
+		return sc_err_set(err, SC_INTERNAL,
+				  "no random bytes for the default id (OpenSSL RAND_bytes "
+				  "failed); pass --id");
+	char id[ID_MAX_LEN + 1];
+	snprintf(id, sizeof(id), "%.*s-%02x%02x%02x", ID_HOST_MAX, host, rnd[0], rnd[1], rnd[2]);
+	cfg->id = strdup(id);
+	if (!cfg->id)
+		return sc_err_set(err, SC_INTERNAL, "out of memory");
+	return 0;
+}
+
+static const char *env_lookup(char **envp, const char *name)
+{
+	size_t n = strlen(name);
+	for (char **e = envp; e && *e; e++)
+		if (strncmp(*e, name, n) == 0 && (*e)[n] == '=')
+			return *e + n + 1;
+	return NULL;
+}
+
+/*
+ * Every RDMA_SIDECAR_<NAME> in envp; an empty value counts as unset. Other RDMA_SIDECAR_* names
+ * are ignored, not refused: Kubernetes injects RDMA_SIDECAR_SERVICE_HOST, RDMA_SIDECAR_PORT... for
+ * a Service named rdma-sidecar.
+ */
+static int apply_env(struct sc_config *cfg, struct parse_state *st, char **envp, struct sc_err *err)
+{
+	char name[LABEL_MAX];
+	for (size_t i = 0; i < N_OPTIONS; i++) {
+		const struct sc_option *opt = &sc_options[i];
+		if (opt->arg == ARG_NONE)
+			continue;
+		env_name(opt, name, sizeof(name));
+		const char *v = env_lookup(envp, name);
+		if (!v || !*v)
+			continue;
+		if (apply(cfg, st, opt, v, name, true, err) != 0)
+			return -1;
+	}
+	return 0;
+}
+
+static const struct sc_option *find_long(const char *name, size_t len)
+{
+	for (size_t i = 0; i < N_OPTIONS; i++)
+		if (strlen(sc_options[i].name) == len &&
+		    strncmp(sc_options[i].name, name, len) == 0)
+			return &sc_options[i];
+	return NULL;
+}
+
+static const struct sc_option *find_short(char c)
+{
+	for (size_t i = 0; i < N_OPTIONS; i++)
+		if (sc_options[i].short_name && sc_options[i].short_name == c)
+			return &sc_options[i];
+	return NULL;
+}
+
+enum flag_outcome { FLAG_DONE, FLAG_HELP, FLAG_VERSION, FLAG_ERROR };
+
+/*
+ * Walk argv. With dry set, only check its shape (known options, values present, no positional
+ * arguments) and stop at --help or --version, in order as getopt would; otherwise apply each value.
+ */
+static enum flag_outcome walk_flags(struct sc_config *cfg, struct parse_state *st, int argc,
+				    char **argv, bool dry, struct sc_err *err)
+{
+	int i;
+	for (i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const struct sc_option *opt = NULL;
+		const char *value = NULL;
+		char label[LABEL_MAX];
+
+		if (strcmp(a, "--") == 0) {
+			if (++i < argc)
+				goto positional;
+			break;
+		}
+		if (a[0] == '-' && a[1] == '-') {
+			const char *name = a + 2;
+			const char *eq = strchr(name, '=');
+			size_t len = eq ? (size_t)(eq - name) : strlen(name);
+			opt = find_long(name, len);
+			if (!opt) {
+				sc_err_set(err, SC_INVALID_ARGUMENT,
+					   "unknown option --%.*s (see --help)",
+					   (int)(len > VALUE_SHOWN ? VALUE_SHOWN : len), name);
+				return FLAG_ERROR;
+			}
+			if (eq)
+				value = eq + 1;
+		} else if (a[0] == '-' && a[1]) {
+			opt = a[2] ? NULL : find_short(a[1]);
+			if (!opt) {
+				sc_err_set(err, SC_INVALID_ARGUMENT,
+					   "unknown option %.*s (see --help)", VALUE_SHOWN, a);
+				return FLAG_ERROR;
+			}
+		} else {
+			goto positional;
+		}
+
+		snprintf(label, sizeof(label), "--%s", opt->name);
+		switch (opt->arg) {
+		case ARG_NONE:
+			if (value) {
+				sc_err_set(err, SC_INVALID_ARGUMENT, "%s takes no value", label);
+				return FLAG_ERROR;
+			}
+			return opt->id == OPT_HELP ? FLAG_HELP : FLAG_VERSION;
+		case ARG_BOOL:
+			if (!value)
+				value = "true";
+			break;
+		case ARG_REQUIRED:
+			if (!value) {
+				if (i + 1 >= argc) {
+					sc_err_set(err, SC_INVALID_ARGUMENT,
+						   "%s needs a value, e.g. %s %s (see --help)",
+						   label, label, opt->value);
+					return FLAG_ERROR;
+				}
+				value = argv[++i];
+			}
+			break;
+		}
+		if (!dry && apply(cfg, st, opt, value, label, false, err) != 0)
+			return FLAG_ERROR;
+	}
+	return FLAG_DONE;
+
+positional:
+	sc_err_set(err, SC_INVALID_ARGUMENT,
+		   "unexpected argument \"%.*s\": rdma-sidecar takes only options (see --help)",
+		   VALUE_SHOWN, argv[i]);
+	return FLAG_ERROR;
+}
+
+enum sc_config_result sc_config_parse(struct sc_config *cfg, int argc, char **argv, char **envp,
+				      struct sc_err *err)
+{
+	struct parse_state st = {.listen_from_flags = false};
+	sc_err_clear(err);
+	if (set_defaults(cfg, err) != 0)
+		return SC_CONFIG_ERROR;
+
+	/* Shape first, so --help and --version answer even when a value or the env is bad. */
+	switch (walk_flags(cfg, &st, argc, argv, true, err)) {
+	case FLAG_ERROR:
+		return SC_CONFIG_ERROR;
+	case FLAG_HELP:
+		sc_config_usage(stdout, argc > 0 ? argv[0] : NULL);
+		return SC_CONFIG_EXIT;
+	case FLAG_VERSION:
+		printf("rdma-sidecar %s\n", SC_VERSION);
+		return SC_CONFIG_EXIT;
+	case FLAG_DONE:
+		break;
+	}
+	if (apply_env(cfg, &st, envp, err) != 0)
+		return SC_CONFIG_ERROR;
+	if (walk_flags(cfg, &st, argc, argv, false, err) != FLAG_DONE)
+		return SC_CONFIG_ERROR;
+	if (!cfg->id && default_id(cfg, err) != 0)
+		return SC_CONFIG_ERROR;
+	return SC_CONFIG_OK;
+}
+
+void sc_config_free(struct sc_config *cfg)
+{
+	if (!cfg)
+		return;
+	free(cfg->id);
+	for (size_t i = 0; i < SC_MAX_GRPC_LISTENERS; i++)
+		free(cfg->grpc_listen[i]);
+	free(cfg->data_listen);
+	free(cfg->advertise);
+	free(cfg->shm_dir);
+	free(cfg->nats_url);
+	free(cfg->key_file);
+	free(cfg->ib_device);
+	free(cfg->metrics_listen);
+	memset(cfg, 0, sizeof(*cfg));
+}
+
+void sc_config_usage(FILE *f, const char *argv0)
+{
+	const char *group = NULL;
+	char env[LABEL_MAX];
+	fprintf(f,
+		"Usage: %s [OPTION]...\n"
+		"Sidecar daemon that moves memory between ML workers over RDMA (ibverbs) or TCP.\n"
+		"Workers talk gRPC to it; peers exchange signed metadata, optionally over NATS.\n"
+		"\n"
+		"Every option also reads an environment variable (shown as env); the flag wins.\n"
+		"An empty variable counts as unset. Options take --name VALUE or --name=VALUE.\n"
+		"SIZE: bytes with optional K, M, G, T (powers of 1024), e.g. 8MiB.\n"
+		"DURATION: a number with ms, s, m or h; a plain number is ms, e.g. 30s.\n",
+		argv0 && *argv0 ? argv0 : "rdma-sidecar");
+	for (size_t i = 0; i < N_OPTIONS; i++) {
+		const struct sc_option *opt = &sc_options[i];
+		char flag[64];
+		if (!group || strcmp(group, opt->group) != 0) {
+			group = opt->group;
+			fprintf(f, "\n%s:\n", group);
+		}
+		if (opt->short_name)
+			snprintf(flag, sizeof(flag), "-%c, --%s", opt->short_name, opt->name);
+		else
+			snprintf(flag, sizeof(flag), "--%s%s%s", opt->name, opt->value ? " " : "",
+				 opt->value ? opt->value : "");
+		fprintf(f, "  %-28s  %s", flag, opt->help);
+		if (opt->arg == ARG_NONE) {
+			fputc('\n', f);
+			continue;
+		}
+		env_name(opt, env, sizeof(env));
+		fprintf(f, " (env %s, default %s)\n", env, opt->def ? opt->def : "none");
+	}
+	fprintf(f, "\nExit status: 0 after --help/--version or a clean shutdown, 2 for a bad "
+		   "configuration.\n");
+}

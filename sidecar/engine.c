@@ -1,0 +1,338 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * engine.c: the engine object: creation (keys, backends, probes), start (data listener, timer,
+ * NATS), drain and teardown, GetInfo, and the small accessors other engine files use.
+ * Runs on the main thread (lifecycle, SIGHUP key reload) and on gRPC threads (info, timers).
+ * Owns every table, the timer thread, the backends, the peer server and pool, the NATS bus and the
+ * keyring.
+ */
+#include "engine_internal.h"
+#include "log.h"
+#include "passive.h"
+#include "nats_bus.h"
+#include "peer_pool.h"
+#include "peer_server.h"
+
+#include "build_config.h"
+
+#include <errno.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+uint64_t sc_now_unix_ms(void)
+{
+	return sc_clock_unix_ms();
+}
+
+uint64_t sc_now_mono_ms(void)
+{
+	return sc_clock_mono_ms();
+}
+
+struct sc_keyring *sc_engine_keyring(struct sc_engine *eng)
+{
+	pthread_mutex_lock(&eng->mu);
+	struct sc_keyring *k = eng->keys_ephemeral ? NULL : sc_keyring_retain(eng->keys);
+	pthread_mutex_unlock(&eng->mu);
+	return k;
+}
+
+const char *sc_engine_id(struct sc_engine *eng)
+{
+	return eng->id;
+}
+
+const struct sc_config *sc_engine_config(struct sc_engine *eng)
+{
+	return eng->cfg;
+}
+
+struct sc_peer_pool *sc_engine_peer_pool(struct sc_engine *eng)
+{
+	return eng->peer_pool;
+}
+
+struct sc_peer_server *sc_engine_peer_server(struct sc_engine *eng)
+{
+	return eng->peer_server;
+}
+
+/* Without --key-file the sidecar signs with a random key nobody else knows: metadata then works
+ * for transfers inside this sidecar only, and peers reject it as signed by an unknown key. */
+static int ephemeral_keyring(struct sc_engine *eng, struct sc_err *err)
+{
+	unsigned char key[32];
+	char b64[64];
+	char text[SC_NAME_MAX + 80];
+	if (sc_random_bytes(key, sizeof(key)) != 0)
+		return sc_err_set(err, SC_INTERNAL, "no randomness for the ephemeral key");
+	EVP_EncodeBlock((unsigned char *)b64, key, sizeof(key));
+	int n = snprintf(text, sizeof(text), "local-only-%.40s:%s\n", eng->id, b64);
+	memset(key, 0, sizeof(key));
+	int rc = sc_keyring_parse(text, (size_t)n, &eng->keys, err);
+	memset(text, 0, sizeof(text));
+	memset(b64, 0, sizeof(b64));
+	eng->keys_ephemeral = true;
+	return rc;
+}
+
+static bool backend_enabled(const struct sc_config *cfg, unsigned bit)
+{
+	return cfg->backends == 0 || (cfg->backends & bit);
+}
+
+static void disable_backend(struct sc_backend *b, const char *why)
+{
+	if (!b)
+		return;
+	b->available = false;
+	snprintf(b->detail, sizeof(b->detail), "%s", why);
+}
+
+int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct sc_err *err)
+{
+	struct sc_engine *eng = calloc(1, sizeof(*eng));
+	if (!eng)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	eng->cfg = cfg;
+	pthread_mutex_init(&eng->mu, NULL);
+	pthread_cond_init(&eng->idle_cv, NULL);
+	snprintf(eng->id, sizeof(eng->id), "%s", cfg->id);
+	eng->regions = sc_idmap_create();
+	eng->ops = sc_idmap_create();
+	eng->tokens = sc_idmap_create();
+	if (!eng->regions || !eng->ops || !eng->tokens) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+		goto fail;
+	}
+
+	struct stat st;
+	if (stat(cfg->shm_dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+		sc_err_set(err, SC_INVALID_ARGUMENT, "--shm-dir %s is not a directory: %s",
+			   cfg->shm_dir, errno ? strerror(errno) : "not a directory");
+		goto fail;
+	}
+	if (access(cfg->shm_dir, W_OK) != 0) {
+		sc_err_set(err, SC_INVALID_ARGUMENT, "--shm-dir %s is not writable: %s",
+			   cfg->shm_dir, strerror(errno));
+		goto fail;
+	}
+
+	if (cfg->key_file && cfg->key_file[0]) {
+		if (sc_keyring_load(cfg->key_file, &eng->keys, err) != 0) {
+			sc_err_prefix(err, "--key-file");
+			goto fail;
+		}
+		SC_INFO("keys", "loaded %zu key(s) from %s; signing with \"%s\"",
+			sc_keyring_count(eng->keys), cfg->key_file,
+			sc_keyring_signing_id(eng->keys));
+	} else {
+		if (ephemeral_keyring(eng, err) != 0)
+			goto fail;
+		SC_WARN("keys", "no --key-file: metadata is signed with a throw-away key, so only "
+				"transfers inside this sidecar work; give every sidecar the same "
+				"--key-file for cross-sidecar transfers");
+	}
+
+	sc_cuda_probe(&eng->cuda_available, eng->cuda_detail, sizeof(eng->cuda_detail));
+
+	/* The peer channel carries the TCP data plane and the ibverbs rendezvous. */
+	if (backend_enabled(cfg, SC_BACKEND_BIT_TCP) || backend_enabled(cfg, SC_BACKEND_BIT_IBVERBS)) {
+		if (sc_peer_server_create(eng, cfg, &eng->peer_server, err) != 0)
+			goto fail;
+		if (sc_peer_pool_create(eng, &eng->peer_pool, err) != 0)
+			goto fail;
+	}
+	eng->backends[SC_BACKEND_LOCAL] = sc_backend_local_create(eng);
+	eng->backends[SC_BACKEND_TCP] = sc_backend_tcp_create(eng, cfg);
+	eng->backends[SC_BACKEND_IBVERBS] = sc_backend_ibverbs_create(eng, cfg);
+	for (int b = 1; b < SC_NUM_BACKENDS; b++) {
+		if (!eng->backends[b]) {
+			sc_err_set(err, SC_RESOURCE_EXHAUSTED, "cannot create backend %s",
+				   sc_backend_name((enum sc_backend_kind)b));
+			goto fail;
+		}
+	}
+	if (!backend_enabled(cfg, SC_BACKEND_BIT_LOCAL))
+		disable_backend(eng->backends[SC_BACKEND_LOCAL], "disabled by --backends");
+	if (!backend_enabled(cfg, SC_BACKEND_BIT_TCP))
+		disable_backend(eng->backends[SC_BACKEND_TCP], "disabled by --backends");
+	if (!backend_enabled(cfg, SC_BACKEND_BIT_IBVERBS))
+		disable_backend(eng->backends[SC_BACKEND_IBVERBS], "disabled by --backends");
+	if ((cfg->backends & SC_BACKEND_BIT_IBVERBS) && !eng->backends[SC_BACKEND_IBVERBS]->available)
+		SC_WARN("ibverbs", "--backends asks for ibverbs but it is unavailable: %s",
+			eng->backends[SC_BACKEND_IBVERBS]->detail);
+	*out = eng;
+	return 0;
+fail:
+	sc_engine_destroy(eng);
+	return -1;
+}
+
+int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
+{
+	if (sc_timers_create(&eng->timers) != 0)
+		return sc_err_set(err, SC_INTERNAL, "cannot start the timer thread");
+	if (eng->peer_server && sc_peer_server_start(eng->peer_server, err) != 0)
+		return -1;
+	for (int b = 1; b < SC_NUM_BACKENDS; b++) {
+		struct sc_backend *be = eng->backends[b];
+		if (!be->available)
+			continue;
+		struct sc_err berr;
+		sc_err_clear(&berr);
+		if (sc_backend_start(be, &berr) != 0) {
+			if (b == SC_BACKEND_TCP && (eng->cfg->backends & SC_BACKEND_BIT_TCP))
+				return sc_err_set(err, berr.code, "tcp backend: %s", berr.msg);
+			SC_WARN("engine", "backend %s failed to start, disabled: %s",
+				sc_backend_name((enum sc_backend_kind)b), berr.msg);
+			disable_backend(be, berr.msg);
+		}
+	}
+	if (eng->cfg->nats_url && eng->cfg->nats_url[0]) {
+		if (sc_nats_bus_create(eng->cfg->nats_url, eng->id, &eng->bus, err) != 0) {
+			sc_err_prefix(err, "--nats-url");
+			return -1;
+		}
+	}
+	eng->started = true;
+	for (int b = 1; b < SC_NUM_BACKENDS; b++)
+		SC_INFO("engine", "backend %-7s %s: %s", sc_backend_name((enum sc_backend_kind)b),
+			eng->backends[b]->available ? "available  " : "unavailable",
+			eng->backends[b]->detail);
+	SC_INFO("engine", "cuda: %s", eng->cuda_detail);
+	return 0;
+}
+
+void sc_engine_begin_drain(struct sc_engine *eng)
+{
+	pthread_mutex_lock(&eng->mu);
+	eng->draining = true;
+	pthread_mutex_unlock(&eng->mu);
+}
+
+bool sc_engine_wait_idle(struct sc_engine *eng, uint64_t timeout_ms)
+{
+	uint64_t end = sc_clock_mono_ms() + timeout_ms;
+	pthread_mutex_lock(&eng->mu);
+	while (sc_engine_active_count(eng) > 0 || eng->sched_head) {
+		uint64_t now = sc_clock_mono_ms();
+		if (now >= end)
+			break;
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		uint64_t wait = end - now < 100 ? end - now : 100;
+		ts.tv_nsec += (long)wait * 1000000L;
+		ts.tv_sec += ts.tv_nsec / 1000000000L;
+		ts.tv_nsec %= 1000000000L;
+		pthread_cond_timedwait(&eng->idle_cv, &eng->mu, &ts);
+	}
+	bool idle = sc_engine_active_count(eng) == 0 && !eng->sched_head;
+	pthread_mutex_unlock(&eng->mu);
+	return idle;
+}
+
+void sc_engine_destroy(struct sc_engine *eng)
+{
+	if (!eng)
+		return;
+	sc_engine_begin_drain(eng);
+	if (eng->ops)
+		sc_op_cancel_all(eng, "sidecar is shutting down");
+	/* Wait (briefly) for backends to report the cancelled transfers. */
+	if (eng->started)
+		sc_engine_wait_idle(eng, 5000);
+	sc_bus_stop(eng);
+	sc_nats_bus_destroy(eng->bus);
+	eng->bus = NULL;
+	for (int b = 1; b < SC_NUM_BACKENDS; b++)
+		if (eng->backends[b] && eng->started)
+			sc_backend_stop(eng->backends[b]);
+	sc_peer_server_destroy(eng->peer_server);
+	eng->peer_server = NULL;
+	if (eng->ops)
+		sc_op_forget_all(eng);
+	sc_timers_destroy(eng->timers);
+	eng->timers = NULL;
+	if (eng->regions)
+		sc_region_release_all(eng);
+	for (int b = 1; b < SC_NUM_BACKENDS; b++)
+		sc_backend_destroy(eng->backends[b]);
+	sc_peer_pool_destroy(eng->peer_pool);
+	sc_sched_free_progress(eng);
+	sc_idmap_destroy(eng->regions);
+	sc_idmap_destroy(eng->ops);
+	sc_idmap_destroy(eng->tokens);
+	sc_keyring_release(eng->keys);
+	pthread_cond_destroy(&eng->idle_cv);
+	pthread_mutex_destroy(&eng->mu);
+	free(eng);
+}
+
+int sc_engine_reload_keys(struct sc_engine *eng, struct sc_err *err)
+{
+	if (!eng->cfg->key_file || !eng->cfg->key_file[0])
+		return sc_err_set(err, SC_FAILED_PRECONDITION, "no --key-file to reload");
+	struct sc_keyring *ring;
+	if (sc_keyring_load(eng->cfg->key_file, &ring, err) != 0)
+		return -1;
+	pthread_mutex_lock(&eng->mu);
+	struct sc_keyring *old = eng->keys;
+	eng->keys = ring;
+	eng->keys_ephemeral = false;
+	pthread_mutex_unlock(&eng->mu);
+	sc_keyring_release(old);
+	SC_INFO("keys", "reloaded %zu key(s) from %s; signing with \"%s\"",
+		sc_keyring_count(ring), eng->cfg->key_file, sc_keyring_signing_id(ring));
+	return 0;
+}
+
+void sc_engine_info(struct sc_engine *eng, struct sc_info *out)
+{
+	memset(out, 0, sizeof(*out));
+	snprintf(out->sidecar_id, sizeof(out->sidecar_id), "%s", eng->id);
+	out->version = SC_VERSION;
+	static const enum sc_backend_kind order[] = {SC_BACKEND_TCP, SC_BACKEND_IBVERBS,
+						     SC_BACKEND_LOCAL};
+	pthread_mutex_lock(&eng->mu);
+	for (size_t i = 0; i < 3; i++) {
+		struct sc_backend *b = eng->backends[order[i]];
+		struct sc_backend_report *r = &out->backends[out->n_backends++];
+		r->backend = order[i];
+		r->available = b && b->available;
+		snprintf(r->detail, sizeof(r->detail), "%s", b ? b->detail : "not built");
+		for (size_t d = 0; b && d < b->n_devices && d < 4; d++)
+			snprintf(r->devices[r->n_devices++], sizeof(r->devices[0]), "%s",
+				 b->devices[d]);
+	}
+	struct sc_backend *tcp = eng->backends[SC_BACKEND_TCP];
+	if (eng->peer_server) {
+		snprintf(out->data_endpoints[0], sizeof(out->data_endpoints[0]), "%s",
+			 sc_peer_server_endpoint(eng->peer_server));
+		out->n_data_endpoints = out->data_endpoints[0][0] ? 1 : 0;
+	}
+	(void)tcp;
+	snprintf(out->nats_state, sizeof(out->nats_state), "%s",
+		 eng->bus ? sc_nats_bus_state(eng->bus) : "disabled");
+	out->signing_enabled = !eng->keys_ephemeral;
+	if (!eng->keys_ephemeral)
+		snprintf(out->signing_key_id, sizeof(out->signing_key_id), "%s",
+			 sc_keyring_signing_id(eng->keys));
+	pthread_mutex_unlock(&eng->mu);
+	out->cuda_available = eng->cuda_available;
+	snprintf(out->cuda_detail, sizeof(out->cuda_detail), "%s", eng->cuda_detail);
+}
+
+uint64_t sc_engine_timer_add(struct sc_engine *eng, uint64_t delay_ms, sc_timer_fn fn, void *ctx)
+{
+	return sc_timers_add(eng->timers, sc_clock_mono_ms() + delay_ms, fn, ctx);
+}
+
+bool sc_engine_timer_cancel(struct sc_engine *eng, uint64_t timer_id)
+{
+	return sc_timers_cancel(eng->timers, timer_id);
+}

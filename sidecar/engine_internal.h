@@ -1,0 +1,195 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * engine_internal.h: the engine's private structures, shared by engine.c, region.c, operation.c,
+ * scheduler.c and backend_local.c. Nothing outside sidecar/ includes it.
+ *
+ * Locking: eng->mu guards the tables, every region and operation field except op->bytes_done
+ * (atomic), and the scheduler's queues. Backends never hold it while doing I/O; they call back
+ * through passive.h and struct sc_xfer's callbacks, which take it briefly.
+ *
+ * Lifetime: a region or operation is reference counted under eng->mu. The table holds one
+ * reference; an operation holds one on each region it uses; a pending timer, an in-flight xfer and
+ * every pinned span hold one on the operation. Memory is unmapped only when the last reference
+ * goes, so no backend ever touches released memory.
+ */
+#ifndef SC_ENGINE_INTERNAL_H
+#define SC_ENGINE_INTERNAL_H
+
+#include "backend.h"
+#include "engine.h"
+#include "idmap.h"
+#include "keys.h"
+#include "metadata.h"
+#include "timer.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+struct sc_nats_bus;
+struct sc_peer_pool;
+struct sc_peer_server;
+
+#define SC_NUM_BACKENDS 4 /* indexed by enum sc_backend_kind */
+
+struct sc_region {
+	char id[SC_ID_MAX];
+	enum sc_device_kind kind;
+	uint32_t device_index;
+	uint64_t size;
+	char path[512];
+	uint64_t file_offset;
+	char name[SC_NAME_MAX];
+	uint8_t *base;   /* first byte of the region */
+	void *map_addr;  /* what mmap returned (page aligned) */
+	size_t map_len;
+	bool owned_file; /* created by the sidecar: unlink at release */
+	bool in_table;
+	int refs;
+	uint32_t live_ops;                      /* non-terminal operations using it */
+	void *backend_handle[SC_NUM_BACKENDS]; /* e.g. the ibverbs MR */
+};
+
+struct sc_watch {
+	uint64_t id;
+	sc_op_watch_fn fn;
+	void *ctx;
+	struct sc_watch *next;
+};
+
+/* One claimed use of a passive operation. */
+struct sc_use {
+	uint64_t xfer_id;
+	bool done;
+};
+
+struct sc_op {
+	struct sc_engine *eng;
+	char id[SC_ID_MAX];
+	enum sc_op_kind kind;
+	enum sc_op_status status;
+	enum sc_backend_kind backend;
+	uint64_t bytes_total;
+	atomic_uint_fast64_t bytes_done;
+	char *metadata;
+	enum sc_status err_code;
+	char err_msg[SC_ERR_MSG_MAX];
+	char peer[SC_NAME_MAX];
+	char audience[SC_NAME_MAX];
+	uint64_t created_unix_ms;
+	uint64_t deadline_unix_ms;
+	uint64_t deadline_mono_ms;
+	uint64_t completed_unix_ms;
+	char request_id[SC_NAME_MAX];
+	struct sc_desc *descs;
+	struct sc_region **regions; /* one per descriptor, each holding a reference */
+	size_t n_descs;
+	char backend_reason[256];
+	int refs;
+	bool in_table;
+	bool counted_live; /* counted in its regions' live_ops */
+	uint64_t deadline_timer;
+	uint64_t retention_timer;
+	uint64_t last_notify_mono_ms;
+	struct sc_watch *watches;
+
+	/* passive */
+	uint8_t token[SC_TOKEN_LEN];
+	bool token_in_table;
+	uint32_t max_uses;
+	uint32_t n_uses;
+	struct sc_use *uses;
+	void *exposure[SC_NUM_BACKENDS];
+
+	/* active */
+	struct sc_metadata meta;
+	bool meta_valid;
+	struct sc_xfer xfer;
+	struct sc_backend *be;
+	bool xfer_in_flight;
+	bool slot_held;
+	struct sc_requirement req;
+	bool waiting_requirement;
+	bool queued;
+	struct sc_op *sched_next; /* scheduler queue link */
+};
+
+struct sc_progress {
+	char request_id[SC_NAME_MAX];
+	uint64_t iteration;
+	bool has_layer;
+	uint32_t layer;
+	bool iteration_complete;
+	struct sc_progress *next;
+};
+
+struct sc_bus_sub;
+
+struct sc_engine {
+	const struct sc_config *cfg;
+	pthread_mutex_t mu;
+	pthread_cond_t idle_cv; /* signalled when an active transfer ends */
+	struct sc_idmap *regions;
+	struct sc_idmap *ops;
+	struct sc_idmap *tokens;
+	struct sc_timers *timers;
+	struct sc_keyring *keys; /* swapped on SIGHUP under mu */
+	struct sc_backend *backends[SC_NUM_BACKENDS];
+	struct sc_peer_pool *peer_pool;
+	struct sc_peer_server *peer_server;
+	struct sc_nats_bus *bus;
+	struct sc_bus_sub *subs;
+	uint64_t next_sub_id;
+	char id[SC_NAME_MAX];
+	uint64_t next_watch_id;
+	bool keys_ephemeral; /* no --key-file: a random local-only key */
+	bool started;
+	bool draining;
+	bool stopping;
+	/* scheduler */
+	struct sc_op *sched_head, *sched_tail; /* waiting for a slot, FIFO */
+	uint32_t active_transfers;
+	uint64_t inflight_bytes;
+	struct sc_progress *progress;
+	/* cuda probe */
+	bool cuda_available;
+	char cuda_detail[256];
+};
+
+/* region.c */
+void sc_region_ref(struct sc_region *r);
+void sc_region_unref(struct sc_engine *eng, struct sc_region *r); /* under mu */
+struct sc_region *sc_region_lookup(struct sc_engine *eng, const char *id);
+void sc_region_release_all(struct sc_engine *eng);
+void sc_region_fill_info(const struct sc_region *r, struct sc_region_info *out);
+/* Resolve a descriptor against the region table: bounds-checked, host memory only. */
+int sc_region_resolve(struct sc_engine *eng, const struct sc_desc *d, struct sc_region **out,
+		      struct sc_err *err);
+
+/* operation.c */
+void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_status status,
+			 enum sc_status code, const char *msg);
+void sc_op_unref(struct sc_engine *eng, struct sc_op *op); /* under mu */
+void sc_op_cancel_all(struct sc_engine *eng, const char *why);
+/* End every live operation using region r as CANCELLED. Under mu. */
+void sc_op_cancel_region_locked(struct sc_engine *eng, struct sc_region *r, const char *why);
+void sc_op_forget_all(struct sc_engine *eng);
+uint32_t sc_engine_active_count(struct sc_engine *eng); /* under mu */
+
+/* scheduler.c */
+bool sc_sched_requirement_met(struct sc_engine *eng, const struct sc_requirement *req);
+/* Start or queue an active op that is ready to take a slot. Under mu. */
+void sc_sched_admit(struct sc_engine *eng, struct sc_op *op);
+/* A transfer ended: give its slot back, start queued ones. Under mu. */
+void sc_sched_release(struct sc_engine *eng, struct sc_op *op);
+void sc_sched_remove(struct sc_engine *eng, struct sc_op *op);
+void sc_sched_free_progress(struct sc_engine *eng);
+/* operation.c: really start moving bytes (slot held). Under mu. */
+void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op);
+
+/* cuda.c */
+void sc_cuda_probe(bool *available, char *detail, size_t cap);
+
+/* bus.c */
+void sc_bus_stop(struct sc_engine *eng);
+
+#endif

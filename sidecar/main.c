@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * main.c: the rdma-sidecar daemon. Parses the configuration, creates the engine and the gRPC
+ * service, then waits for signals on the main thread (every other thread has them blocked):
+ *   SIGTERM/SIGINT  drain: health NOT_SERVING, refuse new work, let live transfers finish within
+ *                   --grace-period, cancel the rest, exit 0
+ *   SIGHUP          reload --key-file (key rotation)
+ * Exit codes: 0 clean, 1 runtime failure, 2 bad configuration.
+ */
+#include "config.h"
+#include "engine.h"
+#include "log.h"
+#include "nats_bus.h"
+#include "service.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern char **environ;
+
+int main(int argc, char **argv)
+{
+	struct sc_config cfg;
+	struct sc_err err;
+	sc_err_clear(&err);
+	enum sc_config_result cr = sc_config_parse(&cfg, argc, argv, environ, &err);
+	if (cr != SC_CONFIG_OK) {
+		if (cr == SC_CONFIG_ERROR)
+			fprintf(stderr, "rdma-sidecar: %s\n", err.msg);
+		sc_config_free(&cfg);
+		return cr == SC_CONFIG_EXIT ? 0 : 2;
+	}
+	sc_log_configure(cfg.log_level, cfg.log_json);
+
+	/* Block the signals we handle before any thread starts, so only sigwait sees them. */
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	int rc = 0;
+	struct sc_engine *eng = NULL;
+	struct sc_service *svc = NULL;
+	if (sc_engine_create(&cfg, &eng, &err) != 0) {
+		fprintf(stderr, "rdma-sidecar: %s\n", err.msg);
+		rc = err.code == SC_INVALID_ARGUMENT ? 2 : 1;
+		goto out;
+	}
+	if (sc_service_create(eng, &cfg, &svc, &err) != 0) {
+		fprintf(stderr, "rdma-sidecar: %s\n", err.msg);
+		rc = err.code == SC_INVALID_ARGUMENT ? 2 : 1;
+		goto out;
+	}
+	if (sc_engine_start(eng, &err) != 0) {
+		fprintf(stderr, "rdma-sidecar: %s\n", err.msg);
+		rc = err.code == SC_INVALID_ARGUMENT ? 2 : 1;
+		goto out;
+	}
+	if (sc_service_start(svc, &err) != 0) {
+		fprintf(stderr, "rdma-sidecar: %s\n", err.msg);
+		rc = 1;
+		goto out;
+	}
+	struct sc_info info;
+	sc_engine_info(eng, &info);
+	SC_INFO("main", "rdma-sidecar %s ready: id %s, data endpoint %s, nats %s, signing %s",
+		info.version, info.sidecar_id,
+		info.n_data_endpoints ? info.data_endpoints[0] : "(none)", info.nats_state,
+		info.signing_enabled ? info.signing_key_id : "off (no --key-file)");
+
+	for (;;) {
+		int sig = 0;
+		if (sigwait(&sigs, &sig) != 0)
+			continue;
+		if (sig == SIGHUP) {
+			sc_err_clear(&err);
+			if (sc_engine_reload_keys(eng, &err) != 0)
+				SC_ERROR("main", "SIGHUP: keeping the old keys: %s", err.msg);
+			continue;
+		}
+		SC_INFO("main", "%s: draining (grace period %llu ms)", strsignal(sig),
+			(unsigned long long)cfg.grace_ms);
+		break;
+	}
+	sc_service_begin_drain(svc);
+	sc_engine_begin_drain(eng);
+	if (!sc_engine_wait_idle(eng, cfg.grace_ms))
+		SC_WARN("main", "grace period over: cancelling the transfers still running");
+	sc_service_shutdown(svc, 1000);
+out:
+	/* The engine goes first: it cancels and waits for its transfers, which gRPC calls watch. */
+	sc_engine_destroy(eng);
+	sc_service_destroy(svc);
+	sc_nats_bus_library_shutdown();
+	sc_config_free(&cfg);
+	if (rc == 0)
+		SC_INFO("main", "stopped");
+	return rc;
+}

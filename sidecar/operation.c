@@ -1,0 +1,1203 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * operation.c: operations and their lifecycle (DESIGN section 8).
+ *
+ * Passive operations (READABLE/WRITABLE) expose ranges of local regions under a fresh 128-bit
+ * token and hand out signed metadata; data-plane servers reach them through passive.h (bottom of
+ * this file). Active operations (READ/WRITE) verify remote metadata, pick a backend, wait in the
+ * scheduler for a slot (and for worker progress when gated), then become one struct sc_xfer that
+ * the backend executes; its completion ends the operation.
+ *
+ * Threads: RPC handlers (gRPC threads), the timer thread (deadlines, retention), backend threads
+ * (progress, completion) and data-plane server threads (passive.h). Everything runs under eng->mu;
+ * watchers are called under it too, so they see changes in order.
+ */
+#include "engine_internal.h"
+#include "log.h"
+#include "passive.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PROGRESS_NOTIFY_MS 10
+#define MAX_USES 64
+
+const char *sc_op_status_name(enum sc_op_status s)
+{
+	switch (s) {
+	case SC_OPS_INITIALIZED:
+		return "INITIALIZED";
+	case SC_OPS_IN_PROGRESS:
+		return "IN_PROGRESS";
+	case SC_OPS_COMPLETE:
+		return "COMPLETE";
+	case SC_OPS_CANCELLED:
+		return "CANCELLED";
+	case SC_OPS_ERRORED:
+		return "ERRORED";
+	case SC_OPS_SCHEDULED:
+		return "SCHEDULED";
+	case SC_OPS_UNSPECIFIED:
+		break;
+	}
+	return "UNSPECIFIED";
+}
+
+const char *sc_op_kind_name(enum sc_op_kind k)
+{
+	switch (k) {
+	case SC_OP_READABLE:
+		return "READABLE";
+	case SC_OP_WRITABLE:
+		return "WRITABLE";
+	case SC_OP_READ:
+		return "READ";
+	case SC_OP_WRITE:
+		return "WRITE";
+	case SC_OP_NONE:
+		break;
+	}
+	return "NONE";
+}
+
+const char *sc_backend_name(enum sc_backend_kind b)
+{
+	switch (b) {
+	case SC_BACKEND_TCP:
+		return "tcp";
+	case SC_BACKEND_IBVERBS:
+		return "ibverbs";
+	case SC_BACKEND_LOCAL:
+		return "local";
+	case SC_BACKEND_NONE:
+		break;
+	}
+	return "none";
+}
+
+/* ---- snapshots ------------------------------------------------------------------------------- */
+
+void sc_op_info_free(struct sc_op_info *info)
+{
+	if (!info)
+		return;
+	free(info->metadata);
+	free(info->descs);
+	info->metadata = NULL;
+	info->descs = NULL;
+	info->n_descs = 0;
+}
+
+int sc_op_info_copy(struct sc_op_info *dst, const struct sc_op_info *src)
+{
+	*dst = *src;
+	dst->metadata = NULL;
+	dst->descs = NULL;
+	if (src->metadata && !(dst->metadata = strdup(src->metadata)))
+		return -1;
+	if (src->n_descs) {
+		dst->descs = malloc(src->n_descs * sizeof(*dst->descs));
+		if (!dst->descs) {
+			free(dst->metadata);
+			dst->metadata = NULL;
+			return -1;
+		}
+		memcpy(dst->descs, src->descs, src->n_descs * sizeof(*dst->descs));
+	}
+	return 0;
+}
+
+static uint32_t uses_left(const struct sc_op *op)
+{
+	return op->max_uses > op->n_uses ? op->max_uses - op->n_uses : 0;
+}
+
+/* Fill a snapshot. Under mu. Returns -1 only when out of memory (then info is still usable,
+ * without metadata and descriptors). */
+static int op_fill_info(const struct sc_op *op, struct sc_op_info *info)
+{
+	memset(info, 0, sizeof(*info));
+	memcpy(info->id, op->id, sizeof(info->id));
+	info->kind = op->kind;
+	info->status = op->status;
+	info->backend = op->backend;
+	info->bytes_total = op->bytes_total;
+	info->bytes_done = atomic_load(&op->bytes_done);
+	if (info->bytes_done > info->bytes_total)
+		info->bytes_done = info->bytes_total;
+	info->err_code = op->err_code;
+	memcpy(info->err_msg, op->err_msg, sizeof(info->err_msg));
+	memcpy(info->peer, op->peer, sizeof(info->peer));
+	info->created_unix_ms = op->created_unix_ms;
+	info->deadline_unix_ms = op->deadline_unix_ms;
+	info->completed_unix_ms = op->completed_unix_ms;
+	memcpy(info->request_id, op->request_id, sizeof(info->request_id));
+	memcpy(info->backend_reason, op->backend_reason, sizeof(info->backend_reason));
+	info->uses_left = (op->kind == SC_OP_READABLE || op->kind == SC_OP_WRITABLE) ? uses_left(op)
+										    : 0;
+	int rc = 0;
+	if (op->metadata && !(info->metadata = strdup(op->metadata)))
+		rc = -1;
+	if (op->n_descs) {
+		info->descs = malloc(op->n_descs * sizeof(*info->descs));
+		if (info->descs) {
+			memcpy(info->descs, op->descs, op->n_descs * sizeof(*info->descs));
+			info->n_descs = op->n_descs;
+		} else {
+			rc = -1;
+		}
+	}
+	return rc;
+}
+
+/* Tell every watcher. Under mu. */
+static void op_notify(struct sc_engine *eng, struct sc_op *op)
+{
+	if (!op->watches)
+		return;
+	struct sc_op_info info;
+	op_fill_info(op, &info);
+	bool terminal = sc_op_status_terminal(op->status);
+	struct sc_watch **pp = &op->watches;
+	while (*pp) {
+		struct sc_watch *w = *pp;
+		bool keep = w->fn(w->ctx, &info);
+		if (!keep || terminal) {
+			*pp = w->next;
+			free(w);
+		} else {
+			pp = &w->next;
+		}
+	}
+	sc_op_info_free(&info);
+	op->last_notify_mono_ms = sc_clock_mono_ms();
+}
+
+/* ---- lifetime -------------------------------------------------------------------------------- */
+
+static void op_free(struct sc_engine *eng, struct sc_op *op)
+{
+	for (size_t i = 0; i < op->n_descs; i++)
+		if (op->regions && op->regions[i])
+			sc_region_unref(eng, op->regions[i]);
+	while (op->watches) {
+		struct sc_watch *w = op->watches;
+		op->watches = w->next;
+		free(w);
+	}
+	if (op->meta_valid)
+		sc_metadata_free(&op->meta);
+	free(op->xfer.segs);
+	free(op->uses);
+	free(op->regions);
+	free(op->descs);
+	free(op->metadata);
+	free(op);
+}
+
+void sc_op_unref(struct sc_engine *eng, struct sc_op *op)
+{
+	if (--op->refs == 0)
+		op_free(eng, op);
+}
+
+static void op_forget_locked(struct sc_engine *eng, struct sc_op *op)
+{
+	if (!op->in_table)
+		return;
+	sc_idmap_del(eng->ops, op->id, strlen(op->id));
+	op->in_table = false;
+	sc_op_unref(eng, op);
+}
+
+static void op_retention_cb(void *ctx)
+{
+	struct sc_op *op = ctx;
+	struct sc_engine *eng = op->eng;
+	pthread_mutex_lock(&eng->mu);
+	op->retention_timer = 0;
+	op_forget_locked(eng, op);
+	sc_op_unref(eng, op);
+	pthread_mutex_unlock(&eng->mu);
+}
+
+/* Arm a timer that holds a reference on op. Under mu. */
+static uint64_t op_timer_add(struct sc_engine *eng, struct sc_op *op, uint64_t deadline_mono,
+			     sc_timer_cb cb)
+{
+	op->refs++;
+	uint64_t id = sc_timers_add(eng->timers, deadline_mono, cb, op);
+	if (!id)
+		op->refs--;
+	return id;
+}
+
+/* Cancel an op timer without waiting (we hold mu and the callback takes mu). If it was still
+ * pending, its reference is dropped here; otherwise the running callback drops it. */
+static void op_timer_drop(struct sc_engine *eng, struct sc_op *op, uint64_t *timer_id)
+{
+	if (*timer_id && sc_timers_try_cancel(eng->timers, *timer_id))
+		op->refs--;
+	*timer_id = 0;
+}
+
+static void set_error(struct sc_op *op, enum sc_status code, const char *msg)
+{
+	op->err_code = code;
+	snprintf(op->err_msg, sizeof(op->err_msg), "%s", msg ? msg : sc_status_text(code));
+}
+
+/* ---- terminal transition --------------------------------------------------------------------- */
+
+static bool is_passive(const struct sc_op *op)
+{
+	return op->kind == SC_OP_READABLE || op->kind == SC_OP_WRITABLE;
+}
+
+static void op_deadline_cb(void *ctx);
+
+void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_status status,
+			 enum sc_status code, const char *msg)
+{
+	if (sc_op_status_terminal(op->status))
+		return;
+	enum sc_op_status was = op->status;
+	op->status = status;
+	op->completed_unix_ms = sc_clock_unix_ms();
+	if (status != SC_OPS_COMPLETE)
+		set_error(op, code, msg);
+	op_timer_drop(eng, op, &op->deadline_timer);
+
+	if (is_passive(op)) {
+		if (op->token_in_table) {
+			sc_idmap_del(eng->tokens, op->token, SC_TOKEN_LEN);
+			op->token_in_table = false;
+		}
+		for (int b = 0; b < SC_NUM_BACKENDS; b++) {
+			if (op->exposure[b] && eng->backends[b]) {
+				eng->backends[b]->ops->revoke(eng->backends[b], op->exposure[b]);
+				op->exposure[b] = NULL;
+			}
+		}
+	} else {
+		if (was == SC_OPS_SCHEDULED)
+			sc_sched_remove(eng, op);
+		if (op->xfer_in_flight) {
+			atomic_store(&op->xfer.cancel_requested, true);
+			sc_backend_cancel(op->be, &op->xfer);
+		}
+	}
+	if (op->counted_live) {
+		for (size_t i = 0; i < op->n_descs; i++)
+			op->regions[i]->live_ops--;
+		op->counted_live = false;
+	}
+	if (status == SC_OPS_COMPLETE)
+		SC_INFO("op", "%s %s COMPLETE: %" PRIu64 " bytes via %s%s%s", op->id,
+			sc_op_kind_name(op->kind), op->bytes_total, sc_backend_name(op->backend),
+			op->peer[0] ? " peer " : "", op->peer);
+	else
+		SC_INFO("op", "%s %s %s (%s): %s", op->id, sc_op_kind_name(op->kind),
+			sc_op_status_name(status), sc_status_name(code), op->err_msg);
+	op_notify(eng, op);
+	if (op->in_table && !op->retention_timer)
+		op->retention_timer = op_timer_add(eng, op,
+						   sc_clock_mono_ms() + eng->cfg->retention_ms,
+						   op_retention_cb);
+	pthread_cond_broadcast(&eng->idle_cv);
+}
+
+static void op_deadline_cb(void *ctx)
+{
+	struct sc_op *op = ctx;
+	struct sc_engine *eng = op->eng;
+	pthread_mutex_lock(&eng->mu);
+	op->deadline_timer = 0;
+	if (!sc_op_status_terminal(op->status)) {
+		bool some_done = false, in_flight = false;
+		for (uint32_t i = 0; i < op->n_uses; i++) {
+			some_done |= op->uses[i].done;
+			in_flight |= !op->uses[i].done;
+		}
+		if (is_passive(op) && some_done && !in_flight) {
+			sc_op_finish_locked(eng, op, SC_OPS_COMPLETE, SC_OK, NULL);
+		} else {
+			char msg[200];
+			snprintf(msg, sizeof(msg),
+				 "operation deadline passed while %s (%" PRIu64 " of %" PRIu64
+				 " bytes moved): raise timeout_ms or check the peer",
+				 sc_op_status_name(op->status), atomic_load(&op->bytes_done),
+				 op->bytes_total);
+			sc_op_finish_locked(eng, op, SC_OPS_ERRORED, SC_DEADLINE_EXCEEDED, msg);
+		}
+	}
+	sc_op_unref(eng, op);
+	pthread_mutex_unlock(&eng->mu);
+}
+
+/* ---- creation helpers ------------------------------------------------------------------------ */
+
+static void new_op_id(char out[SC_ID_MAX])
+{
+	uint8_t rnd[8];
+	if (sc_random_bytes(rnd, sizeof(rnd)) != 0)
+		memset(rnd, 0, sizeof(rnd));
+	snprintf(out, SC_ID_MAX, "op-%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2],
+		 rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+}
+
+static int copy_str(char *dst, size_t cap, const char *src, const char *what, struct sc_err *err)
+{
+	if (!src)
+		src = "";
+	if (strlen(src) >= cap)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "%s longer than %zu bytes", what, cap - 1);
+	memcpy(dst, src, strlen(src) + 1);
+	return 0;
+}
+
+/* Allocate an op with its descriptors resolved against the region table. Under mu. */
+static struct sc_op *op_new(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_desc *descs,
+			    size_t n, uint64_t timeout_ms, const char *request_id, struct sc_err *err)
+{
+	if (eng->draining) {
+		sc_err_set(err, SC_UNAVAILABLE, "sidecar is draining (shutting down): retry on "
+						"another sidecar");
+		return NULL;
+	}
+	if (n == 0) {
+		sc_err_set(err, SC_INVALID_ARGUMENT, "at least one descriptor is required");
+		return NULL;
+	}
+	if (n > SC_METADATA_MAX_DESCS) {
+		sc_err_set(err, SC_INVALID_ARGUMENT, "%zu descriptors: at most %d per operation", n,
+			   SC_METADATA_MAX_DESCS);
+		return NULL;
+	}
+	struct sc_op *op = calloc(1, sizeof(*op));
+	if (!op || !(op->descs = calloc(n, sizeof(*op->descs))) ||
+	    !(op->regions = calloc(n, sizeof(*op->regions)))) {
+		if (op) {
+			free(op->descs);
+			free(op);
+		}
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+		return NULL;
+	}
+	op->refs = 1;
+	op->eng = eng;
+	op->kind = kind;
+	uint64_t total = 0;
+	for (size_t i = 0; i < n; i++) {
+		struct sc_region *r;
+		if (sc_region_resolve(eng, &descs[i], &r, err) != 0) {
+			sc_err_prefix(err, "descriptor %zu", i);
+			op->n_descs = i;
+			op_free(eng, op);
+			return NULL;
+		}
+		if (total + descs[i].length < total) {
+			sc_err_set(err, SC_INVALID_ARGUMENT, "descriptor lengths overflow");
+			op->n_descs = i;
+			op_free(eng, op);
+			return NULL;
+		}
+		total += descs[i].length;
+		op->descs[i] = descs[i];
+		op->regions[i] = r;
+		sc_region_ref(r);
+	}
+	op->n_descs = n;
+	op->bytes_total = total;
+	if (copy_str(op->request_id, sizeof(op->request_id), request_id, "request_id", err) != 0) {
+		op_free(eng, op);
+		return NULL;
+	}
+	new_op_id(op->id);
+	op->created_unix_ms = sc_clock_unix_ms();
+	uint64_t timeout = timeout_ms ? timeout_ms : eng->cfg->default_timeout_ms;
+	if (timeout > 7ull * 24 * 3600 * 1000)
+		timeout = 7ull * 24 * 3600 * 1000;
+	op->deadline_unix_ms = op->created_unix_ms + timeout;
+	op->deadline_mono_ms = sc_clock_mono_ms() + timeout;
+	return op;
+}
+
+/* Put a new op in the table, count it live, arm its deadline. Under mu. */
+static int op_publish(struct sc_engine *eng, struct sc_op *op, struct sc_err *err)
+{
+	if (sc_idmap_put(eng->ops, op->id, strlen(op->id), op) != 0)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "operation table full");
+	op->in_table = true;
+	op->refs++; /* the table's */
+	for (size_t i = 0; i < op->n_descs; i++)
+		op->regions[i]->live_ops++;
+	op->counted_live = true;
+	op->deadline_timer = op_timer_add(eng, op, op->deadline_mono_ms, op_deadline_cb);
+	return 0;
+}
+
+/* ---- passive operations ---------------------------------------------------------------------- */
+
+int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
+			 const struct sc_passive_req *req, struct sc_op_info *out, struct sc_err *err)
+{
+	if (kind != SC_OP_READABLE && kind != SC_OP_WRITABLE)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "not a passive operation kind");
+	if (req->max_uses > MAX_USES)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "max_uses %u: at most %d",
+				  req->max_uses, MAX_USES);
+
+	pthread_mutex_lock(&eng->mu);
+	struct sc_op *op = op_new(eng, kind, req->descs, req->n_descs, req->timeout_ms,
+				  req->request_id, err);
+	if (!op)
+		goto fail_unlocked_op;
+	if (copy_str(op->audience, sizeof(op->audience), req->audience, "audience", err) != 0)
+		goto fail;
+	op->max_uses = req->max_uses ? req->max_uses : 1;
+	op->uses = calloc(op->max_uses, sizeof(*op->uses));
+	if (!op->uses) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+		goto fail;
+	}
+	op->status = SC_OPS_INITIALIZED;
+	do {
+		if (sc_random_bytes(op->token, SC_TOKEN_LEN) != 0) {
+			sc_err_set(err, SC_INTERNAL, "no randomness for the operation token");
+			goto fail;
+		}
+	} while (sc_idmap_get(eng->tokens, op->token, SC_TOKEN_LEN));
+
+	/* The metadata: everything a peer needs, signed. */
+	struct sc_metadata md;
+	memset(&md, 0, sizeof(md));
+	md.version = SC_METADATA_VERSION;
+	snprintf(md.issuer, sizeof(md.issuer), "%s", eng->id);
+	snprintf(md.audience, sizeof(md.audience), "%s", op->audience);
+	md.kind = kind;
+	memcpy(md.token, op->token, SC_TOKEN_LEN);
+	if (eng->backends[SC_BACKEND_TCP] && eng->backends[SC_BACKEND_TCP]->available) {
+		snprintf(md.endpoints[0], sizeof(md.endpoints[0]), "%s",
+			 eng->backends[SC_BACKEND_TCP]->endpoint);
+		md.n_endpoints = 1;
+		md.backends |= SC_BACKEND_BIT_TCP;
+	} else if (eng->backends[SC_BACKEND_IBVERBS] &&
+		   eng->backends[SC_BACKEND_IBVERBS]->available &&
+		   eng->backends[SC_BACKEND_IBVERBS]->endpoint[0]) {
+		snprintf(md.endpoints[0], sizeof(md.endpoints[0]), "%s",
+			 eng->backends[SC_BACKEND_IBVERBS]->endpoint);
+		md.n_endpoints = 1;
+	}
+	if (eng->backends[SC_BACKEND_LOCAL] && eng->backends[SC_BACKEND_LOCAL]->available)
+		md.backends |= SC_BACKEND_BIT_LOCAL;
+	md.descs = calloc(op->n_descs, sizeof(*md.descs));
+	if (!md.descs) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+		goto fail;
+	}
+	md.n_descs = op->n_descs;
+	uint8_t **addrs = calloc(op->n_descs, sizeof(*addrs));
+	void **handles = calloc(op->n_descs, sizeof(*handles));
+	if (!addrs || !handles) {
+		free(addrs);
+		free(handles);
+		free(md.descs);
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+		goto fail;
+	}
+	for (size_t i = 0; i < op->n_descs; i++) {
+		md.descs[i].length = op->descs[i].length;
+		md.descs[i].device_kind = op->regions[i]->kind;
+		addrs[i] = op->regions[i]->base + op->descs[i].offset;
+	}
+	struct sc_backend *ib = eng->backends[SC_BACKEND_IBVERBS];
+	if (ib && ib->available) {
+		for (size_t i = 0; i < op->n_descs; i++)
+			handles[i] = op->regions[i]->backend_handle[SC_BACKEND_IBVERBS];
+		struct sc_err ib_err;
+		sc_err_clear(&ib_err);
+		if (ib->ops->expose(ib, &md, addrs, handles, &op->exposure[SC_BACKEND_IBVERBS],
+				    &ib_err) == 0) {
+			md.backends |= SC_BACKEND_BIT_IBVERBS;
+		} else {
+			SC_WARN("op", "%s: ibverbs cannot expose it, peers will use tcp: %s", op->id,
+				ib_err.msg);
+			snprintf(op->backend_reason, sizeof(op->backend_reason),
+				 "ibverbs expose failed: %s", ib_err.msg);
+		}
+	}
+	free(addrs);
+	free(handles);
+	md.issued_unix_ms = op->created_unix_ms;
+	md.expires_unix_ms = op->deadline_unix_ms;
+	md.max_uses = op->max_uses;
+	if (sc_random_bytes(md.nonce, sizeof(md.nonce)) != 0) {
+		free(md.descs);
+		sc_err_set(err, SC_INTERNAL, "no randomness for the metadata nonce");
+		goto fail;
+	}
+	int rc = sc_metadata_sign(eng->keys, &md, &op->metadata, err);
+	free(md.descs);
+	if (rc != 0)
+		goto fail;
+	if (sc_idmap_put(eng->tokens, op->token, SC_TOKEN_LEN, op) != 0) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "token table full");
+		goto fail;
+	}
+	op->token_in_table = true;
+	if (op_publish(eng, op, err) != 0) {
+		sc_idmap_del(eng->tokens, op->token, SC_TOKEN_LEN);
+		op->token_in_table = false;
+		goto fail;
+	}
+	op_fill_info(op, out);
+	sc_op_unref(eng, op); /* creation reference; the table keeps it */
+	pthread_mutex_unlock(&eng->mu);
+	SC_INFO("op", "%s %s: %zu descriptor(s), %" PRIu64 " bytes, uses %u, deadline in %" PRIu64
+		" ms%s%s",
+		out->id, sc_op_kind_name(kind), out->n_descs, out->bytes_total, op->max_uses,
+		out->deadline_unix_ms - out->created_unix_ms, req->audience && req->audience[0] ?
+		", audience " : "", req->audience ? req->audience : "");
+	return 0;
+fail:
+	for (int b = 0; b < SC_NUM_BACKENDS; b++)
+		if (op->exposure[b] && eng->backends[b])
+			eng->backends[b]->ops->revoke(eng->backends[b], op->exposure[b]);
+	sc_op_unref(eng, op);
+fail_unlocked_op:
+	pthread_mutex_unlock(&eng->mu);
+	return -1;
+}
+
+/* ---- active operations ----------------------------------------------------------------------- */
+
+static void xfer_progress(struct sc_xfer *x, uint64_t delta)
+{
+	struct sc_op *op = x->owner;
+	uint64_t done = atomic_fetch_add(&op->bytes_done, delta) + delta;
+	uint64_t now = sc_clock_mono_ms();
+	if (done < op->bytes_total && now - op->last_notify_mono_ms < PROGRESS_NOTIFY_MS)
+		return;
+	pthread_mutex_lock(&op->eng->mu);
+	if (!sc_op_status_terminal(op->status))
+		op_notify(op->eng, op);
+	pthread_mutex_unlock(&op->eng->mu);
+}
+
+static void xfer_complete(struct sc_xfer *x, enum sc_status status, const char *msg)
+{
+	struct sc_op *op = x->owner;
+	struct sc_engine *eng = op->eng;
+	pthread_mutex_lock(&eng->mu);
+	op->xfer_in_flight = false;
+	if (status == SC_OK)
+		sc_op_finish_locked(eng, op, SC_OPS_COMPLETE, SC_OK, NULL);
+	else if (status == SC_CANCELLED)
+		sc_op_finish_locked(eng, op, SC_OPS_CANCELLED, SC_CANCELLED, msg);
+	else
+		sc_op_finish_locked(eng, op, SC_OPS_ERRORED, status, msg);
+	sc_sched_release(eng, op);
+	pthread_cond_broadcast(&eng->idle_cv);
+	sc_op_unref(eng, op); /* the transfer's */
+	pthread_mutex_unlock(&eng->mu);
+}
+
+void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op)
+{
+	struct sc_xfer *x = &op->xfer;
+	x->kind = op->kind;
+	x->meta = &op->meta;
+	x->total = op->bytes_total;
+	x->deadline_mono_ms = op->deadline_mono_ms;
+	atomic_store(&x->cancel_requested, false);
+	x->on_progress = xfer_progress;
+	x->on_complete = xfer_complete;
+	x->owner = op;
+	if (sc_random_bytes(&x->xfer_id, sizeof(x->xfer_id)) != 0)
+		x->xfer_id = (uint64_t)(uintptr_t)op ^ sc_clock_mono_ms();
+	op->status = SC_OPS_IN_PROGRESS;
+	op->xfer_in_flight = true;
+	op->refs++; /* the transfer's, dropped in xfer_complete */
+	struct sc_err err;
+	sc_err_clear(&err);
+	if (sc_backend_submit(op->be, x, &err) != 0) {
+		op->xfer_in_flight = false;
+		sc_op_finish_locked(eng, op, SC_OPS_ERRORED, err.code, err.msg);
+		sc_sched_release(eng, op);
+		sc_op_unref(eng, op);
+		return;
+	}
+	op_notify(eng, op);
+}
+
+static bool backend_usable(struct sc_engine *eng, enum sc_backend_kind b)
+{
+	return eng->backends[b] && eng->backends[b]->available;
+}
+
+/* Pick the backend for an active op; fills op->be, op->backend and op->backend_reason. */
+static int choose_backend(struct sc_engine *eng, struct sc_op *op, enum sc_backend_kind want,
+			  struct sc_err *err)
+{
+	const struct sc_metadata *md = &op->meta;
+	bool same_sidecar = strcmp(md->issuer, eng->id) == 0;
+	bool peer_ib = (md->backends & SC_BACKEND_BIT_IBVERBS) && md->ib.present;
+	bool peer_tcp = (md->backends & SC_BACKEND_BIT_TCP) && md->n_endpoints > 0;
+	enum sc_backend_kind pick = SC_BACKEND_NONE;
+	const char *why = "";
+	char buf[256];
+
+	if (want != SC_BACKEND_NONE) {
+		bool ok = backend_usable(eng, want) &&
+			  ((want == SC_BACKEND_LOCAL && same_sidecar) ||
+			   (want == SC_BACKEND_IBVERBS && peer_ib && !same_sidecar) ||
+			   (want == SC_BACKEND_TCP && peer_tcp && !same_sidecar));
+		if (!ok)
+			return sc_err_set(err, SC_FAILED_PRECONDITION,
+					  "backend %s was required but %s", sc_backend_name(want),
+					  !backend_usable(eng, want)
+						  ? "it is not available on this sidecar (see GetInfo)"
+					  : same_sidecar ? "the metadata was issued by this same sidecar "
+							   "(only LOCAL applies)"
+							 : "the issuing sidecar does not offer it");
+		pick = want;
+		why = "required by the request";
+	} else if (same_sidecar) {
+		if (!backend_usable(eng, SC_BACKEND_LOCAL))
+			return sc_err_set(err, SC_FAILED_PRECONDITION,
+					  "the metadata was issued by this sidecar but the local "
+					  "backend is disabled (--backends)");
+		pick = SC_BACKEND_LOCAL;
+		why = "both ends on this sidecar";
+	} else if (peer_ib && backend_usable(eng, SC_BACKEND_IBVERBS)) {
+		pick = SC_BACKEND_IBVERBS;
+		why = "both sidecars offer ibverbs";
+	} else if (peer_tcp && backend_usable(eng, SC_BACKEND_TCP)) {
+		pick = SC_BACKEND_TCP;
+		if (backend_usable(eng, SC_BACKEND_IBVERBS)) {
+			snprintf(buf, sizeof(buf), "tcp: ibverbs is available here but the issuing "
+						   "sidecar %s does not offer it for this operation",
+				 md->issuer);
+			SC_WARN("op", "%s uses TCP although ibverbs is configured: %s", op->id, buf);
+			why = buf;
+		} else if (eng->backends[SC_BACKEND_IBVERBS]) {
+			snprintf(buf, sizeof(buf), "tcp: ibverbs unavailable here (%s)",
+				 eng->backends[SC_BACKEND_IBVERBS]->detail);
+			why = buf;
+		} else {
+			why = "tcp: the only backend both sidecars offer";
+		}
+	} else {
+		return sc_err_set(err, SC_FAILED_PRECONDITION,
+				  "no backend in common with sidecar %s (it offers:%s%s%s; see "
+				  "GetInfo on both)",
+				  md->issuer, peer_tcp ? " tcp" : "", peer_ib ? " ibverbs" : "",
+				  (md->backends & SC_BACKEND_BIT_LOCAL) ? " local" : "");
+	}
+	op->backend = pick;
+	op->be = eng->backends[pick];
+	if (why != op->backend_reason)
+		snprintf(op->backend_reason, sizeof(op->backend_reason), "%s", why);
+	return 0;
+}
+
+int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_active_req *req,
+		struct sc_op_info *out, struct sc_err *err)
+{
+	if (kind != SC_OP_READ && kind != SC_OP_WRITE)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "not an active operation kind");
+	if (!req->metadata || !req->metadata[0])
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "metadata is empty: pass the \"rsm1.\" text from the remote "
+				  "CreateReadable/CreateWritable");
+
+	/* Verify outside the lock: it is pure and may be slow for big metadata. */
+	pthread_mutex_lock(&eng->mu);
+	struct sc_keyring *ring = sc_keyring_retain(eng->keys);
+	pthread_mutex_unlock(&eng->mu);
+	struct sc_metadata md;
+	int rc = sc_metadata_verify(ring, req->metadata, eng->id, sc_clock_unix_ms(), &md, err);
+	sc_keyring_release(ring);
+	if (rc != 0)
+		return -1;
+
+	enum sc_op_kind need = kind == SC_OP_READ ? SC_OP_READABLE : SC_OP_WRITABLE;
+	if (md.kind != need) {
+		sc_metadata_free(&md);
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "%s needs metadata from %s, but this metadata is %s",
+				  kind == SC_OP_READ ? "BeginRead" : "BeginWrite",
+				  kind == SC_OP_READ ? "CreateReadable" : "CreateWritable",
+				  sc_op_kind_name(md.kind));
+	}
+	if (md.n_descs != req->n_descs) {
+		size_t remote = md.n_descs;
+		sc_metadata_free(&md);
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "descriptor count mismatch: metadata has %zu, request has %zu", remote,
+				  req->n_descs);
+	}
+	for (size_t i = 0; i < req->n_descs; i++) {
+		if (md.descs[i].length != req->descs[i].length) {
+			uint64_t remote = md.descs[i].length;
+			sc_metadata_free(&md);
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "descriptor %zu length mismatch: metadata has %" PRIu64
+					  ", request has %" PRIu64,
+					  i, remote, req->descs[i].length);
+		}
+	}
+
+	pthread_mutex_lock(&eng->mu);
+	struct sc_op *op = op_new(eng, kind, req->descs, req->n_descs, req->timeout_ms,
+				  req->request_id, err);
+	if (!op) {
+		pthread_mutex_unlock(&eng->mu);
+		sc_metadata_free(&md);
+		return -1;
+	}
+	op->meta = md;
+	op->meta_valid = true;
+	snprintf(op->peer, sizeof(op->peer), "%s", md.issuer);
+	if (choose_backend(eng, op, req->backend, err) != 0)
+		goto fail;
+	op->xfer.segs = calloc(op->n_descs, sizeof(*op->xfer.segs));
+	if (!op->xfer.segs) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+		goto fail;
+	}
+	op->xfer.n_segs = op->n_descs;
+	for (size_t i = 0; i < op->n_descs; i++) {
+		struct sc_xfer_seg *s = &op->xfer.segs[i];
+		s->local = op->regions[i]->base + op->descs[i].offset;
+		s->len = op->descs[i].length;
+		s->remote_desc = (uint32_t)i;
+		s->remote_addr = md.descs[i].remote_addr;
+		s->rkey = md.descs[i].rkey;
+		s->local_mr = op->regions[i]->backend_handle[op->backend];
+	}
+	if (req->requirement.set) {
+		op->req = req->requirement;
+		op->waiting_requirement = !sc_sched_requirement_met(eng, &op->req);
+	}
+	op->status = SC_OPS_SCHEDULED;
+	if (op_publish(eng, op, err) != 0)
+		goto fail;
+	if (!op->waiting_requirement)
+		sc_sched_admit(eng, op);
+	op_fill_info(op, out);
+	sc_op_unref(eng, op);
+	pthread_mutex_unlock(&eng->mu);
+	SC_INFO("op", "%s %s from %s: %zu descriptor(s), %" PRIu64 " bytes, backend %s (%s)%s",
+		out->id, sc_op_kind_name(kind), out->peer, out->n_descs, out->bytes_total,
+		sc_backend_name(out->backend), out->backend_reason,
+		out->status == SC_OPS_SCHEDULED ? ", scheduled" : "");
+	return 0;
+fail:
+	sc_op_unref(eng, op);
+	pthread_mutex_unlock(&eng->mu);
+	return -1;
+}
+
+/* ---- queries and control --------------------------------------------------------------------- */
+
+static struct sc_op *op_lookup(struct sc_engine *eng, const char *id, struct sc_err *err)
+{
+	struct sc_op *op = id ? sc_idmap_get(eng->ops, id, strlen(id)) : NULL;
+	if (!op)
+		sc_err_set(err, SC_NOT_FOUND,
+			   "no operation \"%s\" (unknown, released, or forgotten after retention)",
+			   id ? id : "");
+	return op;
+}
+
+int sc_op_get(struct sc_engine *eng, const char *id, struct sc_op_info *out, struct sc_err *err)
+{
+	pthread_mutex_lock(&eng->mu);
+	struct sc_op *op = op_lookup(eng, id, err);
+	if (op)
+		op_fill_info(op, out);
+	pthread_mutex_unlock(&eng->mu);
+	return op ? 0 : -1;
+}
+
+int sc_op_cancel(struct sc_engine *eng, const char *id, struct sc_op_info *out,
+		 struct sc_err *err)
+{
+	pthread_mutex_lock(&eng->mu);
+	struct sc_op *op = op_lookup(eng, id, err);
+	if (op) {
+		sc_op_finish_locked(eng, op, SC_OPS_CANCELLED, SC_CANCELLED,
+				    "cancelled by CancelOperation");
+		op_fill_info(op, out);
+	}
+	pthread_mutex_unlock(&eng->mu);
+	return op ? 0 : -1;
+}
+
+int sc_op_release(struct sc_engine *eng, const char *id, struct sc_err *err)
+{
+	pthread_mutex_lock(&eng->mu);
+	struct sc_op *op = op_lookup(eng, id, err);
+	if (op) {
+		sc_op_finish_locked(eng, op, SC_OPS_CANCELLED, SC_CANCELLED,
+				    "released by ReleaseOperation");
+		op_timer_drop(eng, op, &op->retention_timer);
+		op_forget_locked(eng, op);
+	}
+	pthread_mutex_unlock(&eng->mu);
+	return op ? 0 : -1;
+}
+
+struct op_list_ctx {
+	struct sc_op_info *out;
+	size_t n;
+};
+
+static void op_list_one(void *ctx, void *value)
+{
+	struct op_list_ctx *c = ctx;
+	op_fill_info(value, &c->out[c->n++]);
+}
+
+int sc_op_list(struct sc_engine *eng, struct sc_op_info **out, size_t *n, struct sc_err *err)
+{
+	pthread_mutex_lock(&eng->mu);
+	size_t count = sc_idmap_count(eng->ops);
+	struct op_list_ctx c = {calloc(count ? count : 1, sizeof(struct sc_op_info)), 0};
+	if (c.out)
+		sc_idmap_each(eng->ops, op_list_one, &c);
+	pthread_mutex_unlock(&eng->mu);
+	if (!c.out)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	*out = c.out;
+	*n = c.n;
+	return 0;
+}
+
+int sc_op_watch(struct sc_engine *eng, const char *id, sc_op_watch_fn fn, void *ctx,
+		uint64_t *watch_id, struct sc_op_info *first, struct sc_err *err)
+{
+	struct sc_watch *w = calloc(1, sizeof(*w));
+	if (!w)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	pthread_mutex_lock(&eng->mu);
+	struct sc_op *op = op_lookup(eng, id, err);
+	if (!op) {
+		pthread_mutex_unlock(&eng->mu);
+		free(w);
+		return -1;
+	}
+	op_fill_info(op, first);
+	w->id = ++eng->next_watch_id;
+	*watch_id = w->id;
+	if (sc_op_status_terminal(op->status)) {
+		/* Nothing will change any more: the watch has ended already. */
+		free(w);
+	} else {
+		w->fn = fn;
+		w->ctx = ctx;
+		w->next = op->watches;
+		op->watches = w;
+	}
+	pthread_mutex_unlock(&eng->mu);
+	return 0;
+}
+
+struct unwatch_ctx {
+	uint64_t id;
+	bool found;
+};
+
+static void unwatch_one(void *ctx, void *value)
+{
+	struct unwatch_ctx *c = ctx;
+	struct sc_op *op = value;
+	for (struct sc_watch **pp = &op->watches; *pp && !c->found; pp = &(*pp)->next) {
+		if ((*pp)->id == c->id) {
+			struct sc_watch *w = *pp;
+			*pp = w->next;
+			free(w);
+			c->found = true;
+			return;
+		}
+	}
+}
+
+bool sc_op_unwatch(struct sc_engine *eng, uint64_t watch_id)
+{
+	struct unwatch_ctx c = {watch_id, false};
+	pthread_mutex_lock(&eng->mu);
+	sc_idmap_each(eng->ops, unwatch_one, &c);
+	pthread_mutex_unlock(&eng->mu);
+	return c.found;
+}
+
+/* ---- engine-wide ----------------------------------------------------------------------------- */
+
+struct cancel_ctx {
+	struct sc_engine *eng;
+	struct sc_region *region; /* NULL: every operation */
+	const char *why;
+	struct sc_op **ops;
+	size_t n;
+};
+
+static void collect_live(void *ctx, void *value)
+{
+	struct cancel_ctx *c = ctx;
+	struct sc_op *op = value;
+	if (sc_op_status_terminal(op->status))
+		return;
+	if (c->region) {
+		bool uses = false;
+		for (size_t i = 0; i < op->n_descs; i++)
+			uses |= op->regions[i] == c->region;
+		if (!uses)
+			return;
+	}
+	c->ops[c->n++] = op;
+}
+
+static void cancel_matching_locked(struct sc_engine *eng, struct sc_region *r, const char *why)
+{
+	size_t count = sc_idmap_count(eng->ops);
+	struct cancel_ctx c = {eng, r, why, calloc(count ? count : 1, sizeof(struct sc_op *)), 0};
+	if (!c.ops)
+		return;
+	sc_idmap_each(eng->ops, collect_live, &c);
+	for (size_t i = 0; i < c.n; i++)
+		sc_op_finish_locked(eng, c.ops[i], SC_OPS_CANCELLED, SC_CANCELLED, why);
+	free(c.ops);
+}
+
+void sc_op_cancel_region_locked(struct sc_engine *eng, struct sc_region *r, const char *why)
+{
+	cancel_matching_locked(eng, r, why);
+}
+
+void sc_op_cancel_all(struct sc_engine *eng, const char *why)
+{
+	pthread_mutex_lock(&eng->mu);
+	cancel_matching_locked(eng, NULL, why);
+	pthread_mutex_unlock(&eng->mu);
+}
+
+static void forget_one(void *ctx, void *value)
+{
+	struct sc_engine *eng = ctx;
+	struct sc_op *op = value;
+	op_timer_drop(eng, op, &op->retention_timer);
+	op_timer_drop(eng, op, &op->deadline_timer);
+	op->in_table = false;
+	sc_op_unref(eng, op);
+}
+
+void sc_op_forget_all(struct sc_engine *eng)
+{
+	pthread_mutex_lock(&eng->mu);
+	sc_idmap_each(eng->ops, forget_one, eng);
+	sc_idmap_destroy(eng->ops);
+	eng->ops = sc_idmap_create();
+	pthread_mutex_unlock(&eng->mu);
+}
+
+uint32_t sc_engine_active_count(struct sc_engine *eng)
+{
+	return eng->active_transfers;
+}
+
+/* ---- passive side of the data plane (passive.h) ---------------------------------------------- */
+
+static struct sc_op *token_lookup(struct sc_engine *eng, const uint8_t *token, struct sc_err *err)
+{
+	struct sc_op *op = sc_idmap_get(eng->tokens, token, SC_TOKEN_LEN);
+	if (!op)
+		sc_err_set(err, SC_NOT_FOUND,
+			   "metadata does not name a live operation on sidecar %s (it completed, "
+			   "was cancelled, expired or the sidecar restarted): ask for fresh metadata",
+			   eng->id);
+	return op;
+}
+
+static struct sc_use *find_use(struct sc_op *op, uint64_t xfer_id)
+{
+	for (uint32_t i = 0; i < op->n_uses; i++)
+		if (op->uses[i].xfer_id == xfer_id)
+			return &op->uses[i];
+	return NULL;
+}
+
+int sc_passive_open(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+		    enum sc_op_kind peer_kind, const char *peer_id, uint64_t total_bytes,
+		    struct sc_err *err)
+{
+	int rc = -1;
+	pthread_mutex_lock(&eng->mu);
+	struct sc_op *op = token_lookup(eng, token, err);
+	if (!op)
+		goto out;
+	enum sc_op_kind need = peer_kind == SC_OP_READ ? SC_OP_READABLE : SC_OP_WRITABLE;
+	if (op->kind != need) {
+		sc_err_set(err, SC_INVALID_ARGUMENT, "operation %s is %s, not %s", op->id,
+			   sc_op_kind_name(op->kind), sc_op_kind_name(need));
+		goto out;
+	}
+	if (sc_clock_mono_ms() >= op->deadline_mono_ms) {
+		sc_err_set(err, SC_FAILED_PRECONDITION, "operation %s expired", op->id);
+		goto out;
+	}
+	if (op->audience[0] && strcmp(op->audience, peer_id ? peer_id : "") != 0) {
+		sc_err_set(err, SC_PERMISSION_DENIED, "operation %s is for sidecar %s, not %s",
+			   op->id, op->audience, peer_id ? peer_id : "");
+		goto out;
+	}
+	if (total_bytes != op->bytes_total) {
+		sc_err_set(err, SC_INVALID_ARGUMENT,
+			   "transfer of %" PRIu64 " bytes does not match operation %s (%" PRIu64
+			   " bytes)",
+			   total_bytes, op->id, op->bytes_total);
+		goto out;
+	}
+	if (!find_use(op, xfer_id)) {
+		if (op->n_uses >= op->max_uses) {
+			sc_err_set(err, SC_FAILED_PRECONDITION,
+				   "metadata already used (%u of %u use(s)): a passive operation "
+				   "serves each use once; ask for fresh metadata",
+				   op->n_uses, op->max_uses);
+			goto out;
+		}
+		op->uses[op->n_uses].xfer_id = xfer_id;
+		op->uses[op->n_uses].done = false;
+		op->n_uses++;
+		snprintf(op->peer, sizeof(op->peer), "%s", peer_id ? peer_id : "");
+		if (op->backend == SC_BACKEND_NONE)
+			op->backend = strcmp(op->peer, eng->id) == 0 ? SC_BACKEND_LOCAL
+								     : SC_BACKEND_TCP;
+		if (op->status == SC_OPS_INITIALIZED) {
+			op->status = SC_OPS_IN_PROGRESS;
+			op_notify(eng, op);
+		}
+	}
+	rc = 0;
+out:
+	pthread_mutex_unlock(&eng->mu);
+	return rc;
+}
+
+int sc_passive_span(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+		    uint32_t desc_index, uint64_t offset, uint64_t len, struct sc_span *out,
+		    struct sc_err *err)
+{
+	int rc = -1;
+	pthread_mutex_lock(&eng->mu);
+	struct sc_op *op = token_lookup(eng, token, err);
+	if (!op)
+		goto out;
+	struct sc_use *use = find_use(op, xfer_id);
+	if (!use || use->done) {
+		sc_err_set(err, SC_FAILED_PRECONDITION,
+			   "transfer %016" PRIx64 " has not opened operation %s", xfer_id, op->id);
+		goto out;
+	}
+	if (op->status != SC_OPS_IN_PROGRESS) {
+		sc_err_set(err, SC_FAILED_PRECONDITION, "operation %s is %s", op->id,
+			   sc_op_status_name(op->status));
+		goto out;
+	}
+	if (sc_clock_mono_ms() >= op->deadline_mono_ms) {
+		sc_err_set(err, SC_DEADLINE_EXCEEDED, "operation %s passed its deadline", op->id);
+		goto out;
+	}
+	if (desc_index >= op->n_descs) {
+		sc_err_set(err, SC_INVALID_ARGUMENT, "descriptor %u out of range (operation %s has %zu)",
+			   desc_index, op->id, op->n_descs);
+		goto out;
+	}
+	const struct sc_desc *d = &op->descs[desc_index];
+	if (len == 0 || offset > d->length || len > d->length - offset) {
+		sc_err_set(err, SC_INVALID_ARGUMENT,
+			   "range [%" PRIu64 ", +%" PRIu64 ") outside descriptor %u (%" PRIu64
+			   " bytes)",
+			   offset, len, desc_index, d->length);
+		goto out;
+	}
+	out->addr = op->regions[desc_index]->base + d->offset + offset;
+	out->len = len;
+	out->op = op;
+	op->refs++;
+	rc = 0;
+out:
+	pthread_mutex_unlock(&eng->mu);
+	return rc;
+}
+
+void sc_passive_span_release(struct sc_engine *eng, struct sc_span *span, uint64_t bytes_moved)
+{
+	struct sc_op *op = span->op;
+	if (!op)
+		return;
+	atomic_fetch_add(&op->bytes_done, bytes_moved);
+	pthread_mutex_lock(&eng->mu);
+	if (!sc_op_status_terminal(op->status) &&
+	    sc_clock_mono_ms() - op->last_notify_mono_ms >= PROGRESS_NOTIFY_MS)
+		op_notify(eng, op);
+	sc_op_unref(eng, op);
+	pthread_mutex_unlock(&eng->mu);
+	span->op = NULL;
+}
+
+int sc_passive_done(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+		    enum sc_status status, const char *msg, struct sc_err *err)
+{
+	int rc = -1;
+	pthread_mutex_lock(&eng->mu);
+	struct sc_op *op = token_lookup(eng, token, err);
+	if (!op)
+		goto out;
+	struct sc_use *use = find_use(op, xfer_id);
+	if (!use) {
+		sc_err_set(err, SC_FAILED_PRECONDITION,
+			   "transfer %016" PRIx64 " has not opened operation %s", xfer_id, op->id);
+		goto out;
+	}
+	use->done = true;
+	if (status == SC_OK) {
+		uint32_t done = 0;
+		for (uint32_t i = 0; i < op->n_uses; i++)
+			done += op->uses[i].done;
+		if (done == op->max_uses)
+			sc_op_finish_locked(eng, op, SC_OPS_COMPLETE, SC_OK, NULL);
+		else
+			op_notify(eng, op);
+	} else {
+		char text[SC_ERR_MSG_MAX];
+		snprintf(text, sizeof(text), "peer %s: %s", op->peer,
+			 msg && msg[0] ? msg : sc_status_text(status));
+		sc_op_finish_locked(eng, op,
+				    status == SC_CANCELLED ? SC_OPS_CANCELLED : SC_OPS_ERRORED,
+				    status, text);
+	}
+	rc = 0;
+out:
+	pthread_mutex_unlock(&eng->mu);
+	return rc;
+}
+
+void sc_passive_abandon(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN],
+			uint64_t xfer_id, const char *why)
+{
+	pthread_mutex_lock(&eng->mu);
+	struct sc_op *op = sc_idmap_get(eng->tokens, token, SC_TOKEN_LEN);
+	struct sc_use *use = op ? find_use(op, xfer_id) : NULL;
+	if (use && !use->done && !sc_op_status_terminal(op->status)) {
+		char text[SC_ERR_MSG_MAX];
+		snprintf(text, sizeof(text), "peer %s disconnected mid-transfer: %s", op->peer,
+			 why ? why : "connection lost");
+		sc_op_finish_locked(eng, op, SC_OPS_ERRORED, SC_UNAVAILABLE, text);
+	}
+	pthread_mutex_unlock(&eng->mu);
+}

@@ -1,0 +1,501 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * peer_pool.c: the dialing side of the peer control channel. Dials peer sidecars (non-blocking
+ * connect with a timeout, then the hello), keeps authenticated idle connections per endpoint for
+ * reuse, and runs the client calls (OPEN, READ, WRITE, DONE, PING, generic) on one connection.
+ * READ receives straight into the caller's memory and WRITE sends straight from it.
+ *
+ * Threads: any. The pool's idle list is guarded by pool->mu (never held during I/O, except the
+ * cheap liveness peek of an idle connection that is not yet handed out). A connection belongs to
+ * the thread that got it until it is put back; sc_peer_conn_abort may come from another thread.
+ * The pool owns its idle connections; a connection handed out is owned by its caller.
+ */
+#include "peer_pool.h"
+
+#include "log.h"
+#include "passive.h"
+#include "peer_proto.h"
+#include "timer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+struct sc_peer_conn {
+	int fd;
+	char endpoint[80];
+	char peer_id[SC_NAME_MAX];
+	char what[SC_NAME_MAX + 120]; /* "peer sidecar \"id\" at H:P", for messages */
+	atomic_bool broken;
+	uint64_t idle_since_ms;
+	struct sc_peer_conn *next; /* idle list */
+	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
+};
+
+struct sc_peer_pool {
+	struct sc_engine *eng;
+	pthread_mutex_t mu;
+	struct sc_peer_conn *idle; /* most recently used first */
+};
+
+static void conn_close(struct sc_peer_conn *c)
+{
+	if (!c)
+		return;
+	if (c->fd >= 0)
+		close(c->fd);
+	free(c);
+}
+
+int sc_peer_pool_create(struct sc_engine *eng, struct sc_peer_pool **out, struct sc_err *err)
+{
+	struct sc_peer_pool *pool = calloc(1, sizeof(*pool));
+	if (!pool)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	pool->eng = eng;
+	pthread_mutex_init(&pool->mu, NULL);
+	*out = pool;
+	return 0;
+}
+
+void sc_peer_pool_destroy(struct sc_peer_pool *pool)
+{
+	if (!pool)
+		return;
+	while (pool->idle) {
+		struct sc_peer_conn *c = pool->idle;
+		pool->idle = c->next;
+		conn_close(c);
+	}
+	pthread_mutex_destroy(&pool->mu);
+	free(pool);
+}
+
+/* ---- dialing ----------------------------------------------------------------------------------- */
+
+/* Connect one address with a timeout. Returns the fd (blocking) or -1 with errno. */
+static int connect_addr(const struct addrinfo *ai, uint64_t until_ms)
+{
+	int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+			ai->ai_protocol);
+	if (fd < 0)
+		return -1;
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+		if (errno != EINPROGRESS)
+			goto fail;
+		for (;;) {
+			uint64_t now = sc_clock_mono_ms();
+			if (now >= until_ms) {
+				errno = ETIMEDOUT;
+				goto fail;
+			}
+			struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+			int n = poll(&pfd, 1, (int)(until_ms - now));
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0)
+				goto fail;
+			if (n == 0)
+				continue;
+			int soerr = 0;
+			socklen_t sl = sizeof(soerr);
+			if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0)
+				goto fail;
+			if (soerr) {
+				errno = soerr;
+				goto fail;
+			}
+			break;
+		}
+	}
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0 || sc_peer_tune_socket(fd) != 0)
+		goto fail;
+	return fd;
+fail:;
+	int e = errno;
+	close(fd);
+	errno = e;
+	return -1;
+}
+
+static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadline_mono_ms,
+		struct sc_peer_conn **out, struct sc_err *err)
+{
+	char host[256];
+	uint16_t port;
+	if (strlen(endpoint) >= sizeof((*out)->endpoint) ||
+	    sc_parse_hostport(endpoint, host, sizeof(host), &port, err) != 0)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "bad peer data endpoint \"%.100s\": expected host:port", endpoint);
+	struct sc_peer_conn *c = calloc(1, sizeof(*c));
+	if (!c)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	c->fd = -1;
+	atomic_init(&c->broken, false);
+	snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
+	snprintf(c->what, sizeof(c->what), "peer sidecar at %s", endpoint);
+
+	char port_text[8];
+	snprintf(port_text, sizeof(port_text), "%u", port);
+	struct addrinfo hints = {.ai_family = AF_UNSPEC,
+				 .ai_socktype = SOCK_STREAM,
+				 .ai_flags = AI_NUMERICSERV};
+	struct addrinfo *res = NULL;
+	int gai = getaddrinfo(host, port_text, &hints, &res);
+	if (gai != 0) {
+		sc_err_set(err, SC_UNAVAILABLE, "cannot reach peer sidecar at %s: %s", endpoint,
+			   gai_strerror(gai));
+		goto fail;
+	}
+	uint64_t now = sc_clock_mono_ms();
+	uint64_t until = now + SC_PEER_CONNECT_TIMEOUT_MS;
+	bool deadline_first = deadline_mono_ms && deadline_mono_ms < until;
+	if (deadline_first)
+		until = deadline_mono_ms;
+	int last_errno = ECONNREFUSED;
+	for (struct addrinfo *ai = res; ai && c->fd < 0; ai = ai->ai_next) {
+		c->fd = connect_addr(ai, until);
+		if (c->fd < 0)
+			last_errno = errno;
+	}
+	freeaddrinfo(res);
+	if (c->fd < 0) {
+		if (last_errno == ETIMEDOUT && deadline_first)
+			sc_err_set(err, SC_DEADLINE_EXCEEDED,
+				   "deadline passed while connecting to peer sidecar at %s", endpoint);
+		else
+			sc_err_set(err, SC_UNAVAILABLE, "cannot reach peer sidecar at %s: %s",
+				   endpoint, strerror(last_errno));
+		goto fail;
+	}
+
+	uint64_t hello_until = sc_clock_mono_ms() + SC_PEER_HELLO_TIMEOUT_MS;
+	struct sc_peer_wait w = {.deadline_mono_ms = deadline_mono_ms && deadline_mono_ms <
+								 hello_until
+							 ? deadline_mono_ms
+							 : hello_until};
+	struct sc_keyring *ring = sc_engine_keyring(pool->eng);
+	int rc = sc_peer_hello_client(c->fd, ring, sc_engine_id(pool->eng), &w, c->what,
+				      c->peer_id, err);
+	sc_keyring_release(ring);
+	if (rc != 0) {
+		if (err && err->code == SC_INVALID_ARGUMENT) /* garbage: not a sidecar */
+			err->code = SC_UNAVAILABLE;
+		sc_err_prefix(err, "hello with peer sidecar at %s", endpoint);
+		goto fail;
+	}
+	snprintf(c->what, sizeof(c->what), "peer sidecar \"%s\" at %s", c->peer_id, endpoint);
+	SC_DEBUG("peer", "connected to %s", c->what);
+	*out = c;
+	return 0;
+fail:
+	conn_close(c);
+	return -1;
+}
+
+/* Is an idle connection still open (no EOF, no unexpected bytes)? */
+static bool idle_alive(const struct sc_peer_conn *c)
+{
+	uint8_t b;
+	ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+int sc_peer_pool_get(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadline_mono_ms,
+		     struct sc_peer_conn **out, struct sc_err *err)
+{
+	uint64_t now = sc_clock_mono_ms();
+	struct sc_peer_conn *found = NULL, *stale = NULL;
+	pthread_mutex_lock(&pool->mu);
+	for (struct sc_peer_conn **pp = &pool->idle; *pp;) {
+		struct sc_peer_conn *c = *pp;
+		bool expired = now >= c->idle_since_ms + SC_PEER_POOL_IDLE_MS;
+		bool mine = !found && !expired && strcmp(c->endpoint, endpoint) == 0;
+		if (expired || (mine && !idle_alive(c))) {
+			*pp = c->next;
+			c->next = stale;
+			stale = c;
+		} else if (mine) {
+			*pp = c->next;
+			c->next = NULL;
+			found = c;
+		} else {
+			pp = &c->next;
+		}
+	}
+	pthread_mutex_unlock(&pool->mu);
+	while (stale) {
+		struct sc_peer_conn *c = stale;
+		stale = c->next;
+		conn_close(c);
+	}
+	if (found) {
+		*out = found;
+		return 0;
+	}
+	if (deadline_mono_ms && now >= deadline_mono_ms)
+		return sc_err_set(err, SC_DEADLINE_EXCEEDED,
+				  "deadline passed before connecting to peer sidecar at %s", endpoint);
+	return dial(pool, endpoint, deadline_mono_ms, out, err);
+}
+
+void sc_peer_pool_put(struct sc_peer_pool *pool, struct sc_peer_conn *conn, bool reusable)
+{
+	if (!conn)
+		return;
+	if (!reusable || atomic_load(&conn->broken)) {
+		conn_close(conn);
+		return;
+	}
+	conn->idle_since_ms = sc_clock_mono_ms();
+	size_t same = 0;
+	pthread_mutex_lock(&pool->mu);
+	for (struct sc_peer_conn *c = pool->idle; c; c = c->next)
+		same += strcmp(c->endpoint, conn->endpoint) == 0;
+	if (same < SC_PEER_POOL_IDLE_PER_ENDPOINT) {
+		conn->next = pool->idle;
+		pool->idle = conn;
+		conn = NULL;
+	}
+	pthread_mutex_unlock(&pool->mu);
+	conn_close(conn);
+}
+
+int sc_peer_conn_fd(const struct sc_peer_conn *conn)
+{
+	return conn->fd;
+}
+
+const char *sc_peer_conn_peer_id(const struct sc_peer_conn *conn)
+{
+	return conn->peer_id;
+}
+
+const char *sc_peer_conn_endpoint(const struct sc_peer_conn *conn)
+{
+	return conn->endpoint;
+}
+
+bool sc_peer_conn_usable(const struct sc_peer_conn *conn)
+{
+	return !atomic_load(&conn->broken);
+}
+
+void sc_peer_conn_abort(struct sc_peer_conn *conn)
+{
+	atomic_store(&conn->broken, true);
+	shutdown(conn->fd, SHUT_RDWR);
+}
+
+/* ---- calls ------------------------------------------------------------------------------------- */
+
+/* A failed send or receive: the stream's state is unknown from here on. */
+static int io_fail(struct sc_peer_conn *c, enum sc_peer_io rc, struct sc_err *err)
+{
+	atomic_store(&c->broken, true);
+	if (rc == SC_PEER_IO_EOF)
+		return sc_err_set(err, SC_UNAVAILABLE, "%s closed the connection mid-transfer",
+				  c->what);
+	if (rc == SC_PEER_IO_PROTOCOL && err) {
+		sc_err_prefix(err, "%s sent garbage", c->what);
+		err->code = SC_INTERNAL;
+	}
+	return -1; /* err already says why */
+}
+
+static int send_request(struct sc_peer_conn *c, const struct sc_peer_msg *m, const void *bulk,
+			uint64_t bulk_len, const struct sc_peer_wait *w, struct sc_err *err)
+{
+	uint8_t hdr[128];
+	size_t n = sc_peer_encode(m, hdr, sizeof(hdr));
+	if (n == 0)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "%s request does not encode",
+				  sc_frame_type_name(m->type));
+	struct iovec iov[2] = {{.iov_base = hdr, .iov_len = n},
+			       {.iov_base = (void *)bulk, .iov_len = (size_t)bulk_len}};
+	int e;
+	enum sc_peer_io rc = sc_peer_sendv_all(c->fd, iov, bulk_len ? 2 : 1, w, NULL, &e);
+	if (rc != SC_PEER_IO_OK) {
+		sc_peer_io_err(rc, e, c->what, err);
+		return io_fail(c, rc, err);
+	}
+	return 0;
+}
+
+/* Receive the reply to a request: `want`, or ERROR (the peer's refusal, mapped to its code). */
+static int recv_reply(struct sc_peer_conn *c, enum sc_frame_type want, struct sc_peer_msg *m,
+		      const struct sc_peer_wait *w, struct sc_err *err)
+{
+	enum sc_peer_io rc = sc_peer_recv_msg(c->fd, c->buf, sizeof(c->buf), m, w, c->what, err);
+	if (rc != SC_PEER_IO_OK)
+		return io_fail(c, rc, err);
+	if (m->type == SC_FRAME_ERROR) {
+		enum sc_status code = sc_peer_status_from_wire(m->code);
+		return sc_err_set(err, code == SC_OK ? SC_INTERNAL : code, "peer %s: %s", c->peer_id,
+				  m->text);
+	}
+	if (m->type != want) {
+		atomic_store(&c->broken, true);
+		return sc_err_set(err, SC_INTERNAL, "%s sent %s where %s was expected", c->what,
+				  sc_frame_type_name(m->type), sc_frame_type_name(want));
+	}
+	return 0;
+}
+
+static void fill_ref(struct sc_peer_msg *m, enum sc_frame_type type,
+		     const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id)
+{
+	memset(m, 0, sizeof(*m));
+	m->type = type;
+	memcpy(m->token, token, SC_TOKEN_LEN);
+	m->xfer_id = xfer_id;
+}
+
+static struct sc_peer_wait client_wait(uint64_t deadline_mono_ms, const atomic_bool *cancel)
+{
+	return (struct sc_peer_wait){.deadline_mono_ms = deadline_mono_ms, .cancel = cancel};
+}
+
+int sc_peer_open(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+		 enum sc_op_kind peer_kind, uint64_t total, uint64_t deadline_mono_ms,
+		 const atomic_bool *cancel, struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_msg m;
+	fill_ref(&m, SC_FRAME_OPEN, token, xfer_id);
+	m.peer_kind = (uint8_t)peer_kind;
+	m.total = total;
+	if (send_request(conn, &m, NULL, 0, &w, err) != 0)
+		return -1;
+	return recv_reply(conn, SC_FRAME_OK, &m, &w, err);
+}
+
+int sc_peer_read_into(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		      uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len, uint8_t *dst,
+		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+{
+	if (len == 0 || len > SC_PEER_MAX_BULK)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "READ of %" PRIu64 " bytes: must be 1 byte .. 1 GiB", len);
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_msg m;
+	fill_ref(&m, SC_FRAME_READ, token, xfer_id);
+	m.desc = desc;
+	m.offset = offset;
+	m.len = len;
+	if (send_request(conn, &m, NULL, 0, &w, err) != 0)
+		return -1;
+	if (recv_reply(conn, SC_FRAME_DATA, &m, &w, err) != 0)
+		return -1;
+	if (m.len != len) {
+		atomic_store(&conn->broken, true);
+		return sc_err_set(err, SC_INTERNAL, "%s sent %" PRIu64 " bytes for a READ of %" PRIu64,
+				  conn->what, m.len, len);
+	}
+	int e;
+	enum sc_peer_io rc = sc_peer_recv_all(conn->fd, dst, (size_t)len, &w, NULL, &e);
+	if (rc != SC_PEER_IO_OK) {
+		sc_peer_io_err(rc, e, conn->what, err);
+		return io_fail(conn, rc, err);
+	}
+	return 0;
+}
+
+int sc_peer_write_from(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		       uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len,
+		       const uint8_t *src, uint64_t deadline_mono_ms, const atomic_bool *cancel,
+		       struct sc_err *err)
+{
+	if (len == 0 || len > SC_PEER_MAX_BULK)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "WRITE of %" PRIu64 " bytes: must be 1 byte .. 1 GiB", len);
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_msg m;
+	fill_ref(&m, SC_FRAME_WRITE, token, xfer_id);
+	m.desc = desc;
+	m.offset = offset;
+	m.len = len;
+	if (send_request(conn, &m, src, len, &w, err) != 0) {
+		/* A refused WRITE: the server answered ERROR and closed before reading our bytes.
+		 * Its reason is more useful than our broken pipe. */
+		struct sc_peer_msg r;
+		struct sc_err why;
+		sc_err_clear(&why);
+		struct sc_peer_wait quick = client_wait(sc_clock_mono_ms() + 200, cancel);
+		if (sc_peer_recv_msg(conn->fd, conn->buf, sizeof(conn->buf), &r, &quick, conn->what,
+				     &why) == SC_PEER_IO_OK &&
+		    r.type == SC_FRAME_ERROR) {
+			enum sc_status code = sc_peer_status_from_wire(r.code);
+			sc_err_set(err, code == SC_OK ? SC_INTERNAL : code, "peer %s: %s",
+				   conn->peer_id, r.text);
+		}
+		return -1;
+	}
+	int rc = recv_reply(conn, SC_FRAME_OK, &m, &w, err);
+	if (rc != 0)
+		atomic_store(&conn->broken, true); /* the server closes after a refused WRITE */
+	return rc;
+}
+
+int sc_peer_done(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+		 enum sc_status status, const char *msg, uint64_t deadline_mono_ms,
+		 const atomic_bool *cancel, struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_msg m;
+	fill_ref(&m, SC_FRAME_DONE, token, xfer_id);
+	m.code = (uint32_t)status;
+	snprintf(m.text, sizeof(m.text), "%s", msg ? msg : "");
+	if (send_request(conn, &m, NULL, 0, &w, err) != 0)
+		return -1;
+	return recv_reply(conn, SC_FRAME_OK, &m, &w, err);
+}
+
+int sc_peer_ping(struct sc_peer_conn *conn, uint64_t deadline_mono_ms, const atomic_bool *cancel,
+		 struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	uint64_t cookie = sc_clock_mono_ms() ^ (uint64_t)(uintptr_t)conn;
+	struct sc_peer_msg m = {.type = SC_FRAME_PING, .cookie = cookie};
+	if (send_request(conn, &m, NULL, 0, &w, err) != 0)
+		return -1;
+	if (recv_reply(conn, SC_FRAME_PONG, &m, &w, err) != 0)
+		return -1;
+	if (m.cookie != cookie) {
+		atomic_store(&conn->broken, true);
+		return sc_err_set(err, SC_INTERNAL, "%s answered PING with a wrong cookie",
+				  conn->what);
+	}
+	return 0;
+}
+
+int sc_peer_call(struct sc_peer_conn *conn, unsigned type, const void *body, size_t len,
+		 uint8_t *reply, size_t reply_cap, size_t *reply_len, uint64_t deadline_mono_ms,
+		 const atomic_bool *cancel, struct sc_err *err)
+{
+	if (type != SC_FRAME_QP_CONNECT)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "sc_peer_call: %s is not a generic call",
+				  sc_frame_type_name(type));
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_msg m = {.type = (enum sc_frame_type)type, .opaque = body, .opaque_len = len};
+	enum sc_peer_io rc = sc_peer_send_msg(conn->fd, &m, &w, conn->what, err);
+	if (rc != SC_PEER_IO_OK)
+		return rc == SC_PEER_IO_PROTOCOL ? -1 : io_fail(conn, rc, err);
+	if (recv_reply(conn, (enum sc_frame_type)type, &m, &w, err) != 0)
+		return -1;
+	if (m.opaque_len > reply_cap)
+		return sc_err_set(err, SC_INTERNAL, "%s sent a %s reply of %zu bytes (room for %zu)",
+				  conn->what, sc_frame_type_name(type), m.opaque_len, reply_cap);
+	memcpy(reply, m.opaque, m.opaque_len);
+	*reply_len = m.opaque_len;
+	return 0;
+}

@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * peer_pool.h: the dialing side of the peer control channel. A pool of authenticated connections
+ * to peer sidecars, keyed by endpoint ("host:port"), and the blocking client calls that run one
+ * request/reply on a connection.
+ *
+ * A connection is used by one thread at a time (the one that got it); sc_peer_conn_abort is the
+ * only call another thread may make on it, to interrupt a blocked call. Every call honours a
+ * monotonic deadline (0 = none) and an optional cancel flag; a blocked call notices them within
+ * SC_PEER_IO_SLICE_MS. Errors:
+ *   - a remote ERROR frame: its code, message "peer <id>: <msg>" (the connection stays usable,
+ *     except after a refused WRITE, which the server closes);
+ *   - EOF / reset: UNAVAILABLE "peer sidecar <id> at H:P closed the connection mid-transfer";
+ *   - deadline: DEADLINE_EXCEEDED; cancel flag: CANCELLED; garbage from the peer: INTERNAL.
+ * After any failure other than a remote ERROR the connection is marked broken, and
+ * sc_peer_pool_put closes it whatever `reusable` says.
+ * The pool itself is thread-safe.
+ */
+#ifndef SC_PEER_POOL_H
+#define SC_PEER_POOL_H
+
+#include "engine.h"
+#include "metadata.h"
+#include "status.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct sc_peer_pool;
+struct sc_peer_conn;
+
+/* Idle connections kept per endpoint, and how long one may stay idle before it is closed. */
+#define SC_PEER_POOL_IDLE_PER_ENDPOINT 8
+#define SC_PEER_POOL_IDLE_MS (60u * 1000u)
+/* Dialing (TCP connect) gives up after this long even when the caller's deadline is later. */
+#define SC_PEER_CONNECT_TIMEOUT_MS 10000
+
+int sc_peer_pool_create(struct sc_engine *eng, struct sc_peer_pool **out, struct sc_err *err);
+/* Closes idle connections. Connections still out must be put back first. NULL ok. */
+void sc_peer_pool_destroy(struct sc_peer_pool *pool);
+
+/*
+ * An authenticated connection to endpoint ("host:port", "[v6]:port"): an idle one when the pool
+ * has one that is still open, else a new one (connect with a timeout, then the hello). Errors:
+ * UNAVAILABLE "cannot reach peer sidecar at H:P: <reason>", UNAUTHENTICATED (hello refused in
+ * either direction, no --key-file), DEADLINE_EXCEEDED, INVALID_ARGUMENT (bad endpoint).
+ */
+int sc_peer_pool_get(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadline_mono_ms,
+		     struct sc_peer_conn **out, struct sc_err *err);
+/* Give a connection back: kept for reuse when reusable, not broken and there is room; else
+ * closed. NULL conn ok. */
+void sc_peer_pool_put(struct sc_peer_pool *pool, struct sc_peer_conn *conn, bool reusable);
+
+int sc_peer_conn_fd(const struct sc_peer_conn *conn);
+/* The authenticated id of the sidecar at the other end (from its hello). */
+const char *sc_peer_conn_peer_id(const struct sc_peer_conn *conn);
+const char *sc_peer_conn_endpoint(const struct sc_peer_conn *conn);
+/* False once a call failed in a way that leaves the stream's state unknown. */
+bool sc_peer_conn_usable(const struct sc_peer_conn *conn);
+/* Interrupt whatever call is blocked on conn (shutdown(SHUT_RDWR)) and mark it broken. Any thread,
+ * as long as the conn has not been put back. */
+void sc_peer_conn_abort(struct sc_peer_conn *conn);
+
+/* OPEN one use (xfer_id) of the passive operation named by token. peer_kind: SC_OP_READ or
+ * SC_OP_WRITE (what this side does to the remote memory); total: all bytes of the transfer. */
+int sc_peer_open(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+		 enum sc_op_kind peer_kind, uint64_t total, uint64_t deadline_mono_ms,
+		 const atomic_bool *cancel, struct sc_err *err);
+/* READ len bytes at offset of remote descriptor desc straight into dst. */
+int sc_peer_read_into(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		      uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len, uint8_t *dst,
+		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
+/* WRITE len bytes from src to offset of remote descriptor desc. */
+int sc_peer_write_from(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		       uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len,
+		       const uint8_t *src, uint64_t deadline_mono_ms, const atomic_bool *cancel,
+		       struct sc_err *err);
+/* DONE: this side's verdict for the use (SC_OK, or the error / SC_CANCELLED and its message). */
+int sc_peer_done(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+		 enum sc_status status, const char *msg, uint64_t deadline_mono_ms,
+		 const atomic_bool *cancel, struct sc_err *err);
+int sc_peer_ping(struct sc_peer_conn *conn, uint64_t deadline_mono_ms, const atomic_bool *cancel,
+		 struct sc_err *err);
+/* A generic request/reply (QP_CONNECT): sends a frame of `type` with body, expects a reply of
+ * the same type whose body (at most reply_cap bytes) lands in reply. */
+int sc_peer_call(struct sc_peer_conn *conn, unsigned type, const void *body, size_t len,
+		 uint8_t *reply, size_t reply_cap, size_t *reply_len, uint64_t deadline_mono_ms,
+		 const atomic_bool *cancel, struct sc_err *err);
+
+#endif

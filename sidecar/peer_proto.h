@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * peer_proto.h: the sidecar-to-sidecar control channel (DESIGN section 5): frame layout, codec,
+ * blocking I/O with deadlines, and the mutual-authentication hello. Shared by the peer server
+ * (serving side), the peer pool (dialing side) and, through them, the tcp and ibverbs backends.
+ *
+ * A frame is an 8-byte header {u8 version = 1, u8 type, u16 flags = 0, u32 body_len} followed by
+ * body_len bytes of body. All integers are little-endian and fixed width; strings are u16 length +
+ * bytes (no NUL). DATA and WRITE frames are followed by bulk bytes whose count is in their body.
+ * body_len is at most SC_PEER_MAX_BODY, a bulk at most SC_PEER_MAX_BULK (and exactly what was
+ * asked for). Anything else is a protocol error: the receiver closes the connection.
+ *
+ *   type        body                                                      reply
+ *   HELLO       magic u32 "RSMP", client_nonce[16], client_id, key_id    HELLO_ACK | ERROR
+ *   HELLO_ACK   server_nonce[16], server_id, proof_s[32]                 (client) HELLO_FIN | ERROR
+ *   HELLO_FIN   proof_c[32]                                              OK | ERROR
+ *   OK          (empty)
+ *   ERROR       code u32 (enum sc_status), msg
+ *   OPEN        token[16], xfer_id u64, peer_kind u8, total u64          OK | ERROR
+ *   READ        token[16], xfer_id u64, desc u32, offset u64, len u64    DATA + bulk | ERROR
+ *   DATA        len u64                                                  (bulk of len bytes follows)
+ *   WRITE       token[16], xfer_id u64, desc u32, offset u64, len u64    OK | ERROR (then closed)
+ *               + len bulk bytes
+ *   DONE        token[16], xfer_id u64, status u32, msg                  OK | ERROR
+ *   PING        cookie u64                                               PONG (same cookie)
+ *   QP_CONNECT  opaque (the ibverbs backend's rendezvous)                QP_CONNECT | ERROR
+ *
+ * Hello proofs (HMAC-SHA256 with the key named by the client's key_id; ids NUL-terminated in the
+ * transcript so no two (client_id, server_id) pairs share one):
+ *   proof_s = HMAC(key, "rsm1-hello-s" 0 key_id 0 client_nonce server_nonce client_id 0 server_id 0)
+ *   proof_c = HMAC(key, "rsm1-hello-c" 0 key_id 0 server_nonce client_nonce client_id 0 server_id 0)
+ *
+ * Everything here is pure or works on one caller-owned fd; any thread.
+ */
+#ifndef SC_PEER_PROTO_H
+#define SC_PEER_PROTO_H
+
+#include "engine.h"
+#include "keys.h"
+#include "metadata.h"
+#include "status.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#define SC_PEER_VERSION 1
+#define SC_PEER_MAGIC 0x504d5352u /* "RSMP" little-endian */
+#define SC_PEER_HDR_LEN 8
+#define SC_PEER_MAX_BODY (64u * 1024u)
+#define SC_PEER_MAX_BULK (1ull << 30)
+#define SC_PEER_NONCE_LEN 16
+#define SC_PEER_HELLO_TIMEOUT_MS 5000
+/* Blocking sockets carry SO_RCVTIMEO/SO_SNDTIMEO of this many ms, so every blocked call wakes
+ * this often to look at its deadline and cancel flags. */
+#define SC_PEER_IO_SLICE_MS 100
+
+enum sc_frame_type {
+	SC_FRAME_HELLO = 1,
+	SC_FRAME_HELLO_ACK = 2,
+	SC_FRAME_HELLO_FIN = 3,
+	SC_FRAME_OK = 4,
+	SC_FRAME_ERROR = 5,
+	SC_FRAME_OPEN = 6,
+	SC_FRAME_READ = 7,
+	SC_FRAME_DATA = 8,
+	SC_FRAME_WRITE = 9,
+	SC_FRAME_DONE = 10,
+	SC_FRAME_PING = 11,
+	SC_FRAME_PONG = 12,
+	SC_FRAME_QP_CONNECT = 13,
+	SC_FRAME_TYPE_MAX = SC_FRAME_QP_CONNECT,
+};
+
+/* "READ", "QP_CONNECT"; "UNKNOWN" otherwise. */
+const char *sc_frame_type_name(unsigned type);
+
+struct sc_frame_hdr {
+	uint8_t version;
+	uint8_t type;
+	uint16_t flags;
+	uint32_t body_len;
+};
+
+/* One decoded frame body. Only the fields of its type are meaningful. */
+struct sc_peer_msg {
+	enum sc_frame_type type;
+	/* HELLO, HELLO_ACK, HELLO_FIN */
+	uint8_t nonce[SC_PEER_NONCE_LEN];
+	char id[SC_NAME_MAX];       /* HELLO: client id; HELLO_ACK: server id */
+	char key_id[SC_KEY_ID_MAX]; /* HELLO */
+	uint8_t proof[SC_HMAC_LEN]; /* HELLO_ACK, HELLO_FIN */
+	/* OPEN, READ, WRITE, DONE */
+	uint8_t token[SC_TOKEN_LEN];
+	uint64_t xfer_id;
+	uint8_t peer_kind; /* OPEN: SC_OP_READ or SC_OP_WRITE */
+	uint64_t total;    /* OPEN */
+	uint32_t desc;     /* READ, WRITE */
+	uint64_t offset;   /* READ, WRITE */
+	uint64_t len;      /* READ, WRITE, DATA: bulk byte count */
+	uint32_t code;     /* ERROR: enum sc_status; DONE: the active side's status */
+	char text[SC_ERR_MSG_MAX]; /* ERROR, DONE (longer texts are cut on decode) */
+	uint64_t cookie;           /* PING, PONG */
+	const uint8_t *opaque;     /* QP_CONNECT: points into the encoded/decoded buffer */
+	size_t opaque_len;
+};
+
+/* Encode header + body of m into buf. Returns the frame length, or 0 when it does not fit (cap)
+ * or a field is out of range (string too long, body over SC_PEER_MAX_BODY). */
+size_t sc_peer_encode(const struct sc_peer_msg *m, uint8_t *buf, size_t cap);
+/* Parse a header. Errors (INVALID_ARGUMENT, "protocol error: ..."): version, unknown type,
+ * non-zero flags, body_len over SC_PEER_MAX_BODY. */
+int sc_peer_decode_hdr(const uint8_t in[SC_PEER_HDR_LEN], struct sc_frame_hdr *h,
+		       struct sc_err *err);
+/* Parse the body of a frame of `type`. Strict: every field present, nothing left over, lengths
+ * and strings within their limits, ids without NUL bytes. m->opaque points into body. */
+int sc_peer_decode_body(unsigned type, const uint8_t *body, size_t len, struct sc_peer_msg *m,
+			struct sc_err *err);
+
+/* ---- blocking I/O ------------------------------------------------------------------------------
+ * The fd must be blocking with SO_RCVTIMEO/SO_SNDTIMEO set (sc_peer_set_io_slice), so that a
+ * blocked call wakes every slice to check `w`. */
+
+struct sc_peer_wait {
+	uint64_t deadline_mono_ms; /* 0: none */
+	uint64_t stall_ms;         /* 0: none; else give up when no byte moves for this long */
+	const atomic_bool *cancel; /* NULL: none */
+	const atomic_bool *stop;   /* NULL: none; a second flag (server shutdown, transfer stop) */
+};
+
+enum sc_peer_io {
+	SC_PEER_IO_OK = 0,
+	SC_PEER_IO_EOF,       /* the peer closed (or reset) the connection */
+	SC_PEER_IO_ERRNO,     /* *errno_out says why */
+	SC_PEER_IO_DEADLINE,  /* the deadline or the stall limit passed */
+	SC_PEER_IO_CANCELLED, /* a flag was raised */
+	SC_PEER_IO_PROTOCOL,  /* (sc_peer_recv_msg only) the peer sent a bad frame */
+};
+
+int sc_peer_set_io_slice(int fd, unsigned ms);
+/* A data-plane TCP socket's options: TCP_NODELAY, keepalive (idle 5 s, interval 2 s, 3 probes),
+ * TCP_USER_TIMEOUT (SC_PEER_USER_TIMEOUT_MS), and the I/O slice. Returns -1 (errno set) when an
+ * option cannot be set. */
+#define SC_PEER_USER_TIMEOUT_MS 12000
+int sc_peer_tune_socket(int fd);
+/* Receive exactly len bytes. */
+enum sc_peer_io sc_peer_recv_all(int fd, void *buf, size_t len, const struct sc_peer_wait *w,
+				 size_t *got, int *errno_out);
+/* Send every byte of the iovecs (modified: advanced past what was sent). MSG_NOSIGNAL. */
+enum sc_peer_io sc_peer_sendv_all(int fd, struct iovec *iov, int iovcnt,
+				  const struct sc_peer_wait *w, size_t *sent, int *errno_out);
+/* Fill err for a failed I/O: EOF/ERRNO -> UNAVAILABLE, DEADLINE -> DEADLINE_EXCEEDED,
+ * CANCELLED -> CANCELLED; `what` names the connection ("peer sidecar X at H:P"). Returns -1. */
+int sc_peer_io_err(enum sc_peer_io rc, int errno_val, const char *what, struct sc_err *err);
+
+/* Encode m and send it. Failures fill err as sc_peer_io_err (an unencodable m: INVALID_ARGUMENT
+ * with SC_PEER_IO_PROTOCOL). */
+enum sc_peer_io sc_peer_send_msg(int fd, const struct sc_peer_msg *m,
+				 const struct sc_peer_wait *w, const char *what, struct sc_err *err);
+/*
+ * Receive one frame into buf (cap: header + the largest body the caller accepts) and decode it
+ * into m (which may point into buf). A bad header or body (or one larger than cap) returns
+ * SC_PEER_IO_PROTOCOL with err INVALID_ARGUMENT "protocol error: ..."; I/O failures fill err as
+ * sc_peer_io_err.
+ */
+enum sc_peer_io sc_peer_recv_msg(int fd, uint8_t *buf, size_t cap, struct sc_peer_msg *m,
+				 const struct sc_peer_wait *w, const char *what,
+				 struct sc_err *err);
+
+/* ---- hello ----------------------------------------------------------------------------------
+ * Both return 0 with the authenticated peer's id in peer_id, or -1: UNAUTHENTICATED for a failed
+ * proof, an unknown key id or a missing keyring (either side); INVALID_ARGUMENT for a protocol
+ * error; UNAVAILABLE / DEADLINE_EXCEEDED / CANCELLED for I/O. ring may be NULL (then the hello
+ * fails with a message that says --key-file is needed on both sidecars). The deadline covers the
+ * whole exchange. The server side tells the client why it refused before returning. */
+int sc_peer_hello_client(int fd, const struct sc_keyring *ring, const char *self_id,
+			 const struct sc_peer_wait *w, const char *what, char peer_id[SC_NAME_MAX],
+			 struct sc_err *err);
+int sc_peer_hello_server(int fd, const struct sc_keyring *ring, const char *self_id,
+			 const struct sc_peer_wait *w, const char *what, char peer_id[SC_NAME_MAX],
+			 struct sc_err *err);
+
+/* Map a received ERROR frame's code to an sc_status (unknown codes and OK become INTERNAL). */
+enum sc_status sc_peer_status_from_wire(uint32_t code);
+
+#endif

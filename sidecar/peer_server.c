@@ -1,0 +1,882 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * peer_server.c: the data listener (--data-listen) and the peer connections it accepts. Each
+ * connection authenticates with the hello, then serves OPEN / READ / WRITE / DONE / PING through
+ * passive.h (the engine checks token, direction, bounds, deadline and state), and QP_CONNECT
+ * through the handler the ibverbs backend registers. READ sends straight from the pinned span and
+ * WRITE receives straight into it: no staging copy.
+ *
+ * Threads: the accept thread (accepts, joins finished connection threads, reports orphaned
+ * transfers) and one thread per connection. The server owns the listening socket, a wake-up
+ * eventfd, every connection (its fd, thread and buffers) and the list of orphaned transfers.
+ *
+ * A transfer (token, xfer_id) opened on a connection is tracked until its DONE arrives (on any
+ * connection, since the active side spreads one transfer over several). When the last connection
+ * that opened it ends without a DONE, the transfer becomes an orphan: after ORPHAN_GRACE_MS (time
+ * for a DONE still on its way on another connection, e.g. after the active side cancelled and cut
+ * its streams) the engine is told with sc_passive_abandon.
+ *
+ * Locking: srv->mu guards the connection lists, every connection's opened list, the orphans and
+ * the handler. It is never held while calling the engine or doing socket I/O.
+ */
+#include "peer_server.h"
+
+#include "log.h"
+#include "passive.h"
+#include "peer_proto.h"
+#include "timer.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define ORPHAN_GRACE_MS 1000
+/* A request or reply that stops moving for this long ends its connection. */
+#define STALL_MS 30000
+#define CONN_STACK_BYTES (512u * 1024u)
+#define REFUSAL_LOG_INTERVAL_MS 10000
+
+struct xref {
+	uint8_t token[SC_TOKEN_LEN];
+	uint64_t xfer_id;
+};
+
+struct orphan {
+	struct xref ref;
+	uint64_t due_mono_ms;
+	char why[SC_ERR_MSG_MAX];
+	struct orphan *next;
+};
+
+struct conn {
+	struct sc_peer_server *srv;
+	int fd;
+	pthread_t thread;
+	char addr[80];          /* "1.2.3.4:5678" */
+	char peer_id[SC_NAME_MAX];
+	char what[SC_NAME_MAX + 120]; /* "peer sidecar \"id\" at addr", for messages */
+	struct xref *opened;          /* under srv->mu */
+	size_t n_opened, cap_opened;
+	struct conn *prev, *next;
+	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
+};
+
+struct sc_peer_server {
+	struct sc_engine *eng;
+	int listen_fd;
+	int wake_fd;
+	char listen_addr[300];
+	char endpoint[80];
+	pthread_t accept_thread;
+	bool started;
+	atomic_bool stopping;
+
+	pthread_mutex_t mu;
+	pthread_cond_t cv;   /* a connection ended; a handler call ended */
+	struct conn *live;   /* threads running */
+	struct conn *dead;   /* threads ended, to join */
+	size_t n_live;
+	struct orphan *orphans;
+	sc_peer_handler_fn qp_fn;
+	void *qp_ctx;
+	unsigned qp_busy;
+	uint64_t last_refusal_log_ms;
+	unsigned refused_since_log;
+};
+
+/* ---- small helpers ----------------------------------------------------------------------------- */
+
+static void wake(struct sc_peer_server *srv)
+{
+	uint64_t one = 1;
+	ssize_t n = write(srv->wake_fd, &one, sizeof(one));
+	(void)n;
+}
+
+static void format_addr(const struct sockaddr *sa, char *out, size_t cap)
+{
+	char host[INET6_ADDRSTRLEN] = "?";
+	unsigned port = 0;
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+		inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+		port = ntohs(in->sin_port);
+		snprintf(out, cap, "%s:%u", host, port);
+	} else if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+		port = ntohs(in6->sin6_port);
+		snprintf(out, cap, "[%s]:%u", host, port);
+	} else {
+		snprintf(out, cap, "(unknown address family %d)", sa->sa_family);
+	}
+}
+
+static bool xref_eq(const struct xref *a, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id)
+{
+	return a->xfer_id == xfer_id && memcmp(a->token, token, SC_TOKEN_LEN) == 0;
+}
+
+/* Remove (token, xfer_id) from the orphans. Under mu. */
+static void orphan_forget_locked(struct sc_peer_server *srv, const uint8_t token[SC_TOKEN_LEN],
+				 uint64_t xfer_id)
+{
+	for (struct orphan **pp = &srv->orphans; *pp;) {
+		if (xref_eq(&(*pp)->ref, token, xfer_id)) {
+			struct orphan *o = *pp;
+			*pp = o->next;
+			free(o);
+		} else {
+			pp = &(*pp)->next;
+		}
+	}
+}
+
+/* Track a transfer this connection opened. Returns -1 when out of memory. */
+static int track(struct conn *c, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id)
+{
+	struct sc_peer_server *srv = c->srv;
+	int rc = 0;
+	pthread_mutex_lock(&srv->mu);
+	orphan_forget_locked(srv, token, xfer_id);
+	for (size_t i = 0; i < c->n_opened; i++)
+		if (xref_eq(&c->opened[i], token, xfer_id))
+			goto out;
+	if (c->n_opened == c->cap_opened) {
+		size_t cap = c->cap_opened ? 2 * c->cap_opened : 4;
+		struct xref *grown = realloc(c->opened, cap * sizeof(*grown));
+		if (!grown) {
+			rc = -1;
+			goto out;
+		}
+		c->opened = grown;
+		c->cap_opened = cap;
+	}
+	memcpy(c->opened[c->n_opened].token, token, SC_TOKEN_LEN);
+	c->opened[c->n_opened++].xfer_id = xfer_id;
+out:
+	pthread_mutex_unlock(&srv->mu);
+	return rc;
+}
+
+/* DONE arrived: no connection is responsible for the transfer any more. */
+static void untrack_everywhere(struct sc_peer_server *srv, const uint8_t token[SC_TOKEN_LEN],
+			       uint64_t xfer_id)
+{
+	pthread_mutex_lock(&srv->mu);
+	orphan_forget_locked(srv, token, xfer_id);
+	for (struct conn *c = srv->live; c; c = c->next) {
+		for (size_t i = 0; i < c->n_opened; i++) {
+			if (xref_eq(&c->opened[i], token, xfer_id)) {
+				c->opened[i] = c->opened[--c->n_opened];
+				break;
+			}
+		}
+	}
+	pthread_mutex_unlock(&srv->mu);
+}
+
+static bool tracked_by_other_locked(struct sc_peer_server *srv, const struct conn *self,
+				    const struct xref *r)
+{
+	for (const struct conn *c = srv->live; c; c = c->next) {
+		if (c == self)
+			continue;
+		for (size_t i = 0; i < c->n_opened; i++)
+			if (xref_eq(&c->opened[i], r->token, r->xfer_id))
+				return true;
+	}
+	return false;
+}
+
+/* Tell the engine about orphans that are due (all of them when `all`). Accept thread or destroy. */
+static uint64_t expire_orphans(struct sc_peer_server *srv, bool all)
+{
+	uint64_t now = sc_clock_mono_ms();
+	uint64_t next_due = 0;
+	struct orphan *due = NULL;
+	pthread_mutex_lock(&srv->mu);
+	for (struct orphan **pp = &srv->orphans; *pp;) {
+		struct orphan *o = *pp;
+		if (all || o->due_mono_ms <= now) {
+			*pp = o->next;
+			o->next = due;
+			due = o;
+		} else {
+			if (!next_due || o->due_mono_ms < next_due)
+				next_due = o->due_mono_ms;
+			pp = &o->next;
+		}
+	}
+	pthread_mutex_unlock(&srv->mu);
+	while (due) {
+		struct orphan *o = due;
+		due = o->next;
+		sc_passive_abandon(srv->eng, o->ref.token, o->ref.xfer_id, o->why);
+		free(o);
+	}
+	return next_due;
+}
+
+/* ---- replies ----------------------------------------------------------------------------------- */
+
+static const struct sc_peer_wait *busy_wait(const struct conn *c, struct sc_peer_wait *w)
+{
+	*w = (struct sc_peer_wait){.stall_ms = STALL_MS, .stop = &c->srv->stopping};
+	return w;
+}
+
+/* Send a reply; on failure say why in `why` and return -1 (the connection ends). */
+static int reply(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
+{
+	struct sc_peer_wait w;
+	struct sc_err err;
+	if (sc_peer_send_msg(c->fd, m, busy_wait(c, &w), c->what, &err) != SC_PEER_IO_OK) {
+		snprintf(why, why_cap, "sending %s failed: %s", sc_frame_type_name(m->type), err.msg);
+		return -1;
+	}
+	return 0;
+}
+
+static int reply_ok(struct conn *c, char *why, size_t why_cap)
+{
+	struct sc_peer_msg m = {.type = SC_FRAME_OK};
+	return reply(c, &m, why, why_cap);
+}
+
+static int reply_error(struct conn *c, const struct sc_err *e, char *why, size_t why_cap)
+{
+	struct sc_peer_msg m = {.type = SC_FRAME_ERROR, .code = (uint32_t)e->code};
+	snprintf(m.text, sizeof(m.text), "%s", e->msg);
+	return reply(c, &m, why, why_cap);
+}
+
+/* ---- requests ---------------------------------------------------------------------------------- */
+
+static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
+{
+	struct sc_err err;
+	sc_err_clear(&err);
+	if (sc_passive_open(c->srv->eng, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
+			    c->peer_id, m->total, &err) != 0)
+		return reply_error(c, &err, why, why_cap);
+	if (track(c, m->token, m->xfer_id) != 0) {
+		sc_passive_abandon(c->srv->eng, m->token, m->xfer_id,
+				   "peer server out of memory");
+		sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "sidecar out of memory");
+		return reply_error(c, &err, why, why_cap);
+	}
+	return reply_ok(c, why, why_cap);
+}
+
+/* Pin the next piece of [offset, offset+len) of a READ or WRITE. The engine may hand out less
+ * than asked (never more, never nothing). */
+static int next_span(struct conn *c, const struct sc_peer_msg *m, uint64_t done,
+		     struct sc_span *span, struct sc_err *err)
+{
+	if (sc_passive_span(c->srv->eng, m->token, m->xfer_id, m->desc, m->offset + done,
+			    m->len - done, span, err) != 0)
+		return -1;
+	if (span->len == 0 || span->len > m->len - done) {
+		sc_passive_span_release(c->srv->eng, span, 0);
+		return sc_err_set(err, SC_INTERNAL, "engine returned a span of %" PRIu64
+				  " bytes for %" PRIu64, span->len, m->len - done);
+	}
+	return 0;
+}
+
+static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
+{
+	struct sc_engine *eng = c->srv->eng;
+	struct sc_err err;
+	sc_err_clear(&err);
+	struct sc_span span;
+	if (next_span(c, m, 0, &span, &err) != 0)
+		return reply_error(c, &err, why, why_cap);
+
+	struct sc_peer_msg data = {.type = SC_FRAME_DATA, .len = m->len};
+	uint8_t hdr[32];
+	size_t hdr_len = sc_peer_encode(&data, hdr, sizeof(hdr));
+	struct sc_peer_wait w;
+	busy_wait(c, &w);
+	/* The DATA header and the first bytes go in one sendmsg. */
+	struct iovec iov[2] = {{.iov_base = hdr, .iov_len = hdr_len},
+			       {.iov_base = span.addr, .iov_len = span.len}};
+	int iovcnt = 2;
+	uint64_t done = 0;
+	for (;;) {
+		size_t sent;
+		int e;
+		enum sc_peer_io rc = sc_peer_sendv_all(c->fd, iov, iovcnt, &w, &sent, &e);
+		uint64_t moved = iovcnt == 2 ? (sent > hdr_len ? sent - hdr_len : 0) : sent;
+		sc_passive_span_release(eng, &span, moved);
+		if (rc != SC_PEER_IO_OK) {
+			sc_peer_io_err(rc, e, c->what, &err);
+			snprintf(why, why_cap, "sending READ data failed: %s", err.msg);
+			return -1;
+		}
+		done += moved;
+		if (done == m->len)
+			return 0;
+		/* The DATA frame promised m->len bytes: a failure now can only end the connection. */
+		if (next_span(c, m, done, &span, &err) != 0) {
+			snprintf(why, why_cap, "cannot serve the rest of a READ: %s", err.msg);
+			return -1;
+		}
+		iov[0] = (struct iovec){.iov_base = span.addr, .iov_len = span.len};
+		iovcnt = 1;
+	}
+}
+
+static int serve_write(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
+{
+	struct sc_engine *eng = c->srv->eng;
+	struct sc_err err;
+	sc_err_clear(&err);
+	struct sc_peer_wait w;
+	busy_wait(c, &w);
+	uint64_t done = 0;
+	while (done < m->len) {
+		struct sc_span span;
+		if (next_span(c, m, done, &span, &err) != 0) {
+			/* Refused: the bulk bytes that follow are not read; the connection ends. */
+			reply_error(c, &err, why, why_cap);
+			snprintf(why, why_cap, "refused a WRITE: %s", err.msg);
+			return -1;
+		}
+		size_t got;
+		int e;
+		enum sc_peer_io rc = sc_peer_recv_all(c->fd, span.addr, span.len, &w, &got, &e);
+		sc_passive_span_release(eng, &span, got);
+		if (rc != SC_PEER_IO_OK) {
+			sc_peer_io_err(rc, e, c->what, &err);
+			snprintf(why, why_cap, "receiving WRITE data failed: %s", err.msg);
+			return -1;
+		}
+		done += got;
+	}
+	return reply_ok(c, why, why_cap);
+}
+
+static int serve_done(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
+{
+	struct sc_err err;
+	sc_err_clear(&err);
+	untrack_everywhere(c->srv, m->token, m->xfer_id);
+	if (sc_passive_done(c->srv->eng, m->token, m->xfer_id, sc_peer_status_from_wire(m->code),
+			    m->text, &err) != 0)
+		return reply_error(c, &err, why, why_cap);
+	return reply_ok(c, why, why_cap);
+}
+
+static int serve_handler(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
+{
+	struct sc_peer_server *srv = c->srv;
+	struct sc_err err;
+	sc_err_clear(&err);
+	pthread_mutex_lock(&srv->mu);
+	sc_peer_handler_fn fn = srv->qp_fn;
+	void *ctx = srv->qp_ctx;
+	if (fn)
+		srv->qp_busy++;
+	pthread_mutex_unlock(&srv->mu);
+	if (!fn) {
+		sc_err_set(&err, SC_UNIMPLEMENTED,
+			   "sidecar \"%s\" serves no %s (its ibverbs backend is not running): use "
+			   "the tcp backend",
+			   sc_engine_id(srv->eng), sc_frame_type_name(m->type));
+		return reply_error(c, &err, why, why_cap);
+	}
+	uint8_t *out = malloc(SC_PEER_MAX_BODY);
+	size_t out_len = 0;
+	int rc = -1;
+	if (!out)
+		sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "sidecar out of memory");
+	else if ((rc = fn(ctx, c->peer_id, m->opaque, m->opaque_len, out, SC_PEER_MAX_BODY,
+			  &out_len, &err)) == 0 &&
+		 out_len > SC_PEER_MAX_BODY)
+		rc = sc_err_set(&err, SC_INTERNAL, "%s handler returned %zu bytes",
+				sc_frame_type_name(m->type), out_len);
+	pthread_mutex_lock(&srv->mu);
+	srv->qp_busy--;
+	pthread_cond_broadcast(&srv->cv);
+	pthread_mutex_unlock(&srv->mu);
+	int sent;
+	if (rc == 0) {
+		struct sc_peer_msg r = {.type = m->type, .opaque = out, .opaque_len = out_len};
+		sent = reply(c, &r, why, why_cap);
+	} else {
+		if (err.code == SC_OK)
+			sc_err_set(&err, SC_INTERNAL, "%s handler failed", sc_frame_type_name(m->type));
+		sent = reply_error(c, &err, why, why_cap);
+	}
+	free(out);
+	return sent;
+}
+
+/* Serve requests until the connection ends; `why` says how it ended. */
+static void serve(struct conn *c, char *why, size_t why_cap)
+{
+	struct sc_peer_server *srv = c->srv;
+	for (;;) {
+		struct sc_peer_wait idle = {.deadline_mono_ms =
+						    sc_clock_mono_ms() + SC_PEER_SERVER_IDLE_MS,
+					    .stop = &srv->stopping};
+		struct sc_peer_msg m;
+		struct sc_err err;
+		sc_err_clear(&err);
+		enum sc_peer_io io = sc_peer_recv_msg(c->fd, c->buf, sizeof(c->buf), &m, &idle,
+						      c->what, &err);
+		if (io != SC_PEER_IO_OK) {
+			if (io == SC_PEER_IO_PROTOCOL)
+				SC_WARN("peer", "closing connection from %s: %s", c->what, err.msg);
+			if (io == SC_PEER_IO_DEADLINE)
+				snprintf(why, why_cap, "idle for %u s", SC_PEER_SERVER_IDLE_MS / 1000);
+			else if (io == SC_PEER_IO_CANCELLED)
+				snprintf(why, why_cap, "sidecar \"%s\" is shutting down",
+					 sc_engine_id(srv->eng));
+			else
+				snprintf(why, why_cap, "%s", err.msg);
+			return;
+		}
+		int rc;
+		switch (m.type) {
+		case SC_FRAME_OPEN:
+			rc = serve_open(c, &m, why, why_cap);
+			break;
+		case SC_FRAME_READ:
+			rc = serve_read(c, &m, why, why_cap);
+			break;
+		case SC_FRAME_WRITE:
+			rc = serve_write(c, &m, why, why_cap);
+			break;
+		case SC_FRAME_DONE:
+			rc = serve_done(c, &m, why, why_cap);
+			break;
+		case SC_FRAME_PING: {
+			struct sc_peer_msg pong = {.type = SC_FRAME_PONG, .cookie = m.cookie};
+			rc = reply(c, &pong, why, why_cap);
+			break;
+		}
+		case SC_FRAME_QP_CONNECT:
+			rc = serve_handler(c, &m, why, why_cap);
+			break;
+		default:
+			SC_WARN("peer", "closing connection from %s: protocol error: unexpected %s "
+					"frame from a client",
+				c->what, sc_frame_type_name(m.type));
+			snprintf(why, why_cap, "protocol error: unexpected %s frame",
+				 sc_frame_type_name(m.type));
+			rc = -1;
+			break;
+		}
+		if (rc != 0)
+			return;
+	}
+}
+
+/* ---- connection threads ------------------------------------------------------------------------ */
+
+/* The connection's thread is about to end: hand its transfers over, queue it for joining. */
+static void conn_finish(struct conn *c, const char *why)
+{
+	struct sc_peer_server *srv = c->srv;
+	uint64_t due = sc_clock_mono_ms() + ORPHAN_GRACE_MS;
+	pthread_mutex_lock(&srv->mu);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		srv->live = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	srv->n_live--;
+	for (size_t i = 0; i < c->n_opened; i++) {
+		if (tracked_by_other_locked(srv, c, &c->opened[i]))
+			continue;
+		struct orphan *o = calloc(1, sizeof(*o));
+		if (!o) {
+			/* Cannot wait: tell the engine now, without the lock. */
+			struct xref r = c->opened[i];
+			pthread_mutex_unlock(&srv->mu);
+			sc_passive_abandon(srv->eng, r.token, r.xfer_id, why);
+			pthread_mutex_lock(&srv->mu);
+			continue;
+		}
+		o->ref = c->opened[i];
+		o->due_mono_ms = due;
+		snprintf(o->why, sizeof(o->why), "connection from %.200s ended before DONE: %.270s",
+			 c->what, why);
+		o->next = srv->orphans;
+		srv->orphans = o;
+	}
+	free(c->opened);
+	c->opened = NULL;
+	c->n_opened = c->cap_opened = 0;
+	c->next = srv->dead;
+	c->prev = NULL;
+	srv->dead = c;
+	pthread_cond_broadcast(&srv->cv);
+	pthread_mutex_unlock(&srv->mu);
+	/* Nobody else touches the fd once the connection left the live list. */
+	close(c->fd);
+	c->fd = -1;
+	wake(srv);
+}
+
+static void *conn_main(void *arg)
+{
+	struct conn *c = arg;
+	struct sc_peer_server *srv = c->srv;
+	char why[SC_ERR_MSG_MAX + 64] = "closed";
+	snprintf(c->what, sizeof(c->what), "peer at %s", c->addr);
+	if (sc_peer_tune_socket(c->fd) != 0)
+		SC_WARN("peer", "connection from %s: cannot set socket options: %s", c->addr,
+			strerror(errno));
+
+	struct sc_peer_wait w = {.deadline_mono_ms = sc_clock_mono_ms() + SC_PEER_HELLO_TIMEOUT_MS,
+				 .stop = &srv->stopping};
+	struct sc_keyring *ring = sc_engine_keyring(srv->eng);
+	struct sc_err err;
+	sc_err_clear(&err);
+	int rc = sc_peer_hello_server(c->fd, ring, sc_engine_id(srv->eng), &w, c->what, c->peer_id,
+				      &err);
+	sc_keyring_release(ring);
+	if (rc != 0) {
+		/* A bare connect-and-close (a port probe) is not worth a warning. */
+		if (err.code == SC_UNAVAILABLE || err.code == SC_CANCELLED)
+			SC_DEBUG("peer", "connection from %s ended during the hello: %s", c->addr,
+				 err.msg);
+		else
+			SC_WARN("peer", "rejected connection from %s: %s", c->addr, err.msg);
+		snprintf(why, sizeof(why), "hello failed: %s", err.msg);
+		goto out;
+	}
+	snprintf(c->what, sizeof(c->what), "peer sidecar \"%s\" at %s", c->peer_id, c->addr);
+	SC_DEBUG("peer", "authenticated %s", c->what);
+	serve(c, why, sizeof(why));
+	SC_DEBUG("peer", "connection from %s ended: %s", c->what, why);
+out:
+	conn_finish(c, why);
+	return NULL;
+}
+
+/* Join the threads of connections that ended, and free them. Accept thread or destroy. */
+static void reap(struct sc_peer_server *srv)
+{
+	pthread_mutex_lock(&srv->mu);
+	struct conn *dead = srv->dead;
+	srv->dead = NULL;
+	pthread_mutex_unlock(&srv->mu);
+	while (dead) {
+		struct conn *c = dead;
+		dead = c->next;
+		pthread_join(c->thread, NULL);
+		free(c);
+	}
+}
+
+static void log_refusal(struct sc_peer_server *srv, const char *addr, const char *reason)
+{
+	uint64_t now = sc_clock_mono_ms();
+	srv->refused_since_log++;
+	if (srv->last_refusal_log_ms && now < srv->last_refusal_log_ms + REFUSAL_LOG_INTERVAL_MS)
+		return;
+	SC_WARN("peer", "refused %u connection(s) (latest from %s): %s", srv->refused_since_log,
+		addr, reason);
+	srv->refused_since_log = 0;
+	srv->last_refusal_log_ms = now;
+}
+
+static void accept_one(struct sc_peer_server *srv)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	int fd = accept4(srv->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
+	if (fd < 0) {
+		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+			log_refusal(srv, "?", strerror(errno));
+			usleep(100 * 1000); /* the backlog stays readable: do not spin */
+		}
+		return;
+	}
+	char addr[80];
+	format_addr((struct sockaddr *)&ss, addr, sizeof(addr));
+	pthread_mutex_lock(&srv->mu);
+	bool full = srv->n_live >= SC_PEER_SERVER_MAX_CONNS;
+	pthread_mutex_unlock(&srv->mu);
+	if (full) {
+		char reason[120];
+		snprintf(reason, sizeof(reason), "already serving %d peer connections (the limit)",
+			 SC_PEER_SERVER_MAX_CONNS);
+		log_refusal(srv, addr, reason);
+		close(fd);
+		return;
+	}
+	struct conn *c = calloc(1, sizeof(*c));
+	if (!c) {
+		log_refusal(srv, addr, "out of memory");
+		close(fd);
+		return;
+	}
+	c->srv = srv;
+	c->fd = fd;
+	snprintf(c->addr, sizeof(c->addr), "%s", addr);
+
+	pthread_mutex_lock(&srv->mu);
+	c->next = srv->live;
+	if (srv->live)
+		srv->live->prev = c;
+	srv->live = c;
+	srv->n_live++;
+	pthread_mutex_unlock(&srv->mu);
+
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setstacksize(&attr, CONN_STACK_BYTES);
+	int rc = pthread_create(&c->thread, &attr, conn_main, c);
+	pthread_attr_destroy(&attr);
+	if (rc != 0) {
+		pthread_mutex_lock(&srv->mu);
+		if (c->prev)
+			c->prev->next = c->next;
+		else
+			srv->live = c->next;
+		if (c->next)
+			c->next->prev = c->prev;
+		srv->n_live--;
+		pthread_mutex_unlock(&srv->mu);
+		log_refusal(srv, addr, strerror(rc));
+		close(fd);
+		free(c);
+	}
+}
+
+static void *accept_main(void *arg)
+{
+	struct sc_peer_server *srv = arg;
+	while (!atomic_load(&srv->stopping)) {
+		uint64_t next_due = expire_orphans(srv, false);
+		int timeout = 1000;
+		if (next_due) {
+			uint64_t now = sc_clock_mono_ms();
+			timeout = next_due <= now ? 0 : (int)(next_due - now < 1000 ? next_due - now
+										    : 1000);
+		}
+		struct pollfd pfd[2] = {{.fd = srv->listen_fd, .events = POLLIN},
+					{.fd = srv->wake_fd, .events = POLLIN}};
+		int n = poll(pfd, 2, timeout);
+		if (n < 0 && errno != EINTR) {
+			SC_ERROR("peer", "poll on the data listener failed: %s", strerror(errno));
+			usleep(100 * 1000);
+			continue;
+		}
+		if (n > 0 && (pfd[1].revents & POLLIN)) {
+			uint64_t v;
+			ssize_t r = read(srv->wake_fd, &v, sizeof(v));
+			(void)r;
+		}
+		reap(srv);
+		if (atomic_load(&srv->stopping))
+			break;
+		if (n > 0 && (pfd[0].revents & POLLIN))
+			accept_one(srv);
+	}
+	return NULL;
+}
+
+/* ---- lifecycle --------------------------------------------------------------------------------- */
+
+static bool is_wildcard(const char *host)
+{
+	return !host[0] || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0 ||
+	       strcmp(host, "*") == 0;
+}
+
+/* "host:port" with IPv6 literals bracketed. False when it does not fit. */
+static bool join_hostport(char *out, size_t cap, const char *host, unsigned port)
+{
+	int n;
+	if (strchr(host, ':') && host[0] != '[')
+		n = snprintf(out, cap, "[%s]:%u", host, port);
+	else
+		n = snprintf(out, cap, "%s:%u", host, port);
+	return n > 0 && (size_t)n < cap;
+}
+
+static int listen_on(struct sc_peer_server *srv, const char *host, uint16_t port,
+		     struct sc_err *err)
+{
+	char port_text[8];
+	snprintf(port_text, sizeof(port_text), "%u", port);
+	struct addrinfo hints = {.ai_family = AF_UNSPEC,
+				 .ai_socktype = SOCK_STREAM,
+				 .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+	struct addrinfo *res = NULL;
+	const char *node = host[0] && strcmp(host, "*") != 0 ? host : "0.0.0.0";
+	int gai = getaddrinfo(node, port_text, &hints, &res);
+	if (gai != 0)
+		return sc_err_set(err, SC_FAILED_PRECONDITION,
+				  "--data-listen %s: cannot resolve host \"%s\": %s", srv->listen_addr,
+				  host, gai_strerror(gai));
+	int last_errno = 0;
+	for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+		int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+				ai->ai_protocol);
+		if (fd < 0) {
+			last_errno = errno;
+			continue;
+		}
+		int one = 1;
+		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+			srv->listen_fd = fd;
+			break;
+		}
+		last_errno = errno;
+		close(fd);
+	}
+	freeaddrinfo(res);
+	if (srv->listen_fd < 0)
+		return sc_err_set(err, SC_FAILED_PRECONDITION,
+				  "cannot listen on --data-listen %s: %s%s", srv->listen_addr,
+				  strerror(last_errno),
+				  last_errno == EADDRINUSE
+					  ? " (another process has that port: choose another "
+					    "--data-listen port, or 0 for an ephemeral one)"
+					  : "");
+	return 0;
+}
+
+int sc_peer_server_create(struct sc_engine *eng, const struct sc_config *cfg,
+			  struct sc_peer_server **out, struct sc_err *err)
+{
+	struct sc_peer_server *srv = calloc(1, sizeof(*srv));
+	if (!srv)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	srv->eng = eng;
+	srv->listen_fd = -1;
+	srv->wake_fd = -1;
+	pthread_mutex_init(&srv->mu, NULL);
+	pthread_cond_init(&srv->cv, NULL);
+	atomic_init(&srv->stopping, false);
+	const char *listen_text = cfg->data_listen ? cfg->data_listen : "0.0.0.0:0";
+	snprintf(srv->listen_addr, sizeof(srv->listen_addr), "%s", listen_text);
+
+	char host[256];
+	uint16_t port;
+	if (sc_parse_hostport(listen_text, host, sizeof(host), &port, err) != 0) {
+		sc_err_prefix(err, "--data-listen");
+		goto fail;
+	}
+	if (listen_on(srv, host, port, err) != 0)
+		goto fail;
+	if ((srv->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
+		sc_err_set(err, SC_INTERNAL, "eventfd: %s", strerror(errno));
+		goto fail;
+	}
+
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	if (getsockname(srv->listen_fd, (struct sockaddr *)&ss, &sl) != 0) {
+		sc_err_set(err, SC_INTERNAL, "getsockname on the data listener: %s",
+			   strerror(errno));
+		goto fail;
+	}
+	unsigned bound = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+						  : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+	const char *adv = cfg->advertise && cfg->advertise[0] ? cfg->advertise : NULL;
+	if (!adv && is_wildcard(host)) {
+		SC_WARN("peer", "--data-listen %s listens on every address but peers are told "
+				"127.0.0.1: set --advertise to an address other hosts can reach for "
+				"multi-host transfers",
+			listen_text);
+		adv = "127.0.0.1";
+	}
+	if (!join_hostport(srv->endpoint, sizeof(srv->endpoint), adv ? adv : host, bound)) {
+		sc_err_set(err, SC_INVALID_ARGUMENT,
+			   "%s \"%s\" is too long for a data endpoint (at most %zu characters with "
+			   "the port)",
+			   cfg->advertise && cfg->advertise[0] ? "--advertise" : "--data-listen host",
+			   adv ? adv : host, sizeof(srv->endpoint) - 1);
+		goto fail;
+	}
+	SC_INFO("peer", "data listener on %s, advertised as %s", listen_text, srv->endpoint);
+	*out = srv;
+	return 0;
+fail:
+	sc_peer_server_destroy(srv);
+	return -1;
+}
+
+int sc_peer_server_start(struct sc_peer_server *srv, struct sc_err *err)
+{
+	if (srv->started)
+		return 0;
+	int rc = pthread_create(&srv->accept_thread, NULL, accept_main, srv);
+	if (rc != 0)
+		return sc_err_set(err, SC_INTERNAL, "cannot start the data listener thread: %s",
+				  strerror(rc));
+	srv->started = true;
+	return 0;
+}
+
+const char *sc_peer_server_endpoint(const struct sc_peer_server *srv)
+{
+	return srv->endpoint;
+}
+
+int sc_peer_server_set_handler(struct sc_peer_server *srv, enum sc_frame_type type,
+			       sc_peer_handler_fn fn, void *ctx)
+{
+	if (type != SC_FRAME_QP_CONNECT)
+		return -1;
+	pthread_mutex_lock(&srv->mu);
+	srv->qp_fn = fn;
+	srv->qp_ctx = ctx;
+	/* Removing (or replacing) a handler waits for its running calls, so the caller may free
+	 * ctx as soon as this returns. */
+	while (srv->qp_busy)
+		pthread_cond_wait(&srv->cv, &srv->mu);
+	pthread_mutex_unlock(&srv->mu);
+	return 0;
+}
+
+void sc_peer_server_destroy(struct sc_peer_server *srv)
+{
+	if (!srv)
+		return;
+	atomic_store(&srv->stopping, true);
+	if (srv->started) {
+		wake(srv);
+		pthread_join(srv->accept_thread, NULL);
+		srv->started = false;
+	}
+	if (srv->listen_fd >= 0)
+		close(srv->listen_fd);
+	srv->listen_fd = -1;
+	/* Cut every connection; each thread notices at once, queues itself and ends. */
+	pthread_mutex_lock(&srv->mu);
+	for (struct conn *c = srv->live; c; c = c->next)
+		shutdown(c->fd, SHUT_RDWR);
+	while (srv->live)
+		pthread_cond_wait(&srv->cv, &srv->mu);
+	pthread_mutex_unlock(&srv->mu);
+	reap(srv);
+	expire_orphans(srv, true);
+	if (srv->wake_fd >= 0)
+		close(srv->wake_fd);
+	pthread_cond_destroy(&srv->cv);
+	pthread_mutex_destroy(&srv->mu);
+	free(srv);
+}

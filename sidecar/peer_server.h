@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * peer_server.h: the serving side of the peer control channel (--data-listen). Peer sidecars
+ * connect, authenticate with the hello (peer_proto.h), then OPEN / READ / WRITE / DONE passive
+ * operations by token; every request goes through passive.h, so the engine checks direction,
+ * bounds, deadline and state, and bytes move straight between region memory and the socket.
+ *
+ * Threads: one accept thread, one thread per accepted connection (at most
+ * SC_PEER_SERVER_MAX_CONNS). Handlers registered for extra frame types (the ibverbs backend's
+ * QP_CONNECT) run on connection threads. Create, start and destroy are called from the engine's
+ * lifecycle thread; the other calls from any thread.
+ */
+#ifndef SC_PEER_SERVER_H
+#define SC_PEER_SERVER_H
+
+#include "config.h"
+#include "engine.h"
+#include "peer_proto.h"
+#include "status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct sc_peer_server;
+
+#define SC_PEER_SERVER_MAX_CONNS 256
+/* A connection with no request for this long is closed (the pool forgets idle ones sooner). */
+#define SC_PEER_SERVER_IDLE_MS (180u * 1000u)
+
+/*
+ * Binds cfg->data_listen ("HOST:PORT", port 0 = ephemeral) and listens; no thread yet. A port in
+ * use or a bad host is an error here (FAILED_PRECONDITION with the address and the reason), so the
+ * daemon fails at start-up. *out is set only on success.
+ */
+int sc_peer_server_create(struct sc_engine *eng, const struct sc_config *cfg,
+			  struct sc_peer_server **out, struct sc_err *err);
+/* Starts the accept thread. */
+int sc_peer_server_start(struct sc_peer_server *srv, struct sc_err *err);
+/* "host:port" that peers dial: --advertise if set, else the listen host, except a wildcard
+ * (0.0.0.0, ::, empty) which becomes 127.0.0.1 (with a one-time WARN to set --advertise).
+ * Valid from create to destroy. */
+const char *sc_peer_server_endpoint(const struct sc_peer_server *srv);
+/* Closes the listener, shuts every connection down and joins every thread. Connections that had
+ * opened transfers without their DONE are reported to the engine (sc_passive_abandon). NULL ok. */
+void sc_peer_server_destroy(struct sc_peer_server *srv);
+
+/*
+ * A handler for a request type the server does not serve itself (today: SC_FRAME_QP_CONNECT).
+ * Runs on the connection's thread with the authenticated peer id and the request body; fills
+ * reply (at most reply_cap bytes) and returns 0, or returns -1 with err (sent back as ERROR).
+ * Without a handler the server answers ERROR UNIMPLEMENTED. fn NULL removes it. Returns 0, or -1
+ * for a type that cannot have a handler (only SC_FRAME_QP_CONNECT can). Any thread.
+ */
+typedef int (*sc_peer_handler_fn)(void *ctx, const char *peer_id, const uint8_t *body,
+				  size_t len, uint8_t *reply, size_t reply_cap, size_t *reply_len,
+				  struct sc_err *err);
+int sc_peer_server_set_handler(struct sc_peer_server *srv, enum sc_frame_type type,
+			       sc_peer_handler_fn fn, void *ctx);
+
+#endif

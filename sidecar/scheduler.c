@@ -1,0 +1,196 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * scheduler.c: transfer slots and progress gates (DESIGN section 7, dynamo-llm's connector
+ * protocol). An active operation moves bytes only while it holds a slot: at most
+ * --max-concurrent-transfers at once and at most --max-inflight-bytes in flight (a transfer larger
+ * than the whole budget runs alone). Operations gated on worker progress (a requirement) wait until
+ * ReportProgress satisfies it, then queue for a slot in FIFO order. Every slot taken is given back
+ * exactly once (sc_sched_release, from the transfer's completion). Runs under eng->mu on whatever
+ * thread drives the change (RPC handlers, backend completions, the timer thread).
+ */
+#include "engine_internal.h"
+#include "log.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool slot_free(struct sc_engine *eng, const struct sc_op *op)
+{
+	if (eng->active_transfers >= eng->cfg->max_concurrent_transfers)
+		return false;
+	if (eng->active_transfers == 0)
+		return true; /* an oversized transfer runs alone rather than never */
+	return eng->inflight_bytes + op->bytes_total <= eng->cfg->max_inflight_bytes;
+}
+
+static void take_slot_and_start(struct sc_engine *eng, struct sc_op *op)
+{
+	op->slot_held = true;
+	eng->active_transfers++;
+	eng->inflight_bytes += op->bytes_total;
+	sc_op_start_transfer(eng, op);
+}
+
+void sc_sched_admit(struct sc_engine *eng, struct sc_op *op)
+{
+	op->waiting_requirement = false;
+	if (!eng->sched_head && slot_free(eng, op)) {
+		take_slot_and_start(eng, op);
+		return;
+	}
+	op->queued = true;
+	op->sched_next = NULL;
+	op->refs++; /* the queue's */
+	if (eng->sched_tail)
+		eng->sched_tail->sched_next = op;
+	else
+		eng->sched_head = op;
+	eng->sched_tail = op;
+	SC_DEBUG("sched", "%s queued: %u transfers, %" PRIu64 " bytes in flight", op->id,
+		 eng->active_transfers, eng->inflight_bytes);
+}
+
+void sc_sched_remove(struct sc_engine *eng, struct sc_op *op)
+{
+	op->waiting_requirement = false;
+	if (!op->queued)
+		return;
+	struct sc_op *prev = NULL;
+	for (struct sc_op *it = eng->sched_head; it; prev = it, it = it->sched_next) {
+		if (it != op)
+			continue;
+		if (prev)
+			prev->sched_next = op->sched_next;
+		else
+			eng->sched_head = op->sched_next;
+		if (eng->sched_tail == op)
+			eng->sched_tail = prev;
+		break;
+	}
+	op->queued = false;
+	op->sched_next = NULL;
+	sc_op_unref(eng, op);
+}
+
+void sc_sched_release(struct sc_engine *eng, struct sc_op *op)
+{
+	if (!op->slot_held)
+		return;
+	op->slot_held = false;
+	eng->active_transfers--;
+	eng->inflight_bytes -= op->bytes_total;
+	while (eng->sched_head && slot_free(eng, eng->sched_head)) {
+		struct sc_op *next = eng->sched_head;
+		eng->sched_head = next->sched_next;
+		if (!eng->sched_head)
+			eng->sched_tail = NULL;
+		next->queued = false;
+		next->sched_next = NULL;
+		if (next->status == SC_OPS_SCHEDULED)
+			take_slot_and_start(eng, next);
+		sc_op_unref(eng, next);
+	}
+}
+
+static struct sc_progress *progress_find(struct sc_engine *eng, const char *request_id)
+{
+	for (struct sc_progress *p = eng->progress; p; p = p->next)
+		if (strcmp(p->request_id, request_id) == 0)
+			return p;
+	return NULL;
+}
+
+bool sc_sched_requirement_met(struct sc_engine *eng, const struct sc_requirement *req)
+{
+	if (!req->set)
+		return true;
+	const struct sc_progress *p = progress_find(eng, req->request_id);
+	if (!p)
+		return false;
+	if (p->iteration != req->iteration)
+		return p->iteration > req->iteration;
+	if (p->iteration_complete)
+		return true;
+	return req->has_layer && p->has_layer && p->layer >= req->layer;
+}
+
+struct release_ctx {
+	struct sc_engine *eng;
+	struct sc_op **ops;
+	size_t n, cap;
+};
+
+static void collect_waiting(void *ctx, void *value)
+{
+	struct release_ctx *c = ctx;
+	struct sc_op *op = value;
+	if (op->waiting_requirement && op->status == SC_OPS_SCHEDULED && c->n < c->cap &&
+	    sc_sched_requirement_met(c->eng, &op->req))
+		c->ops[c->n++] = op;
+}
+
+int sc_progress_report(struct sc_engine *eng, const char *request_id, uint64_t iteration,
+		       bool has_layer, uint32_t layer, bool iteration_complete, uint32_t *released,
+		       struct sc_err *err)
+{
+	if (!request_id || !request_id[0])
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "request_id is required");
+	if (strlen(request_id) >= SC_NAME_MAX)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "request_id longer than %d bytes",
+				  SC_NAME_MAX - 1);
+	pthread_mutex_lock(&eng->mu);
+	struct sc_progress *p = progress_find(eng, request_id);
+	if (!p) {
+		p = calloc(1, sizeof(*p));
+		if (!p) {
+			pthread_mutex_unlock(&eng->mu);
+			return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+		}
+		strcpy(p->request_id, request_id);
+		p->next = eng->progress;
+		eng->progress = p;
+	} else if (iteration < p->iteration) {
+		uint64_t have = p->iteration;
+		pthread_mutex_unlock(&eng->mu);
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "iteration %" PRIu64 " is behind the reported %" PRIu64
+				  " for request %s: progress only moves forward",
+				  iteration, have, request_id);
+	}
+	if (iteration > p->iteration) {
+		p->has_layer = false;
+		p->iteration_complete = false;
+	}
+	p->iteration = iteration;
+	if (has_layer && (!p->has_layer || layer > p->layer)) {
+		p->layer = layer;
+		p->has_layer = true;
+	}
+	p->iteration_complete |= iteration_complete;
+
+	size_t count = sc_idmap_count(eng->ops);
+	struct release_ctx c = {eng, calloc(count ? count : 1, sizeof(struct sc_op *)), 0, count};
+	uint32_t n = 0;
+	if (c.ops) {
+		sc_idmap_each(eng->ops, collect_waiting, &c);
+		for (size_t i = 0; i < c.n; i++) {
+			sc_sched_admit(eng, c.ops[i]);
+			n++;
+		}
+		free(c.ops);
+	}
+	pthread_mutex_unlock(&eng->mu);
+	if (released)
+		*released = n;
+	return 0;
+}
+
+void sc_sched_free_progress(struct sc_engine *eng)
+{
+	while (eng->progress) {
+		struct sc_progress *p = eng->progress;
+		eng->progress = p->next;
+		free(p);
+	}
+}

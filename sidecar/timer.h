@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * timer.h: one thread that runs callbacks at monotonic deadlines (operation deadlines, retention,
+ * WaitOperation timeouts). Add and cancel from any thread. Cancel is synchronous: when it returns
+ * the callback is not running and will not run (it must not be called from inside that callback;
+ * calling cancel from inside a *different* timer's callback is fine).
+ */
+#ifndef SC_TIMER_H
+#define SC_TIMER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct sc_timers;
+typedef void (*sc_timer_cb)(void *ctx);
+
+int sc_timers_create(struct sc_timers **out);
+/* Stops the thread; pending callbacks never run. NULL ok. */
+void sc_timers_destroy(struct sc_timers *t);
+/* Returns an id > 0, or 0 when out of memory. */
+uint64_t sc_timers_add(struct sc_timers *t, uint64_t deadline_mono_ms, sc_timer_cb fn, void *ctx);
+bool sc_timers_cancel(struct sc_timers *t, uint64_t id);
+/* Non-blocking: removes the timer if it has not started. Returns true if removed (fn will never
+ * run); false if it already ran or is running right now (the callback then owns its ctx). */
+bool sc_timers_try_cancel(struct sc_timers *t, uint64_t id);
+
+uint64_t sc_clock_mono_ms(void);
+uint64_t sc_clock_unix_ms(void);
+
+#endif
