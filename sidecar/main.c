@@ -46,14 +46,16 @@ int main(int argc, char **argv)
 	int rc = 0;
 	struct sc_engine *eng = NULL;
 	struct sc_service *svc = NULL;
+	/* Creation fails only on configuration the host cannot honour (shm dir, key file, data
+	 * port, listeners): exit 2 like a bad flag. */
 	if (sc_engine_create(&cfg, &eng, &err) != 0) {
 		fprintf(stderr, "rdma-sidecar: %s\n", err.msg);
-		rc = err.code == SC_INVALID_ARGUMENT ? 2 : 1;
+		rc = 2;
 		goto out;
 	}
 	if (sc_service_create(eng, &cfg, &svc, &err) != 0) {
 		fprintf(stderr, "rdma-sidecar: %s\n", err.msg);
-		rc = err.code == SC_INVALID_ARGUMENT ? 2 : 1;
+		rc = 2;
 		goto out;
 	}
 	if (sc_engine_start(eng, &err) != 0) {
