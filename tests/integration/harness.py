@@ -64,8 +64,9 @@ class Sidecar:
         self.name = name
         self.dir = os.path.join(workdir, name)
         os.makedirs(self.dir, exist_ok=True)
-        self.shm = os.path.join(self.dir, "shm")
-        os.makedirs(self.shm, exist_ok=True)
+        # Region files live on tmpfs, as in production (/dev/shm shared with the worker).
+        shm_root = "/dev/shm" if os.path.isdir("/dev/shm") else self.dir
+        self.shm = tempfile.mkdtemp(prefix="sc-%s-" % name, dir=shm_root)
         self.sock = os.path.join(self.dir, "s.sock")
         self.port = free_port() if tcp else None
         self.log_path = os.path.join(self.dir, "sidecar.log")
@@ -209,6 +210,9 @@ class SidecarTest(unittest.TestCase):
                 raise
             except Exception as e:  # noqa: BLE001
                 print("teardown: %s" % e)
+        for p in self._procs:
+            if isinstance(p, Sidecar):
+                shutil.rmtree(p.shm, ignore_errors=True)
         if not failed and os.environ.get("SC_KEEP_TMP") != "1":
             shutil.rmtree(self.workdir, ignore_errors=True)
         else:

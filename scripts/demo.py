@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""End-to-end demo: two sidecars, a real nats-server and two worker processes on this machine.
+
+Starts nats-server on a free loopback port, writes a fresh signing key (mode 0600) into a temporary
+directory, starts the sidecars "stage-a" and "stage-b" (each with its own unix socket, shm directory
+and data port), then runs examples/producer.py against stage-a and examples/consumer.py against
+stage-b: a READ (the consumer pulls the producer's readable) and a WRITE (the producer pushes into
+the consumer's writable), the metadata travelling over NATS. Compares the SHA-256 both workers print,
+prints a summary, stops everything (SIGTERM, every sidecar must exit 0) and removes the temporary
+files. Exits non-zero on any mismatch or failure; nothing is left running, on failure or Ctrl-C too.
+
+Normally run through scripts/demo.sh, which installs the packages and builds first.
+"""
+import argparse
+import base64
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+
+class DemoError(Exception):
+    pass
+
+
+def say(msg=""):
+    print(msg, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise DemoError("timed out after %.0fs waiting for %s" % (timeout, what))
+
+
+def tail(path, lines=40):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError as e:
+        return "(%s)\n" % e
+
+
+class Proc:
+    """A child process in its own session (a Ctrl-C reaches only the demo, which then stops it in
+    order) that also gets SIGTERM should the demo itself die."""
+
+    def __init__(self, name, args, log_path=None, echo=False, env=None):
+        self.name, self.args, self.log_path = name, args, log_path
+        out = open(log_path, "wb") if log_path else subprocess.PIPE
+        self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, env=env, preexec_fn=_die_with_parent)
+        if log_path:
+            out.close()
+        self.reader = None
+        if echo:
+            self.reader = threading.Thread(target=self._echo, daemon=True)
+            self.reader.start()
+
+    def _echo(self):
+        for line in self.proc.stdout:
+            say("  %-8s| %s" % (self.name, line.decode(errors="replace").rstrip()))
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self, timeout=20):
+        """SIGTERM, wait; SIGKILL if it does not go. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise DemoError("%s did not exit within %ds of SIGTERM; killed it" % (self.name, timeout))
+        if self.reader:
+            self.reader.join(5)
+        return self.proc.returncode
+
+
+try:
+    import ctypes
+    _LIBC = ctypes.CDLL(None)  # loaded here: the child between fork and exec only calls into it
+except OSError:
+    _LIBC = None
+
+
+def _die_with_parent():
+    """Linux: the child gets SIGTERM when the demo process dies, however it dies (even SIGKILL)."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
+def start_nats(nats_server, tmp):
+    for _ in range(3):
+        port = free_port()
+        p = Proc("nats", [nats_server, "-a", "127.0.0.1", "-p", str(port)], os.path.join(tmp, "nats.log"))
+
+        def up():
+            if not p.alive():
+                return "exited"
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    return "up"
+            except OSError:
+                return None
+        if wait_for(up, 10, "nats-server on port %d" % port) == "up":
+            return p, "nats://127.0.0.1:%d" % port
+        p.stop()  # most likely the port was taken in between: try another
+    raise DemoError("nats-server did not start:\n" + tail(os.path.join(tmp, "nats.log")))
+
+
+class Sidecar:
+    def __init__(self, binary, name, tmp, shm_root, nats_url, key_file, pb, pb_grpc, health_pb2, health_grpc, grpc):
+        self.name = name
+        self.sock = os.path.join(tmp, name + ".sock")
+        self.addr = "unix:" + self.sock
+        self.shm = os.path.join(shm_root, name)
+        os.makedirs(self.shm)
+        self.log = os.path.join(tmp, name + ".log")
+        self.proc = Proc(name, [binary, "--id", name, "--grpc-listen", self.addr, "--shm-dir", self.shm,
+                                "--data-listen", "127.0.0.1:0", "--nats-url", nats_url, "--key-file", key_file,
+                                "--log-level", "info"], self.log)
+        self.channel = grpc.insecure_channel(self.addr)
+        self.stub = pb_grpc.SidecarStub(self.channel)
+        health = health_grpc.HealthStub(self.channel)
+
+        def serving():
+            if not self.proc.alive():
+                raise DemoError("sidecar %s exited with %s during start-up:\n%s"
+                                % (name, self.proc.proc.returncode, tail(self.log)))
+            try:
+                r = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                return r.status == health_pb2.HealthCheckResponse.SERVING
+            except grpc.RpcError:
+                return False
+        wait_for(serving, 15, "sidecar %s to serve on %s" % (name, self.addr))
+        self.info = wait_for(lambda: self._info_if_connected(pb), 10, "sidecar %s to connect to NATS" % name)
+
+    def _info_if_connected(self, pb):
+        i = self.stub.GetInfo(pb.GetInfoRequest(), timeout=5)
+        return i if i.nats_state == "connected" else None
+
+    def stop(self):
+        self.channel.close()
+        return self.proc.stop()
+
+
+def run_workers(workers, timeout):
+    """Wait for both workers; if one fails, stop the other at once. Returns {name: exit code}."""
+    end = time.monotonic() + timeout
+    codes = {}
+    while len(codes) < len(workers):
+        for w in workers:
+            if w.name not in codes and not w.alive():
+                codes[w.name] = w.proc.returncode
+                if w.proc.returncode != 0:
+                    for other in workers:
+                        if other.alive():
+                            say("  (%s failed: stopping %s)" % (w.name, other.name))
+                            other.stop(5)
+        if time.monotonic() > end:
+            for w in workers:
+                if w.alive():
+                    w.stop(5)
+            raise DemoError("the workers did not finish within %.0fs" % timeout)
+        time.sleep(0.05)
+    for w in workers:
+        w.stop()  # reap, join the output reader
+    return codes
+
+
+def table(rows, headers):
+    widths = [max(len(str(r[i])) for r in rows + [headers]) for i in range(len(headers))]
+    line = "  ".join("%%-%ds" % w for w in widths)
+    out = [line % tuple(headers), line % tuple("-" * w for w in widths)]
+    out += [line % tuple(r) for r in rows]
+    return "\n".join(out)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--build-dir", default=os.environ.get("BUILD_DIR", os.path.join(ROOT, "build")),
+                   help="where rdma-sidecar and the Python stubs (python/) were built (default: build/)")
+    p.add_argument("--size", default="256MiB", help="bytes each direction moves, e.g. 64MiB (default: 256MiB)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds each worker step may take (default: 30)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs) after a success")
+    a = p.parse_args()
+
+    binary = os.path.join(a.build_dir, "rdma-sidecar")
+    stubs = os.path.join(a.build_dir, "python")
+    nats_server = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    for path, hint in ((binary, "build it: cmake -S . -B build && cmake --build build"),
+                       (os.path.join(stubs, "rdma_sidecar", "v1", "sidecar_pb2_grpc.py"),
+                        "the build makes them when protoc and grpc_python_plugin are installed"),
+                       (nats_server, "apt-get install nats-server")):
+        if not os.path.exists(path):
+            raise SystemExit("demo: %s is missing (%s)" % (path, hint))
+    sys.path.insert(0, stubs)
+    import grpc
+    from rdma_sidecar.v1 import sidecar_pb2 as pb, sidecar_pb2_grpc as pb_grpc
+    from sc_health import health_pb2, health_pb2_grpc
+
+    # A Ctrl-C or SIGTERM unwinds through `finally` below; children are in their own sessions.
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
+
+    tmp = tempfile.mkdtemp(prefix="rdma-sidecar-demo-", dir="/tmp")  # short: unix socket paths
+    # Region files live in tmpfs, like /dev/shm in a pod (a disk-backed directory would write back).
+    shm_root = tempfile.mkdtemp(prefix="rdma-sidecar-demo-", dir="/dev/shm" if os.path.isdir("/dev/shm") else tmp)
+    procs, sidecars, ok = [], [], False
+    try:
+        key_file = os.path.join(tmp, "keys")
+        with open(os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write("demo-%s:%s\n" % (secrets.token_hex(3), base64.b64encode(secrets.token_bytes(32)).decode()))
+        say("== work dir %s (logs, key file), region files under %s" % (tmp, shm_root))
+
+        nats, nats_url = start_nats(nats_server, tmp)
+        procs.append(nats)
+        say("== nats-server %s (pid %d)" % (nats_url, nats.proc.pid))
+
+        for name in ("stage-a", "stage-b"):
+            s = Sidecar(binary, name, tmp, shm_root, nats_url, key_file, pb, pb_grpc, health_pb2,
+                        health_pb2_grpc, grpc)
+            sidecars.append(s)
+            i = s.info
+            say("== sidecar %s (pid %d): gRPC %s, data %s, backends %s, nats %s, signing key %s"
+                % (name, s.proc.proc.pid, s.addr, ",".join(i.data_endpoints),
+                   ",".join(pb.Backend.Name(b.backend).removeprefix("BACKEND_").lower()
+                            for b in i.backends if b.available), i.nats_state, i.signing_key_id))
+            for b in i.backends:
+                if not b.available:
+                    say("   %s unavailable: %s" % (pb.Backend.Name(b.backend).removeprefix("BACKEND_").lower(),
+                                                   b.detail))
+
+        run_id = secrets.token_hex(4)
+        common = ["--stubs", stubs, "--size", a.size, "--timeout", str(a.timeout),
+                  "--read-subject", "demo.%s.read" % run_id, "--write-subject", "demo.%s.write" % run_id]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        say("== workers: producer -> stage-a, consumer -> stage-b")
+        t0 = time.monotonic()
+        consumer = Proc("consumer", [sys.executable, os.path.join(ROOT, "examples", "consumer.py"),
+                                     "--sidecar", sidecars[1].addr, "--report", os.path.join(tmp, "consumer.json")]
+                        + common, echo=True, env=env)
+        procs.append(consumer)
+        producer = Proc("producer", [sys.executable, os.path.join(ROOT, "examples", "producer.py"),
+                                     "--sidecar", sidecars[0].addr, "--report", os.path.join(tmp, "producer.json")]
+                        + common, echo=True, env=env)
+        procs.append(producer)
+        codes = run_workers([consumer, producer], 3 * a.timeout + 30)
+        workers_s = time.monotonic() - t0
+        bad = {n: c for n, c in codes.items() if c != 0}
+        if bad:
+            raise DemoError("worker(s) failed: %s" % ", ".join("%s exit %s" % kv for kv in sorted(bad.items())))
+
+        with open(os.path.join(tmp, "producer.json")) as f:
+            prod = json.load(f)
+        with open(os.path.join(tmp, "consumer.json")) as f:
+            cons = json.load(f)
+        problems = []
+        rows = []
+        for direction, active, passive in (("READ", cons["read"], prod["read"]),
+                                           ("WRITE", prod["write"], cons["write"])):
+            if active["sha256"] != passive["sha256"]:
+                problems.append("%s: SHA-256 differs: %s side %s, %s side %s"
+                                % (direction, "consumer" if direction == "READ" else "producer", active["sha256"],
+                                   "producer" if direction == "READ" else "consumer", passive["sha256"]))
+            if active["bytes"] != passive["bytes"]:
+                problems.append("%s: byte counts differ: %d vs %d" % (direction, active["bytes"], passive["bytes"]))
+            if passive["passive_status"] != "COMPLETE":
+                problems.append("%s: the passive side ended %s" % (direction, passive["passive_status"]))
+            rows.append((direction, active["bytes"], active["descriptors"], active["backend"],
+                         "%.3f" % active["seconds"], "%.2f" % (active["bytes"] / active["seconds"] / 1e9),
+                         "%.3f" % (active["sidecar_ms"] / 1000.0), passive["passive_status"],
+                         "match" if active["sha256"] == passive["sha256"] else "MISMATCH"))
+        say()
+        say(table(rows, ("direction", "bytes", "descriptors", "backend", "seconds", "GB/s", "sidecar s",
+                         "passive status", "sha256")))
+        say()
+        say("seconds: the active worker's BeginRead/BeginWrite call until WaitOperation returned COMPLETE; "
+            "sidecar s: the operation's own created-to-completed timestamps (ms resolution).")
+        for direction, active in (("READ", cons["read"]), ("WRITE", prod["write"])):
+            if active.get("backend_reason"):
+                say("%s backend choice: %s" % (direction, active["backend_reason"]))
+        say("workers ran %.1fs in all (region set-up, random fill and hashing included)" % workers_s)
+        if problems:
+            raise DemoError("; ".join(problems))
+
+        say("== stopping (SIGTERM)")
+        while sidecars:
+            s = sidecars.pop()
+            code = s.stop()
+            if code != 0:
+                raise DemoError("sidecar %s exited with %s after SIGTERM:\n%s" % (s.name, code, tail(s.log)))
+            left = os.listdir(s.shm)
+            if left:
+                raise DemoError("sidecar %s left region files behind: %s" % (s.name, left))
+            say("   sidecar %s exited 0" % s.name)
+        code = nats.stop()
+        say("   nats-server exited %s" % code)
+        ok = True
+    except KeyboardInterrupt:
+        say("\ndemo: interrupted; stopping everything")
+    except DemoError as e:
+        say("\ndemo: FAILED: %s" % e)
+    finally:
+        for s in reversed(sidecars):
+            try:
+                s.stop()
+            except DemoError as e:
+                say("demo: %s" % e)
+        for p in reversed(procs):
+            try:
+                p.stop(10)
+            except DemoError as e:
+                say("demo: %s" % e)
+        if not ok:
+            for name in ("stage-a", "stage-b"):
+                log = os.path.join(tmp, name + ".log")
+                if os.path.exists(log):
+                    say("---- last lines of %s" % log)
+                    say(tail(log).rstrip())
+        shutil.rmtree(shm_root, ignore_errors=True)
+        if ok and not a.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            say("demo: logs kept in %s" % tmp)
+    if not ok:
+        sys.exit(1)
+    say("== demo passed: every byte arrived, both directions")
+
+
+if __name__ == "__main__":
+    main()
