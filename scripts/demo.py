@@ -84,16 +84,17 @@ class Proc:
     def alive(self):
         return self.proc.poll() is None
 
-    def stop(self, timeout=20):
-        """SIGTERM, wait; SIGKILL if it does not go. Returns the exit code."""
+    def stop(self, timeout=20, sig=signal.SIGTERM):
+        """Signal (SIGTERM), wait; SIGKILL if it does not go. Returns the exit code."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-                raise DemoError("%s did not exit within %ds of SIGTERM; killed it" % (self.name, timeout))
+                raise DemoError("%s did not exit within %ds of %s; killed it"
+                                % (self.name, timeout, signal.Signals(sig).name))
         if self.reader:
             self.reader.join(5)
         return self.proc.returncode
@@ -142,6 +143,14 @@ class Sidecar:
         self.proc = Proc(name, [binary, "--id", name, "--grpc-listen", self.addr, "--shm-dir", self.shm,
                                 "--data-listen", "127.0.0.1:0", "--nats-url", nats_url, "--key-file", key_file,
                                 "--log-level", "info"], self.log)
+
+        def listening():
+            if not self.proc.alive():
+                raise DemoError("sidecar %s exited with %s during start-up:\n%s"
+                                % (name, self.proc.proc.returncode, tail(self.log)))
+            return os.path.exists(self.sock)
+        # Connect only once the socket exists: a channel that failed once backs off for seconds.
+        wait_for(listening, 15, "sidecar %s to listen on %s" % (name, self.addr))
         self.channel = grpc.insecure_channel(self.addr)
         self.stub = pb_grpc.SidecarStub(self.channel)
         health = health_grpc.HealthStub(self.channel)
@@ -164,7 +173,7 @@ class Sidecar:
 
     def stop(self):
         self.channel.close()
-        return self.proc.stop()
+        return self.proc.stop()  # SIGTERM: the sidecar drains and exits 0
 
 
 def run_workers(workers, timeout):
@@ -179,11 +188,11 @@ def run_workers(workers, timeout):
                     for other in workers:
                         if other.alive():
                             say("  (%s failed: stopping %s)" % (w.name, other.name))
-                            other.stop(5)
+                            other.stop(10)
         if time.monotonic() > end:
             for w in workers:
                 if w.alive():
-                    w.stop(5)
+                    w.stop(10)
             raise DemoError("the workers did not finish within %.0fs" % timeout)
         time.sleep(0.05)
     for w in workers:
@@ -196,14 +205,14 @@ def table(rows, headers):
     line = "  ".join("%%-%ds" % w for w in widths)
     out = [line % tuple(headers), line % tuple("-" * w for w in widths)]
     out += [line % tuple(r) for r in rows]
-    return "\n".join(out)
+    return "\n".join(r.rstrip() for r in out)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--build-dir", default=os.environ.get("BUILD_DIR", os.path.join(ROOT, "build")),
                    help="where rdma-sidecar and the Python stubs (python/) were built (default: build/)")
-    p.add_argument("--size", default="256MiB", help="bytes each direction moves, e.g. 64MiB (default: 256MiB)")
+    p.add_argument("--size", default="256MiB", help="region size for each direction, e.g. 64MiB (default: 256MiB)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds each worker step may take (default: 30)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs) after a success")
     a = p.parse_args()
@@ -223,22 +232,22 @@ def main():
     from sc_health import health_pb2, health_pb2_grpc
 
     # A Ctrl-C or SIGTERM unwinds through `finally` below; children are in their own sessions.
-    def on_term(signum, frame):
+    def on_signal(signum, frame):
         raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_signal)  # set even where the shell started us with SIGINT ignored
+    signal.signal(signal.SIGTERM, on_signal)
 
     tmp = tempfile.mkdtemp(prefix="rdma-sidecar-demo-", dir="/tmp")  # short: unix socket paths
     # Region files live in tmpfs, like /dev/shm in a pod (a disk-backed directory would write back).
     shm_root = tempfile.mkdtemp(prefix="rdma-sidecar-demo-", dir="/dev/shm" if os.path.isdir("/dev/shm") else tmp)
-    procs, sidecars, ok = [], [], False
+    nats, sidecars, workers, ok, failure = None, [], [], False, None
+    key_file = os.path.join(tmp, "keys")
     try:
-        key_file = os.path.join(tmp, "keys")
         with open(os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             f.write("demo-%s:%s\n" % (secrets.token_hex(3), base64.b64encode(secrets.token_bytes(32)).decode()))
         say("== work dir %s (logs, key file), region files under %s" % (tmp, shm_root))
 
         nats, nats_url = start_nats(nats_server, tmp)
-        procs.append(nats)
         say("== nats-server %s (pid %d)" % (nats_url, nats.proc.pid))
 
         for name in ("stage-a", "stage-b"):
@@ -264,11 +273,11 @@ def main():
         consumer = Proc("consumer", [sys.executable, os.path.join(ROOT, "examples", "consumer.py"),
                                      "--sidecar", sidecars[1].addr, "--report", os.path.join(tmp, "consumer.json")]
                         + common, echo=True, env=env)
-        procs.append(consumer)
+        workers.append(consumer)
         producer = Proc("producer", [sys.executable, os.path.join(ROOT, "examples", "producer.py"),
                                      "--sidecar", sidecars[0].addr, "--report", os.path.join(tmp, "producer.json")]
                         + common, echo=True, env=env)
-        procs.append(producer)
+        workers.append(producer)
         codes = run_workers([consumer, producer], 3 * a.timeout + 30)
         workers_s = time.monotonic() - t0
         bad = {n: c for n, c in codes.items() if c != 0}
@@ -301,16 +310,15 @@ def main():
         say()
         say("seconds: the active worker's BeginRead/BeginWrite call until WaitOperation returned COMPLETE; "
             "sidecar s: the operation's own created-to-completed timestamps (ms resolution).")
-        for direction, active in (("READ", cons["read"]), ("WRITE", prod["write"])):
-            if active.get("backend_reason"):
-                say("%s backend choice: %s" % (direction, active["backend_reason"]))
+        reasons = sorted({r for r in (cons["read"].get("backend_reason"), prod["write"].get("backend_reason")) if r})
+        for r in reasons:
+            say("why this backend: %s" % r)
         say("workers ran %.1fs in all (region set-up, random fill and hashing included)" % workers_s)
         if problems:
             raise DemoError("; ".join(problems))
 
         say("== stopping (SIGTERM)")
-        while sidecars:
-            s = sidecars.pop()
+        for s in reversed(sidecars):
             code = s.stop()
             if code != 0:
                 raise DemoError("sidecar %s exited with %s after SIGTERM:\n%s" % (s.name, code, tail(s.log)))
@@ -318,35 +326,43 @@ def main():
             if left:
                 raise DemoError("sidecar %s left region files behind: %s" % (s.name, left))
             say("   sidecar %s exited 0" % s.name)
-        code = nats.stop()
-        say("   nats-server exited %s" % code)
+        code = nats.stop(sig=signal.SIGINT)  # nats-server exits 1 after SIGTERM, 0 after SIGINT
+        if code != 0:
+            raise DemoError("nats-server exited with %s:\n%s" % (code, tail(nats.log_path)))
+        say("   nats-server exited 0")
         ok = True
     except KeyboardInterrupt:
         say("\ndemo: interrupted; stopping everything")
     except DemoError as e:
+        failure = e
         say("\ndemo: FAILED: %s" % e)
     finally:
-        for s in reversed(sidecars):
+        # Cleanup is bounded (every stop has a timeout, then SIGKILL): a second Ctrl-C must not cut
+        # it short. Workers first (they release their operations and regions), then the sidecars,
+        # then NATS.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for p in workers + list(reversed(sidecars)) + ([nats] if nats else []):
             try:
-                s.stop()
+                if p is nats:
+                    p.stop(10, sig=signal.SIGINT)  # nats-server exits 1 after SIGTERM, 0 after SIGINT
+                elif p in workers:
+                    p.stop(10)
+                else:
+                    p.stop()
             except DemoError as e:
                 say("demo: %s" % e)
-        for p in reversed(procs):
-            try:
-                p.stop(10)
-            except DemoError as e:
-                say("demo: %s" % e)
-        if not ok:
-            for name in ("stage-a", "stage-b"):
-                log = os.path.join(tmp, name + ".log")
-                if os.path.exists(log):
-                    say("---- last lines of %s" % log)
-                    say(tail(log).rstrip())
+        for s in sidecars:
+            if failure and os.path.exists(s.log):
+                say("---- last lines of %s (exit %s)" % (s.log, s.proc.proc.returncode))
+                say(tail(s.log).rstrip())
         shutil.rmtree(shm_root, ignore_errors=True)
-        if ok and not a.keep:
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
+        if failure or a.keep:
+            if os.path.exists(key_file):
+                os.unlink(key_file)  # the logs stay for a look; the key does not
             say("demo: logs kept in %s" % tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
     if not ok:
         sys.exit(1)
     say("== demo passed: every byte arrived, both directions")

@@ -40,6 +40,9 @@ void sc_call_reply(struct sc_call *c, const ProtobufCMessage *msg);
 void sc_call_fail(struct sc_call *c, enum sc_status code, const char *msg);
 void sc_call_fail_err(struct sc_call *c, const struct sc_err *err);
 
+/* Streams: send the response headers now, so the client knows the stream is live before the
+ * first message (e.g. a subscription is in place). */
+void sc_call_send_headers(struct sc_call *c);
 /* Streams: queue a message; end with a status. Returns false if the call has ended. */
 bool sc_call_send(struct sc_call *c, const ProtobufCMessage *msg);
 void sc_call_finish(struct sc_call *c, enum sc_status code, const char *msg);

@@ -91,4 +91,5 @@ void sc_h_subscribe_metadata(struct sc_call *c, ProtobufCMessage *req)
 		return;
 	}
 	sc_call_on_cancel(c, on_cancel);
+	sc_call_send_headers(c); /* the subscription is in place: tell the client */
 }

@@ -260,8 +260,12 @@ static bool waiter_on_change(void *ctx, const struct sc_op_info *info)
 	}
 	if (!terminal)
 		return true;
-	if (waiter_claim(w))
+	if (waiter_claim(w)) {
 		reply_op(w->call, info);
+		/* Free the call now rather than when the timeout would have fired. */
+		if (w->timer_id && sc_engine_timer_try_cancel(w->eng, w->timer_id))
+			waiter_unref(w); /* the timer's reference */
+	}
 	waiter_unref(w); /* the watch's reference */
 	return false;
 }

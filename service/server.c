@@ -39,7 +39,8 @@ struct tag {
 };
 
 struct out_msg {
-	grpc_byte_buffer *bb; /* NULL: only the status */
+	grpc_byte_buffer *bb; /* NULL: the status, unless md_only */
+	bool md_only;         /* only the initial metadata (headers) */
 	struct out_msg *next;
 };
 
@@ -91,6 +92,10 @@ struct sc_service {
 	const char *listener_view[SC_MAX_GRPC_LISTENERS];
 	size_t n_listeners;
 	atomic_int live_calls;
+	/* Batches start under the read side; closing the queue takes the write side, so no batch
+	 * can start on a queue that is shut down (gRPC asserts on that). */
+	pthread_rwlock_t batch_lock;
+	bool cq_closed;
 };
 
 /* ---- helpers --------------------------------------------------------------------------------- */
@@ -221,6 +226,17 @@ void sc_call_unref(struct sc_call *c)
 
 /* ---- sending --------------------------------------------------------------------------------- */
 
+/* grpc_call_start_batch unless the queue is closing; GRPC_CALL_ERROR otherwise. */
+static grpc_call_error start_batch(struct sc_call *c, const grpc_op *ops, size_t n, struct tag *t)
+{
+	struct sc_service *svc = c->svc;
+	pthread_rwlock_rdlock(&svc->batch_lock);
+	grpc_call_error e = svc->cq_closed ? GRPC_CALL_ERROR
+					   : grpc_call_start_batch(c->call, ops, n, t, NULL);
+	pthread_rwlock_unlock(&svc->batch_lock);
+	return e;
+}
+
 static void on_send_done(struct tag *t, bool ok);
 
 /* Start the next send batch if none is in flight. Caller holds c->mu. */
@@ -246,7 +262,7 @@ static void pump_locked(struct sc_call *c)
 		ops[n].data.send_message.send_message = m->bb;
 		n++;
 	}
-	if (!m->bb) { /* the status: always last in the queue */
+	if (!m->bb && !m->md_only) { /* the status: always last in the queue */
 		ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
 		ops[n].data.send_status_from_server.trailing_metadata_count = 0;
 		ops[n].data.send_status_from_server.status = (grpc_status_code)c->final_code;
@@ -254,13 +270,19 @@ static void pump_locked(struct sc_call *c)
 			c->have_details ? &c->final_details : NULL;
 		n++;
 	}
+	if (n == 0) { /* headers already went out: nothing to do for an md_only entry */
+		free(m);
+		pump_locked(c);
+		return;
+	}
 	c->sending = m->bb;
 	free(m);
 	c->send_in_flight = true;
 	sc_call_ref(c);
-	grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_send, NULL);
+	grpc_call_error e = start_batch(c, ops, n, &c->t_send);
 	if (e != GRPC_CALL_OK) {
-		SC_ERROR("grpc", "%s: start_batch failed: %d", sc_call_method(c), (int)e);
+		if (e != GRPC_CALL_ERROR)
+			SC_ERROR("grpc", "%s: start_batch failed: %d", sc_call_method(c), (int)e);
 		if (c->sending)
 			grpc_byte_buffer_destroy(c->sending);
 		c->sending = NULL;
@@ -319,6 +341,27 @@ static bool enqueue(struct sc_call *c, grpc_byte_buffer *bb)
 	pump_locked(c);
 	pthread_mutex_unlock(&c->mu);
 	return true;
+}
+
+void sc_call_send_headers(struct sc_call *c)
+{
+	struct out_msg *m = calloc(1, sizeof(*m));
+	if (!m)
+		return;
+	m->md_only = true;
+	pthread_mutex_lock(&c->mu);
+	if (c->answered || c->initial_md_sent) {
+		pthread_mutex_unlock(&c->mu);
+		free(m);
+		return;
+	}
+	if (c->q_tail)
+		c->q_tail->next = m;
+	else
+		c->q_head = m;
+	c->q_tail = m;
+	pump_locked(c);
+	pthread_mutex_unlock(&c->mu);
 }
 
 bool sc_call_send(struct sc_call *c, const ProtobufCMessage *msg)
@@ -406,7 +449,7 @@ void sc_call_recv(struct sc_call *c, const ProtobufCMessageDescriptor *desc, sc_
 	op.op = GRPC_OP_RECV_MESSAGE;
 	op.data.recv_message.recv_message = &c->recv_bb;
 	sc_call_ref(c);
-	if (grpc_call_start_batch(c->call, &op, 1, &c->t_recv, NULL) != GRPC_CALL_OK) {
+	if (start_batch(c, &op, 1, &c->t_recv) != GRPC_CALL_OK) {
 		sc_call_unref(c);
 		fn(c, NULL, true);
 	}
@@ -488,7 +531,7 @@ static void start_close_watch(struct sc_call *c)
 	op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
 	op.data.recv_close_on_server.cancelled = &c->cancelled_flag;
 	sc_call_ref(c);
-	if (grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL) != GRPC_CALL_OK)
+	if (start_batch(c, &op, 1, &c->t_close) != GRPC_CALL_OK)
 		sc_call_unref(c);
 }
 
@@ -555,7 +598,17 @@ static void on_shutdown(struct tag *t, bool ok)
 	struct sc_service *svc =
 		(struct sc_service *)((char *)t - offsetof(struct sc_service, t_shutdown));
 	atomic_store(&svc->shutdown_done, true);
-	grpc_completion_queue_shutdown(svc->cq);
+}
+
+/* Close the queue once no batch can start any more; workers then drain it and exit. */
+static void close_queue(struct sc_service *svc)
+{
+	pthread_rwlock_wrlock(&svc->batch_lock);
+	bool was = svc->cq_closed;
+	svc->cq_closed = true;
+	pthread_rwlock_unlock(&svc->batch_lock);
+	if (!was)
+		grpc_completion_queue_shutdown(svc->cq);
 }
 
 static void *worker_main(void *arg)
@@ -610,6 +663,7 @@ int sc_service_create(struct sc_engine *eng, const struct sc_config *cfg,
 	svc->eng = eng;
 	svc->cfg = cfg;
 	svc->t_shutdown.cb = on_shutdown;
+	pthread_rwlock_init(&svc->batch_lock, NULL);
 	svc->health = sc_health_create();
 	grpc_init();
 
@@ -729,12 +783,22 @@ void sc_service_shutdown(struct sc_service *svc, uint64_t grace_ms)
 	if (!svc || !svc->started)
 		return;
 	sc_service_begin_drain(svc);
-	/* Calls in flight get the grace period (bounded), then are cancelled. */
-	struct timespec ts = {0, 20 * 1000000L};
-	for (uint64_t waited = 0; waited < grace_ms && !atomic_load(&svc->shutdown_done);
-	     waited += 20)
+	/* Unary calls in flight get up to grace_ms to answer; streams (Watch, Subscribe, Wait)
+	 * would wait forever, so everything left is cancelled after that. */
+	struct timespec ts = {0, 10 * 1000000L};
+	uint64_t waited = 0;
+	for (; waited < grace_ms && !atomic_load(&svc->shutdown_done); waited += 10)
 		nanosleep(&ts, NULL);
 	grpc_server_cancel_all_calls(svc->server);
+	/* Every call frees itself once its last batch completes and its holders let go (cancel
+	 * hooks run on the workers). Then no batch can start, and the queue may close. */
+	for (waited = 0; waited < 10000 && (!atomic_load(&svc->shutdown_done) ||
+					   atomic_load(&svc->live_calls) > 0);
+	     waited += 10)
+		nanosleep(&ts, NULL);
+	if (atomic_load(&svc->live_calls) > 0)
+		SC_WARN("grpc", "%d call(s) still held at shutdown", atomic_load(&svc->live_calls));
+	close_queue(svc);
 	for (size_t i = 0; i < svc->n_threads; i++)
 		pthread_join(svc->threads[i], NULL);
 	svc->n_threads = 0;
@@ -751,6 +815,13 @@ void sc_service_destroy(struct sc_service *svc)
 		/* Never started: still shut down cleanly so gRPC frees the ports. */
 		grpc_server_shutdown_and_notify(svc->server, svc->cq, &svc->t_shutdown);
 		grpc_server_cancel_all_calls(svc->server);
+		while (!atomic_load(&svc->shutdown_done)) {
+			grpc_event ev = grpc_completion_queue_next(
+				svc->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+			if (ev.type == GRPC_OP_COMPLETE)
+				((struct tag *)ev.tag)->cb(ev.tag, ev.success != 0);
+		}
+		close_queue(svc);
 		worker_main(svc);
 	}
 	if (svc->server)
@@ -762,6 +833,7 @@ void sc_service_destroy(struct sc_service *svc)
 	for (size_t i = 0; i < svc->n_listeners; i++)
 		free(svc->listeners[i]);
 	sc_health_destroy(svc->health);
+	pthread_rwlock_destroy(&svc->batch_lock);
 	free(svc);
 	grpc_shutdown();
 }

@@ -336,3 +336,8 @@ bool sc_engine_timer_cancel(struct sc_engine *eng, uint64_t timer_id)
 {
 	return sc_timers_cancel(eng->timers, timer_id);
 }
+
+bool sc_engine_timer_try_cancel(struct sc_engine *eng, uint64_t timer_id)
+{
+	return sc_timers_try_cancel(eng->timers, timer_id);
+}

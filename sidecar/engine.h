@@ -236,6 +236,9 @@ uint64_t sc_engine_timer_add(struct sc_engine *eng, uint64_t delay_ms, sc_timer_
 /* Synchronous: when it returns fn is not running and will not run. Returns true if it was
  * cancelled before running. Not from inside fn. */
 bool sc_engine_timer_cancel(struct sc_engine *eng, uint64_t timer_id);
+/* Non-blocking: true if the timer was removed before it ran (fn will never run); usable
+ * anywhere, including engine watcher callbacks. */
+bool sc_engine_timer_try_cancel(struct sc_engine *eng, uint64_t timer_id);
 
 /* Wall clock in unix ms, and a monotonic clock in ms (for deadlines). */
 uint64_t sc_now_unix_ms(void);

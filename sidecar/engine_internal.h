@@ -85,6 +85,7 @@ struct sc_op {
 	size_t n_descs;
 	char backend_reason[256];
 	int refs;
+	int pins; /* in-flight xfer + open spans: region memory in use */
 	bool in_table;
 	bool counted_live; /* counted in its regions' live_ops */
 	uint64_t deadline_timer;

@@ -226,13 +226,19 @@ int sc_keyring_load(const char *path, struct sc_keyring **out, struct sc_err *er
 		return sc_err_set(err, SC_FAILED_PRECONDITION, "key file %s is not a regular file",
 				  path);
 	}
-	if (st.st_mode & 077) {
+	/* PostgreSQL's rule: a file we own must be 0600 or tighter; a root-owned file may also be
+	 * group-readable (0640/0440), which is what a Kubernetes Secret volume with fsGroup gives a
+	 * non-root container. Nobody else may ever read it. */
+	bool root_owned = st.st_uid == 0 && geteuid() != 0;
+	mode_t forbidden = root_owned ? 037 : 077;
+	if (st.st_mode & forbidden) {
 		close(fd);
 		return sc_err_set(
 		    err, SC_FAILED_PRECONDITION,
-		    "key file %s has mode %04o, open to group or others: run "
-		    "'chmod 600 %s' (Kubernetes: defaultMode 0400 on the secret volume)",
-		    path, (unsigned)(st.st_mode & 07777), path);
+		    "key file %s has mode %04o, open to %s: run 'chmod 600 %s' (or, for a "
+		    "root-owned file such as a Kubernetes Secret with fsGroup, 0640/0440)",
+		    path, (unsigned)(st.st_mode & 07777), root_owned ? "others" : "group or others",
+		    path);
 	}
 	if (st.st_size > SC_KEY_FILE_MAX) {
 		close(fd);

@@ -93,7 +93,7 @@ int main(int argc, char **argv)
 	sc_engine_begin_drain(eng);
 	if (!sc_engine_wait_idle(eng, cfg.grace_ms))
 		SC_WARN("main", "grace period over: cancelling the transfers still running");
-	sc_service_shutdown(svc, 1000);
+	sc_service_shutdown(svc, 250); /* unary calls in flight; streams are then cancelled */
 out:
 	/* The engine goes first: it cancels and waits for its transfers, which gRPC calls watch. */
 	sc_engine_destroy(eng);

@@ -43,9 +43,9 @@ enum {
 	DEFAULT_FLUSH_TIMEOUT_MS = 1000,
 	PING_INTERVAL_MS = 10 * 1000, /* with 2 pings out: a dead peer is noticed in 20-30 s */
 	MAX_PINGS_OUT = 2,
-	WRITE_DEADLINE_MS = 10 * 1000, /* a write stuck this long drops the connection */
+	WRITE_DEADLINE_MS = 10 * 1000,	   /* a write stuck this long drops the connection */
 	ASSUMED_MAX_PAYLOAD = 1024 * 1024, /* the NATS default, until the server tells us */
-	PUB_OVERHEAD = 64,                 /* "PUB <subject> <len>\r\n...\r\n" beside the subject */
+	PUB_OVERHEAD = 64,		   /* "PUB <subject> <len>\r\n...\r\n" beside the subject */
 	MAX_SERVERS = 64,
 	NAME_MAX_LEN = 256,
 	DESTROY_WAIT_MS = 10 * 1000,
@@ -59,7 +59,7 @@ static const char *const state_names[] = {"connecting", "connected", "reconnecti
 struct nats_sub {
 	struct sc_nats_bus *bus;
 	struct nats_sub *next; /* bus->subs, under bus->mu */
-	uint64_t id;           /* set under bus->mu */
+	uint64_t id;	       /* set under bus->mu */
 	natsSubscription *nsub;
 	sc_nats_msg_fn fn;
 	void *ctx;
@@ -89,7 +89,7 @@ struct sc_nats_bus {
 	pthread_cond_t cond;
 	struct nats_sub *subs;
 	uint64_t next_id;
-	int nats_live;    /* subscriptions whose on_complete has not run */
+	int nats_live;	  /* subscriptions whose on_complete has not run */
 	bool closed_seen; /* nats.c's closed callback has run */
 
 	/* Connection-callback thread only. */
@@ -169,10 +169,11 @@ static int check_subject(const char *subject, bool wildcards, const char *what, 
 			continue;
 		}
 		if (bad_byte(c))
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "%s subject \"%s\" contains whitespace or a control byte at "
-					  "offset %zu",
-					  what, shown(subject, b), i);
+			return sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "%s subject \"%s\" contains whitespace or a control byte at "
+			    "offset %zu",
+			    what, shown(subject, b), i);
 		if (c != '*' && c != '>')
 			continue;
 		if (!wildcards)
@@ -199,14 +200,15 @@ static int check_queue_group(const char *q, struct sc_err *err)
 	size_t n = strlen(q);
 	if (n > SC_NATS_SUBJECT_MAX)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "queue group \"%s\" is %zu bytes long; the limit is %d", shown(q, b),
-				  n, SC_NATS_SUBJECT_MAX);
+				  "queue group \"%s\" is %zu bytes long; the limit is %d",
+				  shown(q, b), n, SC_NATS_SUBJECT_MAX);
 	for (size_t i = 0; i < n; i++)
 		if (bad_byte((unsigned char)q[i]))
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "queue group \"%s\" contains whitespace or a control byte "
-					  "at offset %zu",
-					  shown(q, b), i);
+			return sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "queue group \"%s\" contains whitespace or a control byte "
+			    "at offset %zu",
+			    shown(q, b), i);
 	return 0;
 }
 
@@ -218,8 +220,8 @@ static int check_server_url(const char *u, int index, struct sc_err *err)
 	char b[80];
 	if (strncasecmp(u, scheme, sizeof(scheme) - 1) != 0)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "NATS url entry %d \"%s\" does not start with nats:// (%s)", index,
-				  shown(u, b), what);
+				  "NATS url entry %d \"%s\" does not start with nats:// (%s)",
+				  index, shown(u, b), what);
 	const char *h = u + sizeof(scheme) - 1;
 	if (strchr(h, '@'))
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
@@ -228,30 +230,32 @@ static int check_server_url(const char *u, int index, struct sc_err *err)
 				  index);
 	for (const char *p = h; *p; p++)
 		if (bad_byte((unsigned char)*p) || *p == '/' || *p == '?' || *p == '#')
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "NATS url entry %d \"%s\" has a path, space or control byte "
-					  "(%s)",
-					  index, shown(u, b), what);
+			return sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "NATS url entry %d \"%s\" has a path, space or control byte "
+			    "(%s)",
+			    index, shown(u, b), what);
 	const char *host_end;
 	const char *port = NULL;
 	if (*h == '[') {
 		host_end = strchr(h, ']');
 		if (!host_end || host_end == h + 1)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "NATS url entry %d \"%s\" has a malformed [IPv6] host", index,
-					  shown(u, b));
+					  "NATS url entry %d \"%s\" has a malformed [IPv6] host",
+					  index, shown(u, b));
 		if (host_end[1] == ':')
 			port = host_end + 2;
 		else if (host_end[1] != '\0')
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "NATS url entry %d \"%s\": unexpected text after ']'", index,
-					  shown(u, b));
+					  "NATS url entry %d \"%s\": unexpected text after ']'",
+					  index, shown(u, b));
 	} else {
 		const char *colon = strchr(h, ':');
 		if (colon && strchr(colon + 1, ':'))
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "NATS url entry %d \"%s\": put an IPv6 address in brackets",
-					  index, shown(u, b));
+			return sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "NATS url entry %d \"%s\": put an IPv6 address in brackets", index,
+			    shown(u, b));
 		host_end = colon ? colon : h + strlen(h);
 		if (host_end == h)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
@@ -266,8 +270,8 @@ static int check_server_url(const char *u, int index, struct sc_err *err)
 		long v = strtol(port, &end, 10);
 		if (!*port || *end || errno || v < 1 || v > 65535 || *port == '+' || *port == '-')
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "NATS url entry %d \"%s\" has a bad port (1-65535)", index,
-					  shown(u, b));
+					  "NATS url entry %d \"%s\" has a bad port (1-65535)",
+					  index, shown(u, b));
 	}
 	return 0;
 }
@@ -283,8 +287,9 @@ static void free_list(char **list, int n)
 static int parse_urls(const char *url, char ***out, int *n, struct sc_err *err)
 {
 	if (!url || !*url)
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "NATS url is empty; expected nats://host:port[,nats://host:port...]");
+		return sc_err_set(
+		    err, SC_INVALID_ARGUMENT,
+		    "NATS url is empty; expected nats://host:port[,nats://host:port...]");
 	char **list = calloc(MAX_SERVERS, sizeof(*list));
 	if (!list)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory parsing the NATS url");
@@ -334,7 +339,8 @@ static void lib_open(void)
 		atomic_store(&g_opened, true);
 }
 
-/* ---- subscriptions ------------------------------------------------------------------------------ */
+/* ---- subscriptions ------------------------------------------------------------------------------
+ */
 
 static void sub_unref(struct nats_sub *s)
 {
@@ -406,8 +412,8 @@ static void sub_close(struct sc_nats_bus *bus, struct nats_sub *s)
 
 	natsStatus st = natsSubscription_Unsubscribe(s->nsub);
 	if (st != NATS_OK && st != NATS_CONNECTION_CLOSED && st != NATS_INVALID_SUBSCRIPTION)
-		SC_WARN(AREA, "unsubscribe from %s: %s %s", s->subject, natsStatus_GetText(st),
-			nats_detail());
+		SC_WARN(AREA, "\"%s\": unsubscribe from %s: %s %s", bus->name, s->subject,
+			natsStatus_GetText(st), nats_detail());
 	natsSubscription_Destroy(s->nsub);
 
 	pthread_mutex_lock(&bus->mu);
@@ -421,7 +427,8 @@ static void sub_close(struct sc_nats_bus *bus, struct nats_sub *s)
 	sub_unref(s); /* the list's reference */
 }
 
-/* ---- connection events (nats.c's connection-callback thread) ------------------------------------ */
+/* ---- connection events (nats.c's connection-callback thread) ------------------------------------
+ */
 
 /*
  * Move to state st and tell the observer. only_from_connecting: the caller is create, which must
@@ -435,9 +442,8 @@ static bool transition(struct sc_nats_bus *bus, natsConnection *nc, enum bus_sta
 	pthread_mutex_lock(&bus->state_mu);
 	int cur = atomic_load(&bus->state);
 	if (cur != ST_CLOSED && cur != (int)st && (!only_from_connecting || cur == ST_CONNECTING)) {
-		if (st == ST_CONNECTED &&
-		    natsConnection_GetConnectedUrl(nc, bus->last_url, sizeof(bus->last_url)) !=
-			    NATS_OK)
+		if (st == ST_CONNECTED && natsConnection_GetConnectedUrl(
+					      nc, bus->last_url, sizeof(bus->last_url)) != NATS_OK)
 			snprintf(bus->last_url, sizeof(bus->last_url), "%s", bus->url);
 		atomic_store(&bus->state, (int)st);
 		changed = true;
@@ -459,7 +465,7 @@ static void on_connected(natsConnection *nc, void *closure)
 	char url[256];
 	tl_cb_depth++;
 	if (transition(bus, nc, ST_CONNECTED, false, url, sizeof(url)))
-		SC_INFO(AREA, "connected to %s", url);
+		SC_INFO(AREA, "\"%s\" connected to %s", bus->name, url);
 	tl_cb_depth--;
 }
 
@@ -473,9 +479,9 @@ static void on_disconnected(natsConnection *nc, void *closure)
 	bus->disconnected_at_ns = now_ns();
 	if (transition(bus, nc, ST_RECONNECTING, false, url, sizeof(url)))
 		SC_WARN(AREA,
-			"disconnected from %s; reconnecting in the background (publishes are "
-			"buffered up to %d bytes meanwhile)",
-			url, bus->reconnect_buf);
+			"\"%s\" disconnected from %s; reconnecting in the background "
+			"(publishes are buffered up to %d bytes meanwhile)",
+			bus->name, url, bus->reconnect_buf);
 	tl_cb_depth--;
 }
 
@@ -486,9 +492,10 @@ static void on_reconnected(natsConnection *nc, void *closure)
 	tl_cb_depth++;
 	if (transition(bus, nc, ST_CONNECTED, false, url, sizeof(url))) {
 		double down = bus->disconnected_at_ns
-				      ? (double)(now_ns() - bus->disconnected_at_ns) / 1e9
-				      : 0.0;
-		SC_INFO(AREA, "reconnected to %s after %.1f s; subscriptions restored", url, down);
+				  ? (double)(now_ns() - bus->disconnected_at_ns) / 1e9
+				  : 0.0;
+		SC_INFO(AREA, "\"%s\" reconnected to %s after %.1f s; subscriptions restored",
+			bus->name, url, down);
 	}
 	tl_cb_depth--;
 }
@@ -500,10 +507,12 @@ static void on_closed(natsConnection *nc, void *closure)
 	bool asked = atomic_load(&bus->closing);
 	if (transition(bus, nc, ST_CLOSED, false, NULL, 0)) {
 		if (asked)
-			SC_DEBUG(AREA, "connection to %s closed", bus->url);
+			SC_DEBUG(AREA, "\"%s\" closed", bus->name);
 		else
-			SC_ERROR(AREA, "connection to %s closed by nats.c (%s); this bus is unusable",
-				 bus->url, nats_detail());
+			SC_ERROR(AREA,
+				 "\"%s\": nats.c closed the connection to %s (%s); this bus is "
+				 "unusable",
+				 bus->name, bus->url, nats_detail());
 	}
 	pthread_mutex_lock(&bus->mu);
 	bus->closed_seen = true;
@@ -537,13 +546,14 @@ static void on_error(natsConnection *nc, natsSubscription *nsub, natsStatus st, 
 	}
 	if (st == NATS_SLOW_CONSUMER)
 		SC_WARN(AREA,
-			"subscription %s is a slow consumer: messages were dropped because its "
-			"handler does not keep up (%u earlier errors not logged)",
-			subject[0] ? subject : "(unknown)", bus->err_suppressed);
+			"\"%s\": subscription %s is a slow consumer: messages were dropped "
+			"because its handler does not keep up (%u earlier errors not logged)",
+			bus->name, subject[0] ? subject : "(unknown)", bus->err_suppressed);
 	else
-		SC_WARN(AREA, "asynchronous error%s%s: %s %s (%u earlier errors not logged)",
-			subject[0] ? " on " : "", subject, natsStatus_GetText(st), nats_detail(),
-			bus->err_suppressed);
+		SC_WARN(AREA,
+			"\"%s\": asynchronous error%s%s: %s %s (%u earlier errors not logged)",
+			bus->name, subject[0] ? " on " : "", subject, natsStatus_GetText(st),
+			nats_detail(), bus->err_suppressed);
 	bus->err_last_log_ns = now;
 	bus->err_suppressed = 0;
 }
@@ -622,7 +632,8 @@ int sc_nats_bus_create_ex(const char *url, const char *name, const struct sc_nat
 	natsStatus st;
 	if (!bus) {
 		free_list(servers, nservers);
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory creating the NATS bus");
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+				  "out of memory creating the NATS bus");
 	}
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
@@ -635,13 +646,13 @@ int sc_nats_bus_create_ex(const char *url, const char *name, const struct sc_nat
 	atomic_init(&bus->closing, false);
 	bus->on_state = opts->on_state;
 	bus->on_state_ctx = opts->on_state_ctx;
-	bus->reconnect_buf = opts->reconnect_buf_bytes ? opts->reconnect_buf_bytes
-						       : DEFAULT_RECONNECT_BUF;
-	bus->flush_timeout_ms = opts->flush_timeout_ms ? opts->flush_timeout_ms
-						       : DEFAULT_FLUSH_TIMEOUT_MS;
+	bus->reconnect_buf =
+	    opts->reconnect_buf_bytes ? opts->reconnect_buf_bytes : DEFAULT_RECONNECT_BUF;
+	bus->flush_timeout_ms =
+	    opts->flush_timeout_ms ? opts->flush_timeout_ms : DEFAULT_FLUSH_TIMEOUT_MS;
 	int wait_ms = opts->reconnect_wait_ms ? opts->reconnect_wait_ms : DEFAULT_RECONNECT_WAIT_MS;
-	int jitter_ms = opts->reconnect_jitter_ms ? opts->reconnect_jitter_ms
-						  : DEFAULT_RECONNECT_JITTER_MS;
+	int jitter_ms =
+	    opts->reconnect_jitter_ms ? opts->reconnect_jitter_ms : DEFAULT_RECONNECT_JITTER_MS;
 	bus->url = strdup(url);
 	bus->name = strdup(name ? name : "");
 	if (!bus->url || !bus->name) {
@@ -687,11 +698,12 @@ int sc_nats_bus_create_ex(const char *url, const char *name, const struct sc_nat
 	if (st == NATS_OK) {
 		char u[256];
 		if (transition(bus, bus->nc, ST_CONNECTED, true, u, sizeof(u)))
-			SC_INFO(AREA, "connected to %s as \"%s\"", u, bus->name);
+			SC_INFO(AREA, "\"%s\" connected to %s", bus->name, u);
 	} else if (st == NATS_NOT_YET_CONNECTED) {
-		SC_INFO(AREA, "no NATS server reachable yet at %s; connecting as \"%s\" in the "
-			      "background",
-			bus->url, bus->name);
+		SC_INFO(AREA,
+			"\"%s\": no NATS server reachable yet at %s; connecting in the "
+			"background",
+			bus->name, bus->url);
 	} else {
 		bus->nc = NULL;
 		sc_err_set(err, st == NATS_NO_MEMORY ? SC_RESOURCE_EXHAUSTED : SC_INTERNAL,
@@ -732,7 +744,8 @@ int sc_nats_bus_publish(struct sc_nats_bus *bus, const char *subject, const void
 	natsConnStatus cs = natsConnection_Status(nc);
 	if (cs == NATS_CONN_STATUS_CLOSED || atomic_load(&bus->closing))
 		return sc_err_set(err, SC_UNAVAILABLE,
-				  "publish to %s: the NATS connection is closed", shown(subject, b));
+				  "publish to %s: the NATS connection is closed",
+				  shown(subject, b));
 	int64_t max = natsConnection_GetMaxPayload(nc);
 	bool known = max > 0;
 	if (!known)
@@ -767,7 +780,8 @@ int sc_nats_bus_publish(struct sc_nats_bus *bus, const char *subject, const void
 				  shown(subject, b), natsStatus_GetText(st), nats_detail());
 	case NATS_CONNECTION_CLOSED:
 		return sc_err_set(err, SC_UNAVAILABLE,
-				  "publish to %s: the NATS connection is closed", shown(subject, b));
+				  "publish to %s: the NATS connection is closed",
+				  shown(subject, b));
 	default:
 		return sc_err_set(err, SC_UNAVAILABLE,
 				  "publish to %s failed: %s %s (the message may not have been "
@@ -779,10 +793,11 @@ int sc_nats_bus_publish(struct sc_nats_bus *bus, const char *subject, const void
 		return 0;
 	st = natsConnection_FlushTimeout(nc, bus->flush_timeout_ms);
 	if (st != NATS_OK)
-		return sc_err_set(err, SC_UNAVAILABLE,
-				  "publish to %s was not confirmed by the NATS server within %d ms: "
-				  "%s (the message may or may not have been delivered)",
-				  shown(subject, b), bus->flush_timeout_ms, natsStatus_GetText(st));
+		return sc_err_set(
+		    err, SC_UNAVAILABLE,
+		    "publish to %s was not confirmed by the NATS server within %d ms: "
+		    "%s (the message may or may not have been delivered)",
+		    shown(subject, b), bus->flush_timeout_ms, natsStatus_GetText(st));
 	return 0;
 }
 
@@ -823,9 +838,9 @@ int sc_nats_bus_subscribe(struct sc_nats_bus *bus, const char *subject, const ch
 	pthread_mutex_unlock(&bus->mu);
 
 	natsSubscription *nsub = NULL;
-	natsStatus st = queue_group ? natsConnection_QueueSubscribe(&nsub, nc, subject, queue_group,
-								    on_msg, s)
-				    : natsConnection_Subscribe(&nsub, nc, subject, on_msg, s);
+	natsStatus st =
+	    queue_group ? natsConnection_QueueSubscribe(&nsub, nc, subject, queue_group, on_msg, s)
+			: natsConnection_Subscribe(&nsub, nc, subject, on_msg, s);
 	if (st == NATS_OK)
 		st = natsSubscription_SetOnCompleteCB(nsub, on_complete, s);
 	if (st != NATS_OK) {
@@ -839,8 +854,8 @@ int sc_nats_bus_subscribe(struct sc_nats_bus *bus, const char *subject, const ch
 		sc_err_set(err, code, "subscribe to %s: %s %s", shown(subject, b),
 			   natsStatus_GetText(st), nats_detail());
 		if (nsub) {
-			/* Subscribed but no on_complete: shut the gate so fn never runs, and leave s
-			 * allocated, since the delivery thread may still hold it. */
+			/* Subscribed but no on_complete: shut the gate so fn never runs, and leave
+			 * s allocated, since the delivery thread may still hold it. */
 			pthread_mutex_lock(&s->mu);
 			s->closed = true;
 			while (s->in_cb > 0)

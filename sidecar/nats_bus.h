@@ -41,10 +41,10 @@ typedef void (*sc_nats_state_fn)(void *ctx, const char *state);
 struct sc_nats_bus_opts {
 	sc_nats_state_fn on_state; /* optional observer */
 	void *on_state_ctx;
-	int reconnect_wait_ms;   /* wait between rounds of attempts; default 1000 */
+	int reconnect_wait_ms;	 /* wait between rounds of attempts; default 1000 */
 	int reconnect_jitter_ms; /* plus a random 0..jitter; default 1000 */
 	int reconnect_buf_bytes; /* publishes buffered while not connected; default 8 MiB */
-	int flush_timeout_ms;    /* how long a publish waits for the server to confirm; default 1000 */
+	int flush_timeout_ms; /* how long a publish waits for the server to confirm; default 1000 */
 };
 
 /*

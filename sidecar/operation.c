@@ -203,6 +203,19 @@ void sc_op_unref(struct sc_engine *eng, struct sc_op *op)
 		op_free(eng, op);
 }
 
+/* A terminal operation that nothing pins gives its regions back at once (not at retention), so
+ * a deregistered region is unmapped and its file removed as soon as no transfer can touch it. */
+static void op_release_regions(struct sc_engine *eng, struct sc_op *op)
+{
+	if (!sc_op_status_terminal(op->status) || op->pins > 0 || !op->regions)
+		return;
+	for (size_t i = 0; i < op->n_descs; i++) {
+		if (op->regions[i])
+			sc_region_unref(eng, op->regions[i]);
+		op->regions[i] = NULL;
+	}
+}
+
 static void op_forget_locked(struct sc_engine *eng, struct sc_op *op)
 {
 	if (!op->in_table)
@@ -294,6 +307,7 @@ void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_sta
 			op->regions[i]->live_ops--;
 		op->counted_live = false;
 	}
+	op_release_regions(eng, op);
 	if (status == SC_OPS_COMPLETE)
 		SC_INFO("op", "%s %s COMPLETE: %" PRIu64 " bytes via %s%s%s", op->id,
 			sc_op_kind_name(op->kind), op->bytes_total, sc_backend_name(op->backend),
@@ -593,6 +607,7 @@ static void xfer_complete(struct sc_xfer *x, enum sc_status status, const char *
 	struct sc_engine *eng = op->eng;
 	pthread_mutex_lock(&eng->mu);
 	op->xfer_in_flight = false;
+	op->pins--;
 	if (status == SC_OK)
 		sc_op_finish_locked(eng, op, SC_OPS_COMPLETE, SC_OK, NULL);
 	else if (status == SC_CANCELLED)
@@ -600,6 +615,7 @@ static void xfer_complete(struct sc_xfer *x, enum sc_status status, const char *
 	else
 		sc_op_finish_locked(eng, op, SC_OPS_ERRORED, status, msg);
 	sc_sched_release(eng, op);
+	op_release_regions(eng, op);
 	pthread_cond_broadcast(&eng->idle_cv);
 	sc_op_unref(eng, op); /* the transfer's */
 	pthread_mutex_unlock(&eng->mu);
@@ -620,11 +636,13 @@ void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op)
 		x->xfer_id = (uint64_t)(uintptr_t)op ^ sc_clock_mono_ms();
 	op->status = SC_OPS_IN_PROGRESS;
 	op->xfer_in_flight = true;
+	op->pins++;
 	op->refs++; /* the transfer's, dropped in xfer_complete */
 	struct sc_err err;
 	sc_err_clear(&err);
 	if (sc_backend_submit(op->be, x, &err) != 0) {
 		op->xfer_in_flight = false;
+		op->pins--;
 		sc_op_finish_locked(eng, op, SC_OPS_ERRORED, err.code, err.msg);
 		sc_sched_release(eng, op);
 		sc_op_unref(eng, op);
@@ -678,17 +696,17 @@ static int choose_backend(struct sc_engine *eng, struct sc_op *op, enum sc_backe
 	} else if (peer_tcp && backend_usable(eng, SC_BACKEND_TCP)) {
 		pick = SC_BACKEND_TCP;
 		if (backend_usable(eng, SC_BACKEND_IBVERBS)) {
-			snprintf(buf, sizeof(buf), "tcp: ibverbs is available here but the issuing "
+			snprintf(buf, sizeof(buf), "ibverbs is available here but the issuing "
 						   "sidecar %s does not offer it for this operation",
 				 md->issuer);
 			SC_WARN("op", "%s uses TCP although ibverbs is configured: %s", op->id, buf);
 			why = buf;
 		} else if (eng->backends[SC_BACKEND_IBVERBS]) {
-			snprintf(buf, sizeof(buf), "tcp: ibverbs unavailable here (%s)",
+			snprintf(buf, sizeof(buf), "ibverbs unavailable here: %s",
 				 eng->backends[SC_BACKEND_IBVERBS]->detail);
 			why = buf;
 		} else {
-			why = "tcp: the only backend both sidecars offer";
+			why = "the only backend both sidecars offer";
 		}
 	} else {
 		return sc_err_set(err, SC_FAILED_PRECONDITION,
@@ -791,8 +809,8 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 	op_fill_info(op, out);
 	sc_op_unref(eng, op);
 	pthread_mutex_unlock(&eng->mu);
-	SC_INFO("op", "%s %s from %s: %zu descriptor(s), %" PRIu64 " bytes, backend %s (%s)%s",
-		out->id, sc_op_kind_name(kind), out->peer, out->n_descs, out->bytes_total,
+	SC_INFO("op", "%s %s %s %s: %zu descriptor(s), %" PRIu64 " bytes, backend %s (%s)%s",
+		out->id, sc_op_kind_name(kind), kind == SC_OP_READ ? "from" : "to", out->peer, out->n_descs, out->bytes_total,
 		sc_backend_name(out->backend), out->backend_reason,
 		out->status == SC_OPS_SCHEDULED ? ", scheduled" : "");
 	return 0;
@@ -1129,6 +1147,7 @@ int sc_passive_span(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], ui
 	out->len = len;
 	out->op = op;
 	op->refs++;
+	op->pins++;
 	rc = 0;
 out:
 	pthread_mutex_unlock(&eng->mu);
@@ -1145,6 +1164,8 @@ void sc_passive_span_release(struct sc_engine *eng, struct sc_span *span, uint64
 	if (!sc_op_status_terminal(op->status) &&
 	    sc_clock_mono_ms() - op->last_notify_mono_ms >= PROGRESS_NOTIFY_MS)
 		op_notify(eng, op);
+	op->pins--;
+	op_release_regions(eng, op);
 	sc_op_unref(eng, op);
 	pthread_mutex_unlock(&eng->mu);
 	span->op = NULL;

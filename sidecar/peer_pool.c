@@ -35,6 +35,7 @@ struct sc_peer_conn {
 	char peer_id[SC_NAME_MAX];
 	char what[SC_NAME_MAX + 120]; /* "peer sidecar \"id\" at H:P", for messages */
 	atomic_bool broken;
+	unsigned outstanding; /* requests sent whose reply has not been received */
 	uint64_t idle_since_ms;
 	struct sc_peer_conn *next; /* idle list */
 	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
@@ -136,9 +137,18 @@ static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadli
 	    sc_parse_hostport(endpoint, host, sizeof(host), &port, err) != 0)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "bad peer data endpoint \"%.100s\": expected host:port", endpoint);
+	struct sc_keyring *ring = sc_engine_keyring(pool->eng);
+	if (!ring)
+		return sc_err_set(err, SC_UNAUTHENTICATED,
+				  "sidecar \"%s\" has no --key-file, so it cannot authenticate to peer "
+				  "sidecar at %s: cross-sidecar transfers need --key-file on both "
+				  "sidecars",
+				  sc_engine_id(pool->eng), endpoint);
 	struct sc_peer_conn *c = calloc(1, sizeof(*c));
-	if (!c)
+	if (!c) {
+		sc_keyring_release(ring);
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	}
 	c->fd = -1;
 	atomic_init(&c->broken, false);
 	snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
@@ -183,21 +193,19 @@ static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadli
 								 hello_until
 							 ? deadline_mono_ms
 							 : hello_until};
-	struct sc_keyring *ring = sc_engine_keyring(pool->eng);
-	int rc = sc_peer_hello_client(c->fd, ring, sc_engine_id(pool->eng), &w, c->what,
-				      c->peer_id, err);
-	sc_keyring_release(ring);
-	if (rc != 0) {
+	if (sc_peer_hello_client(c->fd, ring, sc_engine_id(pool->eng), &w, c->what, c->peer_id,
+				 err) != 0) {
 		if (err && err->code == SC_INVALID_ARGUMENT) /* garbage: not a sidecar */
 			err->code = SC_UNAVAILABLE;
-		sc_err_prefix(err, "hello with peer sidecar at %s", endpoint);
 		goto fail;
 	}
+	sc_keyring_release(ring);
 	snprintf(c->what, sizeof(c->what), "peer sidecar \"%s\" at %s", c->peer_id, endpoint);
 	SC_DEBUG("peer", "connected to %s", c->what);
 	*out = c;
 	return 0;
 fail:
+	sc_keyring_release(ring);
 	conn_close(c);
 	return -1;
 }
@@ -328,6 +336,7 @@ static int send_request(struct sc_peer_conn *c, const struct sc_peer_msg *m, con
 		sc_peer_io_err(rc, e, c->what, err);
 		return io_fail(c, rc, err);
 	}
+	c->outstanding++;
 	return 0;
 }
 
@@ -335,10 +344,20 @@ static int send_request(struct sc_peer_conn *c, const struct sc_peer_msg *m, con
 static int recv_reply(struct sc_peer_conn *c, enum sc_frame_type want, struct sc_peer_msg *m,
 		      const struct sc_peer_wait *w, struct sc_err *err)
 {
+	if (c->outstanding == 0) {
+		atomic_store(&c->broken, true);
+		return sc_err_set(err, SC_INTERNAL, "waiting for a %s reply with no request sent",
+				  sc_frame_type_name(want));
+	}
+	c->outstanding--;
 	enum sc_peer_io rc = sc_peer_recv_msg(c->fd, c->buf, sizeof(c->buf), m, w, c->what, err);
 	if (rc != SC_PEER_IO_OK)
 		return io_fail(c, rc, err);
 	if (m->type == SC_FRAME_ERROR) {
+		/* With another request still in flight the stream cannot be reused: its reply would
+		 * answer the next caller. */
+		if (c->outstanding)
+			atomic_store(&c->broken, true);
 		enum sc_status code = sc_peer_status_from_wire(m->code);
 		return sc_err_set(err, code == SC_OK ? SC_INTERNAL : code, "peer %s: %s", c->peer_id,
 				  m->text);
@@ -379,21 +398,36 @@ int sc_peer_open(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], u
 	return recv_reply(conn, SC_FRAME_OK, &m, &w, err);
 }
 
-int sc_peer_read_into(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
-		      uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len, uint8_t *dst,
-		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+static int bulk_request(struct sc_peer_conn *conn, enum sc_frame_type type,
+			const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id, uint32_t desc,
+			uint64_t offset, uint64_t len, const uint8_t *src,
+			const struct sc_peer_wait *w, struct sc_err *err)
 {
 	if (len == 0 || len > SC_PEER_MAX_BULK)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "READ of %" PRIu64 " bytes: must be 1 byte .. 1 GiB", len);
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+				  "%s of %" PRIu64 " bytes: must be 1 byte .. 1 GiB",
+				  sc_frame_type_name(type), len);
 	struct sc_peer_msg m;
-	fill_ref(&m, SC_FRAME_READ, token, xfer_id);
+	fill_ref(&m, type, token, xfer_id);
 	m.desc = desc;
 	m.offset = offset;
 	m.len = len;
-	if (send_request(conn, &m, NULL, 0, &w, err) != 0)
-		return -1;
+	return send_request(conn, &m, src, src ? len : 0, w, err);
+}
+
+int sc_peer_read_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		      uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len,
+		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	return bulk_request(conn, SC_FRAME_READ, token, xfer_id, desc, offset, len, NULL, &w, err);
+}
+
+int sc_peer_read_recv(struct sc_peer_conn *conn, uint64_t len, uint8_t *dst,
+		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_msg m;
 	if (recv_reply(conn, SC_FRAME_DATA, &m, &w, err) != 0)
 		return -1;
 	if (m.len != len) {
@@ -410,40 +444,67 @@ int sc_peer_read_into(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LE
 	return 0;
 }
 
+int sc_peer_read_into(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		      uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len, uint8_t *dst,
+		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+{
+	if (sc_peer_read_send(conn, token, xfer_id, desc, offset, len, deadline_mono_ms, cancel,
+			      err) != 0)
+		return -1;
+	return sc_peer_read_recv(conn, len, dst, deadline_mono_ms, cancel, err);
+}
+
+int sc_peer_write_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		       uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len,
+		       const uint8_t *src, uint64_t deadline_mono_ms, const atomic_bool *cancel,
+		       struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	if (bulk_request(conn, SC_FRAME_WRITE, token, xfer_id, desc, offset, len, src, &w, err) ==
+	    0)
+		return 0;
+	if (!sc_peer_conn_usable(conn)) {
+		/* A refused WRITE: the server answered ERROR and closed before reading our bytes.
+		 * Its reason (after the replies to earlier requests) is more useful than our broken
+		 * pipe. */
+		struct sc_peer_wait quick = client_wait(sc_clock_mono_ms() + 200, cancel);
+		for (unsigned i = 0; i <= conn->outstanding; i++) {
+			struct sc_peer_msg r;
+			struct sc_err why;
+			if (sc_peer_recv_msg(conn->fd, conn->buf, sizeof(conn->buf), &r, &quick,
+					     conn->what, &why) != SC_PEER_IO_OK)
+				break;
+			if (r.type == SC_FRAME_ERROR) {
+				enum sc_status code = sc_peer_status_from_wire(r.code);
+				sc_err_set(err, code == SC_OK ? SC_INTERNAL : code, "peer %s: %s",
+					   conn->peer_id, r.text);
+				break;
+			}
+		}
+	}
+	return -1;
+}
+
+int sc_peer_write_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
+		       const atomic_bool *cancel, struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_msg m;
+	int rc = recv_reply(conn, SC_FRAME_OK, &m, &w, err);
+	if (rc != 0)
+		atomic_store(&conn->broken, true); /* the server closes after a refused WRITE */
+	return rc;
+}
+
 int sc_peer_write_from(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
 		       uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len,
 		       const uint8_t *src, uint64_t deadline_mono_ms, const atomic_bool *cancel,
 		       struct sc_err *err)
 {
-	if (len == 0 || len > SC_PEER_MAX_BULK)
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "WRITE of %" PRIu64 " bytes: must be 1 byte .. 1 GiB", len);
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
-	struct sc_peer_msg m;
-	fill_ref(&m, SC_FRAME_WRITE, token, xfer_id);
-	m.desc = desc;
-	m.offset = offset;
-	m.len = len;
-	if (send_request(conn, &m, src, len, &w, err) != 0) {
-		/* A refused WRITE: the server answered ERROR and closed before reading our bytes.
-		 * Its reason is more useful than our broken pipe. */
-		struct sc_peer_msg r;
-		struct sc_err why;
-		sc_err_clear(&why);
-		struct sc_peer_wait quick = client_wait(sc_clock_mono_ms() + 200, cancel);
-		if (sc_peer_recv_msg(conn->fd, conn->buf, sizeof(conn->buf), &r, &quick, conn->what,
-				     &why) == SC_PEER_IO_OK &&
-		    r.type == SC_FRAME_ERROR) {
-			enum sc_status code = sc_peer_status_from_wire(r.code);
-			sc_err_set(err, code == SC_OK ? SC_INTERNAL : code, "peer %s: %s",
-				   conn->peer_id, r.text);
-		}
+	if (sc_peer_write_send(conn, token, xfer_id, desc, offset, len, src, deadline_mono_ms,
+			       cancel, err) != 0)
 		return -1;
-	}
-	int rc = recv_reply(conn, SC_FRAME_OK, &m, &w, err);
-	if (rc != 0)
-		atomic_store(&conn->broken, true); /* the server closes after a refused WRITE */
-	return rc;
+	return sc_peer_write_recv(conn, deadline_mono_ms, cancel, err);
 }
 
 int sc_peer_done(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
@@ -490,6 +551,7 @@ int sc_peer_call(struct sc_peer_conn *conn, unsigned type, const void *body, siz
 	enum sc_peer_io rc = sc_peer_send_msg(conn->fd, &m, &w, conn->what, err);
 	if (rc != SC_PEER_IO_OK)
 		return rc == SC_PEER_IO_PROTOCOL ? -1 : io_fail(conn, rc, err);
+	conn->outstanding++;
 	if (recv_reply(conn, (enum sc_frame_type)type, &m, &w, err) != 0)
 		return -1;
 	if (m.opaque_len > reply_cap)

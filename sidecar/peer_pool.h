@@ -68,7 +68,7 @@ void sc_peer_conn_abort(struct sc_peer_conn *conn);
 int sc_peer_open(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		 enum sc_op_kind peer_kind, uint64_t total, uint64_t deadline_mono_ms,
 		 const atomic_bool *cancel, struct sc_err *err);
-/* READ len bytes at offset of remote descriptor desc straight into dst. */
+/* READ len bytes (1 .. SC_PEER_MAX_BULK) at offset of remote descriptor desc straight into dst. */
 int sc_peer_read_into(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
 		      uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len, uint8_t *dst,
 		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
@@ -77,6 +77,23 @@ int sc_peer_write_from(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
 		       uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len,
 		       const uint8_t *src, uint64_t deadline_mono_ms, const atomic_bool *cancel,
 		       struct sc_err *err);
+/*
+ * The same two calls in halves, for pipelining: send the next request before receiving the reply
+ * to the previous one, so the server never waits for a round trip between chunks. Replies come in
+ * request order; each *_recv takes the oldest. Any failure while another request is in flight
+ * leaves the connection broken.
+ */
+int sc_peer_read_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		      uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len,
+		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
+int sc_peer_read_recv(struct sc_peer_conn *conn, uint64_t len, uint8_t *dst,
+		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
+int sc_peer_write_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		       uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len,
+		       const uint8_t *src, uint64_t deadline_mono_ms, const atomic_bool *cancel,
+		       struct sc_err *err);
+int sc_peer_write_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
+		       const atomic_bool *cancel, struct sc_err *err);
 /* DONE: this side's verdict for the use (SC_OK, or the error / SC_CANCELLED and its message). */
 int sc_peer_done(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		 enum sc_status status, const char *msg, uint64_t deadline_mono_ms,

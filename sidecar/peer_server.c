@@ -45,11 +45,13 @@
 /* A request or reply that stops moving for this long ends its connection. */
 #define STALL_MS 30000
 #define CONN_STACK_BYTES (512u * 1024u)
+#define SERVER_SLICE_MS 1000
 #define REFUSAL_LOG_INTERVAL_MS 10000
 
 struct xref {
 	uint8_t token[SC_TOKEN_LEN];
 	uint64_t xfer_id;
+	enum sc_op_kind kind; /* what the peer OPENed it for: SC_OP_READ or SC_OP_WRITE */
 };
 
 struct orphan {
@@ -144,7 +146,8 @@ static void orphan_forget_locked(struct sc_peer_server *srv, const uint8_t token
 }
 
 /* Track a transfer this connection opened. Returns -1 when out of memory. */
-static int track(struct conn *c, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id)
+static int track(struct conn *c, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+		 enum sc_op_kind kind)
 {
 	struct sc_peer_server *srv = c->srv;
 	int rc = 0;
@@ -164,10 +167,38 @@ static int track(struct conn *c, const uint8_t token[SC_TOKEN_LEN], uint64_t xfe
 		c->cap_opened = cap;
 	}
 	memcpy(c->opened[c->n_opened].token, token, SC_TOKEN_LEN);
-	c->opened[c->n_opened++].xfer_id = xfer_id;
+	c->opened[c->n_opened].xfer_id = xfer_id;
+	c->opened[c->n_opened++].kind = kind;
 out:
 	pthread_mutex_unlock(&srv->mu);
 	return rc;
+}
+
+/* Was the transfer OPENed on this connection, for this direction? READ and WRITE must be, so a
+ * peer can never write into memory it opened for reading (or read what it may only write). */
+static bool opened_here(struct conn *c, const struct sc_peer_msg *m, enum sc_op_kind kind,
+			struct sc_err *err)
+{
+	bool found = false, ok = false;
+	pthread_mutex_lock(&c->srv->mu);
+	for (size_t i = 0; i < c->n_opened && !found; i++) {
+		if (xref_eq(&c->opened[i], m->token, m->xfer_id)) {
+			found = true;
+			ok = c->opened[i].kind == kind;
+		}
+	}
+	pthread_mutex_unlock(&c->srv->mu);
+	if (!found)
+		sc_err_set(err, SC_FAILED_PRECONDITION,
+			   "%s of transfer %016" PRIx64 " before its OPEN on this connection (or "
+			   "after its DONE)",
+			   sc_frame_type_name(m->type), m->xfer_id);
+	else if (!ok)
+		sc_err_set(err, SC_FAILED_PRECONDITION,
+			   "%s of transfer %016" PRIx64 ", which was opened for %s",
+			   sc_frame_type_name(m->type), m->xfer_id,
+			   kind == SC_OP_READ ? "WRITE" : "READ");
+	return ok;
 }
 
 /* DONE arrived: no connection is responsible for the transfer any more. */
@@ -271,7 +302,7 @@ static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, si
 	if (sc_passive_open(c->srv->eng, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
 			    c->peer_id, m->total, &err) != 0)
 		return reply_error(c, &err, why, why_cap);
-	if (track(c, m->token, m->xfer_id) != 0) {
+	if (track(c, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind) != 0) {
 		sc_passive_abandon(c->srv->eng, m->token, m->xfer_id,
 				   "peer server out of memory");
 		sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "sidecar out of memory");
@@ -302,7 +333,7 @@ static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, si
 	struct sc_err err;
 	sc_err_clear(&err);
 	struct sc_span span;
-	if (next_span(c, m, 0, &span, &err) != 0)
+	if (!opened_here(c, m, SC_OP_READ, &err) || next_span(c, m, 0, &span, &err) != 0)
 		return reply_error(c, &err, why, why_cap);
 
 	struct sc_peer_msg data = {.type = SC_FRAME_DATA, .len = m->len};
@@ -347,9 +378,10 @@ static int serve_write(struct conn *c, const struct sc_peer_msg *m, char *why, s
 	struct sc_peer_wait w;
 	busy_wait(c, &w);
 	uint64_t done = 0;
+	bool allowed = opened_here(c, m, SC_OP_WRITE, &err);
 	while (done < m->len) {
 		struct sc_span span;
-		if (next_span(c, m, done, &span, &err) != 0) {
+		if (!allowed || next_span(c, m, done, &span, &err) != 0) {
 			/* Refused: the bulk bytes that follow are not read; the connection ends. */
 			reply_error(c, &err, why, why_cap);
 			snprintf(why, why_cap, "refused a WRITE: %s", err.msg);
@@ -515,8 +547,7 @@ static void conn_finish(struct conn *c, const char *why)
 		}
 		o->ref = c->opened[i];
 		o->due_mono_ms = due;
-		snprintf(o->why, sizeof(o->why), "connection from %.200s ended before DONE: %.270s",
-			 c->what, why);
+		snprintf(o->why, sizeof(o->why), "%.480s, before DONE", why);
 		o->next = srv->orphans;
 		srv->orphans = o;
 	}
@@ -540,7 +571,9 @@ static void *conn_main(void *arg)
 	struct sc_peer_server *srv = c->srv;
 	char why[SC_ERR_MSG_MAX + 64] = "closed";
 	snprintf(c->what, sizeof(c->what), "peer at %s", c->addr);
-	if (sc_peer_tune_socket(c->fd) != 0)
+	/* Server threads wait with coarser slices than clients: their limits are seconds long and
+	 * shutdown() wakes them at once when the server stops. */
+	if (sc_peer_tune_socket(c->fd) != 0 || sc_peer_set_io_slice(c->fd, SERVER_SLICE_MS) != 0)
 		SC_WARN("peer", "connection from %s: cannot set socket options: %s", c->addr,
 			strerror(errno));
 

@@ -86,6 +86,14 @@ class Sidecar:
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=dict(os.environ, **(env or {})))
+        # Create the channel only once the socket exists: a channel that failed to connect backs
+        # off for seconds before it tries again.
+        def listening():
+            if self.proc.poll() is not None:
+                raise AssertionError("sidecar %s exited with %s during start-up:\n%s"
+                                     % (self.name, self.proc.returncode, self.read_log()))
+            return os.path.exists(self.sock)
+        wait_until(listening, 15, "sidecar %s to listen" % self.name)
         self.channel = grpc.insecure_channel("unix:" + self.sock)
         self.stub = rpc.SidecarStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)

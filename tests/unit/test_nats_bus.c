@@ -155,7 +155,8 @@ static pid_t start_server(int port)
 	return -1;
 }
 
-/* ---- receivers, observers, a publishing thread ------------------------------------------------ */
+/* ---- receivers, observers, a publishing thread ------------------------------------------------
+ */
 
 #define RX_MAX 64
 #define NSEEN 256
@@ -170,11 +171,11 @@ struct rx {
 	pthread_mutex_t mu;
 	atomic_int count;
 	struct rx_msg msgs[RX_MAX];
-	int seen[NSEEN];   /* by the first payload byte, for queue tests (under mu) */
-	int delay_us;      /* handler sleeps this long (unsubscribe tests) */
-	atomic_int running;    /* handler is inside */
-	atomic_int after;      /* set once unsubscribe/destroy returned */
-	atomic_int violations; /* handler started after "after" */
+	int seen[NSEEN];	 /* by the first payload byte, for queue tests (under mu) */
+	int delay_us;		 /* handler sleeps this long (unsubscribe tests) */
+	atomic_int running;	 /* handler is inside */
+	atomic_int after;	 /* set once unsubscribe/destroy returned */
+	atomic_int violations;	 /* handler started after "after" */
 	struct sc_nats_bus *bus; /* self-unsubscribe test */
 	uint64_t self_id;
 };
@@ -383,7 +384,8 @@ static struct sc_nats_bus_opts fast_opts(struct observer *o)
 #define SUBSCRIBE(bus, subject, group, fn, ctx, idp)                                               \
 	do {                                                                                       \
 		struct sc_err e_ = {0};                                                            \
-		if (sc_nats_bus_subscribe((bus), (subject), (group), (fn), (ctx), (idp), &e_) != 0) \
+		if (sc_nats_bus_subscribe((bus), (subject), (group), (fn), (ctx), (idp), &e_) !=   \
+		    0)                                                                             \
 			CHECK_FAIL_("subscribe %s: %s", (subject), e_.msg);                        \
 	} while (0)
 
@@ -394,7 +396,8 @@ static struct sc_nats_bus_opts fast_opts(struct observer *o)
 			CHECK_FAIL_("publish %s: %s", (subject), e_.msg);                          \
 	} while (0)
 
-/* ---- tests ------------------------------------------------------------------------------------ */
+/* ---- tests ------------------------------------------------------------------------------------
+ */
 
 FIX_TEST(round_trip_binary)
 {
@@ -422,8 +425,8 @@ FIX_TEST(round_trip_binary)
 	struct {
 		const void *data;
 		size_t len;
-	} sent[] = {{NULL, 0}, {all, sizeof(all)}, {proto, sizeof(proto)}, {big, big_len},
-		    {big, max_len}};
+	} sent[] = {
+	    {NULL, 0}, {all, sizeof(all)}, {proto, sizeof(proto)}, {big, big_len}, {big, max_len}};
 	int n = (int)(sizeof(sent) / sizeof(sent[0]));
 	int failed_at = -1;
 	for (int i = 0; i < n && failed_at < 0; i++) {
@@ -469,7 +472,7 @@ FIX_TEST(queue_group_delivers_once)
 		PUBLISH(f->bus[2], "q.work", p, sizeof(p));
 	}
 	WAIT_UNTIL(atomic_load(&f->rx[0].count) + atomic_load(&f->rx[1].count) >= N &&
-			   atomic_load(&f->rx[2].count) >= N,
+		       atomic_load(&f->rx[2].count) >= N,
 		   WAIT_MS);
 	sleep_ms(300); /* time for a duplicate to show up */
 	int qa = atomic_load(&f->rx[0].count), qb = atomic_load(&f->rx[1].count);
@@ -526,12 +529,21 @@ FIX_TEST(unsubscribe_is_synchronous)
 
 FIX_TEST(bad_arguments)
 {
-	static const char *const bad_urls[] = {
-		"", "http://127.0.0.1:4222", "nats://", "nats://:4222", "nats://127.0.0.1:0",
-		"nats://127.0.0.1:70000", "nats://127.0.0.1:42x", "nats://127.0.0.1:",
-		"nats://u:p@127.0.0.1:4222", "nats://a:1,,nats://b:2", "nats://a:1,",
-		"nats://::1:4222", "nats://127.0.0.1:4222/path", "nats://[::1]x",
-		"nats://bad host:4222"};
+	static const char *const bad_urls[] = {"",
+					       "http://127.0.0.1:4222",
+					       "nats://",
+					       "nats://:4222",
+					       "nats://127.0.0.1:0",
+					       "nats://127.0.0.1:70000",
+					       "nats://127.0.0.1:42x",
+					       "nats://127.0.0.1:",
+					       "nats://u:p@127.0.0.1:4222",
+					       "nats://a:1,,nats://b:2",
+					       "nats://a:1,",
+					       "nats://::1:4222",
+					       "nats://127.0.0.1:4222/path",
+					       "nats://[::1]x",
+					       "nats://bad host:4222"};
 	struct sc_nats_bus *sentinel = (struct sc_nats_bus *)&bad_urls;
 	for (size_t i = 0; i < sizeof(bad_urls) / sizeof(bad_urls[0]); i++) {
 		struct sc_nats_bus *b = sentinel;
@@ -565,9 +577,9 @@ FIX_TEST(bad_arguments)
 	struct sc_nats_bus *bus = f->bus[0];
 	static char longsub[SC_NATS_SUBJECT_MAX + 2];
 	memset(longsub, 'a', sizeof(longsub) - 1);
-	static const char *const bad_pub[] = {"",   "a b",  "a\tb", "a\nb", "a\rb", "a.*", "a.>",
-					      ">",  "*",    "a..b", ".a",   "a.",   "a*",  "a>b",
-					      ".",  longsub};
+	static const char *const bad_pub[] = {"",    "a b", "a\tb", "a\nb", "a\rb", "a.*",
+					      "a.>", ">",   "*",    "a..b", ".a",   "a.",
+					      "a*",  "a>b", ".",    longsub};
 	for (size_t i = 0; i < sizeof(bad_pub) / sizeof(bad_pub[0]); i++) {
 		sc_err_clear(&e);
 		CHECK_INT_EQ(sc_nats_bus_publish(bus, bad_pub[i], "x", 1, &e), -1);
@@ -594,8 +606,8 @@ FIX_TEST(bad_arguments)
 	uint64_t id = 0;
 	for (size_t i = 0; i < sizeof(bad_sub) / sizeof(bad_sub[0]); i++) {
 		sc_err_clear(&e);
-		CHECK_INT_EQ(sc_nats_bus_subscribe(bus, bad_sub[i], NULL, rx_fn, &f->rx[0], &id, &e),
-			     -1);
+		CHECK_INT_EQ(
+		    sc_nats_bus_subscribe(bus, bad_sub[i], NULL, rx_fn, &f->rx[0], &id, &e), -1);
 		CHECK_INT_EQ(e.code, SC_INVALID_ARGUMENT);
 	}
 	CHECK_INT_EQ(sc_nats_bus_subscribe(bus, "a", "my group", rx_fn, &f->rx[0], &id, &e), -1);
@@ -688,7 +700,7 @@ FIX_TEST(survives_server_restart)
 	kill_server(f->server);
 	f->server = 0;
 	WAIT_UNTIL(strcmp(sc_nats_bus_state(a), "reconnecting") == 0 &&
-			   strcmp(sc_nats_bus_state(b), "reconnecting") == 0,
+		       strcmp(sc_nats_bus_state(b), "reconnecting") == 0,
 		   WAIT_MS);
 	CHECK_STR_EQ(sc_nats_bus_state(a), "reconnecting");
 	CHECK_STR_EQ(sc_nats_bus_state(b), "reconnecting");
@@ -699,7 +711,7 @@ FIX_TEST(survives_server_restart)
 	f->server = start_server(f->port); /* same port */
 	CHECK(f->server > 0);
 	WAIT_UNTIL(strcmp(sc_nats_bus_state(a), "connected") == 0 &&
-			   strcmp(sc_nats_bus_state(b), "connected") == 0,
+		       strcmp(sc_nats_bus_state(b), "connected") == 0,
 		   WAIT_MS);
 	CHECK_STR_EQ(sc_nats_bus_state(a), "connected");
 	CHECK_STR_EQ(sc_nats_bus_state(b), "connected");

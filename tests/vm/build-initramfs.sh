@@ -90,4 +90,6 @@ mkdir -p "$VM_CACHE/initramfs"
 (cd "$stage" && find . -mindepth 1 -print0 | LC_ALL=C sort -z |
     cpio --null -o -H newc -R 0:0 --quiet) | gzip -6n >"$stage.cpio.gz"
 mv "$stage.cpio.gz" "$image"
+# Images of older harness versions: drop those unused for a week.
+find "$VM_CACHE/initramfs" -name 'initramfs-*.cpio.gz' ! -name "${image##*/}" -mtime +7 -delete
 printf '%s\n' "$image"

@@ -54,25 +54,33 @@ if [[ -z "$kpkg" ]]; then
 fi
 kdir="$(vm_kernel_dir "$kpkg")"
 
-if [[ ! -f "$kdir/.complete" ]]; then
-    vm_log "downloading and unpacking $kpkg into $kdir"
+# Downloads and unpacks kernel package $1 into $2.
+fetch_kernel() {
+    local pkg="$1" dir="$2" work kver
+    vm_log "downloading and unpacking $pkg into $dir"
     work="$(mktemp -d "$VM_CACHE/.dl.XXXXXX")"
-    trap 'rm -rf "$work"' EXIT
-    # _apt (apt's download user) cannot write into a root-only mktemp dir.
-    chmod 755 "$work"
-    dl=(apt-get -q -o APT::Sandbox::User=root download "$kpkg")
-    if ! (cd "$work" && "${dl[@]}" >&2); then
-        apt_update
-        (cd "$work" && "${dl[@]}" >&2)
+    # As root: apt's sandbox user (_apt) cannot write into a mktemp dir.
+    if ! (cd "$work" && apt-get -q -o APT::Sandbox::User=root download "$pkg" >&2); then
+        rm -rf "$work"
+        return 1
     fi
     mkdir -p "$work/tree"
-    dpkg-deb -x "$work"/"$kpkg"_*.deb "$work/tree"
-    kver="$(vm_kernel_release "$work/tree")" || vm_die "no modules in $kpkg"
-    [[ -f "$work/tree/boot/vmlinuz-$kver" ]] || vm_die "no vmlinuz-$kver in $kpkg"
+    dpkg-deb -x "$work"/"$pkg"_*.deb "$work/tree" || vm_die "cannot unpack $pkg"
+    kver="$(vm_kernel_release "$work/tree")" || vm_die "no modules in $pkg"
+    [[ -f "$work/tree/boot/vmlinuz-$kver" ]] || vm_die "no vmlinuz-$kver in $pkg"
     touch "$work/tree/.complete"
-    rm -rf "$kdir"
-    mkdir -p "$(dirname "$kdir")"
-    mv "$work/tree" "$kdir"
+    rm -rf "$dir"
+    mkdir -p "$(dirname "$dir")"
+    mv "$work/tree" "$dir" || vm_die "cannot move the kernel into $dir"
+    rm -rf "$work"
+}
+
+if [[ ! -f "$kdir/.complete" ]] && ! fetch_kernel "$kpkg" "$kdir"; then
+    # Stale package lists name a kernel the mirror no longer has.
+    apt_update
+    kpkg="$(vm_kernel_pkg)" || vm_die "apt knows no linux-image-amd64 dependency"
+    kdir="$(vm_kernel_dir "$kpkg")"
+    [[ -f "$kdir/.complete" ]] || fetch_kernel "$kpkg" "$kdir" || vm_die "cannot download $kpkg"
 fi
 
 # The uncompressed kernel, for a faster (PVH) boot; run-in-vm.sh falls back

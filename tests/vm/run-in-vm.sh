@@ -27,6 +27,8 @@
 #   RDMA_SIDECAR_VM_MEM, RDMA_SIDECAR_VM_SMP   guest memory (MiB, 2048), CPUs (2)
 #   RDMA_SIDECAR_VM_APPEND   more kernel parameters ("rdma_sidecar.debug"
 #                            times the guest init's stages)
+#   RDMA_SIDECAR_VM_KERNEL   boot this kernel image instead (its modules must
+#                            match the cached kernel's)
 #   RDMA_SIDECAR_SKIP_VM=1   do nothing, exit 77 (skip)
 # Files left in $VM_OUT: guest.log (the script's output), .vm/console.log
 # (the whole console), .vm/exit-code.
@@ -132,7 +134,8 @@ t_boot=$SECONDS
 # stdin from /dev/null: QEMU then leaves the caller's terminal alone.
 timeout -k 10 "$vm_timeout" "${qemu[@]}" </dev/null >"$fifo" 2>&1 &
 qemu_pid=$!
-trap 'kill -TERM "$qemu_pid" 2>/dev/null || true' INT TERM
+interrupted=0
+trap 'interrupted=1; kill -TERM "$qemu_pid" 2>/dev/null || true' INT TERM
 qemu_rc=0
 while :; do
     wait "$qemu_pid" && qemu_rc=0 || qemu_rc=$?
@@ -147,7 +150,9 @@ rm -f "$fifo"
 elapsed=$((SECONDS - t_boot))
 rc_file="$out/.vm/exit-code"
 if ! grep -q "$MARKER rc=[0-9]" "$console"; then
-    if ((qemu_rc == 124 || qemu_rc == 137)); then
+    if ((interrupted)); then
+        why="interrupted by a signal"
+    elif ((qemu_rc == 124 || qemu_rc == 137)); then
         why="timed out after ${vm_timeout}s (RDMA_SIDECAR_VM_TIMEOUT)"
     else
         why="QEMU exited with status $qemu_rc"

@@ -1,0 +1,633 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * backend_tcp.c: the TCP data plane's active side. A transfer (struct sc_xfer) is cut into chunks
+ * of at most --tcp-chunk-size, never across a segment; up to --tcp-streams streams move them in
+ * parallel, each on one pooled, authenticated peer connection (peer_pool.h) that OPENs the
+ * transfer once and then pulls chunks from a shared cursor, READing straight into or WRITing
+ * straight from local region memory. The first error, the cancel flag or the deadline stops every
+ * stream (connections blocked in I/O are aborted); then one DONE tells the passive side the
+ * verdict, and on_complete runs exactly once.
+ *
+ * Threads: submit() and cancel() run on engine threads (with the engine lock held: they only
+ * queue and flag); a pool of 2 x --tcp-streams worker threads (at least 2), started by start() and
+ * joined by stop(), runs the transfers. The worker that picks a transfer up leads it: it connects,
+ * opens, queues helper streams for the other workers when there is more than one chunk, moves
+ * chunks itself, reclaims helpers that never started, waits for the running ones, sends DONE and
+ * completes. A one-chunk transfer therefore costs one hand-off (submit -> worker).
+ *
+ * Owns: the worker threads, the task queue and one struct tcp_xfer per transfer in flight. The
+ * connections belong to the peer pool; a stream holds one while it runs.
+ *
+ * Locking: tb->mu guards the queue, the list of transfers in flight and each transfer's stream
+ * table and verdict. It is never held while calling the engine (on_progress, on_complete, the
+ * pool's keyring look-up) or doing I/O, so the engine lock (held around submit and cancel) always
+ * comes first.
+ */
+#include "backend.h"
+#include "log.h"
+#include "passive.h"
+#include "peer_pool.h"
+#include "peer_proto.h"
+#include "peer_server.h"
+#include "timer.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_STREAMS 16
+#define DEFAULT_CHUNK (8ull << 20)
+/* DONE after a failure or cancel is best effort and must not hold the operation up; a success
+ * waits for the peer's confirmation, up to the deadline and at most DONE_OK_WAIT_MS. */
+#define DONE_GRACE_MS 1000
+#define DONE_OK_WAIT_MS 30000
+
+struct tcp_xfer;
+
+struct task {
+	struct task *next;
+	struct tcp_xfer *tx;
+	int slot; /* 0: the leader; 1..: helper streams */
+};
+
+struct tcp_backend {
+	struct sc_backend base;
+	struct sc_peer_pool *pool;
+	uint32_t streams;
+	uint64_t chunk;
+
+	pthread_mutex_t mu;
+	pthread_cond_t cv; /* tasks queued, or stopping */
+	struct task *head, *tail;
+	struct tcp_xfer *live; /* submitted, not yet completed */
+	bool started, stopping;
+	pthread_t workers[2 * MAX_STREAMS];
+	size_t n_workers;
+};
+
+struct tcp_xfer {
+	struct tcp_backend *tb;
+	struct sc_xfer *x;
+	struct tcp_xfer *prev, *next; /* tb->live */
+	int endpoint; /* index into x->meta->endpoints of the one that answered; -1 before */
+
+	pthread_mutex_t cursor_mu; /* the next chunk: segment and offset in it */
+	size_t cur_seg;
+	uint64_t cur_off;
+	atomic_uint_fast64_t bytes_moved;
+
+	/* Under tb->mu. */
+	struct sc_peer_conn *conns[MAX_STREAMS]; /* what each stream has in I/O, for abort */
+	unsigned helpers_running;
+	pthread_cond_t helpers_cv;
+	bool failed;
+	enum sc_status status;
+	char msg[SC_ERR_MSG_MAX];
+	atomic_bool stop;
+
+	struct task tasks[MAX_STREAMS];
+};
+
+static inline struct tcp_backend *to_tcp(struct sc_backend *b)
+{
+	return container_of(b, struct tcp_backend, base);
+}
+
+/* ---- transfer state -------------------------------------------------------------------------- */
+
+struct piece {
+	const struct sc_xfer_seg *seg;
+	uint64_t off; /* within the segment, which is also the offset in its remote descriptor */
+	uint64_t len;
+};
+
+static bool next_piece(struct tcp_xfer *tx, struct piece *p)
+{
+	const struct sc_xfer *x = tx->x;
+	bool ok = false;
+	pthread_mutex_lock(&tx->cursor_mu);
+	while (tx->cur_seg < x->n_segs && tx->cur_off >= x->segs[tx->cur_seg].len) {
+		tx->cur_seg++;
+		tx->cur_off = 0;
+	}
+	if (tx->cur_seg < x->n_segs) {
+		const struct sc_xfer_seg *s = &x->segs[tx->cur_seg];
+		uint64_t left = s->len - tx->cur_off;
+		p->seg = s;
+		p->off = tx->cur_off;
+		p->len = left < tx->tb->chunk ? left : tx->tb->chunk;
+		tx->cur_off += p->len;
+		ok = true;
+	}
+	pthread_mutex_unlock(&tx->cursor_mu);
+	return ok;
+}
+
+static uint64_t count_chunks(const struct sc_xfer *x, uint64_t chunk)
+{
+	uint64_t n = 0;
+	for (size_t i = 0; i < x->n_segs; i++)
+		n += (x->segs[i].len + chunk - 1) / chunk;
+	return n;
+}
+
+static bool should_stop(struct tcp_xfer *tx)
+{
+	return atomic_load_explicit(&tx->stop, memory_order_relaxed) ||
+	       atomic_load_explicit(&tx->x->cancel_requested, memory_order_relaxed);
+}
+
+/* Record the transfer's first failure and stop every stream. A stream that fails because it was
+ * stopped records nothing new (the first failure, or the cancel, is the cause). */
+static void fail_xfer(struct tcp_xfer *tx, const struct sc_err *err)
+{
+	struct tcp_backend *tb = tx->tb;
+	pthread_mutex_lock(&tb->mu);
+	if (!tx->failed && !should_stop(tx)) {
+		tx->failed = true;
+		tx->status = err->code == SC_OK ? SC_INTERNAL : err->code;
+		snprintf(tx->msg, sizeof(tx->msg), "%s", err->msg);
+	}
+	atomic_store(&tx->stop, true);
+	for (int i = 0; i < MAX_STREAMS; i++)
+		if (tx->conns[i])
+			sc_peer_conn_abort(tx->conns[i]);
+	pthread_mutex_unlock(&tb->mu);
+}
+
+/* Publish the connection a stream is about to block on (so a stop can abort it). Returns false
+ * when the transfer is already stopping. */
+static bool set_conn(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c)
+{
+	pthread_mutex_lock(&tx->tb->mu);
+	tx->conns[slot] = c;
+	bool go = c == NULL || !should_stop(tx);
+	pthread_mutex_unlock(&tx->tb->mu);
+	return go;
+}
+
+/* A connection to the issuing sidecar: the endpoint that worked for this transfer, else each of
+ * the metadata's endpoints in order. */
+static struct sc_peer_conn *connect_peer(struct tcp_xfer *tx, struct sc_err *err)
+{
+	const struct sc_metadata *md = tx->x->meta;
+	if (md->n_endpoints == 0) {
+		sc_err_set(err, SC_FAILED_PRECONDITION,
+			   "the metadata from sidecar %s names no data endpoint (its tcp backend is "
+			   "off)",
+			   md->issuer);
+		return NULL;
+	}
+	size_t first = tx->endpoint >= 0 ? (size_t)tx->endpoint : 0;
+	size_t last = tx->endpoint >= 0 ? first + 1 : md->n_endpoints;
+	for (size_t i = first; i < last; i++) {
+		struct sc_peer_conn *c;
+		if (sc_peer_pool_get(tx->tb->pool, md->endpoints[i], tx->x->deadline_mono_ms, &c,
+				     err) != 0) {
+			if (err->code == SC_DEADLINE_EXCEEDED || should_stop(tx))
+				break;
+			continue;
+		}
+		if (strcmp(sc_peer_conn_peer_id(c), md->issuer) != 0) {
+			sc_err_set(err, SC_UNAVAILABLE,
+				   "data endpoint %s is sidecar \"%s\", but the metadata was issued by "
+				   "\"%s\" (stale metadata, or a wrong --advertise)",
+				   md->endpoints[i], sc_peer_conn_peer_id(c), md->issuer);
+			sc_peer_pool_put(tx->tb->pool, c, true);
+			continue;
+		}
+		tx->endpoint = (int)i;
+		return c;
+	}
+	return NULL;
+}
+
+/* A stream's connection, with the transfer OPENed on it and published for abort. NULL when the
+ * transfer is stopping or on failure (err says why, unless it was only stopped). */
+static struct sc_peer_conn *open_stream(struct tcp_xfer *tx, int slot, struct sc_err *err)
+{
+	struct sc_xfer *x = tx->x;
+	if (should_stop(tx))
+		return NULL;
+	struct sc_peer_conn *c = connect_peer(tx, err);
+	if (!c)
+		return NULL;
+	if (!set_conn(tx, slot, c))
+		goto fail;
+	enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
+	if (sc_peer_open(c, x->meta->token, x->xfer_id, peer_kind, x->total, x->deadline_mono_ms,
+			 &x->cancel_requested, err) == 0)
+		return c;
+fail:
+	set_conn(tx, slot, NULL);
+	/* After a refused OPEN the connection is still good; one broken mid-OPEN is closed (the
+	 * server abandons whatever it may have opened). */
+	sc_peer_pool_put(tx->tb->pool, c, sc_peer_conn_usable(c));
+	return NULL;
+}
+
+static int piece_send(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct piece *p,
+		      struct sc_err *err)
+{
+	struct sc_xfer *x = tx->x;
+	const uint8_t *token = x->meta->token;
+	if (x->kind == SC_OP_READ)
+		return sc_peer_read_send(c, token, x->xfer_id, p->seg->remote_desc, p->off, p->len,
+					 x->deadline_mono_ms, &x->cancel_requested, err);
+	return sc_peer_write_send(c, token, x->xfer_id, p->seg->remote_desc, p->off, p->len,
+				  p->seg->local + p->off, x->deadline_mono_ms, &x->cancel_requested,
+				  err);
+}
+
+static int piece_recv(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct piece *p,
+		      struct sc_err *err)
+{
+	struct sc_xfer *x = tx->x;
+	if (x->kind == SC_OP_READ)
+		return sc_peer_read_recv(c, p->len, p->seg->local + p->off, x->deadline_mono_ms,
+					 &x->cancel_requested, err);
+	return sc_peer_write_recv(c, x->deadline_mono_ms, &x->cancel_requested, err);
+}
+
+/*
+ * Move chunks on an opened stream until none is left or the transfer stops. One request runs
+ * ahead: the next chunk is asked for (or sent) before the current one's reply is taken, so the
+ * server goes from one chunk to the next without waiting for a round trip.
+ */
+static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c)
+{
+	struct sc_xfer *x = tx->x;
+	struct sc_err err;
+	sc_err_clear(&err);
+	struct piece cur, next;
+	if (!next_piece(tx, &cur) || piece_send(tx, c, &cur, &err) != 0)
+		goto out;
+	for (;;) {
+		bool more = !should_stop(tx) && next_piece(tx, &next);
+		if (more && x->deadline_mono_ms && sc_clock_mono_ms() >= x->deadline_mono_ms) {
+			sc_err_set(&err, SC_DEADLINE_EXCEEDED,
+				   "deadline passed with %" PRIu64 " of %" PRIu64 " bytes moved",
+				   (uint64_t)atomic_load(&tx->bytes_moved), x->total);
+			break;
+		}
+		if ((more && piece_send(tx, c, &next, &err) != 0) ||
+		    piece_recv(tx, c, &cur, &err) != 0)
+			break;
+		atomic_fetch_add(&tx->bytes_moved, cur.len);
+		x->on_progress(x, cur.len);
+		if (!more)
+			break;
+		cur = next;
+	}
+out:
+	if (err.code != SC_OK)
+		fail_xfer(tx, &err);
+	set_conn(tx, slot, NULL);
+}
+
+/* ---- leading a transfer ------------------------------------------------------------------------ */
+
+static void queue_task_locked(struct tcp_backend *tb, struct task *t)
+{
+	t->next = NULL;
+	if (tb->tail)
+		tb->tail->next = t;
+	else
+		tb->head = t;
+	tb->tail = t;
+}
+
+/* Take back this transfer's helpers that no worker has started. Under tb->mu. */
+static void reclaim_helpers_locked(struct tcp_backend *tb, struct tcp_xfer *tx)
+{
+	struct task *prev = NULL;
+	for (struct task *t = tb->head; t;) {
+		struct task *next = t->next;
+		if (t->tx == tx) {
+			if (prev)
+				prev->next = next;
+			else
+				tb->head = next;
+			if (tb->tail == t)
+				tb->tail = prev;
+		} else {
+			prev = t;
+		}
+		t = next;
+	}
+}
+
+/* The verdict, DONE to the passive side (when `opened`: c is then the leader's connection), and
+ * on_complete. */
+static void finish(struct tcp_xfer *tx, struct sc_peer_conn *c, bool opened)
+{
+	struct tcp_backend *tb = tx->tb;
+	struct sc_xfer *x = tx->x;
+	enum sc_status status;
+	char msg[SC_ERR_MSG_MAX];
+	bool all_moved = atomic_load(&tx->bytes_moved) == x->total;
+	if (!tx->failed && all_moved) {
+		status = SC_OK;
+		msg[0] = '\0';
+	} else if (atomic_load(&x->cancel_requested) && x->deadline_mono_ms &&
+		   sc_clock_mono_ms() >= x->deadline_mono_ms) {
+		/* The engine's deadline timer cancels: tell the passive side the real reason. */
+		status = SC_DEADLINE_EXCEEDED;
+		snprintf(msg, sizeof(msg), "deadline passed after %" PRIu64 " of %" PRIu64 " bytes",
+			 (uint64_t)atomic_load(&tx->bytes_moved), x->total);
+	} else if (atomic_load(&x->cancel_requested)) {
+		status = SC_CANCELLED;
+		snprintf(msg, sizeof(msg), "cancelled by the active side after %" PRIu64
+			 " of %" PRIu64 " bytes",
+			 (uint64_t)atomic_load(&tx->bytes_moved), x->total);
+	} else if (tx->failed) {
+		status = tx->status;
+		snprintf(msg, sizeof(msg), "%s", tx->msg);
+	} else {
+		status = SC_INTERNAL;
+		snprintf(msg, sizeof(msg), "tcp transfer stopped without a reason");
+	}
+
+	if (opened) {
+		/* The verdict on the passive side. A success must be confirmed (the operation is
+		 * complete on both sides or on neither); a failure is told best effort. */
+		uint64_t now = sc_clock_mono_ms();
+		uint64_t deadline = now + (status == SC_OK ? DONE_OK_WAIT_MS : DONE_GRACE_MS);
+		if (status == SC_OK && x->deadline_mono_ms && x->deadline_mono_ms < deadline)
+			deadline = x->deadline_mono_ms;
+		struct sc_err err;
+		sc_err_clear(&err);
+		if (!sc_peer_conn_usable(c)) {
+			/* Its stream failed or was aborted: tell the verdict on a fresh one. */
+			sc_peer_pool_put(tb->pool, c, false);
+			c = NULL;
+			sc_peer_pool_get(tb->pool, x->meta->endpoints[tx->endpoint], deadline, &c,
+					 &err);
+		}
+		int rc = c ? sc_peer_done(c, x->meta->token, x->xfer_id, status, msg, deadline,
+					  NULL, &err)
+			   : -1;
+		if (rc != 0 && status == SC_OK) {
+			status = err.code == SC_OK ? SC_UNAVAILABLE : err.code;
+			snprintf(msg, sizeof(msg),
+				 "all bytes moved but the peer did not confirm completion: %.440s",
+				 err.msg);
+		} else if (rc != 0) {
+			SC_DEBUG("tcp", "transfer %016" PRIx64 ": could not tell the peer (%s): %s",
+				 x->xfer_id, sc_status_name(status), err.msg);
+		}
+	}
+	sc_peer_pool_put(tb->pool, c, c && sc_peer_conn_usable(c));
+
+	pthread_mutex_lock(&tb->mu);
+	if (tx->prev)
+		tx->prev->next = tx->next;
+	else
+		tb->live = tx->next;
+	if (tx->next)
+		tx->next->prev = tx->prev;
+	pthread_mutex_unlock(&tb->mu);
+	x->priv = NULL;
+	pthread_cond_destroy(&tx->helpers_cv);
+	pthread_mutex_destroy(&tx->cursor_mu);
+	free(tx);
+	x->on_complete(x, status, status == SC_OK ? NULL : msg);
+}
+
+static void lead(struct tcp_xfer *tx)
+{
+	struct tcp_backend *tb = tx->tb;
+	struct sc_err err;
+	sc_err_clear(&err);
+	struct sc_peer_conn *c = open_stream(tx, 0, &err);
+	if (!c) {
+		if (err.code != SC_OK)
+			fail_xfer(tx, &err);
+		finish(tx, NULL, false); /* nothing opened: the passive side keeps its use */
+		return;
+	}
+	uint64_t chunks = count_chunks(tx->x, tb->chunk);
+	uint32_t streams = chunks < tb->streams ? (uint32_t)chunks : tb->streams;
+	if (streams > 1) {
+		pthread_mutex_lock(&tb->mu);
+		for (uint32_t i = 1; i < streams; i++)
+			queue_task_locked(tb, &tx->tasks[i]);
+		pthread_cond_broadcast(&tb->cv);
+		pthread_mutex_unlock(&tb->mu);
+	}
+	move_chunks(tx, 0, c);
+	if (streams > 1) {
+		pthread_mutex_lock(&tb->mu);
+		reclaim_helpers_locked(tb, tx);
+		while (tx->helpers_running)
+			pthread_cond_wait(&tx->helpers_cv, &tb->mu);
+		pthread_mutex_unlock(&tb->mu);
+	}
+	finish(tx, c, true);
+}
+
+/* A helper stream. One that cannot connect or open is not an error: the streams that did take
+ * its share of the chunks. */
+static void help(struct tcp_xfer *tx, int slot)
+{
+	struct tcp_backend *tb = tx->tb;
+	struct sc_err err;
+	sc_err_clear(&err);
+	struct sc_peer_conn *c = open_stream(tx, slot, &err);
+	if (c) {
+		move_chunks(tx, slot, c);
+		sc_peer_pool_put(tb->pool, c, sc_peer_conn_usable(c));
+	} else if (err.code != SC_OK) {
+		SC_DEBUG("tcp", "transfer %016" PRIx64 ": stream %d not started: %s",
+			 tx->x->xfer_id, slot, err.msg);
+	}
+	pthread_mutex_lock(&tb->mu);
+	tx->helpers_running--;
+	pthread_cond_signal(&tx->helpers_cv);
+	pthread_mutex_unlock(&tb->mu);
+}
+
+static void *worker_main(void *arg)
+{
+	struct tcp_backend *tb = arg;
+	pthread_mutex_lock(&tb->mu);
+	for (;;) {
+		while (!tb->head && !tb->stopping)
+			pthread_cond_wait(&tb->cv, &tb->mu);
+		struct task *t = tb->head;
+		if (!t)
+			break; /* stopping, queue drained */
+		tb->head = t->next;
+		if (!tb->head)
+			tb->tail = NULL;
+		if (t->slot > 0)
+			t->tx->helpers_running++;
+		pthread_mutex_unlock(&tb->mu);
+		if (t->slot == 0)
+			lead(t->tx);
+		else
+			help(t->tx, t->slot);
+		pthread_mutex_lock(&tb->mu);
+	}
+	pthread_mutex_unlock(&tb->mu);
+	return NULL;
+}
+
+/* ---- ops --------------------------------------------------------------------------------------- */
+
+static int tcp_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err)
+{
+	struct tcp_backend *tb = to_tcp(b);
+	if (x->kind != SC_OP_READ && x->kind != SC_OP_WRITE)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "tcp backend: not a READ or WRITE");
+	struct tcp_xfer *tx = calloc(1, sizeof(*tx));
+	if (!tx)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	tx->tb = tb;
+	tx->x = x;
+	tx->endpoint = -1;
+	pthread_mutex_init(&tx->cursor_mu, NULL);
+	pthread_cond_init(&tx->helpers_cv, NULL);
+	atomic_init(&tx->bytes_moved, 0);
+	atomic_init(&tx->stop, false);
+	for (int i = 0; i < MAX_STREAMS; i++)
+		tx->tasks[i] = (struct task){.tx = tx, .slot = i};
+
+	pthread_mutex_lock(&tb->mu);
+	if (!tb->started || tb->stopping) {
+		pthread_mutex_unlock(&tb->mu);
+		pthread_cond_destroy(&tx->helpers_cv);
+		pthread_mutex_destroy(&tx->cursor_mu);
+		free(tx);
+		return sc_err_set(err, SC_UNAVAILABLE, "tcp backend is %s",
+				  tb->stopping ? "shutting down" : "not started");
+	}
+	x->priv = tx;
+	tx->next = tb->live;
+	if (tb->live)
+		tb->live->prev = tx;
+	tb->live = tx;
+	queue_task_locked(tb, &tx->tasks[0]);
+	pthread_cond_signal(&tb->cv);
+	pthread_mutex_unlock(&tb->mu);
+	return 0;
+}
+
+static void stop_xfer_locked(struct tcp_xfer *tx)
+{
+	atomic_store(&tx->stop, true);
+	for (int i = 0; i < MAX_STREAMS; i++)
+		if (tx->conns[i])
+			sc_peer_conn_abort(tx->conns[i]);
+}
+
+static void tcp_cancel(struct sc_backend *b, struct sc_xfer *x)
+{
+	struct tcp_backend *tb = to_tcp(b);
+	atomic_store(&x->cancel_requested, true);
+	pthread_mutex_lock(&tb->mu);
+	for (struct tcp_xfer *tx = tb->live; tx; tx = tx->next)
+		if (tx->x == x)
+			stop_xfer_locked(tx);
+	pthread_mutex_unlock(&tb->mu);
+}
+
+static int tcp_start(struct sc_backend *b, struct sc_err *err)
+{
+	struct tcp_backend *tb = to_tcp(b);
+	if (!tb->pool)
+		return sc_err_set(err, SC_FAILED_PRECONDITION, "no peer connection pool");
+	pthread_mutex_lock(&tb->mu);
+	size_t want = 2 * (size_t)tb->streams;
+	if (want < 2)
+		want = 2;
+	for (; tb->n_workers < want; tb->n_workers++) {
+		int rc = pthread_create(&tb->workers[tb->n_workers], NULL, worker_main, tb);
+		if (rc != 0) {
+			pthread_mutex_unlock(&tb->mu);
+			sc_err_set(err, SC_INTERNAL, "cannot start tcp worker threads: %s",
+				   strerror(rc));
+			return -1; /* stop() joins those that started */
+		}
+	}
+	tb->started = true;
+	pthread_mutex_unlock(&tb->mu);
+	return 0;
+}
+
+static void tcp_stop(struct sc_backend *b)
+{
+	struct tcp_backend *tb = to_tcp(b);
+	pthread_mutex_lock(&tb->mu);
+	tb->stopping = true;
+	for (struct tcp_xfer *tx = tb->live; tx; tx = tx->next) {
+		atomic_store(&tx->x->cancel_requested, true);
+		stop_xfer_locked(tx);
+	}
+	pthread_cond_broadcast(&tb->cv);
+	size_t n = tb->n_workers;
+	tb->n_workers = 0;
+	pthread_mutex_unlock(&tb->mu);
+	/* Workers finish what is queued (cancelled, so quickly) and exit. */
+	for (size_t i = 0; i < n; i++)
+		pthread_join(tb->workers[i], NULL);
+	tb->started = false;
+}
+
+static void tcp_destroy(struct sc_backend *b)
+{
+	struct tcp_backend *tb = to_tcp(b);
+	if (tb->n_workers)
+		tcp_stop(b);
+	pthread_cond_destroy(&tb->cv);
+	pthread_mutex_destroy(&tb->mu);
+	free(tb);
+}
+
+static const struct sc_backend_ops tcp_ops = {
+	.name = "tcp",
+	.kind = SC_BACKEND_TCP,
+	.transport_level = 1,
+	.start = tcp_start,
+	.stop = tcp_stop,
+	.destroy = tcp_destroy,
+	.register_region = sc_backend_register_unsupported, /* no registration needed: succeeds */
+	.deregister_region = sc_backend_deregister_noop,
+	.expose = sc_backend_expose_noop, /* the token is the grant; passive.h checks it */
+	.revoke = sc_backend_revoke_noop,
+	.submit = tcp_submit,
+	.cancel = tcp_cancel,
+};
+
+struct sc_backend *sc_backend_tcp_create(struct sc_engine *eng, const struct sc_config *cfg)
+{
+	struct tcp_backend *tb = calloc(1, sizeof(*tb));
+	if (!tb)
+		return NULL;
+	tb->base.ops = &tcp_ops;
+	tb->base.eng = eng;
+	pthread_mutex_init(&tb->mu, NULL);
+	pthread_cond_init(&tb->cv, NULL);
+	tb->streams = cfg->tcp_streams ? cfg->tcp_streams : 1;
+	if (tb->streams > MAX_STREAMS)
+		tb->streams = MAX_STREAMS;
+	tb->chunk = cfg->tcp_chunk_bytes ? cfg->tcp_chunk_bytes : DEFAULT_CHUNK;
+	if (tb->chunk > SC_PEER_MAX_BULK)
+		tb->chunk = SC_PEER_MAX_BULK;
+	tb->pool = sc_engine_peer_pool(eng);
+	struct sc_peer_server *srv = sc_engine_peer_server(eng);
+	if (!tb->pool || !srv) {
+		tb->base.available = false;
+		snprintf(tb->base.detail, sizeof(tb->base.detail),
+			 "no data listener (--backends excludes tcp and ibverbs)");
+		return &tb->base;
+	}
+	snprintf(tb->base.endpoint, sizeof(tb->base.endpoint), "%s", sc_peer_server_endpoint(srv));
+	tb->base.available = true;
+	snprintf(tb->base.detail, sizeof(tb->base.detail),
+		 "tcp data plane on %s (%u stream(s), %" PRIu64 " KiB chunks)", tb->base.endpoint,
+		 tb->streams, tb->chunk >> 10);
+	return &tb->base;
+}
