@@ -1106,6 +1106,16 @@ out:
 	return rc;
 }
 
+void sc_passive_set_backend(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN],
+			    uint64_t xfer_id, enum sc_backend_kind backend)
+{
+	pthread_mutex_lock(&eng->mu);
+	struct sc_op *op = sc_idmap_get(eng->tokens, token, SC_TOKEN_LEN);
+	if (op && find_use(op, xfer_id))
+		op->backend = backend;
+	pthread_mutex_unlock(&eng->mu);
+}
+
 int sc_passive_span(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		    uint32_t desc_index, uint64_t offset, uint64_t len, struct sc_span *out,
 		    struct sc_err *err)

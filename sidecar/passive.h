@@ -41,6 +41,10 @@ struct sc_span {
 int sc_passive_open(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		    enum sc_op_kind peer_kind, const char *peer_id, uint64_t total_bytes,
 		    struct sc_err *err);
+/* Record which backend moves this use's bytes (default: LOCAL for this sidecar, else TCP); the
+ * control path calls it after open when the peer said it will use ibverbs. */
+void sc_passive_set_backend(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN],
+			    uint64_t xfer_id, enum sc_backend_kind backend);
 /* Range [offset, offset+len) of descriptor desc_index, for a transfer that opened. */
 int sc_passive_span(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		    uint32_t desc_index, uint64_t offset, uint64_t len, struct sc_span *out,
