@@ -42,7 +42,7 @@ if [[ "${SC_SKIP_VALGRIND:-0}" != 1 ]]; then
   done
   SC_WRAPPER="valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=99 --log-file=$root/build/valgrind-daemon-%p.log" \
   SC_TEST_SLOW=10 SC_BINARY=$root/build/rdma-sidecar SC_PYTHON_STUBS=$root/build/python \
-    /usr/bin/python3 tests/integration/test_valgrind_subset.py || fail=1
+    /usr/bin/python3 tests/integration/valgrind_subset.py || fail=1
   [[ $fail == 0 ]] || { echo "valgrind found problems"; exit 1; }
 fi
 echo "== all test stages passed"

@@ -1,0 +1,489 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ibverbs transfers on real verbs: two sidecars on the Soft-RoCE device of the test VM.
+
+Run inside the VM by tests/vm/guest-test.sh (ctest: vm.softroce). Not named test_*.py on purpose:
+the host's ctest glob must not pick it up (the host has no RDMA device). A representative subset
+of test_transfers.py and test_faults.py, every transfer asserting that both the active and the
+passive operation used BACKEND_IBVERBS, with random data, odd sizes and offsets, several
+descriptors, every byte compared on both sides. Emulation (QEMU TCG) moves about 15-40 MB/s, so
+sizes stay small: the whole module is meant to finish in a few minutes.
+
+Environment (the VM harness sets the first three): RXE_DEV (rxe0), RXE_IP (10.99.0.1),
+RXE_GID_INDEX (1); SC_BINARY, SC_PYTHON_STUBS as for the other integration tests; SC_TEST_SLOW
+scales waits. Without the device it exits 77 (skip), which guest-test.sh counts as a failure.
+"""
+import base64
+import os
+import random
+import signal
+import socket
+import sys
+import time
+import unittest
+
+import grpc
+from harness import SLOW, SidecarTest, desc, pb, wait_until
+
+DEV = os.environ.get("RXE_DEV", "rxe0")
+IP = os.environ.get("RXE_IP", "10.99.0.1")
+GID_INDEX = os.environ.get("RXE_GID_INDEX", "1")
+IB = pb.BACKEND_IBVERBS
+TCP = pb.BACKEND_TCP
+
+# Sidecar flags for real verbs. The harness passes --data-listen 127.0.0.1:0 itself; these come
+# later on the command line and win (test_info checks the data endpoint). The control channel must
+# listen on the rxe netdev's address so that it and the QP addresses agree.
+IB_FLAGS = ["--ib-device", DEV, "--ib-gid-index", GID_INDEX,
+            "--data-listen", IP + ":0", "--advertise", IP]
+
+# Transfers big enough to be interrupted: several seconds at emulated Soft-RoCE speed.
+BIG = 64 << 20
+
+
+def code(c):
+    return c.value[0]
+
+
+def bname(b):
+    return pb.Backend.Name(b)
+
+
+def sname(s):
+    return pb.OperationStatus.Name(s)
+
+
+def layout(total, n, rnd):
+    """Split total into n lengths >= 1."""
+    if n == 1:
+        return [total]
+    cuts = sorted(rnd.sample(range(1, total), n - 1))
+    return [b - a for a, b in zip([0] + cuts, cuts + [total])]
+
+
+def rand_bytes(n, period=1048573):
+    """n random-looking bytes, cheap under emulation (os.urandom manages ~20 MB/s in the VM): a
+    random block of a prime length tiled from a random start. Misplaced data is still caught, as
+    no chunking of the data path is a multiple of the period; payload and noise use different
+    periods."""
+    if n <= period:
+        return os.urandom(n)
+    block = os.urandom(period)
+    start = random.randrange(period)
+    return (block * (n // period + 2))[start:start + n]
+
+
+def first_diff(a, b):
+    """Offset of the first differing byte (compares 1 MiB slices first: fast under emulation)."""
+    step = 1 << 20
+    for base in range(0, max(len(a), len(b)), step):
+        x, y = a[base:base + step], b[base:base + step]
+        if x != y:
+            return base + next((i for i in range(min(len(x), len(y))) if x[i] != y[i]), min(len(x), len(y)))
+    return -1
+
+
+def decode_metadata(text):
+    """The RdmaMetadata inside an "rsm1." text (the wire format is part of the contract)."""
+    assert text.startswith("rsm1."), text[:16]
+    body = text[5:]
+    signed = pb.SignedMetadata.FromString(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    return pb.RdmaMetadata.FromString(signed.payload)
+
+
+def rxe_gid():
+    """The 16-byte GID the harness configured: RoCEv2, IPv4-mapped RXE_IP."""
+    return b"\0" * 10 + b"\xff\xff" + socket.inet_aton(IP)
+
+
+class IbverbsTest(SidecarTest):
+    def setUp(self):
+        super().setUp()
+        seed = int.from_bytes(os.urandom(8), "little")
+        self.rnd = random.Random(seed)
+        self.seed = seed
+
+    # ---- set-up helpers -------------------------------------------------------------------------
+
+    def side(self, name, keys, backends="ibverbs,tcp", extra=()):
+        return self.sidecar(name, key_file=keys, extra=IB_FLAGS + ["--backends", backends] + list(extra))
+
+    def pair(self, a_backends="ibverbs,tcp", b_backends="ibverbs,tcp", extra=()):
+        keys = self.key_file()
+        return self.side("a", keys, a_backends, extra), self.side("b", keys, b_backends, extra)
+
+    def assert_ib_metadata(self, text, lengths):
+        """The metadata offers ibverbs: the issuer's endpoint on rxe0 and an rkey per descriptor."""
+        md = decode_metadata(text)
+        self.assertIn(IB, list(md.backends), "metadata does not offer ibverbs (backends %s)"
+                      % [bname(b) for b in md.backends])
+        self.assertEqual(md.ibverbs.gid, rxe_gid(), "metadata GID is not RoCEv2 %s" % IP)
+        self.assertEqual(md.ibverbs.device, DEV)
+        self.assertEqual([d.length for d in md.descriptors], list(lengths))
+        for i, d in enumerate(md.descriptors):
+            self.assertNotEqual(d.rkey, 0, "descriptor %d has no rkey" % i)
+            self.assertNotEqual(d.remote_addr, 0, "descriptor %d has no remote address" % i)
+        return md
+
+    def get(self, side, op_id):
+        return side.stub.GetOperation(pb.GetOperationRequest(operation_id=op_id), timeout=10 * SLOW)
+
+    # ---- the transfer check ---------------------------------------------------------------------
+
+    def move(self, src, dst, total, ndesc, direction, backend=IB, passive_backend=None, slack=4099,
+             require=pb.BACKEND_UNSPECIFIED):
+        """src owns the passive operation (READABLE for read, WRITABLE for write), dst is active.
+        Random noise fills both regions, random payload the sending ranges; afterwards every byte
+        of both regions is compared. Returns (active, passive) final operations."""
+        passive_backend = backend if passive_backend is None else passive_backend
+        lengths = layout(total, ndesc, self.rnd)
+        rs = src.create_region(total + slack * (ndesc + 1))
+        rd = dst.create_region(total + slack * (ndesc + 1))
+        noise_s, noise_d = rand_bytes(rs.size, 999983), rand_bytes(rd.size, 999979)
+        src.fill(rs, 0, noise_s)
+        dst.fill(rd, 0, noise_d)
+        payload = rand_bytes(total)
+        src_descs, dst_descs, off_s, off_d = [], [], 1, 3
+        for ln in lengths:
+            off_s += self.rnd.randrange(0, slack)
+            off_d += self.rnd.randrange(0, slack)
+            src_descs.append(desc(rs, off_s, ln))
+            dst_descs.append(desc(rd, off_d, ln))
+            off_s += ln
+            off_d += ln
+        # sender: the passive side for a read, the active side for a write
+        send, send_region, send_descs, send_noise, recv, recv_region, recv_descs, recv_noise = (
+            (src, rs, src_descs, noise_s, dst, rd, dst_descs, noise_d) if direction == "read"
+            else (dst, rd, dst_descs, noise_d, src, rs, src_descs, noise_s))
+        sent = bytearray(send_noise)
+        pos = 0
+        for d in send_descs:
+            send.fill(send_region, d.offset, payload[pos:pos + d.length])
+            sent[d.offset:d.offset + d.length] = payload[pos:pos + d.length]
+            pos += d.length
+        create = src.stub.CreateReadable if direction == "read" else src.stub.CreateWritable
+        passive = create(pb.CreatePassiveRequest(descriptors=src_descs, timeout_ms=180000), timeout=30 * SLOW)
+        self.assertEqual(passive.status, pb.OPERATION_STATUS_INITIALIZED)
+        if passive_backend == IB or require == TCP:
+            self.assert_ib_metadata(passive.metadata, lengths)
+        begin = dst.stub.BeginRead if direction == "read" else dst.stub.BeginWrite
+        op = begin(pb.BeginTransferRequest(metadata=passive.metadata, descriptors=dst_descs, timeout_ms=180000,
+                                           backend=require), timeout=30 * SLOW)
+        what = "%s of %d bytes in %d descriptors (seed %d)" % (direction, total, ndesc, self.seed)
+        done = dst.wait(op.operation_id, 180000)
+        self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE,
+                         "%s: %s %s" % (what, sname(done.status), done.error.message))
+        self.assertEqual(done.backend, backend, "%s: active side used %s (%s)"
+                         % (what, bname(done.backend), done.backend_reason))
+        self.assertEqual(done.bytes_done, total)
+        p = src.wait(passive.operation_id, 30000)
+        self.assertEqual(p.status, pb.OPERATION_STATUS_COMPLETE, "%s: passive %s %s"
+                         % (what, sname(p.status), p.error.message))
+        self.assertEqual(p.backend, passive_backend, "%s: passive side used %s (%s)"
+                         % (what, bname(p.backend), p.backend_reason))
+        self.assertEqual(p.bytes_done, total)
+        expect = bytearray(recv_noise)
+        pos = 0
+        for d in recv_descs:
+            expect[d.offset:d.offset + d.length] = payload[pos:pos + d.length]
+            pos += d.length
+        got = recv.peek(recv_region, 0, recv_region.size)
+        if got != bytes(expect):
+            bad = first_diff(got, expect)
+            self.fail("%s: receiver bytes differ, first at region offset %d" % (what, bad))
+        self.assertTrue(send.peek(send_region, 0, send_region.size) == bytes(sent),
+                        "%s: the sender's region changed" % what)
+        return done, p
+
+    # ---- info and metadata ----------------------------------------------------------------------
+
+    def test_info(self):
+        keys = self.key_file()
+        a = self.side("a", keys)
+        info = a.info()
+        ib = [b for b in info.backends if b.backend == IB]
+        self.assertEqual(len(ib), 1, info)
+        self.assertTrue(ib[0].available, "ibverbs unavailable in the VM: %s" % ib[0].detail)
+        self.assertIn(DEV, list(ib[0].devices), ib[0])
+        print("ibverbs: %s devices=%s" % (ib[0].detail, list(ib[0].devices)))
+        # the later --data-listen won over the harness's 127.0.0.1:0
+        self.assertTrue(info.data_endpoints, info)
+        self.assertTrue(info.data_endpoints[0].startswith(IP + ":"), info.data_endpoints)
+        # forced off: reported as unavailable, and why
+        t = self.side("t", keys, backends="tcp")
+        ib = [b for b in t.info().backends if b.backend == IB][0]
+        self.assertFalse(ib.available)
+        self.assertIn("--backends", ib.detail)
+
+    def test_metadata_rkeys_per_operation(self):
+        """Two live operations on the same bytes get distinct rkeys (remote access per operation)."""
+        keys = self.key_file()
+        a = self.side("a", keys)
+        r = a.create_region(1 << 20)
+        d = [desc(r, 100, 5000), desc(r, 9000, 3)]
+        o1 = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=d), timeout=10 * SLOW)
+        o2 = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=d), timeout=10 * SLOW)
+        o3 = a.stub.CreateWritable(pb.CreatePassiveRequest(descriptors=d), timeout=10 * SLOW)
+        m1, m2, m3 = (self.assert_ib_metadata(o.metadata, [5000, 3]) for o in (o1, o2, o3))
+        k1, k2, k3 = ({x.rkey for x in m.descriptors} for m in (m1, m2, m3))
+        self.assertFalse(k1 & k2, "two operations share an rkey")
+        self.assertFalse(k1 & k3, "a readable and a writable share an rkey")
+        for o in (o1, o2, o3):
+            a.stub.CancelOperation(pb.CancelOperationRequest(operation_id=o.operation_id), timeout=10 * SLOW)
+
+    # ---- transfers ------------------------------------------------------------------------------
+
+    def test_sizes_both_directions(self):
+        a, b = self.pair()
+        for total, ndesc in ((1, 1), (4095, 3), ((1 << 20) + 7, 5), (16 << 20, 4)):
+            for direction in ("read", "write"):
+                with self.subTest(total=total, direction=direction):
+                    t0 = time.monotonic()
+                    self.move(a, b, total, ndesc, direction)
+                    print("  %s %d bytes / %d descriptors: %.2fs" % (direction, total, ndesc, time.monotonic() - t0))
+
+    def test_64mib_read(self):
+        a, b = self.pair()
+        t0 = time.monotonic()
+        done, _ = self.move(a, b, BIG, 2, "read")
+        print("  read 64 MiB: %.2fs end to end, %d ms by the operation"
+              % (time.monotonic() - t0, done.completed_unix_ms - done.created_unix_ms))
+
+    def test_many_descriptors_both_directions(self):
+        a, b = self.pair()
+        self.move(a, b, (2 << 20) + 333, 64, "read")
+        self.move(b, a, 777777, 33, "write")
+
+    def test_reuse_both_ways(self):
+        """Several transfers on the same pair and in both roles (the cached QPs are reused)."""
+        a, b = self.pair()
+        for i in range(3):
+            self.move(a, b, 65536 + i, 2, "read")
+            self.move(b, a, 65536 - i, 2, "write")
+
+    # ---- backend choice -------------------------------------------------------------------------
+
+    def test_tcp_forced_on_issuer(self):
+        """The passive side offers only TCP: the active side uses TCP and says why."""
+        a, b = self.pair(a_backends="tcp")
+        ro = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(a.create_region(10), 0, 10)]),
+                                   timeout=10 * SLOW)
+        md = decode_metadata(ro.metadata)
+        self.assertNotIn(IB, list(md.backends), "a tcp-only sidecar offers ibverbs in its metadata")
+        a.stub.CancelOperation(pb.CancelOperationRequest(operation_id=ro.operation_id), timeout=10 * SLOW)
+        for direction in ("read", "write"):
+            done, _ = self.move(a, b, (1 << 20) + 7, 3, direction, backend=TCP)
+            self.assertIn("does not offer", done.backend_reason)
+            self.assertIn("a", done.backend_reason)
+        self.assertIn("TCP although ibverbs is configured", b.read_log())
+
+    def test_tcp_forced_on_active_side(self):
+        """The active side runs --backends tcp: TCP, and the reason names the flag."""
+        a, b = self.pair(b_backends="tcp")
+        for direction in ("read", "write"):
+            done, _ = self.move(a, b, 4097, 2, direction, backend=TCP)
+            self.assertIn("--backends", done.backend_reason)
+
+    def test_required_backend(self):
+        """Requiring IBVERBS from a TCP-only issuer is refused at once (no bytes move); requiring
+        TCP between two ibverbs sidecars is honoured and says so."""
+        a, b = self.pair(a_backends="tcp")
+        r = a.create_region(4096)
+        ro = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(r, 0, 4096)]), timeout=10 * SLOW)
+        rb = b.create_region(4096)
+        self.assertRpcError(grpc.StatusCode.FAILED_PRECONDITION, b.stub.BeginRead, pb.BeginTransferRequest(
+            metadata=ro.metadata, descriptors=[desc(rb, 0, 4096)], backend=IB), timeout=10 * SLOW,
+            contains="does not offer")
+        c = self.side("c", self.key_file("k2"))
+        d = self.side("d", self.key_file("k2"))
+        done, _ = self.move(c, d, (1 << 20) + 5, 2, "read", backend=TCP, require=TCP)
+        self.assertIn("required", done.backend_reason)
+
+    # ---- cancel, deadline, peer killed mid-transfer ---------------------------------------------
+
+    def start_big(self, a, b, direction="read", timeout_ms=180000):
+        """A BIG transfer between a (passive) and b (active), after a small warm-up transfer that
+        sets up the queue pairs and proves the pair uses ibverbs. Returns (passive, active)."""
+        self.move(a, b, 4096, 1, direction)
+        ra, rb = a.create_region(BIG), b.create_region(BIG)
+        create = a.stub.CreateReadable if direction == "read" else a.stub.CreateWritable
+        po = create(pb.CreatePassiveRequest(descriptors=[desc(ra, 0, BIG)], timeout_ms=180000), timeout=30 * SLOW)
+        begin = b.stub.BeginRead if direction == "read" else b.stub.BeginWrite
+        op = begin(pb.BeginTransferRequest(metadata=po.metadata, descriptors=[desc(rb, 0, BIG)],
+                                           timeout_ms=timeout_ms), timeout=30 * SLOW)
+        self.assertEqual(op.backend, IB, "big transfer chose %s: %s" % (bname(op.backend), op.backend_reason))
+        return po, op
+
+    def wait_moving(self, a, po, b, op):
+        """Until bytes move: the active side reports progress, or the passive side is IN_PROGRESS
+        (opened over the control channel) for a moment. Fails if the transfer already ended."""
+        t_open = []
+
+        def moving():
+            o = self.get(b, op.operation_id)
+            if o.status not in (pb.OPERATION_STATUS_IN_PROGRESS, pb.OPERATION_STATUS_SCHEDULED):
+                return o
+            if o.bytes_done > 0:
+                return o
+            p = self.get(a, po.operation_id)
+            if p.status == pb.OPERATION_STATUS_IN_PROGRESS:
+                if not t_open:
+                    t_open.append(time.monotonic())
+                elif time.monotonic() - t_open[0] > 0.3:
+                    return o
+            return None
+        o = wait_until(moving, 30, "the big transfer to start moving bytes")
+        self.assertEqual(o.status, pb.OPERATION_STATUS_IN_PROGRESS,
+                         "the %d-byte transfer ended (%s) before the fault could be injected; raise BIG"
+                         % (BIG, sname(o.status)))
+        return o
+
+    def assert_pair_serves(self, a, b):
+        """After a fault the pair still moves bytes over ibverbs, both ways."""
+        self.move(a, b, (1 << 20) + 1, 2, "read")
+        self.move(b, a, 4095, 2, "write")
+
+    def test_active_cancelled_during(self):
+        a, b = self.pair()
+        po, op = self.start_big(a, b, "read")
+        self.wait_moving(a, po, b, op)
+        t0 = time.monotonic()
+        c = b.stub.CancelOperation(pb.CancelOperationRequest(operation_id=op.operation_id), timeout=10 * SLOW)
+        self.assertEqual(c.status, pb.OPERATION_STATUS_CANCELLED, c.error.message)
+        p = a.wait(po.operation_id, 20000)
+        self.assertEqual(p.status, pb.OPERATION_STATUS_CANCELLED, "passive: %s %s" % (sname(p.status), p.error.message))
+        told = time.monotonic() - t0
+        self.assertLess(told, 5 * SLOW, "the passive side was told late")
+        w = b.wait(op.operation_id, 1000)
+        self.assertEqual(w.status, pb.OPERATION_STATUS_CANCELLED)
+        self.assertLess(w.bytes_done, BIG)
+        print("  cancelled at %d of %d bytes; passive told in %.2fs" % (w.bytes_done, BIG, told))
+        self.assert_pair_serves(a, b)
+
+    def test_passive_cancelled_during(self):
+        a, b = self.pair()
+        po, op = self.start_big(a, b, "write")
+        self.wait_moving(a, po, b, op)
+        t0 = time.monotonic()
+        a.stub.CancelOperation(pb.CancelOperationRequest(operation_id=po.operation_id), timeout=10 * SLOW)
+        w = b.wait(op.operation_id, 20000)
+        self.assertIn(w.status, (pb.OPERATION_STATUS_ERRORED, pb.OPERATION_STATUS_CANCELLED),
+                      "active after passive cancel: %s %s" % (sname(w.status), w.error.message))
+        told = time.monotonic() - t0
+        self.assertLess(told, 5 * SLOW, "the active side was told late")
+        self.assertLess(w.bytes_done, BIG)
+        self.assertEqual(a.wait(po.operation_id, 1000).status, pb.OPERATION_STATUS_CANCELLED)
+        print("  active ended %s (%s) in %.2fs" % (sname(w.status), w.error.message, told))
+        self.assert_pair_serves(a, b)
+
+    def test_deadline_mid_transfer(self):
+        a, b = self.pair()
+        # The warm-up in start_big sets up the QPs; 64 MiB then takes seconds, the deadline is 1 s.
+        po, op = self.start_big(a, b, "read", timeout_ms=1000)
+        t0 = time.monotonic()
+        w = b.wait(op.operation_id, 20000)
+        self.assertEqual(w.status, pb.OPERATION_STATUS_ERRORED, "%s %s" % (sname(w.status), w.error.message))
+        self.assertEqual(w.error.code, code(grpc.StatusCode.DEADLINE_EXCEEDED), w.error.message)
+        self.assertLess(w.bytes_done, BIG)
+        self.assertLess(time.monotonic() - t0, 5 * SLOW, "the deadline fired late")
+        p = a.wait(po.operation_id, 20000)
+        self.assertEqual(p.status, pb.OPERATION_STATUS_ERRORED, "passive: %s %s" % (sname(p.status), p.error.message))
+        print("  active: %s; passive: %s" % (w.error.message, p.error.message))
+        self.assert_pair_serves(a, b)
+
+    def survivor_serves(self, survivor, keys):
+        """A fresh peer and the survivor move bytes over ibverbs both ways."""
+        c = self.side("c", keys)
+        self.move(survivor, c, (1 << 20) + 3, 2, "read")
+        self.move(c, survivor, 5000, 1, "write")
+
+    def test_passive_peer_killed(self):
+        keys = self.key_file()
+        a, b = self.side("a", keys), self.side("b", keys)
+        a.expect_nonzero = True
+        po, op = self.start_big(a, b, "read")
+        self.wait_moving(a, po, b, op)
+        t0 = time.monotonic()
+        a.proc.send_signal(signal.SIGKILL)
+        w = b.wait(op.operation_id, 60000)
+        took = time.monotonic() - t0
+        self.assertEqual(w.status, pb.OPERATION_STATUS_ERRORED, "%s %s" % (sname(w.status), w.error.message))
+        self.assertEqual(w.error.code, code(grpc.StatusCode.UNAVAILABLE), w.error.message)
+        self.assertLess(took, 10 * SLOW, "the survivor noticed too late (deadline 180 s)")
+        print("  survivor errored in %.2fs: %s" % (took, w.error.message))
+        self.survivor_serves(b, keys)
+
+    def test_active_peer_killed(self):
+        keys = self.key_file()
+        a, b = self.side("a", keys), self.side("b", keys)
+        b.expect_nonzero = True
+        po, op = self.start_big(a, b, "write")
+        self.wait_moving(a, po, b, op)
+        t0 = time.monotonic()
+        b.proc.send_signal(signal.SIGKILL)
+        p = a.wait(po.operation_id, 60000)
+        took = time.monotonic() - t0
+        self.assertEqual(p.status, pb.OPERATION_STATUS_ERRORED, "%s %s" % (sname(p.status), p.error.message))
+        self.assertEqual(p.error.code, code(grpc.StatusCode.UNAVAILABLE), p.error.message)
+        self.assertLess(took, 10 * SLOW, "the survivor noticed too late (deadline 180 s)")
+        print("  survivor errored in %.2fs: %s" % (took, p.error.message))
+        self.survivor_serves(a, keys)
+
+
+class TimedResult(unittest.TextTestResult):
+    """Records each test's outcome and duration for the summary guest-test.sh prints."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.timings = []
+
+    def startTest(self, test):
+        self._t0 = time.monotonic()
+        self._outcome = "PASS"
+        super().startTest(test)
+
+    def _mark(self, what):
+        if self._outcome == "PASS" or what in ("FAIL", "ERROR"):
+            self._outcome = what
+
+    def addFailure(self, test, err):
+        self._mark("FAIL")
+        super().addFailure(test, err)
+
+    def addError(self, test, err):
+        self._mark("ERROR")
+        super().addError(test, err)
+
+    def addSubTest(self, test, subtest, err):
+        if err is not None:
+            self._mark("FAIL")
+        super().addSubTest(test, subtest, err)
+
+    def addSkip(self, test, reason):
+        self._mark("SKIP")
+        super().addSkip(test, reason)
+
+    def stopTest(self, test):
+        super().stopTest(test)
+        self.timings.append((test.id().rsplit(".", 1)[-1], self._outcome, time.monotonic() - self._t0))
+
+
+def run():
+    if not os.path.isdir("/sys/class/infiniband/" + DEV):
+        print("vm_ibverbs: no RDMA device %s here (run it in the VM: tests/vm/run-in-vm.sh "
+              "tests/vm/guest-test.sh); skipping" % DEV)
+        sys.exit(77)
+    t0 = time.monotonic()
+    runner = unittest.TextTestRunner(verbosity=2, resultclass=TimedResult, stream=sys.stdout)
+    prog = unittest.main(module=__name__, testRunner=runner, exit=False, argv=sys.argv)
+    res = prog.result
+    print("\nvm_ibverbs summary (%s %s, gid index %s):" % (DEV, IP, GID_INDEX))
+    for name, outcome, secs in res.timings:
+        print("  %-5s %-40s %6.1fs" % (outcome, name, secs))
+    print("vm_ibverbs: %d tests, %d failed, %d errors, %d skipped in %.0fs"
+          % (res.testsRun, len(res.failures), len(res.errors), len(res.skipped), time.monotonic() - t0))
+    # A skip inside the VM means something was not exercised: count it as a failure there.
+    sys.exit(0 if res.wasSuccessful() and not res.skipped else 1)
+
+
+if __name__ == "__main__":
+    run()
