@@ -1,0 +1,284 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Sidecar ibverbs READ/WRITE throughput against perftest on the same RDMA device, same run.
+
+Meant for the Soft-RoCE VM (bench/run-vm-bench.sh boots it and runs bench/guest-bench.sh, which
+runs this), but works on any host with an RDMA device and an address on it. Starts two sidecars
+on the device (ibverbs only), then for each size and direction:
+
+  perftest  ib_<op>_bw -d DEV -x GID -s SIZE -n ITERS (via bench/vm-perftest.sh), one QP;
+  sidecar   ITERS operations one after another: CreateReadable/CreateWritable on the passive
+            sidecar (not timed), then BeginRead/BeginWrite + WaitOperation on the active one,
+            timed by the client (perf_counter around BeginX..WaitOperation return) and by the
+            operation (completed_unix_ms - created_unix_ms, millisecond resolution);
+  sidecar/qD the same with D operations in flight (D client threads, own regions each), for
+            sizes up to --depth-max-size.
+
+Throughput is bytes / wall time (serial: the sum of client latencies, so gRPC round trips count);
+GB/s = 1e9 bytes/s as vm-perftest.sh prints; ratio = sidecar GB/s / perftest GB/s of the same size
+and direction in this run. The bytes of each size and direction are compared once (a benchmark
+that moves wrong bytes is meaningless). Prints a table; --json writes every figure.
+
+Usage: ib_bench.py [--sizes 1M:64,64M:5] [--ops read,write] [--depth 4] [--depth-max-size 8M]
+                   [--dev rxe0] [--gid 1] [--ip 10.99.0.1] [--no-perftest] [--json FILE]
+Environment: SC_BINARY, SC_PYTHON_STUBS (as for the integration tests), SC_SOURCE_DIR.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.environ.get("SC_SOURCE_DIR", os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(SRC, "tests", "integration"))
+
+from harness import Sidecar, desc, pb, write_key_file  # noqa: E402
+
+
+def parse_size(s):
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:].upper(), 1)
+    return int(s[:-1] if mult > 1 else s) * mult
+
+
+def human(n):
+    for unit, v in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= v and n % v == 0:
+            return "%d%s" % (n // v, unit)
+    return str(n)
+
+
+def pct(xs, p):
+    """Nearest-rank percentile (p99 of 20 samples is the largest)."""
+    xs = sorted(xs)
+    k = max(0, min(len(xs) - 1, int(round(p / 100.0 * len(xs) + 0.5)) - 1))
+    return xs[k]
+
+
+def log(msg):
+    print("ib_bench: %s" % msg, file=sys.stderr, flush=True)
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.dir = tempfile.mkdtemp(prefix="ibbench-", dir="/tmp")
+        keys = write_key_file(os.path.join(self.dir, "keys"))
+        flags = ["--key-file", keys, "--ib-device", args.dev, "--ib-gid-index", str(args.gid),
+                 "--data-listen", args.ip + ":0", "--advertise", args.ip, "--backends", args.backends,
+                 "--log-level", "info"]
+        # passive (issues metadata, owns the exposed memory) and active (BeginRead/BeginWrite)
+        self.p = Sidecar(self.dir, "passive", extra=flags, tcp=False)
+        self.a = Sidecar(self.dir, "active", extra=flags, tcp=False)
+        for s in (self.p, self.a):
+            ib = [b for b in s.info().backends if b.backend == pb.BACKEND_IBVERBS][0]
+            log("%s: ibverbs available=%s (%s)" % (s.name, ib.available, ib.detail))
+            if not ib.available and "ibverbs" in args.backends.split(","):
+                raise SystemExit("ib_bench: ibverbs is not available on sidecar %s: %s" % (s.name, ib.detail))
+
+    def close(self):
+        for s in (self.a, self.p):
+            try:
+                s.stop()
+            except Exception as e:  # noqa: BLE001
+                log("stopping %s: %s" % (s.name, e))
+        shutil.rmtree(self.p.shm, ignore_errors=True)
+        shutil.rmtree(self.a.shm, ignore_errors=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def regions(self, size):
+        rp, ra = self.p.create_region(size), self.a.create_region(size)
+        block = os.urandom(min(size, 1048573))
+        data = (block * (size // len(block) + 1))[:size]
+        # the sender holds the data; the receiver starts with other bytes
+        self.p.fill(rp, 0, data)
+        self.a.fill(ra, 0, data[::-1])
+        return rp, ra
+
+    def one(self, op, size, rp, ra):
+        """One timed operation; returns (client seconds, operation ms)."""
+        create = self.p.stub.CreateReadable if op == "read" else self.p.stub.CreateWritable
+        begin = self.a.stub.BeginRead if op == "read" else self.a.stub.BeginWrite
+        po = create(pb.CreatePassiveRequest(descriptors=[desc(rp, 0, size)], timeout_ms=600000), timeout=60)
+        t0 = time.perf_counter()
+        ao = begin(pb.BeginTransferRequest(metadata=po.metadata, descriptors=[desc(ra, 0, size)],
+                                           timeout_ms=600000), timeout=60)
+        done = self.a.stub.WaitOperation(pb.WaitOperationRequest(operation_id=ao.operation_id, timeout_ms=600000),
+                                         timeout=620)
+        t1 = time.perf_counter()
+        if done.status != pb.OPERATION_STATUS_COMPLETE:
+            raise SystemExit("ib_bench: %s of %d bytes ended %s: %s" % (
+                op, size, pb.OperationStatus.Name(done.status), done.error.message))
+        if done.backend != self.expect_backend():
+            raise SystemExit("ib_bench: %s used %s, not %s: %s" % (
+                op, pb.Backend.Name(done.backend), pb.Backend.Name(self.expect_backend()), done.backend_reason))
+        for s, oid in ((self.a, ao.operation_id), (self.p, po.operation_id)):
+            s.stub.ReleaseOperation(pb.ReleaseOperationRequest(operation_id=oid), timeout=60)
+        return t1 - t0, done.completed_unix_ms - done.created_unix_ms
+
+    def expect_backend(self):
+        return pb.BACKEND_IBVERBS if "ibverbs" in self.args.backends.split(",") else pb.BACKEND_TCP
+
+    def verify(self, op, size, rp, ra):
+        want = self.p.peek(rp, 0, size) if op == "read" else self.a.peek(ra, 0, size)
+        got = self.a.peek(ra, 0, size) if op == "read" else self.p.peek(rp, 0, size)
+        if got != want:
+            raise SystemExit("ib_bench: %s of %d bytes: the receiver's bytes differ from the sender's" % (op, size))
+
+    def serial(self, op, size, iters):
+        rp, ra = self.regions(size)
+        self.one(op, size, rp, ra)  # warm-up: queue pairs, registration caches, page faults
+        self.verify(op, size, rp, ra)
+        client, opms = [], []
+        for _ in range(iters):
+            c, o = self.one(op, size, rp, ra)
+            client.append(c)
+            opms.append(o)
+        self.drop(rp, ra)
+        wall = sum(client)
+        return {"tool": "sidecar", "op": op, "size": size, "iters": iters, "depth": 1,
+                "gbps": size * iters / wall / 1e9, "msg_rate": iters / wall,
+                "p50_ms": pct(client, 50) * 1e3, "p99_ms": pct(client, 99) * 1e3,
+                "op_p50_ms": pct(opms, 50), "op_p99_ms": pct(opms, 99),
+                "op_gbps": size / (max(statistics.median(opms), 1) / 1e3) / 1e9}
+
+    def pipelined(self, op, size, iters, depth):
+        pairs = [self.regions(size) for _ in range(depth)]
+        for rp, ra in pairs:
+            self.one(op, size, rp, ra)
+        client, errors = [], []
+        counter = iter(range(iters))
+        lock = threading.Lock()
+
+        def worker(rp, ra):
+            try:
+                while True:
+                    with lock:
+                        if next(counter, None) is None:
+                            return
+                    c, _ = self.one(op, size, rp, ra)
+                    with lock:
+                        client.append(c)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+        threads = [threading.Thread(target=worker, args=pr) for pr in pairs]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        if errors:
+            raise errors[0]
+        for rp, ra in pairs:
+            self.drop(rp, ra)
+        return {"tool": "sidecar/q%d" % depth, "op": op, "size": size, "iters": iters, "depth": depth,
+                "gbps": size * iters / wall / 1e9, "msg_rate": iters / wall,
+                "p50_ms": pct(client, 50) * 1e3, "p99_ms": pct(client, 99) * 1e3}
+
+    def drop(self, rp, ra):
+        self.p.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=rp.region_id, force=True), timeout=60)
+        self.a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=ra.region_id, force=True), timeout=60)
+
+
+def perftest(args, op, size, iters):
+    """One ib_<op>_bw pair through bench/vm-perftest.sh; None if it failed."""
+    cmd = ["bash", os.path.join(HERE, "vm-perftest.sh"), "-d", args.dev, "-x", str(args.gid), "-a", args.ip,
+           "-o", op, "%d:%d" % (size, iters)]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=120 + size * iters / (2 << 20))
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip() and not ln.startswith("#")]
+    if r.returncode != 0 or not rows:
+        log("perftest %s %d failed (exit %d):\n%s" % (op, size, r.returncode, r.stderr[-2000:]))
+        return None
+    _, n, gbps, mpps = rows[0][:4]
+    return {"tool": "ib_%s_bw" % op, "op": op, "size": size, "iters": int(n), "depth": 1,
+            "gbps": float(gbps), "msg_rate": float(mpps) * 1e6}
+
+
+def table(results):
+    lines = ["%-5s %6s %10s %6s  %-14s %9s %8s %10s %9s %9s %8s %9s" % (
+        "op", "round", "size", "iters", "tool", "GB/s", "MB/s", "msg/s", "p50_ms", "p99_ms", "op_p50", "ratio")]
+    ref = {(r["round"], r["op"], r["size"]): r["gbps"] for r in results if r["tool"].startswith("ib_")}
+    for r in results:
+        base = ref.get((r["round"], r["op"], r["size"]))
+        ratio = "%.2f" % (r["gbps"] / base) if base and not r["tool"].startswith("ib_") else "-"
+        r["ratio"] = None if ratio == "-" else float(ratio)
+
+        def ms(k):
+            return "%.1f" % r[k] if k in r else "-"
+        lines.append("%-5s %6d %10s %6d  %-14s %9.4f %8.1f %10.1f %9s %9s %8s %9s" % (
+            r["op"], r["round"], human(r["size"]), r["iters"], r["tool"], r["gbps"], r["gbps"] * 1e3, r["msg_rate"],
+            ms("p50_ms"), ms("p99_ms"), "%d" % r["op_p50_ms"] if "op_p50_ms" in r else "-", ratio))
+    # median ratio per size, direction and tool over the rounds
+    summary = {}
+    for r in results:
+        if r.get("ratio") is not None:
+            summary.setdefault((r["size"], r["op"], r["tool"]), []).append(r["ratio"])
+    if summary:
+        lines.append("# ratio sidecar/perftest, median over rounds (min..max):")
+        for (size, op, tool), xs in sorted(summary.items()):
+            lines.append("#   %-5s %6s %-14s %.2f (%.2f..%.2f, %d rounds)" % (
+                op, human(size), tool, statistics.median(xs), min(xs), max(xs), len(xs)))
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1M:64,64M:5", help="SIZE:ITERS list (default 1M:64,64M:5)")
+    ap.add_argument("--ops", default="read,write")
+    ap.add_argument("--depth", type=int, default=4, help="operations in flight for the pipelined run (0: none)")
+    ap.add_argument("--depth-max-size", default="8M", help="largest size run pipelined")
+    ap.add_argument("--dev", default=os.environ.get("RXE_DEV", "rxe0"))
+    ap.add_argument("--gid", default=os.environ.get("RXE_GID_INDEX", "1"))
+    ap.add_argument("--ip", default=os.environ.get("RXE_IP", "10.99.0.1"))
+    ap.add_argument("--backends", default="ibverbs", help="sidecar --backends (tcp: compare the TCP data plane)")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat everything; the summary gives median ratios")
+    ap.add_argument("--no-perftest", action="store_true")
+    ap.add_argument("--json", help="write every figure here")
+    args = ap.parse_args()
+    specs = []
+    for spec in args.sizes.split(","):
+        size, _, iters = spec.partition(":")
+        specs.append((parse_size(size), int(iters or 10)))
+    ops = args.ops.split(",")
+
+    t0 = time.monotonic()
+    bench = Bench(args)
+    results = []
+    try:
+        # Interleaved per size and direction (perftest, then the sidecar), so both see the same
+        # machine load; the ratio compares neighbours.
+        for rnd in range(1, args.rounds + 1):
+            for size, iters in specs:
+                for op in ops:
+                    row = []
+                    if not args.no_perftest:
+                        row.append(perftest(args, op, size, max(iters, 5)))
+                    row.append(bench.serial(op, size, iters))
+                    if args.depth > 1 and size <= parse_size(args.depth_max_size):
+                        row.append(bench.pipelined(op, size, max(iters, args.depth), args.depth))
+                    for r in row:
+                        if r:
+                            r["round"] = rnd
+                            results.append(r)
+                            log("%s" % r)
+    finally:
+        bench.close()
+    print("# sidecar (--backends %s) vs perftest on %s gid %s, %s; GB/s = 1e9 bytes/s; "
+          "p50/p99: client BeginX..Wait return; op_p50: operation created..completed (ms); "
+          "ratio: sidecar / perftest, same size and direction" % (args.backends, args.dev, args.gid,
+                                                                    time.strftime("%Y-%m-%d %H:%M:%S")))
+    print(table(results))
+    print("# %.0fs" % (time.monotonic() - t0))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"dev": args.dev, "gid": args.gid, "backends": args.backends, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
