@@ -59,7 +59,7 @@ static enum sc_status run_one(struct sc_engine *eng, struct sc_xfer *x, char *ms
 			}
 			uint64_t n = s->len - off < SLICE_BYTES ? s->len - off : SLICE_BYTES;
 			struct sc_span span;
-			if (sc_passive_span(eng, token, x->xfer_id, s->remote_desc, off, n, &span,
+			if (sc_passive_span(eng, token, x->xfer_id, x->kind, s->remote_desc, off, n, &span,
 					    &err) != 0)
 				goto fail_done;
 			if (x->kind == SC_OP_READ)

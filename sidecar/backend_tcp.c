@@ -175,8 +175,8 @@ static struct sc_peer_conn *connect_peer(struct tcp_xfer *tx, struct sc_err *err
 	const struct sc_metadata *md = tx->x->meta;
 	if (md->n_endpoints == 0) {
 		sc_err_set(err, SC_FAILED_PRECONDITION,
-			   "the metadata from sidecar %s names no data endpoint (its tcp backend is "
-			   "off)",
+			   "the metadata from sidecar %s names no data endpoint (its tcp "
+			   "backend is off)",
 			   md->issuer);
 		return NULL;
 	}
@@ -192,8 +192,8 @@ static struct sc_peer_conn *connect_peer(struct tcp_xfer *tx, struct sc_err *err
 		}
 		if (strcmp(sc_peer_conn_peer_id(c), md->issuer) != 0) {
 			sc_err_set(err, SC_UNAVAILABLE,
-				   "data endpoint %s is sidecar \"%s\", but the metadata was issued by "
-				   "\"%s\" (stale metadata, or a wrong --advertise)",
+				   "data endpoint %s is sidecar \"%s\", but the metadata was "
+				   "issued by \"%s\" (stale metadata, or a wrong --advertise)",
 				   md->endpoints[i], sc_peer_conn_peer_id(c), md->issuer);
 			sc_peer_pool_put(tx->tb->pool, c, true);
 			continue;
@@ -287,7 +287,7 @@ out:
 	set_conn(tx, slot, NULL);
 }
 
-/* ---- leading a transfer ------------------------------------------------------------------------ */
+/* ---- leading a transfer ---------------------------------------------------------------------- */
 
 static void queue_task_locked(struct tcp_backend *tb, struct task *t)
 {
@@ -475,7 +475,7 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
-/* ---- ops --------------------------------------------------------------------------------------- */
+/* ---- ops ------------------------------------------------------------------------------------- */
 
 static int tcp_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err)
 {

@@ -166,6 +166,8 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 	if ((cfg->backends & SC_BACKEND_BIT_IBVERBS) && !eng->backends[SC_BACKEND_IBVERBS]->available)
 		SC_WARN("ibverbs", "--backends asks for ibverbs but it is unavailable: %s",
 			eng->backends[SC_BACKEND_IBVERBS]->detail);
+	if (sc_metrics_create(eng, cfg->metrics_listen, &eng->metrics, err) != 0)
+		goto fail;
 	*out = eng;
 	return 0;
 fail:
@@ -199,6 +201,8 @@ int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
 			return -1;
 		}
 	}
+	if (sc_metrics_start(eng->metrics, err) != 0)
+		return -1;
 	eng->started = true;
 	for (int b = 1; b < SC_NUM_BACKENDS; b++)
 		SC_INFO("engine", "backend %-7s %s: %s", sc_backend_name((enum sc_backend_kind)b),
@@ -240,6 +244,7 @@ void sc_engine_destroy(struct sc_engine *eng)
 {
 	if (!eng)
 		return;
+	sc_metrics_stop(eng->metrics); /* no scrape reads the tables while they go */
 	sc_engine_begin_drain(eng);
 	if (eng->ops)
 		sc_op_cancel_all(eng, "sidecar is shutting down");
@@ -267,6 +272,7 @@ void sc_engine_destroy(struct sc_engine *eng)
 	sc_idmap_destroy(eng->regions);
 	sc_idmap_destroy(eng->ops);
 	sc_idmap_destroy(eng->tokens);
+	sc_metrics_destroy(eng->metrics);
 	sc_keyring_release(eng->keys);
 	pthread_cond_destroy(&eng->idle_cv);
 	pthread_mutex_destroy(&eng->mu);

@@ -47,7 +47,8 @@ const char *sc_backend_name(enum sc_backend_kind b);
 
 /* ---- lifecycle (main thread) --------------------------------------------------------------- */
 
-/* Probes backends, loads keys, creates the shm dir check. Binds nothing yet. */
+/* Checks the shm dir, loads keys, probes backends and binds the data and metrics listeners
+ * (so a busy port is a start-up error). Starts no thread. */
 int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct sc_err *err);
 /* Binds the data listener, starts the timer, data-plane and NATS threads. */
 int sc_engine_start(struct sc_engine *eng, struct sc_err *err);

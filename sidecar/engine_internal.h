@@ -20,6 +20,7 @@
 #include "idmap.h"
 #include "keys.h"
 #include "metadata.h"
+#include "metrics.h"
 #include "timer.h"
 
 #include <pthread.h>
@@ -90,7 +91,7 @@ struct sc_op {
 	bool counted_live; /* counted in its regions' live_ops */
 	uint64_t deadline_timer;
 	uint64_t retention_timer;
-	uint64_t last_notify_mono_ms;
+	atomic_uint_fast64_t last_notify_mono_ms; /* read without mu to throttle progress */
 	struct sc_watch *watches;
 
 	/* passive */
@@ -138,6 +139,7 @@ struct sc_engine {
 	struct sc_peer_pool *peer_pool;
 	struct sc_peer_server *peer_server;
 	struct sc_nats_bus *bus;
+	struct sc_metrics *metrics; /* counters; the --metrics-listen server */
 	struct sc_bus_sub *subs;
 	uint64_t next_sub_id;
 	char id[SC_NAME_MAX];

@@ -125,7 +125,8 @@ static int op_fill_info(const struct sc_op *op, struct sc_op_info *info)
 	info->backend = op->backend;
 	info->bytes_total = op->bytes_total;
 	info->bytes_done = atomic_load(&op->bytes_done);
-	if (info->bytes_done > info->bytes_total)
+	/* COMPLETE means every byte arrived; the last span's count may land a moment later. */
+	if (info->bytes_done > info->bytes_total || op->status == SC_OPS_COMPLETE)
 		info->bytes_done = info->bytes_total;
 	info->err_code = op->err_code;
 	memcpy(info->err_msg, op->err_msg, sizeof(info->err_msg));
@@ -279,6 +280,7 @@ void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_sta
 	enum sc_op_status was = op->status;
 	op->status = status;
 	op->completed_unix_ms = sc_clock_unix_ms();
+	sc_metrics_op_finished(eng->metrics, op->kind, status, op->backend, op->bytes_total);
 	if (status != SC_OPS_COMPLETE)
 		set_error(op, code, msg);
 	op_timer_drop(eng, op, &op->deadline_timer);
@@ -450,6 +452,7 @@ static int op_publish(struct sc_engine *eng, struct sc_op *op, struct sc_err *er
 		op->regions[i]->live_ops++;
 	op->counted_live = true;
 	op->deadline_timer = op_timer_add(eng, op, op->deadline_mono_ms, op_deadline_cb);
+	sc_metrics_op_created(eng->metrics, op->kind);
 	return 0;
 }
 
@@ -1117,7 +1120,7 @@ void sc_passive_set_backend(struct sc_engine *eng, const uint8_t token[SC_TOKEN_
 }
 
 int sc_passive_span(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
-		    uint32_t desc_index, uint64_t offset, uint64_t len, struct sc_span *out,
+		    enum sc_op_kind peer_kind, uint32_t desc_index, uint64_t offset, uint64_t len, struct sc_span *out,
 		    struct sc_err *err)
 {
 	int rc = -1;
@@ -1134,6 +1137,12 @@ int sc_passive_span(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], ui
 	if (op->status != SC_OPS_IN_PROGRESS) {
 		sc_err_set(err, SC_FAILED_PRECONDITION, "operation %s is %s", op->id,
 			   sc_op_status_name(op->status));
+		goto out;
+	}
+	if (op->kind != (peer_kind == SC_OP_WRITE ? SC_OP_WRITABLE : SC_OP_READABLE)) {
+		sc_err_set(err, SC_PERMISSION_DENIED, "operation %s is %s: the peer may not %s it",
+			   op->id, sc_op_kind_name(op->kind),
+			   peer_kind == SC_OP_WRITE ? "write" : "read");
 		goto out;
 	}
 	if (sc_clock_mono_ms() >= op->deadline_mono_ms) {
@@ -1197,6 +1206,10 @@ int sc_passive_done(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], ui
 	}
 	use->done = true;
 	if (status == SC_OK) {
+		/* RDMA moves the bytes without this side seeing them: a use confirmed by DONE moved
+		 * them all (info caps bytes_done at bytes_total). */
+		if (op->backend == SC_BACKEND_IBVERBS)
+			atomic_fetch_add(&op->bytes_done, op->bytes_total);
 		uint32_t done = 0;
 		for (uint32_t i = 0; i < op->n_uses; i++)
 			done += op->uses[i].done;

@@ -45,9 +45,11 @@ int sc_passive_open(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], ui
  * control path calls it after open when the peer said it will use ibverbs. */
 void sc_passive_set_backend(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN],
 			    uint64_t xfer_id, enum sc_backend_kind backend);
-/* Range [offset, offset+len) of descriptor desc_index, for a transfer that opened. */
+/* Range [offset, offset+len) of descriptor desc_index, for a transfer that opened. peer_kind
+ * says what the peer does with it (SC_OP_READ: we send it; SC_OP_WRITE: we receive into it) and
+ * must match the operation (READABLE / WRITABLE). */
 int sc_passive_span(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
-		    uint32_t desc_index, uint64_t offset, uint64_t len, struct sc_span *out,
+		    enum sc_op_kind peer_kind, uint32_t desc_index, uint64_t offset, uint64_t len, struct sc_span *out,
 		    struct sc_err *err);
 /* Unpin; bytes_moved counts into the operation's progress. */
 void sc_passive_span_release(struct sc_engine *eng, struct sc_span *span, uint64_t bytes_moved);

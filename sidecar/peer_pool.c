@@ -80,7 +80,7 @@ void sc_peer_pool_destroy(struct sc_peer_pool *pool)
 	free(pool);
 }
 
-/* ---- dialing ----------------------------------------------------------------------------------- */
+/* ---- dialing --------------------------------------------------------------------------------- */
 
 /* Connect one address with a timeout. Returns the fd (blocking) or -1 with errno. */
 static int connect_addr(const struct addrinfo *ai, uint64_t until_ms)
@@ -136,13 +136,14 @@ static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadli
 	if (strlen(endpoint) >= sizeof((*out)->endpoint) ||
 	    sc_parse_hostport(endpoint, host, sizeof(host), &port, err) != 0)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "bad peer data endpoint \"%.100s\": expected host:port", endpoint);
+				  "bad peer data endpoint \"%.100s\": expected host:port",
+				  endpoint);
 	struct sc_keyring *ring = sc_engine_keyring(pool->eng);
 	if (!ring)
 		return sc_err_set(err, SC_UNAUTHENTICATED,
-				  "sidecar \"%s\" has no --key-file, so it cannot authenticate to peer "
-				  "sidecar at %s: cross-sidecar transfers need --key-file on both "
-				  "sidecars",
+				  "sidecar \"%s\" has no --key-file, so it cannot authenticate "
+				  "to peer sidecar at %s: cross-sidecar transfers need "
+				  "--key-file on both sidecars",
 				  sc_engine_id(pool->eng), endpoint);
 	struct sc_peer_conn *c = calloc(1, sizeof(*c));
 	if (!c) {
@@ -181,7 +182,8 @@ static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadli
 	if (c->fd < 0) {
 		if (last_errno == ETIMEDOUT && deadline_first)
 			sc_err_set(err, SC_DEADLINE_EXCEEDED,
-				   "deadline passed while connecting to peer sidecar at %s", endpoint);
+				   "deadline passed while connecting to peer sidecar at %s",
+				   endpoint);
 		else
 			sc_err_set(err, SC_UNAVAILABLE, "cannot reach peer sidecar at %s: %s",
 				   endpoint, strerror(last_errno));
@@ -197,6 +199,11 @@ static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadli
 				 err) != 0) {
 		if (err && err->code == SC_INVALID_ARGUMENT) /* garbage: not a sidecar */
 			err->code = SC_UNAVAILABLE;
+		if (err && err->code == SC_DEADLINE_EXCEEDED && w.deadline_mono_ms == hello_until)
+			sc_err_set(err, SC_UNAVAILABLE,
+				   "peer sidecar at %s did not finish the hello within %d ms "
+				   "(overloaded, or not an rdma-sidecar data port)",
+				   endpoint, SC_PEER_HELLO_TIMEOUT_MS);
 		goto fail;
 	}
 	sc_keyring_release(ring);
@@ -252,7 +259,8 @@ int sc_peer_pool_get(struct sc_peer_pool *pool, const char *endpoint, uint64_t d
 	}
 	if (deadline_mono_ms && now >= deadline_mono_ms)
 		return sc_err_set(err, SC_DEADLINE_EXCEEDED,
-				  "deadline passed before connecting to peer sidecar at %s", endpoint);
+				  "deadline passed before connecting to peer sidecar at %s",
+				  endpoint);
 	return dial(pool, endpoint, deadline_mono_ms, out, err);
 }
 
@@ -304,7 +312,7 @@ void sc_peer_conn_abort(struct sc_peer_conn *conn)
 	shutdown(conn->fd, SHUT_RDWR);
 }
 
-/* ---- calls ------------------------------------------------------------------------------------- */
+/* ---- calls ----------------------------------------------------------------------------------- */
 
 /* A failed send or receive: the stream's state is unknown from here on. */
 static int io_fail(struct sc_peer_conn *c, enum sc_peer_io rc, struct sc_err *err)
@@ -359,8 +367,8 @@ static int recv_reply(struct sc_peer_conn *c, enum sc_frame_type want, struct sc
 		if (c->outstanding)
 			atomic_store(&c->broken, true);
 		enum sc_status code = sc_peer_status_from_wire(m->code);
-		return sc_err_set(err, code == SC_OK ? SC_INTERNAL : code, "peer %s: %s", c->peer_id,
-				  m->text);
+		return sc_err_set(err, code == SC_OK ? SC_INTERNAL : code, "peer %s: %s",
+				  c->peer_id, m->text);
 	}
 	if (m->type != want) {
 		atomic_store(&c->broken, true);
@@ -384,18 +392,27 @@ static struct sc_peer_wait client_wait(uint64_t deadline_mono_ms, const atomic_b
 	return (struct sc_peer_wait){.deadline_mono_ms = deadline_mono_ms, .cancel = cancel};
 }
 
-int sc_peer_open(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
-		 enum sc_op_kind peer_kind, uint64_t total, uint64_t deadline_mono_ms,
-		 const atomic_bool *cancel, struct sc_err *err)
+int sc_peer_open_flags(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		       uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
+		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
 	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
 	struct sc_peer_msg m;
 	fill_ref(&m, SC_FRAME_OPEN, token, xfer_id);
+	m.flags = flags;
 	m.peer_kind = (uint8_t)peer_kind;
 	m.total = total;
 	if (send_request(conn, &m, NULL, 0, &w, err) != 0)
 		return -1;
 	return recv_reply(conn, SC_FRAME_OK, &m, &w, err);
+}
+
+int sc_peer_open(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+		 enum sc_op_kind peer_kind, uint64_t total, uint64_t deadline_mono_ms,
+		 const atomic_bool *cancel, struct sc_err *err)
+{
+	return sc_peer_open_flags(conn, token, xfer_id, peer_kind, total, 0, deadline_mono_ms,
+				  cancel, err);
 }
 
 static int bulk_request(struct sc_peer_conn *conn, enum sc_frame_type type,
@@ -432,8 +449,9 @@ int sc_peer_read_recv(struct sc_peer_conn *conn, uint64_t len, uint8_t *dst,
 		return -1;
 	if (m.len != len) {
 		atomic_store(&conn->broken, true);
-		return sc_err_set(err, SC_INTERNAL, "%s sent %" PRIu64 " bytes for a READ of %" PRIu64,
-				  conn->what, m.len, len);
+		return sc_err_set(err, SC_INTERNAL,
+				  "%s sent %" PRIu64 " bytes for a READ of %" PRIu64, conn->what,
+				  m.len, len);
 	}
 	int e;
 	enum sc_peer_io rc = sc_peer_recv_all(conn->fd, dst, (size_t)len, &w, NULL, &e);
@@ -544,10 +562,12 @@ int sc_peer_call(struct sc_peer_conn *conn, unsigned type, const void *body, siz
 		 const atomic_bool *cancel, struct sc_err *err)
 {
 	if (type != SC_FRAME_QP_CONNECT)
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "sc_peer_call: %s is not a generic call",
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "sc_peer_call: %s is not a generic call",
 				  sc_frame_type_name(type));
 	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
-	struct sc_peer_msg m = {.type = (enum sc_frame_type)type, .opaque = body, .opaque_len = len};
+	struct sc_peer_msg m = {
+		.type = (enum sc_frame_type)type, .opaque = body, .opaque_len = len};
 	enum sc_peer_io rc = sc_peer_send_msg(conn->fd, &m, &w, conn->what, err);
 	if (rc != SC_PEER_IO_OK)
 		return rc == SC_PEER_IO_PROTOCOL ? -1 : io_fail(conn, rc, err);
@@ -555,8 +575,9 @@ int sc_peer_call(struct sc_peer_conn *conn, unsigned type, const void *body, siz
 	if (recv_reply(conn, (enum sc_frame_type)type, &m, &w, err) != 0)
 		return -1;
 	if (m.opaque_len > reply_cap)
-		return sc_err_set(err, SC_INTERNAL, "%s sent a %s reply of %zu bytes (room for %zu)",
-				  conn->what, sc_frame_type_name(type), m.opaque_len, reply_cap);
+		return sc_err_set(err, SC_INTERNAL,
+				  "%s sent a %s reply of %zu bytes (room for %zu)", conn->what,
+				  sc_frame_type_name(type), m.opaque_len, reply_cap);
 	memcpy(reply, m.opaque, m.opaque_len);
 	*reply_len = m.opaque_len;
 	return 0;

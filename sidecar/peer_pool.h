@@ -68,6 +68,11 @@ void sc_peer_conn_abort(struct sc_peer_conn *conn);
 int sc_peer_open(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		 enum sc_op_kind peer_kind, uint64_t total, uint64_t deadline_mono_ms,
 		 const atomic_bool *cancel, struct sc_err *err);
+/* The same with OPEN header flags (SC_PEER_FLAG_VIA_IBVERBS: the ibverbs backend moves the
+ * bytes, so the passive side reports backend IBVERBS). */
+int sc_peer_open_flags(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		       uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
+		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
 /* READ len bytes (1 .. SC_PEER_MAX_BULK) at offset of remote descriptor desc straight into dst. */
 int sc_peer_read_into(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
 		      uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len, uint8_t *dst,

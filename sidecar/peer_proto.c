@@ -38,7 +38,7 @@ const char *sc_frame_type_name(unsigned type)
 	return "UNKNOWN";
 }
 
-/* ---- encoding ---------------------------------------------------------------------------------- */
+/* ---- encoding -------------------------------------------------------------------------------- */
 
 struct wbuf {
 	uint8_t *p;
@@ -144,12 +144,12 @@ size_t sc_peer_encode(const struct sc_peer_msg *m, uint8_t *buf, size_t cap)
 	struct wbuf h = {.p = buf, .cap = SC_PEER_HDR_LEN};
 	put_uint(&h, SC_PEER_VERSION, 1);
 	put_uint(&h, (uint64_t)m->type, 1);
-	put_uint(&h, 0, 2);
+	put_uint(&h, m->type == SC_FRAME_OPEN ? (m->flags & SC_PEER_FLAG_VIA_IBVERBS) : 0, 2);
 	put_uint(&h, b.len, 4);
 	return SC_PEER_HDR_LEN + b.len;
 }
 
-/* ---- decoding ---------------------------------------------------------------------------------- */
+/* ---- decoding -------------------------------------------------------------------------------- */
 
 struct rbuf {
 	const uint8_t *p;
@@ -226,15 +226,15 @@ int sc_peer_decode_hdr(const uint8_t in[SC_PEER_HDR_LEN], struct sc_frame_hdr *h
 		      (uint32_t)in[7] << 24;
 	if (h->version != SC_PEER_VERSION)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "protocol error: frame version %u, expected %u (not an rdma-sidecar "
-				  "peer, or a different release)",
+				  "protocol error: frame version %u, expected %u (not an "
+				  "rdma-sidecar peer, or a different release)",
 				  h->version, SC_PEER_VERSION);
 	if (h->type < 1 || h->type > SC_FRAME_TYPE_MAX)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "protocol error: unknown frame type %u",
 				  h->type);
-	if (h->flags != 0)
+	if (h->flags != 0 && !(h->type == SC_FRAME_OPEN && h->flags == SC_PEER_FLAG_VIA_IBVERBS))
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "protocol error: %s frame with flags 0x%x (must be 0)",
+				  "protocol error: %s frame with unknown flags 0x%x",
 				  sc_frame_type_name(h->type), h->flags);
 	if (h->body_len > SC_PEER_MAX_BODY)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
@@ -331,7 +331,7 @@ enum sc_status sc_peer_status_from_wire(uint32_t code)
 	return SC_INTERNAL;
 }
 
-/* ---- blocking I/O ------------------------------------------------------------------------------ */
+/* ---- blocking I/O ---------------------------------------------------------------------------- */
 
 int sc_peer_set_io_slice(int fd, unsigned ms)
 {
@@ -544,10 +544,11 @@ enum sc_peer_io sc_peer_recv_msg(int fd, uint8_t *buf, size_t cap, struct sc_pee
 	}
 	if (sc_peer_decode_body(h.type, buf + SC_PEER_HDR_LEN, h.body_len, m, err) != 0)
 		return SC_PEER_IO_PROTOCOL;
+	m->flags = h.flags;
 	return SC_PEER_IO_OK;
 }
 
-/* ---- hello ------------------------------------------------------------------------------------- */
+/* ---- hello ----------------------------------------------------------------------------------- */
 
 #define NO_KEYS_HINT "cross-sidecar transfers need --key-file on both sidecars"
 

@@ -4,8 +4,9 @@
  * blocking I/O with deadlines, and the mutual-authentication hello. Shared by the peer server
  * (serving side), the peer pool (dialing side) and, through them, the tcp and ibverbs backends.
  *
- * A frame is an 8-byte header {u8 version = 1, u8 type, u16 flags = 0, u32 body_len} followed by
- * body_len bytes of body. All integers are little-endian and fixed width; strings are u16 length +
+ * A frame is an 8-byte header {u8 version = 1, u8 type, u16 flags, u32 body_len} followed by
+ * body_len bytes of body. flags is 0, except on OPEN, where SC_PEER_FLAG_VIA_IBVERBS says the
+ * transfer's bytes move by RDMA (the passive operation then reports backend IBVERBS). All integers are little-endian and fixed width; strings are u16 length +
  * bytes (no NUL). DATA and WRITE frames are followed by bulk bytes whose count is in their body.
  * body_len is at most SC_PEER_MAX_BODY, a bulk at most SC_PEER_MAX_BULK (and exactly what was
  * asked for). Anything else is a protocol error: the receiver closes the connection.
@@ -56,6 +57,8 @@
 /* Blocking sockets carry SO_RCVTIMEO/SO_SNDTIMEO of this many ms, so every blocked call wakes
  * this often to look at its deadline and cancel flags. */
 #define SC_PEER_IO_SLICE_MS 100
+/* OPEN header flag: the active side moves this transfer's bytes with ibverbs (RDMA). */
+#define SC_PEER_FLAG_VIA_IBVERBS 0x0001u
 
 enum sc_frame_type {
 	SC_FRAME_HELLO = 1,
@@ -87,6 +90,7 @@ struct sc_frame_hdr {
 /* One decoded frame body. Only the fields of its type are meaningful. */
 struct sc_peer_msg {
 	enum sc_frame_type type;
+	uint16_t flags; /* header flags: SC_PEER_FLAG_VIA_IBVERBS on OPEN; encoded for OPEN only */
 	/* HELLO, HELLO_ACK, HELLO_FIN */
 	uint8_t nonce[SC_PEER_NONCE_LEN];
 	char id[SC_NAME_MAX];       /* HELLO: client id; HELLO_ACK: server id */
@@ -111,7 +115,8 @@ struct sc_peer_msg {
  * or a field is out of range (string too long, body over SC_PEER_MAX_BODY). */
 size_t sc_peer_encode(const struct sc_peer_msg *m, uint8_t *buf, size_t cap);
 /* Parse a header. Errors (INVALID_ARGUMENT, "protocol error: ..."): version, unknown type,
- * non-zero flags, body_len over SC_PEER_MAX_BODY. */
+ * flags other than SC_PEER_FLAG_VIA_IBVERBS on OPEN (0 elsewhere), body_len over
+ * SC_PEER_MAX_BODY. */
 int sc_peer_decode_hdr(const uint8_t in[SC_PEER_HDR_LEN], struct sc_frame_hdr *h,
 		       struct sc_err *err);
 /* Parse the body of a frame of `type`. Strict: every field present, nothing left over, lengths

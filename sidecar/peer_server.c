@@ -97,7 +97,7 @@ struct sc_peer_server {
 	unsigned refused_since_log;
 };
 
-/* ---- small helpers ----------------------------------------------------------------------------- */
+/* ---- small helpers --------------------------------------------------------------------------- */
 
 static void wake(struct sc_peer_server *srv)
 {
@@ -260,7 +260,7 @@ static uint64_t expire_orphans(struct sc_peer_server *srv, bool all)
 	return next_due;
 }
 
-/* ---- replies ----------------------------------------------------------------------------------- */
+/* ---- replies --------------------------------------------------------------------------------- */
 
 static const struct sc_peer_wait *busy_wait(const struct conn *c, struct sc_peer_wait *w)
 {
@@ -274,7 +274,8 @@ static int reply(struct conn *c, const struct sc_peer_msg *m, char *why, size_t 
 	struct sc_peer_wait w;
 	struct sc_err err;
 	if (sc_peer_send_msg(c->fd, m, busy_wait(c, &w), c->what, &err) != SC_PEER_IO_OK) {
-		snprintf(why, why_cap, "sending %s failed: %s", sc_frame_type_name(m->type), err.msg);
+		snprintf(why, why_cap, "sending %s failed: %s", sc_frame_type_name(m->type),
+			 err.msg);
 		return -1;
 	}
 	return 0;
@@ -293,7 +294,7 @@ static int reply_error(struct conn *c, const struct sc_err *e, char *why, size_t
 	return reply(c, &m, why, why_cap);
 }
 
-/* ---- requests ---------------------------------------------------------------------------------- */
+/* ---- requests -------------------------------------------------------------------------------- */
 
 static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
 {
@@ -308,6 +309,8 @@ static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, si
 		sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "sidecar out of memory");
 		return reply_error(c, &err, why, why_cap);
 	}
+	if (m->flags & SC_PEER_FLAG_VIA_IBVERBS)
+		sc_passive_set_backend(c->srv->eng, m->token, m->xfer_id, SC_BACKEND_IBVERBS);
 	return reply_ok(c, why, why_cap);
 }
 
@@ -316,7 +319,8 @@ static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, si
 static int next_span(struct conn *c, const struct sc_peer_msg *m, uint64_t done,
 		     struct sc_span *span, struct sc_err *err)
 {
-	if (sc_passive_span(c->srv->eng, m->token, m->xfer_id, m->desc, m->offset + done,
+	if (sc_passive_span(c->srv->eng, m->token, m->xfer_id,
+			    m->type == SC_FRAME_WRITE ? SC_OP_WRITE : SC_OP_READ, m->desc, m->offset + done,
 			    m->len - done, span, err) != 0)
 		return -1;
 	if (span->len == 0 || span->len > m->len - done) {
@@ -360,7 +364,8 @@ static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, si
 		done += moved;
 		if (done == m->len)
 			return 0;
-		/* The DATA frame promised m->len bytes: a failure now can only end the connection. */
+		/* The DATA frame promised m->len bytes: a failure now can only end the
+		 * connection. */
 		if (next_span(c, m, done, &span, &err) != 0) {
 			snprintf(why, why_cap, "cannot serve the rest of a READ: %s", err.msg);
 			return -1;
@@ -450,7 +455,8 @@ static int serve_handler(struct conn *c, const struct sc_peer_msg *m, char *why,
 		sent = reply(c, &r, why, why_cap);
 	} else {
 		if (err.code == SC_OK)
-			sc_err_set(&err, SC_INTERNAL, "%s handler failed", sc_frame_type_name(m->type));
+			sc_err_set(&err, SC_INTERNAL, "%s handler failed",
+				   sc_frame_type_name(m->type));
 		sent = reply_error(c, &err, why, why_cap);
 	}
 	free(out);
@@ -474,7 +480,8 @@ static void serve(struct conn *c, char *why, size_t why_cap)
 			if (io == SC_PEER_IO_PROTOCOL)
 				SC_WARN("peer", "closing connection from %s: %s", c->what, err.msg);
 			if (io == SC_PEER_IO_DEADLINE)
-				snprintf(why, why_cap, "idle for %u s", SC_PEER_SERVER_IDLE_MS / 1000);
+				snprintf(why, why_cap, "idle for %u s",
+					 SC_PEER_SERVER_IDLE_MS / 1000);
 			else if (io == SC_PEER_IO_CANCELLED)
 				snprintf(why, why_cap, "sidecar \"%s\" is shutting down",
 					 sc_engine_id(srv->eng));
@@ -518,7 +525,7 @@ static void serve(struct conn *c, char *why, size_t why_cap)
 	}
 }
 
-/* ---- connection threads ------------------------------------------------------------------------ */
+/* ---- connection threads ---------------------------------------------------------------------- */
 
 /* The connection's thread is about to end: hand its transfers over, queue it for joining. */
 static void conn_finish(struct conn *c, const char *why)
@@ -728,7 +735,7 @@ static void *accept_main(void *arg)
 	return NULL;
 }
 
-/* ---- lifecycle --------------------------------------------------------------------------------- */
+/* ---- lifecycle ------------------------------------------------------------------------------- */
 
 static bool is_wildcard(const char *host)
 {
@@ -760,8 +767,8 @@ static int listen_on(struct sc_peer_server *srv, const char *host, uint16_t port
 	int gai = getaddrinfo(node, port_text, &hints, &res);
 	if (gai != 0)
 		return sc_err_set(err, SC_FAILED_PRECONDITION,
-				  "--data-listen %s: cannot resolve host \"%s\": %s", srv->listen_addr,
-				  host, gai_strerror(gai));
+				  "--data-listen %s: cannot resolve host \"%s\": %s",
+				  srv->listen_addr, host, gai_strerror(gai));
 	int last_errno = 0;
 	for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
 		int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
@@ -831,8 +838,8 @@ int sc_peer_server_create(struct sc_engine *eng, const struct sc_config *cfg,
 	const char *adv = cfg->advertise && cfg->advertise[0] ? cfg->advertise : NULL;
 	if (!adv && is_wildcard(host)) {
 		SC_WARN("peer", "--data-listen %s listens on every address but peers are told "
-				"127.0.0.1: set --advertise to an address other hosts can reach for "
-				"multi-host transfers",
+				"127.0.0.1: set --advertise to an address other hosts can reach "
+				"for multi-host transfers",
 			listen_text);
 		adv = "127.0.0.1";
 	}
@@ -840,7 +847,8 @@ int sc_peer_server_create(struct sc_engine *eng, const struct sc_config *cfg,
 		sc_err_set(err, SC_INVALID_ARGUMENT,
 			   "%s \"%s\" is too long for a data endpoint (at most %zu characters with "
 			   "the port)",
-			   cfg->advertise && cfg->advertise[0] ? "--advertise" : "--data-listen host",
+			   cfg->advertise && cfg->advertise[0] ? "--advertise"
+								 : "--data-listen host",
 			   adv ? adv : host, sizeof(srv->endpoint) - 1);
 		goto fail;
 	}

@@ -49,7 +49,9 @@ void sc_peer_server_destroy(struct sc_peer_server *srv);
  * Runs on the connection's thread with the authenticated peer id and the request body; fills
  * reply (at most reply_cap bytes) and returns 0, or returns -1 with err (sent back as ERROR).
  * Without a handler the server answers ERROR UNIMPLEMENTED. fn NULL removes it. Returns 0, or -1
- * for a type that cannot have a handler (only SC_FRAME_QP_CONNECT can). Any thread.
+ * for a type that cannot have a handler (only SC_FRAME_QP_CONNECT can). Any thread but the
+ * handler's own: replacing or removing a handler waits until its running calls return, so ctx
+ * may be freed as soon as this returns.
  */
 typedef int (*sc_peer_handler_fn)(void *ctx, const char *peer_id, const uint8_t *body,
 				  size_t len, uint8_t *reply, size_t reply_cap, size_t *reply_len,

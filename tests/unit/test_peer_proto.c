@@ -19,7 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* ---- helpers ----------------------------------------------------------------------------------- */
+/* ---- helpers --------------------------------------------------------------------------------- */
 
 /* A keyring with one random key (or two: id2 non-NULL adds a second, verifying-only, key). */
 static struct sc_keyring *make_ring(const char *id, const char *id2)
@@ -123,7 +123,7 @@ static int recv_msg(int fd, uint8_t *buf, size_t cap, struct sc_peer_msg *m)
 	return sc_peer_recv_msg(fd, buf, cap, m, &w, "test", &err) == SC_PEER_IO_OK ? 0 : -1;
 }
 
-/* ---- codec ------------------------------------------------------------------------------------- */
+/* ---- codec ----------------------------------------------------------------------------------- */
 
 static size_t encode_sample(enum sc_frame_type type, uint8_t *buf, size_t cap,
 			    struct sc_peer_msg *m)
@@ -168,7 +168,8 @@ TEST(codec_round_trip_every_type)
 		CHECK_INT_EQ(h.flags, 0);
 		CHECK_U64_EQ(h.body_len, n - SC_PEER_HDR_LEN);
 		memset(&out, 0xee, sizeof(out));
-		CHECK_INT_EQ(sc_peer_decode_body(t, buf + SC_PEER_HDR_LEN, h.body_len, &out, &err), 0);
+		CHECK_INT_EQ(sc_peer_decode_body(t, buf + SC_PEER_HDR_LEN, h.body_len, &out, &err),
+			     0);
 		CHECK_INT_EQ(out.type, t);
 		switch (t) {
 		case SC_FRAME_HELLO:
@@ -300,8 +301,8 @@ TEST(decode_rejects_truncated_and_padded_bodies)
 		for (size_t cut = 0; cut < body; cut++) {
 			struct sc_err err;
 			if (sc_peer_decode_body(t, buf + SC_PEER_HDR_LEN, cut, &out, &err) == 0)
-				CHECK_FAIL_("%s accepted with %zu of %zu bytes", sc_frame_type_name(t),
-					    cut, body);
+				CHECK_FAIL_("%s accepted with %zu of %zu bytes",
+					    sc_frame_type_name(t), cut, body);
 			CHECK_INT_EQ(err.code, SC_INVALID_ARGUMENT);
 		}
 		buf[n] = 0;
@@ -385,7 +386,8 @@ TEST(decode_rejects_bad_fields)
 	long_err[1] = long_err[2] = long_err[3] = 0;
 	long_err[4] = 1000 & 0xff;
 	long_err[5] = 1000 >> 8;
-	CHECK_INT_EQ(sc_peer_decode_body(SC_FRAME_ERROR, long_err, sizeof(long_err), &out, &err), 0);
+	CHECK_INT_EQ(sc_peer_decode_body(SC_FRAME_ERROR, long_err, sizeof(long_err), &out, &err),
+		     0);
 	CHECK_U64_EQ(strlen(out.text), SC_ERR_MSG_MAX - 1);
 	CHECK_INT_EQ(sc_peer_status_from_wire(out.code), SC_FAILED_PRECONDITION);
 	CHECK_INT_EQ(sc_peer_status_from_wire(2), SC_INTERNAL); /* no such status */
@@ -401,12 +403,20 @@ TEST(decode_survives_random_garbage)
 	 * sanitizer build) and accepts only what re-encodes to the same bytes. */
 	uint8_t body[200], again[300];
 	unsigned accepted = 0;
-	for (int i = 0; i < 200000; i++) {
-		uint8_t r[2];
-		sc_random_bytes(r, 2);
-		unsigned type = 1 + r[0] % SC_FRAME_TYPE_MAX;
-		size_t len = r[1] % sizeof(body);
-		sc_random_bytes(body, len);
+	uint64_t x;
+	sc_random_bytes(&x, sizeof(x));
+	x |= 1;
+	for (int i = 0; i < 50000; i++) {
+		uint64_t r[26]; /* xorshift64*: cheap, also under valgrind */
+		for (size_t k = 0; k < 26; k++) {
+			x ^= x >> 12;
+			x ^= x << 25;
+			x ^= x >> 27;
+			r[k] = x * 0x2545f4914f6cdd1dull;
+		}
+		unsigned type = 1 + (unsigned)(r[0] % SC_FRAME_TYPE_MAX);
+		size_t len = (size_t)(r[0] >> 32) % sizeof(body);
+		memcpy(body, &r[1], len);
 		struct sc_peer_msg m;
 		struct sc_err err;
 		if (sc_peer_decode_body(type, body, len, &m, &err) != 0)
@@ -421,7 +431,7 @@ TEST(decode_survives_random_garbage)
 	CHECK(accepted > 0); /* OK, PING and QP_CONNECT bodies do happen */
 }
 
-/* ---- blocking I/O ------------------------------------------------------------------------------ */
+/* ---- blocking I/O ---------------------------------------------------------------------------- */
 
 TEST(io_deadline_and_cancel)
 {
@@ -478,7 +488,7 @@ TEST(recv_msg_refuses_frames_larger_than_the_buffer)
 	close(sv[1]);
 }
 
-/* ---- hello ------------------------------------------------------------------------------------- */
+/* ---- hello ----------------------------------------------------------------------------------- */
 
 TEST(hello_same_keyring_succeeds)
 {
@@ -702,7 +712,8 @@ TEST(hello_forged_server_proof_fails)
 		struct sc_peer_wait w = wait_ms(2000);
 		struct sc_err err;
 		char peer[SC_NAME_MAX];
-		int rc = sc_peer_hello_client(sv[0], ring, "client-1", &w, "test server", peer, &err);
+		int rc = sc_peer_hello_client(sv[0], ring, "client-1", &w, "test server", peer,
+					      &err);
 		pthread_join(t, NULL);
 		if (valid) {
 			CHECK_INT_EQ(rc, 0);
@@ -733,7 +744,7 @@ TEST(hello_rejects_garbage_and_early_requests)
 		pthread_t t;
 		uint64_t t0 = sc_clock_mono_ms();
 		if (round == 3) {
-			/* the server's deadline (here 3 s, SC_PEER_HELLO_TIMEOUT_MS in the daemon) */
+			/* the server's deadline: 3 s here, SC_PEER_HELLO_TIMEOUT_MS in a daemon */
 			pthread_create(&t, NULL, server_thread, &srv);
 			pthread_join(t, NULL);
 			CHECK_INT_EQ(srv.err.code, SC_DEADLINE_EXCEEDED);

@@ -1,0 +1,240 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * ib_internal.h: the ibverbs backend's private structures, shared by its three files and nothing
+ * else (built only when libibverbs is found):
+ *
+ *   ib_backend.c  the ops table, device/port/GID selection, the protection domain, region MRs,
+ *                 per-operation remote access (expose/revoke), start/stop/destroy
+ *   ib_qp.c       RC queue pairs per peer sidecar: the QP_CONNECT rendezvous on the peer control
+ *                 channel (both sides), the cache of outgoing QPs, tombstones, incoming QPs
+ *   ib_xfer.c     transfers: setup/finish on worker threads, RDMA READ/WRITE posting and the
+ *                 completion thread (CQ, async events, deadlines, cancel)
+ *
+ * Locking: one mutex, ib->mu, guards everything mutable here (peer table, QP lists and credits,
+ * transfer list and states, task queue). It is never held while calling the engine (on_progress,
+ * on_complete, passive.h), doing socket I/O, or destroying a QP (ibv_destroy_qp waits for the
+ * async-event thread, which takes ib->mu). The engine lock, when held (submit, cancel, expose,
+ * revoke, register), always comes first.
+ *
+ * Lifetime: a struct ib_qp is reference counted under ib->mu: the cache holds one reference while
+ * it names the QP, each transfer using it one more. A transfer keeps its reference until all of
+ * its work requests have completed (or been flushed), so the QP (and the memory its work requests
+ * touch) outlives every work request posted on it.
+ */
+#ifndef SC_IB_INTERNAL_H
+#define SC_IB_INTERNAL_H
+
+#include "backend.h"
+#include "engine.h"
+#include "metadata.h"
+#include "status.h"
+
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct sc_peer_conn;
+struct sc_peer_pool;
+struct ib_xfer;
+
+/* Queue pair parameters (DESIGN section 5; the brief of issue 4). */
+#define IB_QP_TIMEOUT 14     /* 4.096 us * 2^14 = 67 ms per try */
+#define IB_QP_RETRY_CNT 7
+#define IB_QP_RNR_RETRY 7
+#define IB_QP_MIN_RNR_TIMER 12
+#define IB_MAX_RD_ATOMIC 16  /* capped to the device's limits */
+#define IB_SQ_DEPTH 128      /* send queue of an outgoing QP (capped to max_qp_wr) */
+#define IB_CHUNK_MAX (1u << 20) /* one work request moves at most this (and max_msg_sz) */
+#define IB_XFER_WINDOW 32    /* work requests one transfer keeps in flight... */
+#define IB_XFER_WINDOW_BYTES (8u << 20) /* ...and bytes */
+#define IB_TOMBSTONE_MS 2000 /* a peer whose QP failed is refused this long */
+#define IB_VERIFY_IDLE_MS 5000 /* a cached QP idle this long is checked with the peer first */
+#define IB_MAX_OUT_QPS 256   /* outgoing QPs (one per peer sidecar) */
+#define IB_MAX_IN_QPS 256    /* incoming QPs (created for requesting peers) */
+#define IB_MAX_IN_PER_PEER 4 /* older incoming QPs of a peer beyond this are dropped */
+
+/* One posted work request; wr_id points at it. Records live in an array per outgoing QP. */
+struct ib_wr {
+	struct ib_qp *qp;
+	struct ib_xfer *xf;
+	uint32_t len;
+	bool read;
+	struct ib_wr *next_free;
+};
+
+struct ib_qp {
+	struct ib_backend *ib;
+	struct ibv_qp *qp;
+	struct ibv_cq *cq; /* the shared CQ, or a private one (test probe) */
+	char peer[SC_NAME_MAX];
+	bool incoming;       /* created by the QP_CONNECT handler for a requesting peer */
+	uint32_t remote_qpn;
+	uint32_t path_mtu;   /* bytes */
+	uint64_t created_mono_ms;
+	uint64_t last_used_mono_ms;
+	uint64_t last_ok_mono_ms; /* a work request completed (or the peer vouched for it) */
+	int refs;            /* under ib->mu */
+	/* Outgoing only, under ib->mu. */
+	uint32_t sq_depth, max_rd;
+	uint32_t outstanding, reads_out;
+	struct ib_wr *wrs;   /* sq_depth records */
+	struct ib_wr *free_wrs;
+	bool broken;         /* failed or flushed: never used for new work */
+	bool flushing;       /* moved to ERR to flush its work requests */
+	char why[SC_ERR_MSG_MAX / 2];
+	struct ib_qp *prev, *next; /* ib->out_qps or ib->in_qps */
+};
+
+/* A peer sidecar as seen by the outgoing side: its cached QP or its tombstone. */
+struct ib_peer {
+	char id[SC_NAME_MAX];
+	struct ib_qp *qp;          /* cached, healthy; holds a reference */
+	bool connecting;           /* one thread is running the rendezvous */
+	uint64_t failed_mono_ms;   /* tombstone: when the last attempt failed (0: none) */
+	uint64_t retry_mono_ms;    /* refused until then */
+	char why[SC_ERR_MSG_MAX / 2];
+	uint32_t prev_qpn;         /* our last QP to it, so its side can drop the partner */
+	struct ib_peer *next;
+};
+
+enum ib_task {
+	IB_TASK_NONE = 0,
+	IB_TASK_SETUP,  /* get a QP, OPEN on the control channel, then hand over to posting */
+	IB_TASK_PING,   /* keep the control connection (which holds the OPEN) alive */
+	IB_TASK_FINISH, /* DONE to the passive side, then on_complete */
+};
+
+enum ib_xstate {
+	IB_XS_SETUP,
+	IB_XS_RUNNING,
+	IB_XS_FINISHING,
+};
+
+struct ib_xfer {
+	struct ib_backend *ib;
+	struct sc_xfer *x;
+	struct ib_qp *qp;           /* reference held from setup to finish */
+	struct sc_peer_conn *conn;  /* the control connection the OPEN went over */
+	int endpoint;               /* index into x->meta->endpoints that answered; -1 before */
+	bool opened;
+	enum ib_xstate state;
+	/* Under ib->mu. */
+	size_t seg;                 /* next chunk to post */
+	uint64_t off;
+	uint32_t outstanding;
+	uint64_t bytes_out;         /* in flight */
+	uint64_t bytes_acked;
+	uint64_t progress;          /* acked but not yet reported */
+	bool stop;                  /* post nothing more */
+	uint64_t stop_mono_ms;
+	bool failed;
+	enum sc_status status;
+	char msg[SC_ERR_MSG_MAX];
+	enum ib_task task;          /* queued or running on a worker */
+	bool task_running;
+	bool want_finish;           /* finish once the running task returns */
+	uint64_t last_ping_mono_ms;
+	uint64_t t_submit_us, t_opened_us, t_posted_us, t_acked_us; /* for the debug log */
+	struct ib_xfer *prev, *next; /* ib->xfers */
+	struct ib_xfer *qnext;       /* task queue */
+};
+
+struct ib_backend {
+	struct sc_backend base;
+	struct sc_engine *eng;
+	struct sc_peer_pool *pool;
+	struct sc_peer_server *srv;
+	char self_id[SC_NAME_MAX];
+
+	/* The chosen device and port (fixed after create). */
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	char dev_name[64];
+	uint8_t port;
+	int gid_index;
+	union ibv_gid gid;
+	uint16_t lid;
+	enum ibv_mtu active_mtu;
+	uint8_t link_layer;
+	uint32_t max_msg;       /* chunk size: min(max_msg_sz, IB_CHUNK_MAX) */
+	uint32_t max_qp_wr;
+	uint32_t max_init_rd;   /* min(IB_MAX_RD_ATOMIC, max_qp_init_rd_atom) */
+	uint32_t max_dest_rd;   /* min(IB_MAX_RD_ATOMIC, max_qp_rd_atom) */
+
+	/* Started by start(). */
+	struct ibv_comp_channel *chan;
+	struct ibv_cq *cq;
+	int wake_fd;            /* eventfd: wakes the completion thread */
+	pthread_t cq_thread;
+	bool cq_thread_running;
+	pthread_t workers[8];
+	size_t n_workers;
+	bool handler_set;
+	uint32_t cq_cap;         /* CQ entries: work requests in flight, all QPs together */
+
+	pthread_mutex_t mu;
+	pthread_cond_t cv;       /* tasks queued, connects ended, transfers ended, stopping */
+	bool started, stopping, workers_exit;
+	atomic_bool cq_stop;
+	uint32_t cq_out;         /* work requests in flight on the shared CQ */
+	struct ib_peer *peers;
+	struct ib_qp *out_qps, *in_qps;
+	size_t n_out, n_in;
+	struct ib_xfer *xfers;   /* submitted, not yet completed */
+	size_t n_xfers;
+	struct ib_xfer *qhead, *qtail; /* task queue */
+	atomic_uint_fast64_t n_grants; /* live exposures, for the destroy check */
+};
+
+static inline struct ib_backend *to_ib(struct sc_backend *b)
+{
+	return container_of(b, struct ib_backend, base);
+}
+
+/* ib_backend.c */
+uint32_t ib_mtu_bytes(enum ibv_mtu m);
+enum ibv_mtu ib_mtu_from_bytes(uint32_t bytes);
+void ib_gid_text(const union ibv_gid *gid, char *out, size_t cap);
+
+/* ib_qp.c */
+/* Register / remove the QP_CONNECT handler on the engine's peer server. */
+int ib_qp_start(struct ib_backend *ib, struct sc_err *err);
+void ib_qp_stop_handler(struct ib_backend *ib);
+/*
+ * A healthy RC QP to the issuer of md (cached, or set up now over the control channel), with a
+ * reference for the caller (ib_qp_put it). When a new QP was connected, *conn (if not NULL)
+ * receives the authenticated control connection used for it (the caller puts it back) and
+ * *endpoint its index in md->endpoints; otherwise *conn is NULL. Errors: UNAVAILABLE (peer
+ * unreachable, tombstoned, its ibverbs not running), RESOURCE_EXHAUSTED (QP cap), DEADLINE_EXCEEDED,
+ * CANCELLED, UNAUTHENTICATED, INTERNAL (verbs). Worker threads.
+ */
+int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t deadline_mono_ms,
+	      const atomic_bool *cancel, struct ib_qp **out, struct sc_peer_conn **conn,
+	      int *endpoint, struct sc_err *err);
+/* An authenticated control connection to the issuer of md (the first of its endpoints that
+ * answers as the issuer); *endpoint receives its index. NULL with err on failure. */
+struct sc_peer_conn *ib_control_conn(struct ib_backend *ib, const struct sc_metadata *md,
+				     uint64_t deadline_mono_ms, int *endpoint, struct sc_err *err);
+/* Drop a reference; the last one destroys the QP. Never under ib->mu. */
+void ib_qp_put(struct ib_backend *ib, struct ib_qp *qp);
+/* The QP failed (a work completion error, an async event, a post failure): no new work goes to
+ * it, the cache forgets it (dropping the cache's reference into *drop, for the caller to put
+ * after unlocking), and, when `tombstone`, the peer is refused for IB_TOMBSTONE_MS. Under ib->mu. */
+void ib_qp_fail_locked(struct ib_backend *ib, struct ib_qp *qp, bool tombstone, const char *why,
+		       struct ib_qp **drop);
+/* Move a QP to ERR so that its outstanding work requests are flushed. Any thread. */
+void ib_qp_flush(struct ib_qp *qp);
+/* An async event named this QP (IBV_EVENT_QP_FATAL & co). Completion thread. */
+void ib_qp_async_error(struct ib_backend *ib, struct ibv_qp *qp, const char *what);
+/* Drop every cached and incoming QP (stop/destroy): cached ones once their transfers are done. */
+void ib_qp_drop_all(struct ib_backend *ib);
+
+/* ib_xfer.c */
+int ib_xfer_start(struct ib_backend *ib, struct sc_err *err);
+void ib_xfer_stop(struct ib_backend *ib);
+int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
+void ib_xfer_cancel(struct sc_backend *b, struct sc_xfer *x);
+
+#endif

@@ -1,0 +1,906 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * ib_xfer.c: the ibverbs data path's active side. A transfer (struct sc_xfer) runs in three
+ * steps:
+ *
+ *   1. setup (a worker thread): a QP to the issuing sidecar (ib_qp.c: cached or connected now),
+ *      then OPEN on an authenticated control connection, flagged "via ibverbs", so the passive
+ *      side checks token, uses, deadline and audience and the operation goes IN_PROGRESS. The
+ *      connection stays with the transfer: if this sidecar dies, the passive side sees it close.
+ *   2. posting (the completion thread): each segment is cut into chunks of at most
+ *      min(max_msg_sz, 1 MiB), each one signalled RDMA READ (SC_OP_READ) or RDMA WRITE from or
+ *      into the local region's MR (seg->local_mr) at the segment's remote address and rkey. Up to
+ *      IB_XFER_WINDOW chunks (IB_XFER_WINDOW_BYTES) of a transfer are in flight (enough to keep
+ *      a NIC busy, small enough that a cancel drains quickly), bounded by the QP's send queue, its
+ *      max_rd_atomic for READs and the CQ's size; every completion reports progress and posts
+ *      the next chunk. Cancel, the deadline, a failed work completion or a failed QP stop the
+ *      posting; the transfer then waits until every posted work request has completed or been
+ *      flushed (after FLUSH_AFTER_MS the QP is moved to ERR to flush them), since region memory
+ *      must not be released while the NIC may still touch it.
+ *   3. finish (a worker thread): DONE {status} to the passive side on the control connection,
+ *      then on_complete, exactly once.
+ *
+ * A work-completion error ends the transfer ERRORED with ibv_wc_status_str in the message and
+ * takes the QP out (ib_qp_fail_locked; transport errors also tombstone the peer). The passive side
+ * does nothing per chunk: DONE completes it (peer_server.c calls sc_passive_done).
+ *
+ * Threads: submit() and cancel() run on engine threads under the engine lock (they only queue,
+ * flag and wake); IB_WORKERS worker threads run setup, keep-alive pings and finish; one completion
+ * thread per device polls the CQ (ibv_get_cq_event on a non-blocking channel, poll() with a
+ * 100 ms timeout), the async-event fd, a wake-up eventfd and the idle control connections of
+ * running transfers (a peer that dies closes them), and posts everything after the first batch.
+ * Owns: the workers, the completion thread, the CQ and channel, one struct ib_xfer per transfer.
+ */
+#include "ib_internal.h"
+
+#include "log.h"
+#include "peer_pool.h"
+#include "peer_proto.h"
+#include "timer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#define IB_WORKERS 4
+#define POLL_MS 100
+#define WC_BATCH 32
+#define POST_BATCH 16
+/* The control connection of a long transfer is pinged this often (the peer server closes idle
+ * connections after SC_PEER_SERVER_IDLE_MS). */
+#define KEEPALIVE_MS 30000
+/* A stopped transfer whose work requests are still out after this long gets its QP flushed. */
+#define FLUSH_AFTER_MS 2000
+/* DONE after a failure or cancel is best effort; a success waits for the peer's confirmation. */
+#define DONE_GRACE_MS 1000
+#define DONE_OK_WAIT_MS 30000
+/* stop() waits this long for transfers to end before flushing every QP. */
+#define STOP_WAIT_MS 20000
+#define CQ_ENTRIES 4096
+
+static void wake_cq(struct ib_backend *ib)
+{
+	uint64_t one = 1;
+	ssize_t n = write(ib->wake_fd, &one, sizeof(one));
+	(void)n;
+}
+
+static void queue_task_locked(struct ib_backend *ib, struct ib_xfer *xf, enum ib_task task)
+{
+	xf->task = task;
+	xf->qnext = NULL;
+	if (ib->qtail)
+		ib->qtail->qnext = xf;
+	else
+		ib->qhead = xf;
+	ib->qtail = xf;
+	pthread_cond_broadcast(&ib->cv);
+}
+
+/* Record the transfer's first failure and stop it. A transfer already stopping (cancelled, or
+ * failed) keeps its first reason. Under ib->mu. */
+static void xfer_fail_locked(struct ib_xfer *xf, enum sc_status code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void xfer_fail_locked(struct ib_xfer *xf, enum sc_status code, const char *fmt, ...)
+{
+	if (!xf->failed && !xf->stop) {
+		xf->failed = true;
+		xf->status = code;
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(xf->msg, sizeof(xf->msg), fmt, ap);
+		va_end(ap);
+	}
+	if (!xf->stop) {
+		xf->stop = true;
+		xf->stop_mono_ms = sc_clock_mono_ms();
+	}
+}
+
+static void xfer_stop_locked(struct ib_xfer *xf)
+{
+	if (!xf->stop) {
+		xf->stop = true;
+		xf->stop_mono_ms = sc_clock_mono_ms();
+	}
+}
+
+/* Take a QP out of service from the transfer path. The cache's reference is dropped in place:
+ * it is never the last, since the transfer calling this holds one. Under ib->mu. */
+static void fail_qp_locked(struct ib_backend *ib, struct ib_qp *qp, bool tombstone,
+			   const char *why)
+{
+	struct ib_qp *drop = NULL;
+	ib_qp_fail_locked(ib, qp, tombstone, why, &drop);
+	if (drop)
+		drop->refs--;
+}
+
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static bool deadline_passed(const struct sc_xfer *x)
+{
+	return x->deadline_mono_ms && sc_clock_mono_ms() >= x->deadline_mono_ms;
+}
+
+/* ---- finish (worker) ------------------------------------------------------------------------- */
+
+static void finish(struct ib_xfer *xf)
+{
+	struct ib_backend *ib = xf->ib;
+	struct sc_xfer *x = xf->x;
+	enum sc_status status;
+	char msg[SC_ERR_MSG_MAX];
+	/* A cancel wins even when the bytes in flight all landed: the engine has already ended
+	 * the operation CANCELLED, and both sides must agree. */
+	if (atomic_load(&x->cancel_requested) && deadline_passed(x)) {
+		/* The engine's deadline timer cancels: tell the passive side the real reason. */
+		status = SC_DEADLINE_EXCEEDED;
+		snprintf(msg, sizeof(msg), "deadline passed after %" PRIu64 " of %" PRIu64 " bytes",
+			 xf->bytes_acked, x->total);
+	} else if (atomic_load(&x->cancel_requested)) {
+		status = SC_CANCELLED;
+		snprintf(msg, sizeof(msg),
+			 "cancelled by the active side after %" PRIu64 " of %" PRIu64 " bytes",
+			 xf->bytes_acked, x->total);
+	} else if (!xf->failed && xf->bytes_acked == x->total) {
+		status = SC_OK;
+		msg[0] = '\0';
+	} else if (xf->failed) {
+		status = xf->status == SC_OK ? SC_INTERNAL : xf->status;
+		snprintf(msg, sizeof(msg), "%s", xf->msg);
+	} else {
+		status = SC_INTERNAL;
+		snprintf(msg, sizeof(msg), "ibverbs transfer stopped without a reason");
+	}
+
+	struct sc_peer_conn *c = xf->conn;
+	xf->conn = NULL;
+	if (xf->opened) {
+		uint64_t now = sc_clock_mono_ms();
+		uint64_t deadline = now + (status == SC_OK ? DONE_OK_WAIT_MS : DONE_GRACE_MS);
+		if (status == SC_OK && x->deadline_mono_ms && x->deadline_mono_ms < deadline)
+			deadline = x->deadline_mono_ms;
+		struct sc_err err;
+		sc_err_clear(&err);
+		if (!c || !sc_peer_conn_usable(c)) {
+			sc_peer_pool_put(ib->pool, c, false);
+			c = NULL;
+			sc_peer_pool_get(ib->pool, x->meta->endpoints[xf->endpoint], deadline, &c,
+					 &err);
+		}
+		int rc = c ? sc_peer_done(c, x->meta->token, x->xfer_id, status, msg, deadline, NULL,
+					  &err)
+			   : -1;
+		if (rc != 0 && status == SC_OK) {
+			status = err.code == SC_OK ? SC_UNAVAILABLE : err.code;
+			snprintf(msg, sizeof(msg),
+				 "all bytes moved but the peer did not confirm completion: %.440s",
+				 err.msg);
+		} else if (rc != 0) {
+			SC_DEBUG("ibverbs", "transfer %016" PRIx64 ": could not tell the peer (%s): %s",
+				 x->xfer_id, sc_status_name(status), err.msg);
+		}
+	}
+	sc_peer_pool_put(ib->pool, c, c && sc_peer_conn_usable(c));
+	ib_qp_put(ib, xf->qp);
+	xf->qp = NULL;
+	if (xf->t_acked_us)
+		SC_DEBUG("ibverbs",
+			 "transfer %016" PRIx64 ": %" PRIu64 " bytes; setup+OPEN %" PRIu64
+			 " us, to first post %" PRIu64 " us, data %" PRIu64 " us, DONE %" PRIu64 " us",
+			 x->xfer_id, x->total, xf->t_opened_us - xf->t_submit_us,
+			 xf->t_posted_us - xf->t_opened_us, xf->t_acked_us - xf->t_posted_us,
+			 now_us() - xf->t_acked_us);
+	if (status != SC_OK && status != SC_CANCELLED)
+		SC_INFO("ibverbs", "transfer %016" PRIx64 " with %s ended %s: %s", x->xfer_id,
+			x->meta->issuer, sc_status_name(status), msg);
+
+	pthread_mutex_lock(&ib->mu);
+	if (xf->prev)
+		xf->prev->next = xf->next;
+	else
+		ib->xfers = xf->next;
+	if (xf->next)
+		xf->next->prev = xf->prev;
+	ib->n_xfers--;
+	pthread_cond_broadcast(&ib->cv);
+	pthread_mutex_unlock(&ib->mu);
+	x->priv = NULL;
+	free(xf);
+	x->on_complete(x, status, status == SC_OK ? NULL : msg);
+}
+
+/* ---- setup and keep-alive (worker) ----------------------------------------------------------- */
+
+static void post_more(struct ib_backend *ib, struct ib_xfer *xf);
+
+static void setup(struct ib_xfer *xf)
+{
+	struct ib_backend *ib = xf->ib;
+	struct sc_xfer *x = xf->x;
+	struct sc_err err;
+	sc_err_clear(&err);
+	struct sc_peer_conn *c = NULL;
+	if (atomic_load(&x->cancel_requested))
+		goto fail;
+	if (ib_qp_get(ib, x->meta, x->deadline_mono_ms, &x->cancel_requested, &xf->qp, &c,
+		      &xf->endpoint, &err) != 0)
+		goto fail;
+	if (!c && !(c = ib_control_conn(ib, x->meta, x->deadline_mono_ms, &xf->endpoint, &err)))
+		goto fail;
+	enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
+	if (sc_peer_open_flags(c, x->meta->token, x->xfer_id, peer_kind, x->total,
+			       SC_PEER_FLAG_VIA_IBVERBS, x->deadline_mono_ms, &x->cancel_requested,
+			       &err) != 0) {
+		/* After a refused OPEN the connection is still good; one broken mid-OPEN is closed
+		 * (the server abandons whatever it may have opened). */
+		sc_peer_pool_put(ib->pool, c, sc_peer_conn_usable(c));
+		c = NULL;
+		goto fail;
+	}
+	SC_DEBUG("ibverbs", "transfer %016" PRIx64 ": opened on %s, QP %u, %zu segment(s), %" PRIu64
+		 " bytes",
+		 x->xfer_id, x->meta->issuer, xf->qp->qp->qp_num, x->n_segs, x->total);
+	pthread_mutex_lock(&ib->mu);
+	xf->conn = c;
+	xf->opened = true;
+	xf->task = IB_TASK_NONE;
+	xf->task_running = false;
+	xf->state = IB_XS_RUNNING;
+	xf->last_ping_mono_ms = sc_clock_mono_ms();
+	xf->t_opened_us = now_us();
+	/* The first work requests go out from here, saving the hand-over to the completion
+	 * thread; it posts the rest as completions come back. */
+	if (!atomic_load(&x->cancel_requested) && !ib->stopping && !xf->qp->broken)
+		post_more(ib, xf);
+	pthread_mutex_unlock(&ib->mu);
+	wake_cq(ib);
+	return;
+fail:
+	pthread_mutex_lock(&ib->mu);
+	if (err.code != SC_OK && !atomic_load(&x->cancel_requested))
+		xfer_fail_locked(xf, err.code, "%s", err.msg);
+	xfer_stop_locked(xf);
+	xf->state = IB_XS_FINISHING;
+	xf->task = IB_TASK_NONE;
+	xf->task_running = false;
+	xf->conn = c;
+	pthread_mutex_unlock(&ib->mu);
+	finish(xf);
+}
+
+static void ping(struct ib_xfer *xf)
+{
+	struct ib_backend *ib = xf->ib;
+	struct sc_err err;
+	sc_err_clear(&err);
+	int rc = sc_peer_ping(xf->conn, sc_clock_mono_ms() + 10000, &xf->x->cancel_requested, &err);
+	pthread_mutex_lock(&ib->mu);
+	xf->task = IB_TASK_NONE;
+	xf->task_running = false;
+	xf->last_ping_mono_ms = sc_clock_mono_ms();
+	if (rc != 0 && err.code != SC_CANCELLED)
+		xfer_fail_locked(xf, SC_UNAVAILABLE, "lost the control connection to peer %s: %s",
+				 xf->x->meta->issuer, err.msg);
+	if (xf->want_finish) {
+		xf->want_finish = false;
+		queue_task_locked(ib, xf, IB_TASK_FINISH);
+	}
+	pthread_mutex_unlock(&ib->mu);
+	wake_cq(ib);
+}
+
+static void *worker_main(void *arg)
+{
+	struct ib_backend *ib = arg;
+	pthread_mutex_lock(&ib->mu);
+	for (;;) {
+		while (!ib->qhead && !ib->workers_exit)
+			pthread_cond_wait(&ib->cv, &ib->mu);
+		struct ib_xfer *xf = ib->qhead;
+		if (!xf)
+			break;
+		ib->qhead = xf->qnext;
+		if (!ib->qhead)
+			ib->qtail = NULL;
+		enum ib_task task = xf->task;
+		xf->task_running = true;
+		pthread_mutex_unlock(&ib->mu);
+		switch (task) {
+		case IB_TASK_SETUP:
+			setup(xf);
+			break;
+		case IB_TASK_PING:
+			ping(xf);
+			break;
+		case IB_TASK_FINISH:
+			finish(xf);
+			break;
+		case IB_TASK_NONE:
+			break;
+		}
+		pthread_mutex_lock(&ib->mu);
+	}
+	pthread_mutex_unlock(&ib->mu);
+	return NULL;
+}
+
+/* ---- posting and completions (completion thread) --------------------------------------------- */
+
+/* Post as many chunks of xf as the window and the QP allow. Under ib->mu. */
+static void post_more(struct ib_backend *ib, struct ib_xfer *xf)
+{
+	struct ib_qp *qp = xf->qp;
+	struct sc_xfer *x = xf->x;
+	bool read = x->kind == SC_OP_READ;
+	struct ibv_send_wr wrs[POST_BATCH];
+	struct ibv_sge sges[POST_BATCH];
+	int n = 0;
+	while (n < POST_BATCH && xf->outstanding < IB_XFER_WINDOW &&
+	       xf->bytes_out < IB_XFER_WINDOW_BYTES && qp->free_wrs &&
+	       qp->outstanding < qp->sq_depth && ib->cq_out < ib->cq_cap &&
+	       (!read || qp->reads_out < qp->max_rd)) {
+		while (xf->seg < x->n_segs && xf->off >= x->segs[xf->seg].len) {
+			xf->seg++;
+			xf->off = 0;
+		}
+		if (xf->seg >= x->n_segs)
+			break;
+		const struct sc_xfer_seg *s = &x->segs[xf->seg];
+		const struct ibv_mr *mr = s->local_mr;
+		uint64_t left = s->len - xf->off;
+		uint32_t len = left < ib->max_msg ? (uint32_t)left : ib->max_msg;
+		struct ib_wr *w = qp->free_wrs;
+		qp->free_wrs = w->next_free;
+		w->xf = xf;
+		w->len = len;
+		w->read = read;
+		sges[n] = (struct ibv_sge){.addr = (uintptr_t)(s->local + xf->off),
+					   .length = len,
+					   .lkey = mr->lkey};
+		wrs[n] = (struct ibv_send_wr){
+			.wr_id = (uintptr_t)w,
+			.sg_list = &sges[n],
+			.num_sge = 1,
+			.opcode = read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE,
+			.send_flags = IBV_SEND_SIGNALED,
+			.wr.rdma = {.remote_addr = s->remote_addr + xf->off, .rkey = s->rkey},
+		};
+		if (n > 0)
+			wrs[n - 1].next = &wrs[n];
+		xf->off += len;
+		xf->outstanding++;
+		xf->bytes_out += len;
+		qp->outstanding++;
+		qp->reads_out += read;
+		ib->cq_out++;
+		n++;
+	}
+	if (n == 0)
+		return;
+	if (!xf->t_posted_us)
+		xf->t_posted_us = now_us();
+	qp->last_used_mono_ms = sc_clock_mono_ms();
+	struct ibv_send_wr *bad = NULL;
+	int rc = ibv_post_send(qp->qp, wrs, &bad);
+	if (rc == 0)
+		return;
+	/* Take back what was not posted (bad and after); the transfer ends. */
+	for (struct ibv_send_wr *wr = bad; wr; wr = wr->next) {
+		struct ib_wr *w = (struct ib_wr *)(uintptr_t)wr->wr_id;
+		xf->outstanding--;
+		xf->bytes_out -= w->len;
+		qp->outstanding--;
+		qp->reads_out -= w->read;
+		ib->cq_out--;
+		w->next_free = qp->free_wrs;
+		qp->free_wrs = w;
+	}
+	char why[160];
+	snprintf(why, sizeof(why), "ibv_post_send: %s", strerror(rc));
+	fail_qp_locked(ib, qp, false, why);
+	xfer_fail_locked(xf, SC_INTERNAL, "RDMA %s to peer %s could not be posted: %s",
+			 read ? "READ" : "WRITE", x->meta->issuer, why);
+}
+
+/* Whether a failed work completion is the connection's fault (tombstone the peer) rather than
+ * this operation's (the peer revoked access, a bad address). */
+static bool transport_error(enum ibv_wc_status st)
+{
+	switch (st) {
+	case IBV_WC_RETRY_EXC_ERR:
+	case IBV_WC_RNR_RETRY_EXC_ERR:
+	case IBV_WC_RESP_TIMEOUT_ERR:
+	case IBV_WC_FATAL_ERR:
+	case IBV_WC_BAD_RESP_ERR:
+	case IBV_WC_GENERAL_ERR:
+		return true;
+	default:
+		return false;
+	}
+}
+
+static void wc_error_locked(struct ib_backend *ib, const struct ibv_wc *wc, struct ib_wr *w)
+{
+	struct ib_xfer *xf = w->xf;
+	struct ib_qp *qp = w->qp;
+	const char *op = w->read ? "READ" : "WRITE";
+	const char *peer = qp->peer;
+	if (wc->status == IBV_WC_WR_FLUSH_ERR) {
+		xfer_fail_locked(xf, SC_UNAVAILABLE, "RDMA %s to peer %s flushed: its QP failed: %s",
+				 op, peer, qp->why[0] ? qp->why : "moved to the error state");
+		fail_qp_locked(ib, qp, false, "work requests flushed");
+		return;
+	}
+	char why[200];
+	snprintf(why, sizeof(why), "%s (status %d, vendor error 0x%x) on an RDMA %s of %u bytes",
+		 ibv_wc_status_str(wc->status), (int)wc->status, wc->vendor_err, op, w->len);
+	fail_qp_locked(ib, qp, transport_error(wc->status), why);
+	switch (wc->status) {
+	case IBV_WC_REM_ACCESS_ERR:
+		xfer_fail_locked(xf, SC_FAILED_PRECONDITION,
+				 "peer %s refused the RDMA %s: %s: its operation has ended "
+				 "(cancelled, expired or completed) and its access was revoked",
+				 peer, op, ibv_wc_status_str(wc->status));
+		break;
+	case IBV_WC_RETRY_EXC_ERR:
+	case IBV_WC_RNR_RETRY_EXC_ERR:
+	case IBV_WC_RESP_TIMEOUT_ERR:
+		xfer_fail_locked(xf, SC_UNAVAILABLE,
+				 "peer %s did not answer the RDMA %s: %s (is its sidecar alive and "
+				 "reachable on %s?)",
+				 peer, op, ibv_wc_status_str(wc->status), ib->dev_name);
+		break;
+	default:
+		xfer_fail_locked(xf, SC_INTERNAL, "RDMA %s with peer %s failed: %s", op, peer, why);
+		break;
+	}
+}
+
+struct progress {
+	struct ib_xfer *xf;
+	uint64_t delta;
+};
+
+/* Poll the CQ empty and report progress (outside the lock). Completion thread. */
+static void drain_cq(struct ib_backend *ib, struct progress **prog, size_t *prog_cap)
+{
+	struct ibv_wc wc[WC_BATCH];
+	size_t n_prog = 0;
+	for (;;) {
+		pthread_mutex_lock(&ib->mu);
+		int n = ibv_poll_cq(ib->cq, WC_BATCH, wc);
+		if (n < 0)
+			SC_ERROR("ibverbs", "ibv_poll_cq on %s failed (%d)", ib->dev_name, n);
+		for (int i = 0; i < n; i++) {
+			struct ib_wr *w = (struct ib_wr *)(uintptr_t)wc[i].wr_id;
+			struct ib_qp *qp = w->qp;
+			struct ib_xfer *xf = w->xf;
+			qp->outstanding--;
+			qp->reads_out -= w->read;
+			ib->cq_out--;
+			xf->outstanding--;
+			xf->bytes_out -= w->len;
+			if (wc[i].status == IBV_WC_SUCCESS) {
+				qp->last_ok_mono_ms = sc_clock_mono_ms();
+				xf->bytes_acked += w->len;
+				xf->progress += w->len;
+			} else {
+				wc_error_locked(ib, &wc[i], w);
+			}
+			w->xf = NULL;
+			w->next_free = qp->free_wrs;
+			qp->free_wrs = w;
+		}
+		/* Progress to report: one entry per transfer with news. */
+		if (n > 0) {
+			if (*prog_cap < ib->n_xfers) {
+				size_t cap = ib->n_xfers * 2;
+				struct progress *p = realloc(*prog, cap * sizeof(*p));
+				if (p) {
+					*prog = p;
+					*prog_cap = cap;
+				}
+			}
+			n_prog = 0;
+			for (struct ib_xfer *xf = ib->xfers; xf && n_prog < *prog_cap; xf = xf->next) {
+				if (xf->progress) {
+					(*prog)[n_prog++] = (struct progress){xf, xf->progress};
+					xf->progress = 0;
+				}
+			}
+		}
+		pthread_mutex_unlock(&ib->mu);
+		/* Transfers cannot finish meanwhile: only this thread queues their FINISH. */
+		for (size_t i = 0; i < n_prog; i++)
+			(*prog)[i].xf->x->on_progress((*prog)[i].xf->x, (*prog)[i].delta);
+		n_prog = 0;
+		if (n < WC_BATCH)
+			break;
+	}
+}
+
+/* Post, check stop conditions, queue finishes and keep-alives. Completion thread. */
+static void tick(struct ib_backend *ib)
+{
+	pthread_mutex_lock(&ib->mu);
+	uint64_t now = sc_clock_mono_ms();
+	for (struct ib_xfer *xf = ib->xfers; xf; xf = xf->next) {
+		if (xf->state != IB_XS_RUNNING)
+			continue;
+		struct sc_xfer *x = xf->x;
+		if (!xf->stop) {
+			if (atomic_load(&x->cancel_requested) || ib->stopping)
+				xfer_stop_locked(xf);
+			else if (x->deadline_mono_ms && now >= x->deadline_mono_ms)
+				xfer_fail_locked(xf, SC_DEADLINE_EXCEEDED,
+						 "deadline passed with %" PRIu64 " of %" PRIu64
+						 " bytes moved",
+						 xf->bytes_acked, x->total);
+			else if (xf->qp->broken)
+				xfer_fail_locked(xf, SC_UNAVAILABLE, "the QP to peer %s failed: %s",
+						 xf->qp->peer, xf->qp->why);
+		}
+		if (!xf->stop)
+			post_more(ib, xf);
+		bool all_posted = xf->seg >= x->n_segs ||
+				  (xf->seg == x->n_segs - 1 && xf->off >= x->segs[xf->seg].len);
+		if (xf->outstanding == 0 && (xf->stop || all_posted)) {
+			xf->state = IB_XS_FINISHING;
+			xf->t_acked_us = now_us();
+			if (xf->task != IB_TASK_NONE || xf->task_running)
+				xf->want_finish = true; /* after the ping in progress */
+			else
+				queue_task_locked(ib, xf, IB_TASK_FINISH);
+			continue;
+		}
+		if (xf->stop && xf->outstanding && now - xf->stop_mono_ms >= FLUSH_AFTER_MS &&
+		    !xf->qp->flushing) {
+			SC_WARN("ibverbs",
+				"transfer %016" PRIx64 ": %u work request(s) still out %" PRIu64
+				" ms after it stopped: flushing QP %u to peer %s",
+				x->xfer_id, xf->outstanding, now - xf->stop_mono_ms,
+				xf->qp->qp->qp_num, xf->qp->peer);
+			fail_qp_locked(ib, xf->qp, false, "flushed to end a stopped transfer");
+			ib_qp_flush(xf->qp);
+		}
+		if (!xf->stop && xf->task == IB_TASK_NONE && !xf->task_running &&
+		    now - xf->last_ping_mono_ms >= KEEPALIVE_MS)
+			queue_task_locked(ib, xf, IB_TASK_PING);
+	}
+	pthread_mutex_unlock(&ib->mu);
+}
+
+static void handle_async(struct ib_backend *ib)
+{
+	struct ibv_async_event ev;
+	while (ibv_get_async_event(ib->ctx, &ev) == 0) {
+		enum ibv_event_type type = ev.event_type;
+		const char *name = ibv_event_type_str(type);
+		switch (type) {
+		case IBV_EVENT_QP_FATAL:
+		case IBV_EVENT_QP_REQ_ERR:
+		case IBV_EVENT_QP_ACCESS_ERR:
+		case IBV_EVENT_PATH_MIG_ERR: {
+			struct ibv_qp *qp = ev.element.qp;
+			/* Ack first: destroying the QP waits for its events to be acked. */
+			ibv_ack_async_event(&ev);
+			ib_qp_async_error(ib, qp, name);
+			continue;
+		}
+		case IBV_EVENT_PORT_ERR:
+			SC_WARN("ibverbs", "%s port %d went down (%s): transfers will fail until it "
+				"is back", ib->dev_name, ev.element.port_num, name);
+			break;
+		case IBV_EVENT_PORT_ACTIVE:
+			SC_INFO("ibverbs", "%s port %d is active again", ib->dev_name,
+				ev.element.port_num);
+			break;
+		case IBV_EVENT_DEVICE_FATAL:
+		case IBV_EVENT_CQ_ERR:
+			SC_ERROR("ibverbs", "%s: %s: ibverbs transfers will fail; restart the sidecar",
+				 ib->dev_name, name);
+			break;
+		default:
+			SC_DEBUG("ibverbs", "%s: async event %s", ib->dev_name, name);
+			break;
+		}
+		ibv_ack_async_event(&ev);
+	}
+}
+
+/*
+ * The poll set: the CQ channel, the async-event fd, the wake-up eventfd, then the control
+ * connection of every running transfer that has no request out on it. The peer server never
+ * speaks first, so such a connection turning readable (EOF, reset, or stray bytes) means the
+ * passive sidecar is gone or broken: its RDMA will not complete, so the transfer stops now rather
+ * than when RDMA retries (or the next keep-alive) give up. Completion thread, under ib->mu.
+ */
+struct pollset {
+	struct pollfd *fds;
+	struct ib_xfer **xfs; /* [i - 3]: the transfer of fds[i] */
+	size_t n, cap;
+};
+
+static void pollset_build_locked(struct ib_backend *ib, struct pollset *ps)
+{
+	size_t want = 3 + ib->n_xfers;
+	if (ps->cap < want) {
+		struct pollfd *f = realloc(ps->fds, want * sizeof(*f));
+		if (f)
+			ps->fds = f;
+		struct ib_xfer **x = realloc(ps->xfs, want * sizeof(*x));
+		if (x)
+			ps->xfs = x;
+		if (f && x)
+			ps->cap = want;
+	}
+	ps->n = 0;
+	if (ps->cap < 3)
+		return; /* out of memory: the caller retries */
+	ps->n = 3;
+	ps->fds[0] = (struct pollfd){.fd = ib->chan->fd, .events = POLLIN};
+	ps->fds[1] = (struct pollfd){.fd = ib->ctx->async_fd, .events = POLLIN};
+	ps->fds[2] = (struct pollfd){.fd = ib->wake_fd, .events = POLLIN};
+	for (struct ib_xfer *xf = ib->xfers; xf && ps->n < ps->cap; xf = xf->next) {
+		if (xf->state != IB_XS_RUNNING || xf->stop || !xf->conn ||
+		    xf->task != IB_TASK_NONE || xf->task_running)
+			continue;
+		ps->xfs[ps->n - 3] = xf;
+		ps->fds[ps->n++] = (struct pollfd){.fd = sc_peer_conn_fd(xf->conn),
+						   .events = POLLIN | POLLRDHUP};
+	}
+}
+
+/* Fail the transfers whose control connection spoke. Under ib->mu. */
+static void pollset_check_locked(struct ib_backend *ib, const struct pollset *ps)
+{
+	for (size_t i = 3; i < ps->n; i++) {
+		if (!ps->fds[i].revents)
+			continue;
+		struct ib_xfer *xf = ps->xfs[i - 3];
+		bool live = false;
+		for (struct ib_xfer *it = ib->xfers; it && !live; it = it->next)
+			live = it == xf;
+		if (!live || xf->state != IB_XS_RUNNING || xf->task != IB_TASK_NONE ||
+		    xf->task_running)
+			continue;
+		sc_peer_conn_abort(xf->conn); /* its stream state is unknown now */
+		xfer_fail_locked(xf, SC_UNAVAILABLE,
+				 "peer sidecar %s closed the control connection mid-transfer (it "
+				 "stopped or died) after %" PRIu64 " of %" PRIu64 " bytes",
+				 xf->x->meta->issuer, xf->bytes_acked, xf->x->total);
+		SC_WARN("ibverbs", "transfer %016" PRIx64 ": %s", xf->x->xfer_id, xf->msg);
+		/* Its work requests will not complete against a dead peer: flush them now. */
+		fail_qp_locked(ib, xf->qp, false, "the peer closed its control connection");
+		ib_qp_flush(xf->qp);
+	}
+}
+
+static void *cq_main(void *arg)
+{
+	struct ib_backend *ib = arg;
+	struct progress *prog = NULL;
+	size_t prog_cap = 0;
+	struct pollset ps = {0};
+	if (ibv_req_notify_cq(ib->cq, 0) != 0)
+		SC_ERROR("ibverbs", "ibv_req_notify_cq: %s", strerror(errno));
+	while (!atomic_load(&ib->cq_stop)) {
+		pthread_mutex_lock(&ib->mu);
+		pollset_build_locked(ib, &ps);
+		pthread_mutex_unlock(&ib->mu);
+		if (ps.n == 0) {
+			SC_ERROR("ibverbs", "completion thread: out of memory");
+			usleep(POLL_MS * 1000);
+			continue;
+		}
+		int n = poll(ps.fds, (nfds_t)ps.n, POLL_MS);
+		if (n < 0 && errno != EINTR)
+			SC_ERROR("ibverbs", "completion thread: poll: %s", strerror(errno));
+		if (n > 0 && (ps.fds[2].revents & POLLIN)) {
+			uint64_t v;
+			ssize_t r = read(ib->wake_fd, &v, sizeof(v));
+			(void)r;
+		}
+		if (n > 0 && (ps.fds[0].revents & POLLIN)) {
+			struct ibv_cq *cq;
+			void *cq_ctx;
+			unsigned events = 0;
+			while (ibv_get_cq_event(ib->chan, &cq, &cq_ctx) == 0)
+				events++;
+			if (events) {
+				ibv_ack_cq_events(ib->cq, events);
+				if (ibv_req_notify_cq(ib->cq, 0) != 0)
+					SC_ERROR("ibverbs", "ibv_req_notify_cq: %s", strerror(errno));
+			}
+		}
+		if (n > 0 && (ps.fds[1].revents & POLLIN))
+			handle_async(ib);
+		if (n > 0 && ps.n > 3) {
+			pthread_mutex_lock(&ib->mu);
+			pollset_check_locked(ib, &ps);
+			pthread_mutex_unlock(&ib->mu);
+		}
+		/* Poll after re-arming, so no completion waits for the next event. */
+		drain_cq(ib, &prog, &prog_cap);
+		tick(ib);
+	}
+	free(ps.fds);
+	free(ps.xfs);
+	free(prog);
+	return NULL;
+}
+
+/* ---- ops ------------------------------------------------------------------------------------- */
+
+int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err)
+{
+	struct ib_backend *ib = to_ib(b);
+	if (x->kind != SC_OP_READ && x->kind != SC_OP_WRITE)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "ibverbs backend: not a READ or WRITE");
+	if (x->n_segs == 0 || x->total == 0)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "ibverbs backend: nothing to move");
+	if (x->meta->n_endpoints == 0)
+		return sc_err_set(err, SC_FAILED_PRECONDITION,
+				  "the metadata from sidecar %s names no control endpoint for the "
+				  "ibverbs rendezvous",
+				  x->meta->issuer);
+	for (size_t i = 0; i < x->n_segs; i++) {
+		if (!x->segs[i].local_mr)
+			return sc_err_set(err, SC_FAILED_PRECONDITION,
+					  "local descriptor %zu: its region has no ibverbs "
+					  "registration (it was registered while ibverbs was not "
+					  "running): register the region again",
+					  i);
+	}
+	struct ib_xfer *xf = calloc(1, sizeof(*xf));
+	if (!xf)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	xf->ib = ib;
+	xf->x = x;
+	xf->endpoint = -1;
+	xf->state = IB_XS_SETUP;
+	xf->t_submit_us = now_us();
+	pthread_mutex_lock(&ib->mu);
+	if (!ib->started || ib->stopping) {
+		pthread_mutex_unlock(&ib->mu);
+		free(xf);
+		return sc_err_set(err, SC_UNAVAILABLE, "the ibverbs backend is %s",
+				  ib->stopping ? "shutting down" : "not started");
+	}
+	x->priv = xf;
+	xf->next = ib->xfers;
+	if (ib->xfers)
+		ib->xfers->prev = xf;
+	ib->xfers = xf;
+	ib->n_xfers++;
+	queue_task_locked(ib, xf, IB_TASK_SETUP);
+	pthread_mutex_unlock(&ib->mu);
+	return 0;
+}
+
+void ib_xfer_cancel(struct sc_backend *b, struct sc_xfer *x)
+{
+	struct ib_backend *ib = to_ib(b);
+	atomic_store(&x->cancel_requested, true);
+	pthread_mutex_lock(&ib->mu);
+	for (struct ib_xfer *xf = ib->xfers; xf; xf = xf->next)
+		if (xf->x == x && xf->state == IB_XS_RUNNING)
+			xfer_stop_locked(xf);
+	pthread_mutex_unlock(&ib->mu);
+	wake_cq(ib);
+}
+
+int ib_xfer_start(struct ib_backend *ib, struct sc_err *err)
+{
+	struct ibv_device_attr da;
+	if (ibv_query_device(ib->ctx, &da) != 0)
+		return sc_err_set(err, SC_INTERNAL, "ibv_query_device: %s", strerror(errno));
+	ib->cq_cap = da.max_cqe > 0 && da.max_cqe < CQ_ENTRIES ? (uint32_t)da.max_cqe : CQ_ENTRIES;
+	if (!(ib->chan = ibv_create_comp_channel(ib->ctx)))
+		return sc_err_set(err, SC_INTERNAL, "ibv_create_comp_channel: %s", strerror(errno));
+	if (!(ib->cq = ibv_create_cq(ib->ctx, (int)ib->cq_cap, ib, ib->chan, 0)))
+		return sc_err_set(err, SC_INTERNAL, "ibv_create_cq of %u entries: %s", ib->cq_cap,
+				  strerror(errno));
+	int fl1 = fcntl(ib->chan->fd, F_GETFL), fl2 = fcntl(ib->ctx->async_fd, F_GETFL);
+	if (fl1 < 0 || fcntl(ib->chan->fd, F_SETFL, fl1 | O_NONBLOCK) != 0 || fl2 < 0 ||
+	    fcntl(ib->ctx->async_fd, F_SETFL, fl2 | O_NONBLOCK) != 0)
+		return sc_err_set(err, SC_INTERNAL, "cannot make the verbs fds non-blocking: %s",
+				  strerror(errno));
+	if ((ib->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+		return sc_err_set(err, SC_INTERNAL, "eventfd: %s", strerror(errno));
+	atomic_store(&ib->cq_stop, false);
+	int rc = pthread_create(&ib->cq_thread, NULL, cq_main, ib);
+	if (rc != 0)
+		return sc_err_set(err, SC_INTERNAL, "cannot start the completion thread: %s",
+				  strerror(rc));
+	ib->cq_thread_running = true;
+	pthread_mutex_lock(&ib->mu);
+	ib->workers_exit = false;
+	for (; ib->n_workers < IB_WORKERS; ib->n_workers++) {
+		rc = pthread_create(&ib->workers[ib->n_workers], NULL, worker_main, ib);
+		if (rc != 0) {
+			pthread_mutex_unlock(&ib->mu);
+			return sc_err_set(err, SC_INTERNAL, "cannot start ibverbs worker threads: %s",
+					  strerror(rc));
+		}
+	}
+	ib->started = true;
+	pthread_mutex_unlock(&ib->mu);
+	return 0;
+}
+
+static bool wait_xfers_locked(struct ib_backend *ib, uint64_t until)
+{
+	while (ib->n_xfers > 0 && sc_clock_mono_ms() < until) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 100 * 1000 * 1000;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&ib->cv, &ib->mu, &ts);
+	}
+	return ib->n_xfers == 0;
+}
+
+void ib_xfer_stop(struct ib_backend *ib)
+{
+	pthread_mutex_lock(&ib->mu);
+	if (!ib->cq_thread_running && !ib->n_workers) {
+		pthread_mutex_unlock(&ib->mu);
+		return;
+	}
+	ib->stopping = true;
+	for (struct ib_xfer *xf = ib->xfers; xf; xf = xf->next) {
+		atomic_store(&xf->x->cancel_requested, true);
+		if (xf->state == IB_XS_RUNNING)
+			xfer_stop_locked(xf);
+	}
+	pthread_cond_broadcast(&ib->cv);
+	pthread_mutex_unlock(&ib->mu);
+	wake_cq(ib);
+
+	pthread_mutex_lock(&ib->mu);
+	if (ib->cq_thread_running && ib->n_workers &&
+	    !wait_xfers_locked(ib, sc_clock_mono_ms() + STOP_WAIT_MS)) {
+		SC_ERROR("ibverbs", "%zu transfer(s) still running %d s after stop: flushing their QPs",
+			 ib->n_xfers, STOP_WAIT_MS / 1000);
+		for (struct ib_qp *q = ib->out_qps; q; q = q->next)
+			if (q->outstanding)
+				ib_qp_flush(q);
+		if (!wait_xfers_locked(ib, sc_clock_mono_ms() + 5000))
+			SC_ERROR("ibverbs", "%zu transfer(s) never ended; their memory stays mapped",
+				 ib->n_xfers);
+	}
+	ib->workers_exit = true;
+	pthread_cond_broadcast(&ib->cv);
+	size_t n = ib->n_workers;
+	ib->n_workers = 0;
+	pthread_mutex_unlock(&ib->mu);
+	for (size_t i = 0; i < n; i++)
+		pthread_join(ib->workers[i], NULL);
+	if (ib->cq_thread_running) {
+		atomic_store(&ib->cq_stop, true);
+		wake_cq(ib);
+		pthread_join(ib->cq_thread, NULL);
+		ib->cq_thread_running = false;
+	}
+	pthread_mutex_lock(&ib->mu);
+	ib->started = false;
+	pthread_mutex_unlock(&ib->mu);
+}

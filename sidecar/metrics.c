@@ -1,0 +1,477 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * metrics.c: the engine's counters and the Prometheus text endpoint of --metrics-listen.
+ *
+ * Counters (operations created, operations finished, bytes moved) are atomics bumped by
+ * operation.c from whatever thread ends an operation; nothing here locks for them. Gauges are read
+ * at scrape time from the engine's tables under eng->mu, copied out, and formatted after the lock
+ * is dropped. The listening socket is bound by sc_metrics_create (on the main thread, so a port in
+ * use is a start-up error) and handed to libmicrohttpd, whose one internal thread runs every
+ * request; sc_metrics_stop joins it. Owns the socket, the daemon and the counters.
+ */
+#include "metrics.h"
+
+#include "build_config.h"
+#include "config.h"
+#include "engine_internal.h"
+#include "log.h"
+
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define N_KINDS 5 /* indexed by enum sc_op_kind; 0 (NONE) unused */
+#define N_FINAL 3 /* COMPLETE, CANCELLED, ERRORED */
+#define N_DIRS 2  /* read, write */
+#define SCRAPE_CONNECTIONS 32
+#define SCRAPE_TIMEOUT_S 10
+
+struct sc_metrics {
+	struct sc_engine *eng;
+	int listen_fd;		   /* ours until the daemon starts, then the daemon's */
+	struct MHD_Daemon *daemon; /* NULL: not serving */
+	char url[300];		   /* "http://HOST:PORT/metrics", for the log */
+	atomic_uint_fast64_t created[N_KINDS];
+	atomic_uint_fast64_t finished[N_KINDS][N_FINAL][SC_NUM_BACKENDS];
+	atomic_uint_fast64_t bytes[N_DIRS][SC_NUM_BACKENDS];
+};
+
+/* Label values, lower case as Prometheus labels usually are. */
+static const char *const kind_label[N_KINDS] = {
+    [SC_OP_NONE] = "none", [SC_OP_READABLE] = "readable", [SC_OP_WRITABLE] = "writable",
+    [SC_OP_READ] = "read", [SC_OP_WRITE] = "write",
+};
+static const enum sc_op_status final_status[N_FINAL] = {SC_OPS_COMPLETE, SC_OPS_CANCELLED,
+							SC_OPS_ERRORED};
+static const char *const final_label[N_FINAL] = {"complete", "cancelled", "errored"};
+static const char *const dir_label[N_DIRS] = {"read", "write"};
+/* The backends every scrape lists, even at zero; BACKEND_NONE rows appear once non-zero. */
+static const enum sc_backend_kind real_backends[] = {SC_BACKEND_TCP, SC_BACKEND_IBVERBS,
+						     SC_BACKEND_LOCAL};
+#define N_REAL_BACKENDS (sizeof(real_backends) / sizeof(real_backends[0]))
+
+/* ---- counters -------------------------------------------------------------------------------- */
+
+static int final_index(enum sc_op_status s)
+{
+	for (int i = 0; i < N_FINAL; i++)
+		if (final_status[i] == s)
+			return i;
+	return -1;
+}
+
+static bool kind_ok(enum sc_op_kind k)
+{
+	return (int)k > SC_OP_NONE && (int)k < N_KINDS;
+}
+
+static bool backend_ok(enum sc_backend_kind b)
+{
+	return (int)b >= SC_BACKEND_NONE && (int)b < SC_NUM_BACKENDS;
+}
+
+void sc_metrics_op_created(struct sc_metrics *m, enum sc_op_kind kind)
+{
+	if (m && kind_ok(kind))
+		atomic_fetch_add_explicit(&m->created[kind], 1, memory_order_relaxed);
+}
+
+void sc_metrics_op_finished(struct sc_metrics *m, enum sc_op_kind kind, enum sc_op_status status,
+			    enum sc_backend_kind backend, uint64_t bytes)
+{
+	int fi = final_index(status);
+	if (!m || !kind_ok(kind) || fi < 0 || !backend_ok(backend))
+		return;
+	atomic_fetch_add_explicit(&m->finished[kind][fi][backend], 1, memory_order_relaxed);
+	if (status == SC_OPS_COMPLETE && (kind == SC_OP_READ || kind == SC_OP_WRITE))
+		atomic_fetch_add_explicit(&m->bytes[kind == SC_OP_READ ? 0 : 1][backend], bytes,
+					  memory_order_relaxed);
+}
+
+static uint64_t get(atomic_uint_fast64_t *a)
+{
+	return (uint64_t)atomic_load_explicit(a, memory_order_relaxed);
+}
+
+/* ---- gauges, from the engine's tables -------------------------------------------------------- */
+
+struct gauges {
+	uint64_t live[N_KINDS];
+	uint64_t waiting_progress;
+	uint64_t queued;
+	uint64_t regions;
+	uint64_t region_bytes;
+	uint64_t active_transfers;
+	uint64_t inflight_bytes;
+	bool draining;
+	bool available[SC_NUM_BACKENDS];
+};
+
+static void count_op(void *ctx, void *value)
+{
+	struct gauges *g = ctx;
+	const struct sc_op *op = value;
+	if (sc_op_status_terminal(op->status) || !kind_ok(op->kind))
+		return;
+	g->live[op->kind]++;
+	if (op->status == SC_OPS_SCHEDULED && op->waiting_requirement)
+		g->waiting_progress++;
+}
+
+static void count_region(void *ctx, void *value)
+{
+	struct gauges *g = ctx;
+	const struct sc_region *r = value;
+	g->regions++;
+	g->region_bytes += r->size;
+}
+
+static void read_gauges(struct sc_engine *eng, struct gauges *g)
+{
+	memset(g, 0, sizeof(*g));
+	pthread_mutex_lock(&eng->mu);
+	if (eng->ops)
+		sc_idmap_each(eng->ops, count_op, g);
+	if (eng->regions)
+		sc_idmap_each(eng->regions, count_region, g);
+	for (const struct sc_op *op = eng->sched_head; op; op = op->sched_next)
+		g->queued++;
+	g->active_transfers = eng->active_transfers;
+	g->inflight_bytes = eng->inflight_bytes;
+	g->draining = eng->draining;
+	for (int b = 0; b < SC_NUM_BACKENDS; b++)
+		g->available[b] = eng->backends[b] && eng->backends[b]->available;
+	pthread_mutex_unlock(&eng->mu);
+}
+
+static bool engine_draining(struct sc_engine *eng)
+{
+	pthread_mutex_lock(&eng->mu);
+	bool d = eng->draining;
+	pthread_mutex_unlock(&eng->mu);
+	return d;
+}
+
+/* ---- exposition text ------------------------------------------------------------------------- */
+
+static void family(FILE *f, const char *name, const char *type, const char *help)
+{
+	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A label value: backslash, double quote and newline escaped, as the format requires. */
+static void label_value(FILE *f, const char *v)
+{
+	for (; *v; v++) {
+		if (*v == '\\' || *v == '"')
+			fprintf(f, "\\%c", *v);
+		else if (*v == '\n')
+			fputs("\\n", f);
+		else
+			fputc(*v, f);
+	}
+}
+
+char *sc_metrics_render(struct sc_metrics *m, size_t *len)
+{
+	struct gauges g;
+	read_gauges(m->eng, &g);
+
+	char *buf = NULL;
+	size_t n = 0;
+	FILE *f = open_memstream(&buf, &n);
+	if (!f)
+		return NULL;
+
+	family(f, "rdma_sidecar_build_info", "gauge", "Version and id of this sidecar (always 1).");
+	fputs("rdma_sidecar_build_info{version=\"", f);
+	label_value(f, SC_VERSION);
+	fputs("\",sidecar_id=\"", f);
+	label_value(f, m->eng->id);
+	fputs("\"} 1\n", f);
+
+	family(f, "rdma_sidecar_backend_available", "gauge",
+	       "1 when the backend can move bytes (see GetInfo for why not).");
+	for (size_t i = 0; i < N_REAL_BACKENDS; i++)
+		fprintf(f, "rdma_sidecar_backend_available{backend=\"%s\"} %d\n",
+			sc_backend_name(real_backends[i]), g.available[real_backends[i]] ? 1 : 0);
+
+	family(f, "rdma_sidecar_draining", "gauge",
+	       "1 once the sidecar is shutting down and refuses new work.");
+	fprintf(f, "rdma_sidecar_draining %d\n", g.draining ? 1 : 0);
+
+	family(f, "rdma_sidecar_operations_created_total", "counter",
+	       "Operations created, by kind.");
+	for (int k = 1; k < N_KINDS; k++)
+		fprintf(f, "rdma_sidecar_operations_created_total{kind=\"%s\"} %llu\n",
+			kind_label[k], (unsigned long long)get(&m->created[k]));
+
+	family(f, "rdma_sidecar_operations_total", "counter",
+	       "Operations that reached a final status, by kind, status and backend "
+	       "(backend \"none\": a passive operation no peer used).");
+	for (int k = 1; k < N_KINDS; k++) {
+		for (int s = 0; s < N_FINAL; s++) {
+			for (int b = 0; b < SC_NUM_BACKENDS; b++) {
+				uint64_t v = get(&m->finished[k][s][b]);
+				if (b == SC_BACKEND_NONE && v == 0)
+					continue;
+				fprintf(f,
+					"rdma_sidecar_operations_total{kind=\"%s\",status=\"%s\","
+					"backend=\"%s\"} %llu\n",
+					kind_label[k], final_label[s],
+					sc_backend_name((enum sc_backend_kind)b),
+					(unsigned long long)v);
+			}
+		}
+	}
+
+	family(f, "rdma_sidecar_bytes_total", "counter",
+	       "Bytes moved by completed active operations (read: into this sidecar, write: out "
+	       "of it), by direction and backend.");
+	for (int d = 0; d < N_DIRS; d++)
+		for (size_t i = 0; i < N_REAL_BACKENDS; i++)
+			fprintf(f,
+				"rdma_sidecar_bytes_total{direction=\"%s\",backend=\"%s\"} %llu\n",
+				dir_label[d], sc_backend_name(real_backends[i]),
+				(unsigned long long)get(&m->bytes[d][real_backends[i]]));
+
+	family(f, "rdma_sidecar_live_operations", "gauge",
+	       "Operations not yet in a final status, by kind.");
+	for (int k = 1; k < N_KINDS; k++)
+		fprintf(f, "rdma_sidecar_live_operations{kind=\"%s\"} %llu\n", kind_label[k],
+			(unsigned long long)g.live[k]);
+
+	family(f, "rdma_sidecar_regions", "gauge", "Registered memory regions.");
+	fprintf(f, "rdma_sidecar_regions %llu\n", (unsigned long long)g.regions);
+	family(f, "rdma_sidecar_region_bytes", "gauge", "Bytes in registered memory regions.");
+	fprintf(f, "rdma_sidecar_region_bytes %llu\n", (unsigned long long)g.region_bytes);
+
+	family(f, "rdma_sidecar_scheduler_queued_operations", "gauge",
+	       "Active operations waiting for a transfer slot.");
+	fprintf(f, "rdma_sidecar_scheduler_queued_operations %llu\n", (unsigned long long)g.queued);
+	family(f, "rdma_sidecar_scheduler_waiting_progress_operations", "gauge",
+	       "Active operations waiting for worker progress (ReportProgress).");
+	fprintf(f, "rdma_sidecar_scheduler_waiting_progress_operations %llu\n",
+		(unsigned long long)g.waiting_progress);
+	family(f, "rdma_sidecar_active_transfers", "gauge",
+	       "Transfers holding a slot (at most --max-concurrent-transfers).");
+	fprintf(f, "rdma_sidecar_active_transfers %llu\n", (unsigned long long)g.active_transfers);
+	family(f, "rdma_sidecar_inflight_bytes", "gauge",
+	       "Bytes of the transfers holding a slot (budget --max-inflight-bytes).");
+	fprintf(f, "rdma_sidecar_inflight_bytes %llu\n", (unsigned long long)g.inflight_bytes);
+
+	bool failed = ferror(f) != 0;
+	if (fclose(f) != 0 || failed) {
+		free(buf);
+		return NULL;
+	}
+	if (len)
+		*len = n;
+	return buf;
+}
+
+/* ---- HTTP ------------------------------------------------------------------------------------ */
+
+static enum MHD_Result respond(struct MHD_Connection *c, unsigned int code, const char *type,
+			       void *body, size_t len, enum MHD_ResponseMemoryMode mode)
+{
+	struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, mode);
+	if (!resp) {
+		if (mode == MHD_RESPMEM_MUST_FREE)
+			free(body);
+		return MHD_NO;
+	}
+	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+	if (code == MHD_HTTP_METHOD_NOT_ALLOWED)
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+	enum MHD_Result rc = MHD_queue_response(c, code, resp);
+	MHD_destroy_response(resp);
+	return rc;
+}
+
+static enum MHD_Result respond_text(struct MHD_Connection *c, unsigned int code, const char *text)
+{
+	return respond(c, code, "text/plain; charset=utf-8", (void *)text, strlen(text),
+		       MHD_RESPMEM_PERSISTENT);
+}
+
+/*
+ * libmicrohttpd's thread. It calls once with the headers, then again per chunk of body, then once
+ * more with none left. Requests this server refuses are answered at the first call (the daemon
+ * then closes the connection rather than read a body nobody wants); GET and HEAD are answered at
+ * the last, so the connection stays alive for the next scrape.
+ */
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+				  const char *method, const char *http_version,
+				  const char *upload_data, size_t *upload_data_size, void **req_cls)
+{
+	struct sc_metrics *m = cls;
+	(void)http_version;
+	(void)upload_data;
+	bool metrics = strcmp(url, "/metrics") == 0;
+	bool healthz = strcmp(url, "/healthz") == 0;
+	if (!*req_cls) {
+		if (!metrics && !healthz)
+			return respond_text(c, MHD_HTTP_NOT_FOUND,
+					    "not found: try /metrics or /healthz\n");
+		if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 &&
+		    strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+			return respond_text(c, MHD_HTTP_METHOD_NOT_ALLOWED,
+					    "method not allowed: use GET\n");
+		*req_cls = m;
+		return MHD_YES;
+	}
+	if (*upload_data_size) {
+		*upload_data_size = 0; /* a GET with a body: ignore it */
+		return MHD_YES;
+	}
+	if (healthz)
+		return engine_draining(m->eng)
+			   ? respond_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, "draining\n")
+			   : respond_text(c, MHD_HTTP_OK, "ok\n");
+	size_t len = 0;
+	char *body = sc_metrics_render(m, &len);
+	if (!body)
+		return respond_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+	return respond(c, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", body, len,
+		       MHD_RESPMEM_MUST_FREE);
+}
+
+__attribute__((format(printf, 2, 0))) static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	(void)cls;
+	char text[512];
+	vsnprintf(text, sizeof(text), fmt, ap);
+	size_t n = strlen(text);
+	while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r'))
+		text[--n] = '\0';
+	SC_WARN("metrics", "%s", text);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------------- */
+
+static int bind_listener(struct sc_metrics *m, const char *listen_text, struct sc_err *err)
+{
+	char host[256];
+	uint16_t port;
+	if (sc_parse_hostport(listen_text, host, sizeof(host), &port, err) != 0)
+		return sc_err_prefix(err, "--metrics-listen");
+	char port_text[8];
+	snprintf(port_text, sizeof(port_text), "%u", port);
+	struct addrinfo hints = {.ai_family = AF_UNSPEC,
+				 .ai_socktype = SOCK_STREAM,
+				 .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+	struct addrinfo *res = NULL;
+	int gai = getaddrinfo(host, port_text, &hints, &res);
+	if (gai != 0)
+		return sc_err_set(err, SC_FAILED_PRECONDITION,
+				  "--metrics-listen %s: cannot resolve host \"%s\": %s",
+				  listen_text, host, gai_strerror(gai));
+	int last_errno = 0;
+	for (struct addrinfo *ai = res; ai && m->listen_fd < 0; ai = ai->ai_next) {
+		int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+				ai->ai_protocol);
+		if (fd < 0) {
+			last_errno = errno;
+			continue;
+		}
+		int one = 1;
+		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0) {
+			m->listen_fd = fd;
+			break;
+		}
+		last_errno = errno;
+		close(fd);
+	}
+	freeaddrinfo(res);
+	if (m->listen_fd < 0)
+		return sc_err_set(
+		    err, SC_FAILED_PRECONDITION, "cannot listen on --metrics-listen %s: %s%s",
+		    listen_text, strerror(last_errno),
+		    last_errno == EADDRINUSE ? " (another process has that port: choose another "
+					       "--metrics-listen port)"
+					     : "");
+
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	unsigned bound = port;
+	if (getsockname(m->listen_fd, (struct sockaddr *)&ss, &sl) == 0)
+		bound = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+						 : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+	bool v6 = strchr(host, ':') != NULL;
+	snprintf(m->url, sizeof(m->url), "http://%s%s%s:%u/metrics", v6 ? "[" : "", host,
+		 v6 ? "]" : "", bound);
+	return 0;
+}
+
+int sc_metrics_create(struct sc_engine *eng, const char *listen_text, struct sc_metrics **out,
+		      struct sc_err *err)
+{
+	struct sc_metrics *m = calloc(1, sizeof(*m));
+	if (!m)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	m->eng = eng;
+	m->listen_fd = -1;
+	for (int k = 0; k < N_KINDS; k++) {
+		atomic_init(&m->created[k], 0);
+		for (int s = 0; s < N_FINAL; s++)
+			for (int b = 0; b < SC_NUM_BACKENDS; b++)
+				atomic_init(&m->finished[k][s][b], 0);
+	}
+	for (int d = 0; d < N_DIRS; d++)
+		for (int b = 0; b < SC_NUM_BACKENDS; b++)
+			atomic_init(&m->bytes[d][b], 0);
+	if (listen_text && listen_text[0] && bind_listener(m, listen_text, err) != 0) {
+		sc_metrics_destroy(m);
+		return -1;
+	}
+	*out = m;
+	return 0;
+}
+
+int sc_metrics_start(struct sc_metrics *m, struct sc_err *err)
+{
+	if (!m || m->listen_fd < 0 || m->daemon)
+		return 0;
+	m->daemon = MHD_start_daemon(
+	    MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+	    on_request, m, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, (void *)m,
+	    MHD_OPTION_LISTEN_SOCKET, (MHD_socket)m->listen_fd, MHD_OPTION_CONNECTION_LIMIT,
+	    (unsigned int)SCRAPE_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT,
+	    (unsigned int)SCRAPE_TIMEOUT_S, MHD_OPTION_END);
+	if (!m->daemon)
+		return sc_err_set(err, SC_INTERNAL,
+				  "--metrics-listen: cannot start the HTTP server (libmicrohttpd) "
+				  "for %s",
+				  m->url);
+	m->listen_fd = -1; /* the daemon closes it when it stops */
+	SC_INFO("metrics", "metrics on %s", m->url);
+	return 0;
+}
+
+void sc_metrics_stop(struct sc_metrics *m)
+{
+	if (!m || !m->daemon)
+		return;
+	MHD_stop_daemon(m->daemon);
+	m->daemon = NULL;
+}
+
+void sc_metrics_destroy(struct sc_metrics *m)
+{
+	if (!m)
+		return;
+	sc_metrics_stop(m);
+	if (m->listen_fd >= 0)
+		close(m->listen_fd);
+	free(m);
+}

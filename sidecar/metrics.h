@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * metrics.h: the engine's counters and the Prometheus endpoint of --metrics-listen.
+ *
+ * The engine owns one struct sc_metrics (eng->metrics). Counters are C11 atomics: the
+ * sc_metrics_op_* calls are lock-free and safe from any thread, with or without eng->mu held.
+ * Gauges (live operations, regions, scheduler) are not stored here: a scrape reads them from the
+ * engine's tables under eng->mu, so it must never be called with eng->mu held (it is not: scrapes
+ * run on libmicrohttpd's own thread).
+ *
+ * The HTTP server answers GET (and HEAD) /metrics with the text exposition format 0.0.4 and
+ * /healthz with 200 "ok" (503 "draining" once sc_engine_begin_drain ran); other paths 404, other
+ * methods 405. Errors: -1 with struct sc_err filled.
+ */
+#ifndef SC_METRICS_H
+#define SC_METRICS_H
+
+#include "engine.h"
+#include "status.h"
+
+#include <stdint.h>
+
+struct sc_metrics;
+
+/*
+ * Allocate the counters. When listen is a HOST:PORT (IPv4, a hostname or [V6]; port 0 picks one)
+ * the socket is bound and listening when this returns, so a port in use fails here, with a message
+ * naming --metrics-listen. listen NULL or "" serves nothing. *out is set only on success.
+ */
+int sc_metrics_create(struct sc_engine *eng, const char *listen, struct sc_metrics **out,
+		      struct sc_err *err);
+/* Start serving on libmicrohttpd's internal thread (nothing to do when not listening). */
+int sc_metrics_start(struct sc_metrics *m, struct sc_err *err);
+/* Stop serving: when it returns no scrape runs or will run. Idempotent; NULL ok. Never call it
+ * with eng->mu held. */
+void sc_metrics_stop(struct sc_metrics *m);
+/* Stops serving if needed, closes the socket, frees the counters. NULL ok. */
+void sc_metrics_destroy(struct sc_metrics *m);
+
+/* An operation entered the table (one per created operation). NULL ok. */
+void sc_metrics_op_created(struct sc_metrics *m, enum sc_op_kind kind);
+/*
+ * An operation reached its terminal status (exactly once per operation). Completed READ/WRITE
+ * operations also add bytes to the bytes moved by their direction and backend. NULL ok.
+ */
+void sc_metrics_op_finished(struct sc_metrics *m, enum sc_op_kind kind, enum sc_op_status status,
+			    enum sc_backend_kind backend, uint64_t bytes);
+
+/* The exposition text a scrape returns, NUL-terminated; malloc'd (free() it), NULL when out of
+ * memory. Takes eng->mu briefly. */
+char *sc_metrics_render(struct sc_metrics *m, size_t *len);
+
+#endif
