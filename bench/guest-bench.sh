@@ -5,7 +5,7 @@
 # size and direction, perftest's ib_read_bw / ib_write_bw on $RXE_DEV (-x $RXE_GID_INDEX, through
 # bench/vm-perftest.sh) and two sidecars on $RXE_DEV doing the same READs and WRITEs over gRPC, and
 # prints the table. Arguments go to ib_bench.py (default: --sizes 1M:64,64M:5). Results:
-# $VM_OUT/bench.txt (the table), $VM_OUT/bench.json (every figure).
+# $VM_OUT/bench.txt (the table), $VM_OUT/bench.json (every figure), $VM_OUT/logs (sidecar logs).
 set -uo pipefail
 
 : "${RXE_DEV:?} ${RXE_IP:?} ${RXE_GID_INDEX:?} ${VM_OUT:?} ${VM_SCRIPT_DIR:?}"
@@ -25,7 +25,7 @@ echo "guest-bench: $SC_BINARY on $RXE_DEV ($RXE_IP, GID index $RXE_GID_INDEX), $
 cd /tmp || exit 1
 budget=$((${VM_TIMEOUT:-1200} - 15))
 timeout -k 10 "$budget" /usr/bin/python3 "$src/bench/ib_bench.py" \
-    --dev "$RXE_DEV" --gid "$RXE_GID_INDEX" --ip "$RXE_IP" --json "$VM_OUT/bench.json" "$@" |
+    --dev "$RXE_DEV" --gid "$RXE_GID_INDEX" --ip "$RXE_IP" --json "$VM_OUT/bench.json" --log-dir "$VM_OUT/logs" "$@" |
     tee "$VM_OUT/bench.txt"
 rc=${PIPESTATUS[0]}
 ((rc != 124 && rc != 137)) || echo "guest-bench: timed out after ${budget}s" >&2

@@ -19,7 +19,8 @@ and direction in this run. The bytes of each size and direction are compared onc
 that moves wrong bytes is meaningless). Prints a table; --json writes every figure.
 
 Usage: ib_bench.py [--sizes 1M:64,64M:5] [--ops read,write] [--depth 4] [--depth-max-size 8M]
-                   [--dev rxe0] [--gid 1] [--ip 10.99.0.1] [--no-perftest] [--json FILE]
+                   [--rounds N] [--dev rxe0] [--gid 1] [--ip 10.99.0.1] [--backends ibverbs]
+                   [--no-perftest] [--log-level info] [--log-dir DIR] [--json FILE]
 Environment: SC_BINARY, SC_PYTHON_STUBS (as for the integration tests), SC_SOURCE_DIR.
 """
 import argparse
@@ -70,7 +71,7 @@ class Bench:
         keys = write_key_file(os.path.join(self.dir, "keys"))
         flags = ["--key-file", keys, "--ib-device", args.dev, "--ib-gid-index", str(args.gid),
                  "--data-listen", args.ip + ":0", "--advertise", args.ip, "--backends", args.backends,
-                 "--log-level", "info"]
+                 "--log-level", args.log_level]
         # passive (issues metadata, owns the exposed memory) and active (BeginRead/BeginWrite)
         self.p = Sidecar(self.dir, "passive", extra=flags, tcp=False)
         self.a = Sidecar(self.dir, "active", extra=flags, tcp=False)
@@ -86,6 +87,9 @@ class Bench:
                 s.stop()
             except Exception as e:  # noqa: BLE001
                 log("stopping %s: %s" % (s.name, e))
+            if self.args.log_dir:
+                os.makedirs(self.args.log_dir, exist_ok=True)
+                shutil.copy(s.log_path, os.path.join(self.args.log_dir, "sidecar-%s.log" % s.name))
         shutil.rmtree(self.p.shm, ignore_errors=True)
         shutil.rmtree(self.a.shm, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -239,6 +243,8 @@ def main():
     ap.add_argument("--backends", default="ibverbs", help="sidecar --backends (tcp: compare the TCP data plane)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat everything; the summary gives median ratios")
     ap.add_argument("--no-perftest", action="store_true")
+    ap.add_argument("--log-level", default="info", help="the sidecars' --log-level (debug: per-transfer timings)")
+    ap.add_argument("--log-dir", help="copy the sidecars' logs here at the end")
     ap.add_argument("--json", help="write every figure here")
     args = ap.parse_args()
     specs = []

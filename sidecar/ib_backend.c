@@ -120,8 +120,9 @@ static int pick_gid(struct ibv_context *ctx, const char *dev, struct pick *p, in
 		if (want >= p->pa.gid_tbl_len ||
 		    ibv_query_gid_ex(ctx, p->port, (uint32_t)want, &e, 0) != 0 ||
 		    gid_zero(&e.gid)) {
-			snprintf(why, cap, "%s port %u has no GID at --ib-gid-index %d (table of %d)",
-				 dev, p->port, want, p->pa.gid_tbl_len);
+			snprintf(why, cap,
+				 "%s port %u has no GID at --ib-gid-index %d (table of %d)", dev,
+				 p->port, want, p->pa.gid_tbl_len);
 			return -1;
 		}
 		p->gid_index = want;
@@ -179,8 +180,9 @@ static int pick_port(struct ibv_context *ctx, const char *dev, const struct sc_c
 			return -1;
 		}
 		if (p->pa.state != IBV_PORT_ACTIVE) {
-			snprintf(why, cap, "%s port %u is %s, not ACTIVE (check the link / rdma link)",
-				 dev, p->port, ibv_port_state_str(p->pa.state));
+			snprintf(why, cap,
+				 "%s port %u is %s, not ACTIVE (check the link / rdma link)", dev,
+				 p->port, ibv_port_state_str(p->pa.state));
 			return -1;
 		}
 		return pick_gid(ctx, dev, p, cfg->ib_gid_index, why, cap);
@@ -194,8 +196,8 @@ static int pick_port(struct ibv_context *ctx, const char *dev, const struct sc_c
 		if (p->pa.state == IBV_PORT_ACTIVE)
 			return pick_gid(ctx, dev, p, cfg->ib_gid_index, why, cap);
 		if (used < sizeof(states))
-			used += (size_t)snprintf(states + used, sizeof(states) - used, "%sport %u %s",
-						 used ? ", " : "", port,
+			used += (size_t)snprintf(states + used, sizeof(states) - used,
+						 "%sport %u %s", used ? ", " : "", port,
 						 ibv_port_state_str(p->pa.state));
 	}
 	snprintf(why, cap, "%s has no ACTIVE port (%s)", dev, used ? states : "no ports");
@@ -209,11 +211,12 @@ static void choose_device(struct ib_backend *ib, const struct sc_config *cfg)
 	int n = 0;
 	struct ibv_device **list = ibv_get_device_list(&n);
 	if (!list || n == 0) {
-		snprintf(b->detail, sizeof(b->detail),
-			 "no RDMA devices found (ibv_get_device_list: %s; check /dev/infiniband and "
-			 "the NIC driver, or add Soft-RoCE with: rdma link add rxe0 type rxe netdev "
-			 "ETH)",
-			 list ? "0 devices" : strerror(errno));
+		snprintf(
+		    b->detail, sizeof(b->detail),
+		    "no RDMA devices found (ibv_get_device_list: %s; check /dev/infiniband and "
+		    "the NIC driver, or add Soft-RoCE with: rdma link add rxe0 type rxe netdev "
+		    "ETH)",
+		    list ? "0 devices" : strerror(errno));
 		if (list)
 			ibv_free_device_list(list);
 		return;
@@ -236,7 +239,8 @@ static void choose_device(struct ib_backend *ib, const struct sc_config *cfg)
 			continue;
 		struct ibv_context *ctx = ibv_open_device(list[i]);
 		if (!ctx) {
-			snprintf(why, sizeof(why), "%s: ibv_open_device: %s", name, strerror(errno));
+			snprintf(why, sizeof(why), "%s: ibv_open_device: %s", name,
+				 strerror(errno));
 			continue;
 		}
 		struct pick p;
@@ -251,8 +255,8 @@ static void choose_device(struct ib_backend *ib, const struct sc_config *cfg)
 		struct ibv_device_attr da;
 		struct ibv_pd *pd = NULL;
 		if (ibv_query_device(ctx, &da) != 0 || !(pd = ibv_alloc_pd(ctx))) {
-			snprintf(why, sizeof(why), "%s: cannot allocate a protection domain: %s", name,
-				 strerror(errno));
+			snprintf(why, sizeof(why), "%s: cannot allocate a protection domain: %s",
+				 name, strerror(errno));
 			ibv_close_device(ctx);
 			continue;
 		}
@@ -269,7 +273,8 @@ static void choose_device(struct ib_backend *ib, const struct sc_config *cfg)
 		uint32_t max_msg = p.pa.max_msg_sz ? p.pa.max_msg_sz : IB_CHUNK_MAX;
 		ib->max_msg = max_msg < IB_CHUNK_MAX ? max_msg : IB_CHUNK_MAX;
 		ib->max_qp_wr = da.max_qp_wr > 0 ? (uint32_t)da.max_qp_wr : 1;
-		uint32_t init_rd = da.max_qp_init_rd_atom > 0 ? (uint32_t)da.max_qp_init_rd_atom : 1;
+		uint32_t init_rd =
+		    da.max_qp_init_rd_atom > 0 ? (uint32_t)da.max_qp_init_rd_atom : 1;
 		uint32_t dest_rd = da.max_qp_rd_atom > 0 ? (uint32_t)da.max_qp_rd_atom : 1;
 		ib->max_init_rd = init_rd < IB_MAX_RD_ATOMIC ? init_rd : IB_MAX_RD_ATOMIC;
 		ib->max_dest_rd = dest_rd < IB_MAX_RD_ATOMIC ? dest_rd : IB_MAX_RD_ATOMIC;
@@ -281,8 +286,8 @@ static void choose_device(struct ib_backend *ib, const struct sc_config *cfg)
 	}
 	if (!found) {
 		if (cfg->ib_device && cfg->ib_device[0] && !why[0])
-			snprintf(b->detail, sizeof(b->detail), "--ib-device %s not found (have: %s)",
-				 cfg->ib_device, names);
+			snprintf(b->detail, sizeof(b->detail),
+				 "--ib-device %s not found (have: %s)", cfg->ib_device, names);
 		else
 			snprintf(b->detail, sizeof(b->detail), "%s", why);
 	}
@@ -360,15 +365,15 @@ static int ib_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *cons
 	*handle = NULL;
 	if (md->kind != SC_OP_READABLE && md->kind != SC_OP_WRITABLE)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "ibverbs expose: not a passive kind");
-	int access = md->kind == SC_OP_READABLE
-			     ? IBV_ACCESS_REMOTE_READ
-			     : IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
+	int access = md->kind == SC_OP_READABLE ? IBV_ACCESS_REMOTE_READ
+						: IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
 	struct ib_grant *g = calloc(1, sizeof(*g) + md->n_descs * sizeof(g->mrs[0]));
 	if (!g)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 	atomic_fetch_add(&ib->n_grants, 1);
 	for (size_t i = 0; i < md->n_descs; i++) {
-		struct ibv_mr *mr = ibv_reg_mr(ib->pd, addrs[i], (size_t)md->descs[i].length, access);
+		struct ibv_mr *mr =
+		    ibv_reg_mr(ib->pd, addrs[i], (size_t)md->descs[i].length, access);
 		if (!mr) {
 			char what[64];
 			snprintf(what, sizeof(what), "descriptor %zu, remote %s", i,
@@ -451,18 +456,18 @@ static void ib_destroy(struct sc_backend *b)
 }
 
 static const struct sc_backend_ops ib_ops = {
-	.name = "ibverbs",
-	.kind = SC_BACKEND_IBVERBS,
-	.transport_level = 2,
-	.start = ib_start,
-	.stop = ib_stop,
-	.destroy = ib_destroy,
-	.register_region = ib_register,
-	.deregister_region = ib_deregister,
-	.expose = ib_expose,
-	.revoke = ib_revoke,
-	.submit = ib_xfer_submit,
-	.cancel = ib_xfer_cancel,
+    .name = "ibverbs",
+    .kind = SC_BACKEND_IBVERBS,
+    .transport_level = 2,
+    .start = ib_start,
+    .stop = ib_stop,
+    .destroy = ib_destroy,
+    .register_region = ib_register,
+    .deregister_region = ib_deregister,
+    .expose = ib_expose,
+    .revoke = ib_revoke,
+    .submit = ib_xfer_submit,
+    .cancel = ib_xfer_cancel,
 };
 
 struct sc_backend *sc_backend_ibverbs_create(struct sc_engine *eng, const struct sc_config *cfg)

@@ -40,20 +40,20 @@ struct sc_peer_pool;
 struct ib_xfer;
 
 /* Queue pair parameters (DESIGN section 5; the brief of issue 4). */
-#define IB_QP_TIMEOUT 14     /* 4.096 us * 2^14 = 67 ms per try */
+#define IB_QP_TIMEOUT 14 /* 4.096 us * 2^14 = 67 ms per try */
 #define IB_QP_RETRY_CNT 7
 #define IB_QP_RNR_RETRY 7
 #define IB_QP_MIN_RNR_TIMER 12
-#define IB_MAX_RD_ATOMIC 16  /* capped to the device's limits */
-#define IB_SQ_DEPTH 128      /* send queue of an outgoing QP (capped to max_qp_wr) */
-#define IB_CHUNK_MAX (1u << 20) /* one work request moves at most this (and max_msg_sz) */
-#define IB_XFER_WINDOW 32    /* work requests one transfer keeps in flight... */
+#define IB_MAX_RD_ATOMIC 16		/* capped to the device's limits */
+#define IB_SQ_DEPTH 128			/* send queue of an outgoing QP (capped to max_qp_wr) */
+#define IB_CHUNK_MAX (1u << 20)		/* one work request moves at most this (and max_msg_sz) */
+#define IB_XFER_WINDOW 32		/* work requests one transfer keeps in flight... */
 #define IB_XFER_WINDOW_BYTES (8u << 20) /* ...and bytes */
-#define IB_TOMBSTONE_MS 2000 /* a peer whose QP failed is refused this long */
+#define IB_TOMBSTONE_MS 2000		/* a peer whose QP failed is refused this long */
 #define IB_VERIFY_IDLE_MS 5000 /* a cached QP idle this long is checked with the peer first */
-#define IB_MAX_OUT_QPS 256   /* outgoing QPs (one per peer sidecar) */
-#define IB_MAX_IN_QPS 256    /* incoming QPs (created for requesting peers) */
-#define IB_MAX_IN_PER_PEER 4 /* older incoming QPs of a peer beyond this are dropped */
+#define IB_MAX_OUT_QPS 256     /* outgoing QPs (one per peer sidecar) */
+#define IB_MAX_IN_QPS 256      /* incoming QPs (created for requesting peers) */
+#define IB_MAX_IN_PER_PEER 4   /* older incoming QPs of a peer beyond this are dropped */
 
 /* One posted work request; wr_id points at it. Records live in an array per outgoing QP. */
 struct ib_wr {
@@ -69,20 +69,20 @@ struct ib_qp {
 	struct ibv_qp *qp;
 	struct ibv_cq *cq; /* the shared CQ, or a private one (test probe) */
 	char peer[SC_NAME_MAX];
-	bool incoming;       /* created by the QP_CONNECT handler for a requesting peer */
+	bool incoming; /* created by the QP_CONNECT handler for a requesting peer */
 	uint32_t remote_qpn;
-	uint32_t path_mtu;   /* bytes */
+	uint32_t path_mtu; /* bytes */
 	uint64_t created_mono_ms;
 	uint64_t last_used_mono_ms;
 	uint64_t last_ok_mono_ms; /* a work request completed (or the peer vouched for it) */
-	int refs;            /* under ib->mu */
+	int refs;		  /* under ib->mu */
 	/* Outgoing only, under ib->mu. */
 	uint32_t sq_depth, max_rd;
 	uint32_t outstanding, reads_out;
-	struct ib_wr *wrs;   /* sq_depth records */
+	struct ib_wr *wrs; /* sq_depth records */
 	struct ib_wr *free_wrs;
-	bool broken;         /* failed or flushed: never used for new work */
-	bool flushing;       /* moved to ERR to flush its work requests */
+	bool broken;   /* failed or flushed: never used for new work */
+	bool flushing; /* moved to ERR to flush its work requests */
 	char why[SC_ERR_MSG_MAX / 2];
 	struct ib_qp *prev, *next; /* ib->out_qps or ib->in_qps */
 };
@@ -90,19 +90,19 @@ struct ib_qp {
 /* A peer sidecar as seen by the outgoing side: its cached QP or its tombstone. */
 struct ib_peer {
 	char id[SC_NAME_MAX];
-	struct ib_qp *qp;          /* cached, healthy; holds a reference */
-	bool connecting;           /* one thread is running the rendezvous */
-	uint64_t failed_mono_ms;   /* tombstone: when the last attempt failed (0: none) */
-	uint64_t retry_mono_ms;    /* refused until then */
+	struct ib_qp *qp;	 /* cached, healthy; holds a reference */
+	bool connecting;	 /* one thread is running the rendezvous */
+	uint64_t failed_mono_ms; /* tombstone: when the last attempt failed (0: none) */
+	uint64_t retry_mono_ms;	 /* refused until then */
 	char why[SC_ERR_MSG_MAX / 2];
-	uint32_t prev_qpn;         /* our last QP to it, so its side can drop the partner */
+	uint32_t prev_qpn; /* our last QP to it, so its side can drop the partner */
 	struct ib_peer *next;
 };
 
 enum ib_task {
 	IB_TASK_NONE = 0,
-	IB_TASK_SETUP,  /* get a QP, OPEN on the control channel, then hand over to posting */
-	IB_TASK_PING,   /* keep the control connection (which holds the OPEN) alive */
+	IB_TASK_SETUP,	/* get a QP, OPEN on the control channel, then hand over to posting */
+	IB_TASK_PING,	/* keep the control connection (which holds the OPEN) alive */
 	IB_TASK_FINISH, /* DONE to the passive side, then on_complete */
 };
 
@@ -115,30 +115,30 @@ enum ib_xstate {
 struct ib_xfer {
 	struct ib_backend *ib;
 	struct sc_xfer *x;
-	struct ib_qp *qp;           /* reference held from setup to finish */
-	struct sc_peer_conn *conn;  /* the control connection the OPEN went over */
-	int endpoint;               /* index into x->meta->endpoints that answered; -1 before */
+	struct ib_qp *qp;	   /* reference held from setup to finish */
+	struct sc_peer_conn *conn; /* the control connection the OPEN went over */
+	int endpoint;		   /* index into x->meta->endpoints that answered; -1 before */
 	bool opened;
 	enum ib_xstate state;
 	/* Under ib->mu. */
-	size_t seg;                 /* next chunk to post */
+	size_t seg; /* next chunk to post */
 	uint64_t off;
 	uint32_t outstanding;
-	uint64_t bytes_out;         /* in flight */
+	uint64_t bytes_out; /* in flight */
 	uint64_t bytes_acked;
-	uint64_t progress;          /* acked but not yet reported */
-	bool stop;                  /* post nothing more */
+	uint64_t progress; /* acked but not yet reported */
+	bool stop;	   /* post nothing more */
 	uint64_t stop_mono_ms;
 	bool failed;
 	enum sc_status status;
 	char msg[SC_ERR_MSG_MAX];
-	enum ib_task task;          /* queued or running on a worker */
+	enum ib_task task; /* queued or running on a worker */
 	bool task_running;
-	bool want_finish;           /* finish once the running task returns */
+	bool want_finish; /* finish once the running task returns */
 	uint64_t last_ping_mono_ms;
 	uint64_t t_submit_us, t_opened_us, t_posted_us, t_acked_us; /* for the debug log */
-	struct ib_xfer *prev, *next; /* ib->xfers */
-	struct ib_xfer *qnext;       /* task queue */
+	struct ib_xfer *prev, *next;				    /* ib->xfers */
+	struct ib_xfer *qnext;					    /* task queue */
 };
 
 struct ib_backend {
@@ -158,31 +158,31 @@ struct ib_backend {
 	uint16_t lid;
 	enum ibv_mtu active_mtu;
 	uint8_t link_layer;
-	uint32_t max_msg;       /* chunk size: min(max_msg_sz, IB_CHUNK_MAX) */
+	uint32_t max_msg; /* chunk size: min(max_msg_sz, IB_CHUNK_MAX) */
 	uint32_t max_qp_wr;
-	uint32_t max_init_rd;   /* min(IB_MAX_RD_ATOMIC, max_qp_init_rd_atom) */
-	uint32_t max_dest_rd;   /* min(IB_MAX_RD_ATOMIC, max_qp_rd_atom) */
+	uint32_t max_init_rd; /* min(IB_MAX_RD_ATOMIC, max_qp_init_rd_atom) */
+	uint32_t max_dest_rd; /* min(IB_MAX_RD_ATOMIC, max_qp_rd_atom) */
 
 	/* Started by start(). */
 	struct ibv_comp_channel *chan;
 	struct ibv_cq *cq;
-	int wake_fd;            /* eventfd: wakes the completion thread */
+	int wake_fd; /* eventfd: wakes the completion thread */
 	pthread_t cq_thread;
 	bool cq_thread_running;
 	pthread_t workers[8];
 	size_t n_workers;
 	bool handler_set;
-	uint32_t cq_cap;         /* CQ entries: work requests in flight, all QPs together */
+	uint32_t cq_cap; /* CQ entries: work requests in flight, all QPs together */
 
 	pthread_mutex_t mu;
-	pthread_cond_t cv;       /* tasks queued, connects ended, transfers ended, stopping */
+	pthread_cond_t cv; /* tasks queued, connects ended, transfers ended, stopping */
 	bool started, stopping, workers_exit;
 	atomic_bool cq_stop;
-	uint32_t cq_out;         /* work requests in flight on the shared CQ */
+	uint32_t cq_out; /* work requests in flight on the shared CQ */
 	struct ib_peer *peers;
 	struct ib_qp *out_qps, *in_qps;
 	size_t n_out, n_in;
-	struct ib_xfer *xfers;   /* submitted, not yet completed */
+	struct ib_xfer *xfers; /* submitted, not yet completed */
 	size_t n_xfers;
 	struct ib_xfer *qhead, *qtail; /* task queue */
 	atomic_uint_fast64_t n_grants; /* live exposures, for the destroy check */
@@ -207,8 +207,8 @@ void ib_qp_stop_handler(struct ib_backend *ib);
  * reference for the caller (ib_qp_put it). When a new QP was connected, *conn (if not NULL)
  * receives the authenticated control connection used for it (the caller puts it back) and
  * *endpoint its index in md->endpoints; otherwise *conn is NULL. Errors: UNAVAILABLE (peer
- * unreachable, tombstoned, its ibverbs not running), RESOURCE_EXHAUSTED (QP cap), DEADLINE_EXCEEDED,
- * CANCELLED, UNAUTHENTICATED, INTERNAL (verbs). Worker threads.
+ * unreachable, tombstoned, its ibverbs not running), RESOURCE_EXHAUSTED (QP cap),
+ * DEADLINE_EXCEEDED, CANCELLED, UNAUTHENTICATED, INTERNAL (verbs). Worker threads.
  */
 int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t deadline_mono_ms,
 	      const atomic_bool *cancel, struct ib_qp **out, struct sc_peer_conn **conn,
@@ -221,7 +221,8 @@ struct sc_peer_conn *ib_control_conn(struct ib_backend *ib, const struct sc_meta
 void ib_qp_put(struct ib_backend *ib, struct ib_qp *qp);
 /* The QP failed (a work completion error, an async event, a post failure): no new work goes to
  * it, the cache forgets it (dropping the cache's reference into *drop, for the caller to put
- * after unlocking), and, when `tombstone`, the peer is refused for IB_TOMBSTONE_MS. Under ib->mu. */
+ * after unlocking), and, when `tombstone`, the peer is refused for IB_TOMBSTONE_MS. Under ib->mu.
+ */
 void ib_qp_fail_locked(struct ib_backend *ib, struct ib_qp *qp, bool tombstone, const char *why,
 		       struct ib_qp **drop);
 /* Move a QP to ERR so that its outstanding work requests are flushed. Any thread. */

@@ -4,17 +4,17 @@
  * channel (peer_pool.h / peer_server.h), one QP_CONNECT request/reply:
  *
  *   requester (active side, a worker thread)        responder (passive side, a peer-server thread)
- *   create QP, INIT                                  
- *   QP_CONNECT {qpn, psn, gid, lid, mtu, rd depths,  
+ *   create QP, INIT
+ *   QP_CONNECT {qpn, psn, gid, lid, mtu, rd depths,
  *               prev_qpn, requester id}   -------->  create QP, INIT -> RTR -> RTS against it
  *   RTR -> RTS against the reply          <--------  QP_CONNECT {qpn, psn, gid, lid, mtu, ...}
  *
  * Path MTU is the smaller of both ports' active MTUs; timeout 14, retry 7, rnr_retry 7, 16 RDMA
  * READs in flight (capped to both devices). The requester caches its QP per peer sidecar id and
  * uses it for every transfer to that peer; the responder keeps its side ("incoming" QPs, which
- * never post anything) keyed by (peer id, requester qpn), drops the one the requester says it
- * replaced (prev_qpn), keeps at most IB_MAX_IN_PER_PEER per peer, and destroys those an async
- * event reports in error. A QP that fails takes its peer out of the cache; transport failures
+ * never post anything) keyed by (peer id, requester qpn); when that peer connects again it drops
+ * the one the requester says it replaced (prev_qpn) and those in the error state, keeps at most
+ * IB_MAX_IN_PER_PEER per peer, and it destroys at once those an async event reports in error. A QP that fails takes its peer out of the cache; transport failures
  * (retry exceeded, setup failures) also tombstone the peer for IB_TOMBSTONE_MS, during which
  * transfers to it fail at once with UNAVAILABLE and the reason, rather than hang.
  *
@@ -111,12 +111,13 @@ static int qpc_decode(const uint8_t *in, size_t len, uint8_t want_op, struct qpc
 		      struct sc_err *err)
 {
 	if (len < QPC_FIXED + 2)
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "QP_CONNECT body of %zu bytes is too short",
-				  len);
-	if (in[0] != QPC_VERSION)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "QP_CONNECT version %u, expected %u (a different rdma-sidecar release)",
-				  in[0], QPC_VERSION);
+				  "QP_CONNECT body of %zu bytes is too short", len);
+	if (in[0] != QPC_VERSION)
+		return sc_err_set(
+		    err, SC_INVALID_ARGUMENT,
+		    "QP_CONNECT version %u, expected %u (a different rdma-sidecar release)", in[0],
+		    QPC_VERSION);
 	if (in[1] != want_op)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "QP_CONNECT op %u, expected %u", in[1],
 				  want_op);
@@ -196,15 +197,15 @@ static struct ib_qp *qp_create(struct ib_backend *ib, struct ibv_cq *cq, uint32_
 		q->free_wrs = &q->wrs[0];
 	}
 	struct ibv_qp_init_attr a = {
-		.qp_context = q,
-		.send_cq = cq,
-		.recv_cq = cq,
-		.cap = {.max_send_wr = sq_depth ? sq_depth : 1,
-			.max_recv_wr = 1,
-			.max_send_sge = 1,
-			.max_recv_sge = 1},
-		.qp_type = IBV_QPT_RC,
-		.sq_sig_all = 0,
+	    .qp_context = q,
+	    .send_cq = cq,
+	    .recv_cq = cq,
+	    .cap = {.max_send_wr = sq_depth ? sq_depth : 1,
+		    .max_recv_wr = 1,
+		    .max_send_sge = 1,
+		    .max_recv_sge = 1},
+	    .qp_type = IBV_QPT_RC,
+	    .sq_sig_all = 0,
 	};
 	q->qp = ibv_create_qp(ib->pd, &a);
 	if (!q->qp) {
@@ -221,20 +222,20 @@ static int qp_modify(struct ib_qp *q, struct ibv_qp_attr *a, int mask, const cha
 {
 	int rc = ibv_modify_qp(q->qp, a, mask);
 	if (rc != 0)
-		return sc_err_set(err, SC_INTERNAL, "ibv_modify_qp to %s (qpn %u, peer %s): %s", state,
-				  q->qp->qp_num, q->peer, strerror(rc));
+		return sc_err_set(err, SC_INTERNAL, "ibv_modify_qp to %s (qpn %u, peer %s): %s",
+				  state, q->qp->qp_num, q->peer, strerror(rc));
 	return 0;
 }
 
 static int qp_to_init(struct ib_backend *ib, struct ib_qp *q, struct sc_err *err)
 {
 	struct ibv_qp_attr a = {
-		.qp_state = IBV_QPS_INIT,
-		.pkey_index = 0,
-		.port_num = ib->port,
-		/* What the MRs allow is what counts; the QP itself does not restrict. */
-		.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
-				   IBV_ACCESS_REMOTE_WRITE,
+	    .qp_state = IBV_QPS_INIT,
+	    .pkey_index = 0,
+	    .port_num = ib->port,
+	    /* What the MRs allow is what counts; the QP itself does not restrict. */
+	    .qp_access_flags =
+		IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE,
 	};
 	return qp_modify(q, &a,
 			 IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
@@ -251,13 +252,13 @@ static int qp_to_rts(struct ib_backend *ib, struct ib_qp *q, uint32_t local_psn,
 	q->path_mtu = ib_mtu_bytes(mtu);
 	q->remote_qpn = remote->qpn;
 	struct ibv_qp_attr a = {
-		.qp_state = IBV_QPS_RTR,
-		.path_mtu = mtu,
-		.dest_qp_num = remote->qpn,
-		.rq_psn = remote->psn,
-		.max_dest_rd_atomic = (uint8_t)ib->max_dest_rd,
-		.min_rnr_timer = IB_QP_MIN_RNR_TIMER,
-		.ah_attr = {.dlid = remote->lid, .sl = 0, .src_path_bits = 0, .port_num = ib->port},
+	    .qp_state = IBV_QPS_RTR,
+	    .path_mtu = mtu,
+	    .dest_qp_num = remote->qpn,
+	    .rq_psn = remote->psn,
+	    .max_dest_rd_atomic = (uint8_t)ib->max_dest_rd,
+	    .min_rnr_timer = IB_QP_MIN_RNR_TIMER,
+	    .ah_attr = {.dlid = remote->lid, .sl = 0, .src_path_bits = 0, .port_num = ib->port},
 	};
 	if (ib->link_layer == IBV_LINK_LAYER_ETHERNET || remote->lid == 0) {
 		a.ah_attr.is_global = 1;
@@ -269,22 +270,22 @@ static int qp_to_rts(struct ib_backend *ib, struct ib_qp *q, uint32_t local_psn,
 	}
 	if (qp_modify(q, &a,
 		      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-			      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+			  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
 		      "RTR", err) != 0)
 		return -1;
 	uint32_t rd = ib->max_init_rd < remote->max_dest_rd ? ib->max_init_rd : remote->max_dest_rd;
 	q->max_rd = rd ? rd : 1;
 	struct ibv_qp_attr r = {
-		.qp_state = IBV_QPS_RTS,
-		.timeout = IB_QP_TIMEOUT,
-		.retry_cnt = IB_QP_RETRY_CNT,
-		.rnr_retry = IB_QP_RNR_RETRY,
-		.sq_psn = local_psn,
-		.max_rd_atomic = (uint8_t)q->max_rd,
+	    .qp_state = IBV_QPS_RTS,
+	    .timeout = IB_QP_TIMEOUT,
+	    .retry_cnt = IB_QP_RETRY_CNT,
+	    .rnr_retry = IB_QP_RNR_RETRY,
+	    .sq_psn = local_psn,
+	    .max_rd_atomic = (uint8_t)q->max_rd,
 	};
 	return qp_modify(q, &r,
 			 IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC,
+			     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC,
 			 "RTS", err);
 }
 
@@ -445,10 +446,11 @@ struct sc_peer_conn *ib_control_conn(struct ib_backend *ib, const struct sc_meta
 			continue;
 		}
 		if (strcmp(sc_peer_conn_peer_id(c), md->issuer) != 0) {
-			sc_err_set(err, SC_UNAVAILABLE,
-				   "control endpoint %s is sidecar \"%s\", but the metadata was issued "
-				   "by \"%s\" (stale metadata, or a wrong --advertise)",
-				   md->endpoints[i], sc_peer_conn_peer_id(c), md->issuer);
+			sc_err_set(
+			    err, SC_UNAVAILABLE,
+			    "control endpoint %s is sidecar \"%s\", but the metadata was issued "
+			    "by \"%s\" (stale metadata, or a wrong --advertise)",
+			    md->endpoints[i], sc_peer_conn_peer_id(c), md->issuer);
 			sc_peer_pool_put(ib->pool, c, true);
 			continue;
 		}
@@ -514,16 +516,16 @@ static int make_room_locked(struct ib_backend *ib, struct ib_qp **drop)
 /* Connect a new QP to p (p->connecting set and a QP slot reserved by the caller; ib->mu not
  * held), cache it, and return it with the caller's reference; or tombstone p on failure. */
 static int connect_and_cache(struct ib_backend *ib, struct ib_peer *p, const struct sc_metadata *md,
-			     uint32_t prev_qpn, uint64_t deadline_mono_ms, const atomic_bool *cancel,
-			     struct ib_qp **out, struct sc_peer_conn **conn, int *endpoint,
-			     struct sc_err *err)
+			     uint32_t prev_qpn, uint64_t deadline_mono_ms,
+			     const atomic_bool *cancel, struct ib_qp **out,
+			     struct sc_peer_conn **conn, int *endpoint, struct sc_err *err)
 {
 	struct ib_qp *q = NULL;
 	struct sc_peer_conn *c = NULL;
 	int ep = -1;
 	uint32_t failed_qpn = 0;
-	int rc = connect_peer(ib, md, prev_qpn, deadline_mono_ms, cancel, &q, &c, &ep, &failed_qpn,
-			      err);
+	int rc =
+	    connect_peer(ib, md, prev_qpn, deadline_mono_ms, cancel, &q, &c, &ep, &failed_qpn, err);
 
 	pthread_mutex_lock(&ib->mu);
 	p->connecting = false;
@@ -544,7 +546,8 @@ static int connect_and_cache(struct ib_backend *ib, struct ib_peer *p, const str
 			p->failed_mono_ms = sc_clock_mono_ms();
 			p->retry_mono_ms = p->failed_mono_ms + IB_TOMBSTONE_MS;
 			snprintf(p->why, sizeof(p->why), "%s", err->msg);
-			SC_WARN("ibverbs", "connecting to peer %s failed: %s; refusing it for %d ms",
+			SC_WARN("ibverbs",
+				"connecting to peer %s failed: %s; refusing it for %d ms",
 				md->issuer, err->msg, IB_TOMBSTONE_MS);
 			sc_err_prefix(err, "ibverbs connection to peer %s", md->issuer);
 			if (err->code != SC_UNAUTHENTICATED && err->code != SC_RESOURCE_EXHAUSTED)
@@ -618,10 +621,11 @@ static int verify_cached(struct ib_backend *ib, struct ib_peer *p, struct ib_qp 
 	if (rc == 1)
 		q->last_ok_mono_ms = sc_clock_mono_ms();
 	else if (rc == 0)
-		ib_qp_fail_locked(ib, q, false,
-				  "the peer no longer has its end of this QP (it restarted or dropped "
-				  "it)",
-				  &drop);
+		ib_qp_fail_locked(
+		    ib, q, false,
+		    "the peer no longer has its end of this QP (it restarted or dropped "
+		    "it)",
+		    &drop);
 	else if (err->code != SC_CANCELLED &&
 		 !(deadline_mono_ms && sc_clock_mono_ms() >= deadline_mono_ms))
 		ib_qp_fail_locked(ib, q, true, err->msg, &drop); /* the peer is unreachable */
@@ -653,7 +657,8 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 	for (;;) {
 		if (ib->stopping) {
 			pthread_mutex_unlock(&ib->mu);
-			return sc_err_set(err, SC_UNAVAILABLE, "the ibverbs backend is shutting down");
+			return sc_err_set(err, SC_UNAVAILABLE,
+					  "the ibverbs backend is shutting down");
 		}
 		p = peer_find_locked(ib, md->issuer, true);
 		if (!p) {
@@ -671,7 +676,8 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 			}
 			p->connecting = true;
 			pthread_mutex_unlock(&ib->mu);
-			int rc = verify_cached(ib, p, q, md, deadline_mono_ms, cancel, &c, &ep, err);
+			int rc =
+			    verify_cached(ib, p, q, md, deadline_mono_ms, cancel, &c, &ep, err);
 			pthread_mutex_lock(&ib->mu);
 			if (rc == 1 && !q->broken) {
 				got = q;
@@ -705,10 +711,11 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 			struct ib_qp *evict;
 			if (make_room_locked(ib, &evict) != 0) {
 				pthread_mutex_unlock(&ib->mu);
-				return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
-						  "this sidecar has %d ibverbs QPs in use (the cap): "
-						  "retry later",
-						  IB_MAX_OUT_QPS);
+				return sc_err_set(
+				    err, SC_RESOURCE_EXHAUSTED,
+				    "this sidecar has %d ibverbs QPs in use (the cap): "
+				    "retry later",
+				    IB_MAX_OUT_QPS);
 			}
 			p->connecting = true;
 			ib->n_out++; /* reserved */
@@ -721,13 +728,14 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 		/* Another transfer is connecting to (or checking) the same peer: wait for it. */
 		if (cancel && atomic_load(cancel)) {
 			pthread_mutex_unlock(&ib->mu);
-			return sc_err_set(err, SC_CANCELLED, "cancelled while connecting to peer %s",
-					  md->issuer);
+			return sc_err_set(err, SC_CANCELLED,
+					  "cancelled while connecting to peer %s", md->issuer);
 		}
 		if (deadline_mono_ms && now >= deadline_mono_ms) {
 			pthread_mutex_unlock(&ib->mu);
 			return sc_err_set(err, SC_DEADLINE_EXCEEDED,
-					  "deadline passed while connecting to peer %s", md->issuer);
+					  "deadline passed while connecting to peer %s",
+					  md->issuer);
 		}
 		wait_cv_100ms(ib);
 	}
@@ -764,8 +772,10 @@ static int serve_verify(struct ib_backend *ib, const char *peer_id, const struct
 			a.qp_state == IBV_QPS_RTS;
 	}
 	pthread_mutex_unlock(&ib->mu);
-	SC_DEBUG("ibverbs", "peer %s asks about QP %u <-> %u: %s", peer_id, req->prev_qpn,
-		 req->qpn, alive ? "alive" : found ? "in error" : "unknown");
+	SC_DEBUG("ibverbs", "peer %s asks about QP %u <-> %u: %s", peer_id, req->prev_qpn, req->qpn,
+		 alive	 ? "alive"
+		 : found ? "in error"
+			 : "unknown");
 	struct qpc rep;
 	memset(&rep, 0, sizeof(rep));
 	rep.op = QPC_VERIFY_REPLY;
@@ -783,7 +793,8 @@ static int serve_verify(struct ib_backend *ib, const char *peer_id, const struct
 
 /* The QP_CONNECT handler: runs on a peer-server connection thread, peer_id authenticated. */
 static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *body, size_t len,
-			      uint8_t *reply, size_t reply_cap, size_t *reply_len, struct sc_err *err)
+			      uint8_t *reply, size_t reply_cap, size_t *reply_len,
+			      struct sc_err *err)
 {
 	struct ib_backend *ib = ctx;
 	struct qpc req;
@@ -804,20 +815,29 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 				  req.id, peer_id);
 
 	/* Drop what the requester replaced, and its oldest beyond the per-peer cap. */
-	struct ib_qp *drops[IB_MAX_IN_PER_PEER + 2];
+	struct ib_qp *drops[2 * IB_MAX_IN_PER_PEER + 2];
 	size_t n_drops = 0;
 	pthread_mutex_lock(&ib->mu);
 	if (ib->stopping) {
 		pthread_mutex_unlock(&ib->mu);
-		return sc_err_set(err, SC_UNAVAILABLE, "sidecar %s is shutting down its ibverbs "
-				  "backend", ib->self_id);
+		return sc_err_set(err, SC_UNAVAILABLE,
+				  "sidecar %s is shutting down its ibverbs "
+				  "backend",
+				  ib->self_id);
 	}
 	size_t mine = 0;
 	for (struct ib_qp *q = ib->in_qps, *next; q; q = next) {
 		next = q->next;
 		if (strcmp(q->peer, peer_id) != 0)
 			continue;
-		if ((req.prev_qpn && q->remote_qpn == req.prev_qpn) || q->remote_qpn == req.qpn) {
+		/* Replaced by the requester, a stale duplicate, or dead (an RDMA error took it). */
+		struct ibv_qp_attr a;
+		struct ibv_qp_init_attr ia;
+		bool dead =
+		    ibv_query_qp(q->qp, &a, IBV_QP_STATE, &ia) == 0 && a.qp_state == IBV_QPS_ERR;
+		if (((req.prev_qpn && q->remote_qpn == req.prev_qpn) || q->remote_qpn == req.qpn ||
+		     dead) &&
+		    n_drops < sizeof(drops) / sizeof(drops[0])) {
 			unlink_locked(&ib->in_qps, q);
 			ib->n_in--;
 			drops[n_drops++] = q;
@@ -825,6 +845,7 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 			mine++;
 		}
 	}
+	/* Still too many live ones: the oldest go (a requester uses its newest). */
 	while (mine >= IB_MAX_IN_PER_PEER && n_drops < sizeof(drops) / sizeof(drops[0])) {
 		struct ib_qp *oldest = NULL;
 		for (struct ib_qp *q = ib->in_qps; q; q = q->next)
@@ -843,7 +864,7 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 		ib->n_in++; /* reserved */
 	pthread_mutex_unlock(&ib->mu);
 	for (size_t i = 0; i < n_drops; i++) {
-		SC_INFO("ibverbs", "dropping incoming QP %u from peer %s (replaced)",
+		SC_INFO("ibverbs", "dropping incoming QP %u from peer %s (replaced or failed)",
 			drops[i]->qp->qp_num, drops[i]->peer);
 		qp_free(drops[i]);
 	}
@@ -985,12 +1006,13 @@ int sc_ib_test_probe_read(struct sc_engine *eng, const char *peer_id, const char
 	int rc = -1;
 	struct ibv_cq *cq = ibv_create_cq(ib->ctx, 4, NULL, NULL, 0);
 	uint8_t *buf = calloc(1, len ? len : 1);
-	struct ibv_mr *mr = buf ? ibv_reg_mr(ib->pd, buf, len ? len : 1, IBV_ACCESS_LOCAL_WRITE)
-				: NULL;
+	struct ibv_mr *mr =
+	    buf ? ibv_reg_mr(ib->pd, buf, len ? len : 1, IBV_ACCESS_LOCAL_WRITE) : NULL;
 	struct ib_qp *q = NULL;
 	struct sc_peer_conn *c = NULL;
 	if (!cq || !mr) {
-		sc_err_set(err, SC_INTERNAL, "probe: cannot create a CQ or MR: %s", strerror(errno));
+		sc_err_set(err, SC_INTERNAL, "probe: cannot create a CQ or MR: %s",
+			   strerror(errno));
 		goto out;
 	}
 	uint64_t deadline = sc_clock_mono_ms() + 10000;

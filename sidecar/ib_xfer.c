@@ -6,10 +6,12 @@
  *   1. setup (a worker thread): a QP to the issuing sidecar (ib_qp.c: cached or connected now),
  *      then OPEN on an authenticated control connection, flagged "via ibverbs", so the passive
  *      side checks token, uses, deadline and audience and the operation goes IN_PROGRESS. The
- *      connection stays with the transfer: if this sidecar dies, the passive side sees it close.
- *   2. posting (the completion thread): each segment is cut into chunks of at most
- *      min(max_msg_sz, 1 MiB), each one signalled RDMA READ (SC_OP_READ) or RDMA WRITE from or
- *      into the local region's MR (seg->local_mr) at the segment's remote address and rkey. Up to
+ *      connection stays with the transfer: if this sidecar dies, the passive side sees it close;
+ *      if the passive one dies, the completion thread sees it close and flushes the transfer.
+ *   2. posting (the worker posts the first batch, the completion thread the rest): each segment
+ *      is cut into chunks of at most min(max_msg_sz, 1 MiB), each one signalled RDMA READ
+ *      (SC_OP_READ) or RDMA WRITE from or into the local region's MR (seg->local_mr) at the
+ *      segment's remote address and rkey. Up to
  *      IB_XFER_WINDOW chunks (IB_XFER_WINDOW_BYTES) of a transfer are in flight (enough to keep
  *      a NIC busy, small enough that a cancel drains quickly), bounded by the QP's send queue, its
  *      max_rd_atomic for READs and the CQ's size; every completion reports progress and posts
@@ -87,7 +89,7 @@ static void queue_task_locked(struct ib_backend *ib, struct ib_xfer *xf, enum ib
 /* Record the transfer's first failure and stop it. A transfer already stopping (cancelled, or
  * failed) keeps its first reason. Under ib->mu. */
 static void xfer_fail_locked(struct ib_xfer *xf, enum sc_status code, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 static void xfer_fail_locked(struct ib_xfer *xf, enum sc_status code, const char *fmt, ...)
 {
 	if (!xf->failed && !xf->stop) {
@@ -114,8 +116,7 @@ static void xfer_stop_locked(struct ib_xfer *xf)
 
 /* Take a QP out of service from the transfer path. The cache's reference is dropped in place:
  * it is never the last, since the transfer calling this holds one. Under ib->mu. */
-static void fail_qp_locked(struct ib_backend *ib, struct ib_qp *qp, bool tombstone,
-			   const char *why)
+static void fail_qp_locked(struct ib_backend *ib, struct ib_qp *qp, bool tombstone, const char *why)
 {
 	struct ib_qp *drop = NULL;
 	ib_qp_fail_locked(ib, qp, tombstone, why, &drop);
@@ -181,8 +182,8 @@ static void finish(struct ib_xfer *xf)
 			sc_peer_pool_get(ib->pool, x->meta->endpoints[xf->endpoint], deadline, &c,
 					 &err);
 		}
-		int rc = c ? sc_peer_done(c, x->meta->token, x->xfer_id, status, msg, deadline, NULL,
-					  &err)
+		int rc = c ? sc_peer_done(c, x->meta->token, x->xfer_id, status, msg, deadline,
+					  NULL, &err)
 			   : -1;
 		if (rc != 0 && status == SC_OK) {
 			status = err.code == SC_OK ? SC_UNAVAILABLE : err.code;
@@ -190,7 +191,8 @@ static void finish(struct ib_xfer *xf)
 				 "all bytes moved but the peer did not confirm completion: %.440s",
 				 err.msg);
 		} else if (rc != 0) {
-			SC_DEBUG("ibverbs", "transfer %016" PRIx64 ": could not tell the peer (%s): %s",
+			SC_DEBUG("ibverbs",
+				 "transfer %016" PRIx64 ": could not tell the peer (%s): %s",
 				 x->xfer_id, sc_status_name(status), err.msg);
 		}
 	}
@@ -200,7 +202,8 @@ static void finish(struct ib_xfer *xf)
 	if (xf->t_acked_us)
 		SC_DEBUG("ibverbs",
 			 "transfer %016" PRIx64 ": %" PRIu64 " bytes; setup+OPEN %" PRIu64
-			 " us, to first post %" PRIu64 " us, data %" PRIu64 " us, DONE %" PRIu64 " us",
+			 " us, to first post %" PRIu64 " us, data %" PRIu64 " us, DONE %" PRIu64
+			 " us",
 			 x->xfer_id, x->total, xf->t_opened_us - xf->t_submit_us,
 			 xf->t_posted_us - xf->t_opened_us, xf->t_acked_us - xf->t_posted_us,
 			 now_us() - xf->t_acked_us);
@@ -251,8 +254,8 @@ static void setup(struct ib_xfer *xf)
 		c = NULL;
 		goto fail;
 	}
-	SC_DEBUG("ibverbs", "transfer %016" PRIx64 ": opened on %s, QP %u, %zu segment(s), %" PRIu64
-		 " bytes",
+	SC_DEBUG("ibverbs",
+		 "transfer %016" PRIx64 ": opened on %s, QP %u, %zu segment(s), %" PRIu64 " bytes",
 		 x->xfer_id, x->meta->issuer, xf->qp->qp->qp_num, x->n_segs, x->total);
 	pthread_mutex_lock(&ib->mu);
 	xf->conn = c;
@@ -368,16 +371,15 @@ static void post_more(struct ib_backend *ib, struct ib_xfer *xf)
 		w->xf = xf;
 		w->len = len;
 		w->read = read;
-		sges[n] = (struct ibv_sge){.addr = (uintptr_t)(s->local + xf->off),
-					   .length = len,
-					   .lkey = mr->lkey};
+		sges[n] = (struct ibv_sge){
+		    .addr = (uintptr_t)(s->local + xf->off), .length = len, .lkey = mr->lkey};
 		wrs[n] = (struct ibv_send_wr){
-			.wr_id = (uintptr_t)w,
-			.sg_list = &sges[n],
-			.num_sge = 1,
-			.opcode = read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE,
-			.send_flags = IBV_SEND_SIGNALED,
-			.wr.rdma = {.remote_addr = s->remote_addr + xf->off, .rkey = s->rkey},
+		    .wr_id = (uintptr_t)w,
+		    .sg_list = &sges[n],
+		    .num_sge = 1,
+		    .opcode = read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE,
+		    .send_flags = IBV_SEND_SIGNALED,
+		    .wr.rdma = {.remote_addr = s->remote_addr + xf->off, .rkey = s->rkey},
 		};
 		if (n > 0)
 			wrs[n - 1].next = &wrs[n];
@@ -440,8 +442,9 @@ static void wc_error_locked(struct ib_backend *ib, const struct ibv_wc *wc, stru
 	const char *op = w->read ? "READ" : "WRITE";
 	const char *peer = qp->peer;
 	if (wc->status == IBV_WC_WR_FLUSH_ERR) {
-		xfer_fail_locked(xf, SC_UNAVAILABLE, "RDMA %s to peer %s flushed: its QP failed: %s",
-				 op, peer, qp->why[0] ? qp->why : "moved to the error state");
+		xfer_fail_locked(xf, SC_UNAVAILABLE,
+				 "RDMA %s to peer %s flushed: its QP failed: %s", op, peer,
+				 qp->why[0] ? qp->why : "moved to the error state");
 		fail_qp_locked(ib, qp, false, "work requests flushed");
 		return;
 	}
@@ -516,7 +519,8 @@ static void drain_cq(struct ib_backend *ib, struct progress **prog, size_t *prog
 				}
 			}
 			n_prog = 0;
-			for (struct ib_xfer *xf = ib->xfers; xf && n_prog < *prog_cap; xf = xf->next) {
+			for (struct ib_xfer *xf = ib->xfers; xf && n_prog < *prog_cap;
+			     xf = xf->next) {
 				if (xf->progress) {
 					(*prog)[n_prog++] = (struct progress){xf, xf->progress};
 					xf->progress = 0;
@@ -602,8 +606,10 @@ static void handle_async(struct ib_backend *ib)
 			continue;
 		}
 		case IBV_EVENT_PORT_ERR:
-			SC_WARN("ibverbs", "%s port %d went down (%s): transfers will fail until it "
-				"is back", ib->dev_name, ev.element.port_num, name);
+			SC_WARN("ibverbs",
+				"%s port %d went down (%s): transfers will fail until it "
+				"is back",
+				ib->dev_name, ev.element.port_num, name);
 			break;
 		case IBV_EVENT_PORT_ACTIVE:
 			SC_INFO("ibverbs", "%s port %d is active again", ib->dev_name,
@@ -611,7 +617,8 @@ static void handle_async(struct ib_backend *ib)
 			break;
 		case IBV_EVENT_DEVICE_FATAL:
 		case IBV_EVENT_CQ_ERR:
-			SC_ERROR("ibverbs", "%s: %s: ibverbs transfers will fail; restart the sidecar",
+			SC_ERROR("ibverbs",
+				 "%s: %s: ibverbs transfers will fail; restart the sidecar",
 				 ib->dev_name, name);
 			break;
 		default:
@@ -660,8 +667,8 @@ static void pollset_build_locked(struct ib_backend *ib, struct pollset *ps)
 		    xf->task != IB_TASK_NONE || xf->task_running)
 			continue;
 		ps->xfs[ps->n - 3] = xf;
-		ps->fds[ps->n++] = (struct pollfd){.fd = sc_peer_conn_fd(xf->conn),
-						   .events = POLLIN | POLLRDHUP};
+		ps->fds[ps->n++] =
+		    (struct pollfd){.fd = sc_peer_conn_fd(xf->conn), .events = POLLIN | POLLRDHUP};
 	}
 }
 
@@ -724,7 +731,8 @@ static void *cq_main(void *arg)
 			if (events) {
 				ibv_ack_cq_events(ib->cq, events);
 				if (ibv_req_notify_cq(ib->cq, 0) != 0)
-					SC_ERROR("ibverbs", "ibv_req_notify_cq: %s", strerror(errno));
+					SC_ERROR("ibverbs", "ibv_req_notify_cq: %s",
+						 strerror(errno));
 			}
 		}
 		if (n > 0 && (ps.fds[1].revents & POLLIN))
@@ -834,8 +842,8 @@ int ib_xfer_start(struct ib_backend *ib, struct sc_err *err)
 		rc = pthread_create(&ib->workers[ib->n_workers], NULL, worker_main, ib);
 		if (rc != 0) {
 			pthread_mutex_unlock(&ib->mu);
-			return sc_err_set(err, SC_INTERNAL, "cannot start ibverbs worker threads: %s",
-					  strerror(rc));
+			return sc_err_set(err, SC_INTERNAL,
+					  "cannot start ibverbs worker threads: %s", strerror(rc));
 		}
 	}
 	ib->started = true;
@@ -878,13 +886,15 @@ void ib_xfer_stop(struct ib_backend *ib)
 	pthread_mutex_lock(&ib->mu);
 	if (ib->cq_thread_running && ib->n_workers &&
 	    !wait_xfers_locked(ib, sc_clock_mono_ms() + STOP_WAIT_MS)) {
-		SC_ERROR("ibverbs", "%zu transfer(s) still running %d s after stop: flushing their QPs",
+		SC_ERROR("ibverbs",
+			 "%zu transfer(s) still running %d s after stop: flushing their QPs",
 			 ib->n_xfers, STOP_WAIT_MS / 1000);
 		for (struct ib_qp *q = ib->out_qps; q; q = q->next)
 			if (q->outstanding)
 				ib_qp_flush(q);
 		if (!wait_xfers_locked(ib, sc_clock_mono_ms() + 5000))
-			SC_ERROR("ibverbs", "%zu transfer(s) never ended; their memory stays mapped",
+			SC_ERROR("ibverbs",
+				 "%zu transfer(s) never ended; their memory stays mapped",
 				 ib->n_xfers);
 	}
 	ib->workers_exit = true;

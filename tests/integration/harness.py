@@ -68,12 +68,12 @@ class Sidecar:
         shm_root = "/dev/shm" if os.path.isdir("/dev/shm") else self.dir
         self.shm = tempfile.mkdtemp(prefix="sc-%s-" % name, dir=shm_root)
         self.sock = os.path.join(self.dir, "s.sock")
-        self.port = free_port() if tcp else None
+        self.port = None  # the TCP gRPC port, read back from GetInfo (we ask for port 0)
         self.log_path = os.path.join(self.dir, "sidecar.log")
         args = [BINARY, "--id", name, "--grpc-listen", "unix:" + self.sock,
                 "--shm-dir", self.shm, "--data-listen", "127.0.0.1:0", "--log-level", "debug"]
         if tcp:
-            args += ["--grpc-listen", "127.0.0.1:%d" % self.port]
+            args += ["--grpc-listen", "127.0.0.1:0"]
         if key_file:
             args += ["--key-file", key_file]
         if nats_url:
@@ -110,6 +110,9 @@ class Sidecar:
             except grpc.RpcError:
                 return False
         wait_until(ready, 15, "sidecar %s to serve" % self.name)
+        for addr in self.info().grpc_listeners:
+            if addr.startswith("127.0.0.1:"):
+                self.port = int(addr.rsplit(":", 1)[1])
 
     def read_log(self):
         with open(self.log_path, "rb") as f:
@@ -163,19 +166,28 @@ class Sidecar:
 
 class NatsServer:
     def __init__(self, workdir, port=None):
-        self.port = port or free_port()
-        self.url = "nats://127.0.0.1:%d" % self.port
-        self.log = open(os.path.join(workdir, "nats-%d.log" % self.port), "wb")
-        self.proc = subprocess.Popen([NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        # A free port may be taken by someone else before nats-server binds it: retry.
+        for attempt in range(5):
+            self.port = port or free_port()
+            self.url = "nats://127.0.0.1:%d" % self.port
+            self.log = open(os.path.join(workdir, "nats-%d.log" % self.port), "wb")
+            self.proc = subprocess.Popen([NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port)],
+                                         stdout=self.log, stderr=subprocess.STDOUT)
 
-        def up():
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return True
-            except OSError:
-                return False
-        wait_until(up, 10, "nats-server")
+            def up():
+                if self.proc.poll() is not None:
+                    return "exited"
+                try:
+                    with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                        return "up"
+                except OSError:
+                    return False
+            if wait_until(up, 10, "nats-server") == "up":
+                return
+            self.log.close()
+            if port:
+                break
+        raise AssertionError("nats-server did not start (port %s)" % self.port)
 
     def stop(self):
         if self.proc.poll() is None:

@@ -40,9 +40,9 @@ int main(void)
 #include <fcntl.h>
 #include <glob.h>
 #include <infiniband/verbs.h>
-#include <signal.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -56,7 +56,8 @@ static const char *g_dev;
 static const char *g_ip = "127.0.0.1";
 static char g_listen[80];
 
-/* ---- fixture ----------------------------------------------------------------------------------- */
+/* ---- fixture -----------------------------------------------------------------------------------
+ */
 
 struct side {
 	struct sc_config cfg;
@@ -237,7 +238,8 @@ static void drop_region(struct side *s, const char *id)
 	sc_region_deregister(s->eng, id, true, &err);
 }
 
-/* ---- waiting ----------------------------------------------------------------------------------- */
+/* ---- waiting -----------------------------------------------------------------------------------
+ */
 
 struct waiter {
 	pthread_mutex_t mu;
@@ -309,7 +311,8 @@ static void wait_progress(struct sc_engine *eng, const char *id, uint64_t bytes,
 	}
 }
 
-/* ---- transfers --------------------------------------------------------------------------------- */
+/* ---- transfers ---------------------------------------------------------------------------------
+ */
 
 struct layout {
 	size_t n;
@@ -370,7 +373,9 @@ static int begin(struct pair *p, enum sc_op_kind kind, const struct layout *l, c
 		fprintf(stderr, "create passive: %s\n", err.msg);
 		return -1;
 	}
-	struct sc_active_req areq = {.metadata = pinfo->metadata, .descs = db, .n_descs = l->n,
+	struct sc_active_req areq = {.metadata = pinfo->metadata,
+				     .descs = db,
+				     .n_descs = l->n,
 				     .timeout_ms = active_timeout};
 	if (sc_op_begin(p->b.eng, kind, &areq, ainfo, &err) != 0) {
 		fprintf(stderr, "begin: %s\n", err.msg);
@@ -437,10 +442,10 @@ static void check_transfer(struct pair *p, enum sc_op_kind kind, const struct la
 }
 
 static const struct layout odd = {
-	.n = 3,
-	.len = {1, 4095, MiB + 7},
-	.off_a = {3, 11, 8191},
-	.off_b = {2 * MiB + 100, 17, 5 * 4096 + 333},
+    .n = 3,
+    .len = {1, 4095, MiB + 7},
+    .off_a = {3, 11, 8191},
+    .off_b = {2 * MiB + 100, 17, 5 * 4096 + 333},
 };
 
 TEST(read_odd_descriptors)
@@ -482,8 +487,8 @@ TEST(concurrent_transfers_share_the_qp)
 	CHECK_INT_EQ(make_region(&p.b, N * len + 64, rb), 0);
 	struct sc_op_info pinfo[N], ainfo[N];
 	for (int i = 0; i < N; i++) {
-		struct layout l = {.n = 1, .len = {len}, .off_a = {i * len + 7},
-				   .off_b = {i * len + 9}};
+		struct layout l = {
+		    .n = 1, .len = {len}, .off_a = {i * len + 7}, .off_b = {i * len + 9}};
 		CHECK_INT_EQ(begin(&p, i % 2 ? SC_OP_WRITE : SC_OP_READ, &l, ra, rb, 60000, 60000,
 				   &pinfo[i], &ainfo[i]),
 			     0);
@@ -530,7 +535,8 @@ TEST(cancel_mid_transfer)
 	CHECK_INT_EQ(wait_op(p.b.eng, ainfo.id, 30000, &a), 0);
 	CHECK_INT_EQ(wait_op(p.a.eng, pinfo.id, 30000, &pa), 0);
 	uint64_t ms = sc_clock_mono_ms() - t0;
-	fprintf(stderr, "  cancelled after %" PRIu64 " of %" PRIu64 " bytes; passive ended %" PRIu64
+	fprintf(stderr,
+		"  cancelled after %" PRIu64 " of %" PRIu64 " bytes; passive ended %" PRIu64
 		" ms after the cancel: %s\n",
 		a.bytes_done, len, ms, pa.err_msg);
 	CHECK_STR_EQ(sc_op_status_name(a.status), "CANCELLED");
@@ -687,8 +693,8 @@ TEST(unreachable_peer_is_tombstoned)
 	CHECK_INT_EQ(sc_op_create_passive(p.a.eng, SC_OP_READABLE, &preq, &pinfo[1], &err), 0);
 	side_down(&p.a);
 	for (int i = 0; i < 2; i++) {
-		struct sc_active_req areq = {.metadata = pinfo[i].metadata, .descs = db,
-					     .n_descs = 1, .timeout_ms = 20000};
+		struct sc_active_req areq = {
+		    .metadata = pinfo[i].metadata, .descs = db, .n_descs = 1, .timeout_ms = 20000};
 		uint64_t t0 = sc_clock_mono_ms();
 		CHECK_INT_EQ(sc_op_begin(p.b.eng, SC_OP_READ, &areq, &ainfo, &err), 0);
 		CHECK_INT_EQ(wait_op(p.b.eng, ainfo.id, 30000, &a), 0);
@@ -792,8 +798,8 @@ TEST(passive_sidecar_killed_mid_read)
 	}
 	struct sc_desc db = {.offset = 0, .length = len};
 	snprintf(db.region_id, SC_ID_MAX, "%s", rb);
-	struct sc_active_req areq = {.metadata = md, .descs = &db, .n_descs = 1,
-				     .timeout_ms = 120000};
+	struct sc_active_req areq = {
+	    .metadata = md, .descs = &db, .n_descs = 1, .timeout_ms = 120000};
 	int rc = sc_op_begin(b.eng, SC_OP_READ, &areq, &ainfo, &err);
 	if (rc == 0)
 		wait_progress(b.eng, ainfo.id, 2 * MiB, 30000);
@@ -803,8 +809,9 @@ TEST(passive_sidecar_killed_mid_read)
 	if (rc == 0) {
 		CHECK_INT_EQ(wait_op(b.eng, ainfo.id, 60000, &a), 0);
 		uint64_t ms = sc_clock_mono_ms() - t0;
-		fprintf(stderr, "  active ended %" PRIu64 " ms after the kill, %" PRIu64
-			" of %" PRIu64 " bytes: %s: %s\n",
+		fprintf(stderr,
+			"  active ended %" PRIu64 " ms after the kill, %" PRIu64 " of %" PRIu64
+			" bytes: %s: %s\n",
 			ms, a.bytes_done, len, sc_status_name(a.err_code), a.err_msg);
 		CHECK_STR_EQ(sc_op_status_name(a.status), "ERRORED");
 		CHECK_STR_EQ(sc_status_name(a.err_code), "UNAVAILABLE");
@@ -917,8 +924,9 @@ RUN_TESTS(T(read_odd_descriptors), T(write_odd_descriptors), T(concurrent_transf
 int main(void)
 {
 	if (!has_rdma_device()) {
-		fprintf(stderr, "no RDMA device (run it in the Soft-RoCE VM: tests/vm/run-in-vm.sh): "
-				"skipping\n");
+		fprintf(stderr,
+			"no RDMA device (run it in the Soft-RoCE VM: tests/vm/run-in-vm.sh): "
+			"skipping\n");
 		return 77;
 	}
 	if (getenv("RXE_DEV") && getenv("RXE_DEV")[0])
