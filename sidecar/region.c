@@ -99,6 +99,25 @@ static int check_accepting(struct sc_engine *eng, struct sc_err *err)
 	return 0;
 }
 
+/* Publish a mapped region and describe it; on failure the region is released (unmapped, and
+ * its file removed if the sidecar created it). */
+static int region_add(struct sc_engine *eng, struct sc_region *r, struct sc_region_info *out,
+		      struct sc_err *err)
+{
+	pthread_mutex_lock(&eng->mu);
+	int rc = check_accepting(eng, err);
+	if (rc == 0)
+		rc = region_publish(eng, r, err);
+	if (rc == 0) {
+		sc_region_fill_info(r, out);
+	} else {
+		r->refs = 1;
+		sc_region_unref(eng, r);
+	}
+	pthread_mutex_unlock(&eng->mu);
+	return rc;
+}
+
 int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind kind,
 		     uint32_t device_index, const char *name, struct sc_region_info *out,
 		     struct sc_err *err)
@@ -166,20 +185,8 @@ int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind k
 	r->map_addr = p;
 	r->map_len = size;
 
-	pthread_mutex_lock(&eng->mu);
-	int rc = check_accepting(eng, err);
-	if (rc == 0)
-		rc = region_publish(eng, r, err);
-	if (rc == 0)
-		sc_region_fill_info(r, out);
-	pthread_mutex_unlock(&eng->mu);
-	if (rc != 0) {
-		r->refs = 1;
-		pthread_mutex_lock(&eng->mu);
-		sc_region_unref(eng, r);
-		pthread_mutex_unlock(&eng->mu);
+	if (region_add(eng, r, out, err) != 0)
 		return -1;
-	}
 	SC_INFO("region", "created %s: %" PRIu64 " bytes at %s%s%s", out->id, size, out->path,
 		out->name[0] ? " name=" : "", out->name);
 	return 0;
@@ -248,17 +255,7 @@ int sc_region_register_host(struct sc_engine *eng, const char *path, uint64_t of
 	r->map_addr = p;
 	r->map_len = size;
 
-	pthread_mutex_lock(&eng->mu);
-	int rc = check_accepting(eng, err);
-	if (rc == 0)
-		rc = region_publish(eng, r, err);
-	if (rc == 0)
-		sc_region_fill_info(r, out);
-	else {
-		r->refs = 1;
-		sc_region_unref(eng, r);
-	}
-	pthread_mutex_unlock(&eng->mu);
+	int rc = region_add(eng, r, out, err);
 	if (rc == 0)
 		SC_INFO("region", "registered %s: %s offset %" PRIu64 " size %" PRIu64, out->id,
 			path, offset, size);
