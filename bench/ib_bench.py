@@ -26,6 +26,7 @@ Environment: SC_BINARY, SC_PYTHON_STUBS (as for the integration tests), SC_SOURC
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -133,18 +134,34 @@ class Bench:
         if got != want:
             raise SystemExit("ib_bench: %s of %d bytes: the receiver's bytes differ from the sender's" % (op, size))
 
+    BREAKDOWN = re.compile(r"(\d+) bytes; setup\+OPEN (\d+) us, to first post (\d+) us, "
+                           r"data (\d+) us, DONE (\d+) us")
+
+    def breakdown(self, since):
+        """Medians (ms) of the backend's per-transfer timings that its debug log gives, if any."""
+        with open(self.a.log_path, "rb") as f:
+            f.seek(since)
+            rows = [tuple(int(x) for x in m.groups()[1:])
+                    for m in self.BREAKDOWN.finditer(f.read().decode(errors="replace"))]
+        if not rows:
+            return None
+        return {k: statistics.median(r[i] for r in rows) / 1e3
+                for i, k in enumerate(("setup_open_ms", "first_post_ms", "data_ms", "done_ms"))}
+
     def serial(self, op, size, iters):
         rp, ra = self.regions(size)
         self.one(op, size, rp, ra)  # warm-up: queue pairs, registration caches, page faults
         self.verify(op, size, rp, ra)
         client, opms = [], []
+        since = os.path.getsize(self.a.log_path)
         for _ in range(iters):
             c, o = self.one(op, size, rp, ra)
             client.append(c)
             opms.append(o)
         self.drop(rp, ra)
         wall = sum(client)
-        return {"tool": "sidecar", "op": op, "size": size, "iters": iters, "depth": 1,
+        bd = self.breakdown(since)
+        return {"breakdown": bd, "tool": "sidecar", "op": op, "size": size, "iters": iters, "depth": 1,
                 "gbps": size * iters / wall / 1e9, "msg_rate": iters / wall,
                 "p50_ms": pct(client, 50) * 1e3, "p99_ms": pct(client, 99) * 1e3,
                 "op_p50_ms": pct(opms, 50), "op_p99_ms": pct(opms, 99),
@@ -223,6 +240,14 @@ def table(results):
     for r in results:
         if r.get("ratio") is not None:
             summary.setdefault((r["size"], r["op"], r["tool"]), []).append(r["ratio"])
+    bds = [r for r in results if r.get("breakdown")]
+    if bds:
+        lines.append("# sidecar backend timings, median ms per operation (active side's debug log):")
+        for r in bds:
+            b = r["breakdown"]
+            lines.append("#   %-5s %6s round %d: setup+OPEN %.1f, to first post %.1f, data %.1f, DONE %.1f" % (
+                r["op"], human(r["size"]), r["round"], b["setup_open_ms"], b["first_post_ms"], b["data_ms"],
+                b["done_ms"]))
     if summary:
         lines.append("# ratio sidecar/perftest, median over rounds (min..max):")
         for (size, op, tool), xs in sorted(summary.items()):

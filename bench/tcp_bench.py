@@ -6,8 +6,9 @@ Runs, one after another on this machine:
   ucx_perftest -t ucp_get/put_bw  (UCX's one-sided ops over TCP, UCX_TLS=tcp)
   rdma-sidecar READ and WRITE     (two real sidecars, a worker driving them over gRPC)
 and prints a perftest-style table plus the ratios sidecar/baseline. Every sidecar figure is end to
-end as a worker sees it: from the BeginRead/BeginWrite call to WaitOperation returning COMPLETE
-(metadata creation is outside the timed span, as a producer creates it ahead of time).
+end as a worker sees it: from the BeginRead/BeginWrite call to WaitOperation returning COMPLETE,
+two gRPC round trips from Python included (the "rtt" row shows one round trip alone; metadata
+creation is outside the timed span, as a producer creates it ahead of time).
 
 Usage: /usr/bin/python3 bench/tcp_bench.py [--quick] [--build build]
 """
@@ -87,6 +88,15 @@ def sidecar_runs(build, sizes, streams):
     b = H.Sidecar(wd, "bench-b", key_file=keys, extra=extra)
     rows = []
     try:
+        # The floor for anything a worker does: one gRPC round trip (GetOperation) from Python.
+        ro = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(a.create_region(4096), 0, 4096)]),
+                                   timeout=30)
+        rtt = []
+        for _ in range(500):
+            t0 = time.perf_counter()
+            a.stub.GetOperation(pb.GetOperationRequest(operation_id=ro.operation_id), timeout=10)
+            rtt.append(time.perf_counter() - t0)
+        rows.append(("gRPC", 0, len(rtt), rtt))
         for size, iters in sizes:
             ra, rb = a.create_region(size), b.create_region(size)
             a.fill(ra, 0, os.urandom(size))
@@ -159,6 +169,10 @@ def main():
     best = {}
     for direction, size, iters, times in rows:
         p50, p99 = pct(times, 50), pct(times, 99)
+        if direction == "gRPC":
+            print("%-6s %10s %6d %9s %12.0f %11.1f %11.1f   (one GetOperation round trip: the floor)"
+                  % ("rtt", "-", iters, "-", 1 / statistics.mean(times), p50 * 1e6, p99 * 1e6))
+            continue
         gbs = size / p50 / 1e9
         best[(direction, size)] = gbs
         print("%-6s %10s %6d %9.3f %12.0f %11.1f %11.1f" % (direction, human(size), iters, gbs,
