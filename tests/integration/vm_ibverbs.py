@@ -31,7 +31,7 @@ IB = pb.BACKEND_IBVERBS
 TCP = pb.BACKEND_TCP
 
 # Sidecar flags for real verbs. The harness passes --data-listen 127.0.0.1:0 itself; these come
-# later on the command line and win (test_info checks the data endpoint). The control channel must
+# later on the command line and win (test_info_and_metadata checks the data endpoint). The control channel must
 # listen on the rxe netdev's address so that it and the QP addresses agree.
 IB_FLAGS = ["--ib-device", DEV, "--ib-gid-index", GID_INDEX,
             "--data-listen", IP + ":0", "--advertise", IP]

@@ -4,8 +4,9 @@
 # VM that tests/vm/run-in-vm.sh boots, as root, in a read-only chroot of the host's root at the
 # repository root). Steps, each bounded by `timeout`:
 #   1. ibv_devices lists $RXE_DEV and its port is active;
-#   2. $SC_BUILD_DIR/tests/test_ib_transfer (the backend's C test on real verbs) when it was built;
-#      its exit 77 (skip) counts as a failure here: this VM has a device;
+#   2. $SC_BUILD_DIR/tests/test_ib_transfer (the backend's C test on real verbs, with the revoked
+#      rkey check); its exit 77 (skip), or its absence when its source is in the tree, count as
+#      failures here: this VM has a device;
 #   3. tests/integration/vm_ibverbs.py: two sidecars on $RXE_DEV, driven over gRPC by
 #      /usr/bin/python3 with the generated stubs of the host build.
 # Nothing is written under the repository (read-only here): sidecar work dirs go to /tmp, region
@@ -69,15 +70,17 @@ if [[ "${RDMA_SIDECAR_VM_SKIP_C_TEST:-0}" == 1 ]]; then
 elif [[ -x "$c_test" ]]; then
     t=$SECONDS
     log "== $c_test"
-    rc=0
-    (cd /tmp && timeout -k 5 240 "$c_test") 2>&1 | tee "$VM_OUT/logs/test_ib_transfer.log" || true
+    (cd /tmp && timeout -k 5 240 "$c_test") 2>&1 | tee "$VM_OUT/logs/test_ib_transfer.log"
     rc=${PIPESTATUS[0]}
     note=""
     ((rc != 77)) || note="(77 = skipped: a failure here, the VM has $RXE_DEV)"
     ((rc != 124 && rc != 137)) || note="(timed out after 240s)"
     record test_ib_transfer "$rc" $((SECONDS - t)) "$note"
+elif [[ -f "$src/tests/unit/test_ib_transfer.c" ]]; then
+    log "test_ib_transfer: FAIL: $c_test was not built (its source is in the tree)"
+    record test_ib_transfer 1 0 "(not built)"
 else
-    log "test_ib_transfer: not built ($c_test missing); running the Python tests only"
+    log "test_ib_transfer: not in this tree; running the Python tests only"
 fi
 
 # ---- 3. two sidecars on rxe0, driven over gRPC --------------------------------------------------
