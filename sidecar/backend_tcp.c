@@ -39,10 +39,6 @@
 
 #define MAX_STREAMS 16
 #define DEFAULT_CHUNK (8ull << 20)
-/* DONE after a failure or cancel is best effort and must not hold the operation up; a success
- * waits for the peer's confirmation, up to the deadline and at most DONE_OK_WAIT_MS. */
-#define DONE_GRACE_MS 1000
-#define DONE_OK_WAIT_MS 30000
 
 struct tcp_xfer;
 
@@ -353,31 +349,9 @@ static void finish(struct tcp_xfer *tx, struct sc_peer_conn *c, bool opened)
 	if (opened) {
 		/* The verdict on the passive side. A success must be confirmed (the operation is
 		 * complete on both sides or on neither); a failure is told best effort. */
-		uint64_t now = sc_clock_mono_ms();
-		uint64_t deadline = now + (status == SC_OK ? DONE_OK_WAIT_MS : DONE_GRACE_MS);
-		if (status == SC_OK && x->deadline_mono_ms && x->deadline_mono_ms < deadline)
-			deadline = x->deadline_mono_ms;
-		struct sc_err err;
-		sc_err_clear(&err);
-		if (!sc_peer_conn_usable(c)) {
-			/* Its stream failed or was aborted: tell the verdict on a fresh one. */
-			sc_peer_pool_put(tb->pool, c, false);
-			c = NULL;
-			sc_peer_pool_get(tb->pool, x->meta->endpoints[tx->endpoint], deadline, &c,
-					 &err);
-		}
-		int rc = c ? sc_peer_done(c, x->meta->token, x->xfer_id, status, msg, deadline,
-					  NULL, &err)
-			   : -1;
-		if (rc != 0 && status == SC_OK) {
-			status = err.code == SC_OK ? SC_UNAVAILABLE : err.code;
-			snprintf(msg, sizeof(msg),
-				 "all bytes moved but the peer did not confirm completion: %.440s",
-				 err.msg);
-		} else if (rc != 0) {
-			SC_DEBUG("tcp", "transfer %016" PRIx64 ": could not tell the peer (%s): %s",
-				 x->xfer_id, sc_status_name(status), err.msg);
-		}
+		sc_peer_tell_verdict(tb->pool, &c, x->meta->endpoints[tx->endpoint], x->meta->token,
+				     x->xfer_id, x->deadline_mono_ms, &status, msg, sizeof(msg),
+				     "tcp");
 	}
 	sc_peer_pool_put(tb->pool, c, c && sc_peer_conn_usable(c));
 

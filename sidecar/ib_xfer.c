@@ -60,9 +60,6 @@
 #define KEEPALIVE_MS 30000
 /* A stopped transfer whose work requests are still out after this long gets its QP flushed. */
 #define FLUSH_AFTER_MS 2000
-/* DONE after a failure or cancel is best effort; a success waits for the peer's confirmation. */
-#define DONE_GRACE_MS 1000
-#define DONE_OK_WAIT_MS 30000
 /* stop() waits this long for transfers to end before flushing every QP. */
 #define STOP_WAIT_MS 20000
 #define CQ_ENTRIES 4096
@@ -170,31 +167,9 @@ static void finish(struct ib_xfer *xf)
 	struct sc_peer_conn *c = xf->conn;
 	xf->conn = NULL;
 	if (xf->opened) {
-		uint64_t now = sc_clock_mono_ms();
-		uint64_t deadline = now + (status == SC_OK ? DONE_OK_WAIT_MS : DONE_GRACE_MS);
-		if (status == SC_OK && x->deadline_mono_ms && x->deadline_mono_ms < deadline)
-			deadline = x->deadline_mono_ms;
-		struct sc_err err;
-		sc_err_clear(&err);
-		if (!c || !sc_peer_conn_usable(c)) {
-			sc_peer_pool_put(ib->pool, c, false);
-			c = NULL;
-			sc_peer_pool_get(ib->pool, x->meta->endpoints[xf->endpoint], deadline, &c,
-					 &err);
-		}
-		int rc = c ? sc_peer_done(c, x->meta->token, x->xfer_id, status, msg, deadline,
-					  NULL, &err)
-			   : -1;
-		if (rc != 0 && status == SC_OK) {
-			status = err.code == SC_OK ? SC_UNAVAILABLE : err.code;
-			snprintf(msg, sizeof(msg),
-				 "all bytes moved but the peer did not confirm completion: %.440s",
-				 err.msg);
-		} else if (rc != 0) {
-			SC_DEBUG("ibverbs",
-				 "transfer %016" PRIx64 ": could not tell the peer (%s): %s",
-				 x->xfer_id, sc_status_name(status), err.msg);
-		}
+		sc_peer_tell_verdict(ib->pool, &c, x->meta->endpoints[xf->endpoint], x->meta->token,
+				     x->xfer_id, x->deadline_mono_ms, &status, msg, sizeof(msg),
+				     "ibverbs");
 	}
 	sc_peer_pool_put(ib->pool, c, c && sc_peer_conn_usable(c));
 	ib_qp_put(ib, xf->qp);

@@ -582,3 +582,35 @@ int sc_peer_call(struct sc_peer_conn *conn, unsigned type, const void *body, siz
 	*reply_len = m.opaque_len;
 	return 0;
 }
+
+#define VERDICT_FAIL_WAIT_MS 1000
+#define VERDICT_OK_WAIT_MS 30000
+
+void sc_peer_tell_verdict(struct sc_peer_pool *pool, struct sc_peer_conn **conn,
+			  const char *endpoint, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+			  uint64_t xfer_deadline_mono_ms, enum sc_status *status, char *msg,
+			  size_t msg_cap, const char *area)
+{
+	bool ok = *status == SC_OK;
+	uint64_t deadline = sc_clock_mono_ms() + (ok ? VERDICT_OK_WAIT_MS : VERDICT_FAIL_WAIT_MS);
+	if (ok && xfer_deadline_mono_ms && xfer_deadline_mono_ms < deadline)
+		deadline = xfer_deadline_mono_ms;
+	struct sc_err err;
+	sc_err_clear(&err);
+	if (!*conn || !sc_peer_conn_usable(*conn)) {
+		/* Its stream failed or was aborted: tell the verdict on a fresh one. */
+		sc_peer_pool_put(pool, *conn, false);
+		*conn = NULL;
+		sc_peer_pool_get(pool, endpoint, deadline, conn, &err);
+	}
+	int rc = *conn ? sc_peer_done(*conn, token, xfer_id, *status, msg, deadline, NULL, &err)
+		       : -1;
+	if (rc != 0 && ok) {
+		*status = err.code == SC_OK ? SC_UNAVAILABLE : err.code;
+		snprintf(msg, msg_cap, "all bytes moved but the peer did not confirm completion: %.440s",
+			 err.msg);
+	} else if (rc != 0) {
+		SC_DEBUG(area, "transfer %016" PRIx64 ": could not tell the peer (%s): %s", xfer_id,
+			 sc_status_name(*status), err.msg);
+	}
+}

@@ -103,6 +103,18 @@ int sc_peer_write_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
 int sc_peer_done(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		 enum sc_status status, const char *msg, uint64_t deadline_mono_ms,
 		 const atomic_bool *cancel, struct sc_err *err);
+/*
+ * Tell the passive side a transfer's verdict (DONE) at the end of a transfer, for the tcp and
+ * ibverbs backends alike: on *conn while it is usable, else on a fresh connection to endpoint
+ * (*conn is then replaced; the caller puts whatever *conn holds back into the pool). A success
+ * must be confirmed, so the operation is complete on both sides or on neither: when the peer does
+ * not confirm (within the transfer's deadline, at most 30 s), *status becomes that failure and msg
+ * says so. A failure is told best effort, within 1 s. area: the caller's log area.
+ */
+void sc_peer_tell_verdict(struct sc_peer_pool *pool, struct sc_peer_conn **conn,
+			  const char *endpoint, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+			  uint64_t xfer_deadline_mono_ms, enum sc_status *status, char *msg,
+			  size_t msg_cap, const char *area);
 int sc_peer_ping(struct sc_peer_conn *conn, uint64_t deadline_mono_ms, const atomic_bool *cancel,
 		 struct sc_err *err);
 /* A generic request/reply (QP_CONNECT): sends a frame of `type` with body, expects a reply of
