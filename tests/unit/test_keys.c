@@ -11,6 +11,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <grp.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <openssl/evp.h>
@@ -296,6 +298,70 @@ TEST(load_refuses_group_other_modes)
 	}
 }
 
+/* A Kubernetes Secret with fsGroup is root-owned and 0440/0640: a non-root sidecar accepts that
+ * (group read only), still refuses others' read, and holds its own files to 0600. Needs root to
+ * create the files and a child that drops to another uid; skipped otherwise. */
+static int load_as(uid_t uid, const char *path)
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		if (setgroups(0, NULL) != 0 || setgid(uid) != 0 || setuid(uid) != 0)
+			_exit(3);
+		struct sc_keyring *ring = NULL;
+		struct sc_err err = {0};
+		int rc = sc_keyring_load(path, &ring, &err);
+		sc_keyring_release(ring);
+		if (rc != 0)
+			fprintf(stderr, "  (child uid %d) %s\n", (int)uid, err.msg);
+		_exit(rc == 0 ? 0 : err.code == SC_FAILED_PRECONDITION ? 1 : 2);
+	}
+	int status = 0;
+	waitpid(pid, &status, 0);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 9;
+}
+
+TEST(load_root_owned_group_readable_for_non_root)
+{
+	if (geteuid() != 0) {
+		fprintf(stderr, "  (not root: skipped)\n");
+		return;
+	}
+	const uid_t uid = 65532;
+	char dir[] = "/tmp/sc-keys-XXXXXX";
+	CHECK(mkdtemp(dir) != NULL);
+	chmod(dir, 0755);
+	char k[64], text[128], path[600];
+	random_key_b64(32, k, sizeof(k));
+	snprintf(text, sizeof(text), "k1:%s\n", k);
+	snprintf(path, sizeof(path), "%s/keys", dir);
+	struct {
+		uid_t owner;
+		mode_t mode;
+		int want; /* child exit: 0 loaded, 1 refused (FAILED_PRECONDITION) */
+	} cases[] = {
+		{0, 0640, 0},   /* Secret with fsGroup */
+		{0, 0440, 0},   /* the same, read-only */
+		{0, 0644, 1},   /* others may read: refused */
+		{uid, 0640, 1}, /* the daemon's own file must be 0600 */
+		{uid, 0600, 0},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		CHECK(fd >= 0);
+		CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+		close(fd);
+		CHECK(chown(path, cases[i].owner, uid) == 0);
+		CHECK(chmod(path, cases[i].mode) == 0);
+		int got = load_as(uid, path);
+		if (got != cases[i].want)
+			fprintf(stderr, "  case owner %d mode %04o\n", (int)cases[i].owner,
+				(unsigned)cases[i].mode);
+		CHECK_INT_EQ(got, cases[i].want);
+	}
+	unlink(path);
+	rmdir(dir);
+}
+
 TEST(load_missing_file_and_directory)
 {
 	char path[512];
@@ -368,4 +434,5 @@ RUN_TESTS(T(key_id_valid), T(parse_two_keys_comments_blank_crlf), T(hmac_known_v
 	  T(hmac_matches_openssl_oneshot_all_key_sizes), T(refcount_retain_release),
 	  T(errors_short_long_duplicate), T(errors_bad_base64_and_ids), T(errors_empty_and_nul),
 	  T(load_file_ok_0600_and_0400), T(load_refuses_group_other_modes),
+	  T(load_root_owned_group_readable_for_non_root),
 	  T(load_missing_file_and_directory), T(load_file_errors_name_path_and_line))
