@@ -14,6 +14,7 @@
 #include "build_config.h"
 #include "config.h"
 #include "engine_internal.h"
+#include "listen.h"
 #include "log.h"
 
 #include <errno.h>
@@ -364,49 +365,10 @@ static int bind_listener(struct sc_metrics *m, const char *listen_text, struct s
 	uint16_t port;
 	if (sc_parse_hostport(listen_text, host, sizeof(host), &port, err) != 0)
 		return sc_err_prefix(err, "--metrics-listen");
-	char port_text[8];
-	snprintf(port_text, sizeof(port_text), "%u", port);
-	struct addrinfo hints = {.ai_family = AF_UNSPEC,
-				 .ai_socktype = SOCK_STREAM,
-				 .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
-	struct addrinfo *res = NULL;
-	int gai = getaddrinfo(host, port_text, &hints, &res);
-	if (gai != 0)
-		return sc_err_set(err, SC_FAILED_PRECONDITION,
-				  "--metrics-listen %s: cannot resolve host \"%s\": %s",
-				  listen_text, host, gai_strerror(gai));
-	int last_errno = 0;
-	for (struct addrinfo *ai = res; ai && m->listen_fd < 0; ai = ai->ai_next) {
-		int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-				ai->ai_protocol);
-		if (fd < 0) {
-			last_errno = errno;
-			continue;
-		}
-		int one = 1;
-		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0) {
-			m->listen_fd = fd;
-			break;
-		}
-		last_errno = errno;
-		close(fd);
-	}
-	freeaddrinfo(res);
-	if (m->listen_fd < 0)
-		return sc_err_set(
-		    err, SC_FAILED_PRECONDITION, "cannot listen on --metrics-listen %s: %s%s",
-		    listen_text, strerror(last_errno),
-		    last_errno == EADDRINUSE ? " (another process has that port: choose another "
-					       "--metrics-listen port)"
-					     : "");
-
-	struct sockaddr_storage ss;
-	socklen_t sl = sizeof(ss);
-	unsigned bound = port;
-	if (getsockname(m->listen_fd, (struct sockaddr *)&ss, &sl) == 0)
-		bound = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-						 : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+	uint16_t bound;
+	if (sc_listen_tcp("--metrics-listen", listen_text, host, port, 64, " port", &m->listen_fd,
+			  &bound, err) != 0)
+		return -1;
 	bool v6 = strchr(host, ':') != NULL;
 	snprintf(m->url, sizeof(m->url), "http://%s%s%s:%u/metrics", v6 ? "[" : "", host,
 		 v6 ? "]" : "", bound);

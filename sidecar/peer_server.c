@@ -21,6 +21,7 @@
  */
 #include "peer_server.h"
 
+#include "listen.h"
 #include "log.h"
 #include "passive.h"
 #include "peer_proto.h"
@@ -754,50 +755,6 @@ static bool join_hostport(char *out, size_t cap, const char *host, unsigned port
 	return n > 0 && (size_t)n < cap;
 }
 
-static int listen_on(struct sc_peer_server *srv, const char *host, uint16_t port,
-		     struct sc_err *err)
-{
-	char port_text[8];
-	snprintf(port_text, sizeof(port_text), "%u", port);
-	struct addrinfo hints = {.ai_family = AF_UNSPEC,
-				 .ai_socktype = SOCK_STREAM,
-				 .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
-	struct addrinfo *res = NULL;
-	const char *node = host[0] && strcmp(host, "*") != 0 ? host : "0.0.0.0";
-	int gai = getaddrinfo(node, port_text, &hints, &res);
-	if (gai != 0)
-		return sc_err_set(err, SC_FAILED_PRECONDITION,
-				  "--data-listen %s: cannot resolve host \"%s\": %s",
-				  srv->listen_addr, host, gai_strerror(gai));
-	int last_errno = 0;
-	for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-		int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-				ai->ai_protocol);
-		if (fd < 0) {
-			last_errno = errno;
-			continue;
-		}
-		int one = 1;
-		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 128) == 0) {
-			srv->listen_fd = fd;
-			break;
-		}
-		last_errno = errno;
-		close(fd);
-	}
-	freeaddrinfo(res);
-	if (srv->listen_fd < 0)
-		return sc_err_set(err, SC_FAILED_PRECONDITION,
-				  "cannot listen on --data-listen %s: %s%s", srv->listen_addr,
-				  strerror(last_errno),
-				  last_errno == EADDRINUSE
-					  ? " (another process has that port: choose another "
-					    "--data-listen port, or 0 for an ephemeral one)"
-					  : "");
-	return 0;
-}
-
 int sc_peer_server_create(struct sc_engine *eng, const struct sc_config *cfg,
 			  struct sc_peer_server **out, struct sc_err *err)
 {
@@ -819,22 +776,16 @@ int sc_peer_server_create(struct sc_engine *eng, const struct sc_config *cfg,
 		sc_err_prefix(err, "--data-listen");
 		goto fail;
 	}
-	if (listen_on(srv, host, port, err) != 0)
+	const char *node = host[0] && strcmp(host, "*") != 0 ? host : "0.0.0.0";
+	uint16_t bound;
+	if (sc_listen_tcp("--data-listen", srv->listen_addr, node, port, 128,
+			  " port, or 0 for an ephemeral one", &srv->listen_fd, &bound, err) != 0)
 		goto fail;
 	if ((srv->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
 		sc_err_set(err, SC_INTERNAL, "eventfd: %s", strerror(errno));
 		goto fail;
 	}
 
-	struct sockaddr_storage ss;
-	socklen_t sl = sizeof(ss);
-	if (getsockname(srv->listen_fd, (struct sockaddr *)&ss, &sl) != 0) {
-		sc_err_set(err, SC_INTERNAL, "getsockname on the data listener: %s",
-			   strerror(errno));
-		goto fail;
-	}
-	unsigned bound = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-						  : ntohs(((struct sockaddr_in *)&ss)->sin_port);
 	const char *adv = cfg->advertise && cfg->advertise[0] ? cfg->advertise : NULL;
 	if (!adv && is_wildcard(host)) {
 		SC_WARN("peer", "--data-listen %s listens on every address but peers are told "
