@@ -27,6 +27,7 @@ int main(void)
 #else
 
 #include "check.h"
+#include "op_wait.h"
 
 #include "engine.h"
 #include "ib_test.h"
@@ -238,60 +239,6 @@ static void drop_region(struct side *s, const char *id)
 	sc_region_deregister(s->eng, id, true, &err);
 }
 
-/* ---- waiting -----------------------------------------------------------------------------------
- */
-
-struct waiter {
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	bool done;
-};
-
-static bool on_change(void *ctx, const struct sc_op_info *info)
-{
-	struct waiter *w = ctx;
-	if (!sc_op_status_terminal(info->status))
-		return true;
-	pthread_mutex_lock(&w->mu);
-	w->done = true;
-	pthread_cond_signal(&w->cv);
-	pthread_mutex_unlock(&w->mu);
-	return false;
-}
-
-static int wait_op(struct sc_engine *eng, const char *id, uint64_t timeout_ms,
-		   struct sc_op_info *out)
-{
-	struct waiter w = {.done = false};
-	pthread_mutex_init(&w.mu, NULL);
-	pthread_cond_init(&w.cv, NULL);
-	uint64_t watch_id;
-	struct sc_op_info first;
-	struct sc_err err;
-	if (sc_op_watch(eng, id, on_change, &w, &watch_id, &first, &err) != 0) {
-		fprintf(stderr, "watch %s: %s\n", id, err.msg);
-		return -1;
-	}
-	bool terminal = sc_op_status_terminal(first.status);
-	sc_op_info_free(&first);
-	uint64_t until = sc_clock_mono_ms() + timeout_ms;
-	pthread_mutex_lock(&w.mu);
-	while (!terminal && !w.done && sc_clock_mono_ms() < until) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 10 * 1000 * 1000;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&w.cv, &w.mu, &ts);
-	}
-	pthread_mutex_unlock(&w.mu);
-	sc_op_unwatch(eng, watch_id);
-	pthread_cond_destroy(&w.cv);
-	pthread_mutex_destroy(&w.mu);
-	return sc_op_get(eng, id, out, &err);
-}
 
 /* Wait until op has moved at least `bytes` (or ended). */
 static void wait_progress(struct sc_engine *eng, const char *id, uint64_t bytes,
