@@ -159,6 +159,8 @@ struct sc_engine {
 };
 
 /* region.c */
+/* UNAVAILABLE once the sidecar drains (new regions and operations are refused). Under mu. */
+int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err);
 void sc_region_ref(struct sc_region *r);
 void sc_region_unref(struct sc_engine *eng, struct sc_region *r); /* under mu */
 struct sc_region *sc_region_lookup(struct sc_engine *eng, const char *id);

@@ -378,11 +378,8 @@ static int copy_str(char *dst, size_t cap, const char *src, const char *what, st
 static struct sc_op *op_new(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_desc *descs,
 			    size_t n, uint64_t timeout_ms, const char *request_id, struct sc_err *err)
 {
-	if (eng->draining) {
-		sc_err_set(err, SC_UNAVAILABLE, "sidecar is draining (shutting down): retry on "
-						"another sidecar");
+	if (sc_engine_check_accepting(eng, err) != 0)
 		return NULL;
-	}
 	if (n == 0) {
 		sc_err_set(err, SC_INVALID_ARGUMENT, "at least one descriptor is required");
 		return NULL;

@@ -91,7 +91,8 @@ static int region_publish(struct sc_engine *eng, struct sc_region *r, struct sc_
 	return 0;
 }
 
-static int check_accepting(struct sc_engine *eng, struct sc_err *err)
+/* New regions and operations are refused once the sidecar drains. Under mu. */
+int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err)
 {
 	if (eng->draining)
 		return sc_err_set(err, SC_UNAVAILABLE,
@@ -105,7 +106,7 @@ static int region_add(struct sc_engine *eng, struct sc_region *r, struct sc_regi
 		      struct sc_err *err)
 {
 	pthread_mutex_lock(&eng->mu);
-	int rc = check_accepting(eng, err);
+	int rc = sc_engine_check_accepting(eng, err);
 	if (rc == 0)
 		rc = region_publish(eng, r, err);
 	if (rc == 0) {
