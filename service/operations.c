@@ -225,9 +225,21 @@ struct waiter {
 	struct sc_engine *eng;
 	char op_id[SC_ID_MAX];
 	uint64_t watch_id;
-	uint64_t timer_id;
+	/* The timer holds a reference; whoever removes the timer (or the timer callback, when it
+	 * runs) drops it. Atomic: the watcher reads it while the handler may still be storing it. */
+	atomic_uint_fast64_t timer_id;
 	bool stream; /* Watch (stream every change) rather than Wait */
 };
+
+static void waiter_unref(struct waiter *w);
+
+/* Remove the timeout timer if it is still pending and drop its reference. Non-blocking. */
+static void waiter_drop_timer(struct waiter *w)
+{
+	uint64_t id = atomic_load(&w->timer_id);
+	if (id && sc_engine_timer_try_cancel(w->eng, id))
+		waiter_unref(w);
+}
 
 static void waiter_unref(struct waiter *w)
 {
@@ -263,8 +275,7 @@ static bool waiter_on_change(void *ctx, const struct sc_op_info *info)
 	if (waiter_claim(w)) {
 		reply_op(w->call, info);
 		/* Free the call now rather than when the timeout would have fired. */
-		if (w->timer_id && sc_engine_timer_try_cancel(w->eng, w->timer_id))
-			waiter_unref(w); /* the timer's reference */
+		waiter_drop_timer(w);
 	}
 	waiter_unref(w); /* the watch's reference */
 	return false;
@@ -294,7 +305,8 @@ static void waiter_on_cancel(struct sc_call *c)
 		return;
 	if (sc_op_unwatch(w->eng, w->watch_id))
 		waiter_unref(w);
-	if (w->timer_id && sc_engine_timer_cancel(w->eng, w->timer_id))
+	uint64_t timer = atomic_load(&w->timer_id);
+	if (timer && sc_engine_timer_cancel(w->eng, timer))
 		waiter_unref(w);
 	sc_call_finish(c, SC_CANCELLED, "cancelled by the client");
 }
@@ -352,9 +364,12 @@ static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout
 		uint64_t left = sc_call_deadline_left_ms(c);
 		uint64_t wait = timeout_ms < left ? timeout_ms : left;
 		atomic_fetch_add(&w->refs, 1); /* the timer's */
-		w->timer_id = sc_engine_timer_add(eng, wait, waiter_on_timeout, w);
-		if (!w->timer_id)
+		uint64_t timer = sc_engine_timer_add(eng, wait, waiter_on_timeout, w);
+		atomic_store(&w->timer_id, timer);
+		if (!timer)
 			atomic_fetch_sub(&w->refs, 1);
+		else if (atomic_load(&w->done))
+			waiter_drop_timer(w); /* answered while the timer was being armed */
 	}
 	sc_op_info_free(&first);
 	if (!atomic_load(&w->done)) {
