@@ -76,6 +76,10 @@ void sc_pb_region_fill(RdmaSidecar__V1__Region *m, const struct sc_region_info *
 	m->name = s(info->name);
 	m->file_offset = info->file_offset;
 	m->live_operations = info->live_ops;
+	if (info->has_cuda_ipc_handle) {
+		m->cuda_ipc_handle.data = (uint8_t *)info->cuda_ipc_handle;
+		m->cuda_ipc_handle.len = sizeof(info->cuda_ipc_handle);
+	}
 }
 
 int sc_pb_descs(RdmaSidecar__V1__Descriptor **in, size_t n, struct sc_desc **out,

@@ -6,6 +6,8 @@
 #include "handlers.h"
 #include "service.h"
 
+#include <stdio.h>
+
 void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req)
 {
 	struct sc_info info;
@@ -43,5 +45,27 @@ void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req)
 	m.signing_key_id = info.signing_key_id;
 	m.cuda_available = info.cuda_available;
 	m.cuda_detail = info.cuda_detail;
+	RdmaSidecar__V1__GpuInfo g[SC_GPU_MAX_DEVICES];
+	RdmaSidecar__V1__GpuInfo *gp[SC_GPU_MAX_DEVICES];
+	char cc[SC_GPU_MAX_DEVICES][16];
+	for (size_t i = 0; i < info.n_gpus; i++) {
+		const struct sc_gpu_device_info *d = &info.gpus[i];
+		rdma_sidecar__v1__gpu_info__init(&g[i]);
+		g[i].index = (uint32_t)d->index;
+		g[i].name = (char *)d->name;
+		g[i].pci_bus_id = (char *)d->pci_bus_id;
+		g[i].total_memory = d->total_memory;
+		snprintf(cc[i], sizeof(cc[i]), "%d.%d", d->cc_major, d->cc_minor);
+		g[i].compute_capability = cc[i];
+		g[i].dma_buf_supported = d->dma_buf;
+		g[i].gpudirect_rdma_supported = d->gdr;
+		g[i].nvidia_peermem_loaded = d->peermem;
+		g[i].nearest_rdma_device = (char *)d->nearest_rdma;
+		g[i].nearest_rdma_detail = (char *)d->nearest_detail;
+		g[i].rdma_path = (char *)d->rdma_path;
+		gp[i] = &g[i];
+	}
+	m.n_gpus = info.n_gpus;
+	m.gpus = gp;
 	sc_call_reply(c, &m.base);
 }

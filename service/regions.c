@@ -49,13 +49,29 @@ void sc_h_register_region(struct sc_call *c, ProtobufCMessage *req)
 		else
 			reply_region(c, &info);
 		return;
-	case RDMA_SIDECAR__V1__REGISTER_REGION_REQUEST__SOURCE_CUDA_IPC:
-		sc_call_fail(c, SC_UNIMPLEMENTED,
-			     "CUDA IPC regions are not supported by this build yet: register host "
-			     "memory (host_file)");
+	case RDMA_SIDECAR__V1__REGISTER_REGION_REQUEST__SOURCE_CUDA_IPC: {
+		RdmaSidecar__V1__CudaIpcSource *src = r->cuda_ipc;
+		if (sc_region_register_cuda_ipc(sc_call_engine(c), src->device_index,
+						src->handle.data, src->handle.len, src->offset,
+						src->size, r->name, &info, &err) != 0)
+			sc_call_fail_err(c, &err);
+		else
+			reply_region(c, &info);
 		return;
+	}
+	case RDMA_SIDECAR__V1__REGISTER_REGION_REQUEST__SOURCE_CUDA_FD: {
+		RdmaSidecar__V1__CudaFdSource *src = r->cuda_fd;
+		if (sc_region_register_cuda_fd(sc_call_engine(c), src->device_index, src->pid,
+					       src->fd, src->offset, src->size,
+					       src->allocation_size, r->name, &info, &err) != 0)
+			sc_call_fail_err(c, &err);
+		else
+			reply_region(c, &info);
+		return;
+	}
 	default:
-		sc_call_fail(c, SC_INVALID_ARGUMENT, "set one source: host_file or cuda_ipc");
+		sc_call_fail(c, SC_INVALID_ARGUMENT,
+			     "set one source: host_file, cuda_ipc or cuda_fd");
 		return;
 	}
 }

@@ -19,8 +19,8 @@ void sc_backend_noop(struct sc_backend *b)
 	(void)b;
 }
 
-int sc_backend_register_unsupported(struct sc_backend *b, void *addr, uint64_t len, void **handle,
-				    struct sc_err *err)
+int sc_backend_register_unsupported(struct sc_backend *b, void *addr, uint64_t len, int gpu,
+				    void **handle, struct sc_err *err)
 {
 	*handle = NULL;
 	return 0;
@@ -31,7 +31,8 @@ void sc_backend_deregister_noop(struct sc_backend *b, void *handle)
 }
 
 int sc_backend_expose_noop(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs,
-			   void *const *region_handles, void **handle, struct sc_err *err)
+			   const int *gpus, void *const *region_handles, void **handle,
+			   struct sc_err *err)
 {
 	*handle = NULL;
 	return 0;

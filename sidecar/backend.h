@@ -28,7 +28,9 @@ struct sc_region;
 
 /* One contiguous piece of an active transfer: local memory <-> remote descriptor remote_desc. */
 struct sc_xfer_seg {
-	uint8_t *local;
+	uint8_t *local; /* a device address when local_gpu >= 0 (never dereference it: gpu.h) */
+	int local_gpu;  /* SC_GPU_HOST or the CUDA device of the local range */
+	bool remote_gpu; /* the remote descriptor is GPU memory (informational) */
 	uint64_t len;
 	uint32_t remote_desc;
 	uint64_t remote_addr; /* ibverbs: from the metadata */
@@ -61,14 +63,18 @@ struct sc_backend_ops {
 	/* Stop accepting and cancel what is in flight; join threads. */
 	void (*stop)(struct sc_backend *b);
 	void (*destroy)(struct sc_backend *b);
-	/* Make a region usable by this backend (ibverbs: ibv_reg_mr). *handle is stored with it. */
-	int (*register_region)(struct sc_backend *b, void *addr, uint64_t len, void **handle,
-			       struct sc_err *err);
+	/* Make a region usable by this backend (ibverbs: ibv_reg_mr, or a dma-buf MR for GPU
+	 * memory). gpu: SC_GPU_HOST or the CUDA device of addr. *handle is stored with it. A GPU
+	 * region this fails for stays usable by the other backends (staged). */
+	int (*register_region)(struct sc_backend *b, void *addr, uint64_t len, int gpu,
+			       void **handle, struct sc_err *err);
 	void (*deregister_region)(struct sc_backend *b, void *handle);
-	/* Grant remote access to one passive operation's ranges; fill md->descs' addr/rkey and
-	 * md->ib. *handle identifies the grant for revoke. */
+	/* Grant remote access to one passive operation's ranges (addrs[i] on device gpus[i], or
+	 * host memory for SC_GPU_HOST); fill md->descs' addr/rkey and md->ib. *handle identifies
+	 * the grant for revoke. */
 	int (*expose)(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs,
-		      void *const *region_handles, void **handle, struct sc_err *err);
+		      const int *gpus, void *const *region_handles, void **handle,
+		      struct sc_err *err);
 	void (*revoke)(struct sc_backend *b, void *handle);
 	int (*submit)(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
 	/* Ask the transfer to end early (CANCELLED); on_complete still runs exactly once. */
@@ -83,15 +89,17 @@ struct sc_backend {
 	char devices[4][64];
 	size_t n_devices;
 	char endpoint[80]; /* tcp: "host:port" peers dial, once started */
+	struct sc_gpu *gpu; /* the CUDA driver for GPU ranges (NULL without CUDA), set at creation */
 };
 
 int sc_backend_start_unsupported(struct sc_backend *b, struct sc_err *err);
 void sc_backend_noop(struct sc_backend *b);
-int sc_backend_register_unsupported(struct sc_backend *b, void *addr, uint64_t len, void **handle,
-				    struct sc_err *err);
+int sc_backend_register_unsupported(struct sc_backend *b, void *addr, uint64_t len, int gpu,
+				    void **handle, struct sc_err *err);
 void sc_backend_deregister_noop(struct sc_backend *b, void *handle);
 int sc_backend_expose_noop(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs,
-			   void *const *region_handles, void **handle, struct sc_err *err);
+			   const int *gpus, void *const *region_handles, void **handle,
+			   struct sc_err *err);
 void sc_backend_revoke_noop(struct sc_backend *b, void *handle);
 int sc_backend_submit_unsupported(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
 void sc_backend_cancel_noop(struct sc_backend *b, struct sc_xfer *x);

@@ -39,7 +39,8 @@ static struct local_backend *to_local(struct sc_backend *b)
 }
 
 /* Move one transfer; returns its final status, with msg filled on failure. */
-static enum sc_status run_one(struct sc_engine *eng, struct sc_xfer *x, char *msg, size_t cap)
+static enum sc_status run_one(struct sc_engine *eng, struct sc_gpu *gpu, struct sc_xfer *x,
+			      char *msg, size_t cap)
 {
 	struct sc_err err;
 	sc_err_clear(&err);
@@ -62,11 +63,16 @@ static enum sc_status run_one(struct sc_engine *eng, struct sc_xfer *x, char *ms
 			if (sc_passive_span(eng, token, x->xfer_id, x->kind, s->remote_desc, off, n, &span,
 					    &err) != 0)
 				goto fail_done;
-			if (x->kind == SC_OP_READ)
-				memcpy(s->local + off, span.addr, n);
-			else
-				memcpy(span.addr, s->local + off, n);
-			sc_passive_span_release(eng, &span, n);
+			/* GPU ranges: device to device, across GPUs, or between host and GPU by the
+			 * CUDA driver; host to host: memcpy. */
+			int rc = x->kind == SC_OP_READ
+					 ? sc_gpu_copy(gpu, s->local + off, s->local_gpu, span.addr,
+						       span.gpu, n, &err)
+					 : sc_gpu_copy(gpu, span.addr, span.gpu, s->local + off,
+						       s->local_gpu, n, &err);
+			sc_passive_span_release(eng, &span, rc == 0 ? n : 0);
+			if (rc != 0)
+				goto fail_done;
 			x->on_progress(x, n);
 			off += n;
 		}
@@ -96,7 +102,7 @@ static void *local_main(void *arg)
 			lb->tail = NULL;
 		pthread_mutex_unlock(&lb->mu);
 		char msg[SC_ERR_MSG_MAX] = "";
-		enum sc_status st = run_one(lb->base.eng, j->x, msg, sizeof(msg));
+		enum sc_status st = run_one(lb->base.eng, lb->base.gpu, j->x, msg, sizeof(msg));
 		j->x->on_complete(j->x, st, msg);
 		free(j);
 		pthread_mutex_lock(&lb->mu);

@@ -232,6 +232,11 @@ static int piece_send(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct 
 	if (x->kind == SC_OP_READ)
 		return sc_peer_read_send(c, token, x->xfer_id, p->seg->remote_desc, p->off, p->len,
 					 x->deadline_mono_ms, &x->cancel_requested, err);
+	if (p->seg->local_gpu != SC_GPU_HOST)
+		return sc_peer_write_send_gpu(c, token, x->xfer_id, p->seg->remote_desc, p->off,
+					      p->len, p->seg->local + p->off, tx->tb->base.gpu,
+					      p->seg->local_gpu, x->deadline_mono_ms,
+					      &x->cancel_requested, err);
 	return sc_peer_write_send(c, token, x->xfer_id, p->seg->remote_desc, p->off, p->len,
 				  p->seg->local + p->off, x->deadline_mono_ms, &x->cancel_requested,
 				  err);
@@ -241,6 +246,10 @@ static int piece_recv(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct 
 		      struct sc_err *err)
 {
 	struct sc_xfer *x = tx->x;
+	if (x->kind == SC_OP_READ && p->seg->local_gpu != SC_GPU_HOST)
+		return sc_peer_read_recv_gpu(c, p->len, p->seg->local + p->off, tx->tb->base.gpu,
+					     p->seg->local_gpu, x->deadline_mono_ms,
+					     &x->cancel_requested, err);
 	if (x->kind == SC_OP_READ)
 		return sc_peer_read_recv(c, p->len, p->seg->local + p->off, x->deadline_mono_ms,
 					 &x->cancel_requested, err);

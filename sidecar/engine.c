@@ -51,6 +51,11 @@ const struct sc_config *sc_engine_config(struct sc_engine *eng)
 	return eng->cfg;
 }
 
+struct sc_gpu *sc_engine_gpu(struct sc_engine *eng)
+{
+	return eng->gpu;
+}
+
 struct sc_peer_pool *sc_engine_peer_pool(struct sc_engine *eng)
 {
 	return eng->peer_pool;
@@ -138,7 +143,7 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 				"--key-file for cross-sidecar transfers");
 	}
 
-	sc_cuda_probe(&eng->cuda_available, eng->cuda_detail, sizeof(eng->cuda_detail));
+	eng->gpu = sc_gpu_open(eng->cuda_detail, sizeof(eng->cuda_detail));
 
 	/* The peer channel carries the TCP data plane and the ibverbs rendezvous. */
 	if (backend_enabled(cfg, SC_BACKEND_BIT_TCP) || backend_enabled(cfg, SC_BACKEND_BIT_IBVERBS)) {
@@ -156,6 +161,7 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 				   sc_backend_name((enum sc_backend_kind)b));
 			goto fail;
 		}
+		eng->backends[b]->gpu = eng->gpu;
 	}
 	if (!backend_enabled(cfg, SC_BACKEND_BIT_LOCAL))
 		disable_backend(eng->backends[SC_BACKEND_LOCAL], "disabled by --backends");
@@ -209,6 +215,11 @@ int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
 			eng->backends[b]->available ? "available  " : "unavailable",
 			eng->backends[b]->detail);
 	SC_INFO("engine", "cuda: %s", eng->cuda_detail);
+	for (int i = 0; i < sc_gpu_count(eng->gpu); i++) {
+		const struct sc_gpu_device_info *g = sc_gpu_device(eng->gpu, i);
+		SC_INFO("engine", "gpu %d: %s (%s), nearest RDMA device: %s; ibverbs path: %s", i,
+			g->name, g->pci_bus_id, g->nearest_detail, g->rdma_path);
+	}
 	return 0;
 }
 
@@ -268,6 +279,7 @@ void sc_engine_destroy(struct sc_engine *eng)
 	for (int b = 1; b < SC_NUM_BACKENDS; b++)
 		sc_backend_destroy(eng->backends[b]);
 	sc_peer_pool_destroy(eng->peer_pool);
+	sc_gpu_close(eng->gpu); /* after the regions: they hold GPU memory */
 	sc_sched_free_progress(eng);
 	sc_idmap_destroy(eng->regions);
 	sc_idmap_destroy(eng->ops);
@@ -329,8 +341,11 @@ void sc_engine_info(struct sc_engine *eng, struct sc_info *out)
 		snprintf(out->signing_key_id, sizeof(out->signing_key_id), "%s",
 			 sc_keyring_signing_id(eng->keys));
 	pthread_mutex_unlock(&eng->mu);
-	out->cuda_available = eng->cuda_available;
+	out->cuda_available = eng->gpu != NULL;
 	snprintf(out->cuda_detail, sizeof(out->cuda_detail), "%s", eng->cuda_detail);
+	out->n_gpus = (size_t)sc_gpu_count(eng->gpu);
+	for (size_t i = 0; i < out->n_gpus; i++)
+		out->gpus[i] = *sc_gpu_device(eng->gpu, (int)i);
 }
 
 uint64_t sc_engine_timer_add(struct sc_engine *eng, uint64_t delay_ms, sc_timer_fn fn, void *ctx)

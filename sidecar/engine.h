@@ -12,6 +12,7 @@
 #define SC_ENGINE_H
 
 #include "config.h"
+#include "gpu.h"
 #include "status.h"
 
 #include <stdbool.h>
@@ -83,6 +84,8 @@ struct sc_info {
 	char signing_key_id[64];
 	bool cuda_available;
 	char cuda_detail[256];
+	struct sc_gpu_device_info gpus[SC_GPU_MAX_DEVICES];
+	size_t n_gpus;
 };
 void sc_engine_info(struct sc_engine *eng, struct sc_info *out);
 
@@ -97,6 +100,9 @@ struct sc_region_info {
 	uint64_t file_offset;
 	char name[SC_NAME_MAX];
 	uint32_t live_ops;
+	/* CUDA regions the sidecar allocated: the IPC handle for the worker to open. */
+	bool has_cuda_ipc_handle;
+	uint8_t cuda_ipc_handle[SC_GPU_IPC_HANDLE_LEN];
 };
 
 int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind kind,
@@ -105,11 +111,21 @@ int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind k
 int sc_region_register_host(struct sc_engine *eng, const char *path, uint64_t offset,
 			    uint64_t size, const char *name, struct sc_region_info *out,
 			    struct sc_err *err);
+/* GPU memory of a worker: a CUDA IPC handle (the allocation block; [offset, offset+size) of it
+ * becomes the region), or a cuMemCreate file descriptor taken from process pid (pidfd_getfd). */
+int sc_region_register_cuda_ipc(struct sc_engine *eng, uint32_t device_index,
+				const uint8_t *handle, size_t handle_len, uint64_t offset,
+				uint64_t size, const char *name, struct sc_region_info *out,
+				struct sc_err *err);
+int sc_region_register_cuda_fd(struct sc_engine *eng, uint32_t device_index, int pid, int fd,
+			       uint64_t offset, uint64_t size, uint64_t allocation_size,
+			       const char *name, struct sc_region_info *out, struct sc_err *err);
 int sc_region_deregister(struct sc_engine *eng, const char *id, bool force, struct sc_err *err);
 /* *out is malloc'd (free() it); *n may be 0. */
 int sc_region_list(struct sc_engine *eng, struct sc_region_info **out, size_t *n,
 		   struct sc_err *err);
-/* Copy bytes in or out of a host region (WriteRegion / ReadRegion). Bounds-checked. */
+/* Copy bytes in or out of a region (WriteRegion / ReadRegion); GPU regions through pinned
+ * staging. Bounds-checked. */
 int sc_region_write(struct sc_engine *eng, const char *id, uint64_t offset, const void *data,
 		    size_t len, struct sc_err *err);
 int sc_region_read(struct sc_engine *eng, const char *id, uint64_t offset, void *buf, size_t len,

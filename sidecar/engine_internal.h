@@ -17,6 +17,7 @@
 
 #include "backend.h"
 #include "engine.h"
+#include "gpu.h"
 #include "idmap.h"
 #include "keys.h"
 #include "metadata.h"
@@ -40,7 +41,12 @@ struct sc_region {
 	char path[512];
 	uint64_t file_offset;
 	char name[SC_NAME_MAX];
-	uint8_t *base;   /* first byte of the region */
+	uint8_t *base;   /* first byte of the region: a device address when gpu >= 0 (never
+			  * dereference it: see gpu.h) */
+	int gpu;         /* SC_GPU_HOST, or the CUDA device index of a GPU region */
+	struct sc_gpu_mem gmem; /* GPU regions: the memory and how to give it back */
+	uint8_t ipc_handle[SC_GPU_IPC_HANDLE_LEN]; /* sidecar-allocated GPU regions */
+	bool has_ipc_handle;
 	void *map_addr;  /* what mmap returned (page aligned) */
 	size_t map_len;
 	bool owned_file; /* created by the sidecar: unlink at release */
@@ -48,6 +54,8 @@ struct sc_region {
 	int refs;
 	uint32_t live_ops;                      /* non-terminal operations using it */
 	void *backend_handle[SC_NUM_BACKENDS]; /* e.g. the ibverbs MR */
+	/* GPU regions a backend could not register (e.g. ibverbs without dma-buf): why. */
+	char backend_note[SC_NUM_BACKENDS][160];
 };
 
 struct sc_watch {
@@ -153,8 +161,8 @@ struct sc_engine {
 	uint32_t active_transfers;
 	uint64_t inflight_bytes;
 	struct sc_progress *progress;
-	/* cuda probe */
-	bool cuda_available;
+	/* the CUDA driver (NULL when unusable: cuda_detail says why) */
+	struct sc_gpu *gpu;
 	char cuda_detail[256];
 };
 
@@ -191,8 +199,18 @@ void sc_sched_free_progress(struct sc_engine *eng);
 /* operation.c: really start moving bytes (slot held). Under mu. */
 void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op);
 
-/* cuda.c */
-void sc_cuda_probe(bool *available, char *detail, size_t cap);
+/* region.c, shared with region_gpu.c */
+void sc_region_new_id(char out[SC_ID_MAX]);
+/* Publish a region (backends register it) and describe it; on failure it is released. */
+int sc_region_add(struct sc_engine *eng, struct sc_region *r, struct sc_region_info *out,
+		  struct sc_err *err);
+/* Checks shared by every kind of region: size and name. */
+int sc_region_check_new(struct sc_engine *eng, uint64_t size, const char *name,
+			struct sc_err *err);
+
+/* region_gpu.c */
+int sc_region_create_gpu(struct sc_engine *eng, uint64_t size, uint32_t device,
+			 const char *name, struct sc_region_info *out, struct sc_err *err);
 
 /* bus.c */
 void sc_bus_stop(struct sc_engine *eng);

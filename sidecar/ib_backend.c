@@ -318,16 +318,61 @@ static int reg_error(struct sc_err *err, int e, uint64_t len, const char *what)
 			  what, strerror(e));
 }
 
-static int ib_register(struct sc_backend *b, void *addr, uint64_t len, void **handle,
+/*
+ * One MR over host or GPU memory. GPU memory: a dma-buf MR when the GPU exports dma-buf (the NIC
+ * reads and writes GPU memory directly: GPUDirect RDMA), else ibv_reg_mr on the device address
+ * when nvidia_peermem is loaded, else FAILED_PRECONDITION saying why (the caller stages).
+ */
+static struct ibv_mr *reg_any(struct ib_backend *ib, void *addr, uint64_t len, int gpu, int access,
+			      const char *what, struct sc_err *err)
+{
+	struct ibv_mr *mr;
+	if (gpu == SC_GPU_HOST) {
+		if (!(mr = ibv_reg_mr(ib->pd, addr, (size_t)len, access)))
+			reg_error(err, errno, len, what);
+		return mr;
+	}
+	const struct sc_gpu_device_info *d = sc_gpu_device(ib->base.gpu, gpu);
+	if (!d) {
+		sc_err_set(err, SC_FAILED_PRECONDITION, "GPU %d is not usable here", gpu);
+		return NULL;
+	}
+	if (d->dma_buf) {
+		int fd = -1;
+		uint64_t off = 0;
+		if (sc_gpu_dmabuf(ib->base.gpu, gpu, (uint64_t)(uintptr_t)addr, len, &fd, &off,
+				  err) != 0)
+			return NULL;
+		mr = ibv_reg_dmabuf_mr(ib->pd, off, (size_t)len, (uint64_t)(uintptr_t)addr, fd,
+				       access);
+		int e = errno;
+		close(fd);
+		if (!mr)
+			sc_err_set(err, SC_FAILED_PRECONDITION,
+				   "ibv_reg_dmabuf_mr of %" PRIu64 " bytes of GPU %d (%s) failed: %s "
+				   "(the NIC driver needs dma-buf support: mlx5 has it, rxe does not)",
+				   len, gpu, what, strerror(e));
+		return mr;
+	}
+	if (d->peermem && d->gdr) {
+		if (!(mr = ibv_reg_mr(ib->pd, addr, (size_t)len, access)))
+			sc_err_set(err, SC_FAILED_PRECONDITION,
+				   "ibv_reg_mr of %" PRIu64 " bytes of GPU %d memory through "
+				   "nvidia_peermem (%s) failed: %s",
+				   len, gpu, what, strerror(errno));
+		return mr;
+	}
+	sc_err_set(err, SC_FAILED_PRECONDITION, "the NIC cannot reach GPU %d memory: %s", gpu,
+		   d->rdma_path);
+	return NULL;
+}
+
+static int ib_register(struct sc_backend *b, void *addr, uint64_t len, int gpu, void **handle,
 		       struct sc_err *err)
 {
 	struct ib_backend *ib = to_ib(b);
-	*handle = NULL;
-	struct ibv_mr *mr = ibv_reg_mr(ib->pd, addr, (size_t)len, IBV_ACCESS_LOCAL_WRITE);
-	if (!mr)
-		return reg_error(err, errno, len, "region, local access");
-	*handle = mr;
-	return 0;
+	*handle = reg_any(ib, addr, len, gpu, IBV_ACCESS_LOCAL_WRITE, "region, local access", err);
+	return *handle ? 0 : -1;
 }
 
 static void ib_deregister(struct sc_backend *b, void *handle)
@@ -359,7 +404,8 @@ static void grant_free(struct ib_backend *ib, struct ib_grant *g)
 }
 
 static int ib_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs,
-		     void *const *region_handles, void **handle, struct sc_err *err)
+		     const int *gpus, void *const *region_handles, void **handle,
+		     struct sc_err *err)
 {
 	struct ib_backend *ib = to_ib(b);
 	*handle = NULL;
@@ -372,13 +418,12 @@ static int ib_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *cons
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 	atomic_fetch_add(&ib->n_grants, 1);
 	for (size_t i = 0; i < md->n_descs; i++) {
-		struct ibv_mr *mr =
-		    ibv_reg_mr(ib->pd, addrs[i], (size_t)md->descs[i].length, access);
+		char what[64];
+		snprintf(what, sizeof(what), "descriptor %zu, remote %s", i,
+			 md->kind == SC_OP_READABLE ? "read" : "write");
+		struct ibv_mr *mr = reg_any(ib, addrs[i], md->descs[i].length, gpus[i], access, what,
+					    err);
 		if (!mr) {
-			char what[64];
-			snprintf(what, sizeof(what), "descriptor %zu, remote %s", i,
-				 md->kind == SC_OP_READABLE ? "read" : "write");
-			reg_error(err, errno, md->descs[i].length, what);
 			grant_free(ib, g);
 			return -1;
 		}

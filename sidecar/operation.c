@@ -278,6 +278,13 @@ void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_sta
 	if (sc_op_status_terminal(op->status))
 		return;
 	enum sc_op_status was = op->status;
+	if (status == SC_OPS_COMPLETE && op->backend == SC_BACKEND_IBVERBS &&
+	    (op->kind == SC_OP_READ || op->kind == SC_OP_WRITABLE)) {
+		/* The NIC wrote these ranges: make GPU writes visible before COMPLETE. */
+		for (size_t i = 0; i < op->n_descs; i++)
+			if (op->regions[i] && op->regions[i]->gpu != SC_GPU_HOST)
+				sc_gpu_flush_rdma_writes(eng->gpu, op->regions[i]->gpu);
+	}
 	op->status = status;
 	op->completed_unix_ms = sc_clock_unix_ms();
 	sc_metrics_op_finished(eng->metrics, op->kind, status, op->backend, op->bytes_total);
@@ -515,17 +522,22 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 	md.n_descs = op->n_descs;
 	uint8_t **addrs = calloc(op->n_descs, sizeof(*addrs));
 	void **handles = calloc(op->n_descs, sizeof(*handles));
-	if (!addrs || !handles) {
+	int *gpus = calloc(op->n_descs, sizeof(*gpus));
+	if (!addrs || !handles || !gpus) {
 		free(addrs);
 		free(handles);
+		free(gpus);
 		free(md.descs);
 		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 		goto fail;
 	}
+	bool any_gpu = false;
 	for (size_t i = 0; i < op->n_descs; i++) {
 		md.descs[i].length = op->descs[i].length;
 		md.descs[i].device_kind = op->regions[i]->kind;
 		addrs[i] = op->regions[i]->base + op->descs[i].offset;
+		gpus[i] = op->regions[i]->gpu;
+		any_gpu |= gpus[i] != SC_GPU_HOST;
 	}
 	struct sc_backend *ib = eng->backends[SC_BACKEND_IBVERBS];
 	if (ib && ib->available) {
@@ -533,16 +545,30 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 			handles[i] = op->regions[i]->backend_handle[SC_BACKEND_IBVERBS];
 		struct sc_err ib_err;
 		sc_err_clear(&ib_err);
-		if (ib->ops->expose(ib, &md, addrs, handles, &op->exposure[SC_BACKEND_IBVERBS],
+		if (ib->ops->expose(ib, &md, addrs, gpus, handles, &op->exposure[SC_BACKEND_IBVERBS],
 				    &ib_err) == 0) {
 			md.backends |= SC_BACKEND_BIT_IBVERBS;
+			if (any_gpu)
+				snprintf(op->backend_reason, sizeof(op->backend_reason),
+					 "GPU memory exposed to ibverbs peers (GPUDirect RDMA)");
+		} else if (any_gpu) {
+			SC_INFO("op", "%s: ibverbs cannot reach its GPU memory, peers will use tcp "
+				      "(staged through pinned host buffers): %s",
+				op->id, ib_err.msg);
+			snprintf(op->backend_reason, sizeof(op->backend_reason),
+				 "tcp, GPU memory staged through pinned host buffers (ibverbs: %s)",
+				 ib_err.msg);
 		} else {
 			SC_WARN("op", "%s: ibverbs cannot expose it, peers will use tcp: %s", op->id,
 				ib_err.msg);
 			snprintf(op->backend_reason, sizeof(op->backend_reason),
 				 "ibverbs expose failed: %s", ib_err.msg);
 		}
+	} else if (any_gpu) {
+		snprintf(op->backend_reason, sizeof(op->backend_reason),
+			 "GPU memory: tcp peers are served through pinned host buffers");
 	}
+	free(gpus);
 	free(addrs);
 	free(handles);
 	md.issued_unix_ms = op->created_unix_ms;
@@ -651,6 +677,29 @@ void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op)
 	op_notify(eng, op);
 }
 
+/* Say in backend_reason how GPU ranges move: "tcp, GPU memory staged through pinned host
+ * buffers (...)", "ibverbs, GPU memory via GPUDirect RDMA (...)", "local, GPU copies by the CUDA
+ * driver (...)". */
+static void describe_gpu_path(struct sc_op *op)
+{
+	bool local_gpu = false, remote_gpu = false;
+	for (size_t i = 0; i < op->n_descs; i++) {
+		local_gpu |= op->regions[i]->gpu != SC_GPU_HOST;
+		remote_gpu |= op->meta_valid && op->meta.descs[i].device_kind == SC_DEVICE_CUDA;
+	}
+	if (!local_gpu && !remote_gpu)
+		return;
+	const char *how = op->backend == SC_BACKEND_TCP ? "GPU memory staged through pinned host "
+							  "buffers"
+			  : op->backend == SC_BACKEND_IBVERBS ? "GPU memory via GPUDirect RDMA"
+							      : "GPU copies by the CUDA driver";
+	char reason[sizeof(op->backend_reason)];
+	snprintf(reason, sizeof(reason), "%s, %s%s (%s)", sc_backend_name(op->backend), how,
+		 local_gpu && remote_gpu ? " on both sides" : local_gpu ? " here" : " at the peer",
+		 op->backend_reason);
+	memcpy(op->backend_reason, reason, sizeof(reason));
+}
+
 static bool backend_usable(struct sc_engine *eng, enum sc_backend_kind b)
 {
 	return eng->backends[b] && eng->backends[b]->available;
@@ -715,10 +764,36 @@ static int choose_backend(struct sc_engine *eng, struct sc_op *op, enum sc_backe
 				  md->issuer, peer_tcp ? " tcp" : "", peer_ib ? " ibverbs" : "",
 				  (md->backends & SC_BACKEND_BIT_LOCAL) ? " local" : "");
 	}
+	if (pick == SC_BACKEND_IBVERBS && want == SC_BACKEND_NONE && peer_tcp &&
+	    backend_usable(eng, SC_BACKEND_TCP)) {
+		/* A local GPU range the NIC cannot reach: stage over TCP instead. */
+		for (size_t i = 0; i < op->n_descs; i++) {
+			const struct sc_region *r = op->regions[i];
+			if (r->gpu != SC_GPU_HOST && !r->backend_handle[SC_BACKEND_IBVERBS]) {
+				snprintf(buf, sizeof(buf), "ibverbs cannot reach local GPU %d "
+							   "memory (%s)",
+					 r->gpu, r->backend_note[SC_BACKEND_IBVERBS]);
+				why = buf;
+				pick = SC_BACKEND_TCP;
+				break;
+			}
+		}
+	} else if (pick == SC_BACKEND_IBVERBS) {
+		for (size_t i = 0; i < op->n_descs; i++) {
+			const struct sc_region *r = op->regions[i];
+			if (r->gpu != SC_GPU_HOST && !r->backend_handle[SC_BACKEND_IBVERBS])
+				return sc_err_set(err, SC_FAILED_PRECONDITION,
+						  "ibverbs cannot reach local GPU %d memory (%s) "
+						  "and tcp is not possible with sidecar %s",
+						  r->gpu, r->backend_note[SC_BACKEND_IBVERBS],
+						  md->issuer);
+		}
+	}
 	op->backend = pick;
 	op->be = eng->backends[pick];
 	if (why != op->backend_reason)
 		snprintf(op->backend_reason, sizeof(op->backend_reason), "%s", why);
+	describe_gpu_path(op);
 	return 0;
 }
 
@@ -791,6 +866,8 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 	for (size_t i = 0; i < op->n_descs; i++) {
 		struct sc_xfer_seg *s = &op->xfer.segs[i];
 		s->local = op->regions[i]->base + op->descs[i].offset;
+		s->local_gpu = op->regions[i]->gpu;
+		s->remote_gpu = md.descs[i].device_kind == SC_DEVICE_CUDA;
 		s->len = op->descs[i].length;
 		s->remote_desc = (uint32_t)i;
 		s->remote_addr = md.descs[i].remote_addr;
@@ -1160,6 +1237,7 @@ int sc_passive_span(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], ui
 		goto out;
 	}
 	out->addr = op->regions[desc_index]->base + d->offset + offset;
+	out->gpu = op->regions[desc_index]->gpu;
 	out->len = len;
 	out->op = op;
 	op->refs++;

@@ -25,7 +25,8 @@ struct sc_peer_server;
 /* A pinned range of a passive operation's memory. While held, the memory stays mapped even if the
  * operation is cancelled or its region force-deregistered. */
 struct sc_span {
-	uint8_t *addr;
+	uint8_t *addr; /* a device address when gpu >= 0: move it with gpu.h, never dereference */
+	int gpu;       /* SC_GPU_HOST or the CUDA device of the range */
 	uint64_t len;
 	struct sc_op *op;
 };
@@ -69,5 +70,7 @@ const struct sc_config *sc_engine_config(struct sc_engine *eng);
  * the engine before any backend; shared by the tcp and ibverbs backends. */
 struct sc_peer_pool *sc_engine_peer_pool(struct sc_engine *eng);
 struct sc_peer_server *sc_engine_peer_server(struct sc_engine *eng);
+/* The CUDA driver, for staging GPU spans (NULL without CUDA). */
+struct sc_gpu *sc_engine_gpu(struct sc_engine *eng);
 
 #endif

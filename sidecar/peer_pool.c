@@ -11,6 +11,7 @@
  * The pool owns its idle connections; a connection handed out is owned by its caller.
  */
 #include "peer_pool.h"
+#include "peer_stage.h"
 
 #include "log.h"
 #include "passive.h"
@@ -462,6 +463,72 @@ int sc_peer_read_recv(struct sc_peer_conn *conn, uint64_t len, uint8_t *dst,
 	return 0;
 }
 
+/* A refused WRITE: the server answered ERROR and closed before reading our bytes. Its reason
+ * (after the replies to earlier requests) is more useful than our broken pipe. */
+static void refused_write_reason(struct sc_peer_conn *conn, const atomic_bool *cancel,
+				 struct sc_err *err)
+{
+	if (sc_peer_conn_usable(conn))
+		return;
+	struct sc_peer_wait quick = client_wait(sc_clock_mono_ms() + 200, cancel);
+	for (unsigned i = 0; i <= conn->outstanding; i++) {
+		struct sc_peer_msg r;
+		struct sc_err why;
+		if (sc_peer_recv_msg(conn->fd, conn->buf, sizeof(conn->buf), &r, &quick,
+				     conn->what, &why) != SC_PEER_IO_OK)
+			break;
+		if (r.type == SC_FRAME_ERROR) {
+			enum sc_status code = sc_peer_status_from_wire(r.code);
+			sc_err_set(err, code == SC_OK ? SC_INTERNAL : code, "peer %s: %s",
+				   conn->peer_id, r.text);
+			break;
+		}
+	}
+}
+
+int sc_peer_read_recv_gpu(struct sc_peer_conn *conn, uint64_t len, uint8_t *dst,
+			  struct sc_gpu *g, int dev, uint64_t deadline_mono_ms,
+			  const atomic_bool *cancel, struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_msg m;
+	if (recv_reply(conn, SC_FRAME_DATA, &m, &w, err) != 0)
+		return -1;
+	if (m.len != len) {
+		atomic_store(&conn->broken, true);
+		return sc_err_set(err, SC_INTERNAL,
+				  "%s sent %" PRIu64 " bytes for a READ of %" PRIu64, conn->what,
+				  m.len, len);
+	}
+	enum sc_peer_io io;
+	if (sc_peer_recv_gpu(g, dev, conn->fd, dst, len, &w, conn->what, &io, err) != 0) {
+		atomic_store(&conn->broken, true); /* the rest of the DATA is still on the wire */
+		return -1;
+	}
+	return 0;
+}
+
+int sc_peer_write_send_gpu(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+			   uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len,
+			   const uint8_t *src, struct sc_gpu *g, int dev,
+			   uint64_t deadline_mono_ms, const atomic_bool *cancel,
+			   struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	/* The WRITE header promises len bytes; they follow, staged. */
+	if (bulk_request(conn, SC_FRAME_WRITE, token, xfer_id, desc, offset, len, NULL, &w, err) !=
+	    0)
+		return -1;
+	enum sc_peer_io io;
+	if (sc_peer_send_gpu(g, dev, conn->fd, src, len, &w, conn->what, &io, err) != 0) {
+		atomic_store(&conn->broken, true);
+		if (io != SC_PEER_IO_OK)
+			refused_write_reason(conn, cancel, err);
+		return -1;
+	}
+	return 0;
+}
+
 int sc_peer_read_into(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
 		      uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len, uint8_t *dst,
 		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
@@ -481,25 +548,7 @@ int sc_peer_write_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
 	if (bulk_request(conn, SC_FRAME_WRITE, token, xfer_id, desc, offset, len, src, &w, err) ==
 	    0)
 		return 0;
-	if (!sc_peer_conn_usable(conn)) {
-		/* A refused WRITE: the server answered ERROR and closed before reading our bytes.
-		 * Its reason (after the replies to earlier requests) is more useful than our broken
-		 * pipe. */
-		struct sc_peer_wait quick = client_wait(sc_clock_mono_ms() + 200, cancel);
-		for (unsigned i = 0; i <= conn->outstanding; i++) {
-			struct sc_peer_msg r;
-			struct sc_err why;
-			if (sc_peer_recv_msg(conn->fd, conn->buf, sizeof(conn->buf), &r, &quick,
-					     conn->what, &why) != SC_PEER_IO_OK)
-				break;
-			if (r.type == SC_FRAME_ERROR) {
-				enum sc_status code = sc_peer_status_from_wire(r.code);
-				sc_err_set(err, code == SC_OK ? SC_INTERNAL : code, "peer %s: %s",
-					   conn->peer_id, r.text);
-				break;
-			}
-		}
-	}
+	refused_write_reason(conn, cancel, err);
 	return -1;
 }
 

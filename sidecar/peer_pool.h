@@ -99,6 +99,18 @@ int sc_peer_write_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
 		       struct sc_err *err);
 int sc_peer_write_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
 		       const atomic_bool *cancel, struct sc_err *err);
+/* sc_peer_read_recv / sc_peer_write_send for GPU memory (device dev): the bytes go through
+ * pinned host buffers (peer_stage.h); a READ returns once they are all in GPU memory. Any failure
+ * leaves the connection broken. */
+struct sc_gpu;
+int sc_peer_read_recv_gpu(struct sc_peer_conn *conn, uint64_t len, uint8_t *dst,
+			  struct sc_gpu *g, int dev, uint64_t deadline_mono_ms,
+			  const atomic_bool *cancel, struct sc_err *err);
+int sc_peer_write_send_gpu(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+			   uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len,
+			   const uint8_t *src, struct sc_gpu *g, int dev,
+			   uint64_t deadline_mono_ms, const atomic_bool *cancel,
+			   struct sc_err *err);
 /* DONE: this side's verdict for the use (SC_OK, or the error / SC_CANCELLED and its message). */
 int sc_peer_done(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		 enum sc_status status, const char *msg, uint64_t deadline_mono_ms,

@@ -20,6 +20,7 @@
  * the handler. It is never held while calling the engine or doing socket I/O.
  */
 #include "peer_server.h"
+#include "peer_stage.h"
 
 #include "listen.h"
 #include "log.h"
@@ -346,16 +347,36 @@ static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, si
 	size_t hdr_len = sc_peer_encode(&data, hdr, sizeof(hdr));
 	struct sc_peer_wait w;
 	busy_wait(c, &w);
-	/* The DATA header and the first bytes go in one sendmsg. */
+	/* The DATA header and the first bytes go in one sendmsg (GPU memory: staged after it). */
 	struct iovec iov[2] = {{.iov_base = hdr, .iov_len = hdr_len},
 			       {.iov_base = span.addr, .iov_len = span.len}};
-	int iovcnt = 2;
+	int iovcnt = span.gpu == SC_GPU_HOST ? 2 : 1;
+	bool hdr_pending = true;
 	uint64_t done = 0;
 	for (;;) {
-		size_t sent;
-		int e;
-		enum sc_peer_io rc = sc_peer_sendv_all(c->fd, iov, iovcnt, &w, &sent, &e);
-		uint64_t moved = iovcnt == 2 ? (sent > hdr_len ? sent - hdr_len : 0) : sent;
+		size_t sent = 0;
+		int e = 0;
+		enum sc_peer_io rc = SC_PEER_IO_OK;
+		uint64_t moved;
+		if (hdr_pending && iovcnt == 1)
+			rc = sc_peer_sendv_all(c->fd, iov, 1, &w, &sent, &e);
+		if (rc == SC_PEER_IO_OK && span.gpu != SC_GPU_HOST) {
+			if (sc_peer_send_gpu(sc_engine_gpu(eng), span.gpu, c->fd, span.addr,
+					     span.len, &w, c->what, &rc, &err) != 0) {
+				sc_passive_span_release(eng, &span, 0);
+				snprintf(why, why_cap, "sending READ data (GPU memory) failed: %s",
+					 err.msg);
+				return -1;
+			}
+			moved = span.len;
+		} else if (rc == SC_PEER_IO_OK) {
+			rc = sc_peer_sendv_all(c->fd, iov, iovcnt, &w, &sent, &e);
+			moved = hdr_pending && iovcnt == 2 ? (sent > hdr_len ? sent - hdr_len : 0)
+							   : sent;
+		} else {
+			moved = 0;
+		}
+		hdr_pending = false;
 		sc_passive_span_release(eng, &span, moved);
 		if (rc != SC_PEER_IO_OK) {
 			sc_peer_io_err(rc, e, c->what, &err);
@@ -393,9 +414,24 @@ static int serve_write(struct conn *c, const struct sc_peer_msg *m, char *why, s
 			snprintf(why, why_cap, "refused a WRITE: %s", err.msg);
 			return -1;
 		}
-		size_t got;
-		int e;
-		enum sc_peer_io rc = sc_peer_recv_all(c->fd, span.addr, span.len, &w, &got, &e);
+		size_t got = 0;
+		int e = 0;
+		enum sc_peer_io rc;
+		if (span.gpu != SC_GPU_HOST) {
+			/* Staged: acknowledged (OK below) only once the bytes are in GPU memory. */
+			if (sc_peer_recv_gpu(sc_engine_gpu(eng), span.gpu, c->fd, span.addr, span.len,
+					     &w, c->what, &rc, &err) != 0) {
+				sc_passive_span_release(eng, &span, 0);
+				if (rc == SC_PEER_IO_OK) /* the driver failed: tell the peer why */
+					reply_error(c, &err, why, why_cap);
+				snprintf(why, why_cap, "receiving WRITE data (GPU memory) failed: %s",
+					 err.msg);
+				return -1;
+			}
+			got = span.len;
+		} else {
+			rc = sc_peer_recv_all(c->fd, span.addr, span.len, &w, &got, &e);
+		}
 		sc_passive_span_release(eng, &span, got);
 		if (rc != SC_PEER_IO_OK) {
 			sc_peer_io_err(rc, e, c->what, &err);

@@ -31,6 +31,8 @@ static void region_free(struct sc_engine *eng, struct sc_region *r)
 		if (r->backend_handle[b] && eng->backends[b])
 			eng->backends[b]->ops->deregister_region(eng->backends[b], r->backend_handle[b]);
 	}
+	if (r->gpu != SC_GPU_HOST)
+		sc_gpu_release(eng->gpu, &r->gmem);
 	if (r->map_addr)
 		munmap(r->map_addr, r->map_len);
 	if (r->owned_file && unlink(r->path) != 0 && errno != ENOENT)
@@ -61,6 +63,9 @@ void sc_region_fill_info(const struct sc_region *r, struct sc_region_info *out)
 	out->file_offset = r->file_offset;
 	memcpy(out->name, r->name, sizeof(out->name));
 	out->live_ops = r->live_ops;
+	out->has_cuda_ipc_handle = r->has_ipc_handle;
+	if (r->has_ipc_handle)
+		memcpy(out->cuda_ipc_handle, r->ipc_handle, sizeof(out->cuda_ipc_handle));
 }
 
 static void new_id(const char *prefix, char out[SC_ID_MAX])
@@ -72,17 +77,35 @@ static void new_id(const char *prefix, char out[SC_ID_MAX])
 		 rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
 }
 
-/* Register with every started backend, then publish in the table. Under mu. */
+void sc_region_new_id(char out[SC_ID_MAX])
+{
+	new_id("rgn", out);
+}
+
+/* Register with every started backend, then publish in the table. A GPU region that a backend
+ * cannot register (ibverbs without GPUDirect) stays usable by the others: the note says why.
+ * Under mu. */
 static int region_publish(struct sc_engine *eng, struct sc_region *r, struct sc_err *err)
 {
 	for (int b = 0; b < SC_NUM_BACKENDS; b++) {
 		struct sc_backend *be = eng->backends[b];
 		if (!be || !be->available)
 			continue;
-		if (be->ops->register_region(be, r->base, r->size, &r->backend_handle[b], err) != 0) {
+		struct sc_err berr;
+		sc_err_clear(&berr);
+		if (be->ops->register_region(be, r->base, r->size, r->gpu, &r->backend_handle[b],
+					     &berr) == 0)
+			continue;
+		if (r->gpu == SC_GPU_HOST) {
+			*err = berr;
 			sc_err_prefix(err, "registering region with %s", be->ops->name);
 			return -1;
 		}
+		r->backend_handle[b] = NULL;
+		snprintf(r->backend_note[b], sizeof(r->backend_note[b]), "%s", berr.msg);
+		SC_INFO("region", "%s (GPU %d): %s cannot reach it, transfers stage through host "
+				  "memory: %s",
+			r->id, r->gpu, be->ops->name, berr.msg);
 	}
 	if (sc_idmap_put(eng->regions, r->id, strlen(r->id), r) != 0)
 		return sc_err_set(err, SC_INTERNAL, "region table full (out of memory)");
@@ -102,8 +125,8 @@ int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err)
 
 /* Publish a mapped region and describe it; on failure the region is released (unmapped, and
  * its file removed if the sidecar created it). */
-static int region_add(struct sc_engine *eng, struct sc_region *r, struct sc_region_info *out,
-		      struct sc_err *err)
+int sc_region_add(struct sc_engine *eng, struct sc_region *r, struct sc_region_info *out,
+		  struct sc_err *err)
 {
 	pthread_mutex_lock(&eng->mu);
 	int rc = sc_engine_check_accepting(eng, err);
@@ -119,18 +142,9 @@ static int region_add(struct sc_engine *eng, struct sc_region *r, struct sc_regi
 	return rc;
 }
 
-int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind kind,
-		     uint32_t device_index, const char *name, struct sc_region_info *out,
-		     struct sc_err *err)
+int sc_region_check_new(struct sc_engine *eng, uint64_t size, const char *name,
+			struct sc_err *err)
 {
-	if (kind == SC_DEVICE_UNSPECIFIED)
-		kind = SC_DEVICE_HOST;
-	if (kind == SC_DEVICE_CUDA)
-		return sc_err_set(err, SC_UNIMPLEMENTED,
-				  "CUDA regions are not supported by this build yet: create a HOST "
-				  "region");
-	if (kind != SC_DEVICE_HOST)
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "unknown device_kind %d", (int)kind);
 	if (size == 0)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "size must be > 0");
 	if (size > eng->cfg->max_region_bytes)
@@ -140,12 +154,28 @@ int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind k
 	if (name && strlen(name) >= SC_NAME_MAX)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "name longer than %d bytes",
 				  SC_NAME_MAX - 1);
+	return 0;
+}
+
+int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind kind,
+		     uint32_t device_index, const char *name, struct sc_region_info *out,
+		     struct sc_err *err)
+{
+	if (kind == SC_DEVICE_UNSPECIFIED)
+		kind = SC_DEVICE_HOST;
+	if (kind == SC_DEVICE_CUDA)
+		return sc_region_create_gpu(eng, size, device_index, name, out, err);
+	if (kind != SC_DEVICE_HOST)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "unknown device_kind %d", (int)kind);
+	if (sc_region_check_new(eng, size, name, err) != 0)
+		return -1;
 
 	struct sc_region *r = calloc(1, sizeof(*r));
 	if (!r)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 	new_id("rgn", r->id);
 	r->kind = SC_DEVICE_HOST;
+	r->gpu = SC_GPU_HOST;
 	r->device_index = device_index;
 	r->size = size;
 	r->owned_file = true;
@@ -186,7 +216,7 @@ int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind k
 	r->map_addr = p;
 	r->map_len = size;
 
-	if (region_add(eng, r, out, err) != 0)
+	if (sc_region_add(eng, r, out, err) != 0)
 		return -1;
 	SC_INFO("region", "created %s: %" PRIu64 " bytes at %s%s%s", out->id, size, out->path,
 		out->name[0] ? " name=" : "", out->name);
@@ -248,6 +278,7 @@ int sc_region_register_host(struct sc_engine *eng, const char *path, uint64_t of
 	}
 	new_id("rgn", r->id);
 	r->kind = SC_DEVICE_HOST;
+	r->gpu = SC_GPU_HOST;
 	r->size = size;
 	r->file_offset = offset;
 	snprintf(r->path, sizeof(r->path), "%s", path);
@@ -256,7 +287,7 @@ int sc_region_register_host(struct sc_engine *eng, const char *path, uint64_t of
 	r->map_addr = p;
 	r->map_len = size;
 
-	int rc = region_add(eng, r, out, err);
+	int rc = sc_region_add(eng, r, out, err);
 	if (rc == 0)
 		SC_INFO("region", "registered %s: %s offset %" PRIu64 " size %" PRIu64, out->id,
 			path, offset, size);
@@ -368,9 +399,9 @@ int sc_region_write(struct sc_engine *eng, const char *id, uint64_t offset, cons
 	struct sc_region *r = pin_range(eng, id, offset, len, err);
 	if (!r)
 		return -1;
-	memcpy(r->base + offset, data, len);
+	int rc = sc_gpu_copy(eng->gpu, r->base + offset, r->gpu, data, SC_GPU_HOST, len, err);
 	unpin(eng, r);
-	return 0;
+	return rc;
 }
 
 int sc_region_read(struct sc_engine *eng, const char *id, uint64_t offset, void *buf, size_t len,
@@ -379,9 +410,9 @@ int sc_region_read(struct sc_engine *eng, const char *id, uint64_t offset, void 
 	struct sc_region *r = pin_range(eng, id, offset, len, err);
 	if (!r)
 		return -1;
-	memcpy(buf, r->base + offset, len);
+	int rc = sc_gpu_copy(eng->gpu, buf, SC_GPU_HOST, r->base + offset, r->gpu, len, err);
 	unpin(eng, r);
-	return 0;
+	return rc;
 }
 
 int sc_region_resolve(struct sc_engine *eng, const struct sc_desc *d, struct sc_region **out,

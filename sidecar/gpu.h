@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * gpu.h: GPU memory through the CUDA driver API, loaded at run time (dlopen "libcuda.so.1", entry
+ * points resolved with cuGetProcAddress), so one binary runs on hosts with and without GPUs.
+ *
+ * Two parts:
+ *  - gpu.c: the driver, its devices (what GetInfo reports), GPU memory that regions hold (allocated
+ *    by the sidecar, opened from a worker's CUDA IPC handle, or imported from a worker's
+ *    cuMemCreate file descriptor taken with pidfd_getfd), and dma-buf export for GPUDirect RDMA.
+ *  - gpu_stage.c: staging for every path where the NIC or the CPU cannot touch GPU memory: a pool
+ *    of "stagers" (a CUDA stream and two pinned host buffers each), and pipelined copies that
+ *    overlap the copy of piece k+1 with the network I/O (or memcpy) of piece k.
+ *
+ * Addresses: GPU memory is named by its device address (CUdeviceptr) carried in a uint8_t * (so the
+ * offset arithmetic of host ranges applies) together with a device index `gpu` (>= 0); host memory
+ * has gpu == SC_GPU_HOST. A device address is NEVER dereferenced by host code: every access goes
+ * through the functions here.
+ *
+ * Threads: every call is thread-safe and may run on any thread (each call makes the device's
+ * primary context current on the calling thread first). A stager is used by one thread at a time.
+ * Errors: -1 with struct sc_err (message names the driver call and the CUresult, e.g.
+ * "cuMemcpyDtoHAsync: CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)").
+ *
+ * Tests: SC_TEST_CUDA_DRIVER=/path/lib.so makes the sidecar load that library instead of
+ * libcuda.so.1 (the test suite's stand-in driver, tests/fake_cuda/). Not for production use.
+ */
+#ifndef SC_GPU_H
+#define SC_GPU_H
+
+#include "status.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SC_GPU_HOST (-1)
+#define SC_GPU_IPC_HANDLE_LEN 64
+#define SC_GPU_MAX_DEVICES 16
+
+struct sc_gpu;
+
+struct sc_gpu_device_info {
+	int index;
+	char name[128];
+	char pci_bus_id[32];
+	uint64_t total_memory;
+	int cc_major, cc_minor;
+	bool dma_buf;	/* CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED */
+	bool gdr;	/* CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED */
+	bool peermem;	/* /sys/module/nvidia_peermem */
+	char nearest_rdma[64];
+	char nearest_detail[160];
+	char rdma_path[200];
+};
+
+enum sc_gpu_mem_source { SC_GPU_MEM_OWNED = 1, SC_GPU_MEM_IPC = 2, SC_GPU_MEM_VMM = 3 };
+
+/* One range of GPU memory that a region holds, and how to give it back. */
+struct sc_gpu_mem {
+	int device;
+	enum sc_gpu_mem_source source;
+	uint64_t addr;	     /* first byte of the region (device address) */
+	uint64_t size;	     /* bytes of the region */
+	uint64_t map_base;   /* what was allocated / opened / mapped */
+	uint64_t map_size;
+	uint64_t vmm_handle; /* CUmemGenericAllocationHandle (VMM) */
+};
+
+/* Loads the driver and enumerates devices. Returns NULL when CUDA is unusable here, with `detail`
+ * saying why ("CUDA driver not found (...)", "cuInit: CUDA_ERROR_NO_DEVICE ...", "built without
+ * CUDA headers"); else `detail` summarises the driver and devices. Main thread, at start-up. */
+struct sc_gpu *sc_gpu_open(char *detail, size_t cap);
+/* Frees the pooled stagers, releases the contexts, closes the library. NULL ok. Call only when no
+ * region or transfer uses GPU memory any more. */
+void sc_gpu_close(struct sc_gpu *g);
+int sc_gpu_count(const struct sc_gpu *g); /* 0 for NULL */
+const struct sc_gpu_device_info *sc_gpu_device(const struct sc_gpu *g, int index);
+/* INVALID_ARGUMENT when the index is not a device here (or FAILED_PRECONDITION without CUDA). */
+int sc_gpu_check_device(const struct sc_gpu *g, uint32_t index, struct sc_err *err);
+
+/* Allocate size bytes on device (cuMemAlloc, rounded up to 2 MiB so that the block can be shared
+ * by IPC and exported as dma-buf without exposing neighbours) and return its IPC handle. */
+int sc_gpu_alloc(struct sc_gpu *g, int device, uint64_t size, struct sc_gpu_mem *out,
+		 uint8_t ipc_handle[SC_GPU_IPC_HANDLE_LEN], struct sc_err *err);
+/* Open a worker's CUDA IPC handle (cuIpcOpenMemHandle) and select [offset, offset+size) of the
+ * allocation block; the range must lie within the block (cuMemGetAddressRange). */
+int sc_gpu_open_ipc(struct sc_gpu *g, int device, const uint8_t handle[SC_GPU_IPC_HANDLE_LEN],
+		    uint64_t offset, uint64_t size, struct sc_gpu_mem *out, struct sc_err *err);
+/* Import a worker's cuMemCreate allocation: the fd is taken from process pid with pidfd_open +
+ * pidfd_getfd, imported, mapped and made accessible on device. alloc_size 0: offset+size rounded
+ * up to the allocation granularity. */
+int sc_gpu_import_fd(struct sc_gpu *g, int device, int pid, int fd, uint64_t offset,
+		     uint64_t size, uint64_t alloc_size, struct sc_gpu_mem *out, struct sc_err *err);
+/* Give the memory back (free / close the IPC mapping / unmap). Logs failures. */
+void sc_gpu_release(struct sc_gpu *g, struct sc_gpu_mem *m);
+
+/* dma-buf for [addr, addr+len) on device (GPUDirect RDMA): *fd covers the whole allocation block,
+ * *offset is addr's offset inside it. The caller closes *fd. FAILED_PRECONDITION when the device
+ * or driver has no dma-buf support. */
+int sc_gpu_dmabuf(struct sc_gpu *g, int device, uint64_t addr, uint64_t len, int *fd,
+		  uint64_t *offset, struct sc_err *err);
+/* After a NIC wrote GPU memory: make those writes visible to later GPU work (no-op when the driver
+ * lacks cuFlushGPUDirectRDMAWrites). */
+void sc_gpu_flush_rdma_writes(struct sc_gpu *g, int device);
+
+/* ---- staging (gpu_stage.c) -------------------------------------------------------------------- */
+
+/* Bytes of one pinned staging buffer; a stager has two. */
+#define SC_GPU_STAGE_BYTES (4u << 20)
+
+struct sc_stager;
+
+/* Moves exactly n bytes between buf and the network (or memory); 0 or -1 with err set. */
+typedef int (*sc_stage_io_fn)(void *ctx, uint8_t *buf, size_t n, struct sc_err *err);
+
+/* Take a stager for device from the pool (creating one when none is free, at most 64 per device:
+ * RESOURCE_EXHAUSTED beyond). Give it back with sc_stager_put (NULL ok). */
+int sc_stager_get(struct sc_gpu *g, int device, struct sc_stager **out, struct sc_err *err);
+void sc_stager_put(struct sc_gpu *g, struct sc_stager *s);
+/* Device -> out: copies [src, src+len) piece by piece into the pinned buffers and hands each piece
+ * to fn, the copy of the next piece running while fn handles the current one. */
+int sc_stager_send(struct sc_stager *s, const uint8_t *src, uint64_t len, sc_stage_io_fn fn,
+		   void *ctx, struct sc_err *err);
+/* In -> device: fn fills a pinned buffer, which is then copied to the device while fn fills the
+ * other. Returns only when every copy has finished (the bytes are in GPU memory). */
+int sc_stager_recv(struct sc_stager *s, uint8_t *dst, uint64_t len, sc_stage_io_fn fn, void *ctx,
+		   struct sc_err *err);
+/* Any copy that involves GPU memory: device to device on the same GPU (cuMemcpyDtoDAsync), across
+ * GPUs (cuMemcpyPeerAsync), host to device and device to host (through pinned buffers, pipelined).
+ * Returns when the bytes are in place. Host to host is a plain memcpy. */
+int sc_gpu_copy(struct sc_gpu *g, uint8_t *dst, int dst_gpu, const uint8_t *src, int src_gpu,
+		uint64_t n, struct sc_err *err);
+
+#endif

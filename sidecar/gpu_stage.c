@@ -1,0 +1,264 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * gpu_stage.c: staging of GPU memory through pinned host buffers, for every path where the NIC or
+ * the CPU cannot touch GPU memory itself (the TCP data plane, ibverbs without dma-buf or
+ * nvidia_peermem, WriteRegion/ReadRegion, LOCAL copies between host and GPU).
+ *
+ * A stager is one CUDA stream of the sidecar's own and two pinned buffers (cuMemHostAlloc) of
+ * SC_GPU_STAGE_BYTES, each with an event marking the end of the last copy that used it. Sending
+ * copies piece k+1 device-to-host while piece k is handed to the network; receiving takes piece
+ * k+1 from the network while piece k is copied host-to-device, and waits for every copy before it
+ * returns, so a caller reports COMPLETE (or acknowledges a WRITE) only once the bytes are in GPU
+ * memory. The sidecar never synchronises with the worker's own streams (see README, GPU memory).
+ *
+ * Threads: any thread; a stager belongs to one thread between get and put. The pools (one per
+ * device, under g->mu) keep stagers for reuse until sc_gpu_close.
+ */
+#include "build_config.h"
+#include "gpu.h"
+
+#if SC_HAVE_CUDA_H
+
+#include "gpu_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_STAGERS_PER_DEVICE 64
+
+static void stager_free(struct sc_gpu *g, struct sc_stager *s)
+{
+	for (int b = 0; b < 2; b++) {
+		if (s->buf[b])
+			g->cu.cuMemFreeHost(s->buf[b]);
+		if (s->done[b])
+			g->cu.cuEventDestroy(s->done[b]);
+	}
+	if (s->stream)
+		g->cu.cuStreamDestroy(s->stream);
+	free(s);
+}
+
+static int stager_new(struct sc_gpu *g, int device, struct sc_stager **out, struct sc_err *err)
+{
+	struct sc_stager *s = calloc(1, sizeof(*s));
+	if (!s)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	s->g = g;
+	s->device = device;
+	CUresult rc = g->cu.cuStreamCreate(&s->stream, CU_STREAM_NON_BLOCKING);
+	const char *call = "cuStreamCreate";
+	for (int b = 0; rc == CUDA_SUCCESS && b < 2; b++) {
+		call = "cuMemHostAlloc";
+		rc = g->cu.cuMemHostAlloc((void **)&s->buf[b], SC_GPU_STAGE_BYTES, 0);
+		if (rc == CUDA_SUCCESS) {
+			call = "cuEventCreate";
+			rc = g->cu.cuEventCreate(&s->done[b], CU_EVENT_DISABLE_TIMING);
+		}
+	}
+	if (rc != CUDA_SUCCESS) {
+		stager_free(g, s);
+		return sc_gpu_fail(g, rc, call, err);
+	}
+	*out = s;
+	return 0;
+}
+
+int sc_stager_get(struct sc_gpu *g, int device, struct sc_stager **out, struct sc_err *err)
+{
+	if (sc_gpu_use(g, device, err) != 0)
+		return -1;
+	struct sc_gpu_dev *d = &g->dev[device];
+	pthread_mutex_lock(&g->mu);
+	struct sc_stager *s = d->free_stagers;
+	if (s) {
+		d->free_stagers = s->next;
+	} else if (d->n_stagers >= MAX_STAGERS_PER_DEVICE) {
+		pthread_mutex_unlock(&g->mu);
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+				  "all %d staging buffers of GPU %d are in use: retry later",
+				  MAX_STAGERS_PER_DEVICE, device);
+	} else {
+		d->n_stagers++;
+	}
+	pthread_mutex_unlock(&g->mu);
+	if (!s && stager_new(g, device, &s, err) != 0) {
+		pthread_mutex_lock(&g->mu);
+		d->n_stagers--;
+		pthread_mutex_unlock(&g->mu);
+		return -1;
+	}
+	s->pending[0] = s->pending[1] = false;
+	s->next = NULL;
+	*out = s;
+	return 0;
+}
+
+void sc_stager_put(struct sc_gpu *g, struct sc_stager *s)
+{
+	if (!s)
+		return;
+	struct sc_err err;
+	/* Never hand out a stager with copies still running: they would race the next user. */
+	if (sc_gpu_use(g, s->device, &err) != 0 ||
+	    g->cu.cuStreamSynchronize(s->stream) != CUDA_SUCCESS) {
+		pthread_mutex_lock(&g->mu);
+		g->dev[s->device].n_stagers--;
+		pthread_mutex_unlock(&g->mu);
+		stager_free(g, s);
+		return;
+	}
+	pthread_mutex_lock(&g->mu);
+	s->next = g->dev[s->device].free_stagers;
+	g->dev[s->device].free_stagers = s;
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* Wait for the last copy that used buffer b. */
+static int wait_buf(struct sc_stager *s, int b, struct sc_err *err)
+{
+	if (!s->pending[b])
+		return 0;
+	s->pending[b] = false;
+	CUresult rc = s->g->cu.cuEventSynchronize(s->done[b]);
+	return rc == CUDA_SUCCESS ? 0 : sc_gpu_fail(s->g, rc, "cuEventSynchronize", err);
+}
+
+static int record(struct sc_stager *s, int b, CUresult rc, const char *call, struct sc_err *err)
+{
+	if (rc == CUDA_SUCCESS)
+		rc = s->g->cu.cuEventRecord(s->done[b], s->stream);
+	if (rc != CUDA_SUCCESS)
+		return sc_gpu_fail(s->g, rc, call, err);
+	s->pending[b] = true;
+	return 0;
+}
+
+static int copy_out(struct sc_stager *s, int b, const uint8_t *src, size_t n, struct sc_err *err)
+{
+	CUresult rc = s->g->cu.cuMemcpyDtoHAsync(s->buf[b], (CUdeviceptr)(uintptr_t)src, n,
+						 s->stream);
+	return record(s, b, rc, "cuMemcpyDtoHAsync", err);
+}
+
+/* Drain the stream before an error return, so no copy touches the buffers afterwards. */
+static int stop(struct sc_stager *s)
+{
+	s->g->cu.cuStreamSynchronize(s->stream);
+	s->pending[0] = s->pending[1] = false;
+	return -1;
+}
+
+int sc_stager_send(struct sc_stager *s, const uint8_t *src, uint64_t len, sc_stage_io_fn fn,
+		   void *ctx, struct sc_err *err)
+{
+	if (len == 0)
+		return 0;
+	if (sc_gpu_use(s->g, s->device, err) != 0)
+		return -1;
+	size_t first = len < SC_GPU_STAGE_BYTES ? (size_t)len : SC_GPU_STAGE_BYTES;
+	if (copy_out(s, 0, src, first, err) != 0)
+		return stop(s);
+	int b = 0;
+	for (uint64_t off = 0; off < len; b ^= 1) {
+		size_t n = len - off < SC_GPU_STAGE_BYTES ? (size_t)(len - off) : SC_GPU_STAGE_BYTES;
+		uint64_t next = off + n;
+		if (wait_buf(s, b, err) != 0)
+			return stop(s);
+		if (next < len) {
+			size_t m = len - next < SC_GPU_STAGE_BYTES ? (size_t)(len - next)
+								    : SC_GPU_STAGE_BYTES;
+			if (copy_out(s, b ^ 1, src + next, m, err) != 0)
+				return stop(s);
+		}
+		if (fn(ctx, s->buf[b], n, err) != 0)
+			return stop(s);
+		off = next;
+	}
+	return 0;
+}
+
+int sc_stager_recv(struct sc_stager *s, uint8_t *dst, uint64_t len, sc_stage_io_fn fn, void *ctx,
+		   struct sc_err *err)
+{
+	if (sc_gpu_use(s->g, s->device, err) != 0)
+		return -1;
+	int b = 0;
+	for (uint64_t off = 0; off < len; b ^= 1) {
+		size_t n = len - off < SC_GPU_STAGE_BYTES ? (size_t)(len - off) : SC_GPU_STAGE_BYTES;
+		if (wait_buf(s, b, err) != 0 || fn(ctx, s->buf[b], n, err) != 0)
+			return stop(s);
+		CUresult rc = s->g->cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)(dst + off),
+							 s->buf[b], n, s->stream);
+		if (record(s, b, rc, "cuMemcpyHtoDAsync", err) != 0)
+			return stop(s);
+		off += n;
+	}
+	if (wait_buf(s, 0, err) != 0 || wait_buf(s, 1, err) != 0)
+		return stop(s);
+	return 0;
+}
+
+/* ---- copies involving GPU memory ---------------------------------------------------------------- */
+
+static int to_host(void *ctx, uint8_t *buf, size_t n, struct sc_err *err)
+{
+	(void)err;
+	uint8_t **dst = ctx;
+	memcpy(*dst, buf, n);
+	*dst += n;
+	return 0;
+}
+
+static int from_host(void *ctx, uint8_t *buf, size_t n, struct sc_err *err)
+{
+	(void)err;
+	const uint8_t **src = ctx;
+	memcpy(buf, *src, n);
+	*src += n;
+	return 0;
+}
+
+int sc_gpu_copy(struct sc_gpu *g, uint8_t *dst, int dst_gpu, const uint8_t *src, int src_gpu,
+		uint64_t n, struct sc_err *err)
+{
+	if (dst_gpu == SC_GPU_HOST && src_gpu == SC_GPU_HOST) {
+		memcpy(dst, src, n);
+		return 0;
+	}
+	int dev = src_gpu != SC_GPU_HOST ? src_gpu : dst_gpu;
+	struct sc_stager *s;
+	if (sc_stager_get(g, dev, &s, err) != 0)
+		return -1;
+	int rc;
+	if (dst_gpu == SC_GPU_HOST) {
+		uint8_t *cursor = dst;
+		rc = sc_stager_send(s, src, n, to_host, &cursor, err);
+	} else if (src_gpu == SC_GPU_HOST) {
+		const uint8_t *cursor = src;
+		rc = sc_stager_recv(s, dst, n, from_host, &cursor, err);
+	} else {
+		CUresult cr;
+		const char *call;
+		if (src_gpu == dst_gpu) {
+			call = "cuMemcpyDtoDAsync";
+			cr = g->cu.cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)dst,
+						     (CUdeviceptr)(uintptr_t)src, n, s->stream);
+		} else {
+			call = "cuMemcpyPeerAsync";
+			cr = g->cu.cuMemcpyPeerAsync((CUdeviceptr)(uintptr_t)dst,
+						     g->dev[dst_gpu].ctx,
+						     (CUdeviceptr)(uintptr_t)src,
+						     g->dev[src_gpu].ctx, n, s->stream);
+		}
+		if (cr == CUDA_SUCCESS) {
+			call = "cuStreamSynchronize";
+			cr = g->cu.cuStreamSynchronize(s->stream);
+		}
+		rc = cr == CUDA_SUCCESS ? 0 : sc_gpu_fail(g, cr, call, err);
+	}
+	sc_stager_put(g, s);
+	return rc;
+}
+
+#endif
