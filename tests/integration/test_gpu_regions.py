@@ -1,0 +1,331 @@
+# SPDX-License-Identifier: Apache-2.0
+"""GPU regions end to end, on the STAND-IN CUDA driver (tests/fake_cuda, no GPU needed).
+
+The sidecars load libsc_fake_cuda.so (SC_TEST_CUDA_DRIVER) instead of libcuda.so.1, and this test
+process, acting as the GPU worker, uses the same library through cudadrv.py. The stand-in keeps
+"device memory" in shared files behind addresses that host code cannot dereference (a sidecar bug
+that memcpy's a device address crashes it), runs async copies on real stream threads, and can
+inject copy failures. It proves the sidecar's control logic: registration (IPC handles, cuMemCreate
+fds through pidfd_getfd), the staging pipeline over TCP, LOCAL device copies, mixed descriptor
+lists, errors and clean-up. It cannot prove real DMA, PCIe, GPUDirect RDMA or timing: that is what
+tests/gpu/ does on a real GPU.
+
+Every transfer compares random bytes at odd sizes and offsets, inside and outside the targets.
+"""
+import os
+import random
+import subprocess
+import sys
+
+FAKE = os.environ.get("SC_FAKE_CUDA", "")
+if not FAKE or not os.path.exists(FAKE):
+    print("SKIP: the stand-in CUDA driver was not built (no cuda.h at build time)")
+    sys.exit(77)
+os.environ["SC_TEST_CUDA_DRIVER"] = FAKE
+
+import grpc  # noqa: E402
+import cudadrv as cu  # noqa: E402
+from harness import SLOW, SidecarTest, desc, main, pb  # noqa: E402
+
+MiB = 1 << 20
+ENV = {"SC_TEST_CUDA_DRIVER": FAKE}
+
+
+class GpuMem:
+    """Worker-owned GPU memory (cuMemAlloc in this process) registered with a sidecar by IPC."""
+
+    def __init__(self, sidecar, size, device=0, offset=0, block=None):
+        cu.init(device)
+        self.device = device
+        self.block = block or (offset + size + (2 * MiB - 1)) // (2 * MiB) * (2 * MiB)
+        self.base = cu.alloc(self.block)
+        self.offset = offset
+        self.size = size
+        self.region = sidecar.stub.RegisterRegion(pb.RegisterRegionRequest(
+            cuda_ipc=pb.CudaIpcSource(device_index=device, handle=cu.ipc_handle(self.base),
+                                      offset=offset, size=size), name="worker-gpu"), timeout=30)
+
+    def write(self, off, data):
+        cu.set_current(self.device)
+        cu.htod(self.base + self.offset + off, data)
+
+    def read(self, off, n):
+        cu.set_current(self.device)
+        return cu.dtoh(self.base + self.offset + off, n)
+
+
+class HostMem:
+    def __init__(self, sidecar, size):
+        self.sc = sidecar
+        self.size = size
+        self.region = sidecar.create_region(size)
+
+    def write(self, off, data):
+        self.sc.fill(self.region, off, data)
+
+    def read(self, off, n):
+        return self.sc.peek(self.region, off, n)
+
+
+class GpuRegionTest(SidecarTest):
+    def setUp(self):
+        super().setUp()
+        self.rnd = random.Random(int.from_bytes(os.urandom(8), "little"))
+
+    def gpu_sidecar(self, name, keys=None, extra=(), env=None):
+        return self.sidecar(name, key_file=keys, extra=list(extra), env=dict(ENV, **(env or {})))
+
+    def pair(self, extra=(), env_b=None, suffix=""):
+        keys = self.key_file("keys" + suffix)
+        return (self.gpu_sidecar("a" + suffix, keys, extra), self.gpu_sidecar("b" + suffix, keys, extra, env_b))
+
+    def transfer(self, src_sc, src_mems, dst_sc, dst_mems, lengths, direction, expect=pb.OPERATION_STATUS_COMPLETE):
+        """src_sc holds the passive op; each mem gets one descriptor at a random odd offset.
+        Fills noise everywhere, the payload in the holder, moves it, and checks every byte."""
+        plan = []
+        for mems in (src_mems, dst_mems):
+            descs = []
+            for m, ln in zip(mems, lengths):
+                off = self.rnd.randrange(1, m.size - ln + 1) if m.size > ln else 0
+                descs.append((m, off, ln))
+            plan.append(descs)
+        noise = {}
+        for mems in (src_mems, dst_mems):
+            for m in mems:
+                if id(m) not in noise:
+                    noise[id(m)] = bytearray(os.urandom(m.size))
+                    m.write(0, bytes(noise[id(m)]))
+        payload = [os.urandom(ln) for ln in lengths]
+        holder = plan[0] if direction == "read" else plan[1]
+        for (m, off, ln), data in zip(holder, payload):
+            m.write(off, data)
+            noise[id(m)][off:off + ln] = data
+        passive = (src_sc.stub.CreateReadable if direction == "read" else src_sc.stub.CreateWritable)(
+            pb.CreatePassiveRequest(descriptors=[desc(m.region, o, ln) for m, o, ln in plan[0]],
+                                    timeout_ms=60000), timeout=30)
+        begin = dst_sc.stub.BeginRead if direction == "read" else dst_sc.stub.BeginWrite
+        op = begin(pb.BeginTransferRequest(metadata=passive.metadata,
+                                           descriptors=[desc(m.region, o, ln) for m, o, ln in plan[1]],
+                                           timeout_ms=60000), timeout=30)
+        done = dst_sc.wait(op.operation_id, 60000)
+        self.assertEqual(done.status, expect, done.error.message)
+        pdone = src_sc.wait(passive.operation_id, 10000)
+        self.assertEqual(pdone.status, expect, pdone.error.message)
+        if expect != pb.OPERATION_STATUS_COMPLETE:
+            return done, pdone
+        receiver = plan[1] if direction == "read" else plan[0]
+        for (m, off, ln), data in zip(receiver, payload):
+            noise[id(m)][off:off + ln] = data
+        for mems in (src_mems, dst_mems):
+            for m in mems:
+                got = m.read(0, m.size)
+                if got != bytes(noise[id(m)]):
+                    first = next(i for i in range(m.size) if got[i] != noise[id(m)][i])
+                    self.fail("%s: first wrong byte at %d of %d" % (m.region.region_id, first, m.size))
+        return done, pdone
+
+    # ---- info and regions ----
+
+    def test_info_lists_gpus_and_paths(self):
+        a = self.gpu_sidecar("a")
+        info = a.info()
+        self.assertTrue(info.cuda_available, info.cuda_detail)
+        self.assertIn("STAND-IN", info.cuda_detail)
+        self.assertEqual(len(info.gpus), 2)
+        for i, g in enumerate(info.gpus):
+            self.assertEqual(g.index, i)
+            self.assertIn("Stand-in GPU", g.name)
+            self.assertTrue(g.pci_bus_id)
+            self.assertGreater(g.total_memory, 0)
+            self.assertEqual(g.compute_capability, "9.0")
+            self.assertFalse(g.dma_buf_supported)
+            self.assertIn("staged through pinned host memory", g.rdma_path)
+            self.assertTrue(g.nearest_rdma_detail)
+
+    def test_no_driver_says_why(self):
+        a = self.sidecar("a", env={"SC_TEST_CUDA_DRIVER": "/nonexistent/libcuda-standin.so"})
+        info = a.info()
+        self.assertFalse(info.cuda_available)
+        self.assertIn("CUDA driver not found", info.cuda_detail)
+        self.assertEqual(len(info.gpus), 0)
+        self.assertRpcError(grpc.StatusCode.FAILED_PRECONDITION, a.stub.CreateRegion,
+                            pb.CreateRegionRequest(size=MiB, device_kind=pb.DEVICE_KIND_CUDA),
+                            contains="no usable CUDA driver", timeout=10)
+
+    def test_create_region_ipc_handle_and_region_io(self):
+        a = self.gpu_sidecar("a")
+        r = a.stub.CreateRegion(pb.CreateRegionRequest(size=3 * MiB + 5, device_kind=pb.DEVICE_KIND_CUDA,
+                                                       device_index=1, name="kv"), timeout=30)
+        self.assertEqual(r.device_kind, pb.DEVICE_KIND_CUDA)
+        self.assertEqual(r.device_index, 1)
+        self.assertEqual(len(r.cuda_ipc_handle), 64)
+        # The worker opens the sidecar's memory and writes it; ReadRegion sees those bytes.
+        cu.init(1)
+        p = cu.ipc_open(r.cuda_ipc_handle)
+        data = os.urandom(r.size)
+        cu.htod(p, data)
+        got = b"".join(m.data for m in a.stub.ReadRegion(
+            pb.ReadRegionRequest(region_id=r.region_id, offset=0, length=r.size), timeout=30))
+        self.assertEqual(got, data)
+        # WriteRegion (through pinned staging) lands in GPU memory at an odd offset.
+        more = os.urandom(MiB + 3)
+        resp = a.stub.WriteRegion(iter([pb.WriteRegionRequest(region_id=r.region_id, offset=77,
+                                                              data=more)]), timeout=30)
+        self.assertEqual(resp.bytes_written, len(more))
+        self.assertEqual(cu.dtoh(p + 77, len(more)), more)
+        cu.ipc_close(p)
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, lambda: list(a.stub.ReadRegion(
+            pb.ReadRegionRequest(region_id=r.region_id, offset=r.size - 1, length=2), timeout=10)),
+            contains="outside")
+        a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=r.region_id), timeout=10)
+
+    def test_register_ipc_exposes_only_the_range(self):
+        a = self.gpu_sidecar("a")
+        m = GpuMem(a, MiB + 7, device=0, offset=12345, block=4 * MiB)
+        secret = os.urandom(4 * MiB)
+        cu.htod(m.base, secret)
+        self.assertEqual(m.region.size, MiB + 7)
+        got = b"".join(x.data for x in a.stub.ReadRegion(
+            pb.ReadRegionRequest(region_id=m.region.region_id, offset=0, length=m.size), timeout=30))
+        self.assertEqual(got, secret[12345:12345 + MiB + 7])
+        # Nothing before or after the registered range is reachable.
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, a.stub.CreateReadable,
+                            pb.CreatePassiveRequest(descriptors=[desc(m.region, 0, m.size + 1)]),
+                            contains="outside", timeout=10)
+
+    def test_register_errors(self):
+        a = self.gpu_sidecar("a")
+        cu.init(0)
+        base = cu.alloc(2 * MiB)
+        h = cu.ipc_handle(base)
+
+        def reg(**kw):
+            return a.stub.RegisterRegion(pb.RegisterRegionRequest(cuda_ipc=pb.CudaIpcSource(**kw)), timeout=10)
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=0, handle=h[:10], size=10,
+                            contains="64 bytes")
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=7, handle=h, size=10,
+                            contains="sees 2 GPU")
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=0, handle=os.urandom(64),
+                            size=10, contains="cuIpcOpenMemHandle")
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=0, handle=h,
+                            offset=2 * MiB - 5, size=10, contains="outside the allocation")
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=0, handle=h, size=0,
+                            contains="size must be > 0")
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=1, handle=h, size=10,
+                            contains="cuIpcOpenMemHandle")
+        self.assertEqual(len(a.stub.ListRegions(pb.ListRegionsRequest(), timeout=10).regions), 0)
+        cu.free(base)
+
+    def test_register_cuda_fd_through_pidfd(self):
+        a, b = self.pair()
+        cu.init(0)
+        dptr, fd, asize = cu.vmm_alloc(3 * MiB)
+        data = os.urandom(asize)
+        cu.htod(dptr, data)
+        r = a.stub.RegisterRegion(pb.RegisterRegionRequest(cuda_fd=pb.CudaFdSource(
+            device_index=0, pid=os.getpid(), fd=fd, offset=4096, size=2 * MiB + 1)), timeout=30)
+        got = b"".join(x.data for x in a.stub.ReadRegion(
+            pb.ReadRegionRequest(region_id=r.region_id, offset=0, length=r.size), timeout=30))
+        self.assertEqual(got, data[4096:4096 + 2 * MiB + 1])
+        # Not an fd of that process: a clear error.
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, a.stub.RegisterRegion,
+                            pb.RegisterRegionRequest(cuda_fd=pb.CudaFdSource(
+                                device_index=0, pid=os.getpid(), fd=987654, size=10)),
+                            contains="pidfd_getfd", timeout=10)
+        a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=r.region_id), timeout=10)
+        cu.vmm_free(dptr, fd)
+
+    # ---- transfers ----
+
+    def test_tcp_gpu_to_gpu_read_and_write_staged(self):
+        # Small TCP chunks on 3 streams: many pieces in flight, each staged through 4 MiB buffers.
+        a, b = self.pair(extra=["--tcp-chunk-size", "1048576", "--tcp-streams", "3"])
+        for direction in ("read", "write"):
+            lengths = [9 * MiB + 4097, 1, 4095]
+            src = [GpuMem(a, 10 * MiB), GpuMem(a, 5000, device=1), GpuMem(a, 9000)]
+            dst = [GpuMem(b, 9 * MiB + 9999, device=1), GpuMem(b, 3), GpuMem(b, 4096)]
+            done, pdone = self.transfer(a, src, b, dst, lengths, direction)
+            self.assertEqual(done.backend, pb.BACKEND_TCP)
+            self.assertIn("GPU memory staged through pinned host buffers on both sides", done.backend_reason)
+            self.assertEqual(done.bytes_done, sum(lengths))
+
+    def test_tcp_mixed_host_and_gpu(self):
+        a, b = self.pair()
+        lengths = [5 * MiB + 3, 77777, 123]
+        # READ: GPU + host + GPU(dev 1) at the passive side into host + GPU + host.
+        done, _ = self.transfer(a, [GpuMem(a, 6 * MiB), HostMem(a, 80000), GpuMem(a, 200, device=1)],
+                                b, [HostMem(b, 6 * MiB), GpuMem(b, 90000, device=1), HostMem(b, 999)],
+                                lengths, "read")
+        self.assertIn("on both sides", done.backend_reason)
+        # WRITE: host memory into a GPU writable only.
+        done, pdone = self.transfer(a, [GpuMem(a, 6 * MiB), GpuMem(a, 80000), GpuMem(a, 200)],
+                                    b, [HostMem(b, 6 * MiB), HostMem(b, 80000), HostMem(b, 999)],
+                                    lengths, "write")
+        self.assertIn("at the peer", done.backend_reason)
+        self.assertIn("GPU memory", pdone.backend_reason)
+
+    def test_local_device_copies(self):
+        keys = self.key_file()
+        a = self.gpu_sidecar("a", keys)
+        lengths = [3 * MiB + 1, 4099, 5 * MiB]
+        for direction in ("read", "write"):
+            # same GPU, across GPUs, GPU <-> host, all in one operation
+            done, _ = self.transfer(a, [GpuMem(a, 4 * MiB), GpuMem(a, 5000, device=1), HostMem(a, 6 * MiB)],
+                                    a, [GpuMem(a, 4 * MiB), GpuMem(a, 5000), GpuMem(a, 6 * MiB, device=1)],
+                                    lengths, direction)
+            self.assertEqual(done.backend, pb.BACKEND_LOCAL)
+            self.assertIn("GPU copies by the CUDA driver", done.backend_reason)
+
+    def test_async_copies_are_waited_for(self):
+        # Every stand-in async copy is delayed: a sidecar that reads a pinned buffer before its
+        # copy finished, or reports COMPLETE before the last copy into GPU memory, sends or
+        # leaves stale bytes, and the comparison fails.
+        slow = {"FAKE_CUDA_COPY_DELAY_US": "3000"}
+        keys = self.key_file()
+        a = self.gpu_sidecar("a", keys, env=slow)
+        b = self.gpu_sidecar("b", keys, env=slow)
+        for direction in ("read", "write"):
+            self.transfer(a, [GpuMem(a, 13 * MiB)], b, [GpuMem(b, 13 * MiB)], [13 * MiB - 5], direction)
+
+    def test_copy_failure_mid_transfer_errors_both_sides(self):
+        # The active sidecar's 3rd driver copy fails: a piece in the middle of the transfer (the
+        # stand-in counts copies per process, so each direction gets a fresh pair).
+        for direction in ("read", "write"):
+            a, b = self.pair(env_b={"FAKE_CUDA_FAIL_COPY_AT": "3"}, suffix=direction[0])
+            done, pdone = self.transfer(a, [GpuMem(a, 20 * MiB)], b, [GpuMem(b, 20 * MiB)], [20 * MiB],
+                                        direction, expect=pb.OPERATION_STATUS_ERRORED)
+            self.assertIn("CUDA_ERROR_ILLEGAL_ADDRESS", done.error.message)
+            self.assertIn("CUDA_ERROR_ILLEGAL_ADDRESS", pdone.error.message)
+            # Both sidecars keep serving: GPU and host transfers still work.
+            self.transfer(a, [GpuMem(a, 3 * MiB)], b, [GpuMem(b, 3 * MiB)], [3 * MiB - 1], direction)
+            self.transfer(a, [HostMem(a, 5000)], b, [HostMem(b, 5000)], [4321], direction)
+
+    def test_deregister_while_in_use(self):
+        a, b = self.pair()
+        src = GpuMem(a, MiB)
+        passive = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(src.region, 0, MiB)],
+                                                                timeout_ms=60000), timeout=10)
+        self.assertRpcError(grpc.StatusCode.FAILED_PRECONDITION, a.stub.DeregisterRegion,
+                            pb.DeregisterRegionRequest(region_id=src.region.region_id),
+                            contains="live operation", timeout=10)
+        a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=src.region.region_id, force=True),
+                                timeout=10)
+        op = a.stub.GetOperation(pb.GetOperationRequest(operation_id=passive.operation_id), timeout=10)
+        self.assertEqual(op.status, pb.OPERATION_STATUS_CANCELLED)
+        # The worker's memory is untouched and still its own.
+        cu.set_current(0)
+        cu.htod(src.base, b"still mine")
+        self.assertEqual(cu.dtoh(src.base, 10), b"still mine")
+
+    def test_device_pointer_never_dereferenced_by_host_code(self):
+        # Sanity check of the stand-in itself: a host read of a device address crashes, so the
+        # transfers above prove the sidecar went through the driver.
+        code = ("import os,sys,ctypes; sys.path.insert(0,%r); os.environ['SC_TEST_CUDA_DRIVER']=%r\n"
+                "import cudadrv as cu; cu.init(0); p=cu.alloc(4096); ctypes.string_at(p, 1)"
+                % (os.path.dirname(os.path.abspath(__file__)), FAKE))
+        rc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30 * SLOW).returncode
+        self.assertEqual(rc, -11)
+
+
+if __name__ == "__main__":
+    main()
