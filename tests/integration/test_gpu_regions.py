@@ -16,19 +16,33 @@ import os
 import random
 import subprocess
 import sys
+import unittest
 
+# tests/gpu/test_gpu_real.py runs these same tests on the real driver (SC_GPU_REAL=1).
+REAL = os.environ.get("SC_GPU_REAL") == "1"
 FAKE = os.environ.get("SC_FAKE_CUDA", "")
-if not FAKE or not os.path.exists(FAKE):
+if REAL:
+    os.environ.pop("SC_TEST_CUDA_DRIVER", None)
+elif not FAKE or not os.path.exists(FAKE):
     print("SKIP: the stand-in CUDA driver was not built (no cuda.h at build time)")
     sys.exit(77)
-os.environ["SC_TEST_CUDA_DRIVER"] = FAKE
+else:
+    os.environ["SC_TEST_CUDA_DRIVER"] = FAKE
 
 import grpc  # noqa: E402
 import cudadrv as cu  # noqa: E402
 from harness import SLOW, SidecarTest, desc, main, pb  # noqa: E402
 
+try:
+    cu.init(0)
+    NDEV = cu.device_count()
+except Exception as e:  # noqa: BLE001
+    print("SKIP: cuInit found no usable GPU: %s" % e)
+    sys.exit(77)
+DEV1 = 1 if NDEV > 1 else 0  # a second GPU where there is one
 MiB = 1 << 20
-ENV = {"SC_TEST_CUDA_DRIVER": FAKE}
+ENV = {} if REAL else {"SC_TEST_CUDA_DRIVER": FAKE}
+stand_in_only = unittest.skipIf(REAL, "needs the stand-in driver (fault injection, delays)")
 
 
 class GpuMem:
@@ -130,18 +144,23 @@ class GpuRegionTest(SidecarTest):
         a = self.gpu_sidecar("a")
         info = a.info()
         self.assertTrue(info.cuda_available, info.cuda_detail)
-        self.assertIn("STAND-IN", info.cuda_detail)
-        self.assertEqual(len(info.gpus), 2)
+        self.assertEqual("STAND-IN" in info.cuda_detail, not REAL)
+        self.assertEqual(len(info.gpus), NDEV)
         for i, g in enumerate(info.gpus):
+            print("GPU %d: %s" % (i, g))
             self.assertEqual(g.index, i)
-            self.assertIn("Stand-in GPU", g.name)
             self.assertTrue(g.pci_bus_id)
             self.assertGreater(g.total_memory, 0)
-            self.assertEqual(g.compute_capability, "9.0")
-            self.assertFalse(g.dma_buf_supported)
-            self.assertIn("staged through pinned host memory", g.rdma_path)
+            self.assertRegex(g.compute_capability, r"^\d+\.\d+$")
+            self.assertTrue(g.rdma_path)
             self.assertTrue(g.nearest_rdma_detail)
+            if not REAL:
+                self.assertIn("Stand-in GPU", g.name)
+                self.assertEqual(g.compute_capability, "9.0")
+                self.assertFalse(g.dma_buf_supported)
+                self.assertIn("staged through pinned host memory", g.rdma_path)
 
+    @stand_in_only
     def test_no_driver_says_why(self):
         a = self.sidecar("a", env={"SC_TEST_CUDA_DRIVER": "/nonexistent/libcuda-standin.so"})
         info = a.info()
@@ -155,12 +174,12 @@ class GpuRegionTest(SidecarTest):
     def test_create_region_ipc_handle_and_region_io(self):
         a = self.gpu_sidecar("a")
         r = a.stub.CreateRegion(pb.CreateRegionRequest(size=3 * MiB + 5, device_kind=pb.DEVICE_KIND_CUDA,
-                                                       device_index=1, name="kv"), timeout=30)
+                                                       device_index=DEV1, name="kv"), timeout=30)
         self.assertEqual(r.device_kind, pb.DEVICE_KIND_CUDA)
-        self.assertEqual(r.device_index, 1)
+        self.assertEqual(r.device_index, DEV1)
         self.assertEqual(len(r.cuda_ipc_handle), 64)
         # The worker opens the sidecar's memory and writes it; ReadRegion sees those bytes.
-        cu.init(1)
+        cu.init(DEV1)
         p = cu.ipc_open(r.cuda_ipc_handle)
         data = os.urandom(r.size)
         cu.htod(p, data)
@@ -204,15 +223,16 @@ class GpuRegionTest(SidecarTest):
         self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=0, handle=h[:10], size=10,
                             contains="64 bytes")
         self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=7, handle=h, size=10,
-                            contains="sees 2 GPU")
+                            contains="sees %d GPU" % NDEV)
         self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=0, handle=os.urandom(64),
                             size=10, contains="cuIpcOpenMemHandle")
         self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=0, handle=h,
                             offset=2 * MiB - 5, size=10, contains="outside the allocation")
         self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=0, handle=h, size=0,
                             contains="size must be > 0")
-        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=1, handle=h, size=10,
-                            contains="cuIpcOpenMemHandle")
+        if not REAL and NDEV > 1:  # the stand-in refuses a handle opened on another device
+            self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=1, handle=h, size=10,
+                                contains="cuIpcOpenMemHandle")
         self.assertEqual(len(a.stub.ListRegions(pb.ListRegionsRequest(), timeout=10).regions), 0)
         cu.free(base)
 
@@ -242,8 +262,8 @@ class GpuRegionTest(SidecarTest):
         a, b = self.pair(extra=["--tcp-chunk-size", "1048576", "--tcp-streams", "3"])
         for direction in ("read", "write"):
             lengths = [9 * MiB + 4097, 1, 4095]
-            src = [GpuMem(a, 10 * MiB), GpuMem(a, 5000, device=1), GpuMem(a, 9000)]
-            dst = [GpuMem(b, 9 * MiB + 9999, device=1), GpuMem(b, 3), GpuMem(b, 4096)]
+            src = [GpuMem(a, 10 * MiB), GpuMem(a, 5000, device=DEV1), GpuMem(a, 9000)]
+            dst = [GpuMem(b, 9 * MiB + 9999, device=DEV1), GpuMem(b, 3), GpuMem(b, 4096)]
             done, pdone = self.transfer(a, src, b, dst, lengths, direction)
             self.assertEqual(done.backend, pb.BACKEND_TCP)
             self.assertIn("GPU memory staged through pinned host buffers on both sides", done.backend_reason)
@@ -253,8 +273,8 @@ class GpuRegionTest(SidecarTest):
         a, b = self.pair()
         lengths = [5 * MiB + 3, 77777, 123]
         # READ: GPU + host + GPU(dev 1) at the passive side into host + GPU + host.
-        done, _ = self.transfer(a, [GpuMem(a, 6 * MiB), HostMem(a, 80000), GpuMem(a, 200, device=1)],
-                                b, [HostMem(b, 6 * MiB), GpuMem(b, 90000, device=1), HostMem(b, 999)],
+        done, _ = self.transfer(a, [GpuMem(a, 6 * MiB), HostMem(a, 80000), GpuMem(a, 200, device=DEV1)],
+                                b, [HostMem(b, 6 * MiB), GpuMem(b, 90000, device=DEV1), HostMem(b, 999)],
                                 lengths, "read")
         self.assertIn("on both sides", done.backend_reason)
         # WRITE: host memory into a GPU writable only.
@@ -270,12 +290,13 @@ class GpuRegionTest(SidecarTest):
         lengths = [3 * MiB + 1, 4099, 5 * MiB]
         for direction in ("read", "write"):
             # same GPU, across GPUs, GPU <-> host, all in one operation
-            done, _ = self.transfer(a, [GpuMem(a, 4 * MiB), GpuMem(a, 5000, device=1), HostMem(a, 6 * MiB)],
-                                    a, [GpuMem(a, 4 * MiB), GpuMem(a, 5000), GpuMem(a, 6 * MiB, device=1)],
+            done, _ = self.transfer(a, [GpuMem(a, 4 * MiB), GpuMem(a, 5000, device=DEV1), HostMem(a, 6 * MiB)],
+                                    a, [GpuMem(a, 4 * MiB), GpuMem(a, 5000), GpuMem(a, 6 * MiB, device=DEV1)],
                                     lengths, direction)
             self.assertEqual(done.backend, pb.BACKEND_LOCAL)
             self.assertIn("GPU copies by the CUDA driver", done.backend_reason)
 
+    @stand_in_only
     def test_async_copies_are_waited_for(self):
         # Every stand-in async copy is delayed: a sidecar that reads a pinned buffer before its
         # copy finished, or reports COMPLETE before the last copy into GPU memory, sends or
@@ -287,6 +308,7 @@ class GpuRegionTest(SidecarTest):
         for direction in ("read", "write"):
             self.transfer(a, [GpuMem(a, 13 * MiB)], b, [GpuMem(b, 13 * MiB)], [13 * MiB - 5], direction)
 
+    @stand_in_only
     def test_copy_failure_mid_transfer_errors_both_sides(self):
         # The active sidecar's 3rd driver copy fails: a piece in the middle of the transfer (the
         # stand-in counts copies per process, so each direction gets a fresh pair).
@@ -317,6 +339,7 @@ class GpuRegionTest(SidecarTest):
         cu.htod(src.base, b"still mine")
         self.assertEqual(cu.dtoh(src.base, 10), b"still mine")
 
+    @stand_in_only
     def test_device_pointer_never_dereferenced_by_host_code(self):
         # Sanity check of the stand-in itself: a host read of a device address crashes, so the
         # transfers above prove the sidecar went through the driver.
