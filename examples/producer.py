@@ -23,11 +23,11 @@ from sidecar_worker import SidecarWorker, layout, log, parse_args, run, sha256_o
 
 
 def fill_random(mm, ranges, chunk=8 << 20):
-    with memoryview(mm) as mv:
-        for off, n in ranges:
-            for pos in range(off, off + n, chunk):
-                k = min(chunk, off + n - pos)
-                mv[pos:pos + k] = os.urandom(k)
+    """Random bytes into the ranges of a mapping or a GpuBuffer."""
+    for off, n in ranges:
+        for pos in range(off, off + n, chunk):
+            k = min(chunk, off + n - pos)
+            mm[pos:pos + k] = os.urandom(k)
 
 
 class Producer(SidecarWorker):

@@ -5,6 +5,8 @@ consumer.py.
   import_stubs()   the grpc module and the stubs generated from proto/rdma_sidecar/v1/sidecar.proto
   parse_args()     the options both workers take (--sidecar, --stubs, --size, --read-subject,
                    --write-subject, --timeout, --report) and parse_size() for sizes like 256MiB
+  GpuBuffer        GPU memory this worker allocated itself (cuMemAlloc through cudadrv.py), shared
+                   with the sidecar by its CUDA IPC handle; sliced like the mmap of a host region
   SidecarWorker    one gRPC channel to the sidecar plus the bookkeeping that lets a worker give back
                    what it holds (mapped regions, operations), and the moves of a pipeline stage:
                    the passive side (expose() ranges as an operation, publish_and_wait() for a peer
@@ -81,6 +83,10 @@ def parse_args(doc, size_help, read_subject_help, write_subject_help):
     p.add_argument("--timeout", metavar="SECONDS", type=float, default=30.0,
                    help="seconds each step may take: operation deadlines and waits (default: %(default)s)")
     p.add_argument("--report", metavar="FILE", help="also write the results as JSON to FILE")
+    p.add_argument("--gpu", metavar="DEVICE", type=int,
+                   help="keep the data in GPU memory of this CUDA device, allocated by this worker and "
+                        "registered with the sidecar by its IPC handle (default: host memory in a region "
+                        "file); the same GPUs must be visible to the sidecar")
     a = p.parse_args()
     if a.size < 64 << 10:
         p.error("--size must be at least 64KiB")
@@ -96,13 +102,51 @@ def layout(lengths, first_gap, gap, tail=0):
     return offsets, pos - gap + tail
 
 
-def sha256_of(mm, ranges):
-    """SHA-256 (hex) of the given (offset, length) ranges of a mapping, in order."""
+def sha256_of(mm, ranges, chunk=8 << 20):
+    """SHA-256 (hex) of the given (offset, length) ranges of a mapping (or a GpuBuffer), in order."""
     h = hashlib.sha256()
-    with memoryview(mm) as mv:
-        for off, n in ranges:
-            h.update(mv[off:off + n])
+    for off, n in ranges:
+        for pos in range(off, off + n, chunk):
+            h.update(mm[pos:min(pos + chunk, off + n)])
     return h.hexdigest()
+
+
+class GpuBuffer:
+    """GPU memory this process allocated (cuMemAlloc, 2 MiB granules so that the IPC handle exposes
+    nothing else) and reads and writes with the driver; buf[a:b] and buf[a:b] = data work as on an
+    mmap. The sidecar opens it with the IPC handle: the bytes never leave the GPU for a transfer
+    the NIC can reach, and are staged by the sidecar otherwise."""
+
+    def __init__(self, cu, device, size):
+        self.cu, self.device, self.size = cu, device, size
+        cu.init(device)
+        self.block = (size + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+        self.ptr = cu.alloc(self.block)
+
+    def __len__(self):
+        return self.size
+
+    def _range(self, key):
+        start, stop, _ = key.indices(self.size)
+        return start, max(0, stop - start)
+
+    def __getitem__(self, key):
+        start, n = self._range(key)
+        self.cu.set_current(self.device)
+        return self.cu.dtoh(self.ptr + start, n)
+
+    def __setitem__(self, key, data):
+        start, n = self._range(key)
+        if n != len(data):
+            raise ValueError("slice of %d bytes, data of %d" % (n, len(data)))
+        self.cu.set_current(self.device)
+        self.cu.htod(self.ptr + start, data)
+
+    def close(self):
+        if self.ptr:
+            self.cu.set_current(self.device)
+            self.cu.free(self.ptr)
+            self.ptr = 0
 
 
 class SidecarWorker:
@@ -147,7 +191,10 @@ class SidecarWorker:
     # ---- memory ----------------------------------------------------------------------------------
 
     def create_region(self, size, name):
-        """The sidecar allocates a file under its --shm-dir; we map the same file."""
+        """Host memory: the sidecar allocates a file under its --shm-dir; we map the same file.
+        With --gpu: GPU memory of our own, registered by its CUDA IPC handle."""
+        if self.args.gpu is not None:
+            return self.create_gpu_region(size, name)
         r = self.stub.CreateRegion(self.pb.CreateRegionRequest(size=size, name=name), timeout=self.rpc_timeout)
         with open(r.path, "r+b") as f:
             mm = mmap.mmap(f.fileno(), r.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -155,12 +202,35 @@ class SidecarWorker:
         log("region %s: %d bytes at %s" % (r.region_id, r.size, r.path))
         return r, mm
 
+    def create_gpu_region(self, size, name):
+        import cudadrv as cu  # beside this file: ctypes over libcuda.so.1
+        buf = GpuBuffer(cu, self.args.gpu, size)
+        try:
+            r = self.stub.RegisterRegion(self.pb.RegisterRegionRequest(
+                cuda_ipc=self.pb.CudaIpcSource(device_index=self.args.gpu, handle=cu.ipc_handle(buf.ptr),
+                                               offset=0, size=size), name=name), timeout=self.rpc_timeout)
+        except BaseException:
+            buf.close()
+            raise
+        self.regions[r.region_id] = buf
+        log("region %s: %d bytes of GPU %d memory (ours, shared by CUDA IPC handle)" % (r.region_id, size, self.args.gpu))
+        return r, buf
+
     def descriptors(self, region, offsets, lengths):
         return [self.pb.Descriptor(region_id=region.region_id, offset=o, length=n) for o, n in zip(offsets, lengths)]
 
     def drop_region(self, region_id, force=False):
-        """Unmap first, then tell the sidecar it may free the memory."""
-        self.regions.pop(region_id).close()
+        """Host regions: unmap first, then tell the sidecar it may free the memory. GPU memory is
+        ours: the sidecar closes its IPC mapping first, then we free it."""
+        mem = self.regions.pop(region_id)
+        if isinstance(mem, GpuBuffer):
+            try:
+                self.stub.DeregisterRegion(self.pb.DeregisterRegionRequest(region_id=region_id, force=force),
+                                           timeout=self.rpc_timeout)
+            finally:
+                mem.close()
+            return
+        mem.close()
         self.stub.DeregisterRegion(self.pb.DeregisterRegionRequest(region_id=region_id, force=force),
                                    timeout=self.rpc_timeout)
 

@@ -133,7 +133,8 @@ def start_nats(nats_server, tmp):
 
 
 class Sidecar:
-    def __init__(self, binary, name, tmp, shm_root, nats_url, key_file, pb, pb_grpc, health_pb2, health_grpc, grpc):
+    def __init__(self, binary, name, tmp, shm_root, nats_url, key_file, pb, pb_grpc, health_pb2, health_grpc, grpc,
+                 env=None):
         self.name = name
         self.sock = os.path.join(tmp, name + ".sock")
         self.addr = "unix:" + self.sock
@@ -142,7 +143,7 @@ class Sidecar:
         self.log = os.path.join(tmp, name + ".log")
         self.proc = Proc(name, [binary, "--id", name, "--grpc-listen", self.addr, "--shm-dir", self.shm,
                                 "--data-listen", "127.0.0.1:0", "--nats-url", nats_url, "--key-file", key_file,
-                                "--log-level", "info"], self.log)
+                                "--log-level", "info"], self.log, env=env)
 
         def listening():
             if not self.proc.alive():
@@ -200,6 +201,36 @@ def run_workers(workers, timeout):
     return codes
 
 
+def choose_memory(choice, build_dir):
+    """--gpu: returns (device or None, extra environment, a sentence saying what the workers use)."""
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    env = {}
+    if choice == "off":
+        return None, env, "host memory (region files in /dev/shm), as asked (--gpu off)"
+    if choice == "stand-in":
+        lib = os.path.join(build_dir, "tests", "libsc_fake_cuda.so")
+        if not os.path.exists(lib):
+            raise SystemExit("demo: --gpu stand-in needs %s (built with the CUDA headers)" % lib)
+        env["SC_TEST_CUDA_DRIVER"] = os.environ["SC_TEST_CUDA_DRIVER"] = lib
+        device = 0
+    else:
+        os.environ.pop("SC_TEST_CUDA_DRIVER", None)
+        device = 0 if choice == "auto" else int(choice)
+    import cudadrv as cu
+    try:
+        cu.init(device)
+        name = cu.device_name(device) if hasattr(cu, "device_name") else "GPU %d" % device
+    except Exception as e:  # noqa: BLE001 (no driver, no device: say why)
+        if choice == "auto":
+            return None, env, "host memory (region files in /dev/shm): no usable GPU here (%s)" % e
+        raise SystemExit("demo: --gpu %s: %s" % (choice, e))
+    what = ("GPU %d (%s) memory that each worker allocates itself and registers by CUDA IPC handle"
+            % (device, name))
+    if choice == "stand-in":
+        what += " -- the TEST STAND-IN driver (host memory behind the CUDA API), not a real GPU"
+    return device, env, what
+
+
 def table(rows, headers):
     widths = [max(len(str(r[i])) for r in rows + [headers]) for i in range(len(headers))]
     line = "  ".join("%%-%ds" % w for w in widths)
@@ -215,7 +246,13 @@ def main():
     p.add_argument("--size", default="256MiB", help="region size for each direction, e.g. 64MiB (default: 256MiB)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds each worker step may take (default: 30)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs) after a success")
+    p.add_argument("--gpu", default="auto", metavar="auto|off|stand-in|N",
+                   help="where the workers keep the data: auto (GPU 0 when a CUDA GPU is usable, else "
+                        "host memory), off (host memory), N (GPU N), stand-in (the test suite's stand-in "
+                        "CUDA driver: exercises the GPU path without a GPU) (default: auto)")
     a = p.parse_args()
+    if a.gpu not in ("auto", "off", "stand-in") and not a.gpu.isdigit():
+        p.error("--gpu takes auto, off, stand-in or a device number, not %r" % a.gpu)
 
     binary = os.path.join(a.build_dir, "rdma-sidecar")
     stubs = os.path.join(a.build_dir, "python")
@@ -237,6 +274,8 @@ def main():
     signal.signal(signal.SIGINT, on_signal)  # set even where the shell started us with SIGINT ignored
     signal.signal(signal.SIGTERM, on_signal)
 
+    gpu, gpu_env, memory = choose_memory(a.gpu, a.build_dir)
+
     tmp = tempfile.mkdtemp(prefix="rdma-sidecar-demo-", dir="/tmp")  # short: unix socket paths
     # Region files live in tmpfs, like /dev/shm in a pod (a disk-backed directory would write back).
     shm_root = tempfile.mkdtemp(prefix="rdma-sidecar-demo-", dir="/dev/shm" if os.path.isdir("/dev/shm") else tmp)
@@ -252,7 +291,7 @@ def main():
 
         for name in ("stage-a", "stage-b"):
             s = Sidecar(binary, name, tmp, shm_root, nats_url, key_file, pb, pb_grpc, health_pb2,
-                        health_pb2_grpc, grpc)
+                        health_pb2_grpc, grpc, env=dict(os.environ, **gpu_env))
             sidecars.append(s)
             i = s.info
             say("== sidecar %s (pid %d): gRPC %s, data %s, backends %s, nats %s, signing key %s"
@@ -263,11 +302,17 @@ def main():
                 if not b.available:
                     say("   %s unavailable: %s" % (pb.Backend.Name(b.backend).removeprefix("BACKEND_").lower(),
                                                    b.detail))
+            say("   cuda: %s" % i.cuda_detail)
+            for g in i.gpus:
+                say("   gpu %d: %s, ibverbs path: %s" % (g.index, g.name, g.rdma_path))
 
         run_id = secrets.token_hex(4)
         common = ["--stubs", stubs, "--size", a.size, "--timeout", str(a.timeout),
                   "--read-subject", "demo.%s.read" % run_id, "--write-subject", "demo.%s.write" % run_id]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if gpu is not None:
+            common += ["--gpu", str(gpu)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **gpu_env)
+        say("== memory: %s" % memory)
         say("== workers: producer -> stage-a, consumer -> stage-b")
         t0 = time.monotonic()
         consumer = Proc("consumer", [sys.executable, os.path.join(ROOT, "examples", "consumer.py"),
@@ -314,6 +359,7 @@ def main():
         for r in reasons:
             say("why this backend: %s" % r)
         say("workers ran %.1fs in all (region set-up, random fill and hashing included)" % workers_s)
+        say("memory: %s" % memory)
         if problems:
             raise DemoError("; ".join(problems))
 

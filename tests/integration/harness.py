@@ -18,6 +18,8 @@ import unittest
 
 STUBS = os.environ.get("SC_PYTHON_STUBS", os.path.join(os.path.dirname(__file__), "../../build/python"))
 sys.path.insert(0, os.path.abspath(STUBS))
+# examples/ holds cudadrv.py, the ctypes wrapper over the CUDA driver that GPU workers use.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 
 import grpc  # noqa: E402
 from rdma_sidecar.v1 import sidecar_pb2 as pb  # noqa: E402

@@ -30,8 +30,8 @@ else:
     os.environ["SC_TEST_CUDA_DRIVER"] = FAKE
 
 import grpc  # noqa: E402
+from harness import SLOW, SidecarTest, desc, main, pb  # noqa: E402 (also puts examples/ on the path)
 import cudadrv as cu  # noqa: E402
-from harness import SLOW, SidecarTest, desc, main, pb  # noqa: E402
 
 try:
     cu.init(0)
@@ -343,9 +343,10 @@ class GpuRegionTest(SidecarTest):
     def test_device_pointer_never_dereferenced_by_host_code(self):
         # Sanity check of the stand-in itself: a host read of a device address crashes, so the
         # transfers above prove the sidecar went through the driver.
+        examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
         code = ("import os,sys,ctypes; sys.path.insert(0,%r); os.environ['SC_TEST_CUDA_DRIVER']=%r\n"
                 "import cudadrv as cu; cu.init(0); p=cu.alloc(4096); ctypes.string_at(p, 1)"
-                % (os.path.dirname(os.path.abspath(__file__)), FAKE))
+                % (examples, FAKE))
         rc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30 * SLOW).returncode
         self.assertEqual(rc, -11)
 

@@ -219,6 +219,15 @@ def device_count():
     return n.value
 
 
+def device_name(device=0):
+    """The device's name, e.g. "NVIDIA H100 80GB HBM3"."""
+    dev = ctypes.c_int()
+    check("cuDeviceGet", ctypes.byref(dev), device)
+    buf = ctypes.create_string_buffer(256)
+    check("cuDeviceGetName", buf, 256, dev)
+    return buf.value.decode(errors="replace")
+
+
 def init(device=0):
     """cuInit, then the primary context of `device`, made current on the calling thread."""
     check("cuInit", 0)
