@@ -1143,6 +1143,10 @@ void sc_config_usage(FILE *f, const char *argv0)
 		env_name(opt, env, sizeof(env));
 		fprintf(f, " (env %s, default %s)\n", env, opt->def ? opt->def : "none");
 	}
+	fprintf(f, "\nGPU memory: %s\n",
+		SC_HAVE_CUDA_H ? "supported; the CUDA driver (libcuda.so.1) is loaded at run time, so "
+				 "hosts without a GPU work too (GetInfo says what was found)"
+			       : "off: this build had no CUDA headers (cuda.h); CUDA regions are refused");
 	fprintf(f, "\nExit status: 0 after --help/--version or a clean shutdown, 2 for a bad "
 		   "configuration.\n");
 }
