@@ -60,6 +60,7 @@ if [[ "${SC_SKIP_VALGRIND:-0}" != 1 ]]; then
   done
   SC_WRAPPER="valgrind -q --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=99 --log-file=$root/build/valgrind-daemon-%p.log" \
   SC_TEST_SLOW=10 SC_BINARY=$root/build/rdma-sidecar SC_PYTHON_STUBS=$root/build/python \
+  SC_FAKE_CUDA=$root/build/tests/libsc_fake_cuda.so \
     /usr/bin/python3 tests/integration/valgrind_subset.py || { fail=1; failed=$((failed + 1)); }
   [[ $fail == 1 ]] || passed=$((passed + 1))
   [[ $fail == 0 ]] || { echo "valgrind found problems"; echo "$passed passed, $failed failed"; exit 1; }

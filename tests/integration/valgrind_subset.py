@@ -16,6 +16,25 @@ TransferTest = test_transfers.TransferTest.__dict__
 
 
 class ValgrindSubset(SidecarTest):
+    def test_gpu_regions_staged_and_local(self):
+        # On the stand-in CUDA driver: the sidecar's GPU staging and driver copies under valgrind.
+        fake = os.environ.get("SC_FAKE_CUDA", "")
+        if not fake or not os.path.exists(fake):
+            self.skipTest("the stand-in CUDA driver was not built")
+        os.environ["SC_TEST_CUDA_DRIVER"] = fake
+        import test_gpu_regions as g
+        t = g.GpuRegionTest.__dict__
+        keys = self.key_file()
+        env = {"SC_TEST_CUDA_DRIVER": fake}
+        a = self.sidecar("ga", key_file=keys, env=env)
+        b = self.sidecar("gb", key_file=keys, env=env)
+        self.rnd = random.Random(7)
+        for direction in ("read", "write"):
+            t["transfer"](self, a, [g.GpuMem(a, 5 << 20), g.HostMem(a, 5000)], b,
+                          [g.GpuMem(b, 5 << 20), g.GpuMem(b, 4097)], [(5 << 20) - 3, 4097], direction)
+            t["transfer"](self, a, [g.GpuMem(a, 3 << 20)], a, [g.GpuMem(a, 3 << 20)], [(3 << 20) - 1],
+                          direction)
+
     def test_service_basics(self):
         s = self.sidecar("v1")
         self.assertEqual(s.info().sidecar_id, "v1")
