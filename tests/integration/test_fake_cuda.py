@@ -1,0 +1,459 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The stand-in CUDA driver (tests/fake_cuda) behaves as the tests of the sidecar's GPU paths assume.
+
+The stand-in is NOT a GPU: it models the driver API over host memory (see tests/fake_cuda/README.md
+for what it cannot prove). This test proves the model itself: device memory that host code cannot
+dereference, bounds-checked copies compared byte for byte, streams that really run asynchronously,
+IPC handles opened by another process, the virtual memory API's fd taken with pidfd_getfd by another
+process, dma-buf export not supported, injected copy failures. Scenarios that need their own
+FAKE_CUDA_* environment (read at cuInit) run in child processes. Skipped (77) when SC_FAKE_CUDA,
+set by ctest when the library was built, is empty.
+"""
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LIB = os.environ.get("SC_FAKE_CUDA", "")
+SLOW = float(os.environ.get("SC_TEST_SLOW", "1"))
+TIMEOUT = 60 * SLOW
+
+if __name__ == "__main__" and not LIB:
+    print("skipped: SC_FAKE_CUDA is empty (the stand-in driver is built only where cuda.h exists)")
+    sys.exit(77)
+
+os.environ["SC_TEST_CUDA_DRIVER"] = LIB
+SHM = tempfile.mkdtemp(prefix="sc-fakecuda-test-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+os.environ["FAKE_CUDA_SHM_DIR"] = SHM
+for k in ("FAKE_CUDA_DEVICES", "FAKE_CUDA_FAIL_COPY_AT", "FAKE_CUDA_FAIL_COPY_DIR", "FAKE_CUDA_COPY_DELAY_US"):
+    os.environ.pop(k, None)
+sys.path.insert(0, HERE)
+
+import cudadrv as cu  # noqa: E402
+
+PRELUDE = "import sys, os, ctypes\nsys.path.insert(0, %r)\nimport cudadrv as cu\n" % HERE
+
+
+def child(code, env=None, stdin=None, timeout=None):
+    """Runs `code` (after PRELUDE) in a fresh /usr/bin/python3 with extra environment."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", PRELUDE + code], env=e, input=stdin,
+                          capture_output=True, timeout=timeout or TIMEOUT)
+
+
+def pidfd_getfd(pidfd, fd):
+    libc = ctypes.CDLL(None, use_errno=True)
+    r = libc.syscall(438, pidfd, fd, 0)  # SYS_pidfd_getfd (x86_64 and arm64 alike)
+    if r < 0:
+        raise OSError(ctypes.get_errno(), "pidfd_getfd")
+    return r
+
+
+class FakeCudaTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cu.init(0)
+
+    def setUp(self):
+        cu.set_current(0)
+
+    def assertCuda(self, code, name, *args):
+        got = cu.raw(name, *args)
+        self.assertEqual(got, code, "%s returned %s, expected %s" % (name, cu.error_text(got), cu.error_text(code)))
+
+    def assertChildOk(self, r):
+        self.assertEqual(r.returncode, 0, "child failed:\n%s\n%s" % (r.stdout.decode(), r.stderr.decode()))
+        return r.stdout.decode()
+
+    # ---- devices, contexts, lookup ---------------------------------------------------------------
+
+    def test_devices_and_attributes(self):
+        self.assertEqual(cu.device_count(), 2)
+        v = ctypes.c_int()
+        cu.check("cuDriverGetVersion", ctypes.byref(v))
+        self.assertEqual(v.value, 13000)
+        name = ctypes.create_string_buffer(128)
+        cu.check("cuDeviceGetName", name, 128, 1)
+        self.assertEqual(name.value, b"Stand-in GPU 1 (host memory)")
+        bus = ctypes.create_string_buffer(32)
+        cu.check("cuDeviceGetPCIBusId", bus, 32, 1)
+        self.assertEqual(bus.value, b"0000:02:00.0")
+        mem = ctypes.c_size_t()
+        cu.check("cuDeviceTotalMem", ctypes.byref(mem), 0)
+        self.assertEqual(mem.value, 16 << 30)
+        for attr, want in ((cu.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9),
+                           (cu.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0),
+                           (cu.CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, 0),
+                           (cu.CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0)):
+            cu.check("cuDeviceGetAttribute", ctypes.byref(v), attr, 0)
+            self.assertEqual(v.value, want, "attribute %d" % attr)
+        self.assertCuda(cu.CUDA_ERROR_INVALID_DEVICE, "cuDeviceGetAttribute", ctypes.byref(v), 75, 2)
+        self.assertEqual(cu.error_text(cu.CUDA_ERROR_ILLEGAL_ADDRESS),
+                         ("CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"))
+
+    def test_get_proc_address(self):
+        lib = ctypes.CDLL(LIB)
+        gpa = lib.cuGetProcAddress_v2
+        gpa.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64,
+                        ctypes.POINTER(ctypes.c_int)]
+        p, st = ctypes.c_void_p(), ctypes.c_int(-1)
+        self.assertEqual(gpa(b"cuMemAlloc", ctypes.byref(p), 12000, 0, ctypes.byref(st)), 0)
+        self.assertEqual(st.value, 0)
+        self.assertEqual(p.value, ctypes.cast(lib.cuMemAlloc_v2, ctypes.c_void_p).value)
+        self.assertEqual(gpa(b"cuIpcOpenMemHandle", ctypes.byref(p), 12000, 0, ctypes.byref(st)), 0)
+        self.assertEqual(p.value, ctypes.cast(lib.cuIpcOpenMemHandle_v2, ctypes.c_void_p).value)
+        self.assertEqual(gpa(b"cuNoSuchThing", ctypes.byref(p), 12000, 0, ctypes.byref(st)),
+                         cu.CUDA_ERROR_NOT_FOUND)
+        self.assertEqual(st.value, 1)  # CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+        self.assertIsNone(p.value)
+        for sym in ("cuMemAlloc", "cuMemAlloc_v2", "cuMemcpyDtoHAsync_v2", "cuDeviceTotalMem_v2",
+                    "cuMemHostRegister_v2", "cuDevicePrimaryCtxRelease_v2", "cuStreamDestroy_v2"):
+            self.assertTrue(hasattr(lib, sym), sym)
+
+    def test_no_context_on_a_new_thread(self):
+        out = {}
+
+        def run():
+            p = cu.c_ptr()
+            out["alloc"] = cu.raw("cuMemAlloc", ctypes.byref(p), 4096)
+            d = ctypes.c_int()
+            out["dev"] = cu.raw("cuCtxGetDevice", ctypes.byref(d))
+        t = threading.Thread(target=run)
+        t.start()
+        t.join(TIMEOUT)
+        self.assertEqual(out, {"alloc": cu.CUDA_ERROR_INVALID_CONTEXT, "dev": cu.CUDA_ERROR_INVALID_CONTEXT})
+
+    def test_no_devices(self):
+        r = child("print(cu.raw('cuInit', 0))", env={"FAKE_CUDA_DEVICES": "0"})
+        self.assertEqual(self.assertChildOk(r).strip(), str(cu.CUDA_ERROR_NO_DEVICE))
+
+    # ---- memory and copies -----------------------------------------------------------------------
+
+    def test_alloc_copies_bounds(self):
+        n = 3 * 1024 * 1024 + 17
+        a, b = cu.alloc(n), cu.alloc(n)
+        try:
+            self.assertEqual(a % (2 << 20), 0)
+            data = os.urandom(n)
+            cu.htod(a, data)
+            self.assertEqual(cu.dtoh(a, n), data)
+            cu.check("cuMemcpyDtoD", b + 5, a + 1000, n - 1000)
+            self.assertEqual(cu.dtoh(b + 5, n - 1000), data[1000:])
+            host = ctypes.create_string_buffer(100)
+            cu.check("cuMemcpy", ctypes.addressof(host), a + 7, 100)  # unified: device to host
+            self.assertEqual(host.raw, data[7:107])
+            base, size = cu.c_ptr(), ctypes.c_size_t()
+            cu.check("cuMemGetAddressRange", ctypes.byref(base), ctypes.byref(size), a + 12345)
+            self.assertEqual((base.value, size.value), (a, n))
+            mt, ordinal = ctypes.c_uint(), ctypes.c_int()
+            cu.check("cuPointerGetAttribute", ctypes.byref(mt), cu.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a + 1)
+            cu.check("cuPointerGetAttribute", ctypes.byref(ordinal), cu.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, a)
+            self.assertEqual((mt.value, ordinal.value), (cu.CU_MEMORYTYPE_DEVICE, 0))
+            # A range crossing the allocation's end, or outside any allocation: refused, nothing copied.
+            buf = ctypes.create_string_buffer(b"\xee" * 64, 64)
+            self.assertCuda(cu.CUDA_ERROR_INVALID_VALUE, "cuMemcpyDtoH", buf, a + n - 10, 11)
+            self.assertCuda(cu.CUDA_ERROR_INVALID_VALUE, "cuMemcpyHtoD", a + n - 10, buf, 11)
+            self.assertCuda(cu.CUDA_ERROR_INVALID_VALUE, "cuMemcpyDtoH", buf, a + n + (1 << 20), 1)
+            self.assertEqual(buf.raw, b"\xee" * 64)
+            self.assertEqual(cu.dtoh(a + n - 10, 10), data[-10:])
+            cu.check("cuMemsetD8", b, 0xab, 10)
+            self.assertEqual(cu.dtoh(b, 11), b"\xab" * 10 + data[1005:1006])
+            # Device 1's memory, copied peer to peer.
+            cu.init(1)
+            c = cu.alloc(4096)
+            cu.check("cuPointerGetAttribute", ctypes.byref(ordinal), cu.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, c)
+            self.assertEqual(ordinal.value, 1)
+            cu.check("cuMemcpyPeer", c, cu._ctx[1], a, cu._ctx[0], 4096)
+            self.assertEqual(cu.dtoh(c, 4096), data[:4096])
+            cu.free(c)
+            cu.set_current(0)
+        finally:
+            cu.free(a)
+            cu.free(b)
+        self.assertCuda(cu.CUDA_ERROR_INVALID_VALUE, "cuMemcpyDtoH", buf, a, 1)  # freed
+        self.assertCuda(cu.CUDA_ERROR_INVALID_VALUE, "cuMemFree", a)
+        self.assertEqual(os.listdir(SHM), [], "backing files left after cuMemFree")
+
+    def test_pinned_host_memory(self):
+        p = ctypes.c_void_p()
+        cu.check("cuMemHostAlloc", ctypes.byref(p), 8192, 0)
+        mt = ctypes.c_uint()
+        cu.check("cuPointerGetAttribute", ctypes.byref(mt), cu.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p.value + 5)
+        self.assertEqual(mt.value, cu.CU_MEMORYTYPE_HOST)
+        cu.check("cuMemFreeHost", p)
+        buf = ctypes.create_string_buffer(8192)
+        cu.check("cuMemHostRegister", buf, 8192, 0)
+        self.assertCuda(712, "cuMemHostRegister", ctypes.addressof(buf) + 4096, 100, 0)  # already registered
+        cu.check("cuPointerGetAttribute", ctypes.byref(mt), cu.CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                 ctypes.addressof(buf))
+        self.assertEqual(mt.value, cu.CU_MEMORYTYPE_HOST)
+        cu.check("cuMemHostUnregister", buf)
+        self.assertCuda(713, "cuMemHostUnregister", buf)  # not registered any more
+        self.assertCuda(cu.CUDA_ERROR_INVALID_VALUE, "cuPointerGetAttribute", ctypes.byref(mt),
+                        cu.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ctypes.addressof(buf))
+
+    def test_dma_buf_not_supported(self):
+        a = cu.alloc(2 << 20)
+        fd = ctypes.c_int(-1)
+        self.assertCuda(cu.CUDA_ERROR_NOT_SUPPORTED, "cuMemGetHandleForAddressRange", ctypes.byref(fd), a,
+                        2 << 20, cu.CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0)
+        self.assertEqual(fd.value, -1)
+        cu.free(a)
+
+    def test_device_pointer_is_not_host_memory(self):
+        code = "cu.init(0)\np = cu.alloc(4096)\ncu.htod(p, b'x' * 4096)\nprint('read', ctypes.string_at(p, 16))\n"
+        crash_dir = tempfile.mkdtemp(prefix="sc-fakecuda-crash-", dir=os.path.dirname(SHM))
+        try:  # the crashed child cannot unlink its backing file: give it a directory of its own
+            r = child(code, env={"FAKE_CUDA_SHM_DIR": crash_dir})
+        finally:
+            shutil.rmtree(crash_dir, ignore_errors=True)
+        self.assertEqual(r.returncode, -signal.SIGSEGV,
+                         "reading a device pointer from host code must crash:\n%s\n%s" % (r.stdout, r.stderr))
+        self.assertNotIn(b"read", r.stdout)
+        ok = child("cu.init(0)\np = ctypes.c_void_p()\ncu.check('cuMemHostAlloc', ctypes.byref(p), 4096, 0)\n"
+                   "ctypes.memset(p, 120, 16)\nprint(ctypes.string_at(p, 4))\n")
+        self.assertEqual(self.assertChildOk(ok).strip(), "b'xxxx'")  # pinned host memory is host memory
+
+    # ---- streams and events ----------------------------------------------------------------------
+
+    def test_async_copy_is_asynchronous(self):
+        code = r"""
+cu.init(0)
+n = 1 << 20
+data = os.urandom(n)
+d = cu.alloc(n)
+cu.htod(d, data)
+h = ctypes.c_void_p()
+cu.check("cuMemHostAlloc", ctypes.byref(h), n, 0)
+ctypes.memset(h, 0, n)
+s, e = ctypes.c_void_p(), ctypes.c_void_p()
+cu.check("cuStreamCreate", ctypes.byref(s), 1)
+cu.check("cuEventCreate", ctypes.byref(e), 2)
+cu.check("cuMemcpyDtoHAsync", h, d, n, s)
+cu.check("cuEventRecord", e, s)
+q_ev, q_st = cu.raw("cuEventQuery", e), cu.raw("cuStreamQuery", s)
+stale = ctypes.string_at(h, n) == bytes(n)
+cu.check("cuEventSynchronize", e)
+done = cu.raw("cuEventQuery", e)
+got = ctypes.string_at(h, n) == data
+# Ordering across streams: s2 waits for an event recorded on s after a slow copy.
+s2 = ctypes.c_void_p()
+cu.check("cuStreamCreate", ctypes.byref(s2), 1)
+d2 = cu.alloc(n)
+cu.check("cuMemsetD8Async", d, 7, n, s)
+cu.check("cuEventRecord", e, s)
+cu.check("cuStreamWaitEvent", s2, e, 0)
+cu.check("cuMemcpyDtoDAsync", d2, d, n, s2)
+cu.check("cuStreamSynchronize", s2)
+ordered = cu.dtoh(d2, n) == b"\x07" * n
+cu.check("cuEventDestroy", e)
+cu.check("cuStreamDestroy", s)
+cu.check("cuStreamDestroy", s2)
+cu.check("cuMemFreeHost", h)
+cu.free(d)
+cu.free(d2)
+print(q_ev, q_st, stale, done, got, ordered)
+"""
+        r = child(code, env={"FAKE_CUDA_COPY_DELAY_US": "300000"})
+        self.assertEqual(self.assertChildOk(r).split(),
+                         [str(cu.CUDA_ERROR_NOT_READY), str(cu.CUDA_ERROR_NOT_READY), "True", "0", "True", "True"])
+
+    def test_invalid_stream_and_event_handles(self):
+        s = ctypes.c_void_p()
+        cu.check("cuStreamCreate", ctypes.byref(s), 0)
+        cu.check("cuStreamDestroy", s)
+        a = cu.alloc(4096)
+        buf = ctypes.create_string_buffer(16)
+        self.assertCuda(cu.CUDA_ERROR_INVALID_HANDLE, "cuMemcpyDtoHAsync", buf, a, 16, s)
+        self.assertCuda(cu.CUDA_ERROR_INVALID_HANDLE, "cuStreamSynchronize", s)
+        cu.check("cuMemcpyDtoHAsync", buf, a, 16, None)  # stream 0: synchronous
+        cu.free(a)
+
+    # ---- fault injection -------------------------------------------------------------------------
+
+    def test_fail_copy_sync(self):
+        code = r"""
+cu.init(0)
+d = cu.alloc(4096)
+buf = ctypes.create_string_buffer(b"\x55" * 64, 64)
+res = []
+for i in range(4):
+    res.append(cu.raw("cuMemcpyDtoH", buf, d, 64))
+try:
+    cu.check("cuMemcpyDtoH", buf, d, 64)
+    cu.check("cuMemcpyDtoH", buf, d, 64)
+except cu.CudaError as e:
+    print("raised", e.name, e.text)
+print(res, buf.raw[:4])
+cu.free(d)
+"""
+        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "3"})
+        out = self.assertChildOk(r)
+        self.assertIn("[0, 0, 700, 0]", out)
+        self.assertNotIn("raised", out)
+        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "5"})
+        out = self.assertChildOk(r)
+        self.assertIn("raised CUDA_ERROR_ILLEGAL_ADDRESS an illegal memory access was encountered", out)
+
+    def test_fail_copy_async_by_direction(self):
+        code = r"""
+cu.init(0)
+n = 4096
+d = cu.alloc(n)
+cu.htod(d, b"\x11" * n)              # HtoD: not counted with FAKE_CUDA_FAIL_COPY_DIR=DtoH
+s, e = ctypes.c_void_p(), ctypes.c_void_p()
+cu.check("cuStreamCreate", ctypes.byref(s), 1)
+cu.check("cuEventCreate", ctypes.byref(e), 0)
+h = ctypes.create_string_buffer(b"\x99" * n, n)
+cu.check("cuMemcpyDtoHAsync", h, d, n, s)         # DtoH 1: fine
+cu.check("cuStreamSynchronize", s)
+ctypes.memset(h, 0x99, n)
+cu.check("cuMemcpyDtoHAsync", h, d, n, s)         # DtoH 2: fails on the stream, enqueued fine
+first = cu.raw("cuStreamSynchronize", s)
+second = cu.raw("cuStreamSynchronize", s)
+untouched = h.raw == b"\x99" * n
+cu.check("cuMemcpyDtoHAsync", h, d, n, s)         # DtoH 3: fine
+cu.check("cuEventRecord", e, s)
+third = cu.raw("cuEventSynchronize", e)
+copied = h.raw == b"\x11" * n
+cu.check("cuEventDestroy", e)
+cu.check("cuStreamDestroy", s)
+cu.free(d)
+print(first, second, untouched, third, copied)
+"""
+        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "2", "FAKE_CUDA_FAIL_COPY_DIR": "DtoH"})
+        self.assertEqual(self.assertChildOk(r).split(), ["700", "0", "True", "0", "True"])
+
+    def test_fail_copy_reported_by_event(self):
+        code = r"""
+cu.init(0)
+d = cu.alloc(4096)
+s, e = ctypes.c_void_p(), ctypes.c_void_p()
+cu.check("cuStreamCreate", ctypes.byref(s), 1)
+cu.check("cuEventCreate", ctypes.byref(e), 0)
+h = ctypes.create_string_buffer(4096)
+cu.check("cuMemcpyHtoDAsync", d, h, 4096, s)
+cu.check("cuEventRecord", e, s)
+a = cu.raw("cuEventSynchronize", e)
+b = cu.raw("cuStreamSynchronize", s)
+cu.check("cuEventDestroy", e)
+cu.check("cuStreamDestroy", s)
+cu.free(d)
+print(a, b)
+"""
+        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "1"})
+        self.assertEqual(self.assertChildOk(r).split(), ["700", "0"])  # reported once, then cleared
+
+    # ---- IPC between processes -------------------------------------------------------------------
+
+    def test_ipc_handle_in_child_process(self):
+        n = (2 << 20) + 333
+        a = cu.alloc(n)
+        data = os.urandom(n)
+        cu.htod(a, data)
+        handle = cu.ipc_handle(a)
+        code = r"""
+cu.init(0)
+h = sys.stdin.buffer.read(64)
+n = int(sys.argv[1]) if len(sys.argv) > 1 else %d
+p = cu.ipc_open(h)
+data = cu.dtoh(p, n)
+print(__import__("hashlib").sha256(data).hexdigest())
+cu.htod(p + 100, b"written by the child")
+bad = cu.raw("cuMemcpyDtoH", ctypes.create_string_buffer(2), p + n - 1, 2)
+cu.ipc_close(p)
+print(bad)
+""" % n
+        r = child(code, stdin=handle)
+        import hashlib
+        out = self.assertChildOk(r).split()
+        self.assertEqual(out, [hashlib.sha256(data).hexdigest(), str(cu.CUDA_ERROR_INVALID_VALUE)])
+        want = bytearray(data)
+        want[100:120] = b"written by the child"
+        self.assertEqual(cu.dtoh(a, n), bytes(want))
+        # Garbage handle; a device-0 handle opened with device 1 current.
+        opener = "cu.init(int(os.environ['DEV']))\nprint(cu.raw('cuIpcOpenMemHandle', ctypes.byref(cu.c_ptr()), " \
+                 "cu.IpcHandle.from_buffer_copy(sys.stdin.buffer.read(64)), 1))\n"
+        bad = bytearray(handle)
+        bad[30] ^= 1
+        r = child(opener, env={"DEV": "0"}, stdin=bytes(bad))
+        self.assertEqual(self.assertChildOk(r).strip(), str(cu.CUDA_ERROR_INVALID_VALUE))
+        r = child(opener, env={"DEV": "0"}, stdin=os.urandom(64))
+        self.assertEqual(self.assertChildOk(r).strip(), str(cu.CUDA_ERROR_INVALID_VALUE))
+        r = child(opener, env={"DEV": "1"}, stdin=handle)
+        self.assertEqual(self.assertChildOk(r).strip(), str(cu.CUDA_ERROR_INVALID_DEVICE))
+        cu.free(a)
+        r = child(opener, env={"DEV": "0"}, stdin=handle)  # freed by its owner
+        self.assertEqual(self.assertChildOk(r).strip(), str(cu.CUDA_ERROR_INVALID_VALUE))
+
+    # ---- virtual memory API, fd taken with pidfd_getfd -------------------------------------------
+
+    def test_vmm_fd_taken_with_pidfd_getfd(self):
+        if not hasattr(os, "pidfd_open"):
+            self.skipTest("os.pidfd_open needs Python 3.9+ and Linux 5.3+")
+        n = 3 << 20
+        data = os.urandom(n)
+        code = r"""
+cu.init(0)
+data = sys.stdin.buffer.read(%d)
+p, fd, size = cu.vmm_alloc(len(data))
+cu.htod(p, data)
+print(os.getpid(), fd, size, flush=True)
+sys.stdin.buffer.readline()          # the parent took the fd and wrote
+sys.stdout.write(cu.dtoh(p + 10, 30).hex() + "\n")
+sys.stdout.flush()
+cu.vmm_free(p, fd)
+""" % n
+        e = dict(os.environ)
+        proc = subprocess.Popen([sys.executable, "-c", PRELUDE + code], env=e, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            proc.stdin.write(data)
+            proc.stdin.flush()
+            line = proc.stdout.readline().split()
+            self.assertEqual(len(line), 3, "child said %r" % (line,))
+            pid, fd, size = (int(x) for x in line)
+            self.assertEqual(size, 4 << 20)  # rounded up to the 2 MiB granularity
+            pidfd = os.pidfd_open(pid)
+            try:
+                mine = pidfd_getfd(pidfd, fd)
+            finally:
+                os.close(pidfd)
+            p = cu.vmm_import(mine, size)
+            self.assertEqual(cu.dtoh(p, n), data)
+            cu.htod(p + 10, b"written by the parent ")
+            cu.vmm_free(p, mine)
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+            got = bytes.fromhex(proc.stdout.readline().decode().strip())
+            self.assertEqual(got, b"written by the parent " + data[32:40])
+            self.assertEqual(proc.wait(TIMEOUT), 0, proc.stderr.read())
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for f in (proc.stdin, proc.stdout, proc.stderr):
+                f.close()
+        # An fd that is not a stand-in allocation is refused.
+        with open("/dev/null") as f:
+            h = ctypes.c_ulonglong()
+            self.assertCuda(cu.CUDA_ERROR_INVALID_VALUE, "cuMemImportFromShareableHandle", ctypes.byref(h),
+                            ctypes.c_void_p(f.fileno()), cu.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+
+
+def tearDownModule():
+    leftover = os.listdir(SHM)
+    shutil.rmtree(SHM, ignore_errors=True)
+    if leftover:
+        raise AssertionError("stand-in backing files left in %s: %s" % (SHM, leftover))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
