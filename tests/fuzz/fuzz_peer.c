@@ -18,6 +18,7 @@
  */
 #include "keys.h"
 #include "peer_proto.h"
+#include "timer.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -46,6 +47,8 @@ static void ring_init(void)
 		abort();
 	}
 }
+
+#ifndef SC_FUZZ_GEN_SEEDS
 
 static void fuzz_frames(const uint8_t *data, size_t size)
 {
@@ -120,8 +123,6 @@ static void fuzz_hello(bool server, const uint8_t *data, size_t size)
 	close(sv[0]);
 	close(sv[1]);
 }
-
-#ifndef SC_FUZZ_GEN_SEEDS
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
