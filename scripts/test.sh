@@ -4,8 +4,10 @@
 #   1. install Debian packages (scripts/install-deps.sh; skipped when all are present)
 #   2. Release build + every ctest (unit, integration, Soft-RoCE VM)
 #   3. AddressSanitizer+UBSan build + unit and integration tests
-#   4. valgrind over the unit tests and a subset of the integration tests
-# Environment: SC_SKIP_SANITIZE=1 / SC_SKIP_VALGRIND=1 / RDMA_SIDECAR_SKIP_VM=1 to skip stages;
+#   4. libFuzzer targets (tests/fuzz/build-and-run.sh), SC_FUZZ_SECONDS (20) each
+#   5. valgrind over the unit tests and a subset of the integration tests
+# Environment: SC_SKIP_SANITIZE=1 / SC_SKIP_FUZZ=1 / SC_SKIP_VALGRIND=1 / RDMA_SIDECAR_SKIP_VM=1
+# to skip stages;
 # JOBS (default: nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +42,16 @@ if [[ "${SC_SKIP_SANITIZE:-0}" != 1 ]]; then
     ctest --test-dir build-asan --output-on-failure -j"$jobs" -L 'unit|integration' --timeout 900 |
     tee build-asan/ctest-asan.log
   count build-asan/ctest-asan.log
+fi
+
+if [[ "${SC_SKIP_FUZZ:-0}" != 1 ]]; then
+  echo "== fuzzing: metadata, peer frames and hello, config, key file (${SC_FUZZ_SECONDS:-20} s each)"
+  if sh tests/fuzz/build-and-run.sh build "${SC_FUZZ_SECONDS:-20}"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "a fuzz target crashed: see build/fuzz/artifacts/"; echo "$passed passed, $failed failed"; exit 1
+  fi
 fi
 
 if [[ "${SC_SKIP_VALGRIND:-0}" != 1 ]]; then

@@ -217,36 +217,34 @@ void sc_h_report_progress(struct sc_call *c, ProtobufCMessage *req)
 
 /* ---- WaitOperation and WatchOperation -------------------------------------------------------- */
 
-/* Shared by the engine watcher, the timer and the cancel hook; the last holder frees it. */
+/* One Wait or Watch call's state. Owned by the call (sc_call_set_state): freed with the call's
+ * state when its last reference goes, never before, so the cancel hook, which runs while the call
+ * lives, always finds it. The engine watch and the timeout timer each hold a reference to the
+ * *call* (not to the waiter) and drop it when they end; after dropping one, do not touch w. */
 struct waiter {
-	atomic_int refs;
 	atomic_bool done; /* the call has been (or is being) answered */
 	struct sc_call *call;
 	struct sc_engine *eng;
 	char op_id[SC_ID_MAX];
 	uint64_t watch_id;
-	/* The timer holds a reference; whoever removes the timer (or the timer callback, when it
-	 * runs) drops it. Atomic: the watcher reads it while the handler may still be storing it. */
+	/* The timer holds a call reference; whoever removes the timer (or the timer callback, when
+	 * it runs) drops it. Atomic: the watcher reads it while the handler may still store it. */
 	atomic_uint_fast64_t timer_id;
 	bool stream; /* Watch (stream every change) rather than Wait */
 };
 
-static void waiter_unref(struct waiter *w);
+/* Drop the call reference that the watch or the timer held; may free w. */
+static void waiter_release(struct waiter *w)
+{
+	sc_call_unref(w->call);
+}
 
 /* Remove the timeout timer if it is still pending and drop its reference. Non-blocking. */
 static void waiter_drop_timer(struct waiter *w)
 {
 	uint64_t id = atomic_load(&w->timer_id);
 	if (id && sc_engine_timer_try_cancel(w->eng, id))
-		waiter_unref(w);
-}
-
-static void waiter_unref(struct waiter *w)
-{
-	if (atomic_fetch_sub(&w->refs, 1) == 1) {
-		sc_call_unref(w->call);
-		free(w);
-	}
+		waiter_release(w);
 }
 
 /* Claim the right to answer; true for exactly one caller. */
@@ -266,7 +264,7 @@ static bool waiter_on_change(void *ctx, const struct sc_op_info *info)
 		send_op(w->call, info);
 		if (terminal && waiter_claim(w)) {
 			sc_call_finish(w->call, SC_OK, NULL);
-			waiter_unref(w); /* the watch's reference: the watch ends with terminal */
+			waiter_release(w); /* the watch's reference: the watch ends with terminal */
 		}
 		return !terminal;
 	}
@@ -277,7 +275,7 @@ static bool waiter_on_change(void *ctx, const struct sc_op_info *info)
 		/* Free the call now rather than when the timeout would have fired. */
 		waiter_drop_timer(w);
 	}
-	waiter_unref(w); /* the watch's reference */
+	waiter_release(w); /* the watch's reference */
 	return false;
 }
 
@@ -287,68 +285,68 @@ static void waiter_on_timeout(void *ctx)
 	struct waiter *w = ctx;
 	if (waiter_claim(w)) {
 		if (sc_op_unwatch(w->eng, w->watch_id))
-			waiter_unref(w); /* removed the watch before it answered */
+			waiter_release(w); /* removed the watch before it answered */
 		struct sc_op_info info;
 		struct sc_err err;
 		sc_err_clear(&err);
 		int rc = sc_op_get(w->eng, w->op_id, &info, &err);
 		answer(w->call, rc, &info, &err);
 	}
-	waiter_unref(w); /* the timer's reference */
+	waiter_release(w); /* the timer's reference */
 }
 
-/* The client went away (or its deadline passed, or the server is stopping). Worker thread. */
+/* The client went away (or its deadline passed, or the server is stopping). Worker thread; the
+ * call (and so w, its state) is alive here: the close watch holds a reference. */
 static void waiter_on_cancel(struct sc_call *c)
 {
 	struct waiter *w = sc_call_state(c);
 	if (!waiter_claim(w))
 		return;
 	if (sc_op_unwatch(w->eng, w->watch_id))
-		waiter_unref(w);
+		waiter_release(w);
 	uint64_t timer = atomic_load(&w->timer_id);
 	if (timer && sc_engine_timer_cancel(w->eng, timer))
-		waiter_unref(w);
+		waiter_release(w);
 	sc_call_finish(c, SC_CANCELLED, "cancelled by the client");
 }
 
-static void waiter_state_release(void *p)
+static void waiter_free(void *p)
 {
-	(void)p; /* the waiter is freed by its last reference, not with the call state */
+	free(p);
 }
 
+/* Runs with the arrival's reference to c held, so w (c's state) lives through this function. */
 static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout_ms, bool stream)
 {
 	struct sc_engine *eng = sc_call_engine(c);
+	if (!op_id || strlen(op_id) >= SC_ID_MAX) {
+		sc_call_fail(c, SC_NOT_FOUND, "no such operation");
+		return;
+	}
 	struct waiter *w = calloc(1, sizeof(*w));
 	if (!w) {
 		sc_call_fail(c, SC_RESOURCE_EXHAUSTED, "out of memory");
-		return;
-	}
-	if (!op_id || strlen(op_id) >= sizeof(w->op_id)) {
-		free(w);
-		sc_call_fail(c, SC_NOT_FOUND, "no such operation");
 		return;
 	}
 	strcpy(w->op_id, op_id);
 	w->call = c;
 	w->eng = eng;
 	w->stream = stream;
-	sc_call_ref(c);
-	atomic_init(&w->refs, 2); /* this function's + the watch's */
+	sc_call_set_state(c, w, waiter_free);
 
 	struct sc_op_info first;
 	struct sc_err err;
 	sc_err_clear(&err);
+	sc_call_ref(c); /* the watch's */
 	if (sc_op_watch(eng, op_id, waiter_on_change, w, &w->watch_id, &first, &err) != 0) {
 		atomic_store(&w->done, true);
 		sc_call_fail_err(c, &err);
-		atomic_fetch_sub(&w->refs, 1); /* no watch exists */
-		waiter_unref(w);
+		waiter_release(w); /* no watch exists (not the last reference: the arrival's is held) */
 		return;
 	}
 	bool terminal = sc_op_status_terminal(first.status);
 	if (terminal)
-		atomic_fetch_sub(&w->refs, 1); /* the watch ended at once: no reference */
+		waiter_release(w); /* the watch ended at once */
 
 	if (stream) {
 		send_op(c, &first);
@@ -357,26 +355,24 @@ static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout
 	} else if (terminal || timeout_ms == 0 || sc_call_deadline_left_ms(c) == 0) {
 		if (waiter_claim(w)) {
 			if (!terminal && sc_op_unwatch(eng, w->watch_id))
-				waiter_unref(w);
+				waiter_release(w);
 			reply_op(c, &first);
 		}
 	} else {
+		/* Both may be huge (UINT64_MAX: no client deadline); the timer saturates the sum. */
 		uint64_t left = sc_call_deadline_left_ms(c);
 		uint64_t wait = timeout_ms < left ? timeout_ms : left;
-		atomic_fetch_add(&w->refs, 1); /* the timer's */
+		sc_call_ref(c); /* the timer's */
 		uint64_t timer = sc_engine_timer_add(eng, wait, waiter_on_timeout, w);
 		atomic_store(&w->timer_id, timer);
 		if (!timer)
-			atomic_fetch_sub(&w->refs, 1);
+			waiter_release(w);
 		else if (atomic_load(&w->done))
 			waiter_drop_timer(w); /* answered while the timer was being armed */
 	}
 	sc_op_info_free(&first);
-	if (!atomic_load(&w->done)) {
-		sc_call_set_state(c, w, waiter_state_release);
+	if (!atomic_load(&w->done))
 		sc_call_on_cancel(c, waiter_on_cancel);
-	}
-	waiter_unref(w);
 }
 
 void sc_h_wait_operation(struct sc_call *c, ProtobufCMessage *req)

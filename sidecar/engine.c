@@ -232,7 +232,7 @@ void sc_engine_begin_drain(struct sc_engine *eng)
 
 bool sc_engine_wait_idle(struct sc_engine *eng, uint64_t timeout_ms)
 {
-	uint64_t end = sc_clock_mono_ms() + timeout_ms;
+	uint64_t end = sc_clock_mono_after_ms(timeout_ms);
 	pthread_mutex_lock(&eng->mu);
 	while (sc_engine_active_count(eng) > 0 || eng->sched_head) {
 		uint64_t now = sc_clock_mono_ms();
@@ -350,7 +350,7 @@ void sc_engine_info(struct sc_engine *eng, struct sc_info *out)
 
 uint64_t sc_engine_timer_add(struct sc_engine *eng, uint64_t delay_ms, sc_timer_fn fn, void *ctx)
 {
-	return sc_timers_add(eng->timers, sc_clock_mono_ms() + delay_ms, fn, ctx);
+	return sc_timers_add(eng->timers, sc_clock_mono_after_ms(delay_ms), fn, ctx);
 }
 
 bool sc_engine_timer_cancel(struct sc_engine *eng, uint64_t timer_id)

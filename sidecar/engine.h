@@ -165,10 +165,14 @@ void sc_op_info_free(struct sc_op_info *info);
 /* Deep copy; returns -1 on allocation failure. */
 int sc_op_info_copy(struct sc_op_info *dst, const struct sc_op_info *src);
 
+/* An operation's timeout_ms (passive or active) above this is clamped to it, not refused: an
+ * operation lives at most 7 days, and a client's 2^64-1 ("forever") means that. */
+#define SC_OP_TIMEOUT_MAX_MS (7ull * 24 * 3600 * 1000)
+
 struct sc_passive_req {
 	const struct sc_desc *descs;
 	size_t n_descs;
-	uint64_t timeout_ms; /* 0 = --default-timeout */
+	uint64_t timeout_ms; /* 0 = --default-timeout; clamped to SC_OP_TIMEOUT_MAX_MS */
 	const char *audience;
 	uint32_t max_uses; /* 0 = 1 */
 	const char *request_id;

@@ -327,7 +327,7 @@ void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_sta
 	op_notify(eng, op);
 	if (op->in_table && !op->retention_timer)
 		op->retention_timer = op_timer_add(eng, op,
-						   sc_clock_mono_ms() + eng->cfg->retention_ms,
+						   sc_clock_mono_after_ms(eng->cfg->retention_ms),
 						   op_retention_cb);
 	pthread_cond_broadcast(&eng->idle_cv);
 }
@@ -438,10 +438,10 @@ static struct sc_op *op_new(struct sc_engine *eng, enum sc_op_kind kind, const s
 	new_op_id(op->id);
 	op->created_unix_ms = sc_clock_unix_ms();
 	uint64_t timeout = timeout_ms ? timeout_ms : eng->cfg->default_timeout_ms;
-	if (timeout > 7ull * 24 * 3600 * 1000)
-		timeout = 7ull * 24 * 3600 * 1000;
-	op->deadline_unix_ms = op->created_unix_ms + timeout;
-	op->deadline_mono_ms = sc_clock_mono_ms() + timeout;
+	if (timeout > SC_OP_TIMEOUT_MAX_MS) /* clamped, not refused: see engine.h */
+		timeout = SC_OP_TIMEOUT_MAX_MS;
+	op->deadline_unix_ms = sc_deadline_add_ms(op->created_unix_ms, timeout);
+	op->deadline_mono_ms = sc_clock_mono_after_ms(timeout);
 	return op;
 }
 

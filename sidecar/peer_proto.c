@@ -579,8 +579,11 @@ static int hello_recv(int fd, uint8_t *buf, size_t cap, enum sc_frame_type want,
 	if (sc_peer_recv_msg(fd, buf, cap, m, w, what, err) != SC_PEER_IO_OK)
 		return -1;
 	if (m->type == SC_FRAME_ERROR) {
+		/* An ERROR frame is a failure whatever its code says: 0 (OK) or an unknown code
+		 * reads as a refusal (found by tests/fuzz/fuzz_peer.c: it failed with code OK). */
 		enum sc_status code = sc_peer_status_from_wire(m->code);
-		return sc_err_set(err, code == SC_INTERNAL ? SC_UNAUTHENTICATED : code,
+		return sc_err_set(err,
+				  code == SC_INTERNAL || code == SC_OK ? SC_UNAUTHENTICATED : code,
 				  "%s refused the hello: %s", what, m->text);
 	}
 	if (m->type != want)

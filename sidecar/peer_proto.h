@@ -187,7 +187,9 @@ int sc_peer_hello_server(int fd, const struct sc_keyring *ring, const char *self
 			 const struct sc_peer_wait *w, const char *what, char peer_id[SC_NAME_MAX],
 			 struct sc_err *err);
 
-/* Map a received ERROR frame's code to an sc_status (unknown codes and OK become INTERNAL). */
+/* Map a received frame's status code to an sc_status (unknown codes become INTERNAL; 0 is OK, as
+ * in a DONE frame's success). An ERROR frame is a failure whatever its code: callers map OK to a
+ * failure code themselves. */
 enum sc_status sc_peer_status_from_wire(uint32_t code);
 
 #endif

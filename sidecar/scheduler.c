@@ -5,7 +5,9 @@
  * --max-concurrent-transfers at once and at most --max-inflight-bytes in flight (a transfer larger
  * than the whole budget runs alone). Operations gated on worker progress (a requirement) wait until
  * ReportProgress satisfies it, then queue for a slot in FIFO order. Every slot taken is given back
- * exactly once (sc_sched_release, from the transfer's completion). Runs under eng->mu on whatever
+ * exactly once (sc_sched_release, from the transfer's completion). Whatever frees room (a slot
+ * given back, or a queued operation leaving the queue: cancelled, past its deadline) admits the
+ * queue's head while it fits: strictly FIFO, a head that does not fit holds the ones behind it. Runs under eng->mu on whatever
  * thread drives the change (RPC handlers, backend completions, the timer thread).
  */
 #include "engine_internal.h"
@@ -51,6 +53,22 @@ void sc_sched_admit(struct sc_engine *eng, struct sc_op *op)
 		 eng->active_transfers, eng->inflight_bytes);
 }
 
+/* Start queued operations from the head while they fit. */
+static void admit_queued(struct sc_engine *eng)
+{
+	while (eng->sched_head && slot_free(eng, eng->sched_head)) {
+		struct sc_op *next = eng->sched_head;
+		eng->sched_head = next->sched_next;
+		if (!eng->sched_head)
+			eng->sched_tail = NULL;
+		next->queued = false;
+		next->sched_next = NULL;
+		if (next->status == SC_OPS_SCHEDULED)
+			take_slot_and_start(eng, next);
+		sc_op_unref(eng, next);
+	}
+}
+
 void sc_sched_remove(struct sc_engine *eng, struct sc_op *op)
 {
 	op->waiting_requirement = false;
@@ -71,6 +89,9 @@ void sc_sched_remove(struct sc_engine *eng, struct sc_op *op)
 	op->queued = false;
 	op->sched_next = NULL;
 	sc_op_unref(eng, op);
+	/* The removed operation may have been the head that did not fit: what waited behind it
+	 * may fit now. */
+	admit_queued(eng);
 }
 
 void sc_sched_release(struct sc_engine *eng, struct sc_op *op)
@@ -80,17 +101,7 @@ void sc_sched_release(struct sc_engine *eng, struct sc_op *op)
 	op->slot_held = false;
 	eng->active_transfers--;
 	eng->inflight_bytes -= op->bytes_total;
-	while (eng->sched_head && slot_free(eng, eng->sched_head)) {
-		struct sc_op *next = eng->sched_head;
-		eng->sched_head = next->sched_next;
-		if (!eng->sched_head)
-			eng->sched_tail = NULL;
-		next->queued = false;
-		next->sched_next = NULL;
-		if (next->status == SC_OPS_SCHEDULED)
-			take_slot_and_start(eng, next);
-		sc_op_unref(eng, next);
-	}
+	admit_queued(eng);
 }
 
 static struct sc_progress *progress_find(struct sc_engine *eng, const char *request_id)

@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * timer.c: the timer thread. Owns a list of pending timers sorted by deadline, guarded by one
- * mutex; the thread sleeps on a condition variable (CLOCK_MONOTONIC) until the earliest deadline,
- * then runs due callbacks one at a time with the mutex released. `running_id` lets cancel wait for
- * a callback that is executing right now. Few timers are live at once (one per live operation),
- * so a sorted singly linked list is enough.
+ * timer.c: the timer thread. Owns the pending timers: a binary min-heap ordered by (deadline,
+ * order of adding), so equal deadlines fire first-added first, plus a slot table that maps a
+ * timer id to its heap position, so add, cancel and pop are O(log n) at any number of pending
+ * timers (one per live operation and per waiting WaitOperation: tens of thousands under load).
+ * An id is (slot generation << 32 | slot index): a stale id never names a newer timer that reuses
+ * the slot. One mutex guards it all; the thread sleeps on a condition variable (CLOCK_MONOTONIC)
+ * until the earliest deadline, then runs due callbacks one at a time with the mutex released.
+ * `running_id` lets cancel wait for a callback that is executing right now.
  */
 #include "timer.h"
 
@@ -12,12 +15,19 @@
 #include <stdlib.h>
 #include <time.h>
 
-struct sc_timer_entry {
-	uint64_t id;
+#define NO_POS UINT32_MAX
+/* Sleep at most this long in one wait, so far deadlines (UINT64_MAX: never) need no time_t math
+ * that could overflow. */
+#define MAX_SLEEP_MS (3600u * 1000u)
+
+struct sc_timer_slot {
 	uint64_t deadline;
+	uint64_t seq; /* order of adding: ties on deadline fire first-added first */
 	sc_timer_cb fn;
 	void *ctx;
-	struct sc_timer_entry *next;
+	uint32_t gen;      /* bumped each time the slot is freed */
+	uint32_t heap_pos; /* NO_POS when the slot is free */
+	uint32_t next_free;
 };
 
 struct sc_timers {
@@ -25,8 +35,11 @@ struct sc_timers {
 	pthread_cond_t wake;     /* new earliest deadline, or stop */
 	pthread_cond_t finished; /* a callback returned */
 	pthread_t thread;
-	struct sc_timer_entry *head;
-	uint64_t next_id;
+	struct sc_timer_slot *slots;
+	uint32_t *heap; /* slot indexes; same capacity as slots */
+	uint32_t n_slots, cap, heap_len;
+	uint32_t free_head; /* NO_POS: none */
+	uint64_t seq;
 	uint64_t running_id;
 	bool stop;
 };
@@ -45,31 +58,146 @@ uint64_t sc_clock_unix_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+uint64_t sc_deadline_add_ms(uint64_t base_ms, uint64_t delay_ms)
+{
+	return delay_ms > UINT64_MAX - base_ms ? UINT64_MAX : base_ms + delay_ms;
+}
+
+uint64_t sc_clock_mono_after_ms(uint64_t delay_ms)
+{
+	return sc_deadline_add_ms(sc_clock_mono_ms(), delay_ms);
+}
+
+/* ---- the heap (caller holds mu) --------------------------------------------------------------- */
+
+static bool earlier(const struct sc_timers *t, uint32_t a, uint32_t b)
+{
+	const struct sc_timer_slot *x = &t->slots[a], *y = &t->slots[b];
+	return x->deadline < y->deadline || (x->deadline == y->deadline && x->seq < y->seq);
+}
+
+static void heap_set(struct sc_timers *t, uint32_t pos, uint32_t slot)
+{
+	t->heap[pos] = slot;
+	t->slots[slot].heap_pos = pos;
+}
+
+static void sift_up(struct sc_timers *t, uint32_t pos)
+{
+	uint32_t slot = t->heap[pos];
+	while (pos > 0) {
+		uint32_t parent = (pos - 1) / 2;
+		if (!earlier(t, slot, t->heap[parent]))
+			break;
+		heap_set(t, pos, t->heap[parent]);
+		pos = parent;
+	}
+	heap_set(t, pos, slot);
+}
+
+static void sift_down(struct sc_timers *t, uint32_t pos)
+{
+	uint32_t slot = t->heap[pos];
+	for (;;) {
+		uint32_t child = 2 * pos + 1;
+		if (child >= t->heap_len)
+			break;
+		if (child + 1 < t->heap_len && earlier(t, t->heap[child + 1], t->heap[child]))
+			child++;
+		if (!earlier(t, t->heap[child], slot))
+			break;
+		heap_set(t, pos, t->heap[child]);
+		pos = child;
+	}
+	heap_set(t, pos, slot);
+}
+
+/* Take the timer in `slot` out of the heap and free the slot. */
+static void remove_slot(struct sc_timers *t, uint32_t slot)
+{
+	uint32_t pos = t->slots[slot].heap_pos;
+	uint32_t last = t->heap[--t->heap_len];
+	if (pos != t->heap_len) {
+		heap_set(t, pos, last);
+		if (pos > 0 && earlier(t, last, t->heap[(pos - 1) / 2]))
+			sift_up(t, pos);
+		else
+			sift_down(t, pos);
+	}
+	struct sc_timer_slot *s = &t->slots[slot];
+	s->heap_pos = NO_POS;
+	s->fn = NULL;
+	s->ctx = NULL;
+	s->gen = s->gen == UINT32_MAX ? 1 : s->gen + 1;
+	s->next_free = t->free_head;
+	t->free_head = slot;
+}
+
+static uint64_t slot_id(const struct sc_timers *t, uint32_t slot)
+{
+	return (uint64_t)t->slots[slot].gen << 32 | slot;
+}
+
+/* The slot a pending timer's id names, or NO_POS. */
+static uint32_t find_slot(const struct sc_timers *t, uint64_t id)
+{
+	uint32_t slot = (uint32_t)id;
+	if (slot >= t->n_slots)
+		return NO_POS;
+	const struct sc_timer_slot *s = &t->slots[slot];
+	if (s->heap_pos == NO_POS || s->gen != (uint32_t)(id >> 32))
+		return NO_POS;
+	return slot;
+}
+
+static int grow(struct sc_timers *t)
+{
+	if (t->cap >= NO_POS / 2)
+		return -1;
+	uint32_t cap = t->cap ? t->cap * 2 : 64;
+	struct sc_timer_slot *slots = realloc(t->slots, (size_t)cap * sizeof(*slots));
+	if (!slots)
+		return -1;
+	t->slots = slots;
+	uint32_t *heap = realloc(t->heap, (size_t)cap * sizeof(*heap));
+	if (!heap)
+		return -1; /* slots grew; cap did not: harmless */
+	t->heap = heap;
+	t->cap = cap;
+	return 0;
+}
+
+/* ---- the thread -------------------------------------------------------------------------------- */
+
 static void *timer_main(void *arg)
 {
 	struct sc_timers *t = arg;
 	pthread_mutex_lock(&t->mu);
 	while (!t->stop) {
+		if (t->heap_len == 0) {
+			pthread_cond_wait(&t->wake, &t->mu);
+			continue;
+		}
 		uint64_t now = sc_clock_mono_ms();
-		struct sc_timer_entry *e = t->head;
-		if (e && e->deadline <= now) {
-			t->head = e->next;
-			t->running_id = e->id;
+		uint32_t top = t->heap[0];
+		struct sc_timer_slot *s = &t->slots[top];
+		if (s->deadline <= now) {
+			sc_timer_cb fn = s->fn;
+			void *ctx = s->ctx;
+			t->running_id = slot_id(t, top);
+			remove_slot(t, top);
 			pthread_mutex_unlock(&t->mu);
-			e->fn(e->ctx);
-			free(e);
+			fn(ctx);
 			pthread_mutex_lock(&t->mu);
 			t->running_id = 0;
 			pthread_cond_broadcast(&t->finished);
 			continue;
 		}
-		if (!e) {
-			pthread_cond_wait(&t->wake, &t->mu);
-			continue;
-		}
+		uint64_t wait_ms = s->deadline - now;
+		if (wait_ms > MAX_SLEEP_MS)
+			wait_ms = MAX_SLEEP_MS;
 		struct timespec ts;
 		clock_gettime(CLOCK_MONOTONIC, &ts);
-		uint64_t wait_ms = e->deadline - now;
 		ts.tv_sec += (time_t)(wait_ms / 1000u);
 		ts.tv_nsec += (long)(wait_ms % 1000u) * 1000000L;
 		if (ts.tv_nsec >= 1000000000L) {
@@ -87,6 +215,7 @@ int sc_timers_create(struct sc_timers **out)
 	struct sc_timers *t = calloc(1, sizeof(*t));
 	if (!t)
 		return -1;
+	t->free_head = NO_POS;
 	pthread_condattr_t attr;
 	pthread_condattr_init(&attr);
 	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -115,11 +244,8 @@ void sc_timers_destroy(struct sc_timers *t)
 	pthread_cond_broadcast(&t->wake);
 	pthread_mutex_unlock(&t->mu);
 	pthread_join(t->thread, NULL);
-	while (t->head) {
-		struct sc_timer_entry *e = t->head;
-		t->head = e->next;
-		free(e);
-	}
+	free(t->heap);
+	free(t->slots);
 	pthread_cond_destroy(&t->finished);
 	pthread_cond_destroy(&t->wake);
 	pthread_mutex_destroy(&t->mu);
@@ -128,22 +254,28 @@ void sc_timers_destroy(struct sc_timers *t)
 
 uint64_t sc_timers_add(struct sc_timers *t, uint64_t deadline_mono_ms, sc_timer_cb fn, void *ctx)
 {
-	struct sc_timer_entry *e = calloc(1, sizeof(*e));
-	if (!e)
-		return 0;
-	e->deadline = deadline_mono_ms;
-	e->fn = fn;
-	e->ctx = ctx;
 	pthread_mutex_lock(&t->mu);
-	e->id = ++t->next_id;
-	struct sc_timer_entry **pp = &t->head;
-	while (*pp && (*pp)->deadline <= deadline_mono_ms)
-		pp = &(*pp)->next;
-	e->next = *pp;
-	*pp = e;
-	if (t->head == e)
+	uint32_t slot = t->free_head;
+	if (slot != NO_POS) {
+		t->free_head = t->slots[slot].next_free;
+	} else {
+		if (t->n_slots == t->cap && grow(t) != 0) {
+			pthread_mutex_unlock(&t->mu);
+			return 0;
+		}
+		slot = t->n_slots++;
+		t->slots[slot].gen = 1;
+	}
+	struct sc_timer_slot *s = &t->slots[slot];
+	s->deadline = deadline_mono_ms;
+	s->seq = ++t->seq;
+	s->fn = fn;
+	s->ctx = ctx;
+	t->heap[t->heap_len] = slot;
+	sift_up(t, t->heap_len++);
+	if (t->heap[0] == slot)
 		pthread_cond_signal(&t->wake);
-	uint64_t id = e->id;
+	uint64_t id = slot_id(t, slot);
 	pthread_mutex_unlock(&t->mu);
 	return id;
 }
@@ -151,15 +283,11 @@ uint64_t sc_timers_add(struct sc_timers *t, uint64_t deadline_mono_ms, sc_timer_
 /* Remove a pending timer; caller holds t->mu. */
 static bool remove_locked(struct sc_timers *t, uint64_t id)
 {
-	for (struct sc_timer_entry **pp = &t->head; *pp; pp = &(*pp)->next) {
-		if ((*pp)->id == id) {
-			struct sc_timer_entry *e = *pp;
-			*pp = e->next;
-			free(e);
-			return true;
-		}
-	}
-	return false;
+	uint32_t slot = find_slot(t, id);
+	if (slot == NO_POS)
+		return false;
+	remove_slot(t, slot);
+	return true;
 }
 
 bool sc_timers_try_cancel(struct sc_timers *t, uint64_t id)
@@ -184,4 +312,12 @@ bool sc_timers_cancel(struct sc_timers *t, uint64_t id)
 	}
 	pthread_mutex_unlock(&t->mu);
 	return removed;
+}
+
+size_t sc_timers_pending(struct sc_timers *t)
+{
+	pthread_mutex_lock(&t->mu);
+	size_t n = t->heap_len;
+	pthread_mutex_unlock(&t->mu);
+	return n;
 }

@@ -3,12 +3,16 @@
  * timer.h: one thread that runs callbacks at monotonic deadlines (operation deadlines, retention,
  * WaitOperation timeouts). Add and cancel from any thread. Cancel is synchronous: when it returns
  * the callback is not running and will not run (it must not be called from inside that callback;
- * calling cancel from inside a *different* timer's callback is fine).
+ * calling cancel from inside a *different* timer's callback is fine). Timers due at the same
+ * deadline run in the order they were added. Add, cancel and try_cancel cost O(log n) in the
+ * number of pending timers (a binary heap indexed by timer id); an id names one timer only (a
+ * slot's generation is part of it), so a stale id cancels nothing. A deadline of UINT64_MAX never fires.
  */
 #ifndef SC_TIMER_H
 #define SC_TIMER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct sc_timers;
@@ -17,14 +21,21 @@ typedef void (*sc_timer_cb)(void *ctx);
 int sc_timers_create(struct sc_timers **out);
 /* Stops the thread; pending callbacks never run. NULL ok. */
 void sc_timers_destroy(struct sc_timers *t);
-/* Returns an id > 0, or 0 when out of memory. */
+/* Returns an id > 0, or 0 when out of memory. fn may add or cancel other timers. */
 uint64_t sc_timers_add(struct sc_timers *t, uint64_t deadline_mono_ms, sc_timer_cb fn, void *ctx);
 bool sc_timers_cancel(struct sc_timers *t, uint64_t id);
 /* Non-blocking: removes the timer if it has not started. Returns true if removed (fn will never
  * run); false if it already ran or is running right now (the callback then owns its ctx). */
 bool sc_timers_try_cancel(struct sc_timers *t, uint64_t id);
 
+/* Timers still waiting (not counting one that is running). */
+size_t sc_timers_pending(struct sc_timers *t);
+
 uint64_t sc_clock_mono_ms(void);
 uint64_t sc_clock_unix_ms(void);
+/* base + delay, saturated at UINT64_MAX: every "now + timeout" goes through one of these, so a
+ * huge timeout (a client's 2^64-1) means "never" rather than wrapping into the past. */
+uint64_t sc_deadline_add_ms(uint64_t base_ms, uint64_t delay_ms);
+uint64_t sc_clock_mono_after_ms(uint64_t delay_ms);
 
 #endif

@@ -780,6 +780,29 @@ TEST(hello_rejects_garbage_and_early_requests)
 	sc_keyring_release(ring);
 }
 
+/* Regression (tests/fuzz/fuzz_peer.c): a server answering the HELLO with an ERROR frame whose code
+ * is 0 (OK) made the client fail with err.code OK, a failure that read as success. */
+TEST(hello_error_frame_with_code_ok_is_a_refusal)
+{
+	struct sc_keyring *ring = make_ring("k1", NULL);
+	int sv[2];
+	make_pair(sv);
+	struct sc_peer_msg e = {.type = SC_FRAME_ERROR, .code = 0};
+	snprintf(e.text, sizeof(e.text), "no thanks");
+	CHECK_INT_EQ(send_msg(sv[1], &e), 0);
+	struct sc_peer_wait w = wait_ms(2000);
+	struct sc_err err;
+	sc_err_clear(&err);
+	char peer[SC_NAME_MAX];
+	int rc = sc_peer_hello_client(sv[0], ring, "client-1", &w, "test server", peer, &err);
+	CHECK_INT_EQ(rc, -1);
+	CHECK_INT_EQ(err.code, SC_UNAUTHENTICATED);
+	CHECK_STR_CONTAINS(err.msg, "test server refused the hello: no thanks");
+	close(sv[0]);
+	close(sv[1]);
+	sc_keyring_release(ring);
+}
+
 RUN_TESTS(T(codec_round_trip_every_type), T(codec_layout_is_little_endian_and_fixed),
 	  T(encode_refuses_what_does_not_fit), T(decode_rejects_bad_headers),
 	  T(decode_rejects_truncated_and_padded_bodies), T(decode_rejects_bad_fields),
@@ -789,4 +812,5 @@ RUN_TESTS(T(codec_round_trip_every_type), T(codec_layout_is_little_endian_and_fi
 	  T(hello_unknown_key_id_fails), T(hello_missing_keyring_fails_with_hint),
 	  T(hello_transcript_matches_the_documented_proofs),
 	  T(hello_forged_or_replayed_client_proof_fails), T(hello_forged_server_proof_fails),
-	  T(hello_rejects_garbage_and_early_requests))
+	  T(hello_rejects_garbage_and_early_requests),
+	  T(hello_error_frame_with_code_ok_is_a_refusal))

@@ -70,7 +70,7 @@ stamp "modules loaded"
 t mount -t 9p -o "$NINEP" out /out || fail "cannot mount the results share"
 [ -f /out/.vm/init.conf ] || fail "no .vm/init.conf in the results share"
 share_ok=1
-# Written by run-in-vm.sh: VM_OUT_PATH, VM_CWD.
+# Written by run-in-vm.sh: VM_OUT_PATH, VM_CWD, VM_SHOW (space-separated).
 # shellcheck disable=SC1091
 . /out/.vm/init.conf
 
@@ -90,12 +90,17 @@ for d in /tmp /var/tmp /run; do
         t mount -t tmpfs -o mode=1777 tmpfs "/host$d" || fail "mount tmpfs on $d"
     fi
 done
-case "$VM_CWD" in
-/tmp/* | /var/tmp/* | /run/*)
-    mkdir -p "/host$VM_CWD"
-    t mount --bind "/rohost$VM_CWD" "/host$VM_CWD" || fail "cannot show $VM_CWD"
-    ;;
-esac
+# The cwd and the directories the caller asked for (an out-of-tree build dir)
+# under those tmpfs mounts: show the host's (read-only) at the same path.
+for p in $VM_CWD ${VM_SHOW:-}; do
+    case "$p" in
+    /tmp/* | /var/tmp/* | /run/*)
+        [ -d "/rohost$p" ] || fail "cannot show $p: not a directory on the host"
+        mkdir -p "/host$p" 2>/dev/null
+        t mount --bind "/rohost$p" "/host$p" || fail "cannot show $p"
+        ;;
+    esac
+done
 stamp "file systems mounted"
 mkdir -p "/host$VM_OUT_PATH" 2>/dev/null
 t mount --bind /out "/host$VM_OUT_PATH" || fail "cannot mount the share at $VM_OUT_PATH"

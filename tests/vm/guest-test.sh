@@ -40,6 +40,11 @@ export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 unset SC_WRAPPER
 mkdir -p "$VM_OUT/logs"
 
+[[ -d "$build" ]] || {
+    log "FAIL: build directory $build is not visible in the guest (paths under /tmp, /var/tmp and"
+    log "/run are tmpfs here: list it in RDMA_SIDECAR_VM_SHOW; test-vm.sh does so for SC_BUILD_DIR)"
+    exit 1
+}
 [[ -x "$SC_BINARY" ]] || { log "FAIL: no sidecar binary at $SC_BINARY (build first)"; exit 1; }
 [[ -d "$SC_PYTHON_STUBS/rdma_sidecar" ]] || { log "FAIL: no Python stubs in $SC_PYTHON_STUBS"; exit 1; }
 log "binary $SC_BINARY; stubs $SC_PYTHON_STUBS; $RXE_DEV on $RXE_IP, GID index $RXE_GID_INDEX"

@@ -23,6 +23,10 @@
 #                            default a temporary one, removed on success
 #   RDMA_SIDECAR_VM_KEEP=1   keep the temporary $VM_OUT even on success
 #   RDMA_SIDECAR_VM_PASSENV  more variable names to pass to the guest
+#   RDMA_SIDECAR_VM_SHOW     more host directories (space-separated) shown
+#                            read-only at the same path in the guest: needed
+#                            for paths under /tmp, /var/tmp or /run, which are
+#                            fresh tmpfs there (e.g. an out-of-tree build dir)
 #   RDMA_SIDECAR_VM_CACHE    kernel/initramfs cache (default /var/cache/rdma-sidecar-vm)
 #   RDMA_SIDECAR_VM_MEM, RDMA_SIDECAR_VM_SMP   guest memory (MiB, 2048), CPUs (2)
 #   RDMA_SIDECAR_VM_APPEND   more kernel parameters ("rdma_sidecar.debug"
@@ -77,8 +81,14 @@ else
     out="$(cd "$out" && pwd -P)"
     [[ "${RDMA_SIDECAR_VM_KEEP:-0}" != 1 ]] || keep_out=1
 fi
+show=()
+read -r -a show_in <<<"${RDMA_SIDECAR_VM_SHOW:-}"
+for p in "${show_in[@]}"; do
+    [[ -d "$p" ]] || vm_die "RDMA_SIDECAR_VM_SHOW: no directory $p"
+    show+=("$(cd "$p" && pwd -P)")
+done
 # The guest's init sources init.conf with busybox sh; keep paths simple.
-for p in "$out" "$cwd"; do
+for p in "$out" "$cwd" "${show[@]}"; do
     [[ "$p" =~ ^/[A-Za-z0-9._/+@,=:-]*$ ]] ||
         vm_die "path not supported in the VM (use plain characters): $p"
 done
@@ -92,7 +102,7 @@ if [[ "$(head -c 2 "$script")" != "#!" ]]; then
     run=(/bin/bash "$out/.vm/guest-script")
 fi
 
-printf 'VM_OUT_PATH=%s\nVM_CWD=%s\n' "$out" "$cwd" >"$out/.vm/init.conf"
+printf 'VM_OUT_PATH=%s\nVM_CWD=%s\nVM_SHOW="%s"\n' "$out" "$cwd" "${show[*]}" >"$out/.vm/init.conf"
 
 {
     echo '#!/bin/bash'

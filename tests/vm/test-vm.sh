@@ -27,6 +27,12 @@ export SC_BINARY="${SC_BINARY:-$build/rdma-sidecar}"
 export SC_PYTHON_STUBS="${SC_PYTHON_STUBS:-$build/python}"
 export RDMA_SIDECAR_VM_TIMEOUT="${RDMA_SIDECAR_VM_TIMEOUT:-540}"
 export RDMA_SIDECAR_VM_PASSENV="${RDMA_SIDECAR_VM_PASSENV:-} SC_BINARY SC_PYTHON_STUBS SC_BUILD_DIR SC_TEST_SLOW"
+# An out-of-tree build dir under /tmp, /var/tmp or /run is hidden by the guest's tmpfs there:
+# have run-in-vm.sh show it (and the binary's and stubs' directories) read-only at the same path.
+for d in "$build" "$(dirname "$SC_BINARY")" "$SC_PYTHON_STUBS"; do
+    [[ -d "$d" ]] && RDMA_SIDECAR_VM_SHOW="${RDMA_SIDECAR_VM_SHOW:-} $(cd "$d" && pwd -P)"
+done
+export RDMA_SIDECAR_VM_SHOW
 
 [[ -x "$SC_BINARY" ]] || { echo "vm.softroce: FAIL: no sidecar binary at $SC_BINARY (build first)" >&2; exit 1; }
 [[ -d "$SC_PYTHON_STUBS/rdma_sidecar" ]] ||
