@@ -9,6 +9,7 @@
  */
 #include "engine_internal.h"
 #include "log.h"
+#include "path_guard.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -216,14 +217,9 @@ int sc_region_register_host(struct sc_engine *eng, const char *path, uint64_t of
 	if (name && strlen(name) >= SC_NAME_MAX)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "name longer than %d bytes",
 				  SC_NAME_MAX - 1);
-	int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0) {
-		int e = errno;
-		return sc_err_set(err, e == ENOENT ? SC_NOT_FOUND : SC_PERMISSION_DENIED,
-				  "cannot open %s read-write: %s (the file must be shared with the "
-				  "sidecar, e.g. under /dev/shm)",
-				  path, strerror(e));
-	}
+	int fd = sc_path_guard_open(eng->cfg, path, err);
+	if (fd < 0)
+		return -1;
 	struct stat st;
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
 		close(fd);
