@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,8 @@ static void region_free(struct sc_engine *eng, struct sc_region *r)
 		if (r->backend_handle[b] && eng->backends[b])
 			eng->backends[b]->ops->deregister_region(eng->backends[b], r->backend_handle[b]);
 	}
+	if (r->counted)
+		eng->region_bytes -= r->size;
 	if (r->map_addr)
 		munmap(r->map_addr, r->map_len);
 	if (r->owned_file && unlink(r->path) != 0 && errno != ENOENT)
@@ -73,9 +76,41 @@ static void new_id(const char *prefix, char out[SC_ID_MAX])
 		 rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
 }
 
+/* --max-regions and --max-total-region-bytes: may one more region of `size` bytes exist? Under mu. */
+static int region_quota_check(struct sc_engine *eng, uint64_t size, struct sc_err *err)
+{
+	const struct sc_config *cfg = eng->cfg;
+	if (sc_idmap_count(eng->regions) >= cfg->max_regions)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+				  "--max-regions %u reached: deregister regions you no longer need "
+				  "(or ask the operator to raise --max-regions)",
+				  cfg->max_regions);
+	if (cfg->max_total_region_bytes &&
+	    (size > cfg->max_total_region_bytes ||
+	     eng->region_bytes > cfg->max_total_region_bytes - size))
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+				  "--max-total-region-bytes %" PRIu64 " reached: %" PRIu64
+				  " bytes in regions, %" PRIu64 " more asked; deregister regions you "
+				  "no longer need",
+				  cfg->max_total_region_bytes, eng->region_bytes, size);
+	return 0;
+}
+
+static int region_quota_precheck(struct sc_engine *eng, uint64_t size, struct sc_err *err)
+{
+	pthread_mutex_lock(&eng->mu);
+	int rc = sc_engine_check_accepting(eng, err);
+	if (rc == 0)
+		rc = region_quota_check(eng, size, err);
+	pthread_mutex_unlock(&eng->mu);
+	return rc;
+}
+
 /* Register with every started backend, then publish in the table. Under mu. */
 static int region_publish(struct sc_engine *eng, struct sc_region *r, struct sc_err *err)
 {
+	if (region_quota_check(eng, r->size, err) != 0)
+		return -1;
 	for (int b = 0; b < SC_NUM_BACKENDS; b++) {
 		struct sc_backend *be = eng->backends[b];
 		if (!be || !be->available)
@@ -89,6 +124,8 @@ static int region_publish(struct sc_engine *eng, struct sc_region *r, struct sc_
 		return sc_err_set(err, SC_INTERNAL, "region table full (out of memory)");
 	r->in_table = true;
 	r->refs = 1;
+	r->counted = true;
+	eng->region_bytes += r->size;
 	return 0;
 }
 
@@ -142,6 +179,8 @@ int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind k
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "name longer than %d bytes",
 				  SC_NAME_MAX - 1);
 
+	if (region_quota_precheck(eng, size, err) != 0)
+		return -1;
 	struct sc_region *r = calloc(1, sizeof(*r));
 	if (!r)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
@@ -217,6 +256,8 @@ int sc_region_register_host(struct sc_engine *eng, const char *path, uint64_t of
 	if (name && strlen(name) >= SC_NAME_MAX)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "name longer than %d bytes",
 				  SC_NAME_MAX - 1);
+	if (region_quota_precheck(eng, size, err) != 0)
+		return -1;
 	int fd = sc_path_guard_open(eng->cfg, path, err);
 	if (fd < 0)
 		return -1;
@@ -414,4 +455,72 @@ void sc_region_release_all(struct sc_engine *eng)
 	sc_idmap_destroy(eng->regions);
 	eng->regions = sc_idmap_create();
 	pthread_mutex_unlock(&eng->mu);
+}
+
+struct page_entry {
+	const char *id;
+	const void *item;
+};
+
+struct page_ctx {
+	const char *after;
+	size_t id_offset;
+	struct page_entry *items;
+	size_t n;
+};
+
+static void page_collect(void *ctx, void *value)
+{
+	struct page_ctx *c = ctx;
+	const char *id = (const char *)value + c->id_offset;
+	if (strcmp(id, c->after) > 0)
+		c->items[c->n++] = (struct page_entry){id, value};
+}
+
+static int page_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct page_entry *)a)->id, ((const struct page_entry *)b)->id);
+}
+
+int sc_page_collect(struct sc_idmap *table, size_t id_offset, const char *after,
+		    const void ***items, size_t *n, struct sc_err *err)
+{
+	size_t count = sc_idmap_count(table);
+	struct page_ctx c = {after ? after : "", id_offset,
+			     calloc(count ? count : 1, sizeof(struct page_entry)), 0};
+	if (!c.items)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	sc_idmap_each(table, page_collect, &c);
+	qsort(c.items, c.n, sizeof(*c.items), page_cmp);
+	/* Hand back the items alone, in order, in the same allocation. */
+	const void **out = (const void **)c.items;
+	for (size_t i = 0; i < c.n; i++)
+		out[i] = c.items[i].item;
+	*items = out;
+	*n = c.n;
+	return 0;
+}
+
+int sc_region_list_page(struct sc_engine *eng, const char *after, size_t limit,
+			struct sc_region_info **out, size_t *n, bool *more, struct sc_err *err)
+{
+	const void **items = NULL;
+	size_t found = 0;
+	pthread_mutex_lock(&eng->mu);
+	if (sc_page_collect(eng->regions, offsetof(struct sc_region, id), after, &items, &found, err) != 0) {
+		pthread_mutex_unlock(&eng->mu);
+		return -1;
+	}
+	size_t take = found < limit ? found : limit;
+	struct sc_region_info *infos = calloc(take ? take : 1, sizeof(*infos));
+	for (size_t i = 0; infos && i < take; i++)
+		sc_region_fill_info(items[i], &infos[i]);
+	pthread_mutex_unlock(&eng->mu);
+	free(items);
+	if (!infos)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	*out = infos;
+	*n = take;
+	*more = found > take;
+	return 0;
 }
