@@ -7,6 +7,7 @@
  * and deadline between slices. Owns the queue and the thread.
  */
 #include "backend.h"
+#include "fault_guard.h"
 #include "log.h"
 #include "passive.h"
 #include "timer.h"
@@ -62,11 +63,12 @@ static enum sc_status run_one(struct sc_engine *eng, struct sc_xfer *x, char *ms
 			if (sc_passive_span(eng, token, x->xfer_id, x->kind, s->remote_desc, off, n, &span,
 					    &err) != 0)
 				goto fail_done;
-			if (x->kind == SC_OP_READ)
-				memcpy(s->local + off, span.addr, n);
-			else
-				memcpy(span.addr, s->local + off, n);
-			sc_passive_span_release(eng, &span, n);
+			int rc = x->kind == SC_OP_READ
+				     ? sc_guarded_memcpy(s->local + off, span.addr, n, &err)
+				     : sc_guarded_memcpy(span.addr, s->local + off, n, &err);
+			sc_passive_span_release(eng, &span, rc == 0 ? n : 0);
+			if (rc != 0)
+				goto fail_done;
 			x->on_progress(x, n);
 			off += n;
 		}

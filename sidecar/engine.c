@@ -7,6 +7,7 @@
  * keyring.
  */
 #include "engine_internal.h"
+#include "fault_guard.h"
 #include "log.h"
 #include "path_guard.h"
 #include "passive.h"
@@ -123,6 +124,8 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 		goto fail;
 	}
 	if (sc_path_guard_check_dirs(cfg, err) != 0)
+		goto fail;
+	if (sc_fault_guard_install(err) != 0)
 		goto fail;
 
 	if (cfg->key_file && cfg->key_file[0]) {

@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * region.c: memory regions. A HOST region is a file mapped MAP_SHARED: either created by the
- * sidecar under --shm-dir (mode 0600, unique name, pre-faulted, unlinked when released) or a range
+ * sidecar under --shm-dir (mode 0600, unique name, space reserved with posix_fallocate and
+ * pre-faulted in chunks that a shutdown interrupts, unlinked when released) or a range
  * of a worker's own file. Runs on gRPC worker threads (the RPC handlers) under the engine lock,
- * except the mmap/ftruncate of a new region, which happens before the region is published.
+ * except the allocation and mapping of a new region, which happen before it is published.
  * Owns the mappings and, for sidecar-created regions, the files. Backends register each region
  * (ibverbs: an MR) when it is published and deregister it at the last reference.
  */
 #include "engine_internal.h"
+#include "fault_guard.h"
 #include "log.h"
 #include "path_guard.h"
 
@@ -20,6 +22,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 void sc_region_ref(struct sc_region *r)
@@ -157,6 +160,81 @@ static int region_add(struct sc_engine *eng, struct sc_region *r, struct sc_regi
 	return rc;
 }
 
+#define RESERVE_CHUNK (256ull << 20)
+
+static bool draining(struct sc_engine *eng)
+{
+	pthread_mutex_lock(&eng->mu);
+	bool d = eng->draining;
+	pthread_mutex_unlock(&eng->mu);
+	return d;
+}
+
+static uint64_t fs_free_bytes(int fd)
+{
+	struct statvfs vfs;
+	if (fstatvfs(fd, &vfs) != 0)
+		return UINT64_MAX;
+	return (uint64_t)vfs.f_bavail * vfs.f_frsize;
+}
+
+/* Allocate the file's blocks with posix_fallocate, RESERVE_CHUNK at a time, checking for
+ * shutdown between chunks. Outside mu. */
+static int region_reserve(struct sc_engine *eng, int fd, uint64_t size, struct sc_err *err)
+{
+	uint64_t avail = fs_free_bytes(fd);
+	if (size > avail)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+				  "region of %" PRIu64 " bytes does not fit: the file system of "
+				  "--shm-dir %s has %" PRIu64 " bytes free; ask for less or free space",
+				  size, eng->cfg->shm_dir, avail);
+	for (uint64_t off = 0; off < size; off += RESERVE_CHUNK) {
+		if (draining(eng))
+			return sc_err_set(err, SC_UNAVAILABLE,
+					  "sidecar is draining (shutting down): retry on another "
+					  "sidecar");
+		uint64_t n = size - off < RESERVE_CHUNK ? size - off : RESERVE_CHUNK;
+		int e = posix_fallocate(fd, (off_t)off, (off_t)n);
+		if (e == ENOSPC || e == EFBIG || e == EDQUOT)
+			return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+					  "region of %" PRIu64 " bytes does not fit: the file system "
+					  "of --shm-dir %s has %" PRIu64 " bytes free (%s); ask for less "
+					  "or free space",
+					  size, eng->cfg->shm_dir, avail, strerror(e));
+		if (e != 0)
+			return sc_err_set(err, SC_INTERNAL, "cannot reserve %" PRIu64
+					  " bytes for the region file: %s", size, strerror(e));
+	}
+	return 0;
+}
+
+/* Map the reserved pages in, RESERVE_CHUNK at a time, checking for shutdown. Kernels without
+ * MADV_POPULATE_WRITE (before 5.14) skip the pre-fault. Outside mu. */
+static int region_prefault(struct sc_engine *eng, void *p, uint64_t size, struct sc_err *err)
+{
+#ifdef MADV_POPULATE_WRITE
+	for (uint64_t off = 0; off < size; off += RESERVE_CHUNK) {
+		if (draining(eng))
+			return sc_err_set(err, SC_UNAVAILABLE,
+					  "sidecar is draining (shutting down): retry on another "
+					  "sidecar");
+		uint64_t n = size - off < RESERVE_CHUNK ? size - off : RESERVE_CHUNK;
+		if (madvise((uint8_t *)p + off, n, MADV_POPULATE_WRITE) != 0) {
+			if (errno == EINVAL)
+				return 0; /* not supported here: fault on first use */
+			return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+					  "cannot pre-fault the region: %s", strerror(errno));
+		}
+	}
+#else
+	(void)eng;
+	(void)p;
+	(void)size;
+	(void)err;
+#endif
+	return 0;
+}
+
 int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind kind,
 		     uint32_t device_index, const char *name, struct sc_region_info *out,
 		     struct sc_err *err)
@@ -204,23 +282,27 @@ int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind k
 				  "cannot create %s/...: %s (check --shm-dir)", eng->cfg->shm_dir,
 				  strerror(e));
 	}
-	if (ftruncate(fd, (off_t)size) != 0) {
-		int e = errno;
+	/* Reserve the pages now (ENOSPC here, not SIGBUS later), then pre-fault them so the first
+	 * transfer does not pay for page faults; both in chunks, so shutdown is not held up. */
+	if (region_reserve(eng, fd, size, err) != 0) {
 		close(fd);
 		unlink(r->path);
 		free(r);
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "cannot size region file to %" PRIu64
-				  " bytes: %s", size, strerror(e));
+		return -1;
 	}
-	/* Pre-fault so the first transfer does not pay for page faults; MAP_POPULATE also
-	 * allocates the tmpfs pages, so a full /dev/shm fails here rather than with SIGBUS. */
-	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	int e = errno;
 	close(fd);
 	if (p == MAP_FAILED) {
 		unlink(r->path);
 		free(r);
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "cannot map region: %s", strerror(e));
+	}
+	if (region_prefault(eng, p, size, err) != 0) {
+		munmap(p, size);
+		unlink(r->path);
+		free(r);
+		return -1;
 	}
 	r->base = p;
 	r->map_addr = p;
@@ -405,9 +487,9 @@ int sc_region_write(struct sc_engine *eng, const char *id, uint64_t offset, cons
 	struct sc_region *r = pin_range(eng, id, offset, len, err);
 	if (!r)
 		return -1;
-	memcpy(r->base + offset, data, len);
+	int rc = sc_guarded_memcpy(r->base + offset, data, len, err);
 	unpin(eng, r);
-	return 0;
+	return rc;
 }
 
 int sc_region_read(struct sc_engine *eng, const char *id, uint64_t offset, void *buf, size_t len,
@@ -416,9 +498,9 @@ int sc_region_read(struct sc_engine *eng, const char *id, uint64_t offset, void 
 	struct sc_region *r = pin_range(eng, id, offset, len, err);
 	if (!r)
 		return -1;
-	memcpy(buf, r->base + offset, len);
+	int rc = sc_guarded_memcpy(buf, r->base + offset, len, err);
 	unpin(eng, r);
-	return 0;
+	return rc;
 }
 
 int sc_region_resolve(struct sc_engine *eng, const struct sc_desc *d, struct sc_region **out,
