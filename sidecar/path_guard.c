@@ -55,8 +55,7 @@ static const char *beneath(const char *dir, const char *path)
 	return rel;
 }
 
-/* Component walk for kernels without openat2: no symlink and no ".." is ever followed. */
-static int walk_open(int dirfd, const char *rel)
+int sc_path_guard_walk(int dirfd, const char *rel)
 {
 	char buf[PATH_MAX];
 	if (snprintf(buf, sizeof(buf), "%s", rel) >= (int)sizeof(buf)) {
@@ -99,8 +98,21 @@ static int walk_open(int dirfd, const char *rel)
 	return cur;
 }
 
+/* Any ".." component? Refused even when it would stay beneath, like the walk does. */
+static bool has_dotdot(const char *rel)
+{
+	for (const char *p = rel; (p = strstr(p, "..")) != NULL; p += 2)
+		if ((p == rel || p[-1] == '/') && (p[2] == '\0' || p[2] == '/'))
+			return true;
+	return false;
+}
+
 static int open_beneath(const char *dir, const char *rel)
 {
+	if (has_dotdot(rel)) {
+		errno = EXDEV;
+		return -1;
+	}
 	int dirfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (dirfd < 0)
 		return -1;
@@ -112,7 +124,7 @@ static int open_beneath(const char *dir, const char *rel)
 	if (!*rel)
 		errno = EISDIR;
 	if (fd < 0 && errno == ENOSYS)
-		fd = walk_open(dirfd, rel);
+		fd = sc_path_guard_walk(dirfd, rel);
 	int e = errno;
 	close(dirfd);
 	errno = e;

@@ -19,6 +19,13 @@
  */
 int sc_path_guard_open(const struct sc_config *cfg, const char *path, struct sc_err *err);
 
+/*
+ * The fallback for kernels without openat2 (ENOSYS), public so tests can run it anywhere: open rel
+ * beneath dirfd read-write, one component at a time with O_NOFOLLOW, refusing "..". Returns the
+ * fd, or -1 with errno (ELOOP: a symlink on the way; EXDEV: ".."; others as openat).
+ */
+int sc_path_guard_walk(int dirfd, const char *rel);
+
 /* At start-up: every --register-dir must be an existing directory. */
 int sc_path_guard_check_dirs(const struct sc_config *cfg, struct sc_err *err);
 
