@@ -12,17 +12,16 @@
 #include "fault_guard.h"
 #include "log.h"
 #include "path_guard.h"
+#include "region_alloc.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 void sc_region_ref(struct sc_region *r)
@@ -160,81 +159,6 @@ static int region_add(struct sc_engine *eng, struct sc_region *r, struct sc_regi
 	return rc;
 }
 
-#define RESERVE_CHUNK (256ull << 20)
-
-static bool draining(struct sc_engine *eng)
-{
-	pthread_mutex_lock(&eng->mu);
-	bool d = eng->draining;
-	pthread_mutex_unlock(&eng->mu);
-	return d;
-}
-
-static uint64_t fs_free_bytes(int fd)
-{
-	struct statvfs vfs;
-	if (fstatvfs(fd, &vfs) != 0)
-		return UINT64_MAX;
-	return (uint64_t)vfs.f_bavail * vfs.f_frsize;
-}
-
-/* Allocate the file's blocks with posix_fallocate, RESERVE_CHUNK at a time, checking for
- * shutdown between chunks. Outside mu. */
-static int region_reserve(struct sc_engine *eng, int fd, uint64_t size, struct sc_err *err)
-{
-	uint64_t avail = fs_free_bytes(fd);
-	if (size > avail)
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
-				  "region of %" PRIu64 " bytes does not fit: the file system of "
-				  "--shm-dir %s has %" PRIu64 " bytes free; ask for less or free space",
-				  size, eng->cfg->shm_dir, avail);
-	for (uint64_t off = 0; off < size; off += RESERVE_CHUNK) {
-		if (draining(eng))
-			return sc_err_set(err, SC_UNAVAILABLE,
-					  "sidecar is draining (shutting down): retry on another "
-					  "sidecar");
-		uint64_t n = size - off < RESERVE_CHUNK ? size - off : RESERVE_CHUNK;
-		int e = posix_fallocate(fd, (off_t)off, (off_t)n);
-		if (e == ENOSPC || e == EFBIG || e == EDQUOT)
-			return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
-					  "region of %" PRIu64 " bytes does not fit: the file system "
-					  "of --shm-dir %s has %" PRIu64 " bytes free (%s); ask for less "
-					  "or free space",
-					  size, eng->cfg->shm_dir, avail, strerror(e));
-		if (e != 0)
-			return sc_err_set(err, SC_INTERNAL, "cannot reserve %" PRIu64
-					  " bytes for the region file: %s", size, strerror(e));
-	}
-	return 0;
-}
-
-/* Map the reserved pages in, RESERVE_CHUNK at a time, checking for shutdown. Kernels without
- * MADV_POPULATE_WRITE (before 5.14) skip the pre-fault. Outside mu. */
-static int region_prefault(struct sc_engine *eng, void *p, uint64_t size, struct sc_err *err)
-{
-#ifdef MADV_POPULATE_WRITE
-	for (uint64_t off = 0; off < size; off += RESERVE_CHUNK) {
-		if (draining(eng))
-			return sc_err_set(err, SC_UNAVAILABLE,
-					  "sidecar is draining (shutting down): retry on another "
-					  "sidecar");
-		uint64_t n = size - off < RESERVE_CHUNK ? size - off : RESERVE_CHUNK;
-		if (madvise((uint8_t *)p + off, n, MADV_POPULATE_WRITE) != 0) {
-			if (errno == EINVAL)
-				return 0; /* not supported here: fault on first use */
-			return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
-					  "cannot pre-fault the region: %s", strerror(errno));
-		}
-	}
-#else
-	(void)eng;
-	(void)p;
-	(void)size;
-	(void)err;
-#endif
-	return 0;
-}
-
 int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind kind,
 		     uint32_t device_index, const char *name, struct sc_region_info *out,
 		     struct sc_err *err)
@@ -284,7 +208,7 @@ int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind k
 	}
 	/* Reserve the pages now (ENOSPC here, not SIGBUS later), then pre-fault them so the first
 	 * transfer does not pay for page faults; both in chunks, so shutdown is not held up. */
-	if (region_reserve(eng, fd, size, err) != 0) {
+	if (sc_region_reserve(eng, fd, size, err) != 0) {
 		close(fd);
 		unlink(r->path);
 		free(r);
@@ -298,7 +222,7 @@ int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind k
 		free(r);
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "cannot map region: %s", strerror(e));
 	}
-	if (region_prefault(eng, p, size, err) != 0) {
+	if (sc_region_prefault(eng, p, size, err) != 0) {
 		munmap(p, size);
 		unlink(r->path);
 		free(r);
@@ -537,72 +461,4 @@ void sc_region_release_all(struct sc_engine *eng)
 	sc_idmap_destroy(eng->regions);
 	eng->regions = sc_idmap_create();
 	pthread_mutex_unlock(&eng->mu);
-}
-
-struct page_entry {
-	const char *id;
-	const void *item;
-};
-
-struct page_ctx {
-	const char *after;
-	size_t id_offset;
-	struct page_entry *items;
-	size_t n;
-};
-
-static void page_collect(void *ctx, void *value)
-{
-	struct page_ctx *c = ctx;
-	const char *id = (const char *)value + c->id_offset;
-	if (strcmp(id, c->after) > 0)
-		c->items[c->n++] = (struct page_entry){id, value};
-}
-
-static int page_cmp(const void *a, const void *b)
-{
-	return strcmp(((const struct page_entry *)a)->id, ((const struct page_entry *)b)->id);
-}
-
-int sc_page_collect(struct sc_idmap *table, size_t id_offset, const char *after,
-		    const void ***items, size_t *n, struct sc_err *err)
-{
-	size_t count = sc_idmap_count(table);
-	struct page_ctx c = {after ? after : "", id_offset,
-			     calloc(count ? count : 1, sizeof(struct page_entry)), 0};
-	if (!c.items)
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
-	sc_idmap_each(table, page_collect, &c);
-	qsort(c.items, c.n, sizeof(*c.items), page_cmp);
-	/* Hand back the items alone, in order, in the same allocation. */
-	const void **out = (const void **)c.items;
-	for (size_t i = 0; i < c.n; i++)
-		out[i] = c.items[i].item;
-	*items = out;
-	*n = c.n;
-	return 0;
-}
-
-int sc_region_list_page(struct sc_engine *eng, const char *after, size_t limit,
-			struct sc_region_info **out, size_t *n, bool *more, struct sc_err *err)
-{
-	const void **items = NULL;
-	size_t found = 0;
-	pthread_mutex_lock(&eng->mu);
-	if (sc_page_collect(eng->regions, offsetof(struct sc_region, id), after, &items, &found, err) != 0) {
-		pthread_mutex_unlock(&eng->mu);
-		return -1;
-	}
-	size_t take = found < limit ? found : limit;
-	struct sc_region_info *infos = calloc(take ? take : 1, sizeof(*infos));
-	for (size_t i = 0; infos && i < take; i++)
-		sc_region_fill_info(items[i], &infos[i]);
-	pthread_mutex_unlock(&eng->mu);
-	free(items);
-	if (!infos)
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
-	*out = infos;
-	*n = take;
-	*more = found > take;
-	return 0;
 }
