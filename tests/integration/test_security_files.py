@@ -9,7 +9,7 @@ import tempfile
 
 import grpc
 
-from harness import SidecarTest, desc, main, pb
+from harness import SidecarTest, main, pb, wait_until
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -90,6 +90,13 @@ class RegisterConfinementTest(SidecarTest):
         s = self.sidecar("a", extra=["--shm-dir", shm, "--key-file", key_in_shm])
         self.assertRefused(s, key_in_shm, DENIED, "--key-file", size=16)
         self.assertRefused(s, os.path.join(shm, "hardlink"), DENIED, "--key-file", size=16)
+
+    def test_own_unix_socket_is_refused(self):
+        s = self.sidecar("a")
+        sock = os.path.join(s.shm, "api.sock")
+        t = self.sidecar("t", extra=["--shm-dir", s.shm, "--grpc-listen", "unix:" + sock])
+        wait_until(lambda: os.path.exists(sock), 10, "the second socket")
+        self.assertRefused(t, sock, grpc.StatusCode.INVALID_ARGUMENT, "not a regular file")
 
     def test_legit_file_and_register_dir(self):
         extra_dir = os.path.join(self.workdir, "models")
