@@ -10,6 +10,7 @@
  * Handlers start on gRPC worker threads.
  */
 #include "handlers.h"
+#include "paging.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -167,11 +168,16 @@ void sc_h_release_operation(struct sc_call *c, ProtobufCMessage *req)
 
 void sc_h_list_operations(struct sc_call *c, ProtobufCMessage *req)
 {
+	const RdmaSidecar__V1__ListOperationsRequest *r = (const void *)req;
 	struct sc_op_info *infos = NULL;
 	size_t n = 0;
+	bool more = false;
+	char none[1] = "";
 	struct sc_err err;
 	sc_err_clear(&err);
-	if (sc_op_list(sc_call_engine(c), &infos, &n, &err) != 0) {
+	if (sc_page_token_check(r->page_token, &err) != 0 ||
+	    sc_op_list_page(sc_call_engine(c), r->page_token, sc_page_size(r->page_size), &infos, &n,
+			    &more, &err) != 0) {
 		sc_call_fail_err(c, &err);
 		return;
 	}
@@ -188,6 +194,7 @@ void sc_h_list_operations(struct sc_call *c, ProtobufCMessage *req)
 			RDMA_SIDECAR__V1__LIST_OPERATIONS_RESPONSE__INIT;
 		m.n_operations = n;
 		m.operations = ptrs;
+		m.next_page_token = more && n ? infos[n - 1].id : none;
 		sc_call_reply(c, &m.base);
 		for (size_t i = 0; i < n; i++)
 			sc_pb_op_clear(&ops[i]);

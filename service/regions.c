@@ -6,6 +6,7 @@
  * threads.
  */
 #include "handlers.h"
+#include "paging.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -92,11 +93,16 @@ void sc_h_deregister_region(struct sc_call *c, ProtobufCMessage *req)
 
 void sc_h_list_regions(struct sc_call *c, ProtobufCMessage *req)
 {
+	const RdmaSidecar__V1__ListRegionsRequest *r = (const void *)req;
 	struct sc_region_info *infos = NULL;
 	size_t n = 0;
+	bool more = false;
+	char none[1] = "";
 	struct sc_err err;
 	sc_err_clear(&err);
-	if (sc_region_list(sc_call_engine(c), &infos, &n, &err) != 0) {
+	if (sc_page_token_check(r->page_token, &err) != 0 ||
+	    sc_region_list_page(sc_call_engine(c), r->page_token, sc_page_size(r->page_size), &infos,
+				&n, &more, &err) != 0) {
 		sc_call_fail_err(c, &err);
 		return;
 	}
@@ -112,6 +118,7 @@ void sc_h_list_regions(struct sc_call *c, ProtobufCMessage *req)
 		RdmaSidecar__V1__ListRegionsResponse m = RDMA_SIDECAR__V1__LIST_REGIONS_RESPONSE__INIT;
 		m.n_regions = n;
 		m.regions = ptrs;
+		m.next_page_token = more && n ? infos[n - 1].id : none;
 		sc_call_reply(c, &m.base);
 	}
 	free(regs);

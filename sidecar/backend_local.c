@@ -7,6 +7,7 @@
  * and deadline between slices. Owns the queue and the thread.
  */
 #include "backend.h"
+#include "fault_guard.h"
 #include "log.h"
 #include "passive.h"
 #include "timer.h"

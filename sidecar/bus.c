@@ -3,7 +3,8 @@
  * bus.c: metadata exchange over NATS for the PublishMetadata / SubscribeMetadata RPCs. Publishing
  * checks the text first (a local passive operation's own metadata, or verified text); receiving
  * verifies every message (signature, expiry, audience = this sidecar) and delivers only what
- * passes, logging the rest. RPC threads publish and subscribe; NATS delivery threads run
+ * passes, logging the rest. With --nats-subject-prefix, workers may only publish and subscribe
+ * beneath that prefix. RPC threads publish and subscribe; NATS delivery threads run
  * on_message. Owns the subscriber list (under eng->mu).
  */
 #include "engine_internal.h"
@@ -31,6 +32,32 @@ static int need_bus(struct sc_engine *eng, struct sc_err *err)
 	return 0;
 }
 
+/*
+ * --nats-subject-prefix: a subject must be the prefix's own tokens followed by more tokens (or be
+ * the prefix itself when it does not end with '.'). The prefix tokens are compared literally, so a
+ * wildcard can only stand after them: "team-a.>" stays inside, "*", ">" and "team-*.x" do not.
+ */
+static int check_subject(struct sc_engine *eng, const char *subject, struct sc_err *err)
+{
+	const char *prefix = eng->cfg->nats_subject_prefix;
+	if (!prefix || !prefix[0])
+		return 0;
+	size_t n = strlen(prefix);
+	bool inside = subject && strncmp(subject, prefix, n) == 0;
+	if (inside && prefix[n - 1] == '.')
+		inside = subject[n] != '\0';
+	else if (inside)
+		inside = subject[n] == '\0' || (subject[n] == '.' && subject[n + 1] != '\0');
+	if (!inside)
+		return sc_err_set(err, SC_PERMISSION_DENIED,
+				  "subject \"%.200s\" is outside --nats-subject-prefix \"%s\": this "
+				  "sidecar's workers may only use subjects that start with it "
+				  "(wildcards after it, e.g. %s%s>)",
+				  subject ? subject : "", prefix, prefix,
+				  prefix[n - 1] == '.' ? "" : ".");
+	return 0;
+}
+
 static int verify_text(struct sc_engine *eng, const char *text, const char *self_id,
 		       struct sc_metadata *md, struct sc_err *err)
 {
@@ -45,7 +72,7 @@ static int verify_text(struct sc_engine *eng, const char *text, const char *self
 int sc_bus_publish(struct sc_engine *eng, const char *subject, const char *op_id,
 		   const char *metadata, struct sc_err *err)
 {
-	if (need_bus(eng, err) != 0)
+	if (need_bus(eng, err) != 0 || check_subject(eng, subject, err) != 0)
 		return -1;
 	char *text = NULL;
 	if (op_id && op_id[0]) {
@@ -126,7 +153,7 @@ static void on_message(void *ctx, const char *subject, const void *data, size_t 
 int sc_bus_subscribe(struct sc_engine *eng, const char *subject, const char *queue_group,
 		     sc_bus_event_fn fn, void *ctx, uint64_t *sub_id, struct sc_err *err)
 {
-	if (need_bus(eng, err) != 0)
+	if (need_bus(eng, err) != 0 || check_subject(eng, subject, err) != 0)
 		return -1;
 	struct sc_bus_sub *s = calloc(1, sizeof(*s));
 	if (!s)

@@ -58,6 +58,12 @@ enum opt_id {
 	OPT_MAX_CONCURRENT_TRANSFERS,
 	OPT_MAX_INFLIGHT_BYTES,
 	OPT_MAX_REGION_SIZE,
+	OPT_REGISTER_DIR,
+	OPT_MAX_REGIONS,
+	OPT_MAX_OPERATIONS,
+	OPT_MAX_DESCRIPTORS,
+	OPT_MAX_TOTAL_REGION_BYTES,
+	OPT_NATS_SUBJECT_PREFIX,
 	OPT_LOG_LEVEL,
 	OPT_LOG_JSON,
 	OPT_METRICS_LISTEN,
@@ -129,6 +135,15 @@ static const struct sc_option sc_options[] = {
 	 .group = "Security",
 	 .help = "metadata keys, lines KEY_ID:BASE64KEY; first signs, all verify; SIGHUP reloads",
 	 .def = "none: transfers inside this sidecar only"},
+	{.id = OPT_REGISTER_DIR, .name = "register-dir", .arg = ARG_REQUIRED, .value = "DIR",
+	 .group = "Security",
+	 .help = "RegisterRegion may also map files beneath DIR (besides --shm-dir); repeatable, "
+		 "up to 16 (env: comma list)",
+	 .def = "none"},
+	{.id = OPT_NATS_SUBJECT_PREFIX, .name = "nats-subject-prefix", .arg = ARG_REQUIRED,
+	 .value = "PREFIX", .group = "Security",
+	 .help = "Publish/SubscribeMetadata subjects must start with PREFIX (e.g. team-a.)",
+	 .def = "any subject"},
 
 	{.id = OPT_IB_DEVICE, .name = "ib-device", .arg = ARG_REQUIRED, .value = "NAME",
 	 .group = "RDMA", .help = "RDMA device, e.g. mlx5_0", .def = "first active"},
@@ -153,6 +168,17 @@ static const struct sc_option sc_options[] = {
 	{.id = OPT_MAX_REGION_SIZE, .name = "max-region-size", .arg = ARG_REQUIRED, .value = "SIZE",
 	 .group = "Limits", .help = "largest region a worker may create or register",
 	 .def = "64GiB"},
+	{.id = OPT_MAX_REGIONS, .name = "max-regions", .arg = ARG_REQUIRED, .value = "N",
+	 .group = "Limits", .help = "regions (created + registered) at once", .def = "4096"},
+	{.id = OPT_MAX_OPERATIONS, .name = "max-operations", .arg = ARG_REQUIRED, .value = "N",
+	 .group = "Limits", .help = "operations kept at once, live and retained", .def = "16384"},
+	{.id = OPT_MAX_DESCRIPTORS, .name = "max-descriptors", .arg = ARG_REQUIRED, .value = "N",
+	 .group = "Limits", .help = "descriptors per operation, 1-4096", .def = "4096"},
+	{.id = OPT_MAX_TOTAL_REGION_BYTES, .name = "max-total-region-bytes", .arg = ARG_REQUIRED,
+	 .value = "SIZE", .group = "Limits",
+	 .help = "bytes of all regions together; 0 = unlimited (CreateRegion is still bounded "
+		 "by the free space of --shm-dir)",
+	 .def = "0"},
 
 	{.id = OPT_LOG_LEVEL, .name = "log-level", .arg = ARG_REQUIRED, .value = "LEVEL",
 	 .group = "Logging and metrics", .help = "debug, info, warn, error or off", .def = "info"},
@@ -665,7 +691,78 @@ static int parse_size_range(const char *v, uint64_t min, uint64_t max, const cha
 /* Parse state that must not outlive one sc_config_parse call. */
 struct parse_state {
 	bool listen_from_flags; /* the first --grpc-listen flag replaces the env/default list */
+	bool dirs_from_flags;   /* the first --register-dir flag replaces the env list */
 };
+
+static void free_register_dirs(struct sc_config *cfg)
+{
+	for (size_t i = 0; i < cfg->n_register_dirs; i++) {
+		free(cfg->register_dirs[i]);
+		cfg->register_dirs[i] = NULL;
+	}
+	cfg->n_register_dirs = 0;
+}
+
+static int add_register_dir(struct sc_config *cfg, const char *v, size_t len, bool from_env,
+			    struct sc_err *err)
+{
+	if (len == 0)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "empty directory: expected an absolute directory path");
+	if (v[0] != '/')
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "\"%.*s\": expected an absolute directory path (e.g. /data/models)",
+				  (int)(len > VALUE_SHOWN ? VALUE_SHOWN : len), v);
+	if (cfg->n_register_dirs >= SC_MAX_REGISTER_DIRS)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  from_env ? "lists more than %d directories" : "given more than %d times",
+				  SC_MAX_REGISTER_DIRS);
+	char *s = strndup(v, len);
+	if (!s)
+		return sc_err_set(err, SC_INTERNAL, "out of memory");
+	cfg->register_dirs[cfg->n_register_dirs++] = s;
+	return 0;
+}
+
+/* --register-dir repeats; its env twin is a comma list that the first flag replaces. */
+static int apply_register_dirs(struct sc_config *cfg, struct parse_state *st, const char *v,
+			       bool from_env, struct sc_err *err)
+{
+	if (!from_env) {
+		if (!st->dirs_from_flags) {
+			free_register_dirs(cfg);
+			st->dirs_from_flags = true;
+		}
+		return add_register_dir(cfg, v, strlen(v), false, err);
+	}
+	free_register_dirs(cfg);
+	for (const char *p = v;;) {
+		const char *comma = strchr(p, ',');
+		size_t len = comma ? (size_t)(comma - p) : strlen(p);
+		if (add_register_dir(cfg, p, len, true, err) != 0)
+			return -1;
+		if (!comma)
+			return 0;
+		p = comma + 1;
+	}
+}
+
+/* A subject prefix: NATS tokens without wildcards or spaces, e.g. "team-a." or "team-a". */
+static int check_subject_prefix(const char *v, struct sc_err *err)
+{
+	for (const char *p = v; *p; p++) {
+		unsigned char c = (unsigned char)*p;
+		if (c == '*' || c == '>' || c <= ' ' || c >= 0x7f)
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "\"%.*s\": a subject prefix has no wildcards (* >), "
+					  "spaces or control characters, e.g. team-a.",
+					  VALUE_SHOWN, v);
+	}
+	if (v[0] == '.' || strstr(v, ".."))
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "\"%.*s\": empty subject token, e.g. use team-a.", VALUE_SHOWN, v);
+	return 0;
+}
 
 static void free_listen(struct sc_config *cfg)
 {
@@ -855,6 +952,32 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 		rc = parse_size_range(v, 1, UINT64_MAX, "at least 1 byte", &cfg->max_region_bytes,
 				      err);
 		break;
+	case OPT_REGISTER_DIR:
+		rc = apply_register_dirs(cfg, st, v, from_env, err);
+		break;
+	case OPT_MAX_REGIONS:
+		rc = parse_int_range(v, 1, UINT32_MAX, &n, err);
+		if (rc == 0)
+			cfg->max_regions = (uint32_t)n;
+		break;
+	case OPT_MAX_OPERATIONS:
+		rc = parse_int_range(v, 1, UINT32_MAX, &n, err);
+		if (rc == 0)
+			cfg->max_operations = (uint32_t)n;
+		break;
+	case OPT_MAX_DESCRIPTORS:
+		rc = parse_int_range(v, 1, 4096, &n, err);
+		if (rc == 0)
+			cfg->max_descriptors = (uint32_t)n;
+		break;
+	case OPT_MAX_TOTAL_REGION_BYTES:
+		rc = sc_parse_size(v, &cfg->max_total_region_bytes, err);
+		break;
+	case OPT_NATS_SUBJECT_PREFIX:
+		rc = check_subject_prefix(v, err);
+		if (rc == 0)
+			rc = set_str(&cfg->nats_subject_prefix, v, true, err);
+		break;
 	case OPT_LOG_LEVEL:
 		if (!sc_log_level_parse(v, &cfg->log_level))
 			rc = sc_err_set(err, SC_INVALID_ARGUMENT,
@@ -906,6 +1029,10 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->tcp_streams = 2;
 	cfg->tcp_chunk_bytes = 8 * MIB;
 	cfg->max_region_bytes = 64 * GIB;
+	cfg->max_regions = 4096;
+	cfg->max_operations = 16384;
+	cfg->max_descriptors = 4096;
+	cfg->max_total_region_bytes = 0;
 	return 0;
 }
 
@@ -1065,7 +1192,7 @@ positional:
 enum sc_config_result sc_config_parse(struct sc_config *cfg, int argc, char **argv, char **envp,
 				      struct sc_err *err)
 {
-	struct parse_state st = {.listen_from_flags = false};
+	struct parse_state st = {.listen_from_flags = false, .dirs_from_flags = false};
 	sc_err_clear(err);
 	if (set_defaults(cfg, err) != 0)
 		return SC_CONFIG_ERROR;
@@ -1106,6 +1233,9 @@ void sc_config_free(struct sc_config *cfg)
 	free(cfg->key_file);
 	free(cfg->ib_device);
 	free(cfg->metrics_listen);
+	for (size_t i = 0; i < SC_MAX_REGISTER_DIRS; i++)
+		free(cfg->register_dirs[i]);
+	free(cfg->nats_subject_prefix);
 	memset(cfg, 0, sizeof(*cfg));
 }
 

@@ -23,6 +23,7 @@ enum {
 };
 
 #define SC_MAX_GRPC_LISTENERS 8
+#define SC_MAX_REGISTER_DIRS 16
 
 struct sc_config {
 	char *id;                                     /* --id; default "<hostname>-<6 hex>" */
@@ -50,6 +51,13 @@ struct sc_config {
 	uint32_t tcp_streams;                         /* --tcp-streams, parallel data conns, 2 */
 	uint64_t tcp_chunk_bytes;                     /* --tcp-chunk-size, 8 MiB */
 	uint64_t max_region_bytes;                    /* --max-region-size, 64 GiB */
+	char *register_dirs[SC_MAX_REGISTER_DIRS];    /* --register-dir, repeatable; + shm_dir */
+	size_t n_register_dirs;                       /* default: none (only --shm-dir) */
+	uint32_t max_regions;                         /* --max-regions, 4096 */
+	uint32_t max_operations;                      /* --max-operations (live + retained), 16384 */
+	uint32_t max_descriptors;                     /* --max-descriptors per operation, 4096 */
+	uint64_t max_total_region_bytes;              /* --max-total-region-bytes; 0 = unlimited */
+	char *nats_subject_prefix;                    /* --nats-subject-prefix; NULL = any */
 };
 
 /* Result of sc_config_parse. */

@@ -7,7 +7,9 @@
  * keyring.
  */
 #include "engine_internal.h"
+#include "fault_guard.h"
 #include "log.h"
+#include "path_guard.h"
 #include "passive.h"
 #include "nats_bus.h"
 #include "peer_pool.h"
@@ -126,6 +128,10 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 			   cfg->shm_dir, strerror(errno));
 		goto fail;
 	}
+	if (sc_path_guard_check_dirs(cfg, err) != 0)
+		goto fail;
+	if (sc_fault_guard_install(err) != 0)
+		goto fail;
 
 	if (cfg->key_file && cfg->key_file[0]) {
 		if (sc_keyring_load(cfg->key_file, &eng->keys, err) != 0) {

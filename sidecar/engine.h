@@ -208,6 +208,15 @@ int sc_op_cancel(struct sc_engine *eng, const char *id, struct sc_op_info *out,
 int sc_op_release(struct sc_engine *eng, const char *id, struct sc_err *err);
 /* *out is malloc'd: sc_op_info_free() each, then free(). */
 int sc_op_list(struct sc_engine *eng, struct sc_op_info **out, size_t *n, struct sc_err *err);
+/*
+ * One page of ListOperations / ListRegions, ordered by id: up to `limit` entries whose id sorts
+ * after `after` ("" = from the start). *more says whether entries remain past the page. *out as
+ * for the unpaged calls.
+ */
+int sc_op_list_page(struct sc_engine *eng, const char *after, size_t limit,
+		    struct sc_op_info **out, size_t *n, bool *more, struct sc_err *err);
+int sc_region_list_page(struct sc_engine *eng, const char *after, size_t limit,
+			struct sc_region_info **out, size_t *n, bool *more, struct sc_err *err);
 
 /*
  * Watch an operation. `fn` runs on an engine thread with the engine lock held, at every status

@@ -50,6 +50,7 @@ struct sc_region {
 	void *map_addr;  /* what mmap returned (page aligned) */
 	size_t map_len;
 	bool owned_file; /* created by the sidecar: unlink at release */
+	bool counted;    /* in eng->region_bytes (--max-total-region-bytes) */
 	bool in_table;
 	int refs;
 	uint32_t live_ops;                      /* non-terminal operations using it */
@@ -152,6 +153,7 @@ struct sc_engine {
 	uint64_t next_sub_id;
 	char id[SC_NAME_MAX];
 	uint64_t next_watch_id;
+	uint64_t region_bytes; /* bytes of regions not yet freed, for --max-total-region-bytes */
 	bool keys_ephemeral; /* no --key-file: a random local-only key */
 	bool started;
 	bool draining;
@@ -177,6 +179,11 @@ void sc_region_fill_info(const struct sc_region *r, struct sc_region_info *out);
 /* Resolve a descriptor against the region table: bounds-checked, host memory only. */
 int sc_region_resolve(struct sc_engine *eng, const struct sc_desc *d, struct sc_region **out,
 		      struct sc_err *err);
+
+/* Entries of table (regions or operations; their id string at id_offset) whose id sorts after
+ * `after`, ordered by id; *items is malloc'd, its pointers valid while mu is held. Under mu. */
+int sc_page_collect(struct sc_idmap *table, size_t id_offset, const char *after,
+		    const void ***items, size_t *n, struct sc_err *err);
 
 /* operation.c */
 void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_status status,

@@ -14,6 +14,7 @@
  * Built without cuda.h (no toolkit), every call reports "built without CUDA support".
  */
 #include "build_config.h"
+#include "fault_guard.h"
 #include "gpu.h"
 #include "log.h"
 
@@ -645,10 +646,8 @@ int sc_gpu_copy(struct sc_gpu *g, uint8_t *dst, int dst_gpu, const uint8_t *src,
 		uint64_t n, struct sc_err *err)
 {
 	(void)g;
-	if (dst_gpu == SC_GPU_HOST && src_gpu == SC_GPU_HOST) {
-		memcpy(dst, src, n);
-		return 0;
-	}
+	if (dst_gpu == SC_GPU_HOST && src_gpu == SC_GPU_HOST)
+		return sc_guarded_memcpy(dst, src, n, err);
 	return sc_err_set(err, SC_FAILED_PRECONDITION, NO_CUDA);
 }
 

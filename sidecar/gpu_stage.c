@@ -19,6 +19,7 @@
 
 #if SC_HAVE_CUDA_H
 
+#include "fault_guard.h"
 #include "gpu_internal.h"
 
 #include <stdlib.h>
@@ -201,20 +202,21 @@ int sc_stager_recv(struct sc_stager *s, uint8_t *dst, uint64_t len, sc_stage_io_
 
 /* ---- copies involving GPU memory ---------------------------------------------------------------- */
 
+/* Host memory may be a region file a worker truncated: guarded copies (fault_guard.h). */
 static int to_host(void *ctx, uint8_t *buf, size_t n, struct sc_err *err)
 {
-	(void)err;
 	uint8_t **dst = ctx;
-	memcpy(*dst, buf, n);
+	if (sc_guarded_memcpy(*dst, buf, n, err) != 0)
+		return -1;
 	*dst += n;
 	return 0;
 }
 
 static int from_host(void *ctx, uint8_t *buf, size_t n, struct sc_err *err)
 {
-	(void)err;
 	const uint8_t **src = ctx;
-	memcpy(buf, *src, n);
+	if (sc_guarded_memcpy(buf, *src, n, err) != 0)
+		return -1;
 	*src += n;
 	return 0;
 }
@@ -222,10 +224,8 @@ static int from_host(void *ctx, uint8_t *buf, size_t n, struct sc_err *err)
 int sc_gpu_copy(struct sc_gpu *g, uint8_t *dst, int dst_gpu, const uint8_t *src, int src_gpu,
 		uint64_t n, struct sc_err *err)
 {
-	if (dst_gpu == SC_GPU_HOST && src_gpu == SC_GPU_HOST) {
-		memcpy(dst, src, n);
-		return 0;
-	}
+	if (dst_gpu == SC_GPU_HOST && src_gpu == SC_GPU_HOST)
+		return sc_guarded_memcpy(dst, src, n, err);
 	int dev = src_gpu != SC_GPU_HOST ? src_gpu : dst_gpu;
 	struct sc_stager *s;
 	if (sc_stager_get(g, dev, &s, err) != 0)

@@ -210,7 +210,9 @@ int sc_keyring_load(const char *path, struct sc_keyring **out, struct sc_err *er
 {
 	if (!path || !*path)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "no key file path given");
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	/* O_NONBLOCK: a FIFO given as the key file must be refused below, not block the caller
+	 * (the signal thread on SIGHUP) until someone writes to it. */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 	if (fd < 0)
 		return sc_err_set(err, SC_FAILED_PRECONDITION, "cannot open key file %s: %s", path,
 				  strerror(errno));

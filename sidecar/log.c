@@ -3,6 +3,8 @@
  * log.c: formats one log line and writes it to stderr with a single write(2), so lines from
  * different threads never interleave. Any thread. The level and format are set once at start-up
  * (sc_log_configure) before other threads exist, and read with relaxed atomics after.
+ * Control characters in a message are escaped in both formats (text: \n, \xHH; JSON: \u00HH),
+ * so one call writes exactly one line whatever text a worker or a peer managed to put into it.
  */
 #include "log.h"
 
@@ -62,6 +64,30 @@ static size_t json_escape(char *buf, size_t len, size_t cap, const char *s)
 	return len;
 }
 
+/*
+ * Copy s into buf for a text log line with every control character escaped (\n, \r, \t, \xHH,
+ * and \\ for a backslash), so text that came from a worker or a peer (a region name, a key id)
+ * can never start a forged line. Always NUL-terminates.
+ */
+static void text_escape(char *buf, size_t cap, const char *s)
+{
+	size_t len = 0;
+	for (; *s && len + 5 < cap; s++) {
+		unsigned char c = (unsigned char)*s;
+		const char *e = c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t"
+			      : c == '\\' ? "\\\\" : NULL;
+		if (e) {
+			buf[len++] = e[0];
+			buf[len++] = e[1];
+		} else if (c < 0x20 || c == 0x7f) {
+			len += (size_t)snprintf(buf + len, cap - len, "\\x%02x", c);
+		} else {
+			buf[len++] = (char)c;
+		}
+	}
+	buf[len] = '\0';
+}
+
 void sc_log(enum sc_log_level level, const char *area, const char *fmt, ...)
 {
 	if (!sc_log_enabled(level) || level >= SC_LOG_OFF)
@@ -90,8 +116,10 @@ void sc_log(enum sc_log_level level, const char *area, const char *fmt, ...)
 		len = json_escape(line, len, sizeof(line), msg);
 		len += (size_t)snprintf(line + len, sizeof(line) - len, "\"}\n");
 	} else {
+		char safe[sizeof(msg) * 2];
+		text_escape(safe, sizeof(safe), msg);
 		len = (size_t)snprintf(line, sizeof(line), "%s %-5s [%s] %s\n", when,
-				       level_names[level], area, msg);
+				       level_names[level], area, safe);
 	}
 	if (len >= sizeof(line)) {
 		len = sizeof(line) - 1;

@@ -17,6 +17,7 @@
 #include "passive.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -391,9 +392,18 @@ static struct sc_op *op_new(struct sc_engine *eng, enum sc_op_kind kind, const s
 		sc_err_set(err, SC_INVALID_ARGUMENT, "at least one descriptor is required");
 		return NULL;
 	}
-	if (n > SC_METADATA_MAX_DESCS) {
-		sc_err_set(err, SC_INVALID_ARGUMENT, "%zu descriptors: at most %d per operation", n,
-			   SC_METADATA_MAX_DESCS);
+	if (n > eng->cfg->max_descriptors) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+			   "%zu descriptors: at most %u per operation (--max-descriptors); merge "
+			   "adjacent ranges or split the transfer",
+			   n, eng->cfg->max_descriptors);
+		return NULL;
+	}
+	if (sc_idmap_count(eng->ops) >= eng->cfg->max_operations) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+			   "--max-operations %u reached (live and retained operations): release "
+			   "finished operations with ReleaseOperation, or wait for --retention",
+			   eng->cfg->max_operations);
 		return NULL;
 	}
 	struct sc_op *op = calloc(1, sizeof(*op));
@@ -1319,4 +1329,28 @@ void sc_passive_abandon(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN]
 		sc_op_finish_locked(eng, op, SC_OPS_ERRORED, SC_UNAVAILABLE, text);
 	}
 	pthread_mutex_unlock(&eng->mu);
+}
+
+int sc_op_list_page(struct sc_engine *eng, const char *after, size_t limit,
+		    struct sc_op_info **out, size_t *n, bool *more, struct sc_err *err)
+{
+	const void **items = NULL;
+	size_t found = 0;
+	pthread_mutex_lock(&eng->mu);
+	if (sc_page_collect(eng->ops, offsetof(struct sc_op, id), after, &items, &found, err) != 0) {
+		pthread_mutex_unlock(&eng->mu);
+		return -1;
+	}
+	size_t take = found < limit ? found : limit;
+	struct sc_op_info *infos = calloc(take ? take : 1, sizeof(*infos));
+	for (size_t i = 0; infos && i < take; i++)
+		(void)op_fill_info(items[i], &infos[i]); /* -1: usable, without metadata */
+	pthread_mutex_unlock(&eng->mu);
+	free(items);
+	if (!infos)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	*out = infos;
+	*n = take;
+	*more = found > take;
+	return 0;
 }

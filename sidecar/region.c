@@ -1,14 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * region.c: memory regions. A HOST region is a file mapped MAP_SHARED: either created by the
- * sidecar under --shm-dir (mode 0600, unique name, pre-faulted, unlinked when released) or a range
+ * sidecar under --shm-dir (mode 0600, unique name, space reserved with posix_fallocate and
+ * pre-faulted in chunks that a shutdown interrupts, unlinked when released) or a range
  * of a worker's own file. Runs on gRPC worker threads (the RPC handlers) under the engine lock,
- * except the mmap/ftruncate of a new region, which happens before the region is published.
+ * except the allocation and mapping of a new region, which happen before it is published.
  * Owns the mappings and, for sidecar-created regions, the files. Backends register each region
  * (ibverbs: an MR) when it is published and deregister it at the last reference.
  */
 #include "engine_internal.h"
+#include "fault_guard.h"
 #include "log.h"
+#include "path_guard.h"
+#include "region_alloc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -33,6 +37,8 @@ static void region_free(struct sc_engine *eng, struct sc_region *r)
 	}
 	if (r->gpu != SC_GPU_HOST)
 		sc_gpu_release(eng->gpu, &r->gmem);
+	if (r->counted)
+		eng->region_bytes -= r->size;
 	if (r->map_addr)
 		munmap(r->map_addr, r->map_len);
 	if (r->owned_file && unlink(r->path) != 0 && errno != ENOENT)
@@ -82,11 +88,43 @@ void sc_region_new_id(char out[SC_ID_MAX])
 	new_id("rgn", out);
 }
 
+/* --max-regions and --max-total-region-bytes: may one more region of `size` bytes exist? Under mu. */
+static int region_quota_check(struct sc_engine *eng, uint64_t size, struct sc_err *err)
+{
+	const struct sc_config *cfg = eng->cfg;
+	if (sc_idmap_count(eng->regions) >= cfg->max_regions)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+				  "--max-regions %u reached: deregister regions you no longer need "
+				  "(or ask the operator to raise --max-regions)",
+				  cfg->max_regions);
+	if (cfg->max_total_region_bytes &&
+	    (size > cfg->max_total_region_bytes ||
+	     eng->region_bytes > cfg->max_total_region_bytes - size))
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+				  "--max-total-region-bytes %" PRIu64 " reached: %" PRIu64
+				  " bytes in regions, %" PRIu64 " more asked; deregister regions you "
+				  "no longer need",
+				  cfg->max_total_region_bytes, eng->region_bytes, size);
+	return 0;
+}
+
+static int region_quota_precheck(struct sc_engine *eng, uint64_t size, struct sc_err *err)
+{
+	pthread_mutex_lock(&eng->mu);
+	int rc = sc_engine_check_accepting(eng, err);
+	if (rc == 0)
+		rc = region_quota_check(eng, size, err);
+	pthread_mutex_unlock(&eng->mu);
+	return rc;
+}
+
 /* Register with every started backend, then publish in the table. A GPU region that a backend
  * cannot register (ibverbs without GPUDirect) stays usable by the others: the note says why.
  * Under mu. */
 static int region_publish(struct sc_engine *eng, struct sc_region *r, struct sc_err *err)
 {
+	if (region_quota_check(eng, r->size, err) != 0)
+		return -1;
 	for (int b = 0; b < SC_NUM_BACKENDS; b++) {
 		struct sc_backend *be = eng->backends[b];
 		if (!be || !be->available)
@@ -111,6 +149,8 @@ static int region_publish(struct sc_engine *eng, struct sc_region *r, struct sc_
 		return sc_err_set(err, SC_INTERNAL, "region table full (out of memory)");
 	r->in_table = true;
 	r->refs = 1;
+	r->counted = true;
+	eng->region_bytes += r->size;
 	return 0;
 }
 
@@ -154,7 +194,7 @@ int sc_region_check_new(struct sc_engine *eng, uint64_t size, const char *name,
 	if (name && strlen(name) >= SC_NAME_MAX)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "name longer than %d bytes",
 				  SC_NAME_MAX - 1);
-	return 0;
+	return region_quota_precheck(eng, size, err);
 }
 
 int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind kind,
@@ -169,7 +209,6 @@ int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind k
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "unknown device_kind %d", (int)kind);
 	if (sc_region_check_new(eng, size, name, err) != 0)
 		return -1;
-
 	struct sc_region *r = calloc(1, sizeof(*r));
 	if (!r)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
@@ -194,23 +233,27 @@ int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind k
 				  "cannot create %s/...: %s (check --shm-dir)", eng->cfg->shm_dir,
 				  strerror(e));
 	}
-	if (ftruncate(fd, (off_t)size) != 0) {
-		int e = errno;
+	/* Reserve the pages now (ENOSPC here, not SIGBUS later), then pre-fault them so the first
+	 * transfer does not pay for page faults; both in chunks, so shutdown is not held up. */
+	if (sc_region_reserve(eng, fd, size, err) != 0) {
 		close(fd);
 		unlink(r->path);
 		free(r);
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "cannot size region file to %" PRIu64
-				  " bytes: %s", size, strerror(e));
+		return -1;
 	}
-	/* Pre-fault so the first transfer does not pay for page faults; MAP_POPULATE also
-	 * allocates the tmpfs pages, so a full /dev/shm fails here rather than with SIGBUS. */
-	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	int e = errno;
 	close(fd);
 	if (p == MAP_FAILED) {
 		unlink(r->path);
 		free(r);
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "cannot map region: %s", strerror(e));
+	}
+	if (sc_region_prefault(eng, p, size, err) != 0) {
+		munmap(p, size);
+		unlink(r->path);
+		free(r);
+		return -1;
 	}
 	r->base = p;
 	r->map_addr = p;
@@ -246,14 +289,11 @@ int sc_region_register_host(struct sc_engine *eng, const char *path, uint64_t of
 	if (name && strlen(name) >= SC_NAME_MAX)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "name longer than %d bytes",
 				  SC_NAME_MAX - 1);
-	int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0) {
-		int e = errno;
-		return sc_err_set(err, e == ENOENT ? SC_NOT_FOUND : SC_PERMISSION_DENIED,
-				  "cannot open %s read-write: %s (the file must be shared with the "
-				  "sidecar, e.g. under /dev/shm)",
-				  path, strerror(e));
-	}
+	if (region_quota_precheck(eng, size, err) != 0)
+		return -1;
+	int fd = sc_path_guard_open(eng->cfg, path, err);
+	if (fd < 0)
+		return -1;
 	struct stat st;
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
 		close(fd);

@@ -822,7 +822,7 @@ TEST(usage_documents_every_option)
 		line = nl ? nl + 1 : NULL;
 	}
 	free(text);
-	CHECK_INT_EQ(options, 24);
+	CHECK_INT_EQ(options, 30);
 }
 
 /* ---- free ---- */
@@ -1027,6 +1027,72 @@ TEST(parse_duration)
 	DUR_BAD(NULL, "expected a duration");
 }
 
+TEST(security_limits_and_register_dirs)
+{
+	struct sc_config c;
+	EXPECT_OK(&c, no_env, "--id", "x");
+	CHECK_INT_EQ(c.n_register_dirs, 0);
+	CHECK_U64_EQ(c.max_regions, 4096);
+	CHECK_U64_EQ(c.max_operations, 16384);
+	CHECK_U64_EQ(c.max_descriptors, 4096);
+	CHECK_U64_EQ(c.max_total_region_bytes, 0);
+	CHECK(c.nats_subject_prefix == NULL);
+	sc_config_free(&c);
+
+	EXPECT_OK(&c, no_env, "--register-dir", "/data/a", "--register-dir=/data/b",
+		  "--max-regions", "3", "--max-operations=5", "--max-descriptors", "4",
+		  "--max-total-region-bytes", "1GiB", "--nats-subject-prefix", "team-a.");
+	CHECK_INT_EQ(c.n_register_dirs, 2);
+	CHECK_STR_EQ(c.register_dirs[0], "/data/a");
+	CHECK_STR_EQ(c.register_dirs[1], "/data/b");
+	CHECK_U64_EQ(c.max_regions, 3);
+	CHECK_U64_EQ(c.max_operations, 5);
+	CHECK_U64_EQ(c.max_descriptors, 4);
+	CHECK_U64_EQ(c.max_total_region_bytes, UINT64_C(1) << 30);
+	CHECK_STR_EQ(c.nats_subject_prefix, "team-a.");
+	sc_config_free(&c);
+
+	/* The env twin is a comma list; the first flag replaces it. */
+	char *env[] = {"RDMA_SIDECAR_REGISTER_DIR=/e1,/e2", "RDMA_SIDECAR_MAX_REGIONS=7",
+		       "RDMA_SIDECAR_MAX_OPERATIONS=8", "RDMA_SIDECAR_MAX_DESCRIPTORS=9",
+		       "RDMA_SIDECAR_MAX_TOTAL_REGION_BYTES=2M",
+		       "RDMA_SIDECAR_NATS_SUBJECT_PREFIX=kv", NULL};
+	EXPECT_OK(&c, env, "--id", "x");
+	CHECK_INT_EQ(c.n_register_dirs, 2);
+	CHECK_STR_EQ(c.register_dirs[0], "/e1");
+	CHECK_STR_EQ(c.register_dirs[1], "/e2");
+	CHECK_U64_EQ(c.max_regions, 7);
+	CHECK_U64_EQ(c.max_operations, 8);
+	CHECK_U64_EQ(c.max_descriptors, 9);
+	CHECK_U64_EQ(c.max_total_region_bytes, UINT64_C(2) << 20);
+	CHECK_STR_EQ(c.nats_subject_prefix, "kv");
+	sc_config_free(&c);
+	EXPECT_OK(&c, env, "--register-dir", "/f");
+	CHECK_INT_EQ(c.n_register_dirs, 1);
+	CHECK_STR_EQ(c.register_dirs[0], "/f");
+	sc_config_free(&c);
+
+	EXPECT_ERROR(no_env, "--register-dir \"rel\": expected an absolute directory path",
+		     "--register-dir", "rel");
+	EXPECT_ERROR(no_env, "--register-dir empty directory", "--register-dir", "");
+	EXPECT_ENV_ERROR("RDMA_SIDECAR_REGISTER_DIR empty directory",
+			 "RDMA_SIDECAR_REGISTER_DIR=/a,,/b");
+	EXPECT_ERROR(no_env, "--max-regions \"0\": expected an integer from 1",
+		     "--max-regions", "0");
+	EXPECT_ERROR(no_env, "--max-operations \"x\": expected an integer", "--max-operations",
+		     "x");
+	EXPECT_ERROR(no_env, "--max-descriptors \"4097\": expected an integer from 1 to 4096",
+		     "--max-descriptors", "4097");
+	EXPECT_ERROR(no_env, "--max-total-region-bytes \"-1\": a size cannot be negative",
+		     "--max-total-region-bytes", "-1");
+	EXPECT_ERROR(no_env, "--nats-subject-prefix \"a.>\": a subject prefix has no wildcards",
+		     "--nats-subject-prefix", "a.>");
+	EXPECT_ERROR(no_env, "--nats-subject-prefix \"a.*.b\": a subject prefix has no wildcards",
+		     "--nats-subject-prefix", "a.*.b");
+	EXPECT_ERROR(no_env, "--nats-subject-prefix \"a..b\": empty subject token",
+		     "--nats-subject-prefix", "a..b");
+}
+
 RUN_TESTS(T(defaults), T(default_id_is_host_dash_6_hex), T(every_flag_space_form),
 	  T(every_flag_equals_form), T(equals_value_may_contain_equals_and_be_empty),
 	  T(short_and_double_dash_end), T(env_twins), T(env_twins_numbers), T(env_log_json_values),
@@ -1039,4 +1105,4 @@ RUN_TESTS(T(defaults), T(default_id_is_host_dash_6_hex), T(every_flag_space_form
 	  T(error_other_values), T(nats_url), T(long_bad_value_is_cut_in_message),
 	  T(null_err_is_allowed), T(help_and_version_exit), T(usage_documents_every_option),
 	  T(free_is_idempotent_and_zeroes), T(parse_many_times), T(parse_hostport), T(parse_size),
-	  T(parse_duration))
+	  T(parse_duration), T(security_limits_and_register_dirs))
