@@ -25,6 +25,7 @@
 #include "log.h"
 #include "passive.h"
 #include "peer_proto.h"
+#include "peer_tls.h"
 #include "timer.h"
 
 #include <arpa/inet.h>
@@ -47,7 +48,12 @@
 #define STALL_MS 30000
 #define CONN_STACK_BYTES (512u * 1024u)
 #define SERVER_SLICE_MS 1000
-#define REFUSAL_LOG_INTERVAL_MS 10000
+/* A connection must finish the TLS handshake and the hello this fast (an idle flood is dropped
+ * sooner than the dialing side's SC_PEER_HELLO_TIMEOUT_MS). */
+#define UNAUTH_DEADLINE_MS 3000
+/* After refusing a hello with an ERROR frame, read what the peer still sends for this long, so
+ * the close does not reset the connection before the peer has read why. */
+#define REFUSAL_DRAIN_MS 200
 
 struct xref {
 	uint8_t token[SC_TOKEN_LEN];
@@ -67,6 +73,8 @@ struct conn {
 	int fd;
 	pthread_t thread;
 	char addr[80];          /* "1.2.3.4:5678" */
+	char ip[INET6_ADDRSTRLEN]; /* "1.2.3.4": the source address the flood limits count by */
+	bool authed;               /* under srv->mu: the hello succeeded */
 	char peer_id[SC_NAME_MAX];
 	char what[SC_NAME_MAX + 120]; /* "peer sidecar \"id\" at addr", for messages */
 	struct xref *opened;          /* under srv->mu */
@@ -90,12 +98,14 @@ struct sc_peer_server {
 	struct conn *live;   /* threads running */
 	struct conn *dead;   /* threads ended, to join */
 	size_t n_live;
+	size_t n_unauth; /* live connections before their hello (limits: max_unauth*) */
+	size_t n_authed; /* live connections after it (limit: SC_PEER_SERVER_MAX_CONNS) */
+	uint32_t max_unauth_per_ip, max_unauth;
+	struct sc_peer_tls *tls; /* NULL: plain TCP */
 	struct orphan *orphans;
 	sc_peer_handler_fn qp_fn;
 	void *qp_ctx;
 	unsigned qp_busy;
-	uint64_t last_refusal_log_ms;
-	unsigned refused_since_log;
 };
 
 /* ---- small helpers --------------------------------------------------------------------------- */
@@ -541,6 +551,10 @@ static void conn_finish(struct conn *c, const char *why)
 	if (c->next)
 		c->next->prev = c->prev;
 	srv->n_live--;
+	if (c->authed)
+		srv->n_authed--;
+	else
+		srv->n_unauth--;
 	for (size_t i = 0; i < c->n_opened; i++) {
 		if (tracked_by_other_locked(srv, c, &c->opened[i]))
 			continue;
@@ -568,9 +582,25 @@ static void conn_finish(struct conn *c, const char *why)
 	pthread_cond_broadcast(&srv->cv);
 	pthread_mutex_unlock(&srv->mu);
 	/* Nobody else touches the fd once the connection left the live list. */
-	close(c->fd);
+	sc_peer_tls_close(c->fd);
 	c->fd = -1;
 	wake(srv);
+}
+
+/* After a refusal: stop sending, and read (and drop) what the peer still sends for a moment, so
+ * the close that follows does not reset the connection before the peer has read our ERROR. */
+static void drain_before_close(int fd)
+{
+	shutdown(fd, SHUT_WR);
+	uint64_t until = sc_clock_mono_ms() + REFUSAL_DRAIN_MS;
+	uint8_t sink[4096];
+	for (uint64_t now = sc_clock_mono_ms(); now < until; now = sc_clock_mono_ms()) {
+		struct pollfd pfd = {.fd = fd, .events = POLLIN};
+		if (poll(&pfd, 1, (int)(until - now)) <= 0)
+			break;
+		if (recv(fd, sink, sizeof(sink), MSG_DONTWAIT) <= 0)
+			break;
+	}
 }
 
 static void *conn_main(void *arg)
@@ -585,22 +615,51 @@ static void *conn_main(void *arg)
 		SC_WARN("peer", "connection from %s: cannot set socket options: %s", c->addr,
 			strerror(errno));
 
-	struct sc_peer_wait w = {.deadline_mono_ms = sc_clock_mono_ms() + SC_PEER_HELLO_TIMEOUT_MS,
+	struct sc_peer_wait w = {.deadline_mono_ms = sc_clock_mono_ms() + UNAUTH_DEADLINE_MS,
 				 .stop = &srv->stopping};
-	struct sc_keyring *ring = sc_engine_keyring(srv->eng);
 	struct sc_err err;
 	sc_err_clear(&err);
-	int rc = sc_peer_hello_server(c->fd, ring, sc_engine_id(srv->eng), &w, c->what, c->peer_id,
-				      &err);
-	sc_keyring_release(ring);
+	int rc = 0;
+	if (srv->tls)
+		rc = sc_peer_tls_server(srv->tls, c->fd, &w, c->what, &err);
+	if (rc == 0) {
+		struct sc_keyring *ring = sc_engine_keyring(srv->eng);
+		rc = sc_peer_hello_server(c->fd, ring, sc_engine_id(srv->eng), &w, c->what,
+					  c->peer_id, &err);
+		sc_keyring_release(ring);
+	}
+	if (rc == 0) {
+		/* Authenticated: move from the pre-hello limits to the authenticated cap. */
+		pthread_mutex_lock(&srv->mu);
+		bool room = srv->n_authed < SC_PEER_SERVER_MAX_CONNS;
+		if (room) {
+			c->authed = true;
+			srv->n_unauth--;
+			srv->n_authed++;
+		}
+		pthread_mutex_unlock(&srv->mu);
+		if (!room) {
+			rc = sc_err_set(&err, SC_RESOURCE_EXHAUSTED,
+					"already serving %d authenticated peer connections (the "
+					"limit)",
+					SC_PEER_SERVER_MAX_CONNS);
+			struct sc_peer_msg m = {.type = SC_FRAME_ERROR, .code = (uint32_t)err.code};
+			snprintf(m.text, sizeof(m.text), "%s", err.msg);
+			sc_peer_send_msg(c->fd, &m, &w, c->what, NULL);
+		}
+	}
 	if (rc != 0) {
-		/* A bare connect-and-close (a port probe) is not worth a warning. */
-		if (err.code == SC_UNAVAILABLE || err.code == SC_CANCELLED)
+		/* A bare connect-and-close (a port probe) is not worth a warning; an idle or
+		 * refused one is, but rate-limited: anyone who can reach the port can cause it. */
+		if (err.code == SC_UNAVAILABLE && strstr(err.msg, "closed the connection"))
 			SC_DEBUG("peer", "connection from %s ended during the hello: %s", c->addr,
 				 err.msg);
-		else
-			SC_WARN("peer", "rejected connection from %s: %s", c->addr, err.msg);
+		else if (err.code != SC_CANCELLED)
+			SC_WARN_LIMITED("peer", "peer-hello-rejected",
+					"rejected connection from %s: %s", c->addr, err.msg);
 		snprintf(why, sizeof(why), "hello failed: %s", err.msg);
+		if (err.code != SC_DEADLINE_EXCEEDED && err.code != SC_CANCELLED)
+			drain_before_close(c->fd);
 		goto out;
 	}
 	snprintf(c->what, sizeof(c->what), "peer sidecar \"%s\" at %s", c->peer_id, c->addr);
@@ -629,14 +688,42 @@ static void reap(struct sc_peer_server *srv)
 
 static void log_refusal(struct sc_peer_server *srv, const char *addr, const char *reason)
 {
-	uint64_t now = sc_clock_mono_ms();
-	srv->refused_since_log++;
-	if (srv->last_refusal_log_ms && now < srv->last_refusal_log_ms + REFUSAL_LOG_INTERVAL_MS)
-		return;
-	SC_WARN("peer", "refused %u connection(s) (latest from %s): %s", srv->refused_since_log,
-		addr, reason);
-	srv->refused_since_log = 0;
-	srv->last_refusal_log_ms = now;
+	(void)srv;
+	SC_WARN_LIMITED("peer", "peer-refused", "refused connection from %s: %s", addr, reason);
+}
+
+/* The source address of a peer, without the port, for the per-address limit. */
+static void format_ip(const struct sockaddr *sa, char *out, size_t cap)
+{
+	snprintf(out, cap, "?");
+	if (sa->sa_family == AF_INET)
+		inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, out, (socklen_t)cap);
+	else if (sa->sa_family == AF_INET6)
+		inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out,
+			  (socklen_t)cap);
+}
+
+/* Can one more connection from ip wait for its hello? Fills reason when not. Under mu. */
+static bool unauth_room_locked(struct sc_peer_server *srv, const char *ip, char *reason,
+			       size_t cap)
+{
+	if (srv->n_unauth >= srv->max_unauth) {
+		snprintf(reason, cap,
+			 "%zu connections are waiting for their hello (--data-max-unauth %u)",
+			 srv->n_unauth, srv->max_unauth);
+		return false;
+	}
+	size_t same = 0;
+	for (struct conn *c = srv->live; c; c = c->next)
+		same += !c->authed && strcmp(c->ip, ip) == 0;
+	if (same >= srv->max_unauth_per_ip) {
+		snprintf(reason, cap,
+			 "%zu connections from %s are waiting for their hello "
+			 "(--data-max-unauth-per-ip %u)",
+			 same, ip, srv->max_unauth_per_ip);
+		return false;
+	}
+	return true;
 }
 
 static void accept_one(struct sc_peer_server *srv)
@@ -651,15 +738,17 @@ static void accept_one(struct sc_peer_server *srv)
 		}
 		return;
 	}
-	char addr[80];
+	char addr[80], ip[INET6_ADDRSTRLEN];
 	format_addr((struct sockaddr *)&ss, addr, sizeof(addr));
+	format_ip((struct sockaddr *)&ss, ip, sizeof(ip));
+	/* Only the accept thread adds connections, so the room checked here is still there when
+	 * the connection is added below. Authenticated connections have their own cap (checked
+	 * after the hello), so a flood of idle connections cannot take their room. */
+	char reason[200];
 	pthread_mutex_lock(&srv->mu);
-	bool full = srv->n_live >= SC_PEER_SERVER_MAX_CONNS;
+	bool room = unauth_room_locked(srv, ip, reason, sizeof(reason));
 	pthread_mutex_unlock(&srv->mu);
-	if (full) {
-		char reason[120];
-		snprintf(reason, sizeof(reason), "already serving %d peer connections (the limit)",
-			 SC_PEER_SERVER_MAX_CONNS);
+	if (!room) {
 		log_refusal(srv, addr, reason);
 		close(fd);
 		return;
@@ -673,6 +762,7 @@ static void accept_one(struct sc_peer_server *srv)
 	c->srv = srv;
 	c->fd = fd;
 	snprintf(c->addr, sizeof(c->addr), "%s", addr);
+	snprintf(c->ip, sizeof(c->ip), "%s", ip);
 
 	pthread_mutex_lock(&srv->mu);
 	c->next = srv->live;
@@ -680,6 +770,7 @@ static void accept_one(struct sc_peer_server *srv)
 		srv->live->prev = c;
 	srv->live = c;
 	srv->n_live++;
+	srv->n_unauth++;
 	pthread_mutex_unlock(&srv->mu);
 
 	pthread_attr_t attr;
@@ -696,6 +787,7 @@ static void accept_one(struct sc_peer_server *srv)
 		if (c->next)
 			c->next->prev = c->prev;
 		srv->n_live--;
+		srv->n_unauth--;
 		pthread_mutex_unlock(&srv->mu);
 		log_refusal(srv, addr, strerror(rc));
 		close(fd);
@@ -767,6 +859,8 @@ int sc_peer_server_create(struct sc_engine *eng, const struct sc_config *cfg,
 	pthread_mutex_init(&srv->mu, NULL);
 	pthread_cond_init(&srv->cv, NULL);
 	atomic_init(&srv->stopping, false);
+	srv->max_unauth_per_ip = cfg->data_max_unauth_per_ip ? cfg->data_max_unauth_per_ip : 16;
+	srv->max_unauth = cfg->data_max_unauth ? cfg->data_max_unauth : 64;
 	const char *listen_text = cfg->data_listen ? cfg->data_listen : "0.0.0.0:0";
 	snprintf(srv->listen_addr, sizeof(srv->listen_addr), "%s", listen_text);
 
@@ -842,6 +936,11 @@ int sc_peer_server_set_handler(struct sc_peer_server *srv, enum sc_frame_type ty
 		pthread_cond_wait(&srv->cv, &srv->mu);
 	pthread_mutex_unlock(&srv->mu);
 	return 0;
+}
+
+void sc_peer_server_set_tls(struct sc_peer_server *srv, struct sc_peer_tls *tls)
+{
+	srv->tls = tls;
 }
 
 void sc_peer_server_destroy(struct sc_peer_server *srv)
