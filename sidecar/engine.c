@@ -201,7 +201,13 @@ int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
 		}
 	}
 	if (eng->cfg->nats_url && eng->cfg->nats_url[0]) {
-		if (sc_nats_bus_create(eng->cfg->nats_url, eng->id, &eng->bus, err) != 0) {
+		const struct sc_config *c = eng->cfg;
+		struct sc_nats_bus_opts no = {.tls_ca = c->nats_tls_ca,
+					      .tls_cert = c->nats_tls_cert,
+					      .tls_key = c->nats_tls_key,
+					      .creds_file = c->nats_creds,
+					      .nkey_seed_file = c->nats_nkey_seed};
+		if (sc_nats_bus_create_ex(c->nats_url, eng->id, &no, &eng->bus, err) != 0) {
 			sc_err_prefix(err, "--nats-url");
 			return -1;
 		}

@@ -45,6 +45,14 @@ struct sc_nats_bus_opts {
 	int reconnect_jitter_ms; /* plus a random 0..jitter; default 1000 */
 	int reconnect_buf_bytes; /* publishes buffered while not connected; default 8 MiB */
 	int flush_timeout_ms; /* how long a publish waits for the server to confirm; default 1000 */
+	/* Security (paths; NULL or "" = unset). tls_ca turns TLS on and verifies the server with
+	 * that CA; tls_cert + tls_key: the client certificate (both or neither; also turns TLS
+	 * on); creds_file: user JWT + seed (.creds); nkey_seed_file: NKey auth (not with creds). */
+	const char *tls_ca;
+	const char *tls_cert;
+	const char *tls_key;
+	const char *creds_file;
+	const char *nkey_seed_file;
 };
 
 /*

@@ -654,9 +654,14 @@ static void *conn_main(void *arg)
 		if (err.code == SC_UNAVAILABLE && strstr(err.msg, "closed the connection"))
 			SC_DEBUG("peer", "connection from %s ended during the hello: %s", c->addr,
 				 err.msg);
-		else if (err.code != SC_CANCELLED)
-			SC_WARN_LIMITED("peer", "peer-hello-rejected",
-					"rejected connection from %s: %s", c->addr, err.msg);
+		else if (err.code != SC_CANCELLED) {
+			/* One limit per kind of failure: a flood of garbage or idle connections
+			 * does not hide a peer that fails to authenticate. */
+			char key[32];
+			snprintf(key, sizeof(key), "peer-hello-rejected-%d", (int)err.code);
+			SC_WARN_LIMITED("peer", key, "rejected connection from %s: %s", c->addr,
+					err.msg);
+		}
 		snprintf(why, sizeof(why), "hello failed: %s", err.msg);
 		if (err.code != SC_DEADLINE_EXCEEDED && err.code != SC_CANCELLED)
 			drain_before_close(c->fd);
