@@ -20,6 +20,8 @@
 #include "nats_bus.h"
 #include "nats_nkey.h"
 
+#include <openssl/crypto.h>
+
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -1037,4 +1039,9 @@ void sc_nats_bus_library_shutdown(void)
 	if (st != NATS_OK)
 		SC_WARN(AREA, "nats_CloseAndWait: %s (was every bus destroyed first?)",
 			natsStatus_GetText(st));
+	/* Once nats.c used TLS (our options, or a server that requires it), its exit handler frees
+	 * OpenSSL's compression-method list, and OpenSSL 3's own exit handler frees it again: a
+	 * crash at exit. Finishing OpenSSL here (the process is about to exit; NATS was its last
+	 * user) makes nats.c's handler find nothing to free, and OpenSSL's a no-op. */
+	OPENSSL_cleanup();
 }

@@ -126,7 +126,8 @@ void sc_nats_bus_unsubscribe(struct sc_nats_bus *bus, uint64_t sub_id);
  * Release nats.c's process-wide resources (nats_CloseAndWait with a 5 s limit). Call once from
  * main at exit, after every bus has been destroyed; afterwards sc_nats_bus_create fails with
  * FAILED_PRECONDITION (nats.c cannot be reopened in the same process). Safe if no bus was ever
- * created, and idempotent.
+ * created, and idempotent. When nats.c was opened it also finishes OpenSSL (OPENSSL_cleanup,
+ * see nats_bus.c): nothing may use OpenSSL afterwards.
  */
 void sc_nats_bus_library_shutdown(void);
 

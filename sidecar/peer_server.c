@@ -691,10 +691,10 @@ static void reap(struct sc_peer_server *srv)
 	}
 }
 
-static void log_refusal(struct sc_peer_server *srv, const char *addr, const char *reason)
+/* key: one rate limit per kind of refusal, so a flood over one limit hides no other. */
+static void log_refusal(const char *key, const char *addr, const char *reason)
 {
-	(void)srv;
-	SC_WARN_LIMITED("peer", "peer-refused", "refused connection from %s: %s", addr, reason);
+	SC_WARN_LIMITED("peer", key, "refused connection from %s: %s", addr, reason);
 }
 
 /* The source address of a peer, without the port, for the per-address limit. */
@@ -708,10 +708,12 @@ static void format_ip(const struct sockaddr *sa, char *out, size_t cap)
 			  (socklen_t)cap);
 }
 
-/* Can one more connection from ip wait for its hello? Fills reason when not. Under mu. */
+/* Can one more connection from ip wait for its hello? Fills reason and the log key when not.
+ * Under mu. */
 static bool unauth_room_locked(struct sc_peer_server *srv, const char *ip, char *reason,
-			       size_t cap)
+			       size_t cap, const char **key)
 {
+	*key = "peer-refused-unauth-total";
 	if (srv->n_unauth >= srv->max_unauth) {
 		snprintf(reason, cap,
 			 "%zu connections are waiting for their hello (--data-max-unauth %u)",
@@ -719,6 +721,7 @@ static bool unauth_room_locked(struct sc_peer_server *srv, const char *ip, char 
 		return false;
 	}
 	size_t same = 0;
+	*key = "peer-refused-unauth-per-ip";
 	for (struct conn *c = srv->live; c; c = c->next)
 		same += !c->authed && strcmp(c->ip, ip) == 0;
 	if (same >= srv->max_unauth_per_ip) {
@@ -738,7 +741,7 @@ static void accept_one(struct sc_peer_server *srv)
 	int fd = accept4(srv->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
 	if (fd < 0) {
 		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-			log_refusal(srv, "?", strerror(errno));
+			log_refusal("peer-refused-accept", "?", strerror(errno));
 			usleep(100 * 1000); /* the backlog stays readable: do not spin */
 		}
 		return;
@@ -750,17 +753,18 @@ static void accept_one(struct sc_peer_server *srv)
 	 * the connection is added below. Authenticated connections have their own cap (checked
 	 * after the hello), so a flood of idle connections cannot take their room. */
 	char reason[200];
+	const char *key;
 	pthread_mutex_lock(&srv->mu);
-	bool room = unauth_room_locked(srv, ip, reason, sizeof(reason));
+	bool room = unauth_room_locked(srv, ip, reason, sizeof(reason), &key);
 	pthread_mutex_unlock(&srv->mu);
 	if (!room) {
-		log_refusal(srv, addr, reason);
+		log_refusal(key, addr, reason);
 		close(fd);
 		return;
 	}
 	struct conn *c = calloc(1, sizeof(*c));
 	if (!c) {
-		log_refusal(srv, addr, "out of memory");
+		log_refusal("peer-refused-resources", addr, "out of memory");
 		close(fd);
 		return;
 	}
@@ -794,7 +798,7 @@ static void accept_one(struct sc_peer_server *srv)
 		srv->n_live--;
 		srv->n_unauth--;
 		pthread_mutex_unlock(&srv->mu);
-		log_refusal(srv, addr, strerror(rc));
+		log_refusal("peer-refused-resources", addr, strerror(rc));
 		close(fd);
 		free(c);
 	}
