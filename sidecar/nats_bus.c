@@ -508,14 +508,32 @@ static void on_closed(natsConnection *nc, void *closure)
 	struct sc_nats_bus *bus = closure;
 	tl_cb_depth++;
 	bool asked = atomic_load(&bus->closing);
+	bool never_connected = atomic_load(&bus->state) == ST_CONNECTING;
 	if (transition(bus, nc, ST_CLOSED, false, NULL, 0)) {
 		if (asked)
 			SC_DEBUG(AREA, "\"%s\" closed", bus->name);
-		else
+		else {
+			/* The connection's own last error says why (TLS, authentication); the
+			 * thread-local one is empty on this callback thread. */
+			const char *why = NULL;
+			natsStatus st = nc ? natsConnection_GetLastError(nc, &why) : NATS_OK;
+			bool security = never_connected || st == NATS_SSL_ERROR ||
+					st == NATS_CONNECTION_AUTH_FAILED ||
+					st == NATS_NOT_PERMITTED ||
+					st == NATS_SECURE_CONNECTION_REQUIRED ||
+					st == NATS_SECURE_CONNECTION_WANTED;
 			SC_ERROR(AREA,
-				 "\"%s\": nats.c closed the connection to %s (%s); this bus is "
-				 "unusable",
-				 bus->name, bus->url, nats_detail());
+				 "\"%s\": nats.c closed the connection to %s (%s%s%s); this bus is "
+				 "unusable%s",
+				 bus->name, bus->url, st != NATS_OK ? natsStatus_GetText(st) : "",
+				 why && why[0] ? ": " : "", why && why[0] ? why : nats_detail(),
+				 security ? ": it never connected; a server that requires TLS or "
+					    "authentication closes such clients: check --nats-tls-ca, "
+					    "--nats-tls-cert/--nats-tls-key, --nats-creds and "
+					    "--nats-nkey-seed against the server's TLS and "
+					    "authorization settings"
+					  : "");
+		}
 	}
 	pthread_mutex_lock(&bus->mu);
 	bus->closed_seen = true;
