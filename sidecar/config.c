@@ -49,6 +49,16 @@ enum opt_id {
 	OPT_TCP_STREAMS,
 	OPT_TCP_CHUNK_SIZE,
 	OPT_KEY_FILE,
+	OPT_PEER_TLS_CERT,
+	OPT_PEER_TLS_KEY,
+	OPT_PEER_TLS_CA,
+	OPT_NATS_TLS_CA,
+	OPT_NATS_TLS_CERT,
+	OPT_NATS_TLS_KEY,
+	OPT_NATS_CREDS,
+	OPT_NATS_NKEY_SEED,
+	OPT_DATA_MAX_UNAUTH_PER_IP,
+	OPT_DATA_MAX_UNAUTH,
 	OPT_IB_DEVICE,
 	OPT_IB_PORT,
 	OPT_IB_GID_INDEX,
@@ -130,6 +140,12 @@ static const struct sc_option sc_options[] = {
 	 .group = "Data plane", .help = "parallel TCP connections per peer, 1-16", .def = "2"},
 	{.id = OPT_TCP_CHUNK_SIZE, .name = "tcp-chunk-size", .arg = ARG_REQUIRED, .value = "SIZE",
 	 .group = "Data plane", .help = "bytes per TCP data chunk, 64KiB-1GiB", .def = "8MiB"},
+	{.id = OPT_DATA_MAX_UNAUTH_PER_IP, .name = "data-max-unauth-per-ip", .arg = ARG_REQUIRED,
+	 .value = "N", .group = "Data plane",
+	 .help = "data connections one address may hold before its hello, 1-1024", .def = "16"},
+	{.id = OPT_DATA_MAX_UNAUTH, .name = "data-max-unauth", .arg = ARG_REQUIRED, .value = "N",
+	 .group = "Data plane",
+	 .help = "data connections before their hello, all addresses, 1-1024", .def = "64"},
 
 	{.id = OPT_KEY_FILE, .name = "key-file", .arg = ARG_REQUIRED, .value = "PATH",
 	 .group = "Security",
@@ -144,6 +160,31 @@ static const struct sc_option sc_options[] = {
 	 .value = "PREFIX", .group = "Security",
 	 .help = "Publish/SubscribeMetadata subjects must start with PREFIX (e.g. team-a.)",
 	 .def = "any subject"},
+	{.id = OPT_PEER_TLS_CERT, .name = "peer-tls-cert", .arg = ARG_REQUIRED, .value = "PEM",
+	 .group = "Security",
+	 .help = "this sidecar's certificate (chain) for TLS 1.3 on the peer data channel; needs "
+		 "--peer-tls-key and --peer-tls-ca",
+	 .def = "none: peer data in clear text"},
+	{.id = OPT_PEER_TLS_KEY, .name = "peer-tls-key", .arg = ARG_REQUIRED, .value = "PEM",
+	 .group = "Security", .help = "private key of --peer-tls-cert", .def = "none"},
+	{.id = OPT_PEER_TLS_CA, .name = "peer-tls-ca", .arg = ARG_REQUIRED, .value = "PEM",
+	 .group = "Security",
+	 .help = "cluster CA: peers must present a certificate it signed (both directions)",
+	 .def = "none"},
+	{.id = OPT_NATS_TLS_CA, .name = "nats-tls-ca", .arg = ARG_REQUIRED, .value = "PEM",
+	 .group = "Security", .help = "CA that signed the NATS server's certificate; turns on TLS",
+	 .def = "none"},
+	{.id = OPT_NATS_TLS_CERT, .name = "nats-tls-cert", .arg = ARG_REQUIRED, .value = "PEM",
+	 .group = "Security", .help = "client certificate for NATS (with --nats-tls-key)",
+	 .def = "none"},
+	{.id = OPT_NATS_TLS_KEY, .name = "nats-tls-key", .arg = ARG_REQUIRED, .value = "PEM",
+	 .group = "Security", .help = "private key of --nats-tls-cert", .def = "none"},
+	{.id = OPT_NATS_CREDS, .name = "nats-creds", .arg = ARG_REQUIRED, .value = "FILE",
+	 .group = "Security", .help = "NATS credentials file (user JWT + NKey seed)",
+	 .def = "none"},
+	{.id = OPT_NATS_NKEY_SEED, .name = "nats-nkey-seed", .arg = ARG_REQUIRED, .value = "FILE",
+	 .group = "Security", .help = "NATS NKey seed file (user NKey authentication)",
+	 .def = "none"},
 
 	{.id = OPT_IB_DEVICE, .name = "ib-device", .arg = ARG_REQUIRED, .value = "NAME",
 	 .group = "RDMA", .help = "RDMA device, e.g. mlx5_0", .def = "first active"},
@@ -913,6 +954,40 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 	case OPT_KEY_FILE:
 		rc = set_str(&cfg->key_file, v, true, err);
 		break;
+	case OPT_PEER_TLS_CERT:
+		rc = set_str(&cfg->peer_tls_cert, v, true, err);
+		break;
+	case OPT_PEER_TLS_KEY:
+		rc = set_str(&cfg->peer_tls_key, v, true, err);
+		break;
+	case OPT_PEER_TLS_CA:
+		rc = set_str(&cfg->peer_tls_ca, v, true, err);
+		break;
+	case OPT_NATS_TLS_CA:
+		rc = set_str(&cfg->nats_tls_ca, v, true, err);
+		break;
+	case OPT_NATS_TLS_CERT:
+		rc = set_str(&cfg->nats_tls_cert, v, true, err);
+		break;
+	case OPT_NATS_TLS_KEY:
+		rc = set_str(&cfg->nats_tls_key, v, true, err);
+		break;
+	case OPT_NATS_CREDS:
+		rc = set_str(&cfg->nats_creds, v, true, err);
+		break;
+	case OPT_NATS_NKEY_SEED:
+		rc = set_str(&cfg->nats_nkey_seed, v, true, err);
+		break;
+	case OPT_DATA_MAX_UNAUTH_PER_IP:
+		rc = parse_int_range(v, 1, 1024, &n, err);
+		if (rc == 0)
+			cfg->data_max_unauth_per_ip = (uint32_t)n;
+		break;
+	case OPT_DATA_MAX_UNAUTH:
+		rc = parse_int_range(v, 1, 1024, &n, err);
+		if (rc == 0)
+			cfg->data_max_unauth = (uint32_t)n;
+		break;
 	case OPT_IB_DEVICE:
 		rc = set_str(&cfg->ib_device, v, true, err);
 		break;
@@ -1028,6 +1103,8 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->grpc_threads = 4;
 	cfg->tcp_streams = 2;
 	cfg->tcp_chunk_bytes = 8 * MIB;
+	cfg->data_max_unauth_per_ip = 16;
+	cfg->data_max_unauth = 64;
 	cfg->max_region_bytes = 64 * GIB;
 	cfg->max_regions = 4096;
 	cfg->max_operations = 16384;
@@ -1231,6 +1308,14 @@ void sc_config_free(struct sc_config *cfg)
 	free(cfg->shm_dir);
 	free(cfg->nats_url);
 	free(cfg->key_file);
+	free(cfg->peer_tls_cert);
+	free(cfg->peer_tls_key);
+	free(cfg->peer_tls_ca);
+	free(cfg->nats_tls_ca);
+	free(cfg->nats_tls_cert);
+	free(cfg->nats_tls_key);
+	free(cfg->nats_creds);
+	free(cfg->nats_nkey_seed);
 	free(cfg->ib_device);
 	free(cfg->metrics_listen);
 	for (size_t i = 0; i < SC_MAX_REGISTER_DIRS; i++)

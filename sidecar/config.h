@@ -58,6 +58,16 @@ struct sc_config {
 	uint32_t max_descriptors;                     /* --max-descriptors per operation, 4096 */
 	uint64_t max_total_region_bytes;              /* --max-total-region-bytes; 0 = unlimited */
 	char *nats_subject_prefix;                    /* --nats-subject-prefix; NULL = any */
+	char *peer_tls_cert;                          /* --peer-tls-cert; NULL = no peer TLS */
+	char *peer_tls_key;                           /* --peer-tls-key */
+	char *peer_tls_ca;                            /* --peer-tls-ca */
+	char *nats_tls_ca;                            /* --nats-tls-ca; NULL = plain NATS */
+	char *nats_tls_cert;                          /* --nats-tls-cert */
+	char *nats_tls_key;                           /* --nats-tls-key */
+	char *nats_creds;                             /* --nats-creds */
+	char *nats_nkey_seed;                         /* --nats-nkey-seed */
+	uint32_t data_max_unauth_per_ip;              /* --data-max-unauth-per-ip, 16 */
+	uint32_t data_max_unauth;                     /* --data-max-unauth, 64 */
 };
 
 /* Result of sc_config_parse. */

@@ -14,6 +14,7 @@
 #include "nats_bus.h"
 #include "peer_pool.h"
 #include "peer_server.h"
+#include "peer_tls.h"
 
 #include "build_config.h"
 
@@ -153,10 +154,14 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 
 	/* The peer channel carries the TCP data plane and the ibverbs rendezvous. */
 	if (backend_enabled(cfg, SC_BACKEND_BIT_TCP) || backend_enabled(cfg, SC_BACKEND_BIT_IBVERBS)) {
+		if (sc_peer_tls_create(cfg, &eng->peer_tls, err) != 0)
+			goto fail;
 		if (sc_peer_server_create(eng, cfg, &eng->peer_server, err) != 0)
 			goto fail;
 		if (sc_peer_pool_create(eng, &eng->peer_pool, err) != 0)
 			goto fail;
+		sc_peer_server_set_tls(eng->peer_server, eng->peer_tls);
+		sc_peer_pool_set_tls(eng->peer_pool, eng->peer_tls);
 	}
 	eng->backends[SC_BACKEND_LOCAL] = sc_backend_local_create(eng);
 	eng->backends[SC_BACKEND_TCP] = sc_backend_tcp_create(eng, cfg);
@@ -208,7 +213,13 @@ int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
 		}
 	}
 	if (eng->cfg->nats_url && eng->cfg->nats_url[0]) {
-		if (sc_nats_bus_create(eng->cfg->nats_url, eng->id, &eng->bus, err) != 0) {
+		const struct sc_config *c = eng->cfg;
+		struct sc_nats_bus_opts no = {.tls_ca = c->nats_tls_ca,
+					      .tls_cert = c->nats_tls_cert,
+					      .tls_key = c->nats_tls_key,
+					      .creds_file = c->nats_creds,
+					      .nkey_seed_file = c->nats_nkey_seed};
+		if (sc_nats_bus_create_ex(c->nats_url, eng->id, &no, &eng->bus, err) != 0) {
 			sc_err_prefix(err, "--nats-url");
 			return -1;
 		}
@@ -286,6 +297,7 @@ void sc_engine_destroy(struct sc_engine *eng)
 		sc_backend_destroy(eng->backends[b]);
 	sc_peer_pool_destroy(eng->peer_pool);
 	sc_gpu_close(eng->gpu); /* after the regions: they hold GPU memory */
+	sc_peer_tls_destroy(eng->peer_tls);
 	sc_sched_free_progress(eng);
 	sc_idmap_destroy(eng->regions);
 	sc_idmap_destroy(eng->ops);
@@ -340,6 +352,12 @@ void sc_engine_info(struct sc_engine *eng, struct sc_info *out)
 		out->n_data_endpoints = out->data_endpoints[0][0] ? 1 : 0;
 	}
 	(void)tcp;
+	if (eng->peer_tls) { /* say how the peer channel is protected, on the tcp backend's line */
+		struct sc_backend_report *r = &out->backends[0];
+		size_t used = strlen(r->detail);
+		snprintf(r->detail + used, sizeof(r->detail) - used, "; peer TLS: %s",
+			 sc_peer_tls_mode(eng->peer_tls));
+	}
 	snprintf(out->nats_state, sizeof(out->nats_state), "%s",
 		 eng->bus ? sc_nats_bus_state(eng->bus) : "disabled");
 	out->signing_enabled = !eng->keys_ephemeral;

@@ -30,6 +30,7 @@
 struct sc_nats_bus;
 struct sc_peer_pool;
 struct sc_peer_server;
+struct sc_peer_tls;
 
 #define SC_NUM_BACKENDS 4 /* indexed by enum sc_backend_kind */
 
@@ -147,6 +148,7 @@ struct sc_engine {
 	struct sc_backend *backends[SC_NUM_BACKENDS];
 	struct sc_peer_pool *peer_pool;
 	struct sc_peer_server *peer_server;
+	struct sc_peer_tls *peer_tls; /* NULL: peer data channel in clear text */
 	struct sc_nats_bus *bus;
 	struct sc_metrics *metrics; /* counters; the --metrics-listen server */
 	struct sc_bus_sub *subs;

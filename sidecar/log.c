@@ -5,11 +5,14 @@
  * (sc_log_configure) before other threads exist, and read with relaxed atomics after.
  * Control characters in a message are escaped in both formats (text: \n, \xHH; JSON: \u00HH),
  * so one call writes exactly one line whatever text a worker or a peer managed to put into it.
+ * The rate limiter's table (sc_log_limited) is guarded by its own mutex, held only to decide.
  */
 #include "log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -127,4 +130,73 @@ void sc_log(enum sc_log_level level, const char *area, const char *fmt, ...)
 	}
 	ssize_t rc = write(STDERR_FILENO, line, len);
 	(void)rc;
+}
+
+struct limit_slot {
+	char key[48];
+	uint64_t last_ms; /* when a line last got through; 0: free slot */
+	unsigned suppressed;
+};
+
+static pthread_mutex_t g_limit_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct limit_slot g_limits[SC_LOG_LIMIT_KEYS];
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Should a line for key go out now? *suppressed: lines held back since the last one. */
+static bool limit_pass(const char *key, unsigned *suppressed)
+{
+	uint64_t now = mono_ms() + 1; /* never 0 */
+	bool pass = false;
+	pthread_mutex_lock(&g_limit_mu);
+	struct limit_slot *slot = NULL, *oldest = &g_limits[0];
+	for (size_t i = 0; i < SC_LOG_LIMIT_KEYS; i++) {
+		struct limit_slot *s = &g_limits[i];
+		if (s->last_ms && strncmp(s->key, key, sizeof(s->key) - 1) == 0) {
+			slot = s;
+			break;
+		}
+		if (s->last_ms < oldest->last_ms)
+			oldest = s;
+	}
+	if (!slot) {
+		slot = oldest;
+		snprintf(slot->key, sizeof(slot->key), "%s", key);
+		slot->last_ms = 0;
+		slot->suppressed = 0;
+	}
+	if (!slot->last_ms || now >= slot->last_ms + SC_LOG_LIMIT_MS) {
+		*suppressed = slot->suppressed;
+		slot->suppressed = 0;
+		slot->last_ms = now;
+		pass = true;
+	} else {
+		slot->suppressed++;
+	}
+	pthread_mutex_unlock(&g_limit_mu);
+	return pass;
+}
+
+void sc_log_limited(enum sc_log_level level, const char *area, const char *key, const char *fmt,
+		    ...)
+{
+	if (!sc_log_enabled(level) || level >= SC_LOG_OFF)
+		return;
+	unsigned suppressed = 0;
+	if (!limit_pass(key, &suppressed))
+		return;
+	char msg[2048];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (suppressed)
+		sc_log(level, area, "%s (%u similar suppressed)", msg, suppressed);
+	else
+		sc_log(level, area, "%s", msg);
 }

@@ -18,6 +18,18 @@ bool sc_log_enabled(enum sc_log_level level);
 void sc_log(enum sc_log_level level, const char *area, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
+/*
+ * Rate-limited logging for lines an outsider can trigger at will (refused connections, failed
+ * hellos): at most one line per `key` per SC_LOG_LIMIT_MS; the next line that gets through ends
+ * with " (N similar suppressed)". Keys are compared as strings (a static literal per call site);
+ * up to SC_LOG_LIMIT_KEYS keys are tracked, the longest-silent one is forgotten first.
+ */
+#define SC_LOG_LIMIT_MS 1000
+#define SC_LOG_LIMIT_KEYS 32
+void sc_log_limited(enum sc_log_level level, const char *area, const char *key, const char *fmt,
+		    ...) __attribute__((format(printf, 4, 5)));
+#define SC_WARN_LIMITED(area, key, ...) sc_log_limited(SC_LOG_WARN, area, key, __VA_ARGS__)
+
 #define SC_DEBUG(area, ...)                                                                        \
 	do {                                                                                       \
 		if (sc_log_enabled(SC_LOG_DEBUG))                                                  \

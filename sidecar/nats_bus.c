@@ -18,6 +18,9 @@
  * Lock order: bus.state_mu > nc's lock (via nats.c getters); bus.mu and nats_sub.mu are leaves.
  */
 #include "nats_bus.h"
+#include "nats_nkey.h"
+
+#include <openssl/crypto.h>
 
 #include <errno.h>
 #include <limits.h>
@@ -505,14 +508,32 @@ static void on_closed(natsConnection *nc, void *closure)
 	struct sc_nats_bus *bus = closure;
 	tl_cb_depth++;
 	bool asked = atomic_load(&bus->closing);
+	bool never_connected = atomic_load(&bus->state) == ST_CONNECTING;
 	if (transition(bus, nc, ST_CLOSED, false, NULL, 0)) {
 		if (asked)
 			SC_DEBUG(AREA, "\"%s\" closed", bus->name);
-		else
+		else {
+			/* The connection's own last error says why (TLS, authentication); the
+			 * thread-local one is empty on this callback thread. */
+			const char *why = NULL;
+			natsStatus st = nc ? natsConnection_GetLastError(nc, &why) : NATS_OK;
+			bool security = never_connected || st == NATS_SSL_ERROR ||
+					st == NATS_CONNECTION_AUTH_FAILED ||
+					st == NATS_NOT_PERMITTED ||
+					st == NATS_SECURE_CONNECTION_REQUIRED ||
+					st == NATS_SECURE_CONNECTION_WANTED;
 			SC_ERROR(AREA,
-				 "\"%s\": nats.c closed the connection to %s (%s); this bus is "
-				 "unusable",
-				 bus->name, bus->url, nats_detail());
+				 "\"%s\": nats.c closed the connection to %s (%s%s%s); this bus is "
+				 "unusable%s",
+				 bus->name, bus->url, st != NATS_OK ? natsStatus_GetText(st) : "",
+				 why && why[0] ? ": " : "", why && why[0] ? why : nats_detail(),
+				 security ? ": it never connected; a server that requires TLS or "
+					    "authentication closes such clients: check --nats-tls-ca, "
+					    "--nats-tls-cert/--nats-tls-key, --nats-creds and "
+					    "--nats-nkey-seed against the server's TLS and "
+					    "authorization settings"
+					  : "");
+		}
 	}
 	pthread_mutex_lock(&bus->mu);
 	bus->closed_seen = true;
@@ -583,6 +604,53 @@ static int opts_error(natsStatus st, const char *what, struct sc_err *err)
 				  what);
 	return sc_err_set(err, SC_INVALID_ARGUMENT, "NATS options (%s): %s %s", what,
 			  natsStatus_GetText(st), nats_detail());
+}
+
+static bool set_(const char *s)
+{
+	return s && s[0];
+}
+
+/* TLS, credentials file and NKey options from opts. */
+static int set_security(natsOptions *no, const struct sc_nats_bus_opts *opts, struct sc_err *err)
+{
+	natsStatus st = NATS_OK;
+	if (set_(opts->tls_cert) != set_(opts->tls_key))
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "--nats-tls-cert and --nats-tls-key go together: %s is missing",
+				  set_(opts->tls_cert) ? "--nats-tls-key" : "--nats-tls-cert");
+	if (set_(opts->creds_file) && set_(opts->nkey_seed_file))
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "--nats-creds and --nats-nkey-seed are exclusive: a .creds file "
+				  "already holds the user's NKey seed");
+	if (set_(opts->tls_ca) || set_(opts->tls_cert)) {
+		if ((st = natsOptions_SetSecure(no, true)) != NATS_OK)
+			return opts_error(st, "TLS", err);
+	}
+	if (set_(opts->tls_ca) &&
+	    (st = natsOptions_LoadCATrustedCertificates(no, opts->tls_ca)) != NATS_OK)
+		return sc_err_set(err, SC_FAILED_PRECONDITION, "--nats-tls-ca %s: %s %s",
+				  opts->tls_ca, natsStatus_GetText(st), nats_detail());
+	if (set_(opts->tls_cert) &&
+	    (st = natsOptions_LoadCertificatesChain(no, opts->tls_cert, opts->tls_key)) != NATS_OK)
+		return sc_err_set(err, SC_FAILED_PRECONDITION,
+				  "--nats-tls-cert %s / --nats-tls-key %s: %s %s", opts->tls_cert,
+				  opts->tls_key, natsStatus_GetText(st), nats_detail());
+	if (set_(opts->creds_file) &&
+	    (st = natsOptions_SetUserCredentialsFromFiles(no, opts->creds_file, NULL)) != NATS_OK)
+		return sc_err_set(err, SC_FAILED_PRECONDITION, "--nats-creds %s: %s %s",
+				  opts->creds_file, natsStatus_GetText(st), nats_detail());
+	if (set_(opts->nkey_seed_file)) {
+		char pub[SC_NKEY_PUBLIC_LEN];
+		if (sc_nkey_public_from_seed_file(opts->nkey_seed_file, pub, err) != 0)
+			return -1;
+		if ((st = natsOptions_SetNKeyFromSeed(no, pub, opts->nkey_seed_file)) != NATS_OK)
+			return sc_err_set(err, SC_FAILED_PRECONDITION, "--nats-nkey-seed %s: %s %s",
+					  opts->nkey_seed_file, natsStatus_GetText(st),
+					  nats_detail());
+		SC_INFO(AREA, "NATS authentication with NKey %s", pub);
+	}
+	return 0;
 }
 
 int sc_nats_bus_create_ex(const char *url, const char *name, const struct sc_nats_bus_opts *opts,
@@ -688,6 +756,8 @@ int sc_nats_bus_create_ex(const char *url, const char *name, const struct sc_nat
 	SET_OPT(natsOptions_SetReconnectedCB(no, on_reconnected, bus), "reconnected callback");
 	SET_OPT(natsOptions_SetClosedCB(no, on_closed, bus), "closed callback");
 	SET_OPT(natsOptions_SetErrorHandler(no, on_error, bus), "error handler");
+	if (set_security(no, opts, err) != 0)
+		goto fail;
 	/* A non-NULL connected callback is what makes the retry asynchronous. */
 	SET_OPT(natsOptions_SetRetryOnFailedConnect(no, true, on_connected, bus), "retry");
 #undef SET_OPT
@@ -987,4 +1057,9 @@ void sc_nats_bus_library_shutdown(void)
 	if (st != NATS_OK)
 		SC_WARN(AREA, "nats_CloseAndWait: %s (was every bus destroyed first?)",
 			natsStatus_GetText(st));
+	/* Once nats.c used TLS (our options, or a server that requires it), its exit handler frees
+	 * OpenSSL's compression-method list, and OpenSSL 3's own exit handler frees it again: a
+	 * crash at exit. Finishing OpenSSL here (the process is about to exit; NATS was its last
+	 * user) makes nats.c's handler find nothing to free, and OpenSSL's a no-op. */
+	OPENSSL_cleanup();
 }

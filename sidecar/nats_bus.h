@@ -45,6 +45,14 @@ struct sc_nats_bus_opts {
 	int reconnect_jitter_ms; /* plus a random 0..jitter; default 1000 */
 	int reconnect_buf_bytes; /* publishes buffered while not connected; default 8 MiB */
 	int flush_timeout_ms; /* how long a publish waits for the server to confirm; default 1000 */
+	/* Security (paths; NULL or "" = unset). tls_ca turns TLS on and verifies the server with
+	 * that CA; tls_cert + tls_key: the client certificate (both or neither; also turns TLS
+	 * on); creds_file: user JWT + seed (.creds); nkey_seed_file: NKey auth (not with creds). */
+	const char *tls_ca;
+	const char *tls_cert;
+	const char *tls_key;
+	const char *creds_file;
+	const char *nkey_seed_file;
 };
 
 /*
@@ -118,7 +126,8 @@ void sc_nats_bus_unsubscribe(struct sc_nats_bus *bus, uint64_t sub_id);
  * Release nats.c's process-wide resources (nats_CloseAndWait with a 5 s limit). Call once from
  * main at exit, after every bus has been destroyed; afterwards sc_nats_bus_create fails with
  * FAILED_PRECONDITION (nats.c cannot be reopened in the same process). Safe if no bus was ever
- * created, and idempotent.
+ * created, and idempotent. When nats.c was opened it also finishes OpenSSL (OPENSSL_cleanup,
+ * see nats_bus.c): nothing may use OpenSSL afterwards.
  */
 void sc_nats_bus_library_shutdown(void);
 

@@ -16,6 +16,7 @@
 #include "log.h"
 #include "passive.h"
 #include "peer_proto.h"
+#include "peer_tls.h"
 #include "timer.h"
 
 #include <errno.h>
@@ -44,6 +45,7 @@ struct sc_peer_conn {
 
 struct sc_peer_pool {
 	struct sc_engine *eng;
+	struct sc_peer_tls *tls; /* NULL: plain TCP */
 	pthread_mutex_t mu;
 	struct sc_peer_conn *idle; /* most recently used first */
 };
@@ -52,9 +54,13 @@ static void conn_close(struct sc_peer_conn *c)
 {
 	if (!c)
 		return;
-	if (c->fd >= 0)
-		close(c->fd);
+	sc_peer_tls_close(c->fd); /* the TLS state behind the fd, then the fd */
 	free(c);
+}
+
+void sc_peer_pool_set_tls(struct sc_peer_pool *pool, struct sc_peer_tls *tls)
+{
+	pool->tls = tls;
 }
 
 int sc_peer_pool_create(struct sc_engine *eng, struct sc_peer_pool **out, struct sc_err *err)
@@ -129,9 +135,110 @@ fail:;
 	return -1;
 }
 
+/*
+ * A failure worth another try: the peer's data port refused or reset the connection, or closed
+ * it before saying anything (what a busy data port does to connections it cannot take, see
+ * peer_server.c). A refusal the peer explained (ERROR frame), a certificate or a key that does
+ * not verify, and garbage are final.
+ */
+static bool retryable(const struct sc_err *err, int connect_errno)
+{
+	if (connect_errno)
+		return connect_errno == ECONNREFUSED || connect_errno == ECONNRESET ||
+		       connect_errno == EAGAIN;
+	return err->code == SC_UNAVAILABLE && !strstr(err->msg, "refused the hello") &&
+	       (strstr(err->msg, "closed the connection") || strstr(err->msg, strerror(ECONNRESET)) ||
+		strstr(err->msg, strerror(EPIPE)));
+}
+
+/* One attempt: connect, TLS when configured, hello. *connect_errno: the connect's errno (0 when
+ * the connection was made and a later step failed). */
+static int dial_once(struct sc_peer_pool *pool, struct sc_keyring *ring, struct sc_peer_conn *c,
+		     const char *host, uint16_t port, uint64_t deadline_mono_ms, int *connect_errno,
+		     struct sc_err *err)
+{
+	const char *endpoint = c->endpoint;
+	*connect_errno = 0;
+	snprintf(c->what, sizeof(c->what), "peer sidecar at %s", endpoint);
+	char port_text[8];
+	snprintf(port_text, sizeof(port_text), "%u", port);
+	struct addrinfo hints = {.ai_family = AF_UNSPEC,
+				 .ai_socktype = SOCK_STREAM,
+				 .ai_flags = AI_NUMERICSERV};
+	struct addrinfo *res = NULL;
+	int gai = getaddrinfo(host, port_text, &hints, &res);
+	if (gai != 0)
+		return sc_err_set(err, SC_UNAVAILABLE, "cannot reach peer sidecar at %s: %s",
+				  endpoint, gai_strerror(gai));
+	uint64_t now = sc_clock_mono_ms();
+	uint64_t until = now + SC_PEER_CONNECT_TIMEOUT_MS;
+	bool deadline_first = deadline_mono_ms && deadline_mono_ms < until;
+	if (deadline_first)
+		until = deadline_mono_ms;
+	int last_errno = ECONNREFUSED;
+	for (struct addrinfo *ai = res; ai && c->fd < 0; ai = ai->ai_next) {
+		c->fd = connect_addr(ai, until);
+		if (c->fd < 0)
+			last_errno = errno;
+	}
+	freeaddrinfo(res);
+	if (c->fd < 0) {
+		*connect_errno = last_errno;
+		if (last_errno == ETIMEDOUT && deadline_first)
+			return sc_err_set(err, SC_DEADLINE_EXCEEDED,
+					  "deadline passed while connecting to peer sidecar at %s",
+					  endpoint);
+		return sc_err_set(err, SC_UNAVAILABLE, "cannot reach peer sidecar at %s: %s",
+				  endpoint, strerror(last_errno));
+	}
+
+	uint64_t hello_until = sc_clock_mono_ms() + SC_PEER_HELLO_TIMEOUT_MS;
+	struct sc_peer_wait w = {.deadline_mono_ms = deadline_mono_ms && deadline_mono_ms <
+								 hello_until
+							 ? deadline_mono_ms
+							 : hello_until};
+	int rc = 0;
+	if (pool->tls)
+		rc = sc_peer_tls_client(pool->tls, c->fd, &w, c->what, err);
+	if (rc == 0)
+		rc = sc_peer_hello_client(c->fd, ring, sc_engine_id(pool->eng), &w, c->what,
+					  c->peer_id, err);
+	if (rc != 0) {
+		if (err && err->code == SC_INVALID_ARGUMENT) /* garbage: not a sidecar */
+			err->code = SC_UNAVAILABLE;
+		if (err && err->code == SC_DEADLINE_EXCEEDED && w.deadline_mono_ms == hello_until)
+			sc_err_set(err, SC_UNAVAILABLE,
+				   "peer sidecar at %s did not finish the %s within %d ms "
+				   "(overloaded, or not an rdma-sidecar data port)",
+				   endpoint, pool->tls ? "TLS handshake and hello" : "hello",
+				   SC_PEER_HELLO_TIMEOUT_MS);
+		/* TLS 1.3 lets the client finish its handshake before the server has checked the
+		 * client's certificate: a refusal then shows up on the first read. */
+		const char *tls_why = sc_peer_tls_last_error(c->fd);
+		if (err && tls_why) {
+			size_t used = strlen(err->msg);
+			snprintf(err->msg + used, sizeof(err->msg) - used,
+				 " (TLS: %s: the peer did not accept this sidecar's --peer-tls-cert,"
+				 " or does not use peer TLS)",
+				 tls_why);
+		}
+		sc_peer_tls_close(c->fd);
+		c->fd = -1;
+		return -1;
+	}
+	return 0;
+}
+
+/* First pause between attempts; doubled after each, up to RETRY_MAX_MS. */
+#define RETRY_FIRST_MS 50
+#define RETRY_MAX_MS 1000
+
 static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadline_mono_ms,
 		struct sc_peer_conn **out, struct sc_err *err)
 {
+	struct sc_err scratch;
+	if (!err)
+		err = &scratch;
 	char host[256];
 	uint16_t port;
 	if (strlen(endpoint) >= sizeof((*out)->endpoint) ||
@@ -154,65 +261,37 @@ static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadli
 	c->fd = -1;
 	atomic_init(&c->broken, false);
 	snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
-	snprintf(c->what, sizeof(c->what), "peer sidecar at %s", endpoint);
 
-	char port_text[8];
-	snprintf(port_text, sizeof(port_text), "%u", port);
-	struct addrinfo hints = {.ai_family = AF_UNSPEC,
-				 .ai_socktype = SOCK_STREAM,
-				 .ai_flags = AI_NUMERICSERV};
-	struct addrinfo *res = NULL;
-	int gai = getaddrinfo(host, port_text, &hints, &res);
-	if (gai != 0) {
-		sc_err_set(err, SC_UNAVAILABLE, "cannot reach peer sidecar at %s: %s", endpoint,
-			   gai_strerror(gai));
-		goto fail;
-	}
-	uint64_t now = sc_clock_mono_ms();
-	uint64_t until = now + SC_PEER_CONNECT_TIMEOUT_MS;
-	bool deadline_first = deadline_mono_ms && deadline_mono_ms < until;
-	if (deadline_first)
-		until = deadline_mono_ms;
-	int last_errno = ECONNREFUSED;
-	for (struct addrinfo *ai = res; ai && c->fd < 0; ai = ai->ai_next) {
-		c->fd = connect_addr(ai, until);
-		if (c->fd < 0)
-			last_errno = errno;
-	}
-	freeaddrinfo(res);
-	if (c->fd < 0) {
-		if (last_errno == ETIMEDOUT && deadline_first)
-			sc_err_set(err, SC_DEADLINE_EXCEEDED,
-				   "deadline passed while connecting to peer sidecar at %s",
-				   endpoint);
-		else
-			sc_err_set(err, SC_UNAVAILABLE, "cannot reach peer sidecar at %s: %s",
-				   endpoint, strerror(last_errno));
-		goto fail;
-	}
-
-	uint64_t hello_until = sc_clock_mono_ms() + SC_PEER_HELLO_TIMEOUT_MS;
-	struct sc_peer_wait w = {.deadline_mono_ms = deadline_mono_ms && deadline_mono_ms <
-								 hello_until
-							 ? deadline_mono_ms
-							 : hello_until};
-	if (sc_peer_hello_client(c->fd, ring, sc_engine_id(pool->eng), &w, c->what, c->peer_id,
-				 err) != 0) {
-		if (err && err->code == SC_INVALID_ARGUMENT) /* garbage: not a sidecar */
-			err->code = SC_UNAVAILABLE;
-		if (err && err->code == SC_DEADLINE_EXCEEDED && w.deadline_mono_ms == hello_until)
-			sc_err_set(err, SC_UNAVAILABLE,
-				   "peer sidecar at %s did not finish the hello within %d ms "
-				   "(overloaded, or not an rdma-sidecar data port)",
-				   endpoint, SC_PEER_HELLO_TIMEOUT_MS);
-		goto fail;
+	/* A refused or reset connection is tried again, with backoff, until the caller's deadline
+	 * (or SC_PEER_CONNECT_TIMEOUT_MS when it has none): a peer whose data port is flooded or
+	 * restarting is reached as soon as it has room. */
+	uint64_t give_up = deadline_mono_ms ? deadline_mono_ms
+					    : sc_clock_mono_ms() + SC_PEER_CONNECT_TIMEOUT_MS;
+	unsigned pause_ms = RETRY_FIRST_MS, attempts = 0;
+	for (;;) {
+		int connect_errno;
+		attempts++;
+		if (dial_once(pool, ring, c, host, port, deadline_mono_ms, &connect_errno, err) == 0)
+			break;
+		uint64_t now = sc_clock_mono_ms();
+		if (!retryable(err, connect_errno) || now + pause_ms >= give_up)
+			goto fail;
+		SC_DEBUG("peer", "attempt %u to reach %s failed (%s); retrying in %u ms", attempts,
+			 endpoint, err->msg, pause_ms);
+		usleep(pause_ms * 1000u);
+		pause_ms = pause_ms * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : pause_ms * 2;
 	}
 	sc_keyring_release(ring);
 	snprintf(c->what, sizeof(c->what), "peer sidecar \"%s\" at %s", c->peer_id, endpoint);
-	SC_DEBUG("peer", "connected to %s", c->what);
+	if (attempts > 1)
+		SC_INFO("peer", "connected to %s after %u attempts", c->what, attempts);
+	else
+		SC_DEBUG("peer", "connected to %s", c->what);
 	*out = c;
 	return 0;
 fail:
+	if (attempts > 1)
+		sc_err_prefix(err, "after %u attempts", attempts);
 	sc_keyring_release(ring);
 	conn_close(c);
 	return -1;

@@ -38,6 +38,10 @@ struct sc_peer_conn;
 #define SC_PEER_CONNECT_TIMEOUT_MS 10000
 
 int sc_peer_pool_create(struct sc_engine *eng, struct sc_peer_pool **out, struct sc_err *err);
+/* Peer TLS for every connection dialed from now on (NULL: plain TCP). tls must outlive the
+ * pool. Lifecycle thread, before the first sc_peer_pool_get. */
+struct sc_peer_tls;
+void sc_peer_pool_set_tls(struct sc_peer_pool *pool, struct sc_peer_tls *tls);
 /* Closes idle connections. Connections still out must be put back first. NULL ok. */
 void sc_peer_pool_destroy(struct sc_peer_pool *pool);
 

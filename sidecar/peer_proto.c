@@ -8,6 +8,7 @@
 #include "peer_proto.h"
 
 #include "log.h"
+#include "peer_tls.h"
 #include "timer.h"
 
 #include <errno.h>
@@ -226,9 +227,13 @@ int sc_peer_decode_hdr(const uint8_t in[SC_PEER_HDR_LEN], struct sc_frame_hdr *h
 		      (uint32_t)in[7] << 24;
 	if (h->version != SC_PEER_VERSION)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "protocol error: frame version %u, expected %u (not an "
-				  "rdma-sidecar peer, or a different release)",
-				  h->version, SC_PEER_VERSION);
+				  "protocol error: frame version %u, expected %u (%s)", h->version,
+				  SC_PEER_VERSION,
+				  h->version == 0x16 ? "a TLS handshake: the peer uses --peer-tls-*, "
+						       "this sidecar does not; configure the same "
+						       "peer TLS on both"
+						     : "not an rdma-sidecar peer, or a different "
+						       "release");
 	if (h->type < 1 || h->type > SC_FRAME_TYPE_MAX)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "protocol error: unknown frame type %u",
 				  h->type);
@@ -393,8 +398,10 @@ enum sc_peer_io sc_peer_recv_all(int fd, void *buf, size_t len, const struct sc_
 	/* The flags are looked at before blocking, so a raised flag is never missed. */
 	if ((rc = wait_check(w, progress_ms)) != SC_PEER_IO_OK)
 		goto out;
+	bool tls = sc_peer_tls_user_rx(fd); /* TLS without kernel offload for receiving */
 	while (done < len) {
-		ssize_t n = recv(fd, p + done, len - done, MSG_WAITALL);
+		ssize_t n = tls ? sc_peer_tls_recv(fd, p + done, len - done)
+				: recv(fd, p + done, len - done, MSG_WAITALL);
 		if (n > 0) {
 			done += (size_t)n;
 			if (done == len)
@@ -428,6 +435,7 @@ enum sc_peer_io sc_peer_sendv_all(int fd, struct iovec *iov, int iovcnt,
 	*errno_out = 0;
 	if ((rc = wait_check(w, progress_ms)) != SC_PEER_IO_OK)
 		goto out;
+	bool tls = sc_peer_tls_user_tx(fd); /* TLS without kernel offload for sending */
 	while (iovcnt > 0) {
 		if (iov->iov_len == 0) {
 			iov++;
@@ -435,7 +443,8 @@ enum sc_peer_io sc_peer_sendv_all(int fd, struct iovec *iov, int iovcnt,
 			continue;
 		}
 		struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
-		ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+		ssize_t n = tls ? sc_peer_tls_send(fd, iov->iov_base, iov->iov_len)
+				: sendmsg(fd, &mh, MSG_NOSIGNAL);
 		if (n > 0) {
 			done += (size_t)n;
 			size_t left = (size_t)n;
@@ -646,7 +655,10 @@ int sc_peer_hello_server(int fd, const struct sc_keyring *ring, const char *self
 {
 	uint8_t buf[HELLO_BUF];
 	struct sc_peer_msg hello;
-	if (sc_peer_recv_msg(fd, buf, sizeof(buf), &hello, w, what, err) != SC_PEER_IO_OK)
+	enum sc_peer_io io = sc_peer_recv_msg(fd, buf, sizeof(buf), &hello, w, what, err);
+	if (io == SC_PEER_IO_PROTOCOL && err) /* say why (a TLS client reads it as garbage) */
+		send_refusal(fd, w, err);
+	if (io != SC_PEER_IO_OK)
 		return -1;
 	if (hello.type != SC_FRAME_HELLO)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,

@@ -26,6 +26,7 @@
 #include "log.h"
 #include "passive.h"
 #include "peer_proto.h"
+#include "peer_tls.h"
 #include "timer.h"
 
 #include <arpa/inet.h>
@@ -48,7 +49,12 @@
 #define STALL_MS 30000
 #define CONN_STACK_BYTES (512u * 1024u)
 #define SERVER_SLICE_MS 1000
-#define REFUSAL_LOG_INTERVAL_MS 10000
+/* A connection must finish the TLS handshake and the hello this fast (an idle flood is dropped
+ * sooner than the dialing side's SC_PEER_HELLO_TIMEOUT_MS). */
+#define UNAUTH_DEADLINE_MS 3000
+/* After refusing a hello with an ERROR frame, read what the peer still sends for this long, so
+ * the close does not reset the connection before the peer has read why. */
+#define REFUSAL_DRAIN_MS 200
 
 struct xref {
 	uint8_t token[SC_TOKEN_LEN];
@@ -68,6 +74,8 @@ struct conn {
 	int fd;
 	pthread_t thread;
 	char addr[80];          /* "1.2.3.4:5678" */
+	char ip[INET6_ADDRSTRLEN]; /* "1.2.3.4": the source address the flood limits count by */
+	bool authed;               /* under srv->mu: the hello succeeded */
 	char peer_id[SC_NAME_MAX];
 	char what[SC_NAME_MAX + 120]; /* "peer sidecar \"id\" at addr", for messages */
 	struct xref *opened;          /* under srv->mu */
@@ -91,12 +99,14 @@ struct sc_peer_server {
 	struct conn *live;   /* threads running */
 	struct conn *dead;   /* threads ended, to join */
 	size_t n_live;
+	size_t n_unauth; /* live connections before their hello (limits: max_unauth*) */
+	size_t n_authed; /* live connections after it (limit: SC_PEER_SERVER_MAX_CONNS) */
+	uint32_t max_unauth_per_ip, max_unauth;
+	struct sc_peer_tls *tls; /* NULL: plain TCP */
 	struct orphan *orphans;
 	sc_peer_handler_fn qp_fn;
 	void *qp_ctx;
 	unsigned qp_busy;
-	uint64_t last_refusal_log_ms;
-	unsigned refused_since_log;
 };
 
 /* ---- small helpers --------------------------------------------------------------------------- */
@@ -577,6 +587,10 @@ static void conn_finish(struct conn *c, const char *why)
 	if (c->next)
 		c->next->prev = c->prev;
 	srv->n_live--;
+	if (c->authed)
+		srv->n_authed--;
+	else
+		srv->n_unauth--;
 	for (size_t i = 0; i < c->n_opened; i++) {
 		if (tracked_by_other_locked(srv, c, &c->opened[i]))
 			continue;
@@ -604,9 +618,25 @@ static void conn_finish(struct conn *c, const char *why)
 	pthread_cond_broadcast(&srv->cv);
 	pthread_mutex_unlock(&srv->mu);
 	/* Nobody else touches the fd once the connection left the live list. */
-	close(c->fd);
+	sc_peer_tls_close(c->fd);
 	c->fd = -1;
 	wake(srv);
+}
+
+/* After a refusal: stop sending, and read (and drop) what the peer still sends for a moment, so
+ * the close that follows does not reset the connection before the peer has read our ERROR. */
+static void drain_before_close(int fd)
+{
+	shutdown(fd, SHUT_WR);
+	uint64_t until = sc_clock_mono_ms() + REFUSAL_DRAIN_MS;
+	uint8_t sink[4096];
+	for (uint64_t now = sc_clock_mono_ms(); now < until; now = sc_clock_mono_ms()) {
+		struct pollfd pfd = {.fd = fd, .events = POLLIN};
+		if (poll(&pfd, 1, (int)(until - now)) <= 0)
+			break;
+		if (recv(fd, sink, sizeof(sink), MSG_DONTWAIT) <= 0)
+			break;
+	}
 }
 
 static void *conn_main(void *arg)
@@ -621,22 +651,56 @@ static void *conn_main(void *arg)
 		SC_WARN("peer", "connection from %s: cannot set socket options: %s", c->addr,
 			strerror(errno));
 
-	struct sc_peer_wait w = {.deadline_mono_ms = sc_clock_mono_ms() + SC_PEER_HELLO_TIMEOUT_MS,
+	struct sc_peer_wait w = {.deadline_mono_ms = sc_clock_mono_ms() + UNAUTH_DEADLINE_MS,
 				 .stop = &srv->stopping};
-	struct sc_keyring *ring = sc_engine_keyring(srv->eng);
 	struct sc_err err;
 	sc_err_clear(&err);
-	int rc = sc_peer_hello_server(c->fd, ring, sc_engine_id(srv->eng), &w, c->what, c->peer_id,
-				      &err);
-	sc_keyring_release(ring);
+	int rc = 0;
+	if (srv->tls)
+		rc = sc_peer_tls_server(srv->tls, c->fd, &w, c->what, &err);
+	if (rc == 0) {
+		struct sc_keyring *ring = sc_engine_keyring(srv->eng);
+		rc = sc_peer_hello_server(c->fd, ring, sc_engine_id(srv->eng), &w, c->what,
+					  c->peer_id, &err);
+		sc_keyring_release(ring);
+	}
+	if (rc == 0) {
+		/* Authenticated: move from the pre-hello limits to the authenticated cap. */
+		pthread_mutex_lock(&srv->mu);
+		bool room = srv->n_authed < SC_PEER_SERVER_MAX_CONNS;
+		if (room) {
+			c->authed = true;
+			srv->n_unauth--;
+			srv->n_authed++;
+		}
+		pthread_mutex_unlock(&srv->mu);
+		if (!room) {
+			rc = sc_err_set(&err, SC_RESOURCE_EXHAUSTED,
+					"already serving %d authenticated peer connections (the "
+					"limit)",
+					SC_PEER_SERVER_MAX_CONNS);
+			struct sc_peer_msg m = {.type = SC_FRAME_ERROR, .code = (uint32_t)err.code};
+			snprintf(m.text, sizeof(m.text), "%s", err.msg);
+			sc_peer_send_msg(c->fd, &m, &w, c->what, NULL);
+		}
+	}
 	if (rc != 0) {
-		/* A bare connect-and-close (a port probe) is not worth a warning. */
-		if (err.code == SC_UNAVAILABLE || err.code == SC_CANCELLED)
+		/* A bare connect-and-close (a port probe) is not worth a warning; an idle or
+		 * refused one is, but rate-limited: anyone who can reach the port can cause it. */
+		if (err.code == SC_UNAVAILABLE && strstr(err.msg, "closed the connection"))
 			SC_DEBUG("peer", "connection from %s ended during the hello: %s", c->addr,
 				 err.msg);
-		else
-			SC_WARN("peer", "rejected connection from %s: %s", c->addr, err.msg);
+		else if (err.code != SC_CANCELLED) {
+			/* One limit per kind of failure: a flood of garbage or idle connections
+			 * does not hide a peer that fails to authenticate. */
+			char key[32];
+			snprintf(key, sizeof(key), "peer-hello-rejected-%d", (int)err.code);
+			SC_WARN_LIMITED("peer", key, "rejected connection from %s: %s", c->addr,
+					err.msg);
+		}
 		snprintf(why, sizeof(why), "hello failed: %s", err.msg);
+		if (err.code != SC_DEADLINE_EXCEEDED && err.code != SC_CANCELLED)
+			drain_before_close(c->fd);
 		goto out;
 	}
 	snprintf(c->what, sizeof(c->what), "peer sidecar \"%s\" at %s", c->peer_id, c->addr);
@@ -663,16 +727,47 @@ static void reap(struct sc_peer_server *srv)
 	}
 }
 
-static void log_refusal(struct sc_peer_server *srv, const char *addr, const char *reason)
+/* key: one rate limit per kind of refusal, so a flood over one limit hides no other. */
+static void log_refusal(const char *key, const char *addr, const char *reason)
 {
-	uint64_t now = sc_clock_mono_ms();
-	srv->refused_since_log++;
-	if (srv->last_refusal_log_ms && now < srv->last_refusal_log_ms + REFUSAL_LOG_INTERVAL_MS)
-		return;
-	SC_WARN("peer", "refused %u connection(s) (latest from %s): %s", srv->refused_since_log,
-		addr, reason);
-	srv->refused_since_log = 0;
-	srv->last_refusal_log_ms = now;
+	SC_WARN_LIMITED("peer", key, "refused connection from %s: %s", addr, reason);
+}
+
+/* The source address of a peer, without the port, for the per-address limit. */
+static void format_ip(const struct sockaddr *sa, char *out, size_t cap)
+{
+	snprintf(out, cap, "?");
+	if (sa->sa_family == AF_INET)
+		inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, out, (socklen_t)cap);
+	else if (sa->sa_family == AF_INET6)
+		inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out,
+			  (socklen_t)cap);
+}
+
+/* Can one more connection from ip wait for its hello? Fills reason and the log key when not.
+ * Under mu. */
+static bool unauth_room_locked(struct sc_peer_server *srv, const char *ip, char *reason,
+			       size_t cap, const char **key)
+{
+	*key = "peer-refused-unauth-total";
+	if (srv->n_unauth >= srv->max_unauth) {
+		snprintf(reason, cap,
+			 "%zu connections are waiting for their hello (--data-max-unauth %u)",
+			 srv->n_unauth, srv->max_unauth);
+		return false;
+	}
+	size_t same = 0;
+	*key = "peer-refused-unauth-per-ip";
+	for (struct conn *c = srv->live; c; c = c->next)
+		same += !c->authed && strcmp(c->ip, ip) == 0;
+	if (same >= srv->max_unauth_per_ip) {
+		snprintf(reason, cap,
+			 "%zu connections from %s are waiting for their hello "
+			 "(--data-max-unauth-per-ip %u)",
+			 same, ip, srv->max_unauth_per_ip);
+		return false;
+	}
+	return true;
 }
 
 static void accept_one(struct sc_peer_server *srv)
@@ -682,33 +777,37 @@ static void accept_one(struct sc_peer_server *srv)
 	int fd = accept4(srv->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
 	if (fd < 0) {
 		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-			log_refusal(srv, "?", strerror(errno));
+			log_refusal("peer-refused-accept", "?", strerror(errno));
 			usleep(100 * 1000); /* the backlog stays readable: do not spin */
 		}
 		return;
 	}
-	char addr[80];
+	char addr[80], ip[INET6_ADDRSTRLEN];
 	format_addr((struct sockaddr *)&ss, addr, sizeof(addr));
+	format_ip((struct sockaddr *)&ss, ip, sizeof(ip));
+	/* Only the accept thread adds connections, so the room checked here is still there when
+	 * the connection is added below. Authenticated connections have their own cap (checked
+	 * after the hello), so a flood of idle connections cannot take their room. */
+	char reason[200];
+	const char *key;
 	pthread_mutex_lock(&srv->mu);
-	bool full = srv->n_live >= SC_PEER_SERVER_MAX_CONNS;
+	bool room = unauth_room_locked(srv, ip, reason, sizeof(reason), &key);
 	pthread_mutex_unlock(&srv->mu);
-	if (full) {
-		char reason[120];
-		snprintf(reason, sizeof(reason), "already serving %d peer connections (the limit)",
-			 SC_PEER_SERVER_MAX_CONNS);
-		log_refusal(srv, addr, reason);
+	if (!room) {
+		log_refusal(key, addr, reason);
 		close(fd);
 		return;
 	}
 	struct conn *c = calloc(1, sizeof(*c));
 	if (!c) {
-		log_refusal(srv, addr, "out of memory");
+		log_refusal("peer-refused-resources", addr, "out of memory");
 		close(fd);
 		return;
 	}
 	c->srv = srv;
 	c->fd = fd;
 	snprintf(c->addr, sizeof(c->addr), "%s", addr);
+	snprintf(c->ip, sizeof(c->ip), "%s", ip);
 
 	pthread_mutex_lock(&srv->mu);
 	c->next = srv->live;
@@ -716,6 +815,7 @@ static void accept_one(struct sc_peer_server *srv)
 		srv->live->prev = c;
 	srv->live = c;
 	srv->n_live++;
+	srv->n_unauth++;
 	pthread_mutex_unlock(&srv->mu);
 
 	pthread_attr_t attr;
@@ -732,8 +832,9 @@ static void accept_one(struct sc_peer_server *srv)
 		if (c->next)
 			c->next->prev = c->prev;
 		srv->n_live--;
+		srv->n_unauth--;
 		pthread_mutex_unlock(&srv->mu);
-		log_refusal(srv, addr, strerror(rc));
+		log_refusal("peer-refused-resources", addr, strerror(rc));
 		close(fd);
 		free(c);
 	}
@@ -803,6 +904,8 @@ int sc_peer_server_create(struct sc_engine *eng, const struct sc_config *cfg,
 	pthread_mutex_init(&srv->mu, NULL);
 	pthread_cond_init(&srv->cv, NULL);
 	atomic_init(&srv->stopping, false);
+	srv->max_unauth_per_ip = cfg->data_max_unauth_per_ip ? cfg->data_max_unauth_per_ip : 16;
+	srv->max_unauth = cfg->data_max_unauth ? cfg->data_max_unauth : 64;
 	const char *listen_text = cfg->data_listen ? cfg->data_listen : "0.0.0.0:0";
 	snprintf(srv->listen_addr, sizeof(srv->listen_addr), "%s", listen_text);
 
@@ -878,6 +981,11 @@ int sc_peer_server_set_handler(struct sc_peer_server *srv, enum sc_frame_type ty
 		pthread_cond_wait(&srv->cv, &srv->mu);
 	pthread_mutex_unlock(&srv->mu);
 	return 0;
+}
+
+void sc_peer_server_set_tls(struct sc_peer_server *srv, struct sc_peer_tls *tls)
+{
+	srv->tls = tls;
 }
 
 void sc_peer_server_destroy(struct sc_peer_server *srv)

@@ -23,6 +23,8 @@
 
 struct sc_peer_server;
 
+/* Authenticated connections (after the hello). Connections still before their hello have their
+ * own limits, --data-max-unauth and --data-max-unauth-per-ip, and a 3 s deadline. */
 #define SC_PEER_SERVER_MAX_CONNS 256
 /* A connection with no request for this long is closed (the pool forgets idle ones sooner). */
 #define SC_PEER_SERVER_IDLE_MS (180u * 1000u)
@@ -34,6 +36,10 @@ struct sc_peer_server;
  */
 int sc_peer_server_create(struct sc_engine *eng, const struct sc_config *cfg,
 			  struct sc_peer_server **out, struct sc_err *err);
+/* Peer TLS for every connection accepted from now on (NULL: plain TCP). tls must outlive the
+ * server. Lifecycle thread, before sc_peer_server_start. */
+struct sc_peer_tls;
+void sc_peer_server_set_tls(struct sc_peer_server *srv, struct sc_peer_tls *tls);
 /* Starts the accept thread. */
 int sc_peer_server_start(struct sc_peer_server *srv, struct sc_err *err);
 /* "host:port" that peers dial: --advertise if set, else the listen host, except a wildcard

@@ -822,7 +822,7 @@ TEST(usage_documents_every_option)
 		line = nl ? nl + 1 : NULL;
 	}
 	free(text);
-	CHECK_INT_EQ(options, 30);
+	CHECK_INT_EQ(options, 40);
 }
 
 /* ---- free ---- */
@@ -1093,6 +1093,68 @@ TEST(security_limits_and_register_dirs)
 		     "--nats-subject-prefix", "a..b");
 }
 
+/* Issue 8 findings 3 and 6: peer and NATS TLS files, NATS credentials, data port limits. */
+TEST(wire_security_flags)
+{
+	struct sc_config c;
+	EXPECT_OK(&c, no_env, "--id", "a");
+	CHECK(c.peer_tls_cert == NULL && c.peer_tls_key == NULL && c.peer_tls_ca == NULL);
+	CHECK(c.nats_tls_ca == NULL && c.nats_tls_cert == NULL && c.nats_tls_key == NULL);
+	CHECK(c.nats_creds == NULL && c.nats_nkey_seed == NULL);
+	CHECK_INT_EQ(c.data_max_unauth_per_ip, 16);
+	CHECK_INT_EQ(c.data_max_unauth, 64);
+	sc_config_free(&c);
+
+	EXPECT_OK(&c, no_env, "--peer-tls-cert", "/p/c.pem", "--peer-tls-key=/p/k.pem",
+		  "--peer-tls-ca", "/p/ca.pem", "--nats-tls-ca", "/n/ca.pem", "--nats-tls-cert",
+		  "/n/c.pem", "--nats-tls-key", "/n/k.pem", "--nats-creds", "/n/u.creds",
+		  "--nats-nkey-seed", "/n/seed", "--data-max-unauth-per-ip", "3",
+		  "--data-max-unauth=1024");
+	CHECK_STR_EQ(c.peer_tls_cert, "/p/c.pem");
+	CHECK_STR_EQ(c.peer_tls_key, "/p/k.pem");
+	CHECK_STR_EQ(c.peer_tls_ca, "/p/ca.pem");
+	CHECK_STR_EQ(c.nats_tls_ca, "/n/ca.pem");
+	CHECK_STR_EQ(c.nats_tls_cert, "/n/c.pem");
+	CHECK_STR_EQ(c.nats_tls_key, "/n/k.pem");
+	CHECK_STR_EQ(c.nats_creds, "/n/u.creds");
+	CHECK_STR_EQ(c.nats_nkey_seed, "/n/seed");
+	CHECK_INT_EQ(c.data_max_unauth_per_ip, 3);
+	CHECK_INT_EQ(c.data_max_unauth, 1024);
+	sc_config_free(&c);
+
+	char **env = ENVP("RDMA_SIDECAR_PEER_TLS_CERT=/e/c", "RDMA_SIDECAR_PEER_TLS_KEY=/e/k",
+			  "RDMA_SIDECAR_PEER_TLS_CA=/e/ca", "RDMA_SIDECAR_NATS_TLS_CA=/e/nca",
+			  "RDMA_SIDECAR_NATS_TLS_CERT=/e/nc", "RDMA_SIDECAR_NATS_TLS_KEY=/e/nk",
+			  "RDMA_SIDECAR_NATS_CREDS=/e/cr", "RDMA_SIDECAR_NATS_NKEY_SEED=/e/s",
+			  "RDMA_SIDECAR_DATA_MAX_UNAUTH_PER_IP=7", "RDMA_SIDECAR_DATA_MAX_UNAUTH=9");
+	EXPECT_OK(&c, env, "--peer-tls-ca", "/flag/ca");
+	CHECK_STR_EQ(c.peer_tls_cert, "/e/c");
+	CHECK_STR_EQ(c.peer_tls_key, "/e/k");
+	CHECK_STR_EQ(c.peer_tls_ca, "/flag/ca"); /* the flag wins */
+	CHECK_STR_EQ(c.nats_tls_ca, "/e/nca");
+	CHECK_STR_EQ(c.nats_tls_cert, "/e/nc");
+	CHECK_STR_EQ(c.nats_tls_key, "/e/nk");
+	CHECK_STR_EQ(c.nats_creds, "/e/cr");
+	CHECK_STR_EQ(c.nats_nkey_seed, "/e/s");
+	CHECK_INT_EQ(c.data_max_unauth_per_ip, 7);
+	CHECK_INT_EQ(c.data_max_unauth, 9);
+	sc_config_free(&c);
+
+	/* an empty value clears a file flag (as --key-file=) */
+	EXPECT_OK(&c, env, "--peer-tls-cert=", "--nats-creds=");
+	CHECK(c.peer_tls_cert == NULL);
+	CHECK(c.nats_creds == NULL);
+	sc_config_free(&c);
+
+	EXPECT_ERROR(no_env, "--data-max-unauth-per-ip \"0\": expected an integer from 1 to 1024",
+		     "--data-max-unauth-per-ip", "0");
+	EXPECT_ERROR(no_env, "--data-max-unauth \"1025\": expected an integer from 1 to 1024",
+		     "--data-max-unauth", "1025");
+	EXPECT_ERROR(no_env, "--data-max-unauth \"x\"", "--data-max-unauth", "x");
+	EXPECT_ENV_ERROR("RDMA_SIDECAR_DATA_MAX_UNAUTH_PER_IP \"-1\"",
+			 "RDMA_SIDECAR_DATA_MAX_UNAUTH_PER_IP=-1");
+}
+
 RUN_TESTS(T(defaults), T(default_id_is_host_dash_6_hex), T(every_flag_space_form),
 	  T(every_flag_equals_form), T(equals_value_may_contain_equals_and_be_empty),
 	  T(short_and_double_dash_end), T(env_twins), T(env_twins_numbers), T(env_log_json_values),
@@ -1105,4 +1167,4 @@ RUN_TESTS(T(defaults), T(default_id_is_host_dash_6_hex), T(every_flag_space_form
 	  T(error_other_values), T(nats_url), T(long_bad_value_is_cut_in_message),
 	  T(null_err_is_allowed), T(help_and_version_exit), T(usage_documents_every_option),
 	  T(free_is_idempotent_and_zeroes), T(parse_many_times), T(parse_hostport), T(parse_size),
-	  T(parse_duration), T(security_limits_and_register_dirs))
+	  T(parse_duration), T(security_limits_and_register_dirs), T(wire_security_flags))
