@@ -23,6 +23,9 @@ void sc_service_begin_drain(struct sc_service *svc);
 void sc_service_shutdown(struct sc_service *svc, uint64_t grace_ms);
 void sc_service_destroy(struct sc_service *svc); /* NULL ok; calls grpc_shutdown */
 
+/* SIGHUP: reload --grpc-token-file (the old token stays on error). 0 without a token file. */
+int sc_service_reload_auth(struct sc_service *svc, struct sc_err *err);
+
 /* The listeners actually bound ("unix:/tmp/x.sock", "127.0.0.1:50051"). */
 size_t sc_service_listeners(struct sc_service *svc, const char ***out);
 
