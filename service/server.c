@@ -966,6 +966,49 @@ void sc_service_shutdown(struct sc_service *svc, uint64_t grace_ms)
 	svc->started = false;
 }
 
+/*
+ * grpc_shutdown joins gRPC's executor threads. After a write that once blocked (any large answer,
+ * e.g. a ListOperations the client then refused as oversized), gRPC 1.51's TCP backup poller
+ * (tcp_posix.cc run_poller) waits in epoll_wait for up to 10 s with nothing left to wake it, and
+ * grpc_shutdown waits for it: exit took 10 s whatever --grace-period said. So grpc_shutdown runs
+ * on a helper thread for at most GRPC_SHUTDOWN_WAIT_MS; past that main exits without waiting
+ * (sc_service_teardown_pending). Every call, server and queue is gone by then.
+ */
+#define GRPC_SHUTDOWN_WAIT_MS 1000
+
+static atomic_bool grpc_teardown_pending;
+
+static void *grpc_shutdown_main(void *arg)
+{
+	(void)arg;
+	grpc_shutdown();
+	return NULL;
+}
+
+static void bounded_grpc_shutdown(void)
+{
+	pthread_t t;
+	if (pthread_create(&t, NULL, grpc_shutdown_main, NULL) != 0) {
+		grpc_shutdown();
+		return;
+	}
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += GRPC_SHUTDOWN_WAIT_MS / 1000;
+	until.tv_nsec += (long)(GRPC_SHUTDOWN_WAIT_MS % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	if (pthread_timedjoin_np(t, NULL, &until) == 0)
+		return;
+	SC_DEBUG("grpc", "grpc_shutdown still waiting after %d ms (gRPC's TCP backup poller lingers "
+			 "up to 10 s after a blocked write): exiting without it",
+		 GRPC_SHUTDOWN_WAIT_MS);
+	pthread_detach(t);
+	atomic_store(&grpc_teardown_pending, true);
+}
+
 static void srv_destroy(struct srv *s)
 {
 	if (s->server)
@@ -1005,5 +1048,10 @@ void sc_service_destroy(struct sc_service *svc)
 	sc_health_destroy(svc->health);
 	pthread_rwlock_destroy(&svc->batch_lock);
 	free(svc);
-	grpc_shutdown();
+	bounded_grpc_shutdown();
+}
+
+bool sc_service_teardown_pending(void)
+{
+	return atomic_load(&grpc_teardown_pending);
 }

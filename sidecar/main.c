@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 extern char **environ;
 
@@ -105,5 +106,11 @@ out:
 	sc_config_free(&cfg);
 	if (rc == 0)
 		SC_INFO("main", "stopped");
+	if (sc_service_teardown_pending()) {
+		/* gRPC's threads are still tearing down: exit() would run library destructors under
+		 * them. Everything of ours is released. */
+		fflush(NULL);
+		_exit(rc);
+	}
 	return rc;
 }
