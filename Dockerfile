@@ -30,15 +30,18 @@ RUN bash /tmp/install-deps.sh --runtime \
 COPY --from=build /build/rdma-sidecar /usr/local/bin/rdma-sidecar
 
 # Defaults as environment twins of the flags (rdma-sidecar --help); flags and -e override them.
-# gRPC for workers on the unix socket in /run/rdma-sidecar (share that directory with the worker)
-# and on :50051 for Kubernetes' gRPC probes; the peer data plane on a fixed port. Peers dial
-# RDMA_SIDECAR_ADVERTISE (set it to the pod/host IP; the default, derived from 0.0.0.0, is
-# 127.0.0.1). Key file (RDMA_SIDECAR_KEY_FILE) and NATS (RDMA_SIDECAR_NATS_URL) have no default.
-ENV RDMA_SIDECAR_GRPC_LISTEN=unix:/run/rdma-sidecar/sidecar.sock,0.0.0.0:50051 \
+# The full API only on the unix socket in /run/rdma-sidecar/sock (share /run/rdma-sidecar with the
+# worker; the sidecar makes sock/ 0750 and the socket 0660, and refuses a directory others can
+# write); Kubernetes' gRPC probes on the health-only port :50053 (grpc.health.v1 and nothing else);
+# the peer data plane on a fixed port. A TCP API listener needs --grpc-tls-* or --grpc-token-file.
+# Peers dial RDMA_SIDECAR_ADVERTISE (set it to the pod/host IP; the default, derived from 0.0.0.0,
+# is 127.0.0.1). Key file (RDMA_SIDECAR_KEY_FILE) and NATS (RDMA_SIDECAR_NATS_URL) have no default.
+ENV RDMA_SIDECAR_GRPC_LISTEN=unix:/run/rdma-sidecar/sock/sidecar.sock \
+    RDMA_SIDECAR_HEALTH_LISTEN=0.0.0.0:50053 \
     RDMA_SIDECAR_DATA_LISTEN=0.0.0.0:50052 \
     RDMA_SIDECAR_SHM_DIR=/dev/shm \
     RDMA_SIDECAR_LOG_LEVEL=info
-EXPOSE 50051 50052
+EXPOSE 50052 50053
 USER 65532:65532
 # SIGTERM drains (health NOT_SERVING, live transfers finish within --grace-period) and exits 0.
 STOPSIGNAL SIGTERM

@@ -10,9 +10,17 @@
  * batches, one send in flight per call (streams queue), each batch holding a call reference until
  * it completes, so a call lives until its last batch is done.
  *
+ * Two gRPC servers share the queue: the API server (every --grpc-listen address) and, with
+ * --health-listen, the probe server, which answers grpc.health.v1.Health and refuses everything
+ * else (PERMISSION_DENIED). On the API server TCP addresses use TLS (mTLS with a client CA) when
+ * configured, and with --grpc-token-file every call not on a unix socket must carry
+ * "authorization: Bearer <token>" (health checks excepted). Unix sockets get their directory
+ * checked and their mode set (api_listen.c).
+ *
  * Threads: workers run handlers and batch completions; engine/NATS/timer threads send on calls
- * they hold a reference to. Owns the server, the queue, the worker threads and every call.
+ * they hold a reference to. Owns the servers, the queue, the worker threads and every call.
  */
+#include "api_listen.h"
 #include "call.h"
 #include "handlers.h"
 #include "log.h"
@@ -22,9 +30,11 @@
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
 #include <errno.h>
+#include <openssl/crypto.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -44,8 +54,19 @@ struct out_msg {
 	struct out_msg *next;
 };
 
+/* One grpc_server: the API server or the health-only probe server. */
+struct srv {
+	struct sc_service *svc;
+	grpc_server *server;
+	void **method_handles;
+	bool probe; /* --health-listen: grpc.health.v1 only */
+	struct tag t_shutdown;
+	atomic_bool shutdown_done;
+};
+
 struct sc_call {
 	struct sc_service *svc;
+	struct srv *srv;
 	const struct sc_method_def *method; /* NULL for the generic (unknown method) call */
 	grpc_call *call;
 	gpr_timespec deadline;
@@ -78,19 +99,19 @@ struct sc_call {
 struct sc_service {
 	struct sc_engine *eng;
 	const struct sc_config *cfg;
-	grpc_server *server;
+	struct srv api, probe;
+	bool have_probe;
+	struct sc_token_store *tokens; /* --grpc-token-file; NULL = none */
 	grpc_completion_queue *cq;
-	void **method_handles;
 	pthread_t *threads;
 	size_t n_threads;
-	struct tag t_shutdown;
-	atomic_bool shutdown_done;
 	bool started;
 	bool shutting_down;
 	struct sc_health *health;
 	char *listeners[SC_MAX_GRPC_LISTENERS];
 	const char *listener_view[SC_MAX_GRPC_LISTENERS];
 	size_t n_listeners;
+	char *probe_addr; /* --health-listen as bound */
 	atomic_int live_calls;
 	/* Batches start under the read side; closing the queue takes the write side, so no batch
 	 * can start on a queue that is shut down (gRPC asserts on that). */
@@ -460,12 +481,14 @@ void sc_call_recv(struct sc_call *c, const ProtobufCMessageDescriptor *desc, sc_
 static void on_call_start(struct tag *t, bool ok);
 static void on_generic_start(struct tag *t, bool ok);
 
-static struct sc_call *call_new(struct sc_service *svc, const struct sc_method_def *m)
+static struct sc_call *call_new(struct srv *s, const struct sc_method_def *m)
 {
+	struct sc_service *svc = s->svc;
 	struct sc_call *c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
 	c->svc = svc;
+	c->srv = s;
 	c->method = m;
 	atomic_init(&c->refs, 1);
 	pthread_mutex_init(&c->mu, NULL);
@@ -479,10 +502,11 @@ static struct sc_call *call_new(struct sc_service *svc, const struct sc_method_d
 }
 
 /* Arm the request for method index i (or the generic request when i == n_methods). */
-static void arm(struct sc_service *svc, size_t i)
+static void arm(struct srv *s, size_t i)
 {
+	struct sc_service *svc = s->svc;
 	const struct sc_method_def *m = i < sc_n_methods ? &sc_methods[i] : NULL;
-	struct sc_call *c = call_new(svc, m);
+	struct sc_call *c = call_new(s, m);
 	if (!c) {
 		SC_ERROR("grpc", "out of memory arming %s", m ? m->path : "generic");
 		return;
@@ -491,12 +515,12 @@ static void arm(struct sc_service *svc, size_t i)
 	if (m) {
 		c->t_start.cb = on_call_start;
 		e = grpc_server_request_registered_call(
-			svc->server, svc->method_handles[i], &c->call, &c->deadline, &c->req_md,
+			s->server, s->method_handles[i], &c->call, &c->deadline, &c->req_md,
 			m->kind == SC_METHOD_CLIENT_STREAM ? NULL : &c->payload, svc->cq, svc->cq,
 			&c->t_start);
 	} else {
 		c->t_start.cb = on_generic_start;
-		e = grpc_server_request_call(svc->server, &c->call, &c->details, &c->req_md, svc->cq,
+		e = grpc_server_request_call(s->server, &c->call, &c->details, &c->req_md, svc->cq,
 					     svc->cq, &c->t_start);
 	}
 	if (e != GRPC_CALL_OK) {
@@ -535,20 +559,57 @@ static void start_close_watch(struct sc_call *c)
 		sc_call_unref(c);
 }
 
+#define PROBE_PORT_MSG                                                                             \
+	"this is the health-only probe port (--health-listen): it serves grpc.health.v1.Health "   \
+	"Check and Watch only; call rdma_sidecar.v1.Sidecar on a --grpc-listen address"
+
+static bool is_health_method(const struct sc_method_def *m)
+{
+	return strncmp(m->path, "/grpc.health.v1.Health/", 23) == 0;
+}
+
+/* With --grpc-token-file, a call that did not come over a unix socket must carry the token. */
+static bool call_authorized(struct sc_call *c)
+{
+	struct sc_token_store *ts = c->svc->tokens;
+	if (!ts || is_health_method(c->method))
+		return true;
+	char *peer = grpc_call_get_peer(c->call);
+	bool local = peer && strncmp(peer, "unix:", 5) == 0;
+	gpr_free(peer);
+	if (local)
+		return true;
+	for (size_t i = 0; i < c->req_md.count; i++) {
+		const grpc_metadata *md = &c->req_md.metadata[i];
+		if (grpc_slice_str_cmp(md->key, "authorization") != 0)
+			continue;
+		return sc_token_check(ts, (const char *)GRPC_SLICE_START_PTR(md->value),
+				      GRPC_SLICE_LENGTH(md->value));
+	}
+	return false;
+}
+
 static void on_call_start(struct tag *t, bool ok)
 {
 	struct sc_call *c = (struct sc_call *)((char *)t - offsetof(struct sc_call, t_start));
-	struct sc_service *svc = c->svc;
 	if (!ok) {
 		/* Server shutting down: this request will never be a call. */
 		sc_call_unref(c);
 		return;
 	}
-	arm(svc, (size_t)(c->method - sc_methods));
+	arm(c->srv, (size_t)(c->method - sc_methods));
 	start_close_watch(c);
 	const struct sc_method_def *m = c->method;
-	SC_DEBUG("grpc", "call %s", m->path);
-	if (m->kind == SC_METHOD_CLIENT_STREAM) {
+	SC_DEBUG("grpc", "call %s%s", m->path, c->srv->probe ? " (probe port)" : "");
+	if (c->srv->probe && !is_health_method(m)) {
+		sc_call_fail(c, SC_PERMISSION_DENIED, PROBE_PORT_MSG);
+	} else if (!c->srv->probe && !call_authorized(c)) {
+		SC_WARN("grpc", "%s refused: no valid bearer token", m->path);
+		sc_call_fail(c, SC_UNAUTHENTICATED,
+			     "missing or wrong bearer token: TCP calls to this sidecar need "
+			     "metadata \"authorization: Bearer <token>\" with the token of its "
+			     "--grpc-token-file (or use the unix socket)");
+	} else if (m->kind == SC_METHOD_CLIENT_STREAM) {
 		m->fn(c, NULL);
 	} else if (!c->payload) {
 		sc_call_fail(c, SC_INVALID_ARGUMENT, "request message missing");
@@ -571,12 +632,11 @@ static void on_call_start(struct tag *t, bool ok)
 static void on_generic_start(struct tag *t, bool ok)
 {
 	struct sc_call *c = (struct sc_call *)((char *)t - offsetof(struct sc_call, t_start));
-	struct sc_service *svc = c->svc;
 	if (!ok) {
 		sc_call_unref(c);
 		return;
 	}
-	arm(svc, sc_n_methods);
+	arm(c->srv, sc_n_methods);
 	char path[256];
 	size_t len = GRPC_SLICE_LENGTH(c->details.method);
 	if (len >= sizeof(path))
@@ -586,7 +646,11 @@ static void on_generic_start(struct tag *t, bool ok)
 	SC_DEBUG("grpc", "unknown method %s", path);
 	start_close_watch(c);
 	char msg[320];
-	snprintf(msg, sizeof(msg), "unknown method %s: see proto/rdma_sidecar/v1/sidecar.proto", path);
+	if (c->srv->probe)
+		snprintf(msg, sizeof(msg), "unknown method %s: " PROBE_PORT_MSG, path);
+	else
+		snprintf(msg, sizeof(msg),
+			 "unknown method %s: see proto/rdma_sidecar/v1/sidecar.proto", path);
 	sc_call_fail(c, SC_UNIMPLEMENTED, msg);
 	sc_call_unref(c);
 }
@@ -595,9 +659,29 @@ static void on_generic_start(struct tag *t, bool ok)
 
 static void on_shutdown(struct tag *t, bool ok)
 {
-	struct sc_service *svc =
-		(struct sc_service *)((char *)t - offsetof(struct sc_service, t_shutdown));
-	atomic_store(&svc->shutdown_done, true);
+	struct srv *s = (struct srv *)((char *)t - offsetof(struct srv, t_shutdown));
+	atomic_store(&s->shutdown_done, true);
+}
+
+/* Every server's shutdown notification has arrived. */
+static bool servers_shut_down(struct sc_service *svc)
+{
+	return atomic_load(&svc->api.shutdown_done) &&
+	       (!svc->have_probe || atomic_load(&svc->probe.shutdown_done));
+}
+
+static void servers_cancel_all_calls(struct sc_service *svc)
+{
+	grpc_server_cancel_all_calls(svc->api.server);
+	if (svc->have_probe)
+		grpc_server_cancel_all_calls(svc->probe.server);
+}
+
+static void servers_shutdown_and_notify(struct sc_service *svc)
+{
+	grpc_server_shutdown_and_notify(svc->api.server, svc->cq, &svc->api.t_shutdown);
+	if (svc->have_probe)
+		grpc_server_shutdown_and_notify(svc->probe.server, svc->cq, &svc->probe.t_shutdown);
 }
 
 /* Close the queue once no batch can start any more; workers then drain it and exit. */
@@ -627,45 +711,101 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
-/* Make the directory of a unix socket path; a clear error when it cannot be used. */
-static int prepare_unix_dir(const char *path, struct sc_err *err)
+/* A grpc_server with the queue and every method of the table registered. */
+static int srv_init(struct sc_service *svc, struct srv *s, bool probe,
+		    const grpc_channel_args *chargs, struct sc_err *err)
 {
-	char dir[512];
-	snprintf(dir, sizeof(dir), "%s", path);
-	char *slash = strrchr(dir, '/');
-	if (!slash || slash == dir)
-		return 0;
-	*slash = '\0';
-	for (char *p = dir + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = '\0';
-		mkdir(dir, 0755);
-		*p = '/';
+	s->svc = svc;
+	s->probe = probe;
+	s->t_shutdown.cb = on_shutdown;
+	s->server = grpc_server_create(chargs, NULL);
+	grpc_server_register_completion_queue(s->server, svc->cq, NULL);
+	s->method_handles = calloc(sc_n_methods, sizeof(void *));
+	if (!s->method_handles)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	for (size_t i = 0; i < sc_n_methods; i++) {
+		grpc_server_register_method_payload_handling ph =
+			sc_methods[i].kind == SC_METHOD_CLIENT_STREAM
+				? GRPC_SRM_PAYLOAD_NONE
+				: GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER;
+		s->method_handles[i] =
+			grpc_server_register_method(s->server, sc_methods[i].path, NULL, ph, 0);
+		if (!s->method_handles[i])
+			return sc_err_set(err, SC_INTERNAL, "cannot register %s",
+					  sc_methods[i].path);
 	}
-	if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "--grpc-listen unix:%s: cannot create directory %s: %s", path, dir,
-				  strerror(errno));
-	if (access(dir, W_OK | X_OK) != 0)
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "--grpc-listen unix:%s: directory %s is not writable: %s", path, dir,
-				  strerror(errno));
 	return 0;
+}
+
+/* TLS credentials for the TCP API listeners from --grpc-tls-*; NULL without a certificate. */
+static int make_tls_creds(const struct sc_config *cfg, grpc_server_credentials **out,
+			  struct sc_err *err)
+{
+	char *cert = NULL, *key = NULL, *ca = NULL;
+	size_t n;
+	int rc = -1;
+	*out = NULL;
+	if (!cfg->grpc_tls_cert)
+		return 0;
+	if (sc_read_small_file(cfg->grpc_tls_cert, 1 << 20, "--grpc-tls-cert", &cert, &n, err) ||
+	    sc_read_small_file(cfg->grpc_tls_key, 1 << 20, "--grpc-tls-key", &key, &n, err) ||
+	    (cfg->grpc_tls_client_ca &&
+	     sc_read_small_file(cfg->grpc_tls_client_ca, 1 << 20, "--grpc-tls-client-ca", &ca, &n,
+				err)))
+		goto out;
+	grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
+	*out = grpc_ssl_server_credentials_create_ex(
+		ca, &pair, 1,
+		ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+		   : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+		NULL);
+	if (!*out) {
+		sc_err_set(err, SC_INVALID_ARGUMENT,
+			   "--grpc-tls-cert/--grpc-tls-key/--grpc-tls-client-ca: gRPC refused the "
+			   "TLS files: check they are PEM and that the key matches the certificate");
+		goto out;
+	}
+	rc = 0;
+out:
+	free(cert);
+	if (key)
+		OPENSSL_cleanse(key, strlen(key));
+	free(key);
+	free(ca);
+	return rc;
+}
+
+/* "HOST:0" as bound: the real port. */
+static char *shown_addr(const char *addr, int port)
+{
+	if (strncmp(addr, "unix:", 5) == 0)
+		return strdup(addr);
+	const char *colon = strrchr(addr, ':');
+	size_t hl = colon ? (size_t)(colon - addr) : strlen(addr);
+	char *shown = malloc(hl + 8);
+	if (shown)
+		snprintf(shown, hl + 8, "%.*s:%d", (int)hl, addr, port);
+	return shown;
 }
 
 int sc_service_create(struct sc_engine *eng, const struct sc_config *cfg,
 		      struct sc_service **out, struct sc_err *err)
 {
+	grpc_server_credentials *tls = NULL;
+	if (sc_api_listen_check(cfg, err) != 0)
+		return -1;
 	struct sc_service *svc = calloc(1, sizeof(*svc));
 	if (!svc)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 	svc->eng = eng;
 	svc->cfg = cfg;
-	svc->t_shutdown.cb = on_shutdown;
 	pthread_rwlock_init(&svc->batch_lock, NULL);
 	svc->health = sc_health_create();
 	grpc_init();
+	if (cfg->grpc_token_file && sc_token_store_create(cfg->grpc_token_file, &svc->tokens, err))
+		goto fail;
+	if (make_tls_creds(cfg, &tls, err) != 0)
+		goto fail;
 
 	grpc_arg args[4];
 	memset(args, 0, sizeof(args));
@@ -682,35 +822,20 @@ int sc_service_create(struct sc_engine *eng, const struct sc_config *cfg,
 	args[3].key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS;
 	args[3].value.integer = 1;
 	grpc_channel_args chargs = {.num_args = 4, .args = args};
-	svc->server = grpc_server_create(&chargs, NULL);
 	svc->cq = grpc_completion_queue_create_for_next(NULL);
-	grpc_server_register_completion_queue(svc->server, svc->cq, NULL);
-
-	svc->method_handles = calloc(sc_n_methods, sizeof(void *));
-	if (!svc->method_handles) {
-		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	if (srv_init(svc, &svc->api, false, &chargs, err) != 0)
 		goto fail;
-	}
-	for (size_t i = 0; i < sc_n_methods; i++) {
-		grpc_server_register_method_payload_handling ph =
-			sc_methods[i].kind == SC_METHOD_CLIENT_STREAM
-				? GRPC_SRM_PAYLOAD_NONE
-				: GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER;
-		svc->method_handles[i] =
-			grpc_server_register_method(svc->server, sc_methods[i].path, NULL, ph, 0);
-		if (!svc->method_handles[i]) {
-			sc_err_set(err, SC_INTERNAL, "cannot register %s", sc_methods[i].path);
-			goto fail;
-		}
-	}
 
 	for (size_t i = 0; i < cfg->n_grpc_listen; i++) {
 		const char *addr = cfg->grpc_listen[i];
-		if (strncmp(addr, "unix:", 5) == 0 && prepare_unix_dir(addr + 5, err) != 0)
+		bool is_unix = strncmp(addr, "unix:", 5) == 0;
+		if (is_unix && sc_unix_socket_prepare(addr + 5, err) != 0)
 			goto fail;
-		grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-		int port = grpc_server_add_http2_port(svc->server, addr, creds);
-		grpc_server_credentials_release(creds);
+		grpc_server_credentials *creds =
+			!is_unix && tls ? tls : grpc_insecure_server_credentials_create();
+		int port = grpc_server_add_http2_port(svc->api.server, addr, creds);
+		if (creds != tls)
+			grpc_server_credentials_release(creds);
 		if (port == 0) {
 			sc_err_set(err, SC_INVALID_ARGUMENT,
 				   "--grpc-listen %s: cannot listen there (address in use, not "
@@ -718,24 +843,42 @@ int sc_service_create(struct sc_engine *eng, const struct sc_config *cfg,
 				   addr);
 			goto fail;
 		}
-		char *shown = NULL;
-		if (strncmp(addr, "unix:", 5) == 0) {
-			shown = strdup(addr);
-		} else {
-			/* Report the real port (":0" asks for an ephemeral one). */
-			const char *colon = strrchr(addr, ':');
-			size_t hl = colon ? (size_t)(colon - addr) : strlen(addr);
-			shown = malloc(hl + 8);
-			if (shown)
-				snprintf(shown, hl + 8, "%.*s:%d", (int)hl, addr, port);
-		}
+		/* Bound and listening, not yet served: the mode is in place before any call. */
+		if (is_unix && sc_unix_socket_set_mode(addr + 5, cfg->unix_socket_mode, err) != 0)
+			goto fail;
+		char *shown = shown_addr(addr, port);
 		svc->listeners[svc->n_listeners] = shown;
 		svc->listener_view[svc->n_listeners] = shown ? shown : addr;
 		svc->n_listeners++;
+		if (!is_unix)
+			SC_INFO("grpc", "%s: %s%s", addr,
+				tls ? (cfg->grpc_tls_client_ca ? "mTLS" : "TLS") : "plain TCP",
+				svc->tokens ? ", bearer token required" : "");
 	}
+
+	if (cfg->health_listen) {
+		if (srv_init(svc, &svc->probe, true, &chargs, err) != 0)
+			goto fail;
+		svc->have_probe = true;
+		grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+		int port = grpc_server_add_http2_port(svc->probe.server, cfg->health_listen, creds);
+		grpc_server_credentials_release(creds);
+		if (port == 0) {
+			sc_err_set(err, SC_INVALID_ARGUMENT,
+				   "--health-listen %s: cannot listen there (address in use, not "
+				   "permitted, or not an address): pick another with --health-listen",
+				   cfg->health_listen);
+			goto fail;
+		}
+		svc->probe_addr = shown_addr(cfg->health_listen, port);
+	}
+	if (tls)
+		grpc_server_credentials_release(tls);
 	*out = svc;
 	return 0;
 fail:
+	if (tls)
+		grpc_server_credentials_release(tls);
 	sc_service_destroy(svc);
 	return -1;
 }
@@ -746,12 +889,27 @@ size_t sc_service_listeners(struct sc_service *svc, const char ***out)
 	return svc->n_listeners;
 }
 
+int sc_service_reload_auth(struct sc_service *svc, struct sc_err *err)
+{
+	if (!svc || !svc->tokens)
+		return 0;
+	if (sc_token_store_reload(svc->tokens, err) != 0)
+		return -1;
+	SC_INFO("grpc", "bearer token reloaded from %s", svc->cfg->grpc_token_file);
+	return 0;
+}
+
 int sc_service_start(struct sc_service *svc, struct sc_err *err)
 {
-	grpc_server_start(svc->server);
+	grpc_server_start(svc->api.server);
+	if (svc->have_probe)
+		grpc_server_start(svc->probe.server);
 	svc->started = true;
-	for (size_t i = 0; i <= sc_n_methods; i++)
-		arm(svc, i);
+	for (size_t i = 0; i <= sc_n_methods; i++) {
+		arm(&svc->api, i);
+		if (svc->have_probe)
+			arm(&svc->probe, i);
+	}
 	svc->threads = calloc(svc->cfg->grpc_threads, sizeof(pthread_t));
 	if (!svc->threads)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
@@ -764,6 +922,9 @@ int sc_service_start(struct sc_service *svc, struct sc_err *err)
 	sc_health_set(svc->health, true);
 	for (size_t i = 0; i < svc->n_listeners; i++)
 		SC_INFO("grpc", "serving on %s", svc->listener_view[i]);
+	if (svc->have_probe)
+		SC_INFO("grpc", "health probes (grpc.health.v1 only) on %s",
+			svc->probe_addr ? svc->probe_addr : svc->cfg->health_listen);
 	return 0;
 }
 
@@ -774,7 +935,7 @@ void sc_service_begin_drain(struct sc_service *svc)
 	sc_health_set(svc->health, false);
 	if (svc->started) {
 		svc->shutting_down = true;
-		grpc_server_shutdown_and_notify(svc->server, svc->cq, &svc->t_shutdown);
+		servers_shutdown_and_notify(svc);
 	}
 }
 
@@ -787,12 +948,12 @@ void sc_service_shutdown(struct sc_service *svc, uint64_t grace_ms)
 	 * would wait forever, so everything left is cancelled after that. */
 	struct timespec ts = {0, 10 * 1000000L};
 	uint64_t waited = 0;
-	for (; waited < grace_ms && !atomic_load(&svc->shutdown_done); waited += 10)
+	for (; waited < grace_ms && !servers_shut_down(svc); waited += 10)
 		nanosleep(&ts, NULL);
-	grpc_server_cancel_all_calls(svc->server);
+	servers_cancel_all_calls(svc);
 	/* Every call frees itself once its last batch completes and its holders let go (cancel
 	 * hooks run on the workers). Then no batch can start, and the queue may close. */
-	for (waited = 0; waited < 10000 && (!atomic_load(&svc->shutdown_done) ||
+	for (waited = 0; waited < 10000 && (!servers_shut_down(svc) ||
 					   atomic_load(&svc->live_calls) > 0);
 	     waited += 10)
 		nanosleep(&ts, NULL);
@@ -805,17 +966,68 @@ void sc_service_shutdown(struct sc_service *svc, uint64_t grace_ms)
 	svc->started = false;
 }
 
+/*
+ * grpc_shutdown joins gRPC's executor threads. After a write that once blocked (any large answer,
+ * e.g. a ListOperations the client then refused as oversized), gRPC 1.51's TCP backup poller
+ * (tcp_posix.cc run_poller) waits in epoll_wait for up to 10 s with nothing left to wake it, and
+ * grpc_shutdown waits for it: exit took 10 s whatever --grace-period said. So grpc_shutdown runs
+ * on a helper thread for at most GRPC_SHUTDOWN_WAIT_MS; past that main exits without waiting
+ * (sc_service_teardown_pending). Every call, server and queue is gone by then.
+ */
+#define GRPC_SHUTDOWN_WAIT_MS 1000
+
+static atomic_bool grpc_teardown_pending;
+
+static void *grpc_shutdown_main(void *arg)
+{
+	(void)arg;
+	grpc_shutdown();
+	return NULL;
+}
+
+static void bounded_grpc_shutdown(void)
+{
+	pthread_t t;
+	if (pthread_create(&t, NULL, grpc_shutdown_main, NULL) != 0) {
+		grpc_shutdown();
+		return;
+	}
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += GRPC_SHUTDOWN_WAIT_MS / 1000;
+	until.tv_nsec += (long)(GRPC_SHUTDOWN_WAIT_MS % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	if (pthread_timedjoin_np(t, NULL, &until) == 0)
+		return;
+	SC_DEBUG("grpc", "grpc_shutdown still waiting after %d ms (gRPC's TCP backup poller lingers "
+			 "up to 10 s after a blocked write): exiting without it",
+		 GRPC_SHUTDOWN_WAIT_MS);
+	pthread_detach(t);
+	atomic_store(&grpc_teardown_pending, true);
+}
+
+static void srv_destroy(struct srv *s)
+{
+	if (s->server)
+		grpc_server_destroy(s->server);
+	free(s->method_handles);
+}
+
 void sc_service_destroy(struct sc_service *svc)
 {
 	if (!svc)
 		return;
 	if (svc->started)
 		sc_service_shutdown(svc, 0);
-	else if (svc->server && !svc->shutting_down) {
+	else if (svc->api.server && !svc->shutting_down) {
 		/* Never started: still shut down cleanly so gRPC frees the ports. */
-		grpc_server_shutdown_and_notify(svc->server, svc->cq, &svc->t_shutdown);
-		grpc_server_cancel_all_calls(svc->server);
-		while (!atomic_load(&svc->shutdown_done)) {
+		svc->have_probe = svc->probe.server != NULL;
+		servers_shutdown_and_notify(svc);
+		servers_cancel_all_calls(svc);
+		while (!servers_shut_down(svc)) {
 			grpc_event ev = grpc_completion_queue_next(
 				svc->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
 			if (ev.type == GRPC_OP_COMPLETE)
@@ -824,16 +1036,22 @@ void sc_service_destroy(struct sc_service *svc)
 		close_queue(svc);
 		worker_main(svc);
 	}
-	if (svc->server)
-		grpc_server_destroy(svc->server);
+	srv_destroy(&svc->api);
+	srv_destroy(&svc->probe);
 	if (svc->cq)
 		grpc_completion_queue_destroy(svc->cq);
-	free(svc->method_handles);
 	free(svc->threads);
 	for (size_t i = 0; i < svc->n_listeners; i++)
 		free(svc->listeners[i]);
+	free(svc->probe_addr);
+	sc_token_store_destroy(svc->tokens);
 	sc_health_destroy(svc->health);
 	pthread_rwlock_destroy(&svc->batch_lock);
 	free(svc);
-	grpc_shutdown();
+	bounded_grpc_shutdown();
+}
+
+bool sc_service_teardown_pending(void)
+{
+	return atomic_load(&grpc_teardown_pending);
 }

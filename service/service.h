@@ -22,6 +22,12 @@ int sc_service_start(struct sc_service *svc, struct sc_err *err);
 void sc_service_begin_drain(struct sc_service *svc);
 void sc_service_shutdown(struct sc_service *svc, uint64_t grace_ms);
 void sc_service_destroy(struct sc_service *svc); /* NULL ok; calls grpc_shutdown */
+/* true when sc_service_destroy left gRPC's own teardown running (it lingers up to 10 s after a
+ * blocked write): the process must then end with _exit, not return from main. */
+bool sc_service_teardown_pending(void);
+
+/* SIGHUP: reload --grpc-token-file (the old token stays on error). 0 without a token file. */
+int sc_service_reload_auth(struct sc_service *svc, struct sc_err *err);
 
 /* The listeners actually bound ("unix:/tmp/x.sock", "127.0.0.1:50051"). */
 size_t sc_service_listeners(struct sc_service *svc, const char ***out);

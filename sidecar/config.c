@@ -40,6 +40,12 @@ enum opt_id {
 	OPT_ID,
 	OPT_NATS_URL,
 	OPT_GRPC_LISTEN,
+	OPT_HEALTH_LISTEN,
+	OPT_GRPC_TLS_CERT,
+	OPT_GRPC_TLS_KEY,
+	OPT_GRPC_TLS_CLIENT_CA,
+	OPT_GRPC_TOKEN_FILE,
+	OPT_UNIX_SOCKET_MODE,
 	OPT_GRPC_THREADS,
 	OPT_MAX_MESSAGE_SIZE,
 	OPT_DATA_LISTEN,
@@ -117,7 +123,29 @@ static const struct sc_option sc_options[] = {
 	 .group = "gRPC",
 	 .help = "for workers: unix:/ABS/PATH, HOST:PORT or [V6]:PORT; repeatable, up to 8 "
 		 "(env: comma list)",
-	 .def = "unix:/tmp/rdma-sidecar/sidecar.sock,127.0.0.1:50051"},
+	 .def = "unix:/tmp/rdma-sidecar/sidecar.sock"},
+	{.id = OPT_HEALTH_LISTEN, .name = "health-listen", .arg = ARG_REQUIRED,
+	 .value = "HOST:PORT", .group = "gRPC",
+	 .help = "health-only listener for probes: grpc.health.v1.Health and nothing else",
+	 .def = "off"},
+	{.id = OPT_GRPC_TLS_CERT, .name = "grpc-tls-cert", .arg = ARG_REQUIRED, .value = "PEM",
+	 .group = "gRPC", .help = "TLS certificate chain for the TCP --grpc-listen addresses",
+	 .def = "none: plain TCP"},
+	{.id = OPT_GRPC_TLS_KEY, .name = "grpc-tls-key", .arg = ARG_REQUIRED, .value = "PEM",
+	 .group = "gRPC", .help = "private key of --grpc-tls-cert", .def = "none"},
+	{.id = OPT_GRPC_TLS_CLIENT_CA, .name = "grpc-tls-client-ca", .arg = ARG_REQUIRED,
+	 .value = "PEM", .group = "gRPC",
+	 .help = "CA certificates: TCP clients must present a certificate signed by one (mTLS)",
+	 .def = "none"},
+	{.id = OPT_GRPC_TOKEN_FILE, .name = "grpc-token-file", .arg = ARG_REQUIRED,
+	 .value = "PATH", .group = "gRPC",
+	 .help = "TCP calls need metadata \"authorization: Bearer <file content>\"; SIGHUP "
+		 "reloads",
+	 .def = "none"},
+	{.id = OPT_UNIX_SOCKET_MODE, .name = "unix-socket-mode", .arg = ARG_REQUIRED,
+	 .value = "OCTAL", .group = "gRPC",
+	 .help = "file mode of the unix sockets, whatever the umask (0600-0777 octal)",
+	 .def = "0660"},
 	{.id = OPT_GRPC_THREADS, .name = "grpc-threads", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "gRPC", .help = "threads serving gRPC calls, 1-64", .def = "4"},
 	{.id = OPT_MAX_MESSAGE_SIZE, .name = "max-message-size", .arg = ARG_REQUIRED,
@@ -727,6 +755,39 @@ static int parse_size_range(const char *v, uint64_t min, uint64_t max, const cha
 	return 0;
 }
 
+/* An octal file mode for a socket: 0600-0777 (the owner always reads and writes). */
+static int parse_mode(const char *v, uint32_t *out, struct sc_err *err)
+{
+	unsigned long m = 0;
+	size_t n = strlen(v);
+	bool ok = n >= 1 && n <= 4;
+	for (size_t i = 0; ok && i < n; i++) {
+		ok = v[i] >= '0' && v[i] <= '7';
+		m = m * 8 + (unsigned long)(v[i] - '0');
+	}
+	if (!ok || m > 0777 || (m & 0600) != 0600)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "\"%.*s\": expected an octal mode from 0600 to 0777 (e.g. 0660: "
+				  "owner and group may connect)",
+				  VALUE_SHOWN, v);
+	*out = (uint32_t)m;
+	return 0;
+}
+
+/* TLS files come as a set: cert and key together; a client CA needs both. */
+static int check_tls_set(const struct sc_config *cfg, struct sc_err *err)
+{
+	if (!cfg->grpc_tls_cert != !cfg->grpc_tls_key)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "--grpc-tls-cert and --grpc-tls-key go together: give both "
+				  "(certificate chain and its private key, PEM) or neither");
+	if (cfg->grpc_tls_client_ca && !cfg->grpc_tls_cert)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "--grpc-tls-client-ca needs --grpc-tls-cert and --grpc-tls-key "
+				  "(the server's own certificate for mTLS)");
+	return 0;
+}
+
 /* ---- applying one value ---- */
 
 /* Parse state that must not outlive one sc_config_parse call. */
@@ -908,6 +969,24 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 			rc = add_listen(cfg, v, strlen(v), false, err);
 		}
 		break;
+	case OPT_HEALTH_LISTEN:
+		rc = set_hostport(&cfg->health_listen, v, true, err);
+		break;
+	case OPT_GRPC_TLS_CERT:
+		rc = set_str(&cfg->grpc_tls_cert, v, true, err);
+		break;
+	case OPT_GRPC_TLS_KEY:
+		rc = set_str(&cfg->grpc_tls_key, v, true, err);
+		break;
+	case OPT_GRPC_TLS_CLIENT_CA:
+		rc = set_str(&cfg->grpc_tls_client_ca, v, true, err);
+		break;
+	case OPT_GRPC_TOKEN_FILE:
+		rc = set_str(&cfg->grpc_token_file, v, true, err);
+		break;
+	case OPT_UNIX_SOCKET_MODE:
+		rc = parse_mode(v, &cfg->unix_socket_mode, err);
+		break;
 	case OPT_GRPC_THREADS:
 		rc = parse_int_range(v, 1, 64, &n, err);
 		if (rc == 0)
@@ -1076,8 +1155,9 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 
 static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 {
-	static const char *const listen[] = {"unix:/tmp/rdma-sidecar/sidecar.sock",
-					     "127.0.0.1:50051"};
+	/* Only the unix socket: a TCP listener serving the full API needs authentication
+	 * (--grpc-tls-* or --grpc-token-file), which has no default. */
+	static const char *const listen[] = {"unix:/tmp/rdma-sidecar/sidecar.sock"};
 	memset(cfg, 0, sizeof(*cfg));
 	for (size_t i = 0; i < sizeof(listen) / sizeof(listen[0]); i++) {
 		cfg->grpc_listen[i] = strdup(listen[i]);
@@ -1110,6 +1190,7 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->max_operations = 16384;
 	cfg->max_descriptors = 4096;
 	cfg->max_total_region_bytes = 0;
+	cfg->unix_socket_mode = 0660;
 	return 0;
 }
 
@@ -1293,6 +1374,8 @@ enum sc_config_result sc_config_parse(struct sc_config *cfg, int argc, char **ar
 		return SC_CONFIG_ERROR;
 	if (!cfg->id && default_id(cfg, err) != 0)
 		return SC_CONFIG_ERROR;
+	if (check_tls_set(cfg, err) != 0)
+		return SC_CONFIG_ERROR;
 	return SC_CONFIG_OK;
 }
 
@@ -1321,6 +1404,11 @@ void sc_config_free(struct sc_config *cfg)
 	for (size_t i = 0; i < SC_MAX_REGISTER_DIRS; i++)
 		free(cfg->register_dirs[i]);
 	free(cfg->nats_subject_prefix);
+	free(cfg->health_listen);
+	free(cfg->grpc_tls_cert);
+	free(cfg->grpc_tls_key);
+	free(cfg->grpc_tls_client_ca);
+	free(cfg->grpc_token_file);
 	memset(cfg, 0, sizeof(*cfg));
 }
 

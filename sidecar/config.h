@@ -28,7 +28,13 @@ enum {
 struct sc_config {
 	char *id;                                     /* --id; default "<hostname>-<6 hex>" */
 	char *grpc_listen[SC_MAX_GRPC_LISTENERS];     /* --grpc-listen, repeatable */
-	size_t n_grpc_listen;                         /* default: unix socket + 127.0.0.1:50051 */
+	size_t n_grpc_listen;                         /* default: the unix socket only */
+	char *health_listen;                          /* --health-listen HOST:PORT; NULL = off */
+	char *grpc_tls_cert;                          /* --grpc-tls-cert PEM; NULL = plain TCP */
+	char *grpc_tls_key;                           /* --grpc-tls-key PEM */
+	char *grpc_tls_client_ca;                     /* --grpc-tls-client-ca PEM; mTLS */
+	char *grpc_token_file;                        /* --grpc-token-file; NULL = no token */
+	uint32_t unix_socket_mode;                    /* --unix-socket-mode, 0660 */
 	char *data_listen;                            /* --data-listen HOST:PORT, "0.0.0.0:0" */
 	char *advertise;                              /* --advertise HOST; NULL = derived */
 	char *shm_dir;                                /* --shm-dir, "/dev/shm" */

@@ -247,11 +247,18 @@ void sc_engine_begin_drain(struct sc_engine *eng)
 	pthread_mutex_unlock(&eng->mu);
 }
 
+/* Transfers this sidecar runs (active, scheduled) or serves to a peer (passive, begun). */
+static bool engine_busy(struct sc_engine *eng)
+{
+	return sc_engine_active_count(eng) > 0 || eng->sched_head ||
+	       sc_engine_passive_busy_count(eng) > 0;
+}
+
 bool sc_engine_wait_idle(struct sc_engine *eng, uint64_t timeout_ms)
 {
 	uint64_t end = sc_clock_mono_after_ms(timeout_ms);
 	pthread_mutex_lock(&eng->mu);
-	while (sc_engine_active_count(eng) > 0 || eng->sched_head) {
+	while (engine_busy(eng)) {
 		uint64_t now = sc_clock_mono_ms();
 		if (now >= end)
 			break;
@@ -263,7 +270,7 @@ bool sc_engine_wait_idle(struct sc_engine *eng, uint64_t timeout_ms)
 		ts.tv_nsec %= 1000000000L;
 		pthread_cond_timedwait(&eng->idle_cv, &eng->mu, &ts);
 	}
-	bool idle = sc_engine_active_count(eng) == 0 && !eng->sched_head;
+	bool idle = !engine_busy(eng);
 	pthread_mutex_unlock(&eng->mu);
 	return idle;
 }

@@ -55,7 +55,8 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 int sc_engine_start(struct sc_engine *eng, struct sc_err *err);
 /* From now on new operations and regions are refused with UNAVAILABLE ("sidecar is draining"). */
 void sc_engine_begin_drain(struct sc_engine *eng);
-/* Waits up to timeout_ms for live transfers to end. Returns true when none is left. */
+/* Waits up to timeout_ms for live transfers to end: active and scheduled ones, and passive ones a
+ * peer has begun (INITIALIZED ones no peer has opened do not hold it). True when none is left. */
 bool sc_engine_wait_idle(struct sc_engine *eng, uint64_t timeout_ms);
 /* Cancels what is left, joins every thread, unmaps regions, removes files it created. NULL ok. */
 void sc_engine_destroy(struct sc_engine *eng);

@@ -196,6 +196,9 @@ void sc_op_cancel_all(struct sc_engine *eng, const char *why);
 void sc_op_cancel_region_locked(struct sc_engine *eng, struct sc_region *r, const char *why);
 void sc_op_forget_all(struct sc_engine *eng);
 uint32_t sc_engine_active_count(struct sc_engine *eng); /* under mu */
+/* Passive operations with a use a peer has opened and not finished (bytes may be moving);
+ * INITIALIZED ones no peer has begun do not count. Under mu. */
+uint32_t sc_engine_passive_busy_count(struct sc_engine *eng);
 
 /* scheduler.c */
 bool sc_sched_requirement_met(struct sc_engine *eng, const struct sc_requirement *req);

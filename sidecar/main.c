@@ -4,7 +4,7 @@
  * service, then waits for signals on the main thread (every other thread has them blocked):
  *   SIGTERM/SIGINT  drain: health NOT_SERVING, refuse new work, let live transfers finish within
  *                   --grace-period, cancel the rest, exit 0
- *   SIGHUP          reload --key-file (key rotation)
+ *   SIGHUP          reload --key-file (key rotation) and --grpc-token-file
  * Exit codes: 0 clean, 1 runtime failure, 2 bad configuration.
  */
 #include "config.h"
@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 extern char **environ;
 
@@ -83,6 +84,9 @@ int main(int argc, char **argv)
 			sc_err_clear(&err);
 			if (sc_engine_reload_keys(eng, &err) != 0)
 				SC_ERROR("main", "SIGHUP: keeping the old keys: %s", err.msg);
+			sc_err_clear(&err);
+			if (sc_service_reload_auth(svc, &err) != 0)
+				SC_ERROR("main", "SIGHUP: keeping the old bearer token: %s", err.msg);
 			continue;
 		}
 		SC_INFO("main", "%s: draining (grace period %llu ms)", strsignal(sig),
@@ -102,5 +106,11 @@ out:
 	sc_config_free(&cfg);
 	if (rc == 0)
 		SC_INFO("main", "stopped");
+	if (sc_service_teardown_pending()) {
+		/* gRPC's threads are still tearing down: exit() would run library destructors under
+		 * them. Everything of ours is released. */
+		fflush(NULL);
+		_exit(rc);
+	}
 	return rc;
 }

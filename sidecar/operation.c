@@ -1115,6 +1115,28 @@ uint32_t sc_engine_active_count(struct sc_engine *eng)
 	return eng->active_transfers;
 }
 
+static void count_passive_busy(void *ctx, void *value)
+{
+	const struct sc_op *op = value;
+	uint32_t *n = ctx;
+	if (!is_passive(op) || sc_op_status_terminal(op->status))
+		return;
+	for (uint32_t i = 0; i < op->n_uses; i++) {
+		if (!op->uses[i].done) {
+			(*n)++;
+			return;
+		}
+	}
+}
+
+uint32_t sc_engine_passive_busy_count(struct sc_engine *eng)
+{
+	uint32_t n = 0;
+	if (eng->ops)
+		sc_idmap_each(eng->ops, count_passive_busy, &n);
+	return n;
+}
+
 /* ---- passive side of the data plane (passive.h) ---------------------------------------------- */
 
 static struct sc_op *token_lookup(struct sc_engine *eng, const uint8_t *token, struct sc_err *err)

@@ -82,10 +82,16 @@ TEST(defaults)
 	struct sc_err e;
 	CHECK_INT_EQ(sc_config_parse(&c, 1, no_args, no_env, &e), SC_CONFIG_OK);
 	CHECK_INT_EQ(e.code, SC_OK);
-	CHECK_INT_EQ(c.n_grpc_listen, 2);
+	/* Only the unix socket: TCP serves the full API only with authentication (issue 8). */
+	CHECK_INT_EQ(c.n_grpc_listen, 1);
 	CHECK_STR_EQ(c.grpc_listen[0], "unix:/tmp/rdma-sidecar/sidecar.sock");
-	CHECK_STR_EQ(c.grpc_listen[1], "127.0.0.1:50051");
-	CHECK(c.grpc_listen[2] == NULL);
+	CHECK(c.grpc_listen[1] == NULL);
+	CHECK(c.health_listen == NULL);
+	CHECK(c.grpc_tls_cert == NULL);
+	CHECK(c.grpc_tls_key == NULL);
+	CHECK(c.grpc_tls_client_ca == NULL);
+	CHECK(c.grpc_token_file == NULL);
+	CHECK_INT_EQ(c.unix_socket_mode, 0660);
 	CHECK_STR_EQ(c.data_listen, "0.0.0.0:0");
 	CHECK(c.advertise == NULL);
 	CHECK_STR_EQ(c.shm_dir, "/dev/shm");
@@ -442,6 +448,46 @@ TEST(grpc_listen_at_most_8)
 	EXPECT_ENV_ERROR("empty entry", "RDMA_SIDECAR_GRPC_LISTEN=h:1,");
 }
 
+TEST(listener_security_flags)
+{
+	struct sc_config c;
+	EXPECT_OK(&c, no_env, "--health-listen", "0.0.0.0:50053", "--grpc-tls-cert", "/c.pem",
+		  "--grpc-tls-key=/k.pem", "--grpc-tls-client-ca", "/ca.pem", "--grpc-token-file",
+		  "/t", "--unix-socket-mode", "0600");
+	CHECK_STR_EQ(c.health_listen, "0.0.0.0:50053");
+	CHECK_STR_EQ(c.grpc_tls_cert, "/c.pem");
+	CHECK_STR_EQ(c.grpc_tls_key, "/k.pem");
+	CHECK_STR_EQ(c.grpc_tls_client_ca, "/ca.pem");
+	CHECK_STR_EQ(c.grpc_token_file, "/t");
+	CHECK_INT_EQ(c.unix_socket_mode, 0600);
+	sc_config_free(&c);
+
+	char *env[] = {"RDMA_SIDECAR_HEALTH_LISTEN=[::]:9", "RDMA_SIDECAR_GRPC_TLS_CERT=/c",
+		       "RDMA_SIDECAR_GRPC_TLS_KEY=/k", "RDMA_SIDECAR_GRPC_TOKEN_FILE=/tok",
+		       "RDMA_SIDECAR_UNIX_SOCKET_MODE=770", NULL};
+	EXPECT_OK(&c, env, "--id", "x");
+	CHECK_STR_EQ(c.health_listen, "[::]:9");
+	CHECK_STR_EQ(c.grpc_tls_cert, "/c");
+	CHECK_STR_EQ(c.grpc_tls_key, "/k");
+	CHECK(c.grpc_tls_client_ca == NULL);
+	CHECK_STR_EQ(c.grpc_token_file, "/tok");
+	CHECK_INT_EQ(c.unix_socket_mode, 0770);
+	sc_config_free(&c);
+
+	EXPECT_ERROR(no_env, "--health-listen \"nope\": missing port", "--health-listen", "nope");
+	EXPECT_ERROR(no_env, "--unix-socket-mode \"0644x\": expected an octal mode from 0600",
+		     "--unix-socket-mode", "0644x");
+	EXPECT_ERROR(no_env, "expected an octal mode", "--unix-socket-mode", "0460");
+	EXPECT_ERROR(no_env, "expected an octal mode", "--unix-socket-mode", "1777");
+	EXPECT_ERROR(no_env, "expected an octal mode", "--unix-socket-mode", "");
+	EXPECT_ERROR(no_env, "--grpc-tls-cert and --grpc-tls-key go together", "--grpc-tls-cert",
+		     "/c");
+	EXPECT_ERROR(no_env, "--grpc-tls-cert and --grpc-tls-key go together", "--grpc-tls-key",
+		     "/k");
+	EXPECT_ERROR(no_env, "--grpc-tls-client-ca needs --grpc-tls-cert", "--grpc-tls-client-ca",
+		     "/ca");
+}
+
 TEST(grpc_listen_address_forms)
 {
 	EXPECT_ERROR(no_env,
@@ -735,8 +781,17 @@ TEST(usage_documents_every_option)
 	    "--id ID ",
 	    "(env RDMA_SIDECAR_ID, default <hostname>-<6 random hex>)",
 	    "--grpc-listen ADDR",
-	    "(env RDMA_SIDECAR_GRPC_LISTEN, default "
-	    "unix:/tmp/rdma-sidecar/sidecar.sock,127.0.0.1:50051)",
+	    "(env RDMA_SIDECAR_GRPC_LISTEN, default unix:/tmp/rdma-sidecar/sidecar.sock)",
+	    "--health-listen HOST:PORT",
+	    "(env RDMA_SIDECAR_HEALTH_LISTEN, default off)",
+	    "--grpc-tls-cert PEM",
+	    "(env RDMA_SIDECAR_GRPC_TLS_CERT, default none: plain TCP)",
+	    "--grpc-tls-key PEM",
+	    "--grpc-tls-client-ca PEM",
+	    "--grpc-token-file PATH",
+	    "(env RDMA_SIDECAR_GRPC_TOKEN_FILE, default none)",
+	    "--unix-socket-mode OCTAL",
+	    "(env RDMA_SIDECAR_UNIX_SOCKET_MODE, default 0660)",
 	    "--data-listen HOST:PORT",
 	    "(env RDMA_SIDECAR_DATA_LISTEN, default 0.0.0.0:0)",
 	    "--advertise HOST",
@@ -822,7 +877,7 @@ TEST(usage_documents_every_option)
 		line = nl ? nl + 1 : NULL;
 	}
 	free(text);
-	CHECK_INT_EQ(options, 40);
+	CHECK_INT_EQ(options, 46);
 }
 
 /* ---- free ---- */
@@ -1161,7 +1216,8 @@ RUN_TESTS(T(defaults), T(default_id_is_host_dash_6_hex), T(every_flag_space_form
 	  T(env_empty_is_unset_and_strangers_ignored), T(flag_beats_env),
 	  T(last_flag_wins_for_single_values), T(grpc_listen_flag_replaces_default_then_appends),
 	  T(grpc_listen_flag_replaces_env_list), T(grpc_listen_at_most_8),
-	  T(grpc_listen_address_forms), T(error_unknown_option), T(error_positional),
+	  T(grpc_listen_address_forms), T(listener_security_flags), T(error_unknown_option),
+	  T(error_positional),
 	  T(error_missing_value_at_end), T(error_bad_port_and_hostport_flags), T(error_bad_sizes),
 	  T(error_bad_durations), T(error_bad_integers), T(error_bad_backend), T(error_bad_id),
 	  T(error_other_values), T(nats_url), T(long_bad_value_is_cut_in_message),

@@ -1,0 +1,108 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Issue 8, finding 7: SIGTERM and the grace period. Real sidecars, real gRPC clients.
+
+- a passive sidecar SIGTERMed while a peer reads from it lets the read finish (every byte right)
+  within --grace-period and exits 0;
+- a passive operation no peer has begun (INITIALIZED) does not hold shutdown;
+- after a large answer the client refused (ListOperations over its message limit), SIGTERM still
+  exits at once (gRPC's backup poller used to hold exit for 10 s)."""
+import hashlib
+import os
+import signal
+import time
+
+import grpc
+from harness import SLOW, SidecarTest, desc, main, pb, rpc
+
+BIG = int(os.environ.get("SC_DRAIN_BYTES", str(512 << 20)))
+
+
+def sha_of(path, length):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        left = length
+        while left:
+            b = f.read(min(left, 8 << 20))
+            if not b:
+                break
+            h.update(b)
+            left -= len(b)
+    return h.hexdigest()
+
+
+class DrainTest(SidecarTest):
+    def stop_timed(self, s):
+        t0 = time.monotonic()
+        code = s.stop(signal.SIGTERM, timeout=30)
+        return code, time.monotonic() - t0
+
+    def test_passive_read_finishes_within_grace(self):
+        keys = self.key_file()
+        # One stream, small chunks: the read takes long enough to be caught in progress.
+        slow = ["--tcp-streams", "1", "--tcp-chunk-size", "64KiB"]
+        a = self.sidecar("pa", key_file=keys, extra=["--grace-period", "20s"] + slow)
+        b = self.sidecar("pb", key_file=keys, extra=slow)
+        ra, rb = a.create_region(BIG), b.create_region(BIG)
+        # not zeros: a random block, each copy stamped with its index
+        block = bytearray(os.urandom(8 << 20))
+        with open(ra.path, "r+b") as f:
+            for i in range(BIG // len(block)):
+                block[:8] = i.to_bytes(8, "little")
+                f.write(block)
+        with open(rb.path, "r+b") as f:
+            f.write(os.urandom(4096))  # the target starts different
+        want = sha_of(ra.path, BIG)
+        passive = a.stub.CreateReadable(pb.CreatePassiveRequest(
+            descriptors=[desc(ra, 0, BIG)], timeout_ms=120000), timeout=30)
+        op = b.stub.BeginRead(pb.BeginTransferRequest(
+            metadata=passive.metadata, descriptors=[desc(rb, 0, BIG)], timeout_ms=120000), timeout=30)
+        end = time.monotonic() + 30 * SLOW
+        while time.monotonic() < end:
+            st = a.stub.GetOperation(pb.GetOperationRequest(operation_id=passive.operation_id),
+                                     timeout=5).status
+            if st != pb.OPERATION_STATUS_INITIALIZED:
+                break
+            time.sleep(0.005)
+        self.assertEqual(st, pb.OPERATION_STATUS_IN_PROGRESS, "the read did not start")
+        cut = b.stub.GetOperation(pb.GetOperationRequest(operation_id=op.operation_id), timeout=5)
+        self.assertLess(cut.bytes_done, BIG, "the read ended before SIGTERM: make SC_DRAIN_BYTES larger")
+        code, took = self.stop_timed(a)
+        done = b.wait(op.operation_id, 60000)
+        self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, done.error.message)
+        self.assertEqual(done.bytes_done, BIG)
+        self.assertEqual(code, 0, a.read_log()[-3000:])
+        self.assertLess(took, 20 * SLOW)
+        self.assertIn("%s READABLE COMPLETE" % passive.operation_id, a.read_log())
+        self.assertEqual(sha_of(rb.path, BIG), want, "bytes differ after the drained read")
+        print("drained read: SIGTERM at %d of %d bytes, passive exited after %.2fs"
+              % (cut.bytes_done, BIG, took))
+
+    def test_initialized_readable_does_not_hold_shutdown(self):
+        a = self.sidecar("idle", key_file=self.key_file(), extra=["--grace-period", "30s"])
+        r = a.create_region(1 << 20)
+        p = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(r, 0, 1 << 20)],
+                                                          timeout_ms=600000), timeout=10)
+        self.assertEqual(p.status, pb.OPERATION_STATUS_INITIALIZED)
+        code, took = self.stop_timed(a)
+        self.assertEqual(code, 0)
+        self.assertLess(took, 1.5 * SLOW, "an INITIALIZED readable held shutdown")
+
+    def test_refused_oversized_answer_then_sigterm_exits_quickly(self):
+        a = self.sidecar("big", key_file=self.key_file(), extra=["--grace-period", "30s"])
+        r = a.create_region(1 << 20)
+        for _ in range(1000):  # ~2.5 MB of ListOperations: more than a socket buffer holds
+            a.stub.CreateReadable(pb.CreatePassiveRequest(
+                descriptors=[desc(r, j * 16, 16) for j in range(64)]), timeout=10)
+        with grpc.insecure_channel("unix:" + a.sock,
+                                   options=[("grpc.max_receive_message_length", 1000)]) as ch:
+            err = self.assertRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                      rpc.SidecarStub(ch).ListOperations,
+                                      pb.ListOperationsRequest(), timeout=30)
+            self.assertIn("larger than max", err.details())
+            code, took = self.stop_timed(a)
+        self.assertEqual(code, 0)
+        self.assertLess(took, 3 * SLOW, "shutdown after a refused large answer took %.1fs" % took)
+
+
+if __name__ == "__main__":
+    main()
