@@ -33,11 +33,12 @@ SHM = tempfile.mkdtemp(prefix="sc-fakecuda-test-", dir="/dev/shm" if os.path.isd
 os.environ["FAKE_CUDA_SHM_DIR"] = SHM
 for k in ("FAKE_CUDA_DEVICES", "FAKE_CUDA_FAIL_COPY_AT", "FAKE_CUDA_FAIL_COPY_DIR", "FAKE_CUDA_COPY_DELAY_US"):
     os.environ.pop(k, None)
-sys.path.insert(0, HERE)
+EXAMPLES = os.path.abspath(os.path.join(HERE, "..", "..", "examples"))  # cudadrv.py lives there
+sys.path.insert(0, EXAMPLES)
 
 import cudadrv as cu  # noqa: E402
 
-PRELUDE = "import sys, os, ctypes\nsys.path.insert(0, %r)\nimport cudadrv as cu\n" % HERE
+PRELUDE = "import sys, os, ctypes\nsys.path.insert(0, %r)\nimport cudadrv as cu\n" % EXAMPLES
 
 
 def child(code, env=None, stdin=None, timeout=None):
