@@ -143,11 +143,32 @@ static int try_dir(const char *dir, const char *path)
 	return -2;
 }
 
-static bool is_key_file(const struct sc_config *cfg, const struct stat *st)
+static bool same_file(const char *path, const struct stat *st)
 {
 	struct stat k;
-	return cfg->key_file && cfg->key_file[0] && stat(cfg->key_file, &k) == 0 &&
-	       k.st_dev == st->st_dev && k.st_ino == st->st_ino;
+	return path && path[0] && stat(path, &k) == 0 && k.st_dev == st->st_dev &&
+	       k.st_ino == st->st_ino;
+}
+
+/* The sidecar's secrets: the signing keys, TLS private keys, the API token, NATS credentials.
+ * Returns the flag that names the file, or NULL. */
+static const char *secret_flag(const struct sc_config *cfg, const struct stat *st)
+{
+	const struct {
+		const char *flag, *path;
+	} secrets[] = {
+		{"--key-file", cfg->key_file},
+		{"--grpc-tls-key", cfg->grpc_tls_key},
+		{"--grpc-token-file", cfg->grpc_token_file},
+		{"--peer-tls-key", cfg->peer_tls_key},
+		{"--nats-tls-key", cfg->nats_tls_key},
+		{"--nats-creds", cfg->nats_creds},
+		{"--nats-nkey-seed", cfg->nats_nkey_seed},
+	};
+	for (size_t i = 0; i < sizeof(secrets) / sizeof(secrets[0]); i++)
+		if (same_file(secrets[i].path, st))
+			return secrets[i].flag;
+	return NULL;
 }
 
 int sc_path_guard_open(const struct sc_config *cfg, const char *path, struct sc_err *err)
@@ -194,12 +215,13 @@ int sc_path_guard_open(const struct sc_config *cfg, const char *path, struct sc_
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "host_file.path %s is not a regular file",
 				  path);
 	}
-	if (is_key_file(cfg, &st)) {
+	const char *secret = secret_flag(cfg, &st);
+	if (secret) {
 		close(fd);
 		return sc_err_set(err, SC_PERMISSION_DENIED,
-				  "host_file.path %s is the sidecar's --key-file: it may never be "
+				  "host_file.path %s is the sidecar's %s: it may never be "
 				  "registered (allowed: other regular files beneath %s)",
-				  path, allowed);
+				  path, secret, allowed);
 	}
 	return fd;
 }

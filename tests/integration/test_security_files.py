@@ -91,6 +91,16 @@ class RegisterConfinementTest(SidecarTest):
         self.assertRefused(s, key_in_shm, DENIED, "--key-file", size=16)
         self.assertRefused(s, os.path.join(shm, "hardlink"), DENIED, "--key-file", size=16)
 
+    def test_other_secrets_are_refused_inside_shm(self):
+        # The API bearer token is a secret like the signing key: never registrable.
+        shm = tempfile.mkdtemp(prefix="sc-tokshm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.addCleanup(shutil.rmtree, shm, True)
+        token = os.path.join(shm, "api.token")
+        with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(os.urandom(24).hex() + "\n")
+        s = self.sidecar("a", extra=["--shm-dir", shm, "--grpc-token-file", token])
+        self.assertRefused(s, token, DENIED, "--grpc-token-file", size=16)
+
     def test_own_unix_socket_is_refused(self):
         s = self.sidecar("a")
         sock = os.path.join(s.shm, "api.sock")
