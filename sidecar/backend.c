@@ -73,13 +73,13 @@ static const struct sc_backend_ops noverbs_ops = {
 };
 
 /* Built without libibverbs: the backend exists only to say so. */
-struct sc_backend *sc_backend_ibverbs_create(struct sc_engine *eng, const struct sc_config *cfg)
+struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)
 {
 	struct sc_backend *b = calloc(1, sizeof(*b));
 	if (!b)
 		return NULL;
 	b->ops = &noverbs_ops;
-	b->eng = eng;
+	b->env = *env;
 	snprintf(b->detail, sizeof(b->detail), "built without libibverbs (install libibverbs-dev "
 					       "and rebuild)");
 	return b;

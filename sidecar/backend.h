@@ -25,6 +25,22 @@
 
 struct sc_backend;
 struct sc_region;
+struct sc_peer_pool;
+struct sc_peer_server;
+
+/*
+ * What a backend is given when it is created: everything it may use. A backend never reaches back
+ * into the engine; it talks to passive operations only through passive.h (with `passive` as the
+ * handle) and to peers only through the pool and the server it was given.
+ */
+struct sc_backend_env {
+	const struct sc_config *cfg;
+	const char *self_id;           /* this sidecar's id */
+	struct sc_engine *passive;     /* the passive-operation interface (passive.h) */
+	struct sc_peer_pool *pool;     /* authenticated peer connections; NULL: tcp and ibverbs off */
+	struct sc_peer_server *server; /* the peer control channel's server; NULL likewise */
+	struct sc_gpu *gpu;            /* GPU memory access (gpu.h); NULL without CUDA */
+};
 
 /* One contiguous piece of an active transfer: local memory <-> remote descriptor remote_desc. */
 struct sc_xfer_seg {
@@ -83,13 +99,12 @@ struct sc_backend_ops {
 
 struct sc_backend {
 	const struct sc_backend_ops *ops;
-	struct sc_engine *eng;
+	struct sc_backend_env env; /* given at creation */
 	bool available;
 	char detail[256];
 	char devices[4][64];
 	size_t n_devices;
 	char endpoint[80]; /* tcp: "host:port" peers dial, once started */
-	struct sc_gpu *gpu; /* the CUDA driver for GPU ranges (NULL without CUDA), set at creation */
 };
 
 int sc_backend_start_unsupported(struct sc_backend *b, struct sc_err *err);
@@ -127,8 +142,8 @@ static inline void sc_backend_cancel(struct sc_backend *b, struct sc_xfer *x)
 }
 
 /* Constructors. Each returns a backend even when unusable (available=false, detail says why). */
-struct sc_backend *sc_backend_tcp_create(struct sc_engine *eng, const struct sc_config *cfg);
-struct sc_backend *sc_backend_local_create(struct sc_engine *eng);
-struct sc_backend *sc_backend_ibverbs_create(struct sc_engine *eng, const struct sc_config *cfg);
+struct sc_backend *sc_backend_tcp_create(const struct sc_backend_env *env);
+struct sc_backend *sc_backend_local_create(const struct sc_backend_env *env);
+struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env);
 
 #endif

@@ -40,13 +40,15 @@ static struct local_backend *to_local(struct sc_backend *b)
 }
 
 /* Move one transfer; returns its final status, with msg filled on failure. */
-static enum sc_status run_one(struct sc_engine *eng, struct sc_gpu *gpu, struct sc_xfer *x,
-			      char *msg, size_t cap)
+static enum sc_status run_one(const struct sc_backend_env *env, struct sc_xfer *x, char *msg,
+			      size_t cap)
 {
+	struct sc_engine *eng = env->passive;
+	struct sc_gpu *gpu = env->gpu;
 	struct sc_err err;
 	sc_err_clear(&err);
 	const uint8_t *token = x->meta->token;
-	if (sc_passive_open(eng, token, x->xfer_id, x->kind, sc_engine_id(eng), x->total, &err) != 0)
+	if (sc_passive_open(eng, token, x->xfer_id, x->kind, env->self_id, x->total, &err) != 0)
 		goto fail;
 	for (size_t i = 0; i < x->n_segs; i++) {
 		const struct sc_xfer_seg *s = &x->segs[i];
@@ -103,7 +105,7 @@ static void *local_main(void *arg)
 			lb->tail = NULL;
 		pthread_mutex_unlock(&lb->mu);
 		char msg[SC_ERR_MSG_MAX] = "";
-		enum sc_status st = run_one(lb->base.eng, lb->base.gpu, j->x, msg, sizeof(msg));
+		enum sc_status st = run_one(&lb->base.env, j->x, msg, sizeof(msg));
 		j->x->on_complete(j->x, st, msg);
 		free(j);
 		pthread_mutex_lock(&lb->mu);
@@ -188,13 +190,13 @@ static const struct sc_backend_ops local_ops = {
 	.cancel = local_cancel,
 };
 
-struct sc_backend *sc_backend_local_create(struct sc_engine *eng)
+struct sc_backend *sc_backend_local_create(const struct sc_backend_env *env)
 {
 	struct local_backend *lb = calloc(1, sizeof(*lb));
 	if (!lb)
 		return NULL;
 	lb->base.ops = &local_ops;
-	lb->base.eng = eng;
+	lb->base.env = *env;
 	lb->base.available = true;
 	snprintf(lb->base.detail, sizeof(lb->base.detail), "memory to memory inside this sidecar");
 	pthread_mutex_init(&lb->mu, NULL);

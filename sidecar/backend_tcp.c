@@ -234,7 +234,7 @@ static int piece_send(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct 
 					 x->deadline_mono_ms, &x->cancel_requested, err);
 	if (p->seg->local_gpu != SC_GPU_HOST)
 		return sc_peer_write_send_gpu(c, token, x->xfer_id, p->seg->remote_desc, p->off,
-					      p->len, p->seg->local + p->off, tx->tb->base.gpu,
+					      p->len, p->seg->local + p->off, tx->tb->base.env.gpu,
 					      p->seg->local_gpu, x->deadline_mono_ms,
 					      &x->cancel_requested, err);
 	return sc_peer_write_send(c, token, x->xfer_id, p->seg->remote_desc, p->off, p->len,
@@ -247,7 +247,7 @@ static int piece_recv(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct 
 {
 	struct sc_xfer *x = tx->x;
 	if (x->kind == SC_OP_READ && p->seg->local_gpu != SC_GPU_HOST)
-		return sc_peer_read_recv_gpu(c, p->len, p->seg->local + p->off, tx->tb->base.gpu,
+		return sc_peer_read_recv_gpu(c, p->len, p->seg->local + p->off, tx->tb->base.env.gpu,
 					     p->seg->local_gpu, x->deadline_mono_ms,
 					     &x->cancel_requested, err);
 	if (x->kind == SC_OP_READ)
@@ -584,13 +584,14 @@ static const struct sc_backend_ops tcp_ops = {
 	.cancel = tcp_cancel,
 };
 
-struct sc_backend *sc_backend_tcp_create(struct sc_engine *eng, const struct sc_config *cfg)
+struct sc_backend *sc_backend_tcp_create(const struct sc_backend_env *env)
 {
+	const struct sc_config *cfg = env->cfg;
 	struct tcp_backend *tb = calloc(1, sizeof(*tb));
 	if (!tb)
 		return NULL;
 	tb->base.ops = &tcp_ops;
-	tb->base.eng = eng;
+	tb->base.env = *env;
 	pthread_mutex_init(&tb->mu, NULL);
 	pthread_cond_init(&tb->cv, NULL);
 	tb->streams = cfg->tcp_streams ? cfg->tcp_streams : 1;
@@ -599,8 +600,8 @@ struct sc_backend *sc_backend_tcp_create(struct sc_engine *eng, const struct sc_
 	tb->chunk = cfg->tcp_chunk_bytes ? cfg->tcp_chunk_bytes : DEFAULT_CHUNK;
 	if (tb->chunk > SC_PEER_MAX_BULK)
 		tb->chunk = SC_PEER_MAX_BULK;
-	tb->pool = sc_engine_peer_pool(eng);
-	struct sc_peer_server *srv = sc_engine_peer_server(eng);
+	tb->pool = env->pool;
+	struct sc_peer_server *srv = env->server;
 	if (!tb->pool || !srv) {
 		tb->base.available = false;
 		snprintf(tb->base.detail, sizeof(tb->base.detail),

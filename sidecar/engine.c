@@ -8,6 +8,7 @@
  */
 #include "engine_internal.h"
 #include "fault_guard.h"
+#include "ib_test.h"
 #include "log.h"
 #include "path_guard.h"
 #include "passive.h"
@@ -52,6 +53,11 @@ const char *sc_engine_id(struct sc_engine *eng)
 const struct sc_config *sc_engine_config(struct sc_engine *eng)
 {
 	return eng->cfg;
+}
+
+struct sc_backend *sc_engine_backend(struct sc_engine *eng, enum sc_backend_kind kind)
+{
+	return (int)kind > 0 && (int)kind < SC_NUM_BACKENDS ? eng->backends[kind] : NULL;
 }
 
 struct sc_gpu *sc_engine_gpu(struct sc_engine *eng)
@@ -163,16 +169,18 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 		sc_peer_server_set_tls(eng->peer_server, eng->peer_tls);
 		sc_peer_pool_set_tls(eng->peer_pool, eng->peer_tls);
 	}
-	eng->backends[SC_BACKEND_LOCAL] = sc_backend_local_create(eng);
-	eng->backends[SC_BACKEND_TCP] = sc_backend_tcp_create(eng, cfg);
-	eng->backends[SC_BACKEND_IBVERBS] = sc_backend_ibverbs_create(eng, cfg);
+	const struct sc_backend_env env = {.cfg = cfg, .self_id = eng->id, .passive = eng,
+					   .pool = eng->peer_pool, .server = eng->peer_server,
+					   .gpu = eng->gpu};
+	eng->backends[SC_BACKEND_LOCAL] = sc_backend_local_create(&env);
+	eng->backends[SC_BACKEND_TCP] = sc_backend_tcp_create(&env);
+	eng->backends[SC_BACKEND_IBVERBS] = sc_backend_ibverbs_create(&env);
 	for (int b = 1; b < SC_NUM_BACKENDS; b++) {
 		if (!eng->backends[b]) {
 			sc_err_set(err, SC_RESOURCE_EXHAUSTED, "cannot create backend %s",
 				   sc_backend_name((enum sc_backend_kind)b));
 			goto fail;
 		}
-		eng->backends[b]->gpu = eng->gpu;
 	}
 	if (!backend_enabled(cfg, SC_BACKEND_BIT_LOCAL))
 		disable_backend(eng->backends[SC_BACKEND_LOCAL], "disabled by --backends");

@@ -15,7 +15,6 @@
  */
 #include "ib_internal.h"
 
-#include "engine_internal.h"
 #include "log.h"
 #include "passive.h"
 #include "peer_server.h"
@@ -332,7 +331,7 @@ static struct ibv_mr *reg_any(struct ib_backend *ib, void *addr, uint64_t len, i
 			reg_error(err, errno, len, what);
 		return mr;
 	}
-	const struct sc_gpu_device_info *d = sc_gpu_device(ib->base.gpu, gpu);
+	const struct sc_gpu_device_info *d = sc_gpu_device(ib->base.env.gpu, gpu);
 	if (!d) {
 		sc_err_set(err, SC_FAILED_PRECONDITION, "GPU %d is not usable here", gpu);
 		return NULL;
@@ -340,7 +339,7 @@ static struct ibv_mr *reg_any(struct ib_backend *ib, void *addr, uint64_t len, i
 	if (d->dma_buf) {
 		int fd = -1;
 		uint64_t off = 0;
-		if (sc_gpu_dmabuf(ib->base.gpu, gpu, (uint64_t)(uintptr_t)addr, len, &fd, &off,
+		if (sc_gpu_dmabuf(ib->base.env.gpu, gpu, (uint64_t)(uintptr_t)addr, len, &fd, &off,
 				  err) != 0)
 			return NULL;
 		mr = ibv_reg_dmabuf_mr(ib->pd, off, (size_t)len, (uint64_t)(uintptr_t)addr, fd,
@@ -515,22 +514,22 @@ static const struct sc_backend_ops ib_ops = {
     .cancel = ib_xfer_cancel,
 };
 
-struct sc_backend *sc_backend_ibverbs_create(struct sc_engine *eng, const struct sc_config *cfg)
+struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)
 {
+	const struct sc_config *cfg = env->cfg;
 	struct ib_backend *ib = calloc(1, sizeof(*ib));
 	if (!ib)
 		return NULL;
 	ib->base.ops = &ib_ops;
-	ib->base.eng = eng;
-	ib->eng = eng;
+	ib->base.env = *env;
 	ib->wake_fd = -1;
 	pthread_mutex_init(&ib->mu, NULL);
 	pthread_cond_init(&ib->cv, NULL);
 	atomic_init(&ib->cq_stop, false);
 	atomic_init(&ib->n_grants, 0);
-	snprintf(ib->self_id, sizeof(ib->self_id), "%s", sc_engine_id(eng));
-	ib->pool = sc_engine_peer_pool(eng);
-	ib->srv = sc_engine_peer_server(eng);
+	snprintf(ib->self_id, sizeof(ib->self_id), "%s", env->self_id);
+	ib->pool = env->pool;
+	ib->srv = env->server;
 	if (cfg->backends && !(cfg->backends & SC_BACKEND_BIT_IBVERBS)) {
 		snprintf(ib->base.detail, sizeof(ib->base.detail), "disabled by --backends");
 		return &ib->base;

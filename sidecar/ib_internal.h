@@ -143,7 +143,6 @@ struct ib_xfer {
 
 struct ib_backend {
 	struct sc_backend base;
-	struct sc_engine *eng;
 	struct sc_peer_pool *pool;
 	struct sc_peer_server *srv;
 	char self_id[SC_NAME_MAX];

@@ -31,7 +31,6 @@
  */
 #include "ib_internal.h"
 
-#include "engine_internal.h"
 #include "ib_test.h"
 #include "log.h"
 #include "passive.h"
@@ -977,7 +976,7 @@ void ib_qp_drop_all(struct ib_backend *ib)
 
 static struct ib_backend *engine_ib(struct sc_engine *eng)
 {
-	struct sc_backend *b = eng->backends[SC_BACKEND_IBVERBS];
+	struct sc_backend *b = sc_engine_backend(eng, SC_BACKEND_IBVERBS);
 	if (!b || b->ops->kind != SC_BACKEND_IBVERBS || !b->available)
 		return NULL;
 	return to_ib(b);

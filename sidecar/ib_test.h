@@ -24,6 +24,9 @@ int sc_ib_test_probe_read(struct sc_engine *eng, const char *peer_id, const char
 			  uint64_t remote_addr, uint32_t rkey, uint32_t len, int *wc_status,
 			  char *status_text, size_t cap, struct sc_err *err);
 
+/* The engine's backend of that kind (for the hooks above; defined in engine.c). */
+struct sc_backend *sc_engine_backend(struct sc_engine *eng, enum sc_backend_kind kind);
+
 /* Counts of the engine's ibverbs QPs: cached outgoing (one per peer) and incoming. */
 void sc_ib_test_qp_counts(struct sc_engine *eng, size_t *out_qps, size_t *in_qps);
 
