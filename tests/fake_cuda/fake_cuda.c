@@ -850,6 +850,21 @@ static void backing_unlink(const char *name)
 	unlink(path);
 }
 
+/* At exit the real driver frees a process's device memory: unlink the backing files this process
+ * still owns (not those of a parent it was forked from). A crash leaves them behind. */
+__attribute__((destructor)) static void fc_at_exit(void)
+{
+	char own[24];
+	bool locked = pthread_mutex_trylock(&g_mu) == 0;
+
+	snprintf(own, sizeof(own), FC_NAME_PREFIX "%d-", (int)getpid());
+	for (struct fc_map *m = g_maps; m; m = m->next)
+		if (m->kind == FC_DEV_ALLOC && !strncmp(m->name, own, strlen(own)))
+			backing_unlink(m->name);
+	if (locked)
+		pthread_mutex_unlock(&g_mu);
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
 	struct CUctx_st *c;

@@ -199,6 +199,16 @@ class FakeCudaTest(unittest.TestCase):
         self.assertCuda(cu.CUDA_ERROR_INVALID_VALUE, "cuPointerGetAttribute", ctypes.byref(mt),
                         cu.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ctypes.addressof(buf))
 
+    def test_exit_without_free_removes_backing_files(self):
+        d = tempfile.mkdtemp(prefix="sc-fakecuda-exit-", dir=os.path.dirname(SHM))
+        try:
+            r = child("cu.init(0)\nfor i in range(3):\n    cu.alloc(1 << 20)\nprint(len(os.listdir(os.environ['FAKE_CUDA_SHM_DIR'])))\n",
+                      env={"FAKE_CUDA_SHM_DIR": d})
+            self.assertEqual(self.assertChildOk(r).strip(), "3")
+            self.assertEqual(os.listdir(d), [])
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
     def test_dma_buf_not_supported(self):
         a = cu.alloc(2 << 20)
         fd = ctypes.c_int(-1)
