@@ -109,6 +109,7 @@ struct CUstream_st {
 	struct fc_task *head, *tail;
 	bool stop;
 	CUresult err; /* an injected failure not yet reported */
+	unsigned long queued, done; /* tasks ever queued / finished */
 	struct CUctx_st *ctx;
 	struct CUstream_st *next;
 };
@@ -244,6 +245,14 @@ static CUresult any_span(CUdeviceptr p, size_t n, char **host, bool *dev)
 	return CUDA_SUCCESS;
 }
 
+/* Is [p, p+n) pinned (cuMemHostAlloc) or registered (cuMemHostRegister) host memory? */
+static bool host_pinned(const char *p, size_t n)
+{
+	struct fc_map *m = find_map((uintptr_t)p);
+
+	return m && !is_dev(m) && n <= m->size - ((uintptr_t)p - m->addr);
+}
+
 /* Wait until no stream has queued work: frees must not pull memory from under a queued copy. */
 static void wait_idle(void)
 {
@@ -263,6 +272,15 @@ static bool copy_fails(enum fc_dir dir)
 static bool sync_stream(CUstream s)
 {
 	return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+/* An injected failure is reported once: clear it on the stream and on events recorded after it. */
+static void clear_stream_err(struct CUstream_st *s)
+{
+	s->err = CUDA_SUCCESS;
+	for (struct CUevent_st *e = g_events; e; e = e->next)
+		if (e->stream == s)
+			e->err = CUDA_SUCCESS;
 }
 
 static bool stream_known(CUstream s)
@@ -299,6 +317,7 @@ static void enqueue(struct CUstream_st *s, struct fc_task *t)
 	else
 		s->head = t;
 	s->tail = t;
+	s->queued++;
 	g_inflight++;
 	pthread_cond_broadcast(&g_cv);
 }
@@ -349,6 +368,7 @@ static void *stream_main(void *arg)
 		if (!s->head)
 			s->tail = NULL;
 		free(t);
+		s->done++;
 		g_inflight--;
 		pthread_cond_broadcast(&g_cv);
 	}
@@ -396,6 +416,9 @@ static CUresult submit_copy(uintptr_t dst, int dst_kind, uintptr_t src, int src_
 	}
 	enum fc_dir dir = dd ? (sd ? FC_DTOD : FC_HTOD) : (sd ? FC_DTOH : FC_HTOH);
 	bool fail = copy_fails(dir);
+	/* Pageable host memory, as with the real driver: the call returns only once the copy is done
+	 * (in stream order), so the caller may reuse its buffer at once. Pinned memory: asynchronous. */
+	bool pageable = (!dd && !host_pinned(d, n)) || (!sd && !host_pinned(sp, n));
 	if (!async || sync_stream(s)) {
 		pthread_mutex_unlock(&g_mu);
 		if (fail)
@@ -414,6 +437,11 @@ static CUresult submit_copy(uintptr_t dst, int dst_kind, uintptr_t src, int src_
 	t->n = n;
 	t->fail = fail;
 	enqueue(s, t);
+	if (pageable) {
+		unsigned long mine = s->queued;
+		while (s->done < mine)
+			pthread_cond_wait(&g_cv, &g_mu);
+	}
 out:
 	pthread_mutex_unlock(&g_mu);
 	return r;
@@ -806,7 +834,7 @@ CUresult cuCtxSynchronize(void)
 	for (struct CUstream_st *s = g_streams; s; s = s->next)
 		if (s->err && !r) {
 			r = s->err;
-			s->err = CUDA_SUCCESS;
+			clear_stream_err(s);
 		}
 	pthread_mutex_unlock(&g_mu);
 	return r;
@@ -1290,7 +1318,7 @@ static CUresult stream_sync_locked(CUstream s, bool wait)
 	while (s->head)
 		pthread_cond_wait(&g_cv, &g_mu);
 	CUresult r = s->err;
-	s->err = CUDA_SUCCESS;
+	clear_stream_err(s);
 	return r;
 }
 
@@ -1408,7 +1436,7 @@ static CUresult event_result(CUevent e)
 
 	e->err = CUDA_SUCCESS;
 	if (r && e->stream && e->stream->err == r)
-		e->stream->err = CUDA_SUCCESS;
+		clear_stream_err(e->stream);
 	return r;
 }
 
@@ -1474,7 +1502,8 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 		hEvent->pending++;
 		while (hEvent->reached < target)
 			pthread_cond_wait(&g_cv, &g_mu);
-		hEvent->pending--;
+		if (--hEvent->pending == 0 && hEvent->destroyed)
+			event_unlink_free(hEvent);
 		goto out;
 	}
 	struct fc_task *t = calloc(1, sizeof(*t));

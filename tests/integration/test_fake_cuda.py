@@ -253,6 +253,9 @@ stale = ctypes.string_at(h, n) == bytes(n)
 cu.check("cuEventSynchronize", e)
 done = cu.raw("cuEventQuery", e)
 got = ctypes.string_at(h, n) == data
+pg = ctypes.create_string_buffer(n)  # pageable memory: the call returns when the copy is done
+cu.check("cuMemcpyDtoHAsync", pg, d, n, s)
+pageable = pg.raw == data
 # Ordering across streams: s2 waits for an event recorded on s after a slow copy.
 s2 = ctypes.c_void_p()
 cu.check("cuStreamCreate", ctypes.byref(s2), 1)
@@ -269,11 +272,11 @@ cu.check("cuStreamDestroy", s2)
 cu.check("cuMemFreeHost", h)
 cu.free(d)
 cu.free(d2)
-print(q_ev, q_st, stale, done, got, ordered)
+print(q_ev, q_st, stale, done, got, pageable, ordered)
 """
         r = child(code, env={"FAKE_CUDA_COPY_DELAY_US": "300000"})
         self.assertEqual(self.assertChildOk(r).split(),
-                         [str(cu.CUDA_ERROR_NOT_READY), str(cu.CUDA_ERROR_NOT_READY), "True", "0", "True", "True"])
+                         [str(cu.CUDA_ERROR_NOT_READY), str(cu.CUDA_ERROR_NOT_READY), "True", "0", "True", "True", "True"])
 
     def test_invalid_stream_and_event_handles(self):
         s = ctypes.c_void_p()
@@ -424,11 +427,15 @@ cu.vmm_free(p, fd)
         e = dict(os.environ)
         proc = subprocess.Popen([sys.executable, "-c", PRELUDE + code], env=e, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = threading.Timer(TIMEOUT, proc.kill)  # every blocking read below ends by then
+        deadline.start()
         try:
             proc.stdin.write(data)
             proc.stdin.flush()
             line = proc.stdout.readline().split()
-            self.assertEqual(len(line), 3, "child said %r" % (line,))
+            if len(line) != 3:
+                proc.kill()
+                self.fail("child said %r; stderr %r" % (line, proc.communicate()[1]))
             pid, fd, size = (int(x) for x in line)
             self.assertEqual(size, 4 << 20)  # rounded up to the 2 MiB granularity
             pidfd = os.pidfd_open(pid)
@@ -446,6 +453,7 @@ cu.vmm_free(p, fd)
             self.assertEqual(got, b"written by the parent " + data[32:40])
             self.assertEqual(proc.wait(TIMEOUT), 0, proc.stderr.read())
         finally:
+            deadline.cancel()
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
