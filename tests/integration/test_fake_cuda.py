@@ -113,6 +113,9 @@ class FakeCudaTest(unittest.TestCase):
                          cu.CUDA_ERROR_NOT_FOUND)
         self.assertEqual(st.value, 1)  # CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
         self.assertIsNone(p.value)
+        for base in cu._PROTOS:  # every entry point the wrapper (and the sidecar) asks for by base name
+            self.assertEqual(gpa(base.encode(), ctypes.byref(p), 12000, 0, ctypes.byref(st)), 0, base)
+            self.assertTrue(p.value, base)
         for sym in ("cuMemAlloc", "cuMemAlloc_v2", "cuMemcpyDtoHAsync_v2", "cuDeviceTotalMem_v2",
                     "cuMemHostRegister_v2", "cuDevicePrimaryCtxRelease_v2", "cuStreamDestroy_v2"):
             self.assertTrue(hasattr(lib, sym), sym)
