@@ -1010,6 +1010,24 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
 	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
 		*(unsigned int *)data = is_dev(m) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
 		break;
+	case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: /* unified addressing: the same address */
+		*(CUdeviceptr *)data = ptr;
+		break;
+	case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+		if (is_dev(m))
+			r = CUDA_ERROR_INVALID_VALUE; /* device memory has no host address */
+		else
+			*(void **)data = (void *)(uintptr_t)ptr;
+		break;
+	case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+		*(unsigned int *)data = 0;
+		break;
+	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+		*(CUdeviceptr *)data = (CUdeviceptr)m->addr;
+		break;
+	case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+		*(size_t *)data = m->size;
+		break;
 	default:
 		r = CUDA_ERROR_INVALID_VALUE;
 		break;

@@ -159,6 +159,11 @@ class FakeCudaTest(unittest.TestCase):
             cu.check("cuPointerGetAttribute", ctypes.byref(mt), cu.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a + 1)
             cu.check("cuPointerGetAttribute", ctypes.byref(ordinal), cu.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, a)
             self.assertEqual((mt.value, ordinal.value), (cu.CU_MEMORYTYPE_DEVICE, 0))
+            start, rsize = cu.c_ptr(), ctypes.c_size_t()
+            cu.check("cuPointerGetAttribute", ctypes.byref(start), 11, a + 999)  # RANGE_START_ADDR
+            cu.check("cuPointerGetAttribute", ctypes.byref(rsize), 12, a + 999)  # RANGE_SIZE
+            self.assertEqual((start.value, rsize.value), (a, n))
+            self.assertCuda(cu.CUDA_ERROR_INVALID_VALUE, "cuPointerGetAttribute", ctypes.byref(start), 4, a)
             # A range crossing the allocation's end, or outside any allocation: refused, nothing copied.
             buf = ctypes.create_string_buffer(b"\xee" * 64, 64)
             self.assertCuda(cu.CUDA_ERROR_INVALID_VALUE, "cuMemcpyDtoH", buf, a + n - 10, 11)
