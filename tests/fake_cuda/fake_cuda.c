@@ -189,13 +189,14 @@ static bool in_window(uintptr_t p)
  * stale pointer stays invalid. 0 when the window is exhausted. */
 static uintptr_t win_take(size_t size, size_t align)
 {
-	size_t off = round_up(g_win_next, align < FC_GRAN ? FC_GRAN : align);
+	uintptr_t base = (uintptr_t)g_win;
+	size_t off = round_up(base + g_win_next, align < FC_GRAN ? FC_GRAN : align) - base; /* absolute alignment */
 	size_t len = round_up(size ? size : 1, FC_GRAN) + FC_GRAN;
 
-	if (off + len > g_win_size)
+	if (off > g_win_size || len > g_win_size - off)
 		return 0;
 	g_win_next = off + len;
-	return (uintptr_t)g_win + off;
+	return base + off;
 }
 
 static struct fc_map *find_map(uintptr_t p)
@@ -586,8 +587,7 @@ CUresult cuInit(unsigned int Flags)
 		if (w != MAP_FAILED) {
 			g_win = w;
 			g_win_size = sizes[i];
-			/* Start 2 MiB aligned and never hand out 0. */
-			g_win_next = round_up((uintptr_t)w, FC_GRAN) - (uintptr_t)w + FC_GRAN;
+			g_win_next = 0;
 			break;
 		}
 	}
