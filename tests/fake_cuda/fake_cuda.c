@@ -581,7 +581,8 @@ CUresult cuInit(unsigned int Flags)
 	if (shm && *shm)
 		snprintf(g_dir, sizeof(g_dir), "%s", shm);
 	/* The device address window: reserved, never readable from host code. */
-	static const size_t sizes[] = {(size_t)1 << 40, (size_t)256 << 30, (size_t)64 << 30};
+	static const size_t sizes[] = {(size_t)1 << 40, (size_t)256 << 30, (size_t)64 << 30, (size_t)16 << 30,
+				      (size_t)4 << 30}; /* smaller ones: under valgrind */
 	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
 		void *w = mmap(NULL, sizes[i], PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 		if (w != MAP_FAILED) {
