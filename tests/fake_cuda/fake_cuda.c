@@ -109,6 +109,7 @@ struct CUstream_st {
 	struct fc_task *head, *tail;
 	bool stop;
 	CUresult err; /* an injected failure not yet reported */
+	unsigned long queued, done; /* tasks ever queued / finished */
 	struct CUctx_st *ctx;
 	struct CUstream_st *next;
 };
@@ -188,13 +189,14 @@ static bool in_window(uintptr_t p)
  * stale pointer stays invalid. 0 when the window is exhausted. */
 static uintptr_t win_take(size_t size, size_t align)
 {
-	size_t off = round_up(g_win_next, align < FC_GRAN ? FC_GRAN : align);
+	uintptr_t base = (uintptr_t)g_win;
+	size_t off = round_up(base + g_win_next, align < FC_GRAN ? FC_GRAN : align) - base; /* absolute alignment */
 	size_t len = round_up(size ? size : 1, FC_GRAN) + FC_GRAN;
 
-	if (off + len > g_win_size)
+	if (off > g_win_size || len > g_win_size - off)
 		return 0;
 	g_win_next = off + len;
-	return (uintptr_t)g_win + off;
+	return base + off;
 }
 
 static struct fc_map *find_map(uintptr_t p)
@@ -244,6 +246,14 @@ static CUresult any_span(CUdeviceptr p, size_t n, char **host, bool *dev)
 	return CUDA_SUCCESS;
 }
 
+/* Is [p, p+n) pinned (cuMemHostAlloc) or registered (cuMemHostRegister) host memory? */
+static bool host_pinned(const char *p, size_t n)
+{
+	struct fc_map *m = find_map((uintptr_t)p);
+
+	return m && !is_dev(m) && n <= m->size - ((uintptr_t)p - m->addr);
+}
+
 /* Wait until no stream has queued work: frees must not pull memory from under a queued copy. */
 static void wait_idle(void)
 {
@@ -263,6 +273,15 @@ static bool copy_fails(enum fc_dir dir)
 static bool sync_stream(CUstream s)
 {
 	return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+/* An injected failure is reported once: clear it on the stream and on events recorded after it. */
+static void clear_stream_err(struct CUstream_st *s)
+{
+	s->err = CUDA_SUCCESS;
+	for (struct CUevent_st *e = g_events; e; e = e->next)
+		if (e->stream == s)
+			e->err = CUDA_SUCCESS;
 }
 
 static bool stream_known(CUstream s)
@@ -299,6 +318,7 @@ static void enqueue(struct CUstream_st *s, struct fc_task *t)
 	else
 		s->head = t;
 	s->tail = t;
+	s->queued++;
 	g_inflight++;
 	pthread_cond_broadcast(&g_cv);
 }
@@ -349,6 +369,7 @@ static void *stream_main(void *arg)
 		if (!s->head)
 			s->tail = NULL;
 		free(t);
+		s->done++;
 		g_inflight--;
 		pthread_cond_broadcast(&g_cv);
 	}
@@ -396,6 +417,9 @@ static CUresult submit_copy(uintptr_t dst, int dst_kind, uintptr_t src, int src_
 	}
 	enum fc_dir dir = dd ? (sd ? FC_DTOD : FC_HTOD) : (sd ? FC_DTOH : FC_HTOH);
 	bool fail = copy_fails(dir);
+	/* Pageable host memory, as with the real driver: the call returns only once the copy is done
+	 * (in stream order), so the caller may reuse its buffer at once. Pinned memory: asynchronous. */
+	bool pageable = (!dd && !host_pinned(d, n)) || (!sd && !host_pinned(sp, n));
 	if (!async || sync_stream(s)) {
 		pthread_mutex_unlock(&g_mu);
 		if (fail)
@@ -414,6 +438,11 @@ static CUresult submit_copy(uintptr_t dst, int dst_kind, uintptr_t src, int src_
 	t->n = n;
 	t->fail = fail;
 	enqueue(s, t);
+	if (pageable) {
+		unsigned long mine = s->queued;
+		while (s->done < mine)
+			pthread_cond_wait(&g_cv, &g_mu);
+	}
 out:
 	pthread_mutex_unlock(&g_mu);
 	return r;
@@ -560,8 +589,7 @@ CUresult cuInit(unsigned int Flags)
 		if (w != MAP_FAILED) {
 			g_win = w;
 			g_win_size = sizes[i];
-			/* Start 2 MiB aligned and never hand out 0. */
-			g_win_next = round_up((uintptr_t)w, FC_GRAN) - (uintptr_t)w + FC_GRAN;
+			g_win_next = 0;
 			break;
 		}
 	}
@@ -808,7 +836,7 @@ CUresult cuCtxSynchronize(void)
 	for (struct CUstream_st *s = g_streams; s; s = s->next)
 		if (s->err && !r) {
 			r = s->err;
-			s->err = CUDA_SUCCESS;
+			clear_stream_err(s);
 		}
 	pthread_mutex_unlock(&g_mu);
 	return r;
@@ -850,6 +878,21 @@ static void backing_unlink(const char *name)
 
 	snprintf(path, sizeof(path), "%s/%s", g_dir, name);
 	unlink(path);
+}
+
+/* At exit the real driver frees a process's device memory: unlink the backing files this process
+ * still owns (not those of a parent it was forked from). A crash leaves them behind. */
+__attribute__((destructor)) static void fc_at_exit(void)
+{
+	char own[24];
+	bool locked = pthread_mutex_trylock(&g_mu) == 0;
+
+	snprintf(own, sizeof(own), FC_NAME_PREFIX "%d-", (int)getpid());
+	for (struct fc_map *m = g_maps; m; m = m->next)
+		if (m->kind == FC_DEV_ALLOC && !strncmp(m->name, own, strlen(own)))
+			backing_unlink(m->name);
+	if (locked)
+		pthread_mutex_unlock(&g_mu);
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -968,6 +1011,24 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
 		break;
 	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
 		*(unsigned int *)data = is_dev(m) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+		break;
+	case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: /* unified addressing: the same address */
+		*(CUdeviceptr *)data = ptr;
+		break;
+	case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+		if (is_dev(m))
+			r = CUDA_ERROR_INVALID_VALUE; /* device memory has no host address */
+		else
+			*(void **)data = (void *)(uintptr_t)ptr;
+		break;
+	case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+		*(unsigned int *)data = 0;
+		break;
+	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+		*(CUdeviceptr *)data = (CUdeviceptr)m->addr;
+		break;
+	case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+		*(size_t *)data = m->size;
 		break;
 	default:
 		r = CUDA_ERROR_INVALID_VALUE;
@@ -1277,7 +1338,7 @@ static CUresult stream_sync_locked(CUstream s, bool wait)
 	while (s->head)
 		pthread_cond_wait(&g_cv, &g_mu);
 	CUresult r = s->err;
-	s->err = CUDA_SUCCESS;
+	clear_stream_err(s);
 	return r;
 }
 
@@ -1395,7 +1456,7 @@ static CUresult event_result(CUevent e)
 
 	e->err = CUDA_SUCCESS;
 	if (r && e->stream && e->stream->err == r)
-		e->stream->err = CUDA_SUCCESS;
+		clear_stream_err(e->stream);
 	return r;
 }
 
@@ -1461,7 +1522,8 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 		hEvent->pending++;
 		while (hEvent->reached < target)
 			pthread_cond_wait(&g_cv, &g_mu);
-		hEvent->pending--;
+		if (--hEvent->pending == 0 && hEvent->destroyed)
+			event_unlink_free(hEvent);
 		goto out;
 	}
 	struct fc_task *t = calloc(1, sizeof(*t));

@@ -114,6 +114,9 @@ class FakeCudaTest(unittest.TestCase):
                          cu.CUDA_ERROR_NOT_FOUND)
         self.assertEqual(st.value, 1)  # CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
         self.assertIsNone(p.value)
+        for base in cu._PROTOS:  # every entry point the wrapper (and the sidecar) asks for by base name
+            self.assertEqual(gpa(base.encode(), ctypes.byref(p), 12000, 0, ctypes.byref(st)), 0, base)
+            self.assertTrue(p.value, base)
         for sym in ("cuMemAlloc", "cuMemAlloc_v2", "cuMemcpyDtoHAsync_v2", "cuDeviceTotalMem_v2",
                     "cuMemHostRegister_v2", "cuDevicePrimaryCtxRelease_v2", "cuStreamDestroy_v2"):
             self.assertTrue(hasattr(lib, sym), sym)
@@ -157,6 +160,11 @@ class FakeCudaTest(unittest.TestCase):
             cu.check("cuPointerGetAttribute", ctypes.byref(mt), cu.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a + 1)
             cu.check("cuPointerGetAttribute", ctypes.byref(ordinal), cu.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, a)
             self.assertEqual((mt.value, ordinal.value), (cu.CU_MEMORYTYPE_DEVICE, 0))
+            start, rsize = cu.c_ptr(), ctypes.c_size_t()
+            cu.check("cuPointerGetAttribute", ctypes.byref(start), 11, a + 999)  # RANGE_START_ADDR
+            cu.check("cuPointerGetAttribute", ctypes.byref(rsize), 12, a + 999)  # RANGE_SIZE
+            self.assertEqual((start.value, rsize.value), (a, n))
+            self.assertCuda(cu.CUDA_ERROR_INVALID_VALUE, "cuPointerGetAttribute", ctypes.byref(start), 4, a)
             # A range crossing the allocation's end, or outside any allocation: refused, nothing copied.
             buf = ctypes.create_string_buffer(b"\xee" * 64, 64)
             self.assertCuda(cu.CUDA_ERROR_INVALID_VALUE, "cuMemcpyDtoH", buf, a + n - 10, 11)
@@ -199,6 +207,16 @@ class FakeCudaTest(unittest.TestCase):
         self.assertCuda(713, "cuMemHostUnregister", buf)  # not registered any more
         self.assertCuda(cu.CUDA_ERROR_INVALID_VALUE, "cuPointerGetAttribute", ctypes.byref(mt),
                         cu.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ctypes.addressof(buf))
+
+    def test_exit_without_free_removes_backing_files(self):
+        d = tempfile.mkdtemp(prefix="sc-fakecuda-exit-", dir=os.path.dirname(SHM))
+        try:
+            r = child("cu.init(0)\nfor i in range(3):\n    cu.alloc(1 << 20)\nprint(len(os.listdir(os.environ['FAKE_CUDA_SHM_DIR'])))\n",
+                      env={"FAKE_CUDA_SHM_DIR": d})
+            self.assertEqual(self.assertChildOk(r).strip(), "3")
+            self.assertEqual(os.listdir(d), [])
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
 
     def test_dma_buf_not_supported(self):
         a = cu.alloc(2 << 20)
@@ -244,6 +262,9 @@ stale = ctypes.string_at(h, n) == bytes(n)
 cu.check("cuEventSynchronize", e)
 done = cu.raw("cuEventQuery", e)
 got = ctypes.string_at(h, n) == data
+pg = ctypes.create_string_buffer(n)  # pageable memory: the call returns when the copy is done
+cu.check("cuMemcpyDtoHAsync", pg, d, n, s)
+pageable = pg.raw == data
 # Ordering across streams: s2 waits for an event recorded on s after a slow copy.
 s2 = ctypes.c_void_p()
 cu.check("cuStreamCreate", ctypes.byref(s2), 1)
@@ -260,11 +281,11 @@ cu.check("cuStreamDestroy", s2)
 cu.check("cuMemFreeHost", h)
 cu.free(d)
 cu.free(d2)
-print(q_ev, q_st, stale, done, got, ordered)
+print(q_ev, q_st, stale, done, got, pageable, ordered)
 """
         r = child(code, env={"FAKE_CUDA_COPY_DELAY_US": "300000"})
         self.assertEqual(self.assertChildOk(r).split(),
-                         [str(cu.CUDA_ERROR_NOT_READY), str(cu.CUDA_ERROR_NOT_READY), "True", "0", "True", "True"])
+                         [str(cu.CUDA_ERROR_NOT_READY), str(cu.CUDA_ERROR_NOT_READY), "True", "0", "True", "True", "True"])
 
     def test_invalid_stream_and_event_handles(self):
         s = ctypes.c_void_p()
@@ -415,11 +436,15 @@ cu.vmm_free(p, fd)
         e = dict(os.environ)
         proc = subprocess.Popen([sys.executable, "-c", PRELUDE + code], env=e, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = threading.Timer(TIMEOUT, proc.kill)  # every blocking read below ends by then
+        deadline.start()
         try:
             proc.stdin.write(data)
             proc.stdin.flush()
             line = proc.stdout.readline().split()
-            self.assertEqual(len(line), 3, "child said %r" % (line,))
+            if len(line) != 3:
+                proc.kill()
+                self.fail("child said %r; stderr %r" % (line, proc.communicate()[1]))
             pid, fd, size = (int(x) for x in line)
             self.assertEqual(size, 4 << 20)  # rounded up to the 2 MiB granularity
             pidfd = os.pidfd_open(pid)
@@ -437,6 +462,7 @@ cu.vmm_free(p, fd)
             self.assertEqual(got, b"written by the parent " + data[32:40])
             self.assertEqual(proc.wait(TIMEOUT), 0, proc.stderr.read())
         finally:
+            deadline.cancel()
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()

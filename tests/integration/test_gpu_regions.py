@@ -12,10 +12,13 @@ tests/gpu/ does on a real GPU.
 
 Every transfer compares random bytes at odd sizes and offsets, inside and outside the targets.
 """
+import atexit
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 
 # tests/gpu/test_gpu_real.py runs these same tests on the real driver (SC_GPU_REAL=1).
@@ -28,6 +31,11 @@ elif not FAKE or not os.path.exists(FAKE):
     sys.exit(77)
 else:
     os.environ["SC_TEST_CUDA_DRIVER"] = FAKE
+    # The stand-in's "device memory" files: one directory for this run (worker and sidecars
+    # alike, as IPC needs), removed at exit, so crashed processes leave nothing in /dev/shm.
+    FAKE_SHM = tempfile.mkdtemp(prefix="sc-gpu-test-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    os.environ["FAKE_CUDA_SHM_DIR"] = FAKE_SHM
+    atexit.register(shutil.rmtree, FAKE_SHM, True)
 
 import grpc  # noqa: E402
 from harness import SLOW, SidecarTest, desc, main, pb  # noqa: E402 (also puts examples/ on the path)
@@ -41,7 +49,7 @@ except Exception as e:  # noqa: BLE001
     sys.exit(77)
 DEV1 = 1 if NDEV > 1 else 0  # a second GPU where there is one
 MiB = 1 << 20
-ENV = {} if REAL else {"SC_TEST_CUDA_DRIVER": FAKE}
+ENV = {} if REAL else {"SC_TEST_CUDA_DRIVER": FAKE, "FAKE_CUDA_SHM_DIR": os.environ["FAKE_CUDA_SHM_DIR"]}
 stand_in_only = unittest.skipIf(REAL, "needs the stand-in driver (fault injection, delays)")
 
 

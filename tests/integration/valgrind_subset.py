@@ -25,7 +25,7 @@ class ValgrindSubset(SidecarTest):
         import test_gpu_regions as g
         t = g.GpuRegionTest.__dict__
         keys = self.key_file()
-        env = {"SC_TEST_CUDA_DRIVER": fake}
+        env = {"SC_TEST_CUDA_DRIVER": fake, "FAKE_CUDA_SHM_DIR": os.environ["FAKE_CUDA_SHM_DIR"]}
         a = self.sidecar("ga", key_file=keys, env=env)
         b = self.sidecar("gb", key_file=keys, env=env)
         self.rnd = random.Random(7)
