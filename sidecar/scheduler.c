@@ -7,8 +7,9 @@
  * ReportProgress satisfies it, then queue for a slot in FIFO order. Every slot taken is given back
  * exactly once (sc_sched_release, from the transfer's completion). Whatever frees room (a slot
  * given back, or a queued operation leaving the queue: cancelled, past its deadline) admits the
- * queue's head while it fits: strictly FIFO, a head that does not fit holds the ones behind it. Runs under eng->mu on whatever
- * thread drives the change (RPC handlers, backend completions, the timer thread).
+ * queue's head while it fits: strictly FIFO, a head that does not fit holds the ones behind it.
+ * Runs under eng->mu on whatever thread drives the change (RPC handlers, backend completions, the
+ * timer thread).
  */
 #include "engine_internal.h"
 #include "log.h"

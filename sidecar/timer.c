@@ -68,7 +68,7 @@ uint64_t sc_clock_mono_after_ms(uint64_t delay_ms)
 	return sc_deadline_add_ms(sc_clock_mono_ms(), delay_ms);
 }
 
-/* ---- the heap (caller holds mu) --------------------------------------------------------------- */
+/* ---- the heap (caller holds mu) -------------------------------------------------------------- */
 
 static bool earlier(const struct sc_timers *t, uint32_t a, uint32_t b)
 {
@@ -167,7 +167,7 @@ static int grow(struct sc_timers *t)
 	return 0;
 }
 
-/* ---- the thread -------------------------------------------------------------------------------- */
+/* ---- the thread ------------------------------------------------------------------------------ */
 
 static void *timer_main(void *arg)
 {

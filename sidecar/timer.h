@@ -6,7 +6,8 @@
  * calling cancel from inside a *different* timer's callback is fine). Timers due at the same
  * deadline run in the order they were added. Add, cancel and try_cancel cost O(log n) in the
  * number of pending timers (a binary heap indexed by timer id); an id names one timer only (a
- * slot's generation is part of it), so a stale id cancels nothing. A deadline of UINT64_MAX never fires.
+ * slot's generation is part of it), so a stale id cancels nothing. A deadline of UINT64_MAX
+ * never fires.
  */
 #ifndef SC_TIMER_H
 #define SC_TIMER_H

@@ -38,7 +38,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	char *argv[MAX_ENTRIES + 2], *envp[MAX_ENTRIES + 1];
 	int argc = 0, envc = 0;
 	argv[argc++] = "rdma-sidecar";
-	for (char *line = text, *next; line && argc <= MAX_ENTRIES && envc < MAX_ENTRIES; line = next) {
+	for (char *line = text, *next; line && argc <= MAX_ENTRIES && envc < MAX_ENTRIES;
+	     line = next) {
 		next = strchr(line, '\n');
 		if (next)
 			*next++ = '\0';
@@ -65,21 +66,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #else
 
 static const char *const fixed[] = {
-	"--id\nnode-1\n--grpc-listen\nunix:/run/rdma-sidecar/sidecar.sock\n--data-listen\n0.0.0.0:7000\n"
-	"--advertise\n10.0.0.5\n--shm-dir\n/dev/shm/rdma-sidecar\n--key-file\n/etc/rdma-sidecar/keys\n",
-	"--nats-url\nnats://user:pw@nats:4222\n--backends\ntcp,local\n--log-level\ndebug\n--log-json\n",
-	"--default-timeout=30s\n--retention=2m\n--grace-period=1500\n--max-concurrent-transfers=7\n"
-	"--max-inflight-bytes=1GiB\n--max-message-size=4M\n--grpc-threads=8\n--tcp-streams=4\n"
-	"--tcp-chunk-size=1MiB\n--max-region-size=2T\n",
-	"--grpc-listen\n[::1]:50051\n--grpc-listen\n127.0.0.1:50052\n--metrics-listen\n:9100\n",
-	"--ib-device\nmlx5_0\n--ib-port\n2\n--ib-gid-index\n3\n--\n",
-	"RDMA_SIDECAR_ID=from-env\nRDMA_SIDECAR_GRPC_LISTEN=unix:/a.sock,127.0.0.1:1,[::1]:2\n"
-	"RDMA_SIDECAR_DATA_LISTEN=1.2.3.4:5\nRDMA_SIDECAR_BACKENDS=TCP\nRDMA_SIDECAR_LOG_JSON=1\n"
-	"RDMA_SIDECAR_MAX_INFLIGHT_BYTES=16MiB\n--id\nflag-wins\n",
-	"--help\n",
-	"--version\n",
-	"--frob\n--ib-port\n0\n",
-	"--data-listen\n999.1.1.1:70000\n--default-timeout\n-1s\n",
+    "--id\nnode-1\n--grpc-listen\nunix:/run/rdma-sidecar/"
+    "sidecar.sock\n--data-listen\n0.0.0.0:7000\n"
+    "--advertise\n10.0.0.5\n--shm-dir\n/dev/shm/rdma-sidecar\n--key-file\n/etc/rdma-sidecar/keys\n",
+    "--nats-url\nnats://user:pw@nats:4222\n--backends\ntcp,local\n--log-level\ndebug\n--log-json\n",
+    "--default-timeout=30s\n--retention=2m\n--grace-period=1500\n--max-concurrent-transfers=7\n"
+    "--max-inflight-bytes=1GiB\n--max-message-size=4M\n--grpc-threads=8\n--tcp-streams=4\n"
+    "--tcp-chunk-size=1MiB\n--max-region-size=2T\n",
+    "--grpc-listen\n[::1]:50051\n--grpc-listen\n127.0.0.1:50052\n--metrics-listen\n:9100\n",
+    "--ib-device\nmlx5_0\n--ib-port\n2\n--ib-gid-index\n3\n--\n",
+    "RDMA_SIDECAR_ID=from-env\nRDMA_SIDECAR_GRPC_LISTEN=unix:/a.sock,127.0.0.1:1,[::1]:2\n"
+    "RDMA_SIDECAR_DATA_LISTEN=1.2.3.4:5\nRDMA_SIDECAR_BACKENDS=TCP\nRDMA_SIDECAR_LOG_JSON=1\n"
+    "RDMA_SIDECAR_MAX_INFLIGHT_BYTES=16MiB\n--id\nflag-wins\n",
+    "--help\n",
+    "--version\n",
+    "--frob\n--ib-port\n0\n",
+    "--data-listen\n999.1.1.1:70000\n--default-timeout\n-1s\n",
 };
 
 static int n_seeds;
@@ -127,7 +129,8 @@ int main(int argc, char **argv)
 		const char *value = "1";
 		if (strstr(name, "listen") || strstr(name, "advertise"))
 			value = "127.0.0.1:7000";
-		else if (strstr(name, "timeout") || strstr(name, "retention") || strstr(name, "period"))
+		else if (strstr(name, "timeout") || strstr(name, "retention") ||
+			 strstr(name, "period"))
 			value = "1500ms";
 		else if (strstr(name, "size") || strstr(name, "bytes"))
 			value = "64KiB";

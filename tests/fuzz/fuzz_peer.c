@@ -52,7 +52,8 @@ static void ring_init(void)
 
 static void fuzz_frames(const uint8_t *data, size_t size)
 {
-	static uint8_t enc[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY], enc2[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
+	static uint8_t enc[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY],
+	    enc2[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
 	while (size >= SC_PEER_HDR_LEN) {
 		struct sc_frame_hdr h;
 		struct sc_err err = {0};
@@ -76,7 +77,8 @@ static void fuzz_frames(const uint8_t *data, size_t size)
 			struct sc_peer_msg m2;
 			memset(&m2, 0, sizeof(m2));
 			if (sc_peer_decode_hdr(enc, &h2, &err) != 0 ||
-			    sc_peer_decode_body(h2.type, enc + SC_PEER_HDR_LEN, h2.body_len, &m2, &err) != 0) {
+			    sc_peer_decode_body(h2.type, enc + SC_PEER_HDR_LEN, h2.body_len, &m2,
+						&err) != 0) {
 				fprintf(stderr, "re-encoded %s frame does not decode: %s\n",
 					sc_frame_type_name(h.type), err.msg);
 				abort();
@@ -114,8 +116,9 @@ static void fuzz_hello(bool server, const uint8_t *data, size_t size)
 	struct sc_peer_wait w = {.deadline_mono_ms = sc_clock_mono_ms() + 2000};
 	char peer_id[SC_NAME_MAX];
 	struct sc_err err = {0};
-	int rc = server ? sc_peer_hello_server(sv[0], ring, "fuzz-server", &w, "fuzz", peer_id, &err)
-			: sc_peer_hello_client(sv[0], ring, "fuzz-client", &w, "fuzz", peer_id, &err);
+	int rc = server
+		     ? sc_peer_hello_server(sv[0], ring, "fuzz-server", &w, "fuzz", peer_id, &err)
+		     : sc_peer_hello_client(sv[0], ring, "fuzz-client", &w, "fuzz", peer_id, &err);
 	if (rc == 0 && !memchr(peer_id, '\0', sizeof(peer_id)))
 		abort();
 	if (rc != 0 && err.code == SC_OK)
@@ -193,7 +196,8 @@ static void *client_main(void *arg)
 static void capture_hello(void)
 {
 	int c[2], s[2];
-	if (socketpair(AF_UNIX, SOCK_STREAM, 0, c) != 0 || socketpair(AF_UNIX, SOCK_STREAM, 0, s) != 0)
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, c) != 0 ||
+	    socketpair(AF_UNIX, SOCK_STREAM, 0, s) != 0)
 		exit(1);
 	/* client <-> c[0] | c[1] relay s[1] | s[0] <-> server. This thread relays frame by frame
 	 * (HELLO c->s, HELLO_ACK s->c, HELLO_FIN c->s, OK s->c) and records each. */

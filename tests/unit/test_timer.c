@@ -261,8 +261,8 @@ TEST(rate_add_cancel_at_10k_pending)
 	}
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	double s = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
-	printf("timer: %d add+cancel pairs at %d pending in %.3f s: %.0f pairs/s\n", PAIRS, N_RANDOM,
-	       s, PAIRS / s);
+	printf("timer: %d add+cancel pairs at %d pending in %.3f s: %.0f pairs/s\n", PAIRS,
+	       N_RANDOM, s, PAIRS / s);
 	CHECK_INT_EQ(sc_timers_pending(t), N_RANDOM);
 	sc_timers_destroy(t);
 }
