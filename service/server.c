@@ -15,7 +15,10 @@
  * else (PERMISSION_DENIED). On the API server TCP addresses use TLS (mTLS with a client CA) when
  * configured, and with --grpc-token-file every call not on a unix socket must carry
  * "authorization: Bearer <token>" (health checks excepted). Unix sockets get their directory
- * checked and their mode set (api_listen.c).
+ * checked and their mode set (api_listen.c); with --allowed-uids the sidecar accepts on them
+ * itself (uds_accept.c, SO_PEERCRED) and hands each connection to gRPC, whose calls then name the
+ * peer "fd:N", and calls from other uids are refused. grpc_shutdown is bounded (see
+ * bounded_grpc_shutdown).
  *
  * Threads: workers run handlers and batch completions; engine/NATS/timer threads send on calls
  * they hold a reference to. Owns the servers, the queue, the worker threads and every call.
