@@ -85,7 +85,10 @@ class DrainTest(SidecarTest):
         self.assertEqual(p.status, pb.OPERATION_STATUS_INITIALIZED)
         code, took = self.stop_timed(a)
         self.assertEqual(code, 0)
-        self.assertLess(took, 1.5 * SLOW, "an INITIALIZED readable held shutdown")
+        # ~0.3 s here; the bound leaves room for a loaded machine and stays far below the 30 s
+        # grace period an INITIALIZED readable used to be able to hold
+        self.assertLess(took, 3 * SLOW, "an INITIALIZED readable held shutdown %.1fs" % took)
+        print("idle INITIALIZED readable: exit after %.2fs" % took)
 
     def test_refused_oversized_answer_then_sigterm_exits_quickly(self):
         a = self.sidecar("big", key_file=self.key_file(), extra=["--grace-period", "30s"])
@@ -102,6 +105,7 @@ class DrainTest(SidecarTest):
             code, took = self.stop_timed(a)
         self.assertEqual(code, 0)
         self.assertLess(took, 3 * SLOW, "shutdown after a refused large answer took %.1fs" % took)
+        print("refused oversized answer: exit after %.2fs" % took)
 
 
 if __name__ == "__main__":
