@@ -130,7 +130,8 @@ fail:
 static void *accept_main(void *arg)
 {
 	struct sc_uds_acceptor *a = arg;
-	struct pollfd pfd[2] = {{.fd = a->fd, .events = POLLIN}, {.fd = a->stop_pipe[0], .events = POLLIN}};
+	struct pollfd pfd[2] = {{.fd = a->fd, .events = POLLIN},
+				{.fd = a->stop_pipe[0], .events = POLLIN}};
 	for (;;) {
 		if (poll(pfd, 2, -1) < 0) {
 			if (errno == EINTR)
@@ -151,8 +152,8 @@ static void *accept_main(void *arg)
 		}
 		struct ucred cred;
 		socklen_t len = sizeof(cred);
-		bool known = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 &&
-			     fd < UID_TABLE;
+		bool known =
+		    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && fd < UID_TABLE;
 		pthread_mutex_lock(&uid_mu);
 		if (fd < UID_TABLE) {
 			uid_known[fd] = known;
