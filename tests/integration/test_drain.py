@@ -117,7 +117,7 @@ class DrainTest(SidecarTest):
     def test_refused_oversized_answer_then_sigterm_exits_quickly(self):
         a = self.sidecar("big", key_file=self.key_file(), extra=["--grace-period", "30s"])
         r = a.create_region(1 << 20)
-        for _ in range(1000):  # ~2.5 MB of ListOperations: more than a socket buffer holds
+        for _ in range(2000):  # ~5 MB of ListOperations: far more than a socket buffer holds
             a.stub.CreateReadable(pb.CreatePassiveRequest(
                 descriptors=[desc(r, j * 16, 16) for j in range(64)]), timeout=10)
         with grpc.insecure_channel("unix:" + a.sock,
