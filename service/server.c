@@ -15,7 +15,10 @@
  * else (PERMISSION_DENIED). On the API server TCP addresses use TLS (mTLS with a client CA) when
  * configured, and with --grpc-token-file every call not on a unix socket must carry
  * "authorization: Bearer <token>" (health checks excepted). Unix sockets get their directory
- * checked and their mode set (api_listen.c).
+ * checked and their mode set (api_listen.c); with --allowed-uids the sidecar accepts on them
+ * itself (uds_accept.c, SO_PEERCRED) and hands each connection to gRPC, whose calls then name the
+ * peer "fd:N", and calls from other uids are refused. grpc_shutdown is bounded (see
+ * bounded_grpc_shutdown).
  *
  * Threads: workers run handlers and batch completions; engine/NATS/timer threads send on calls
  * they hold a reference to. Owns the servers, the queue, the worker threads and every call.
@@ -25,10 +28,12 @@
 #include "handlers.h"
 #include "log.h"
 #include "service.h"
+#include "uds_accept.h"
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
+#include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
@@ -112,6 +117,9 @@ struct sc_service {
 	const char *listener_view[SC_MAX_GRPC_LISTENERS];
 	size_t n_listeners;
 	char *probe_addr; /* --health-listen as bound */
+	/* --allowed-uids: the unix sockets the sidecar accepts on itself (SO_PEERCRED). */
+	struct sc_uds_acceptor *uds[SC_MAX_GRPC_LISTENERS];
+	size_t n_uds;
 	atomic_int live_calls;
 	/* Batches start under the read side; closing the queue takes the write side, so no batch
 	 * can start on a queue that is shut down (gRPC asserts on that). */
@@ -568,25 +576,52 @@ static bool is_health_method(const struct sc_method_def *m)
 	return strncmp(m->path, "/grpc.health.v1.Health/", 23) == 0;
 }
 
-/* With --grpc-token-file, a call that did not come over a unix socket must carry the token. */
-static bool call_authorized(struct sc_call *c)
+/*
+ * May this call go on? Calls from connections the sidecar accepted itself (--allowed-uids; gRPC
+ * names their peer "fd:N") need an allowed uid; with --grpc-token-file, calls from TCP need the
+ * token (health checks excepted). SC_OK, or the status with msg filled.
+ */
+static enum sc_status call_admission(struct sc_call *c, char *msg, size_t cap)
 {
+	const struct sc_config *cfg = c->svc->cfg;
 	struct sc_token_store *ts = c->svc->tokens;
-	if (!ts || is_health_method(c->method))
-		return true;
 	char *peer = grpc_call_get_peer(c->call);
-	bool local = peer && strncmp(peer, "unix:", 5) == 0;
-	gpr_free(peer);
-	if (local)
-		return true;
+	enum sc_status code = SC_OK;
+	if (peer && strncmp(peer, "fd:", 3) == 0) {
+		uid_t uid;
+		bool ok = sc_uds_peer_uid(atoi(peer + 3), &uid);
+		for (size_t i = 0; ok && i < cfg->n_allowed_uids; i++)
+			if (cfg->allowed_uids[i] == (uint32_t)uid)
+				goto out;
+		code = SC_PERMISSION_DENIED;
+		if (ok)
+			snprintf(msg, cap,
+				 "uid %u may not call this sidecar: its unix socket serves only the "
+				 "uids of --allowed-uids; ask the operator to add yours",
+				 (unsigned)uid);
+		else
+			snprintf(msg, cap, "the caller's uid is unknown (no SO_PEERCRED): refused "
+					   "under --allowed-uids");
+		goto out;
+	}
+	if (!ts || is_health_method(c->method) || (peer && strncmp(peer, "unix:", 5) == 0))
+		goto out;
 	for (size_t i = 0; i < c->req_md.count; i++) {
 		const grpc_metadata *md = &c->req_md.metadata[i];
 		if (grpc_slice_str_cmp(md->key, "authorization") != 0)
 			continue;
-		return sc_token_check(ts, (const char *)GRPC_SLICE_START_PTR(md->value),
-				      GRPC_SLICE_LENGTH(md->value));
+		if (sc_token_check(ts, (const char *)GRPC_SLICE_START_PTR(md->value),
+				   GRPC_SLICE_LENGTH(md->value)))
+			goto out;
+		break;
 	}
-	return false;
+	code = SC_UNAUTHENTICATED;
+	snprintf(msg, cap, "missing or wrong bearer token: TCP calls to this sidecar need metadata "
+			   "\"authorization: Bearer <token>\" with the token of its --grpc-token-file "
+			   "(or use the unix socket)");
+out:
+	gpr_free(peer);
+	return code;
 }
 
 static void on_call_start(struct tag *t, bool ok)
@@ -601,14 +636,13 @@ static void on_call_start(struct tag *t, bool ok)
 	start_close_watch(c);
 	const struct sc_method_def *m = c->method;
 	SC_DEBUG("grpc", "call %s%s", m->path, c->srv->probe ? " (probe port)" : "");
+	char why[300];
+	enum sc_status denied = SC_OK;
 	if (c->srv->probe && !is_health_method(m)) {
 		sc_call_fail(c, SC_PERMISSION_DENIED, PROBE_PORT_MSG);
-	} else if (!c->srv->probe && !call_authorized(c)) {
-		SC_WARN("grpc", "%s refused: no valid bearer token", m->path);
-		sc_call_fail(c, SC_UNAUTHENTICATED,
-			     "missing or wrong bearer token: TCP calls to this sidecar need "
-			     "metadata \"authorization: Bearer <token>\" with the token of its "
-			     "--grpc-token-file (or use the unix socket)");
+	} else if (!c->srv->probe && (denied = call_admission(c, why, sizeof(why))) != SC_OK) {
+		SC_WARN("grpc", "%s refused: %s", m->path, why);
+		sc_call_fail(c, denied, why);
 	} else if (m->kind == SC_METHOD_CLIENT_STREAM) {
 		m->fn(c, NULL);
 	} else if (!c->payload) {
@@ -831,6 +865,18 @@ int sc_service_create(struct sc_engine *eng, const struct sc_config *cfg,
 		bool is_unix = strncmp(addr, "unix:", 5) == 0;
 		if (is_unix && sc_unix_socket_prepare(addr + 5, err) != 0)
 			goto fail;
+		if (is_unix && cfg->n_allowed_uids) {
+			/* Accepted by the sidecar itself, to learn each caller's uid. */
+			if (sc_uds_acceptor_create(addr + 5, cfg->unix_socket_mode,
+						   &svc->uds[svc->n_uds], err) != 0)
+				goto fail;
+			svc->n_uds++;
+			char *shown = strdup(addr);
+			svc->listeners[svc->n_listeners] = shown;
+			svc->listener_view[svc->n_listeners] = shown ? shown : addr;
+			svc->n_listeners++;
+			continue;
+		}
 		grpc_server_credentials *creds =
 			!is_unix && tls ? tls : grpc_insecure_server_credentials_create();
 		int port = grpc_server_add_http2_port(svc->api.server, addr, creds);
@@ -899,12 +945,31 @@ int sc_service_reload_auth(struct sc_service *svc, struct sc_err *err)
 	return 0;
 }
 
+/* A connection the acceptor let in (accept thread): gRPC serves it from now on. */
+static void on_uds_conn(void *ctx, int fd)
+{
+	struct sc_service *svc = ctx;
+	grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+	grpc_server_add_channel_from_fd(svc->api.server, fd, creds);
+	grpc_server_credentials_release(creds);
+}
+
+static void stop_acceptors(struct sc_service *svc)
+{
+	for (size_t i = 0; i < svc->n_uds; i++)
+		sc_uds_acceptor_destroy(svc->uds[i]);
+	svc->n_uds = 0;
+}
+
 int sc_service_start(struct sc_service *svc, struct sc_err *err)
 {
 	grpc_server_start(svc->api.server);
 	if (svc->have_probe)
 		grpc_server_start(svc->probe.server);
 	svc->started = true;
+	for (size_t i = 0; i < svc->n_uds; i++)
+		if (sc_uds_acceptor_start(svc->uds[i], on_uds_conn, svc, err) != 0)
+			return -1;
 	for (size_t i = 0; i <= sc_n_methods; i++) {
 		arm(&svc->api, i);
 		if (svc->have_probe)
@@ -933,6 +998,7 @@ void sc_service_begin_drain(struct sc_service *svc)
 	if (!svc || svc->shutting_down)
 		return;
 	sc_health_set(svc->health, false);
+	stop_acceptors(svc); /* no new connection may reach a server that shuts down */
 	if (svc->started) {
 		svc->shutting_down = true;
 		servers_shutdown_and_notify(svc);
@@ -1036,6 +1102,7 @@ void sc_service_destroy(struct sc_service *svc)
 		close_queue(svc);
 		worker_main(svc);
 	}
+	stop_acceptors(svc);
 	srv_destroy(&svc->api);
 	srv_destroy(&svc->probe);
 	if (svc->cq)

@@ -78,8 +78,8 @@ static int prepare_dir(const char *path, const char *dir, struct sc_err *err)
 	if (stat(dir, &st) != 0) {
 		if (errno != ENOENT)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "--grpc-listen unix:%s: cannot use directory %s: %s", path,
-					  dir, strerror(errno));
+					  "--grpc-listen unix:%s: cannot use directory %s: %s",
+					  path, dir, strerror(errno));
 		char tmp[512];
 		snprintf(tmp, sizeof(tmp), "%s", dir);
 		for (char *p = tmp + 1; *p; p++) {
@@ -95,8 +95,8 @@ static int prepare_dir(const char *path, const char *dir, struct sc_err *err)
 					  path, dir, strerror(errno));
 		if (stat(dir, &st) != 0)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "--grpc-listen unix:%s: cannot use directory %s: %s", path,
-					  dir, strerror(errno));
+					  "--grpc-listen unix:%s: cannot use directory %s: %s",
+					  path, dir, strerror(errno));
 		if (st.st_uid == geteuid() && chmod(dir, 0750) == 0)
 			st.st_mode = (st.st_mode & ~(mode_t)07777) | 0750;
 	}
@@ -157,10 +157,11 @@ int sc_unix_socket_prepare(const char *path, struct sc_err *err)
 				  "is answering on this socket: stop it first or pick another path",
 				  path);
 	if (e != ECONNREFUSED)
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "--grpc-listen unix:%s: cannot tell whether a server still uses "
-				  "the socket (connect: %s): remove it by hand or pick another path",
-				  path, strerror(e));
+		return sc_err_set(
+		    err, SC_INVALID_ARGUMENT,
+		    "--grpc-listen unix:%s: cannot tell whether a server still uses "
+		    "the socket (connect: %s): remove it by hand or pick another path",
+		    path, strerror(e));
 	if (unlink(path) != 0 && errno != ENOENT)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "--grpc-listen unix:%s: cannot remove the stale socket: %s", path,

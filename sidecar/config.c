@@ -11,6 +11,7 @@
 #include "config.h"
 
 #include "build_config.h"
+#include "uds_accept.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -46,6 +47,7 @@ enum opt_id {
 	OPT_GRPC_TLS_CLIENT_CA,
 	OPT_GRPC_TOKEN_FILE,
 	OPT_UNIX_SOCKET_MODE,
+	OPT_ALLOWED_UIDS,
 	OPT_GRPC_THREADS,
 	OPT_MAX_MESSAGE_SIZE,
 	OPT_DATA_LISTEN,
@@ -146,6 +148,10 @@ static const struct sc_option sc_options[] = {
 	 .value = "OCTAL", .group = "gRPC",
 	 .help = "file mode of the unix sockets, whatever the umask (0600-0777 octal)",
 	 .def = "0660"},
+	{.id = OPT_ALLOWED_UIDS, .name = "allowed-uids", .arg = ARG_REQUIRED, .value = "LIST",
+	 .group = "gRPC",
+	 .help = "only these uids may call over the unix sockets (SO_PEERCRED), e.g. 0,1000",
+	 .def = "any uid that can open the socket"},
 	{.id = OPT_GRPC_THREADS, .name = "grpc-threads", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "gRPC", .help = "threads serving gRPC calls, 1-64", .def = "4"},
 	{.id = OPT_MAX_MESSAGE_SIZE, .name = "max-message-size", .arg = ARG_REQUIRED,
@@ -986,6 +992,10 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 		break;
 	case OPT_UNIX_SOCKET_MODE:
 		rc = parse_mode(v, &cfg->unix_socket_mode, err);
+		break;
+	case OPT_ALLOWED_UIDS:
+		rc = sc_parse_uid_list(v, cfg->allowed_uids, SC_MAX_ALLOWED_UIDS,
+				       &cfg->n_allowed_uids, err);
 		break;
 	case OPT_GRPC_THREADS:
 		rc = parse_int_range(v, 1, 64, &n, err);

@@ -24,6 +24,7 @@ enum {
 
 #define SC_MAX_GRPC_LISTENERS 8
 #define SC_MAX_REGISTER_DIRS 16
+#define SC_MAX_ALLOWED_UIDS 32
 
 struct sc_config {
 	char *id;                                     /* --id; default "<hostname>-<6 hex>" */
@@ -35,6 +36,8 @@ struct sc_config {
 	char *grpc_tls_client_ca;                     /* --grpc-tls-client-ca PEM; mTLS */
 	char *grpc_token_file;                        /* --grpc-token-file; NULL = no token */
 	uint32_t unix_socket_mode;                    /* --unix-socket-mode, 0660 */
+	uint32_t allowed_uids[SC_MAX_ALLOWED_UIDS];   /* --allowed-uids 0,1000 (SO_PEERCRED) */
+	size_t n_allowed_uids;                        /* 0 = any uid that can open the socket */
 	char *data_listen;                            /* --data-listen HOST:PORT, "0.0.0.0:0" */
 	char *advertise;                              /* --advertise HOST; NULL = derived */
 	char *shm_dir;                                /* --shm-dir, "/dev/shm" */

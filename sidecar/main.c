@@ -86,7 +86,8 @@ int main(int argc, char **argv)
 				SC_ERROR("main", "SIGHUP: keeping the old keys: %s", err.msg);
 			sc_err_clear(&err);
 			if (sc_service_reload_auth(svc, &err) != 0)
-				SC_ERROR("main", "SIGHUP: keeping the old bearer token: %s", err.msg);
+				SC_ERROR("main", "SIGHUP: keeping the old bearer token: %s",
+					 err.msg);
 			continue;
 		}
 		SC_INFO("main", "%s: draining (grace period %llu ms)", strsignal(sig),

@@ -486,6 +486,28 @@ TEST(listener_security_flags)
 		     "/k");
 	EXPECT_ERROR(no_env, "--grpc-tls-client-ca needs --grpc-tls-cert", "--grpc-tls-client-ca",
 		     "/ca");
+
+	EXPECT_OK(&c, no_env, "--allowed-uids", "0,1000,65532");
+	CHECK_INT_EQ(c.n_allowed_uids, 3);
+	CHECK_INT_EQ(c.allowed_uids[0], 0);
+	CHECK_INT_EQ(c.allowed_uids[1], 1000);
+	CHECK_INT_EQ(c.allowed_uids[2], 65532);
+	sc_config_free(&c);
+	char *env2[] = {"RDMA_SIDECAR_ALLOWED_UIDS=7", NULL};
+	EXPECT_OK(&c, env2, "--id", "x");
+	CHECK_INT_EQ(c.n_allowed_uids, 1);
+	CHECK_INT_EQ(c.allowed_uids[0], 7);
+	sc_config_free(&c);
+	EXPECT_ERROR(no_env, "--allowed-uids \"root\": expected a comma list of numeric uids",
+		     "--allowed-uids", "root");
+	EXPECT_ERROR(no_env, "expected a comma list of numeric uids", "--allowed-uids", "1,,2");
+	EXPECT_ERROR(no_env, "expected a comma list of numeric uids", "--allowed-uids", "1,");
+	EXPECT_ERROR(no_env, "expected a comma list of numeric uids", "--allowed-uids", "-1");
+	EXPECT_ERROR(no_env, "expected a comma list of numeric uids", "--allowed-uids",
+		     "4294967295");
+	EXPECT_ERROR(no_env, "at most 32 uids", "--allowed-uids",
+		     "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,"
+		     "30,31,32,33");
 }
 
 TEST(grpc_listen_address_forms)
@@ -792,6 +814,8 @@ TEST(usage_documents_every_option)
 	    "(env RDMA_SIDECAR_GRPC_TOKEN_FILE, default none)",
 	    "--unix-socket-mode OCTAL",
 	    "(env RDMA_SIDECAR_UNIX_SOCKET_MODE, default 0660)",
+	    "--allowed-uids LIST",
+	    "(env RDMA_SIDECAR_ALLOWED_UIDS, default any uid that can open the socket)",
 	    "--data-listen HOST:PORT",
 	    "(env RDMA_SIDECAR_DATA_LISTEN, default 0.0.0.0:0)",
 	    "--advertise HOST",
@@ -877,7 +901,7 @@ TEST(usage_documents_every_option)
 		line = nl ? nl + 1 : NULL;
 	}
 	free(text);
-	CHECK_INT_EQ(options, 46);
+	CHECK_INT_EQ(options, 47);
 }
 
 /* ---- free ---- */
