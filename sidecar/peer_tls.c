@@ -210,8 +210,10 @@ const char *sc_peer_tls_mode(const struct sc_peer_tls *tls)
 	int m = atomic_load(&tls->last_mode);
 	if (m >= 0)
 		return tls->modes[m];
-	bool kernel = !strstr(tls->why_no_tx, "kernel");
-	return tls->modes[kernel ? 1 : 0];
+	/* Before any handshake: what the probe at create expects (kTLS sends where the kernel has
+	 * the tls module). */
+	bool kernel_tls = !strstr(tls->why_no_tx, "kernel has no tls module");
+	return tls->modes[kernel_tls ? 1 : 0];
 }
 
 /* ---- handshake ------------------------------------------------------------------------------- */
