@@ -32,6 +32,7 @@ struct sc_peer_tls {
 	/* what kTLS can do here, probed at create: why a direction stays in userspace */
 	char why_no_tx[REASON_MAX];
 	char why_no_rx[REASON_MAX];
+	bool kernel_tls; /* the kernel offers the tls ULP */
 	/* Mode strings for the 4 combinations of (tx offloaded, rx offloaded). */
 	char modes[4][3 * REASON_MAX];
 	atomic_int last_mode; /* -1: no handshake yet */
@@ -173,7 +174,8 @@ int sc_peer_tls_create(const struct sc_config *cfg, struct sc_peer_tls **out, st
 	SSL_CTX_set_verify(t->ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
 
 	char why[REASON_MAX];
-	if (!kernel_has_tls(why, sizeof(why))) {
+	t->kernel_tls = kernel_has_tls(why, sizeof(why));
+	if (!t->kernel_tls) {
 		snprintf(t->why_no_tx, sizeof(t->why_no_tx), "%s", why);
 		snprintf(t->why_no_rx, sizeof(t->why_no_rx), "%s", why);
 	} else {
@@ -212,8 +214,7 @@ const char *sc_peer_tls_mode(const struct sc_peer_tls *tls)
 		return tls->modes[m];
 	/* Before any handshake: what the probe at create expects (kTLS sends where the kernel has
 	 * the tls module). */
-	bool kernel_tls = !strstr(tls->why_no_tx, "kernel has no tls module");
-	return tls->modes[kernel_tls ? 1 : 0];
+	return tls->modes[tls->kernel_tls ? 1 : 0];
 }
 
 /* ---- handshake ------------------------------------------------------------------------------- */
