@@ -13,6 +13,7 @@ import socket
 import time
 
 from harness import SLOW, SidecarTest, desc, main, pb
+from tlsutil import CA
 
 
 class DataFloodTest(SidecarTest):
@@ -34,10 +35,15 @@ class DataFloodTest(SidecarTest):
     def test_read_completes_during_idle_flood(self):
         self.read_during_flood()
 
-    def read_during_flood(self, extra=()):
+    def test_read_completes_during_idle_flood_with_peer_tls(self):
+        # the flood's connections never start the TLS handshake: the same limits apply
+        ca = CA(self.workdir, "cluster")
+        self.read_during_flood(ca.peer_flags("a"), ca.peer_flags("b"))
+
+    def read_during_flood(self, extra_a=(), extra_b=()):
         keys = self.key_file()
-        a = self.sidecar("a", key_file=keys, extra=list(extra))
-        b = self.sidecar("b", key_file=keys)
+        a = self.sidecar("a", key_file=keys, extra=list(extra_a))
+        b = self.sidecar("b", key_file=keys, extra=list(extra_b))
         size = (16 << 20) + 3
         ra, rb = a.create_region(size), b.create_region(size + 8)
         payload = os.urandom(size)
