@@ -180,8 +180,9 @@ static struct sc_peer_conn *connect_peer(struct tcp_xfer *tx, struct sc_err *err
 	size_t last = tx->endpoint >= 0 ? first + 1 : md->n_endpoints;
 	for (size_t i = first; i < last; i++) {
 		struct sc_peer_conn *c;
-		if (sc_peer_pool_get(tx->tb->pool, md->endpoints[i], tx->x->deadline_mono_ms, &c,
-				     err) != 0) {
+		if (sc_peer_pool_get_cancellable(tx->tb->pool, md->endpoints[i],
+						 tx->x->deadline_mono_ms, &tx->x->cancel_requested,
+						 &c, err) != 0) {
 			if (err->code == SC_DEADLINE_EXCEEDED || should_stop(tx))
 				break;
 			continue;

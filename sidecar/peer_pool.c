@@ -233,8 +233,21 @@ static int dial_once(struct sc_peer_pool *pool, struct sc_keyring *ring, struct 
 #define RETRY_FIRST_MS 50
 #define RETRY_MAX_MS 1000
 
+/* Pause ms between attempts, waking every RETRY_FIRST_MS to look at cancel. False: cancelled. */
+static bool retry_pause(unsigned ms, const atomic_bool *cancel)
+{
+	uint64_t until = sc_clock_mono_ms() + ms;
+	for (uint64_t now = sc_clock_mono_ms(); now < until; now = sc_clock_mono_ms()) {
+		if (cancel && atomic_load_explicit(cancel, memory_order_relaxed))
+			return false;
+		uint64_t left = until - now;
+		usleep((useconds_t)(left < RETRY_FIRST_MS ? left : RETRY_FIRST_MS) * 1000u);
+	}
+	return !(cancel && atomic_load_explicit(cancel, memory_order_relaxed));
+}
+
 static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadline_mono_ms,
-		struct sc_peer_conn **out, struct sc_err *err)
+		const atomic_bool *cancel, struct sc_peer_conn **out, struct sc_err *err)
 {
 	struct sc_err scratch;
 	if (!err)
@@ -278,7 +291,11 @@ static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadli
 			goto fail;
 		SC_DEBUG("peer", "attempt %u to reach %s failed (%s); retrying in %u ms", attempts,
 			 endpoint, err->msg, pause_ms);
-		usleep(pause_ms * 1000u);
+		if (!retry_pause(pause_ms, cancel)) {
+			sc_err_set(err, SC_CANCELLED, "cancelled while retrying to reach %s",
+				   endpoint);
+			goto fail;
+		}
 		pause_ms = pause_ms * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : pause_ms * 2;
 	}
 	sc_keyring_release(ring);
@@ -307,6 +324,13 @@ static bool idle_alive(const struct sc_peer_conn *c)
 
 int sc_peer_pool_get(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadline_mono_ms,
 		     struct sc_peer_conn **out, struct sc_err *err)
+{
+	return sc_peer_pool_get_cancellable(pool, endpoint, deadline_mono_ms, NULL, out, err);
+}
+
+int sc_peer_pool_get_cancellable(struct sc_peer_pool *pool, const char *endpoint,
+				 uint64_t deadline_mono_ms, const atomic_bool *cancel,
+				 struct sc_peer_conn **out, struct sc_err *err)
 {
 	uint64_t now = sc_clock_mono_ms();
 	struct sc_peer_conn *found = NULL, *stale = NULL;
@@ -341,7 +365,7 @@ int sc_peer_pool_get(struct sc_peer_pool *pool, const char *endpoint, uint64_t d
 		return sc_err_set(err, SC_DEADLINE_EXCEEDED,
 				  "deadline passed before connecting to peer sidecar at %s",
 				  endpoint);
-	return dial(pool, endpoint, deadline_mono_ms, out, err);
+	return dial(pool, endpoint, deadline_mono_ms, cancel, out, err);
 }
 
 void sc_peer_pool_put(struct sc_peer_pool *pool, struct sc_peer_conn *conn, bool reusable)

@@ -13,6 +13,7 @@ import socket
 import time
 
 from harness import SLOW, SidecarTest, desc, main, pb
+from tlsutil import CA
 
 
 class DataFloodTest(SidecarTest):
@@ -34,10 +35,15 @@ class DataFloodTest(SidecarTest):
     def test_read_completes_during_idle_flood(self):
         self.read_during_flood()
 
-    def read_during_flood(self, extra=()):
+    def test_read_completes_during_idle_flood_with_peer_tls(self):
+        # the flood's connections never start the TLS handshake: the same limits apply
+        ca = CA(self.workdir, "cluster")
+        self.read_during_flood(ca.peer_flags("a"), ca.peer_flags("b"))
+
+    def read_during_flood(self, extra_a=(), extra_b=()):
         keys = self.key_file()
-        a = self.sidecar("a", key_file=keys, extra=list(extra))
-        b = self.sidecar("b", key_file=keys)
+        a = self.sidecar("a", key_file=keys, extra=list(extra_a))
+        b = self.sidecar("b", key_file=keys, extra=list(extra_b))
         size = (16 << 20) + 3
         ra, rb = a.create_region(size), b.create_region(size + 8)
         payload = os.urandom(size)
@@ -95,6 +101,34 @@ class DataFloodTest(SidecarTest):
         b_log = b.read_log()
         # the dialing side was refused while the flood held the slots, and retried
         self.assertRegex(b_log, r"connected to peer sidecar \"a\" at \S+ after \d+ attempts")
+
+    def test_cancel_while_retrying(self):
+        # the dialing side retries while the flood holds the slots; a cancel ends that at once
+        keys = self.key_file("k3")
+        a = self.sidecar("a", key_file=keys, extra=["--data-max-unauth-per-ip", "2"])
+        b = self.sidecar("b", key_file=keys)
+        ra, rb = a.create_region(4096), b.create_region(4096)
+        noise = os.urandom(4096)
+        b.fill(rb, 0, noise)
+        ro = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(ra, 0, 4096)],
+                                                           timeout_ms=60000), timeout=10)
+        host, port = a.info().data_endpoints[0].rsplit(":", 1)
+        socks = self.flood(host, int(port), 10)
+        try:
+            op = b.stub.BeginRead(pb.BeginTransferRequest(metadata=ro.metadata,
+                                                          descriptors=[desc(rb, 0, 4096)],
+                                                          timeout_ms=60000), timeout=10)
+            time.sleep(0.5 * SLOW)
+            t0 = time.monotonic()
+            b.stub.CancelOperation(pb.CancelOperationRequest(operation_id=op.operation_id), timeout=10)
+            done = b.wait(op.operation_id, 10000)
+            self.assertEqual(done.status, pb.OPERATION_STATUS_CANCELLED, done.error.message)
+            self.assertLess(time.monotonic() - t0, 2 * SLOW)
+            self.assertEqual(b.peek(rb, 0, 4096), noise)
+        finally:
+            for s in socks:
+                s.close()
+        self.assertIn("retrying in", b.read_log())
 
     def test_limits_per_address_and_in_total(self):
         keys = self.key_file("k2")

@@ -3,9 +3,11 @@
 NKey authentication (--nats-nkey-seed) against a real nats-server, with certificates and keys
 made at test time (openssl CLI). Metadata published through one sidecar over TLS is received
 through another; a sidecar without the CA, without a client certificate or with a wrong NKey
-never connects, and GetInfo's nats_state and the log say so. (--nats-creds needs a JWT signed by
-an operator, which needs `nsc`, not in Debian: not tested here.)"""
+never connects, and GetInfo's nats_state and the log say so. --nats-creds is tested against a
+nats-server in operator mode, with operator, account and user JWTs signed here (openssl CLI
+Ed25519), as `nsc` would make them."""
 import base64
+import json
 import os
 import queue
 import socket
@@ -27,27 +29,89 @@ def crc16(data):
     return crc
 
 
-def nkey_user(workdir, name):
-    """An NKey user made with the openssl CLI: returns (seed file path, public key "U...")."""
-    pem = os.path.join(workdir, name + ".ed25519.pem")
-    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", pem], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
-    der_priv = subprocess.run(["openssl", "pkey", "-in", pem, "-outform", "DER"], check=True,
-                              capture_output=True, timeout=30).stdout
-    der_pub = subprocess.run(["openssl", "pkey", "-in", pem, "-pubout", "-outform", "DER"],
-                             check=True, capture_output=True, timeout=30).stdout
-    seed, pub = der_priv[-32:], der_pub[-32:]
-    user = 20 << 3
-    raw = bytes([(18 << 3) | (user >> 5), (user & 31) << 3]) + seed
-    raw += crc16(raw).to_bytes(2, "little")
-    seed_text = base64.b32encode(raw).decode().rstrip("=")
-    praw = bytes([user]) + pub
-    praw += crc16(praw).to_bytes(2, "little")
-    pub_text = base64.b32encode(praw).decode().rstrip("=")
-    path = os.path.join(workdir, name + ".nk")
+def b32(raw):
+    """NKey text: base32 (no padding) of raw + its CRC16, little-endian."""
+    return base64.b32encode(raw + crc16(raw).to_bytes(2, "little")).decode().rstrip("=")
+
+
+def b64u(b):
+    return base64.urlsafe_b64encode(b).decode().rstrip("=")
+
+
+# NKey prefix bytes: operator, account, user
+OPERATOR, ACCOUNT, USER = 14 << 3, 0, 20 << 3
+
+
+class NKey:
+    """An Ed25519 NKey made with the openssl CLI: .pub ("U...", "A...", "O...") and .seed ("S...")."""
+
+    def __init__(self, workdir, name, prefix=USER):
+        self.dir = workdir
+        self.pem = os.path.join(workdir, name + ".ed25519.pem")
+        subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", self.pem], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+        priv = subprocess.run(["openssl", "pkey", "-in", self.pem, "-outform", "DER"], check=True,
+                              capture_output=True, timeout=30).stdout[-32:]
+        pub = subprocess.run(["openssl", "pkey", "-in", self.pem, "-pubout", "-outform", "DER"],
+                             check=True, capture_output=True, timeout=30).stdout[-32:]
+        self.pub = b32(bytes([prefix]) + pub)
+        self.seed = b32(bytes([(18 << 3) | (prefix >> 5), (prefix & 31) << 3]) + priv)
+
+    def seed_file(self):
+        path = self.pem[:-len(".ed25519.pem")] + ".nk"
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(self.seed + "\n")
+        return path
+
+    def sign(self, data):
+        p = os.path.join(self.dir, "to-sign")
+        with open(p, "wb") as f:
+            f.write(data)
+        return subprocess.run(["openssl", "pkeyutl", "-sign", "-inkey", self.pem, "-rawin", "-in", p],
+                              check=True, capture_output=True, timeout=30).stdout
+
+
+def jwt(issuer, subject, name, nats):
+    """A NATS JWT (ed25519-nkey) about subject, signed by issuer."""
+    hdr = b64u(json.dumps({"typ": "JWT", "alg": "ed25519-nkey"}).encode())
+    claims = {"jti": b64u(os.urandom(24)), "iat": int(time.time()), "iss": issuer.pub,
+              "name": name, "sub": subject.pub, "nats": nats}
+    body = b64u(json.dumps(claims).encode())
+    return hdr + "." + body + "." + b64u(issuer.sign((hdr + "." + body).encode()))
+
+
+def operator_setup(workdir):
+    """nats-server config for operator mode with one account; returns (config path, account)."""
+    op = NKey(workdir, "operator", OPERATOR)
+    acc = NKey(workdir, "account", ACCOUNT)
+    op_jwt = jwt(op, op, "op", {"type": "operator", "version": 2})
+    acc_jwt = jwt(op, acc, "acc", {"type": "account", "version": 2,
+                                   "limits": {"subs": -1, "data": -1, "payload": -1, "imports": -1,
+                                              "exports": -1, "wildcards": True, "conn": -1, "leaf": -1}})
+    conf = os.path.join(workdir, "nats-operator.conf")
+    with open(conf, "w") as f:
+        f.write('operator: "%s"\nresolver: MEMORY\nresolver_preload: {\n  %s: "%s"\n}\n'
+                % (op_jwt, acc.pub, acc_jwt))
+    return conf, acc
+
+
+def creds_file(workdir, name, account):
+    """A .creds file for a new user signed by account."""
+    user = NKey(workdir, name, USER)
+    user_jwt = jwt(account, user, name, {"type": "user", "version": 2, "pub": {}, "sub": {},
+                                         "subs": -1, "data": -1, "payload": -1})
+    path = os.path.join(workdir, name + ".creds")
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        f.write(seed_text + "\n")
-    return path, pub_text
+        f.write("-----BEGIN NATS USER JWT-----\n%s\n------END NATS USER JWT------\n\n"
+                "-----BEGIN USER NKEY SEED-----\n%s\n------END USER NKEY SEED------\n"
+                % (user_jwt, user.seed))
+    return path
+
+
+def nkey_user(workdir, name):
+    """An NKey user: returns (seed file path, public key "U...")."""
+    k = NKey(workdir, name, USER)
+    return k.seed_file(), k.pub
 
 
 class Nats:
@@ -192,6 +256,9 @@ class NatsSecurityTest(SidecarTest):
             f.write("SUNOTASEED\n")
         s = self.sidecar_expect_exit(["--nats-url", "nats://127.0.0.1:1", "--nats-nkey-seed", bad])
         self.assertIn("does not hold an NKey seed", s)
+        s = self.sidecar_expect_exit(["--nats-url", "nats://127.0.0.1:1", "--nats-nkey-seed", bad,
+                                      "--nats-creds", bad])
+        self.assertIn("--nats-creds and --nats-nkey-seed are exclusive", s)
 
     def sidecar_expect_exit(self, extra):
         from harness import BINARY
@@ -221,6 +288,26 @@ class NatsSecurityTest(SidecarTest):
         self.never_connects(stranger, bad_pub)
         anon = self.sidecar("anon", key_file=keys, nats_url=n.url)
         self.never_connects(anon, "[nats]")
+
+
+    def test_nats_creds_authentication(self):
+        conf, account = operator_setup(self.workdir)
+        n = self.start_nats(["-c", conf])
+        creds = creds_file(self.workdir, "worker", account)
+        keys = self.key_file()
+        a = self.sidecar("a", key_file=keys, nats_url=n.url, extra=["--nats-creds", creds])
+        b = self.sidecar("b", key_file=keys, nats_url=n.url, extra=["--nats-creds", creds])
+        self.connected(a)
+        self.connected(b)
+        self.publish_and_receive(a, b)
+        # a user signed by an account the operator never issued
+        rogue = NKey(self.workdir, "rogue-account", ACCOUNT)
+        stranger = self.sidecar("s", key_file=keys, nats_url=n.url,
+                                extra=["--nats-creds", creds_file(self.workdir, "stranger", rogue)])
+        self.never_connects(stranger, "[nats]")
+        anon = self.sidecar("anon", key_file=keys, nats_url=n.url)
+        self.never_connects(anon, "[nats]")
+        self.assertEqual(a.info().nats_state, "connected")
 
 
 if __name__ == "__main__":
