@@ -281,15 +281,7 @@ void sc_gpu_close(struct sc_gpu *g)
 		while (d->free_stagers) {
 			struct sc_stager *s = d->free_stagers;
 			d->free_stagers = s->next;
-			for (int b = 0; b < 2; b++) {
-				if (s->buf[b])
-					g->cu.cuMemFreeHost(s->buf[b]);
-				if (s->done[b])
-					g->cu.cuEventDestroy(s->done[b]);
-			}
-			if (s->stream)
-				g->cu.cuStreamDestroy(s->stream);
-			free(s);
+			sc_stager_free(g, s);
 		}
 		g->cu.cuCtxSetCurrent(NULL);
 		g->cu.cuDevicePrimaryCtxRelease(d->dev);

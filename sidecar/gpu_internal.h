@@ -97,6 +97,8 @@ struct sc_gpu {
 	pthread_mutex_t mu; /* the stager pools */
 };
 
+/* Free a stager that is not in a pool (gpu_stage.c). */
+void sc_stager_free(struct sc_gpu *g, struct sc_stager *s);
 /* Make device's primary context current on this thread. */
 int sc_gpu_use(struct sc_gpu *g, int device, struct sc_err *err);
 /* err <- "<call>: <CUDA_ERROR_NAME> (<text>)" with code (INTERNAL unless the result says better). */

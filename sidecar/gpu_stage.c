@@ -27,7 +27,7 @@
 
 #define MAX_STAGERS_PER_DEVICE 64
 
-static void stager_free(struct sc_gpu *g, struct sc_stager *s)
+void sc_stager_free(struct sc_gpu *g, struct sc_stager *s)
 {
 	for (int b = 0; b < 2; b++) {
 		if (s->buf[b])
@@ -58,7 +58,7 @@ static int stager_new(struct sc_gpu *g, int device, struct sc_stager **out, stru
 		}
 	}
 	if (rc != CUDA_SUCCESS) {
-		stager_free(g, s);
+		sc_stager_free(g, s);
 		return sc_gpu_fail(g, rc, call, err);
 	}
 	*out = s;
@@ -106,7 +106,7 @@ void sc_stager_put(struct sc_gpu *g, struct sc_stager *s)
 		pthread_mutex_lock(&g->mu);
 		g->dev[s->device].n_stagers--;
 		pthread_mutex_unlock(&g->mu);
-		stager_free(g, s);
+		sc_stager_free(g, s);
 		return;
 	}
 	pthread_mutex_lock(&g->mu);

@@ -544,12 +544,12 @@ int sc_peer_read_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LE
 	return bulk_request(conn, SC_FRAME_READ, token, xfer_id, desc, offset, len, NULL, &w, err);
 }
 
-int sc_peer_read_recv(struct sc_peer_conn *conn, uint64_t len, uint8_t *dst,
-		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+/* The DATA header answering a READ of len bytes; the bytes follow on the connection. */
+static int recv_data_header(struct sc_peer_conn *conn, uint64_t len, const struct sc_peer_wait *w,
+			    struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
 	struct sc_peer_msg m;
-	if (recv_reply(conn, SC_FRAME_DATA, &m, &w, err) != 0)
+	if (recv_reply(conn, SC_FRAME_DATA, &m, w, err) != 0)
 		return -1;
 	if (m.len != len) {
 		atomic_store(&conn->broken, true);
@@ -557,6 +557,15 @@ int sc_peer_read_recv(struct sc_peer_conn *conn, uint64_t len, uint8_t *dst,
 				  "%s sent %" PRIu64 " bytes for a READ of %" PRIu64, conn->what,
 				  m.len, len);
 	}
+	return 0;
+}
+
+int sc_peer_read_recv(struct sc_peer_conn *conn, uint64_t len, uint8_t *dst,
+		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	if (recv_data_header(conn, len, &w, err) != 0)
+		return -1;
 	int e;
 	enum sc_peer_io rc = sc_peer_recv_all(conn->fd, dst, (size_t)len, &w, NULL, &e);
 	if (rc != SC_PEER_IO_OK) {
@@ -594,15 +603,8 @@ int sc_peer_read_recv_gpu(struct sc_peer_conn *conn, uint64_t len, uint8_t *dst,
 			  const atomic_bool *cancel, struct sc_err *err)
 {
 	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
-	struct sc_peer_msg m;
-	if (recv_reply(conn, SC_FRAME_DATA, &m, &w, err) != 0)
+	if (recv_data_header(conn, len, &w, err) != 0)
 		return -1;
-	if (m.len != len) {
-		atomic_store(&conn->broken, true);
-		return sc_err_set(err, SC_INTERNAL,
-				  "%s sent %" PRIu64 " bytes for a READ of %" PRIu64, conn->what,
-				  m.len, len);
-	}
 	enum sc_peer_io io;
 	if (sc_peer_recv_gpu(g, dev, conn->fd, dst, len, &w, conn->what, &io, err) != 0) {
 		atomic_store(&conn->broken, true); /* the rest of the DATA is still on the wire */
