@@ -146,6 +146,9 @@ class Descriptor:
                 self.addr, self.length, self.device = first, int(a), int(b)
                 if self.length <= 0:
                     raise ValueError("(dptr, size, device): size must be > 0")
+                # Now, on the caller's thread, where its CUDA context is current (the blocking
+                # client runs the calls on its own thread, which has none).
+                self._ipc = self._pointer_ipc()
                 return
             raise TypeError("a tuple descriptor is (region, offset, length) or (dptr, size, device), "
                             "got a %s first" % type(first).__name__)
@@ -170,6 +173,9 @@ class Descriptor:
             # (device, handle, storage size, storage offset in the block, ...)
             handle, storage_offset = shared[1], shared[3]
             return self.device, bytes(handle), storage_offset + t.storage_offset() * t.element_size(), self.length
+        return self._ipc
+
+    def _pointer_ipc(self) -> Tuple[int, bytes, int, int]:
         from . import _cuda
         handle, base, size = _cuda.ipc_range(self.addr)
         if self.addr + self.length > base + size:
