@@ -307,6 +307,25 @@ class Subscription:
         self.close()
 
 
+def quiet_grpc_poller(loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+    """Silences grpcio's spurious "BlockingIOError in PollerCompletionQueue._handle_events" on `loop`
+    (default: the running one). grpc.aio wakes every event loop of the process that uses it; all but
+    one find nothing to read and log that harmless error (grpc/grpc#25364). A Connector calls this
+    for its loop unless the loop already has an exception handler."""
+    loop = loop or asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+
+    def handler(lp: asyncio.AbstractEventLoop, context: dict) -> None:
+        if isinstance(context.get("exception"), BlockingIOError) and \
+                "PollerCompletionQueue" in str(context.get("handle", "")):
+            return
+        if previous is not None:
+            previous(lp, context)
+        else:
+            lp.default_exception_handler(context)
+    loop.set_exception_handler(handler)
+
+
 def _health_messages() -> tuple:
     """HealthCheckRequest/Response. The package's generated health module is imported only when no
     other module (grpcio-health-checking, a test's own stubs) has defined grpc.health.v1 already:
@@ -352,6 +371,9 @@ class Connector:
     # ---- plumbing ----
     def _stub(self) -> Any:
         if self._stub_obj is None:
+            loop = asyncio.get_running_loop()
+            if loop.get_exception_handler() is None:
+                quiet_grpc_poller(loop)
             self._channel = grpc.aio.insecure_channel(self.address)
             self._stub_obj = pb_grpc.SidecarStub(self._channel)
         return self._stub_obj

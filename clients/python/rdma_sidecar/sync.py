@@ -2,9 +2,9 @@
 """The blocking client: the same Connector and operations as the asyncio one, for code without an
 event loop (threads, scripts, Ray actors).
 
-Each sync Connector runs its asyncio Connector on an event loop in a private daemon thread and
-waits for each call there; arrays, tensors, Regions and Descriptors are the same objects as in the
-asyncio API. close() (or leaving `with Connector() as c:`) releases everything and stops the thread.
+Each sync Connector runs an asyncio Connector on an event loop in a daemon thread (one for the
+whole process) and waits for each call there; arrays, tensors, Regions and Descriptors are the same objects as in the
+asyncio API. close() (or leaving `with Connector() as c:`) releases everything.
 """
 import asyncio
 import threading
@@ -17,14 +17,28 @@ from .memory import Region
 
 
 class _Loop:
-    """An event loop running in its own daemon thread."""
+    """The event loop, in its own daemon thread, that every blocking Connector of the process shares
+    (one loop: grpc.aio wakes every loop of the process on each event)."""
+
+    _shared: Optional["_Loop"] = None
+    _lock = threading.Lock()
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        _aio.quiet_grpc_poller(self.loop)
         self.thread = threading.Thread(target=self.loop.run_forever, name="rdma-sidecar-client", daemon=True)
         self.thread.start()
 
+    @classmethod
+    def shared(cls) -> "_Loop":
+        with cls._lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
+
     def run(self, coro: Any) -> Any:
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("rdma_sidecar.sync called from its own event loop thread: use the asyncio API there")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def iterate(self, agen: Any) -> Iterator[Any]:
@@ -34,11 +48,6 @@ class _Loop:
                 yield self.run(agen.__anext__())
             except StopAsyncIteration:
                 return
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 class Operation:
@@ -135,22 +144,20 @@ class Connector:
     address: default $RDMA_SIDECAR_ADDR, else unix:/tmp/rdma-sidecar/sidecar.sock."""
 
     def __init__(self, address: Optional[str] = None, rpc_timeout: float = 30.0):
-        self._loop = _Loop()
+        self._loop = _Loop.shared()
         self.aio = _aio.Connector(address, rpc_timeout)
         self.address = self.aio.address
+        self._closed = False
 
     def _run(self, coro: Any) -> Any:
         return self._loop.run(coro)
 
     def close(self) -> None:
-        """Releases operations, ends subscriptions, deregisters regions, stops the loop thread."""
-        if self._loop is None:
+        """Releases operations, ends subscriptions, deregisters regions, closes the channel."""
+        if self._closed:
             return
-        try:
-            self._run(self.aio.close())
-        finally:
-            self._loop.stop()
-            self._loop = None
+        self._closed = True
+        self._run(self.aio.close())
 
     def __enter__(self) -> "Connector":
         return self
