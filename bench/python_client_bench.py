@@ -4,8 +4,8 @@
 
 Two real sidecars on this machine (a shared key, the TCP data plane on loopback; --local: one
 sidecar, the LOCAL backend). For each size (default 4 KiB and 64 MiB) a worker reads a readable of
-sidecar A into memory of sidecar B, driven three ways, interleaved in rounds so that all three see
-the same machine load:
+sidecar A into memory of sidecar B, driven three ways, interleaved one transfer at a time (the order
+rotating) so that all three see the same machine load:
   raw    the generated stubs (grpc, blocking): CreateReadable, BeginRead, WaitOperation, 2 x Release
   sync   rdma_sidecar.sync: create_readable, begin_read, wait_for_completion, release
   async  rdma_sidecar (grpc.aio): the same calls awaited
@@ -87,7 +87,7 @@ async def async_once(ca, cb, src, dst):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="4K:400,64M:12", help="SIZE:REPS per round, comma-separated (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=4, help="repeat the REPS this many times (default: %(default)s)")
     p.add_argument("--local", action="store_true", help="one sidecar: the LOCAL backend instead of TCP")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     a = p.parse_args()
@@ -113,13 +113,12 @@ def main():
                 raw_once(sa, sb, src_region, dst_region, size)
                 sync_once(ca, cb, src, dst)
                 loop.run_until_complete(async_once(aa, ab, asrc, adst))
-            for _ in range(a.rounds):
-                for _ in range(reps):
-                    samples["raw"].append(raw_once(sa, sb, src_region, dst_region, size))
-                for _ in range(reps):
-                    samples["sync"].append(sync_once(ca, cb, src, dst))
-                for _ in range(reps):
-                    samples["async"].append(loop.run_until_complete(async_once(aa, ab, asrc, adst)))
+            for rnd in range(a.rounds * reps):  # one of each in turn, the order rotating
+                runs = [("raw", lambda: raw_once(sa, sb, src_region, dst_region, size)),
+                        ("sync", lambda: sync_once(ca, cb, src, dst)),
+                        ("async", lambda: loop.run_until_complete(async_once(aa, ab, asrc, adst)))]
+                for k, fn in runs[rnd % 3:] + runs[:rnd % 3]:
+                    samples[k].append(fn())
             assert dst.tobytes() == src.tobytes() and adst.tobytes() == asrc.tobytes()
             row = {"size": size, "samples": len(samples["raw"]), "backend": "local" if a.local else "tcp"}
             for k, v in samples.items():
@@ -138,16 +137,15 @@ def main():
         loop.close()
         for s in {id(s): s for s in sidecars}.values():
             s.stop()
-    print("rdma_sidecar package vs raw stubs, %s backend, medians over %d rounds (same run)"
-          % (results[0]["backend"], a.rounds))
-    print("%-8s %-9s %12s %12s %12s %16s %16s" % ("size", "span", "raw us", "sync us", "async us",
+    print("rdma_sidecar package vs raw stubs, %s backend, medians (same run, interleaved)" % results[0]["backend"])
+    print("%-8s %6s %-9s %12s %12s %12s %16s %16s" % ("size", "n", "span", "raw us", "sync us", "async us",
                                                  "sync overhead", "async overhead"))
     for r in results:
         label = "%dK" % (r["size"] >> 10) if r["size"] < 1 << 20 else "%dM" % (r["size"] >> 20)
         for span in ("transfer", "cycle"):
             raw, sy, asy = (r["%s_%s_us" % (k, span)] for k in ("raw", "sync", "async"))
-            print("%-8s %-9s %12.1f %12.1f %12.1f %8.1f us %4.0f%% %8.1f us %4.0f%%"
-                  % (label, span, raw, sy, asy, sy - raw, (sy - raw) / raw * 100, asy - raw, (asy - raw) / raw * 100))
+            print("%-8s %6d %-9s %12.1f %12.1f %12.1f %8.1f us %4.0f%% %8.1f us %4.0f%%"
+                  % (label, r["samples"], span, raw, sy, asy, sy - raw, (sy - raw) / raw * 100, asy - raw, (asy - raw) / raw * 100))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)

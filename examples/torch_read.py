@@ -33,6 +33,7 @@ def expected(shape, seed):
 
 async def expose(a):
     async with rs.Connector(a.sidecar) as c:
+        print("expose: sidecar %s at %s" % ((await c.info()).sidecar_id, c.address), flush=True)
         t = await c.empty(a.shape, torch.bfloat16, device=a.device)
         t.copy_(expected(a.shape, a.seed))
         async with await c.create_readable(rs.Descriptor(t), timeout=a.timeout) as op:
@@ -56,6 +57,7 @@ async def expose(a):
 
 async def read(a):
     async with rs.Connector(a.sidecar) as c:
+        print("read: sidecar %s at %s" % ((await c.info()).sidecar_id, c.address), flush=True)
         if a.metadata_file:
             deadline = time.monotonic() + a.timeout
             while not os.path.exists(a.metadata_file):

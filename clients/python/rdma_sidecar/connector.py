@@ -384,6 +384,19 @@ class Connector:
         except grpc.aio.AioRpcError as e:
             raise errors.from_rpc_error(e) from None
 
+    async def _unary(self, path: str, req: Any, resp_cls: Any) -> Any:
+        """A unary call outside the Sidecar service (the health check)."""
+        self._stub()
+        call = self._channel.unary_unary(path, request_serializer=type(req).SerializeToString,
+                                         response_deserializer=resp_cls.FromString)
+        try:
+            return await call(req, timeout=self.rpc_timeout)
+        except grpc.aio.AioRpcError as e:
+            raise errors.from_rpc_error(e) from None
+
+    async def _close_channel(self) -> None:
+        await self._channel.close()
+
     async def __aenter__(self) -> "Connector":
         return self
 
@@ -407,7 +420,7 @@ class Connector:
                 await self._deregister(region, force=True)
             except errors.SidecarError:
                 pass
-        await self._channel.close()
+        await self._close_channel()
         self._channel = self._stub_obj = None
 
     # ---- the sidecar ----
@@ -418,13 +431,7 @@ class Connector:
     async def health(self) -> str:
         """The gRPC health service's answer: "SERVING", "NOT_SERVING" (draining)..."""
         req_cls, resp_cls = _health_messages()
-        self._stub()
-        check = self._channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=req_cls.SerializeToString,
-                                          response_deserializer=resp_cls.FromString)
-        try:
-            r = await check(req_cls(), timeout=self.rpc_timeout)
-        except grpc.aio.AioRpcError as e:
-            raise errors.from_rpc_error(e) from None
+        r = await self._unary("/grpc.health.v1.Health/Check", req_cls(), resp_cls)
         return resp_cls.DESCRIPTOR.enum_types_by_name["ServingStatus"].values_by_number[r.status].name
 
     async def list_regions(self) -> List[Any]:

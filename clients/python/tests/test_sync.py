@@ -240,6 +240,8 @@ def test_nats_publish_subscribe_to_completed_read(ca, cb):
             assert sub.next(timeout=10 * SLOW).metadata == r.metadata
         with pytest.raises(rs.InvalidArgumentError):
             ca.publish("pyclient.sync.raw", "rsm1.AAAA")
+    with pytest.raises(rs.InvalidArgumentError, match="subject is required"):
+        cb.subscribe("")
 
 
 def test_close_releases_everything(cluster):
