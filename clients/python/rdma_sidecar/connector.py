@@ -136,6 +136,16 @@ class Operation:
         return Backend(self._proto.backend)
 
     @property
+    def peer(self) -> str:
+        """The other sidecar's id (active: the metadata's issuer; passive: who used it, once known)."""
+        return self._proto.peer
+
+    @property
+    def backend_reason(self) -> str:
+        """Why this backend, in words (e.g. "ibverbs unavailable on peer, using tcp")."""
+        return self._proto.backend_reason
+
+    @property
     def bytes_total(self) -> int:
         return self._proto.bytes_total
 
@@ -519,21 +529,29 @@ class Connector:
             "memory; copy it into one with connector.copy_into_region(obj), or allocate it with "
             "connector.empty()/zeros()" % (addr, n))
 
-    async def free(self, obj: Union[Region, Any]) -> None:
+    async def register_cuda(self, dptr: int, size: int, device: int = 0, name: str = "") -> Region:
+        """Registers raw CUDA memory (from cuMemAlloc, this process's context current on the calling
+        thread) as one region, by the CUDA IPC handle of its allocation; use (region, offset, length)
+        descriptors on it. The memory stays the caller's: free() the region before freeing it."""
+        d = Descriptor((dptr, size, device))
+        return await self._register_cuda(d, name)
+
+    async def free(self, obj: Union[Region, Any], force: bool = False) -> None:
         """Deregisters the region that `obj` (a Region, or an array/tensor/memoryview in one) lies
         in and unmaps it; arrays still viewing it keep their pages until they are gone. A CUDA
-        tensor: deregisters its IPC registration."""
+        tensor: deregisters its IPC registration. force: cancel live operations on the region
+        instead of failing with FailedPreconditionError."""
         if isinstance(obj, Region):
             region = obj
         elif is_torch_tensor(obj) and obj.is_cuda:
             key = Descriptor(obj).cuda_ipc()[:2]
             regions = [r for k, r in self._cuda_regions.items() if k[:2] == key]
             for r in regions:
-                await self._deregister(r, force=False)
+                await self._deregister(r, force=force)
             return
         else:
             region = self.region_of(obj)
-        await self._deregister(region, force=False)
+        await self._deregister(region, force=force)
 
     async def _deregister(self, region: Region, force: bool) -> None:
         region.unmap()
@@ -543,14 +561,14 @@ class Connector:
                 del self._cuda_regions[k]
         await self._call("DeregisterRegion", pb.DeregisterRegionRequest(region_id=region.region_id, force=force))
 
-    async def _register_cuda(self, d: Descriptor) -> Region:
+    async def _register_cuda(self, d: Descriptor, name: str = "") -> Region:
         device, handle, offset, size = d.cuda_ipc()
         key = (device, handle, offset, size)
         region = self._cuda_regions.get(key)
         if region is None:
             proto = await self._call("RegisterRegion", pb.RegisterRegionRequest(
                 cuda_ipc=pb.CudaIpcSource(device_index=device, handle=handle, offset=offset, size=size),
-                name="cuda:%d" % device))
+                name=name or "cuda:%d" % device))
             region = self._cuda_regions[key] = Region(proto, None, "cuda:%d" % device)
             self._regions[region.region_id] = region
         return region

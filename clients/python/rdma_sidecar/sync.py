@@ -254,9 +254,13 @@ class Connector:
         """The region an array, tensor or memoryview lies in."""
         return self.aio.region_of(obj)
 
-    def free(self, obj: Any) -> None:
-        """Deregisters and unmaps the region of `obj`."""
-        _drive(self.aio.free(obj))
+    def register_cuda(self, dptr: int, size: int, device: int = 0, name: str = "") -> Region:
+        """Registers raw CUDA memory (cuMemAlloc) as one region, by its CUDA IPC handle."""
+        return _drive(self.aio.register_cuda(dptr, size, device, name))
+
+    def free(self, obj: Any, force: bool = False) -> None:
+        """Deregisters and unmaps the region of `obj` (force: cancel operations still using it)."""
+        _drive(self.aio.free(obj, force))
 
     def create_readable(self, descs: Any, timeout: Optional[float] = None, audience: str = "", uses: int = 1,
                         request_id: str = "") -> ReadableOperation:
