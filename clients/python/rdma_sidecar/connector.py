@@ -129,10 +129,12 @@ class Operation:
 
     @property
     def kind(self) -> OperationKind:
+        """READABLE, WRITABLE, READ or WRITE."""
         return OperationKind(self._proto.kind)
 
     @property
     def backend(self) -> Backend:
+        """The transport that moves (or moved) the bytes; UNSPECIFIED until one is chosen."""
         return Backend(self._proto.backend)
 
     @property
@@ -147,6 +149,7 @@ class Operation:
 
     @property
     def bytes_total(self) -> int:
+        """Bytes the operation covers (the sum of its descriptors' lengths)."""
         return self._proto.bytes_total
 
     @property

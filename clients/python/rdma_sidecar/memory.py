@@ -45,6 +45,7 @@ class Region:
         return memoryview(self._mm)
 
     def contains(self, addr: int, length: int) -> bool:
+        """Whether [addr, addr + length) lies in this process's mapping of the region."""
         return self._mm is not None and self.base <= addr and addr + length <= self.base + self.size
 
     def unmap(self) -> None:
