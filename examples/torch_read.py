@@ -67,7 +67,7 @@ async def read(a):
             metadata, nbytes = open(a.metadata_file).read(), None
         else:
             async with c.subscribe(a.subject) as sub:
-                event = await asyncio.wait_for(sub.__anext__(), a.timeout)
+                event = await sub.next(a.timeout)
             metadata, nbytes = event, event.descriptor_lengths[0]
             print("read: readable from %s, %d bytes" % (event.issuer, nbytes), flush=True)
         t = await c.zeros(a.shape, torch.bfloat16, device=a.device)

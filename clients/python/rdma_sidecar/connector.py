@@ -266,6 +266,7 @@ class Subscription:
         self._connector = connector
         self._req = pb.SubscribeMetadataRequest(subject=subject, queue_group=queue_group or "")
         self._call: Any = None
+        self._pending: Optional[asyncio.Future] = None
 
     def _start(self) -> Any:
         if self._call is None:
@@ -288,17 +289,28 @@ class Subscription:
         return self
 
     async def __anext__(self) -> MetadataEvent:
+        return await self.next()
+
+    async def next(self, timeout: Optional[float] = None) -> MetadataEvent:
+        """The next event; DeadlineExceededError after `timeout` seconds (None: wait for ever), the
+        subscription staying in place; StopAsyncIteration once it has ended."""
         call = self._start()
+        # One read in flight, never cancelled by a timeout: cancelling a read would end the RPC.
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(call.read())
+        done, _ = await asyncio.wait({self._pending}, timeout=timeout)
+        if not done:
+            raise errors.DeadlineExceededError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                               "no metadata on %s within %ss" % (self._req.subject, timeout))
+        task, self._pending = self._pending, None
         try:
-            ev = await call.read()
+            ev = task.result()
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.CANCELLED and call.cancelled():
                 raise StopAsyncIteration from None
             raise errors.from_rpc_error(e) from None
         except asyncio.CancelledError:
-            if call.cancelled():
-                raise StopAsyncIteration from None
-            raise
+            raise StopAsyncIteration from None
         if ev is grpc.aio.EOF:
             code = await call.code()
             if code not in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED):
@@ -309,6 +321,9 @@ class Subscription:
 
     def close(self) -> None:
         """Ends the subscription (the sidecar unsubscribes from NATS)."""
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
         if self._call is not None:
             self._call.cancel()
         self._connector._subs.discard(self)

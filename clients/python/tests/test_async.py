@@ -79,6 +79,10 @@ def test_nats_subscribe_publish_read(cluster):
                 op = await b.begin_read(event, rs.Descriptor(dst))
                 await op.wait_for_completion(30 * SLOW)
                 break
+            with pytest.raises(rs.DeadlineExceededError, match="no metadata on pyclient.async.kv"):
+                await sub.next(timeout=0.2)
+            await a.publish("pyclient.async.kv", readable.metadata)  # still subscribed after a timeout
+            assert (await sub.next(timeout=10 * SLOW)).metadata == readable.metadata
             sub.close()
             await readable.wait_for_completion(10 * SLOW)
             assert dst.tobytes() == src.tobytes()

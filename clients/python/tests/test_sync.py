@@ -234,6 +234,8 @@ def test_nats_publish_subscribe_to_completed_read(ca, cb):
                 op.wait_for_completion(30 * SLOW)
             r.wait_for_completion(10 * SLOW)
         assert dst.tobytes() == src.tobytes()
+        with pytest.raises(TimeoutError):  # nothing more: a timeout leaves the subscription in place
+            sub.next(timeout=0.2)
         # Publishing raw metadata text works too (it is verified first).
         with ca.create_readable(rs.Descriptor(src)) as r:
             ca.publish("pyclient.sync.raw", r.metadata)
