@@ -40,7 +40,7 @@ class Consumer(SidecarWorker):
     def steps(self):
         events, sub = self.subscribe(self.args.read_subject)
         report = {"read": self.read_from_readable(events)}
-        sub.cancel()
+        sub.close()
         report["write"] = self.expose_for_write()
         return report
 
@@ -71,12 +71,12 @@ class Consumer(SidecarWorker):
         region, mm = self.create_region(size, "consumer-read-target")
         ranges = list(zip(offsets, lengths))
         canaries = self.plant_canaries(mm, ranges, size)
-        op, result = self.transfer(self.stub.BeginRead, "read", ev.metadata, region, offsets, lengths)
+        op, result = self.transfer(self.c.begin_read, "read", ev.metadata, region, offsets, lengths)
         digest = sha256_of(mm, ranges)
         log("sha256 of received bytes: %s" % digest)
         n = self.check_canaries(mm, canaries)
         log("the %d bytes outside the ranges are untouched" % n)
-        self.release(op.operation_id)
+        self.release(op)
         self.drop_region(region.region_id)
         return {"sha256": digest, **result, "outside_untouched": n}
 
@@ -91,15 +91,15 @@ class Consumer(SidecarWorker):
         region, mm = self.create_region(size, "consumer-write-target")
         ranges = list(zip(offsets, lengths))
         canaries = self.plant_canaries(mm, ranges, size)
-        op = self.expose(self.stub.CreateWritable, region, offsets, lengths)
+        op = self.expose(self.c.create_writable, region, offsets, lengths)
         log("writable %s over %d ranges %s, %d bytes"
-            % (op.operation_id, len(ranges), ", ".join("%d+%d" % r for r in ranges), op.bytes_total))
+            % (op.id, len(ranges), ", ".join("%d+%d" % r for r in ranges), op.bytes_total))
         op = self.publish_and_wait(op, a.write_subject)
         digest = sha256_of(mm, ranges)
         log("sha256 of written bytes: %s" % digest)
         n = self.check_canaries(mm, canaries)
         log("the %d bytes outside the ranges are untouched" % n)
-        self.release(op.operation_id)
+        self.release(op)
         self.drop_region(region.region_id)
         return {"sha256": digest, "bytes": op.bytes_total, "descriptors": len(ranges),
                 "passive_status": self.status(op), "passive_backend": self.backend(op), "peer": op.peer,

@@ -38,7 +38,7 @@ class Producer(SidecarWorker):
         events, sub = self.subscribe(self.args.write_subject)
         report = {"read": self.expose_for_read()}
         report["write"] = self.write_into_writable(events)
-        sub.cancel()
+        sub.close()
         return report
 
     # ---- the two steps ---------------------------------------------------------------------------
@@ -57,13 +57,13 @@ class Producer(SidecarWorker):
         log("filled %d bytes with random data in %.2fs" % (a.size, time.monotonic() - t))
         ranges = list(zip(offsets, lengths))
         digest = sha256_of(mm, ranges)
-        op = self.expose(self.stub.CreateReadable, region, offsets, lengths)
+        op = self.expose(self.c.create_readable, region, offsets, lengths)
         log("readable %s over %d ranges %s, %d bytes; metadata %d chars (%s...)"
-            % (op.operation_id, len(ranges), ", ".join("%d+%d" % r for r in ranges), op.bytes_total,
+            % (op.id, len(ranges), ", ".join("%d+%d" % r for r in ranges), op.bytes_total,
                len(op.metadata), op.metadata[:12]))
         log("sha256 of exposed bytes: %s" % digest)
         op = self.publish_and_wait(op, a.read_subject)
-        self.release(op.operation_id)
+        self.release(op)
         self.drop_region(region.region_id)
         return {"sha256": digest, "bytes": op.bytes_total, "descriptors": len(ranges),
                 "passive_status": self.status(op), "passive_backend": self.backend(op), "peer": op.peer}
@@ -79,8 +79,8 @@ class Producer(SidecarWorker):
         fill_random(mm, ranges)
         digest = sha256_of(mm, ranges)
         log("sha256 of bytes to write: %s" % digest)
-        op, result = self.transfer(self.stub.BeginWrite, "write", ev.metadata, region, offsets, lengths)
-        self.release(op.operation_id)
+        op, result = self.transfer(self.c.begin_write, "write", ev.metadata, region, offsets, lengths)
+        self.release(op)
         self.drop_region(region.region_id)
         return {"sha256": digest, **result}
 

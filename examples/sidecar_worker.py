@@ -2,13 +2,13 @@
 """What every worker that talks to its own rdma-sidecar needs: the plumbing shared by producer.py and
 consumer.py.
 
-  import_stubs()   the grpc module and the stubs generated from proto/rdma_sidecar/v1/sidecar.proto
+  import_package() the rdma_sidecar package (clients/python: pip-installed, or this checkout's)
   parse_args()     the options both workers take (--sidecar, --stubs, --size, --read-subject,
                    --write-subject, --timeout, --report) and parse_size() for sizes like 256MiB
   GpuBuffer        GPU memory this worker allocated itself (cuMemAlloc through cudadrv.py), shared
                    with the sidecar by its CUDA IPC handle; sliced like the mmap of a host region
-  SidecarWorker    one gRPC channel to the sidecar plus the bookkeeping that lets a worker give back
-                   what it holds (mapped regions, operations), and the moves of a pipeline stage:
+  SidecarWorker    an rdma_sidecar.sync.Connector to the sidecar plus the bookkeeping that lets a
+                   worker give back what it holds (regions, operations), and the moves of a pipeline stage:
                    the passive side (expose() ranges as an operation, publish_and_wait() for a peer
                    to use it) and the active side (receive_metadata() from subscribe(), transfer())
   run()            connect, run a worker's steps, clean up (on failure and SIGTERM too), write the report
@@ -20,12 +20,9 @@ itself: every byte moves through the sidecar.
 import argparse
 import hashlib
 import json
-import mmap
 import os
-import queue
 import signal
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,22 +44,19 @@ def log(msg):
     print(msg, flush=True)
 
 
-def import_stubs(path, prog):
-    """The Python stubs generated from proto/rdma_sidecar/v1/sidecar.proto (protoc + grpc plugin).
-
-    Returns (grpc, sidecar_pb2, sidecar_pb2_grpc); exits with a hint, prefixed `prog: `, when either
-    is missing."""
+def import_package(prog):
+    """The rdma_sidecar package: installed (pip install ./clients/python) or this checkout's
+    clients/python, whose generated modules the CMake build writes. Exits with a hint, prefixed
+    `prog: `, when it cannot be imported."""
+    sys.path.append(os.path.join(HERE, "..", "clients", "python"))
     try:
-        import grpc
-    except ImportError:
-        sys.exit("%s: the grpc module is missing: apt-get install python3-grpcio (or pip install grpcio)" % prog)
-    sys.path.insert(0, os.path.abspath(path))
-    try:
-        from rdma_sidecar.v1 import sidecar_pb2, sidecar_pb2_grpc
+        import rdma_sidecar
+        import rdma_sidecar.sync  # noqa: F401
     except ImportError as e:
-        sys.exit("%s: cannot import the generated stubs from %s (%s): build them with "
-                 "`cmake --build build` or point --stubs at them" % (prog, path, e))
-    return grpc, sidecar_pb2, sidecar_pb2_grpc
+        sys.exit("%s: cannot import the rdma_sidecar package (%s): build the checkout (`cmake --build build`) "
+                 "or pip install --no-build-isolation ./clients/python; the grpc module comes with "
+                 "apt-get install python3-grpcio" % (prog, e))
+    return rdma_sidecar
 
 
 def parse_args(doc, size_help, read_subject_help, write_subject_help):
@@ -76,7 +70,8 @@ def parse_args(doc, size_help, read_subject_help, write_subject_help):
                    default=os.environ.get("SIDECAR_ADDR", "unix:/tmp/rdma-sidecar/sidecar.sock"),
                    help="gRPC address of this worker's own sidecar (default: %(default)s)")
     p.add_argument("--stubs", metavar="DIR", default=os.environ.get("SIDECAR_PYTHON_STUBS", DEFAULT_STUBS),
-                   help="directory with the generated Python stubs (default: build/python)")
+                   help="unused: the workers use the rdma_sidecar package now (kept so that older scripts "
+                        "that pass it still work)")
     p.add_argument("--size", metavar="SIZE", type=parse_size, default=parse_size("256MiB"), help=size_help)
     p.add_argument("--read-subject", metavar="SUBJECT", default="demo.read", help=read_subject_help)
     p.add_argument("--write-subject", metavar="SUBJECT", default="demo.write", help=write_subject_help)
@@ -150,40 +145,39 @@ class GpuBuffer:
 
 
 class SidecarWorker:
-    """A gRPC channel to this worker's own sidecar and what the worker holds through it.
+    """A Connector (rdma_sidecar.sync) to this worker's own sidecar and what the worker holds through it.
 
-    Every region it creates stays mapped in `regions` and every operation it starts is listed in
-    `ops` until it gives them back (release(), drop_region()); close() gives back whatever is left,
-    so a failure halfway through leaves nothing allocated in the sidecar."""
+    Every region it creates stays in `regions` and every operation it starts is listed in `ops`
+    until it gives them back (release(), drop_region()); close() gives back whatever is left, so a
+    failure halfway through leaves nothing allocated in the sidecar."""
 
     name = "worker"  # prefix of the error messages; subclasses set their own
 
-    def __init__(self, args, grpc, pb, pb_grpc):
-        self.grpc, self.pb, self.args = grpc, pb, args
-        self.channel = grpc.insecure_channel(args.sidecar)
-        self.stub = pb_grpc.SidecarStub(self.channel)
-        self.rpc_timeout = 10
-        self.regions = {}  # region_id -> our mapping of its file
+    def __init__(self, args, rs):
+        self.rs, self.args = rs, args
+        self.c = rs.sync.Connector(args.sidecar, rpc_timeout=10)
+        self.regions = {}  # region_id -> (Region, our view of its memory: memoryview or GpuBuffer)
         self.ops = []
 
     def steps(self):
         """The worker's own work, once connected; returns the report (a dict, written as JSON)."""
         raise NotImplementedError
 
-    def status(self, op):
-        return self.pb.OperationStatus.Name(op.status).removeprefix("OPERATION_STATUS_")
+    @staticmethod
+    def status(op):
+        return op.status.name
 
-    def backend(self, op):
-        return self.pb.Backend.Name(op.backend).removeprefix("BACKEND_").lower()
+    @staticmethod
+    def backend(op):
+        return op.backend.name.lower()
 
     def connect(self):
         """GetInfo: say which sidecar we talk to; exit unless it can sign metadata."""
-        pb = self.pb
-        info = self.stub.GetInfo(pb.GetInfoRequest(), timeout=self.rpc_timeout)
+        info = self.c.info()
         log("connected to sidecar %s (version %s) at %s; backends: %s; nats: %s"
             % (info.sidecar_id, info.version, self.args.sidecar,
-               ", ".join(pb.Backend.Name(b.backend).removeprefix("BACKEND_").lower()
-                         for b in info.backends if b.available), info.nats_state))
+               ", ".join(self.rs.Backend(b.backend).name.lower() for b in info.backends if b.available),
+               info.nats_state))
         if not info.signing_enabled:
             sys.exit("%s: sidecar %s has no signing key: start it with --key-file" % (self.name, info.sidecar_id))
         return info
@@ -191,204 +185,181 @@ class SidecarWorker:
     # ---- memory ----------------------------------------------------------------------------------
 
     def create_region(self, size, name):
-        """Host memory: the sidecar allocates a file under its --shm-dir; we map the same file.
+        """Host memory: the sidecar allocates a file under its --shm-dir that the package maps.
         With --gpu: GPU memory of our own, registered by its CUDA IPC handle."""
         if self.args.gpu is not None:
             return self.create_gpu_region(size, name)
-        r = self.stub.CreateRegion(self.pb.CreateRegionRequest(size=size, name=name), timeout=self.rpc_timeout)
-        with open(r.path, "r+b") as f:
-            mm = mmap.mmap(f.fileno(), r.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self.regions[r.region_id] = mm
+        r = self.c.create_region(size, name)
+        mem = r.memoryview()
+        self.regions[r.region_id] = (r, mem)
         log("region %s: %d bytes at %s" % (r.region_id, r.size, r.path))
-        return r, mm
+        return r, mem
 
     def create_gpu_region(self, size, name):
         import cudadrv as cu  # beside this file: ctypes over libcuda.so.1
         buf = GpuBuffer(cu, self.args.gpu, size)
         try:
-            r = self.stub.RegisterRegion(self.pb.RegisterRegionRequest(
-                cuda_ipc=self.pb.CudaIpcSource(device_index=self.args.gpu, handle=cu.ipc_handle(buf.ptr),
-                                               offset=0, size=size), name=name), timeout=self.rpc_timeout)
+            r = self.c.register_cuda(buf.ptr, size, self.args.gpu, name)
         except BaseException:
             buf.close()
             raise
-        self.regions[r.region_id] = buf
+        self.regions[r.region_id] = (r, buf)
         log("region %s: %d bytes of GPU %d memory (ours, shared by CUDA IPC handle)" % (r.region_id, size, self.args.gpu))
         return r, buf
 
-    def descriptors(self, region, offsets, lengths):
-        return [self.pb.Descriptor(region_id=region.region_id, offset=o, length=n) for o, n in zip(offsets, lengths)]
+    @staticmethod
+    def descriptors(region, offsets, lengths):
+        return [(region, o, n) for o, n in zip(offsets, lengths)]
 
     def drop_region(self, region_id, force=False):
-        """Host regions: unmap first, then tell the sidecar it may free the memory. GPU memory is
-        ours: the sidecar closes its IPC mapping first, then we free it."""
-        mem = self.regions.pop(region_id)
+        """The package unmaps host regions first, then tells the sidecar it may free the memory.
+        GPU memory is ours: the sidecar closes its IPC mapping first, then we free it."""
+        region, mem = self.regions.pop(region_id)
         if isinstance(mem, GpuBuffer):
             try:
-                self.stub.DeregisterRegion(self.pb.DeregisterRegionRequest(region_id=region_id, force=force),
-                                           timeout=self.rpc_timeout)
+                self.c.free(region, force=force)
             finally:
                 mem.close()
             return
-        mem.close()
-        self.stub.DeregisterRegion(self.pb.DeregisterRegionRequest(region_id=region_id, force=force),
-                                   timeout=self.rpc_timeout)
+        mem.release()
+        self.c.free(region, force=force)
 
     # ---- operations ------------------------------------------------------------------------------
 
-    def wait(self, op_id, deadline, what):
-        """WaitOperation until the operation is terminal; cancel it if the deadline passes."""
-        while True:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                op = self.stub.CancelOperation(self.pb.CancelOperationRequest(operation_id=op_id),
-                                               timeout=self.rpc_timeout)
-                raise SystemExit("%s: %s did not finish within --timeout (%s); cancelled it"
-                                 % (self.name, what, self.status(op)))
-            step = min(left_ms, 5000)
-            op = self.stub.WaitOperation(self.pb.WaitOperationRequest(operation_id=op_id, timeout_ms=step),
-                                         timeout=step / 1000 + self.rpc_timeout)
-            if self.status(op) in TERMINAL:
-                return op
+    def wait(self, op, deadline, what):
+        """Waits until the operation is terminal (returns it); cancels it if the deadline passes."""
+        try:
+            op.wait_for_completion(max(0.001, deadline - time.monotonic()))
+        except self.rs.DeadlineExceededError:
+            if not op.status.terminal:
+                st = op.cancel()
+                raise SystemExit("%s: %s did not finish within --timeout (%s); cancelled it" % (self.name, what, st.name))
+        except self.rs.SidecarError:
+            pass  # ERRORED or CANCELLED: the caller reports op.status and op.error
+        return op
 
     def publish_until_used(self, op, subject, deadline):
         """Publish the passive operation's metadata and wait until the peer has finished with it.
 
         Plain NATS delivers a message only to the subscribers present at that moment, so while no
         peer has started on the operation the metadata is published again (after 2 s, 4 s, 8 s...)."""
-        kind = self.pb.OperationKind.Name(op.kind).removeprefix("OPERATION_KIND_").lower()
+        kind = op.kind.name.lower()
         published, next_publish = 0, time.monotonic()
         while True:
             now = time.monotonic()
-            if self.status(op) == "INITIALIZED" and now >= next_publish:
-                req = self.pb.PublishMetadataRequest(subject=subject, operation_id=op.operation_id)
-                self.stub.PublishMetadata(req, timeout=self.rpc_timeout)
+            if op.status == self.rs.OperationStatus.INITIALIZED and now >= next_publish:
+                self.c.publish(subject, op)
                 published += 1
                 next_publish = now + 2 ** published
                 log("published %s metadata on NATS subject %r%s"
                     % (kind, subject, "" if published == 1 else " (again: not used yet)"))
             if now >= deadline:
-                self.stub.CancelOperation(self.pb.CancelOperationRequest(operation_id=op.operation_id),
-                                          timeout=self.rpc_timeout)
-                raise SystemExit("%s: no peer finished %s within --timeout; cancelled it"
-                                 % (self.name, op.operation_id))
-            wake = min(deadline, next_publish) if self.status(op) == "INITIALIZED" else min(deadline, now + 5)
-            step = max(1, int((wake - now) * 1000))
-            op = self.stub.WaitOperation(self.pb.WaitOperationRequest(operation_id=op.operation_id, timeout_ms=step),
-                                         timeout=step / 1000 + self.rpc_timeout)
-            if self.status(op) in TERMINAL:
-                return op
+                op.cancel()
+                raise SystemExit("%s: no peer finished %s within --timeout; cancelled it" % (self.name, op.id))
+            initialized = op.status == self.rs.OperationStatus.INITIALIZED
+            wake = min(deadline, next_publish) if initialized else min(deadline, now + 5)
+            try:
+                op.wait_for_completion(max(0.001, wake - now))
+            except self.rs.DeadlineExceededError:
+                if op.status.terminal:
+                    return op
+                continue
+            except self.rs.SidecarError:
+                pass
+            return op
 
     def subscribe(self, subject):
-        """SubscribeMetadata as a background reader: returns (queue of MetadataEvent, call to cancel)."""
-        call = self.stub.SubscribeMetadata(self.pb.SubscribeMetadataRequest(subject=subject),
-                                           timeout=3 * self.args.timeout + 30)
-        events = queue.Queue()
+        """SubscribeMetadata, in place when this returns: (the subscription, the same to close)."""
+        sub = self.c.subscribe(subject)
+        return sub, sub
 
-        def reader():
-            try:
-                for ev in call:
-                    events.put(ev)
-            except self.grpc.RpcError as e:
-                if e.code() != self.grpc.StatusCode.CANCELLED:
-                    events.put(e)
-        threading.Thread(target=reader, daemon=True).start()
-        return events, call
-
-    def receive_metadata(self, events, kind, subject):
-        """The next MetadataEvent from subscribe()'s queue, which must describe a `kind` ("readable"
-        or "writable") operation; exits if none arrives within --timeout. Returns (event, lengths)."""
+    def receive_metadata(self, sub, kind, subject):
+        """The next MetadataEvent of subscribe(), which must describe a `kind` ("readable" or
+        "writable") operation; exits if none arrives within --timeout. Returns (event, lengths)."""
         try:
-            ev = events.get(timeout=self.args.timeout)
-        except queue.Empty:
+            ev = sub.next(timeout=self.args.timeout)
+        except TimeoutError:
             raise SystemExit("%s: no %s metadata arrived on %r within --timeout" % (self.name, kind, subject))
-        if isinstance(ev, Exception):
-            raise ev
-        if ev.kind != self.pb.OperationKind.Value("OPERATION_KIND_" + kind.upper()):
-            raise SystemExit("%s: expected %s metadata on %r, got %s"
-                             % (self.name, kind.upper(), subject, self.pb.OperationKind.Name(ev.kind)))
+        if ev.kind != self.rs.OperationKind[kind.upper()]:
+            raise SystemExit("%s: expected %s metadata on %r, got %s" % (self.name, kind.upper(), subject, ev.kind.name))
         lengths = list(ev.descriptor_lengths)
         log("%s from %s: %d ranges %s (%d bytes), expires in %.1fs"
             % (kind, ev.issuer, len(lengths), lengths, sum(lengths), ev.expires_unix_ms / 1000 - time.time()))
         return ev, lengths
 
     def transfer(self, begin, what, metadata, region, offsets, lengths):
-        """The active side: begin (stub.BeginRead or stub.BeginWrite) a transfer between the peer's
+        """The active side: begin (connector.begin_read or begin_write) a transfer between the peer's
         operation (its signed metadata) and our ranges, wait until it is COMPLETE; exit otherwise.
 
         `what` ("read", "write") names it in messages. Returns (operation, its report fields)."""
         a = self.args
         t0 = time.perf_counter()
-        op = begin(self.pb.BeginTransferRequest(
-            metadata=metadata, descriptors=self.descriptors(region, offsets, lengths),
-            timeout_ms=int(a.timeout * 1000)), timeout=self.rpc_timeout)
-        self.ops.append(op.operation_id)
-        op = self.wait(op.operation_id, time.monotonic() + a.timeout, "the " + what)
+        op = begin(metadata, self.descriptors(region, offsets, lengths), timeout=a.timeout)
+        self.ops.append(op)
+        op = self.wait(op, time.monotonic() + a.timeout, "the " + what)
         secs = time.perf_counter() - t0
         st = self.status(op)
         if st != "COMPLETE":
-            raise SystemExit("%s: %s %s ended %s: %s" % (self.name, what, op.operation_id, st, op.error.message))
+            raise SystemExit("%s: %s %s ended %s: %s" % (self.name, what, op.id, st, op.error and op.error.message))
         log("%s %s COMPLETE: %d bytes over %s in %.3fs (%.2f GB/s)%s"
-            % (what, op.operation_id, op.bytes_done, self.backend(op), secs, op.bytes_done / secs / 1e9,
+            % (what, op.id, op.bytes_done, self.backend(op), secs, op.bytes_done / secs / 1e9,
                ("; " + op.backend_reason) if op.backend_reason else ""))
         return op, {"bytes": op.bytes_done, "descriptors": len(lengths), "backend": self.backend(op),
-                    "seconds": secs, "sidecar_ms": op.completed_unix_ms - op.created_unix_ms, "status": st,
-                    "backend_reason": op.backend_reason}
+                    "seconds": secs, "sidecar_ms": op.proto.completed_unix_ms - op.proto.created_unix_ms,
+                    "status": st, "backend_reason": op.backend_reason}
 
     def expose(self, create, region, offsets, lengths):
-        """The passive side: create (stub.CreateReadable or stub.CreateWritable) an operation over our
-        ranges that lives for --timeout; returns it (publish it with publish_and_wait())."""
-        op = create(self.pb.CreatePassiveRequest(
-            descriptors=self.descriptors(region, offsets, lengths), timeout_ms=int(self.args.timeout * 1000)),
-            timeout=self.rpc_timeout)
-        self.ops.append(op.operation_id)
+        """The passive side: create (connector.create_readable or create_writable) an operation over
+        our ranges that lives for --timeout; returns it (publish it with publish_and_wait())."""
+        op = create(self.descriptors(region, offsets, lengths), timeout=self.args.timeout)
+        self.ops.append(op)
         return op
 
     def publish_and_wait(self, op, subject):
         """publish_until_used() within --timeout; exits unless the peer COMPLETEd the operation.
         Returns the operation as it finished."""
-        kind = self.pb.OperationKind.Name(op.kind).removeprefix("OPERATION_KIND_").lower()
+        kind = op.kind.name.lower()
         op = self.publish_until_used(op, subject, time.monotonic() + self.args.timeout)
         st = self.status(op)
         log("%s %s finished: %s, %d/%d bytes, peer %s%s"
-            % (kind, op.operation_id, st, op.bytes_done, op.bytes_total, op.peer or "-",
-               (": " + op.error.message) if op.error.message else ""))
+            % (kind, op.id, st, op.bytes_done, op.bytes_total, op.peer or "-",
+               (": " + op.error.message) if op.error else ""))
         if st != "COMPLETE":
             raise SystemExit("%s: the %s ended %s" % (self.name, kind, st))
         return op
 
-    def release(self, op_id):
-        self.stub.ReleaseOperation(self.pb.ReleaseOperationRequest(operation_id=op_id), timeout=self.rpc_timeout)
-        self.ops.remove(op_id)
+    def release(self, op):
+        op.release()
+        self.ops.remove(op)
 
     def close(self):
         """Release what is left (after a failure too): operations, mappings, regions."""
-        for op_id in list(self.ops):
+        for op in list(self.ops):
             try:
-                self.release(op_id)
-            except self.grpc.RpcError as e:
-                log("release %s: %s" % (op_id, e.details()))
+                self.release(op)
+            except self.rs.SidecarError as e:
+                log("release %s: %s" % (op.id, e.message))
         for region_id in list(self.regions):
             try:
                 self.drop_region(region_id, force=True)
-            except self.grpc.RpcError as e:
-                log("deregister %s: %s" % (region_id, e.details()))
-        self.channel.close()
+            except self.rs.SidecarError as e:
+                log("deregister %s: %s" % (region_id, e.message))
+        self.c.close()
 
 
 def run(worker_class, args):
-    """A worker's main(): import the stubs, connect, run steps(), give everything back, write --report.
+    """A worker's main(): import the package, connect, run steps(), give everything back, write --report.
 
     Exits non-zero with `name: reason` on a gRPC error, a failed step or SIGTERM; prints "done" last."""
-    grpc, pb, pb_grpc = import_stubs(args.stubs, worker_class.name)
+    rs = import_package(worker_class.name)
     # SIGTERM (e.g. the pod stopping): unwind through `finally`, which gives everything back.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("%s: terminated" % worker_class.name))
-    w = worker_class(args, grpc, pb, pb_grpc)
+    w = worker_class(args, rs)
     try:
         w.connect()
         report = w.steps()
-    except grpc.RpcError as e:
-        sys.exit("%s: %s: %s" % (w.name, e.code().name, e.details()))
+    except rs.SidecarError as e:
+        sys.exit("%s: %s: %s" % (w.name, e.code.name, e.message))
     finally:
         w.close()
     if args.report:

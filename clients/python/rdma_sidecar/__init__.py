@@ -1,0 +1,26 @@
+# SPDX-License-Identifier: Apache-2.0
+"""rdma_sidecar: the Python client of rdma-sidecar, with the concepts of Dynamo's nixl_connect.
+
+    import rdma_sidecar as rs
+    async with rs.Connector() as c:                      # $RDMA_SIDECAR_ADDR or the default socket
+        t = await c.zeros((4, 1024), torch.float16)      # a tensor in a sidecar region (zero copy)
+        async with await c.create_readable(rs.Descriptor(t)) as op:
+            await c.publish("kv.ready", op)              # or hand op.metadata over any channel
+            await op.wait_for_completion()
+
+The peer: `op = await c.begin_read(event.metadata, rs.Descriptor(dst)); await op.wait_for_completion()`.
+rdma_sidecar.sync has the same API, blocking. Errors are SidecarError (.code, .message) subclasses.
+"""
+from .connector import (Backend, Connector, MetadataEvent, Operation, OperationKind, OperationState,  # noqa: F401
+                        OperationStatus, PassiveOperation, ReadableOperation, ReadOperation, Subscription,
+                        TransferRequirement, WritableOperation, WriteOperation)
+from .errors import (CancelledError, DeadlineExceededError, FailedPreconditionError, InvalidArgumentError,  # noqa: F401
+                     NotFoundError, PermissionDeniedError, ResourceExhaustedError, SidecarError, UnavailableError)
+from .memory import Descriptor, NotInRegionError, Region  # noqa: F401
+
+__version__ = "0.1.0"
+__all__ = ["Backend", "Connector", "MetadataEvent", "Operation", "OperationKind", "OperationState",
+           "OperationStatus", "PassiveOperation", "ReadableOperation", "ReadOperation", "Subscription",
+           "TransferRequirement", "WritableOperation", "WriteOperation", "CancelledError", "DeadlineExceededError",
+           "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "PermissionDeniedError",
+           "ResourceExhaustedError", "SidecarError", "UnavailableError", "Descriptor", "NotInRegionError", "Region"]
