@@ -301,6 +301,8 @@ int rsc_call_unary(rsc_client *c, const char *method, const ProtobufCMessage *re
 		   rsc_status *st)
 {
 	struct call k;
+	if (!c)
+		return rsc_fail(st, RSC_INVALID_ARGUMENT, "%s: no client (NULL)", method);
 	if (call_start(&k, c, method, timeout_ms ? timeout_ms : c->call_timeout_ms, st) != RSC_OK)
 		return st ? st->code : RSC_INVALID_ARGUMENT;
 	grpc_byte_buffer *out = pack(req), *in = NULL;
@@ -402,6 +404,8 @@ int rsc_call_client_stream(rsc_client *c, const char *method, rsc_stream_next ne
 			   rsc_status *st)
 {
 	struct call k;
+	if (!c)
+		return rsc_fail(st, RSC_INVALID_ARGUMENT, "%s: no client (NULL)", method);
 	if (call_start(&k, c, method, timeout_ms ? timeout_ms : c->call_timeout_ms, st) != RSC_OK)
 		return st ? st->code : RSC_INVALID_ARGUMENT;
 	grpc_byte_buffer *in = NULL;

@@ -260,6 +260,8 @@ int main(int argc, char **argv)
 	rsc_operation_clear(&op);
 
 	/* Errors the client sees itself, and an unreachable sidecar. */
+	CODE(rsc_get_info(NULL, &info, &st), RSC_INVALID_ARGUMENT, "no client");
+	CODE(rsc_subscribe(NULL, "x", NULL, on_event, &sl, 100, &st), RSC_INVALID_ARGUMENT, "no client");
 	CODE(rsc_begin_read(b, &(rsc_transfer_args){0}, &act, &st), RSC_INVALID_ARGUMENT, "metadata");
 	CODE(rsc_operation_get(a, "op-nope", &act, &st), RSC_NOT_FOUND, "op-nope");
 	OK(rsc_client_create(&(rsc_options){.target = "unix:/nonexistent/sc.sock", .call_timeout_ms = 3000}, &gone, &st));

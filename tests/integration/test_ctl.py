@@ -290,6 +290,68 @@ class CtlTest(SidecarTest):
         self.assertEqual(a.stop(), 0)
         self.assertEqual(self.ctl(a, "health").returncode, 3)
 
+    def test_tls(self):
+        """--tls-ca / --tls-cert / --tls-key against a TLS gRPC server that requires a client
+        certificate (grpcio serving the Sidecar service; the sidecar itself serves plaintext)."""
+        openssl = shutil.which("openssl")
+        if not openssl:
+            self.skipTest("openssl not installed")
+        import grpc
+        from concurrent import futures
+        from harness import rpc
+        d = self.workdir
+
+        def sh(*args):
+            r = subprocess.run([openssl] + list(args), capture_output=True, text=True, timeout=60, cwd=d)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(d, "san.ext"), "w") as f:
+            f.write("subjectAltName=DNS:localhost\n")
+        sh("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+           "-subj", "/CN=test-ca")
+        for name, cn, ext in (("srv", "localhost", ["-extfile", "san.ext"]), ("cli", "worker-7", [])):
+            sh("req", "-newkey", "rsa:2048", "-nodes", "-keyout", name + ".key", "-out", name + ".csr", "-subj",
+               "/CN=" + cn)
+            sh("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+               "-out", name + ".pem", "-days", "1", *ext)
+
+        def read(name):
+            with open(os.path.join(d, name), "rb") as f:
+                return f.read()
+
+        class Fake(rpc.SidecarServicer):
+            def GetInfo(self, request, context):
+                ids = context.peer_identities() or []
+                return pb.SidecarInfo(sidecar_id="tls-fake", version=b",".join(ids).decode())
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        rpc.add_SidecarServicer_to_server(Fake(), server)
+        creds = grpc.ssl_server_credentials([(read("srv.key"), read("srv.pem"))], root_certificates=read("ca.pem"),
+                                            require_client_auth=True)
+        port = server.add_secure_port("127.0.0.1:0", creds)
+        server.start()
+        try:
+            tls = ["--sidecar", "127.0.0.1:%d" % port, "--tls-server-name", "localhost",
+                   "--tls-ca", os.path.join(d, "ca.pem")]
+            mine = ["--tls-cert", os.path.join(d, "cli.pem"), "--tls-key", os.path.join(d, "cli.key")]
+            r = self.ctl(None, "--json", *(tls + mine), "info")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            info = json.loads(r.stdout)
+            self.assertEqual(info["sidecar_id"], "tls-fake")
+            self.assertEqual(info["version"], "worker-7")  # the server saw our client certificate
+            # No client certificate, plaintext, or a CA that did not sign the server: no connection.
+            for args in (tls, ["--sidecar", "127.0.0.1:%d" % port]):
+                r = self.ctl(None, "--connect-timeout", "3", *args, "info")
+                self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+                self.assertIn("cannot reach the sidecar", r.stderr)
+            r = self.ctl(None, "--connect-timeout", "3", *(tls[:-1] + [os.path.join(d, "cli.pem")] + mine), "info")
+            self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+            # A certificate without its key is a usage error, found before connecting.
+            r = self.ctl(None, *(tls + mine[:2]), "info")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("certificate and key together", r.stderr)
+        finally:
+            server.stop(0)
+
     def test_installed_library_pkg_config(self):
         prefix = os.path.join(self.workdir, "prefix")
         r = subprocess.run(["cmake", "--install", BUILD, "--prefix", prefix], capture_output=True, text=True,
@@ -312,7 +374,10 @@ class CtlTest(SidecarTest):
             self.skipTest("no C compiler to build against the installed library")
         exe = os.path.join(self.workdir, "c_client_read")
         src = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "c_client_read.c")
-        r = subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-o", exe, src] + pc.stdout.split(),
+        # A sanitizer build's library needs the sanitizer runtime in the program too.
+        with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
+            sanitize = ["-fsanitize=address,undefined"] if "SANITIZE:BOOL=ON" in f.read() else []
+        r = subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-o", exe, src] + sanitize + pc.stdout.split(),
                            capture_output=True, text=True, timeout=120)
         self.assertEqual(r.returncode, 0, r.stderr)
 
