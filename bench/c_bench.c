@@ -68,21 +68,25 @@ static void *run(void *arg)
 
 	if (rsc_client_create(&po, &pc, &st) || rsc_client_create(&ao, &ac, &st) ||
 	    rsc_region_create(pc, b->size, "bench-passive", &pr, &st) ||
-	    rsc_region_create(ac, b->size, "bench-active", &ar, &st) || rsc_region_map(&pr, &pmem, &st) ||
-	    rsc_region_map(&ar, &amem, &st))
+	    rsc_region_create(ac, b->size, "bench-active", &ar, &st) ||
+	    rsc_region_map(&pr, &pmem, &st) || rsc_region_map(&ar, &amem, &st))
 		goto fail;
-	/* The holder of the data gets a pattern; the other side zeros. Checked after the warm-up. */
+	/* The holder of the data gets a pattern; the other side zeros. Checked after the warm-up.
+	 */
 	unsigned char *holder = b->write ? amem : pmem, *other = b->write ? pmem : amem;
 	for (uint64_t i = 0; i < b->size; i += 4096)
 		holder[i] = (unsigned char)(i / 4096 * 31 + (uint64_t)w->index + 1);
 	holder[b->size - 1] = 0x5a;
 	rsc_descriptor pd = {.region_id = pr.region_id, .offset = 0, .length = b->size};
 	rsc_descriptor ad = {.region_id = ar.region_id, .offset = 0, .length = b->size};
-	rsc_passive_args pa = {.descriptors = &pd, .n_descriptors = 1, .timeout_ms = 600000,
+	rsc_passive_args pa = {.descriptors = &pd,
+			       .n_descriptors = 1,
+			       .timeout_ms = 600000,
 			       .max_uses = USES_PER_PASSIVE};
 	ready = 1;
-	for (long i = -1; ; i++) { /* i == -1: the warm-up, not timed */
-		if (i >= 0 && (i >= b->iters || (b->seconds > 0 && now_s() - my_start > b->seconds && i >= 3)))
+	for (long i = -1;; i++) { /* i == -1: the warm-up, not timed */
+		if (i >= 0 && (i >= b->iters ||
+			       (b->seconds > 0 && now_s() - my_start > b->seconds && i >= 3)))
 			break;
 		if (uses_left == 0) {
 			rsc_operation_clear(&passive);
@@ -92,19 +96,22 @@ static void *run(void *arg)
 				goto fail;
 			uses_left = USES_PER_PASSIVE;
 		}
-		rsc_transfer_args ta = {.metadata = passive.metadata, .descriptors = &ad, .n_descriptors = 1,
+		rsc_transfer_args ta = {.metadata = passive.metadata,
+					.descriptors = &ad,
+					.n_descriptors = 1,
 					.timeout_ms = 600000};
 		rsc_operation op;
 		double t0 = now_s();
-		int r = b->write ? rsc_write(ac, &ta, 600000, &op, &st) : rsc_read(ac, &ta, 600000, &op, &st);
+		int r = b->write ? rsc_write(ac, &ta, 600000, &op, &st)
+				 : rsc_read(ac, &ta, 600000, &op, &st);
 		double dt = now_s() - t0;
 		uses_left--;
 		if (r != RSC_OK)
 			goto fail;
 		int ok = op.status == RSC_STATUS_COMPLETE;
 		if (!ok)
-			snprintf(w->error, sizeof(w->error), "transfer %s: %s", rsc_op_status_name(op.status),
-				 op.error_message);
+			snprintf(w->error, sizeof(w->error), "transfer %s: %s",
+				 rsc_op_status_name(op.status), op.error_message);
 		w->backend = op.backend;
 		rsc_operation_clear(&op);
 		if (!ok)
@@ -113,7 +120,8 @@ static void *run(void *arg)
 			w->lat[w->n++] = dt;
 		} else {
 			if (memcmp(holder, other, b->size) != 0) {
-				snprintf(w->error, sizeof(w->error), "bytes differ after the warm-up transfer");
+				snprintf(w->error, sizeof(w->error),
+					 "bytes differ after the warm-up transfer");
 				goto out;
 			}
 			pthread_barrier_wait(&start_line);
@@ -125,7 +133,8 @@ static void *run(void *arg)
 fail:
 	snprintf(w->error, sizeof(w->error), "%s: %s", rsc_code_name(st.code), st.message);
 out:
-	if (ready < 2) /* never let the others wait for a worker that failed before the start line */
+	if (ready <
+	    2) /* never let the others wait for a worker that failed before the start line */
 		pthread_barrier_wait(&start_line);
 	pthread_mutex_lock(&end_mu);
 	if (now_s() > t_end_max)
@@ -160,30 +169,52 @@ static double pct(const double *v, long n, double p)
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
-		{"passive", required_argument, NULL, 'p'}, {"active", required_argument, NULL, 'a'},
-		{"direction", required_argument, NULL, 'd'}, {"size", required_argument, NULL, 's'},
-		{"clients", required_argument, NULL, 'c'}, {"iters", required_argument, NULL, 'n'},
-		{"seconds", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
+	    {"passive", required_argument, NULL, 'p'},
+	    {"active", required_argument, NULL, 'a'},
+	    {"direction", required_argument, NULL, 'd'},
+	    {"size", required_argument, NULL, 's'},
+	    {"clients", required_argument, NULL, 'c'},
+	    {"iters", required_argument, NULL, 'n'},
+	    {"seconds", required_argument, NULL, 't'},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
 	};
 	struct bench b = {.clients = 1, .iters = 1000, .seconds = 0};
 	int opt;
 	while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
 		switch (opt) {
-		case 'p': b.passive_addr = optarg; break;
-		case 'a': b.active_addr = optarg; break;
-		case 'd': b.write = strcmp(optarg, "write") == 0; break;
-		case 's': b.size = strtoull(optarg, NULL, 0); break;
-		case 'c': b.clients = atoi(optarg); break;
-		case 'n': b.iters = atol(optarg); break;
-		case 't': b.seconds = atof(optarg); break;
+		case 'p':
+			b.passive_addr = optarg;
+			break;
+		case 'a':
+			b.active_addr = optarg;
+			break;
+		case 'd':
+			b.write = strcmp(optarg, "write") == 0;
+			break;
+		case 's':
+			b.size = strtoull(optarg, NULL, 0);
+			break;
+		case 'c':
+			b.clients = atoi(optarg);
+			break;
+		case 'n':
+			b.iters = atol(optarg);
+			break;
+		case 't':
+			b.seconds = atof(optarg);
+			break;
 		default:
-			fprintf(stderr, "usage: sc-bench --passive ADDR --active ADDR --direction read|write --size BYTES "
+			fprintf(stderr, "usage: sc-bench --passive ADDR --active ADDR --direction "
+					"read|write --size BYTES "
 					"[--clients N] [--iters N] [--seconds S]\n");
 			return opt == 'h' ? 0 : 2;
 		}
 	}
-	if (!b.passive_addr || !b.active_addr || b.size == 0 || b.clients < 1 || b.clients > 256 || b.iters < 1) {
-		fprintf(stderr, "sc-bench: --passive, --active, --size (> 0), --clients 1..256, --iters >= 1 needed\n");
+	if (!b.passive_addr || !b.active_addr || b.size == 0 || b.clients < 1 || b.clients > 256 ||
+	    b.iters < 1) {
+		fprintf(stderr, "sc-bench: --passive, --active, --size (> 0), --clients 1..256, "
+				"--iters >= 1 needed\n");
 		return 2;
 	}
 	struct worker *ws = calloc((size_t)b.clients, sizeof(*ws));
@@ -191,7 +222,8 @@ int main(int argc, char **argv)
 		return 1;
 	pthread_barrier_init(&start_line, NULL, (unsigned)b.clients + 1);
 	for (int i = 0; i < b.clients; i++) {
-		ws[i] = (struct worker){.b = &b, .index = i, .lat = calloc((size_t)b.iters, sizeof(double))};
+		ws[i] = (struct worker){
+		    .b = &b, .index = i, .lat = calloc((size_t)b.iters, sizeof(double))};
 		if (!ws[i].lat || pthread_create(&ws[i].thread, NULL, run, &ws[i]) != 0)
 			return 1;
 	}
@@ -219,12 +251,15 @@ int main(int argc, char **argv)
 		}
 	qsort(all, (size_t)total, sizeof(double), cmp);
 	if (total > 0)
-		printf("{\"direction\":\"%s\",\"size\":%" PRIu64 ",\"clients\":%d,\"ops\":%ld,\"backend\":\"%s\","
-		       "\"seconds\":%.6f,\"gb_per_s\":%.4f,\"ops_per_s\":%.1f,\"t_min_us\":%.1f,\"p50_us\":%.1f,"
+		printf("{\"direction\":\"%s\",\"size\":%" PRIu64
+		       ",\"clients\":%d,\"ops\":%ld,\"backend\":\"%s\","
+		       "\"seconds\":%.6f,\"gb_per_s\":%.4f,\"ops_per_s\":%.1f,\"t_min_us\":%.1f,"
+		       "\"p50_us\":%.1f,"
 		       "\"p99_us\":%.1f,\"p999_us\":%.1f,\"mean_us\":%.1f,\"ok\":%s}\n",
-		       b.write ? "write" : "read", b.size, b.clients, total, rsc_backend_name(backend), wall,
-		       (double)b.size * (double)total / wall / 1e9, (double)total / wall, all[0] * 1e6,
-		       pct(all, total, 50) * 1e6, pct(all, total, 99) * 1e6, pct(all, total, 99.9) * 1e6,
+		       b.write ? "write" : "read", b.size, b.clients, total,
+		       rsc_backend_name(backend), wall, (double)b.size * (double)total / wall / 1e9,
+		       (double)total / wall, all[0] * 1e6, pct(all, total, 50) * 1e6,
+		       pct(all, total, 99) * 1e6, pct(all, total, 99.9) * 1e6,
 		       sum / (double)total * 1e6, rc ? "false" : "true");
 	else
 		rc = 1;

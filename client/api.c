@@ -22,14 +22,28 @@
 #define PBM(x) ((const ProtobufCMessage *)(x))
 #define WRITE_CHUNK (1u << 20)
 
-/* ---- names ------------------------------------------------------------------------------------ */
+/* ---- names ------------------------------------------------------------------------------------
+ */
 
 const char *rsc_code_name(int code)
 {
-	static const char *const names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-		"NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-		"ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-		"UNAUTHENTICATED"};
+	static const char *const names[] = {"OK",
+					    "CANCELLED",
+					    "UNKNOWN",
+					    "INVALID_ARGUMENT",
+					    "DEADLINE_EXCEEDED",
+					    "NOT_FOUND",
+					    "ALREADY_EXISTS",
+					    "PERMISSION_DENIED",
+					    "RESOURCE_EXHAUSTED",
+					    "FAILED_PRECONDITION",
+					    "ABORTED",
+					    "OUT_OF_RANGE",
+					    "UNIMPLEMENTED",
+					    "INTERNAL",
+					    "UNAVAILABLE",
+					    "DATA_LOSS",
+					    "UNAUTHENTICATED"};
 	return code >= 0 && code <= 16 ? names[code] : "UNKNOWN";
 }
 
@@ -42,7 +56,7 @@ const char *rsc_op_kind_name(int kind)
 const char *rsc_op_status_name(int status)
 {
 	static const char *const names[] = {"unspecified", "initialized", "in_progress", "complete",
-		"cancelled", "errored", "scheduled"};
+					    "cancelled",   "errored",	  "scheduled"};
 	return status >= 0 && status <= 6 ? names[status] : "unknown";
 }
 
@@ -54,10 +68,12 @@ const char *rsc_backend_name(int backend)
 
 int rsc_op_status_terminal(int status)
 {
-	return status == RSC_STATUS_COMPLETE || status == RSC_STATUS_CANCELLED || status == RSC_STATUS_ERRORED;
+	return status == RSC_STATUS_COMPLETE || status == RSC_STATUS_CANCELLED ||
+	       status == RSC_STATUS_ERRORED;
 }
 
-/* ---- copies ----------------------------------------------------------------------------------- */
+/* ---- copies -----------------------------------------------------------------------------------
+ */
 
 static char *sdup(const char *s)
 {
@@ -196,13 +212,15 @@ void rsc_info_clear(rsc_info *in)
 	memset(in, 0, sizeof(*in));
 }
 
-/* ---- info and health -------------------------------------------------------------------------- */
+/* ---- info and health --------------------------------------------------------------------------
+ */
 
 int rsc_get_info(rsc_client *c, rsc_info *out, rsc_status *st)
 {
 	RdmaSidecar__V1__GetInfoRequest req = RDMA_SIDECAR__V1__GET_INFO_REQUEST__INIT;
 	ProtobufCMessage *resp = NULL;
-	int rc = rsc_call_unary(c, M("GetInfo"), PBM(&req), &rdma_sidecar__v1__sidecar_info__descriptor, &resp, 0, st);
+	int rc = rsc_call_unary(c, M("GetInfo"), PBM(&req),
+				&rdma_sidecar__v1__sidecar_info__descriptor, &resp, 0, st);
 	if (rc != RSC_OK)
 		return rc;
 	const RdmaSidecar__V1__SidecarInfo *m = (const void *)resp;
@@ -257,13 +275,15 @@ int rsc_health_check(rsc_client *c, const char *service, int *serving, rsc_statu
 	return RSC_OK;
 }
 
-/* ---- regions ---------------------------------------------------------------------------------- */
+/* ---- regions ----------------------------------------------------------------------------------
+ */
 
-static int region_call(rsc_client *c, const char *method, const ProtobufCMessage *req, rsc_region *out,
-		       rsc_status *st)
+static int region_call(rsc_client *c, const char *method, const ProtobufCMessage *req,
+		       rsc_region *out, rsc_status *st)
 {
 	ProtobufCMessage *resp = NULL;
-	int rc = rsc_call_unary(c, method, req, &rdma_sidecar__v1__region__descriptor, &resp, 0, st);
+	int rc =
+	    rsc_call_unary(c, method, req, &rdma_sidecar__v1__region__descriptor, &resp, 0, st);
 	if (rc != RSC_OK)
 		return rc;
 	region_from(out, (const RdmaSidecar__V1__Region *)resp);
@@ -271,7 +291,8 @@ static int region_call(rsc_client *c, const char *method, const ProtobufCMessage
 	return RSC_OK;
 }
 
-int rsc_region_create(rsc_client *c, uint64_t size, const char *name, rsc_region *out, rsc_status *st)
+int rsc_region_create(rsc_client *c, uint64_t size, const char *name, rsc_region *out,
+		      rsc_status *st)
 {
 	RdmaSidecar__V1__CreateRegionRequest req = RDMA_SIDECAR__V1__CREATE_REGION_REQUEST__INIT;
 	req.size = size;
@@ -284,9 +305,11 @@ int rsc_region_register_host_file(rsc_client *c, const char *path, uint64_t offs
 				  const char *name, rsc_region *out, rsc_status *st)
 {
 	RdmaSidecar__V1__HostFileSource src = RDMA_SIDECAR__V1__HOST_FILE_SOURCE__INIT;
-	RdmaSidecar__V1__RegisterRegionRequest req = RDMA_SIDECAR__V1__REGISTER_REGION_REQUEST__INIT;
+	RdmaSidecar__V1__RegisterRegionRequest req =
+	    RDMA_SIDECAR__V1__REGISTER_REGION_REQUEST__INIT;
 	if (!path || !path[0])
-		return rsc_fail(st, RSC_INVALID_ARGUMENT, "register a host file: the path is empty");
+		return rsc_fail(st, RSC_INVALID_ARGUMENT,
+				"register a host file: the path is empty");
 	src.path = (char *)path;
 	src.offset = offset;
 	src.size = size;
@@ -298,12 +321,14 @@ int rsc_region_register_host_file(rsc_client *c, const char *path, uint64_t offs
 
 int rsc_region_deregister(rsc_client *c, const char *region_id, int force, rsc_status *st)
 {
-	RdmaSidecar__V1__DeregisterRegionRequest req = RDMA_SIDECAR__V1__DEREGISTER_REGION_REQUEST__INIT;
+	RdmaSidecar__V1__DeregisterRegionRequest req =
+	    RDMA_SIDECAR__V1__DEREGISTER_REGION_REQUEST__INIT;
 	req.region_id = pbs(region_id);
 	req.force = force != 0;
 	ProtobufCMessage *resp = NULL;
-	int rc = rsc_call_unary(c, M("DeregisterRegion"), PBM(&req),
-				&rdma_sidecar__v1__deregister_region_response__descriptor, &resp, 0, st);
+	int rc =
+	    rsc_call_unary(c, M("DeregisterRegion"), PBM(&req),
+			   &rdma_sidecar__v1__deregister_region_response__descriptor, &resp, 0, st);
 	if (rc == RSC_OK)
 		protobuf_c_message_free_unpacked(resp, NULL);
 	return rc;
@@ -313,8 +338,8 @@ int rsc_region_list_get(rsc_client *c, rsc_region_list *out, rsc_status *st)
 {
 	RdmaSidecar__V1__ListRegionsRequest req = RDMA_SIDECAR__V1__LIST_REGIONS_REQUEST__INIT;
 	ProtobufCMessage *resp = NULL;
-	int rc = rsc_call_unary(c, M("ListRegions"), PBM(&req), &rdma_sidecar__v1__list_regions_response__descriptor,
-				&resp, 0, st);
+	int rc = rsc_call_unary(c, M("ListRegions"), PBM(&req),
+				&rdma_sidecar__v1__list_regions_response__descriptor, &resp, 0, st);
 	if (rc != RSC_OK)
 		return rc;
 	const RdmaSidecar__V1__ListRegionsResponse *m = (const void *)resp;
@@ -355,21 +380,24 @@ static int write_next(void *user, const ProtobufCMessage **msg, rsc_status *st)
 	return 1;
 }
 
-int rsc_region_write(rsc_client *c, const char *region_id, uint64_t offset, const void *data, size_t len,
-		     rsc_status *st)
+int rsc_region_write(rsc_client *c, const char *region_id, uint64_t offset, const void *data,
+		     size_t len, rsc_status *st)
 {
 	if (!region_id || !region_id[0] || (len && !data))
-		return rsc_fail(st, RSC_INVALID_ARGUMENT, "region write: a region id and data are needed");
+		return rsc_fail(st, RSC_INVALID_ARGUMENT,
+				"region write: a region id and data are needed");
 	struct write_src w = {.region_id = region_id, .data = data, .len = len, .offset = offset};
 	ProtobufCMessage *resp = NULL;
 	int rc = rsc_call_client_stream(c, M("WriteRegion"), write_next, &w,
-					&rdma_sidecar__v1__write_region_response__descriptor, &resp, 0, st);
+					&rdma_sidecar__v1__write_region_response__descriptor, &resp,
+					0, st);
 	if (rc != RSC_OK)
 		return rc;
 	uint64_t n = ((RdmaSidecar__V1__WriteRegionResponse *)resp)->bytes_written;
 	protobuf_c_message_free_unpacked(resp, NULL);
 	if (n != len)
-		return rsc_fail(st, RSC_DATA_LOSS, "region write: the sidecar wrote %llu of %zu bytes",
+		return rsc_fail(st, RSC_DATA_LOSS,
+				"region write: the sidecar wrote %llu of %zu bytes",
 				(unsigned long long)n, len);
 	return RSC_OK;
 }
@@ -385,7 +413,8 @@ static int read_chunk(const ProtobufCMessage *msg, void *user)
 {
 	const RdmaSidecar__V1__ReadRegionResponse *m = (const void *)msg;
 	struct read_dst *r = user;
-	if (m->offset < r->offset || m->offset - r->offset > r->len || m->data.len > r->len - (m->offset - r->offset)) {
+	if (m->offset < r->offset || m->offset - r->offset > r->len ||
+	    m->data.len > r->len - (m->offset - r->offset)) {
 		r->bad = 1;
 		return 1;
 	}
@@ -394,45 +423,53 @@ static int read_chunk(const ProtobufCMessage *msg, void *user)
 	return 0;
 }
 
-int rsc_region_read(rsc_client *c, const char *region_id, uint64_t offset, void *buf, size_t len, size_t *got,
-		    rsc_status *st)
+int rsc_region_read(rsc_client *c, const char *region_id, uint64_t offset, void *buf, size_t len,
+		    size_t *got, rsc_status *st)
 {
 	if (!region_id || !region_id[0] || !buf || len == 0)
-		return rsc_fail(st, RSC_INVALID_ARGUMENT, "region read: a region id and a non-empty buffer are needed");
+		return rsc_fail(st, RSC_INVALID_ARGUMENT,
+				"region read: a region id and a non-empty buffer are needed");
 	RdmaSidecar__V1__ReadRegionRequest req = RDMA_SIDECAR__V1__READ_REGION_REQUEST__INIT;
 	req.region_id = (char *)region_id;
 	req.offset = offset;
 	req.length = len;
 	struct read_dst r = {.buf = buf, .len = len, .offset = offset};
 	int stopped;
-	int rc = rsc_call_server_stream(c, M("ReadRegion"), PBM(&req), &rdma_sidecar__v1__read_region_response__descriptor,
+	int rc = rsc_call_server_stream(c, M("ReadRegion"), PBM(&req),
+					&rdma_sidecar__v1__read_region_response__descriptor,
 					read_chunk, &r, 300000, &stopped, st);
 	if (got)
 		*got = r.got;
 	if (rc == RSC_OK && r.bad)
-		return rsc_fail(st, RSC_INTERNAL, "region read: the sidecar sent a chunk outside the range asked for");
+		return rsc_fail(
+		    st, RSC_INTERNAL,
+		    "region read: the sidecar sent a chunk outside the range asked for");
 	return rc;
 }
 
 int rsc_region_map(const rsc_region *r, void **addr, rsc_status *st)
 {
 	if (!r || !r->path || !r->path[0] || r->size == 0)
-		return rsc_fail(st, RSC_INVALID_ARGUMENT, "map: the region has no file (not a HOST region?)");
+		return rsc_fail(st, RSC_INVALID_ARGUMENT,
+				"map: the region has no file (not a HOST region?)");
 	long page = sysconf(_SC_PAGESIZE);
 	uint64_t off = r->file_offset;
 	if (page > 0 && off % (uint64_t)page)
-		return rsc_fail(st, RSC_INVALID_ARGUMENT, "map: file offset %llu is not page aligned",
+		return rsc_fail(st, RSC_INVALID_ARGUMENT,
+				"map: file offset %llu is not page aligned",
 				(unsigned long long)off);
 	int fd = open(r->path, O_RDWR | O_CLOEXEC);
 	if (fd < 0)
 		return rsc_fail(st, RSC_FAILED_PRECONDITION,
-				"map: cannot open %s: %s (is the sidecar's --shm-dir shared with this process?)",
+				"map: cannot open %s: %s (is the sidecar's --shm-dir shared with "
+				"this process?)",
 				r->path, strerror(errno));
 	void *p = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)off);
 	int e = errno;
 	close(fd);
 	if (p == MAP_FAILED)
-		return rsc_fail(st, RSC_INTERNAL, "map: mmap of %s failed: %s", r->path, strerror(e));
+		return rsc_fail(st, RSC_INTERNAL, "map: mmap of %s failed: %s", r->path,
+				strerror(e));
 	*addr = p;
 	return rsc_ok(st);
 }
@@ -443,7 +480,8 @@ void rsc_region_unmap(void *addr, uint64_t size)
 		munmap(addr, size);
 }
 
-/* ---- operations ------------------------------------------------------------------------------- */
+/* ---- operations -------------------------------------------------------------------------------
+ */
 
 static int op_answer(int rc, ProtobufCMessage *resp, rsc_operation *out)
 {
@@ -459,7 +497,8 @@ static int descs_to_pb(const rsc_descriptor *d, size_t n, RdmaSidecar__V1__Descr
 		       RdmaSidecar__V1__Descriptor ***ptrs, rsc_status *st)
 {
 	if (n && !d)
-		return rsc_fail(st, RSC_INVALID_ARGUMENT, "descriptors missing (NULL with a count of %zu)", n);
+		return rsc_fail(st, RSC_INVALID_ARGUMENT,
+				"descriptors missing (NULL with a count of %zu)", n);
 	*msgs = calloc(n ? n : 1, sizeof(**msgs));
 	*ptrs = calloc(n ? n : 1, sizeof(**ptrs));
 	if (!*msgs || !*ptrs) {
@@ -477,7 +516,8 @@ static int descs_to_pb(const rsc_descriptor *d, size_t n, RdmaSidecar__V1__Descr
 	return RSC_OK;
 }
 
-static int passive(rsc_client *c, const char *method, const rsc_passive_args *a, rsc_operation *out, rsc_status *st)
+static int passive(rsc_client *c, const char *method, const rsc_passive_args *a, rsc_operation *out,
+		   rsc_status *st)
 {
 	if (!a)
 		return rsc_fail(st, RSC_INVALID_ARGUMENT, "%s: no arguments", method);
@@ -493,26 +533,31 @@ static int passive(rsc_client *c, const char *method, const rsc_passive_args *a,
 	req.max_uses = a->max_uses;
 	req.request_id = pbs(a->request_id);
 	ProtobufCMessage *resp = NULL;
-	rc = rsc_call_unary(c, method, PBM(&req), &rdma_sidecar__v1__operation__descriptor, &resp, 0, st);
+	rc = rsc_call_unary(c, method, PBM(&req), &rdma_sidecar__v1__operation__descriptor, &resp,
+			    0, st);
 	free(msgs);
 	free(ptrs);
 	return op_answer(rc, resp, out);
 }
 
-int rsc_create_readable(rsc_client *c, const rsc_passive_args *a, rsc_operation *out, rsc_status *st)
+int rsc_create_readable(rsc_client *c, const rsc_passive_args *a, rsc_operation *out,
+			rsc_status *st)
 {
 	return passive(c, M("CreateReadable"), a, out, st);
 }
 
-int rsc_create_writable(rsc_client *c, const rsc_passive_args *a, rsc_operation *out, rsc_status *st)
+int rsc_create_writable(rsc_client *c, const rsc_passive_args *a, rsc_operation *out,
+			rsc_status *st)
 {
 	return passive(c, M("CreateWritable"), a, out, st);
 }
 
-static int begin(rsc_client *c, const char *method, const rsc_transfer_args *a, rsc_operation *out, rsc_status *st)
+static int begin(rsc_client *c, const char *method, const rsc_transfer_args *a, rsc_operation *out,
+		 rsc_status *st)
 {
 	if (!a || !a->metadata || !a->metadata[0])
-		return rsc_fail(st, RSC_INVALID_ARGUMENT, "%s: the metadata (\"rsm1.\" text) is missing", method);
+		return rsc_fail(st, RSC_INVALID_ARGUMENT,
+				"%s: the metadata (\"rsm1.\" text) is missing", method);
 	RdmaSidecar__V1__BeginTransferRequest req = RDMA_SIDECAR__V1__BEGIN_TRANSFER_REQUEST__INIT;
 	RdmaSidecar__V1__TransferRequirement reqm = RDMA_SIDECAR__V1__TRANSFER_REQUIREMENT__INIT;
 	RdmaSidecar__V1__Descriptor *msgs, **ptrs;
@@ -533,7 +578,8 @@ static int begin(rsc_client *c, const char *method, const rsc_transfer_args *a, 
 		req.requirement = &reqm;
 	}
 	ProtobufCMessage *resp = NULL;
-	rc = rsc_call_unary(c, method, PBM(&req), &rdma_sidecar__v1__operation__descriptor, &resp, 0, st);
+	rc = rsc_call_unary(c, method, PBM(&req), &rdma_sidecar__v1__operation__descriptor, &resp,
+			    0, st);
 	free(msgs);
 	free(ptrs);
 	return op_answer(rc, resp, out);
@@ -549,11 +595,12 @@ int rsc_begin_write(rsc_client *c, const rsc_transfer_args *a, rsc_operation *ou
 	return begin(c, M("BeginWrite"), a, out, st);
 }
 
-static int op_id_call(rsc_client *c, const char *method, const ProtobufCMessage *req, rsc_operation *out,
-		      uint64_t timeout_ms, rsc_status *st)
+static int op_id_call(rsc_client *c, const char *method, const ProtobufCMessage *req,
+		      rsc_operation *out, uint64_t timeout_ms, rsc_status *st)
 {
 	ProtobufCMessage *resp = NULL;
-	int rc = rsc_call_unary(c, method, req, &rdma_sidecar__v1__operation__descriptor, &resp, timeout_ms, st);
+	int rc = rsc_call_unary(c, method, req, &rdma_sidecar__v1__operation__descriptor, &resp,
+				timeout_ms, st);
 	return op_answer(rc, resp, out);
 }
 
@@ -564,7 +611,8 @@ int rsc_operation_get(rsc_client *c, const char *id, rsc_operation *out, rsc_sta
 	return op_id_call(c, M("GetOperation"), PBM(&req), out, 0, st);
 }
 
-int rsc_operation_wait(rsc_client *c, const char *id, uint64_t timeout_ms, rsc_operation *out, rsc_status *st)
+int rsc_operation_wait(rsc_client *c, const char *id, uint64_t timeout_ms, rsc_operation *out,
+		       rsc_status *st)
 {
 	RdmaSidecar__V1__WaitOperationRequest req = RDMA_SIDECAR__V1__WAIT_OPERATION_REQUEST__INIT;
 	req.operation_id = pbs(id);
@@ -575,18 +623,21 @@ int rsc_operation_wait(rsc_client *c, const char *id, uint64_t timeout_ms, rsc_o
 
 int rsc_operation_cancel(rsc_client *c, const char *id, rsc_operation *out, rsc_status *st)
 {
-	RdmaSidecar__V1__CancelOperationRequest req = RDMA_SIDECAR__V1__CANCEL_OPERATION_REQUEST__INIT;
+	RdmaSidecar__V1__CancelOperationRequest req =
+	    RDMA_SIDECAR__V1__CANCEL_OPERATION_REQUEST__INIT;
 	req.operation_id = pbs(id);
 	return op_id_call(c, M("CancelOperation"), PBM(&req), out, 0, st);
 }
 
 int rsc_operation_release(rsc_client *c, const char *id, rsc_status *st)
 {
-	RdmaSidecar__V1__ReleaseOperationRequest req = RDMA_SIDECAR__V1__RELEASE_OPERATION_REQUEST__INIT;
+	RdmaSidecar__V1__ReleaseOperationRequest req =
+	    RDMA_SIDECAR__V1__RELEASE_OPERATION_REQUEST__INIT;
 	req.operation_id = pbs(id);
 	ProtobufCMessage *resp = NULL;
-	int rc = rsc_call_unary(c, M("ReleaseOperation"), PBM(&req),
-				&rdma_sidecar__v1__release_operation_response__descriptor, &resp, 0, st);
+	int rc =
+	    rsc_call_unary(c, M("ReleaseOperation"), PBM(&req),
+			   &rdma_sidecar__v1__release_operation_response__descriptor, &resp, 0, st);
 	if (rc == RSC_OK)
 		protobuf_c_message_free_unpacked(resp, NULL);
 	return rc;
@@ -594,10 +645,12 @@ int rsc_operation_release(rsc_client *c, const char *id, rsc_status *st)
 
 int rsc_operation_list_get(rsc_client *c, rsc_operation_list *out, rsc_status *st)
 {
-	RdmaSidecar__V1__ListOperationsRequest req = RDMA_SIDECAR__V1__LIST_OPERATIONS_REQUEST__INIT;
+	RdmaSidecar__V1__ListOperationsRequest req =
+	    RDMA_SIDECAR__V1__LIST_OPERATIONS_REQUEST__INIT;
 	ProtobufCMessage *resp = NULL;
-	int rc = rsc_call_unary(c, M("ListOperations"), PBM(&req),
-				&rdma_sidecar__v1__list_operations_response__descriptor, &resp, 0, st);
+	int rc =
+	    rsc_call_unary(c, M("ListOperations"), PBM(&req),
+			   &rdma_sidecar__v1__list_operations_response__descriptor, &resp, 0, st);
 	if (rc != RSC_OK)
 		return rc;
 	const RdmaSidecar__V1__ListOperationsResponse *m = (const void *)resp;
@@ -627,24 +680,26 @@ static int watch_msg(const ProtobufCMessage *msg, void *user)
 	return stop;
 }
 
-int rsc_operation_watch(rsc_client *c, const char *id, rsc_operation_cb cb, void *user, uint64_t timeout_ms,
-			rsc_status *st)
+int rsc_operation_watch(rsc_client *c, const char *id, rsc_operation_cb cb, void *user,
+			uint64_t timeout_ms, rsc_status *st)
 {
 	if (!cb)
 		return rsc_fail(st, RSC_INVALID_ARGUMENT, "watch: a callback is needed");
-	RdmaSidecar__V1__WatchOperationRequest req = RDMA_SIDECAR__V1__WATCH_OPERATION_REQUEST__INIT;
+	RdmaSidecar__V1__WatchOperationRequest req =
+	    RDMA_SIDECAR__V1__WATCH_OPERATION_REQUEST__INIT;
 	req.operation_id = pbs(id);
 	struct watch_ctx w = {.cb = cb, .user = user};
 	int stopped;
-	int rc = rsc_call_server_stream(c, M("WatchOperation"), PBM(&req), &rdma_sidecar__v1__operation__descriptor,
-					watch_msg, &w, timeout_ms, &stopped, st);
+	int rc = rsc_call_server_stream(c, M("WatchOperation"), PBM(&req),
+					&rdma_sidecar__v1__operation__descriptor, watch_msg, &w,
+					timeout_ms, &stopped, st);
 	if (rc == RSC_OK && stopped)
 		return rsc_fail(st, RSC_CANCELLED, "watch: stopped by the callback");
 	return rc;
 }
 
-static int transfer(rsc_client *c, int write, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out,
-		    rsc_status *st)
+static int transfer(rsc_client *c, int write, const rsc_transfer_args *a, uint64_t timeout_ms,
+		    rsc_operation *out, rsc_status *st)
 {
 	rsc_operation op;
 	int rc = write ? rsc_begin_write(c, a, &op, st) : rsc_begin_read(c, a, &op, st);
@@ -659,17 +714,20 @@ static int transfer(rsc_client *c, int write, const rsc_transfer_args *a, uint64
 	return rc;
 }
 
-int rsc_read(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out, rsc_status *st)
+int rsc_read(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out,
+	     rsc_status *st)
 {
 	return transfer(c, 0, a, timeout_ms, out, st);
 }
 
-int rsc_write(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out, rsc_status *st)
+int rsc_write(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out,
+	      rsc_status *st)
 {
 	return transfer(c, 1, a, timeout_ms, out, st);
 }
 
-/* ---- metadata --------------------------------------------------------------------------------- */
+/* ---- metadata ---------------------------------------------------------------------------------
+ */
 
 static int b64url_val(int ch)
 {
@@ -715,23 +773,29 @@ static uint8_t *b64url_decode(const char *s, size_t *n)
 	return out;
 }
 
-int rsc_metadata_lengths(const char *metadata, uint64_t **lengths, size_t *n, int *kind, rsc_status *st)
+int rsc_metadata_lengths(const char *metadata, uint64_t **lengths, size_t *n, int *kind,
+			 rsc_status *st)
 {
 	if (!metadata || strncmp(metadata, "rsm1.", 5) != 0)
-		return rsc_fail(st, RSC_INVALID_ARGUMENT, "metadata must start with \"rsm1.\" (got %.16s...)",
+		return rsc_fail(st, RSC_INVALID_ARGUMENT,
+				"metadata must start with \"rsm1.\" (got %.16s...)",
 				metadata ? metadata : "(null)");
 	size_t len = 0;
 	uint8_t *raw = b64url_decode(metadata + 5, &len);
 	if (!raw)
-		return rsc_fail(st, RSC_INVALID_ARGUMENT, "metadata is not base64url after \"rsm1.\"");
-	RdmaSidecar__V1__SignedMetadata *sm = rdma_sidecar__v1__signed_metadata__unpack(NULL, len, raw);
+		return rsc_fail(st, RSC_INVALID_ARGUMENT,
+				"metadata is not base64url after \"rsm1.\"");
+	RdmaSidecar__V1__SignedMetadata *sm =
+	    rdma_sidecar__v1__signed_metadata__unpack(NULL, len, raw);
 	free(raw);
 	RdmaSidecar__V1__RdmaMetadata *md = NULL;
 	if (sm)
-		md = rdma_sidecar__v1__rdma_metadata__unpack(NULL, sm->payload.len, sm->payload.data);
+		md = rdma_sidecar__v1__rdma_metadata__unpack(NULL, sm->payload.len,
+							     sm->payload.data);
 	int rc = RSC_OK;
 	if (!md) {
-		rc = rsc_fail(st, RSC_INVALID_ARGUMENT, "metadata does not decode (truncated or not rsm1 text)");
+		rc = rsc_fail(st, RSC_INVALID_ARGUMENT,
+			      "metadata does not decode (truncated or not rsm1 text)");
 		goto out;
 	}
 	*lengths = calloc(md->n_descriptors ? md->n_descriptors : 1, sizeof(**lengths));
@@ -753,11 +817,14 @@ out:
 	return rc;
 }
 
-/* ---- NATS and progress ------------------------------------------------------------------------ */
+/* ---- NATS and progress ------------------------------------------------------------------------
+ */
 
-static int publish(rsc_client *c, const char *subject, const char *op_id, const char *metadata, rsc_status *st)
+static int publish(rsc_client *c, const char *subject, const char *op_id, const char *metadata,
+		   rsc_status *st)
 {
-	RdmaSidecar__V1__PublishMetadataRequest req = RDMA_SIDECAR__V1__PUBLISH_METADATA_REQUEST__INIT;
+	RdmaSidecar__V1__PublishMetadataRequest req =
+	    RDMA_SIDECAR__V1__PUBLISH_METADATA_REQUEST__INIT;
 	req.subject = pbs(subject);
 	if (op_id) {
 		req.source_case = RDMA_SIDECAR__V1__PUBLISH_METADATA_REQUEST__SOURCE_OPERATION_ID;
@@ -767,8 +834,9 @@ static int publish(rsc_client *c, const char *subject, const char *op_id, const 
 		req.metadata = pbs(metadata);
 	}
 	ProtobufCMessage *resp = NULL;
-	int rc = rsc_call_unary(c, M("PublishMetadata"), PBM(&req),
-				&rdma_sidecar__v1__publish_metadata_response__descriptor, &resp, 0, st);
+	int rc =
+	    rsc_call_unary(c, M("PublishMetadata"), PBM(&req),
+			   &rdma_sidecar__v1__publish_metadata_response__descriptor, &resp, 0, st);
 	if (rc == RSC_OK)
 		protobuf_c_message_free_unpacked(resp, NULL);
 	return rc;
@@ -794,43 +862,48 @@ static int sub_msg(const ProtobufCMessage *msg, void *user)
 	const RdmaSidecar__V1__MetadataEvent *m = (const void *)msg;
 	struct sub_ctx *s = user;
 	rsc_metadata_event ev = {
-		.subject = pbs(m->subject),
-		.metadata = pbs(m->metadata),
-		.issuer = pbs(m->issuer),
-		.kind = m->kind,
-		.n_lengths = m->n_descriptor_lengths,
-		.descriptor_lengths = m->descriptor_lengths,
-		.expires_unix_ms = m->expires_unix_ms,
+	    .subject = pbs(m->subject),
+	    .metadata = pbs(m->metadata),
+	    .issuer = pbs(m->issuer),
+	    .kind = m->kind,
+	    .n_lengths = m->n_descriptor_lengths,
+	    .descriptor_lengths = m->descriptor_lengths,
+	    .expires_unix_ms = m->expires_unix_ms,
 	};
 	return s->cb(&ev, s->user);
 }
 
-int rsc_subscribe(rsc_client *c, const char *subject, const char *queue_group, rsc_metadata_cb cb, void *user,
-		  uint64_t timeout_ms, rsc_status *st)
+int rsc_subscribe(rsc_client *c, const char *subject, const char *queue_group, rsc_metadata_cb cb,
+		  void *user, uint64_t timeout_ms, rsc_status *st)
 {
 	if (!cb || !subject || !subject[0])
-		return rsc_fail(st, RSC_INVALID_ARGUMENT, "subscribe: a subject and a callback are needed");
-	RdmaSidecar__V1__SubscribeMetadataRequest req = RDMA_SIDECAR__V1__SUBSCRIBE_METADATA_REQUEST__INIT;
+		return rsc_fail(st, RSC_INVALID_ARGUMENT,
+				"subscribe: a subject and a callback are needed");
+	RdmaSidecar__V1__SubscribeMetadataRequest req =
+	    RDMA_SIDECAR__V1__SUBSCRIBE_METADATA_REQUEST__INIT;
 	req.subject = (char *)subject;
 	req.queue_group = pbs(queue_group);
 	struct sub_ctx s = {.cb = cb, .user = user};
 	int stopped;
 	return rsc_call_server_stream(c, M("SubscribeMetadata"), PBM(&req),
-				      &rdma_sidecar__v1__metadata_event__descriptor, sub_msg, &s, timeout_ms, &stopped, st);
+				      &rdma_sidecar__v1__metadata_event__descriptor, sub_msg, &s,
+				      timeout_ms, &stopped, st);
 }
 
-int rsc_report_progress(rsc_client *c, const char *request_id, uint64_t iteration, int has_layer, uint32_t layer,
-			int iteration_complete, uint32_t *released, rsc_status *st)
+int rsc_report_progress(rsc_client *c, const char *request_id, uint64_t iteration, int has_layer,
+			uint32_t layer, int iteration_complete, uint32_t *released, rsc_status *st)
 {
-	RdmaSidecar__V1__ReportProgressRequest req = RDMA_SIDECAR__V1__REPORT_PROGRESS_REQUEST__INIT;
+	RdmaSidecar__V1__ReportProgressRequest req =
+	    RDMA_SIDECAR__V1__REPORT_PROGRESS_REQUEST__INIT;
 	req.request_id = pbs(request_id);
 	req.iteration = iteration;
 	req.has_layer = has_layer != 0;
 	req.layer = layer;
 	req.iteration_complete = iteration_complete != 0;
 	ProtobufCMessage *resp = NULL;
-	int rc = rsc_call_unary(c, M("ReportProgress"), PBM(&req),
-				&rdma_sidecar__v1__report_progress_response__descriptor, &resp, 0, st);
+	int rc =
+	    rsc_call_unary(c, M("ReportProgress"), PBM(&req),
+			   &rdma_sidecar__v1__report_progress_response__descriptor, &resp, 0, st);
 	if (rc != RSC_OK)
 		return rc;
 	if (released)

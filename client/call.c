@@ -54,7 +54,8 @@ static char *read_pem(const char *path, rsc_status *st)
 	FILE *f = fopen(path, "rb");
 	char *buf = NULL;
 	if (!f) {
-		rsc_fail(st, RSC_INVALID_ARGUMENT, "cannot open TLS file %s: %s", path, strerror(errno));
+		rsc_fail(st, RSC_INVALID_ARGUMENT, "cannot open TLS file %s: %s", path,
+			 strerror(errno));
 		return NULL;
 	}
 	if (fseek(f, 0, SEEK_END) != 0)
@@ -80,8 +81,9 @@ static grpc_channel_credentials *make_creds(const rsc_options *o, rsc_status *st
 	if (!o->tls_ca_file && !o->tls_cert_file && !o->tls_key_file)
 		return grpc_insecure_credentials_create();
 	if (!o->tls_ca_file || (!o->tls_cert_file) != (!o->tls_key_file)) {
-		rsc_fail(st, RSC_INVALID_ARGUMENT,
-			 "TLS needs a CA file, and a client certificate and key together (or neither)");
+		rsc_fail(
+		    st, RSC_INVALID_ARGUMENT,
+		    "TLS needs a CA file, and a client certificate and key together (or neither)");
 		return NULL;
 	}
 	grpc_channel_credentials *creds = NULL;
@@ -99,7 +101,8 @@ static grpc_channel_credentials *make_creds(const rsc_options *o, rsc_status *st
 		creds = grpc_ssl_credentials_create(ca, NULL, NULL, NULL);
 	}
 	if (!creds)
-		rsc_fail(st, RSC_INVALID_ARGUMENT, "gRPC refused the TLS files (check they are PEM)");
+		rsc_fail(st, RSC_INVALID_ARGUMENT,
+			 "gRPC refused the TLS files (check they are PEM)");
 out:
 	free(ca);
 	free(cert);
@@ -164,7 +167,8 @@ static gpr_timespec deadline_in(uint64_t ms)
 {
 	if (ms == 0)
 		return gpr_inf_future(GPR_CLOCK_MONOTONIC);
-	return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis((int64_t)ms, GPR_TIMESPAN));
+	return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+			    gpr_time_from_millis((int64_t)ms, GPR_TIMESPAN));
 }
 
 static void destroy_cq(grpc_completion_queue *cq)
@@ -172,7 +176,8 @@ static void destroy_cq(grpc_completion_queue *cq)
 	grpc_completion_queue_shutdown(cq);
 	grpc_event ev;
 	do
-		ev = grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+		ev =
+		    grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
 	while (ev.type != GRPC_QUEUE_SHUTDOWN);
 	grpc_completion_queue_destroy(cq);
 }
@@ -188,15 +193,19 @@ int rsc_client_connect(rsc_client *c, uint32_t timeout_ms, rsc_status *st)
 	while (s != GRPC_CHANNEL_READY) {
 		if (s == GRPC_CHANNEL_TRANSIENT_FAILURE || s == GRPC_CHANNEL_SHUTDOWN) {
 			rc = rsc_fail(st, RSC_UNAVAILABLE,
-				      "cannot reach the sidecar at %s: the connection failed (is it running, and is "
-				      "the address right? use --sidecar or RDMA_SIDECAR_ADDR)", c->target);
+				      "cannot reach the sidecar at %s: the connection failed (is "
+				      "it running, and is "
+				      "the address right? use --sidecar or RDMA_SIDECAR_ADDR)",
+				      c->target);
 			break;
 		}
 		grpc_channel_watch_connectivity_state(c->channel, s, deadline, cq, c);
-		grpc_event ev = grpc_completion_queue_pluck(cq, c, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+		grpc_event ev =
+		    grpc_completion_queue_pluck(cq, c, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
 		if (!ev.success) {
 			rc = rsc_fail(st, RSC_UNAVAILABLE,
-				      "cannot reach the sidecar at %s: not connected within %u ms (is it running?)",
+				      "cannot reach the sidecar at %s: not connected within %u ms "
+				      "(is it running?)",
 				      c->target, timeout_ms ? timeout_ms : 5000);
 			break;
 		}
@@ -223,7 +232,8 @@ static ProtobufCMessage *unpack(grpc_byte_buffer *bb, const ProtobufCMessageDesc
 		return NULL;
 	grpc_slice s = grpc_byte_buffer_reader_readall(&r);
 	grpc_byte_buffer_reader_destroy(&r);
-	ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+	ProtobufCMessage *m =
+	    protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
 	grpc_slice_unref(s);
 	return m;
 }
@@ -238,7 +248,8 @@ struct call {
 	grpc_slice details;
 };
 
-static int call_start(struct call *k, rsc_client *c, const char *method, uint64_t timeout_ms, rsc_status *st)
+static int call_start(struct call *k, rsc_client *c, const char *method, uint64_t timeout_ms,
+		      rsc_status *st)
 {
 	memset(k, 0, sizeof(*k));
 	if (!c)
@@ -246,7 +257,8 @@ static int call_start(struct call *k, rsc_client *c, const char *method, uint64_
 	k->c = c;
 	k->cq = grpc_completion_queue_create_for_pluck(NULL);
 	k->call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, k->cq,
-					   grpc_slice_from_static_string(method), NULL, deadline_in(timeout_ms), NULL);
+					   grpc_slice_from_static_string(method), NULL,
+					   deadline_in(timeout_ms), NULL);
 	grpc_metadata_array_init(&k->initial);
 	grpc_metadata_array_init(&k->trailing);
 	k->details = grpc_empty_slice();
@@ -255,7 +267,8 @@ static int call_start(struct call *k, rsc_client *c, const char *method, uint64_
 
 static int pluck(struct call *k, void *tag)
 {
-	grpc_event ev = grpc_completion_queue_pluck(k->cq, tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+	grpc_event ev =
+	    grpc_completion_queue_pluck(k->cq, tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
 	return ev.type == GRPC_OP_COMPLETE && ev.success;
 }
 
@@ -267,7 +280,8 @@ static int call_status(struct call *k, const char *method, rsc_status *st)
 	char *d = grpc_slice_to_c_string(k->details);
 	int rc;
 	if (k->status == GRPC_STATUS_UNAVAILABLE)
-		rc = rsc_fail(st, k->status, "%s (sidecar at %s)", d[0] ? d : "unavailable", k->c->target);
+		rc = rsc_fail(st, k->status, "%s (sidecar at %s)", d[0] ? d : "unavailable",
+			      k->c->target);
 	else if (k->status == GRPC_STATUS_DEADLINE_EXCEEDED && !d[0])
 		rc = rsc_fail(st, k->status, "%s: no answer before the call's deadline", method);
 	else
@@ -297,8 +311,8 @@ static void op_recv_status(grpc_op *op, struct call *k)
 }
 
 int rsc_call_unary(rsc_client *c, const char *method, const ProtobufCMessage *req,
-		   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp, uint64_t timeout_ms,
-		   rsc_status *st)
+		   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
+		   uint64_t timeout_ms, rsc_status *st)
 {
 	struct call k;
 	if (!c)
@@ -327,7 +341,8 @@ int rsc_call_unary(rsc_client *c, const char *method, const ProtobufCMessage *re
 	if (rc != RSC_OK)
 		goto out;
 	if (!in || !(*resp = unpack(in, resp_desc)))
-		rc = rsc_fail(st, RSC_INTERNAL, "%s: the sidecar's answer is missing or malformed", method);
+		rc = rsc_fail(st, RSC_INTERNAL, "%s: the sidecar's answer is missing or malformed",
+			      method);
 out:
 	grpc_byte_buffer_destroy(out);
 	if (in)
@@ -337,8 +352,8 @@ out:
 }
 
 int rsc_call_server_stream(rsc_client *c, const char *method, const ProtobufCMessage *req,
-			   const ProtobufCMessageDescriptor *resp_desc, rsc_stream_cb on_msg, void *user,
-			   uint64_t timeout_ms, int *stopped, rsc_status *st)
+			   const ProtobufCMessageDescriptor *resp_desc, rsc_stream_cb on_msg,
+			   void *user, uint64_t timeout_ms, int *stopped, rsc_status *st)
 {
 	struct call k;
 	*stopped = 0;
@@ -376,7 +391,8 @@ int rsc_call_server_stream(rsc_client *c, const char *method, const ProtobufCMes
 		ProtobufCMessage *m = unpack(in, resp_desc);
 		grpc_byte_buffer_destroy(in);
 		if (!m) {
-			rc = rsc_fail(st, RSC_INTERNAL, "%s: a malformed message from the sidecar", method);
+			rc = rsc_fail(st, RSC_INTERNAL, "%s: a malformed message from the sidecar",
+				      method);
 			grpc_call_cancel(k.call, NULL);
 			continue;
 		}
@@ -400,8 +416,8 @@ out:
 }
 
 int rsc_call_client_stream(rsc_client *c, const char *method, rsc_stream_next next, void *user,
-			   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp, uint64_t timeout_ms,
-			   rsc_status *st)
+			   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
+			   uint64_t timeout_ms, rsc_status *st)
 {
 	struct call k;
 	if (!c)
@@ -433,7 +449,8 @@ int rsc_call_client_stream(rsc_client *c, const char *method, rsc_stream_next ne
 		memset(ops, 0, sizeof(ops));
 		ops[0].op = GRPC_OP_SEND_MESSAGE;
 		ops[0].data.send_message.send_message = bb;
-		int ok = grpc_call_start_batch(k.call, ops, 1, &tag, NULL) == GRPC_CALL_OK && pluck(&k, &tag);
+		int ok = grpc_call_start_batch(k.call, ops, 1, &tag, NULL) == GRPC_CALL_OK &&
+			 pluck(&k, &tag);
 		grpc_byte_buffer_destroy(bb);
 		if (!ok)
 			break; /* the server ended the call: its status says why */
@@ -447,7 +464,8 @@ int rsc_call_client_stream(rsc_client *c, const char *method, rsc_stream_next ne
 	op_recv_status(&ops[3], &k);
 	if (grpc_call_start_batch(k.call, ops, 4, &tag, NULL) != GRPC_CALL_OK) {
 		if (!failed)
-			rc = rsc_fail(st, RSC_INTERNAL, "%s: gRPC refused to finish the call", method);
+			rc = rsc_fail(st, RSC_INTERNAL, "%s: gRPC refused to finish the call",
+				      method);
 		goto out;
 	}
 	pluck(&k, &tag);
@@ -455,7 +473,8 @@ int rsc_call_client_stream(rsc_client *c, const char *method, rsc_stream_next ne
 		goto out;
 	rc = call_status(&k, method, st);
 	if (rc == RSC_OK && (!in || !(*resp = unpack(in, resp_desc))))
-		rc = rsc_fail(st, RSC_INTERNAL, "%s: the sidecar's answer is missing or malformed", method);
+		rc = rsc_fail(st, RSC_INTERNAL, "%s: the sidecar's answer is missing or malformed",
+			      method);
 out:
 	if (in)
 		grpc_byte_buffer_destroy(in);

@@ -25,7 +25,7 @@ struct ctl {
 	rsc_client *c;
 	int json;
 	double timeout_s; /* waits and transfers; < 0 = not given */
-	long count;       /* subscribe: stop after N events (0 = no limit) */
+	long count;	  /* subscribe: stop after N events (0 = no limit) */
 	const char *queue;
 	const char *target;
 };
@@ -38,7 +38,8 @@ struct command {
 	int (*run)(struct ctl *x, char **argv);
 };
 
-/* ---- output ----------------------------------------------------------------------------------- */
+/* ---- output -----------------------------------------------------------------------------------
+ */
 
 static void jstr(const char *s)
 {
@@ -140,8 +141,9 @@ static void op_json(const rsc_operation *o)
 
 static void op_text(const rsc_operation *o)
 {
-	printf("%s  %s  %s  %s  %" PRIu64 "/%" PRIu64 " bytes", o->operation_id, rsc_op_kind_name(o->kind),
-	       rsc_op_status_name(o->status), rsc_backend_name(o->backend), o->bytes_done, o->bytes_total);
+	printf("%s  %s  %s  %s  %" PRIu64 "/%" PRIu64 " bytes", o->operation_id,
+	       rsc_op_kind_name(o->kind), rsc_op_status_name(o->status),
+	       rsc_backend_name(o->backend), o->bytes_done, o->bytes_total);
 	if (o->peer && o->peer[0])
 		printf("  peer %s", o->peer);
 	if (o->error_code || (o->error_message && o->error_message[0]))
@@ -163,7 +165,8 @@ static void op_print(const struct ctl *x, const rsc_operation *o)
 
 static int fail(const rsc_status *st, const char *what)
 {
-	fprintf(stderr, "rdma-sidecar-ctl: %s: %s: %s\n", what, rsc_code_name(st->code), st->message);
+	fprintf(stderr, "rdma-sidecar-ctl: %s: %s: %s\n", what, rsc_code_name(st->code),
+		st->message);
 	return EXIT_FAILED;
 }
 
@@ -180,7 +183,8 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* ---- commands --------------------------------------------------------------------------------- */
+/* ---- commands ---------------------------------------------------------------------------------
+ */
 
 static int cmd_info(struct ctl *x, char **argv)
 {
@@ -228,17 +232,19 @@ static int cmd_info(struct ctl *x, char **argv)
 		printf("sidecar  %s (version %s)\n", in.sidecar_id, in.version);
 		for (size_t i = 0; i < in.n_backends; i++)
 			printf("backend  %-8s %s  %s\n", rsc_backend_name(in.backends[i].backend),
-			       in.backends[i].available ? "available  " : "unavailable", in.backends[i].detail);
+			       in.backends[i].available ? "available  " : "unavailable",
+			       in.backends[i].detail);
 		for (size_t i = 0; i < in.n_grpc_listeners; i++)
 			printf("grpc     %s\n", in.grpc_listeners[i]);
 		for (size_t i = 0; i < in.n_data_endpoints; i++)
 			printf("data     %s\n", in.data_endpoints[i]);
 		printf("nats     %s\n", in.nats_state);
-		printf("signing  %s\n", in.signing_enabled ? in.signing_key_id : "disabled (no --key-file)");
+		printf("signing  %s\n",
+		       in.signing_enabled ? in.signing_key_id : "disabled (no --key-file)");
 		printf("cuda     %s\n", in.cuda_available ? "available" : in.cuda_detail);
 		for (size_t i = 0; i < in.n_gpus; i++)
-			printf("gpu %u    %s %s (%s)\n", in.gpus[i].index, in.gpus[i].name, in.gpus[i].pci_bus_id,
-			       in.gpus[i].rdma_path);
+			printf("gpu %u    %s %s (%s)\n", in.gpus[i].index, in.gpus[i].name,
+			       in.gpus[i].pci_bus_id, in.gpus[i].rdma_path);
 	}
 	rsc_info_clear(&in);
 	return 0;
@@ -278,7 +284,8 @@ static int cmd_regions(struct ctl *x, char **argv)
 			int f = 1;
 			printf("%s{", i ? "," : "");
 			jkv_s("region_id", r->region_id, &f);
-			jkv_s("device_kind", r->device_kind == RSC_DEVICE_CUDA ? "cuda" : "host", &f);
+			jkv_s("device_kind", r->device_kind == RSC_DEVICE_CUDA ? "cuda" : "host",
+			      &f);
 			jkv_u("device_index", r->device_index, &f);
 			jkv_u("size", r->size, &f);
 			jkv_s("path", r->path, &f);
@@ -288,8 +295,8 @@ static int cmd_regions(struct ctl *x, char **argv)
 			putchar('}');
 		} else {
 			printf("%s  %s  %" PRIu64 " bytes  %u live  %s  %s\n", r->region_id,
-			       r->device_kind == RSC_DEVICE_CUDA ? "cuda" : "host", r->size, r->live_operations,
-			       r->name && r->name[0] ? r->name : "-", r->path);
+			       r->device_kind == RSC_DEVICE_CUDA ? "cuda" : "host", r->size,
+			       r->live_operations, r->name && r->name[0] ? r->name : "-", r->path);
 		}
 	}
 	if (x->json)
@@ -422,8 +429,9 @@ static int cmd_subscribe(struct ctl *x, char **argv)
 	int rc = rsc_subscribe(x->c, argv[0], x->queue, on_event, &s, t, &st);
 	if (rc == RSC_DEADLINE_EXCEEDED && t) {
 		if (x->count > 0 && s.seen < x->count) {
-			fprintf(stderr, "rdma-sidecar-ctl: subscribe: %ld of %ld events within %.1f s\n", s.seen,
-				x->count, x->timeout_s);
+			fprintf(stderr,
+				"rdma-sidecar-ctl: subscribe: %ld of %ld events within %.1f s\n",
+				s.seen, x->count, x->timeout_s);
 			return EXIT_FAILED;
 		}
 		return 0;
@@ -469,8 +477,9 @@ static int transfer(struct ctl *x, char **argv, int write)
 		goto out;
 	}
 	if (kind != (write ? RSC_KIND_WRITABLE : RSC_KIND_READABLE)) {
-		fprintf(stderr, "rdma-sidecar-ctl: %s: the metadata is for a %s operation; use `%s`\n", what,
-			rsc_op_kind_name(kind), write ? "read" : "write");
+		fprintf(stderr,
+			"rdma-sidecar-ctl: %s: the metadata is for a %s operation; use `%s`\n",
+			what, rsc_op_kind_name(kind), write ? "read" : "write");
 		goto out;
 	}
 	for (size_t i = 0; i < n; i++)
@@ -479,20 +488,25 @@ static int transfer(struct ctl *x, char **argv, int write)
 		struct stat sb;
 		f = fopen(argv[1], "rb");
 		if (!f || fstat(fileno(f), &sb) != 0) {
-			fprintf(stderr, "rdma-sidecar-ctl: write: cannot open %s: %s\n", argv[1], strerror(errno));
+			fprintf(stderr, "rdma-sidecar-ctl: write: cannot open %s: %s\n", argv[1],
+				strerror(errno));
 			goto out;
 		}
 		if ((uint64_t)sb.st_size != total) {
-			fprintf(stderr, "rdma-sidecar-ctl: write: %s has %lld bytes but the writable takes %" PRIu64
-				" (in %zu descriptors)\n", argv[1], (long long)sb.st_size, total, n);
+			fprintf(stderr,
+				"rdma-sidecar-ctl: write: %s has %lld bytes but the writable takes "
+				"%" PRIu64 " (in %zu descriptors)\n",
+				argv[1], (long long)sb.st_size, total, n);
 			goto out;
 		}
 	}
-	if (rsc_region_create(x->c, total, write ? "ctl-write" : "ctl-read", &region, &st) != RSC_OK) {
+	if (rsc_region_create(x->c, total, write ? "ctl-write" : "ctl-read", &region, &st) !=
+	    RSC_OK) {
 		fail(&st, what);
 		goto out;
 	}
-	int mapped = rsc_region_map(&region, &mem, &st) == RSC_OK; /* else: Read/WriteRegion streams */
+	int mapped =
+	    rsc_region_map(&region, &mem, &st) == RSC_OK; /* else: Read/WriteRegion streams */
 	if (write) {
 		char *buf = mapped ? mem : malloc(total);
 		if (!buf || fread(buf, 1, total, f) != total) {
@@ -501,7 +515,8 @@ static int transfer(struct ctl *x, char **argv, int write)
 				free(buf);
 			goto out;
 		}
-		int r = mapped ? RSC_OK : rsc_region_write(x->c, region.region_id, 0, buf, total, &st);
+		int r =
+		    mapped ? RSC_OK : rsc_region_write(x->c, region.region_id, 0, buf, total, &st);
 		if (!mapped)
 			free(buf);
 		if (r != RSC_OK) {
@@ -513,9 +528,11 @@ static int transfer(struct ctl *x, char **argv, int write)
 	if (!d)
 		goto out;
 	for (size_t i = 0, off = 0; i < n; off += lengths[i], i++)
-		d[i] = (rsc_descriptor){.region_id = region.region_id, .offset = off, .length = lengths[i]};
+		d[i] = (rsc_descriptor){
+		    .region_id = region.region_id, .offset = off, .length = lengths[i]};
 	uint64_t t = timeout_ms(x, 60);
-	rsc_transfer_args a = {.metadata = md, .descriptors = d, .n_descriptors = n, .timeout_ms = t};
+	rsc_transfer_args a = {
+	    .metadata = md, .descriptors = d, .n_descriptors = n, .timeout_ms = t};
 	double t0 = now_s();
 	int r = write ? rsc_write(x->c, &a, t, &op, &st) : rsc_read(x->c, &a, t, &op, &st);
 	double secs = now_s() - t0;
@@ -528,7 +545,8 @@ static int transfer(struct ctl *x, char **argv, int write)
 		char *buf = mapped ? mem : malloc(total);
 		size_t got = 0;
 		int ok = o && buf;
-		if (ok && !mapped && rsc_region_read(x->c, region.region_id, 0, buf, total, &got, &st) != RSC_OK) {
+		if (ok && !mapped &&
+		    rsc_region_read(x->c, region.region_id, 0, buf, total, &got, &st) != RSC_OK) {
 			fail(&st, what);
 			ok = 0;
 		}
@@ -539,7 +557,8 @@ static int transfer(struct ctl *x, char **argv, int write)
 		if (!mapped)
 			free(buf);
 		if (!ok) {
-			fprintf(stderr, "rdma-sidecar-ctl: read: cannot write %s: %s\n", argv[1], strerror(errno));
+			fprintf(stderr, "rdma-sidecar-ctl: read: cannot write %s: %s\n", argv[1],
+				strerror(errno));
 			goto out;
 		}
 	}
@@ -558,9 +577,10 @@ static int transfer(struct ctl *x, char **argv, int write)
 		op_json(&op);
 		puts("}");
 	} else {
-		printf("%s %" PRIu64 " bytes %s %s: %s over %s in %.3f ms (%.3f GB/s)\n", what, total,
-		       write ? "from" : "into", argv[1], rsc_op_status_name(op.status), rsc_backend_name(op.backend),
-		       secs * 1e3, secs > 0 ? (double)total / secs / 1e9 : 0.0);
+		printf("%s %" PRIu64 " bytes %s %s: %s over %s in %.3f ms (%.3f GB/s)\n", what,
+		       total, write ? "from" : "into", argv[1], rsc_op_status_name(op.status),
+		       rsc_backend_name(op.backend), secs * 1e3,
+		       secs > 0 ? (double)total / secs / 1e9 : 0.0);
 		if (op.status != RSC_STATUS_COMPLETE)
 			printf("error %s: %s\n", rsc_code_name(op.error_code), op.error_message);
 	}
@@ -592,50 +612,61 @@ static int cmd_write(struct ctl *x, char **argv)
 }
 
 static const struct command commands[] = {
-	{"info", "", 0, "identity, version, listeners, backends (and why one is unavailable), NATS, signing, GPUs",
-	 cmd_info},
-	{"health", "", 0, "grpc.health.v1 Check of the whole server; exit 1 unless SERVING", cmd_health},
-	{"regions", "", 0, "the registered regions", cmd_regions},
-	{"ops", "", 0, "the operations the sidecar knows", cmd_ops},
-	{"op", "ID", 1, "one operation (NOT_FOUND: exit 1)", cmd_op},
-	{"wait", "ID", 1, "wait until the operation is terminal (--timeout S, default 30); exit 0 only when COMPLETE",
-	 cmd_wait},
-	{"cancel", "ID", 1, "cancel an operation (the peer's ends too); prints its state", cmd_cancel},
-	{"publish", "SUBJECT OPID", 2, "publish a passive operation's metadata on a NATS subject", cmd_publish},
-	{"subscribe", "SUBJECT", 1,
-	 "print verified metadata published on SUBJECT (wildcards allowed), one line each; --count N stops "
-	 "after N (exit 1 when --timeout S passes first), --queue G joins a queue group",
-	 cmd_subscribe},
-	{"read", "METADATA FILE", 2,
-	 "pull a remote readable into a fresh region and save its bytes to FILE (METADATA: rsm1. text or @file "
-	 "holding it); --timeout S (default 60)",
-	 cmd_read},
-	{"write", "METADATA FILE", 2,
-	 "push FILE's bytes (exactly the writable's size) into a remote writable; --timeout S (default 60)",
-	 cmd_write},
+    {"info", "", 0,
+     "identity, version, listeners, backends (and why one is unavailable), NATS, signing, GPUs",
+     cmd_info},
+    {"health", "", 0, "grpc.health.v1 Check of the whole server; exit 1 unless SERVING",
+     cmd_health},
+    {"regions", "", 0, "the registered regions", cmd_regions},
+    {"ops", "", 0, "the operations the sidecar knows", cmd_ops},
+    {"op", "ID", 1, "one operation (NOT_FOUND: exit 1)", cmd_op},
+    {"wait", "ID", 1,
+     "wait until the operation is terminal (--timeout S, default 30); exit 0 only when COMPLETE",
+     cmd_wait},
+    {"cancel", "ID", 1, "cancel an operation (the peer's ends too); prints its state", cmd_cancel},
+    {"publish", "SUBJECT OPID", 2, "publish a passive operation's metadata on a NATS subject",
+     cmd_publish},
+    {"subscribe", "SUBJECT", 1,
+     "print verified metadata published on SUBJECT (wildcards allowed), one line each; --count N "
+     "stops "
+     "after N (exit 1 when --timeout S passes first), --queue G joins a queue group",
+     cmd_subscribe},
+    {"read", "METADATA FILE", 2,
+     "pull a remote readable into a fresh region and save its bytes to FILE (METADATA: rsm1. text "
+     "or @file "
+     "holding it); --timeout S (default 60)",
+     cmd_read},
+    {"write", "METADATA FILE", 2,
+     "push FILE's bytes (exactly the writable's size) into a remote writable; --timeout S (default "
+     "60)",
+     cmd_write},
 };
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
 
 static void usage(FILE *out)
 {
-	fprintf(out,
-		"usage: rdma-sidecar-ctl [options] COMMAND [ARGS]\n\n"
-		"Talks to an rdma-sidecar over gRPC (librdma-sidecar-client).\n\ncommands:\n");
+	fprintf(out, "usage: rdma-sidecar-ctl [options] COMMAND [ARGS]\n\n"
+		     "Talks to an rdma-sidecar over gRPC (librdma-sidecar-client).\n\ncommands:\n");
 	for (size_t i = 0; i < N_COMMANDS; i++)
-		fprintf(out, "  %-9s %-14s %s\n", commands[i].name, commands[i].args, commands[i].help);
-	fprintf(out,
-		"\noptions:\n"
-		"  --sidecar ADDR     unix:/path or host:port (env RDMA_SIDECAR_ADDR; default " DEFAULT_ADDR ")\n"
-		"  --json             machine-readable output (one JSON object per line)\n"
-		"  --timeout S        seconds: wait/read/write bound, subscribe duration\n"
-		"  --count N          subscribe: stop after N events\n"
-		"  --queue G          subscribe: NATS queue group\n"
-		"  --connect-timeout S  seconds to reach the sidecar (default 5)\n"
-		"  --tls-ca FILE      TLS: PEM roots of the sidecar's certificate (env RDMA_SIDECAR_TLS_CA)\n"
-		"  --tls-cert FILE, --tls-key FILE   mutual TLS client certificate and key\n"
-		"  --tls-server-name NAME   name to check in the sidecar's certificate\n"
-		"  -h, --help         this text; `rdma-sidecar-ctl help COMMAND` or `COMMAND --help` for one command\n"
-		"\nexit codes: 0 ok, 1 the operation failed, 2 usage, 3 cannot reach the sidecar\n");
+		fprintf(out, "  %-9s %-14s %s\n", commands[i].name, commands[i].args,
+			commands[i].help);
+	fprintf(
+	    out,
+	    "\noptions:\n"
+	    "  --sidecar ADDR     unix:/path or host:port (env RDMA_SIDECAR_ADDR; "
+	    "default " DEFAULT_ADDR ")\n"
+	    "  --json             machine-readable output (one JSON object per line)\n"
+	    "  --timeout S        seconds: wait/read/write bound, subscribe duration\n"
+	    "  --count N          subscribe: stop after N events\n"
+	    "  --queue G          subscribe: NATS queue group\n"
+	    "  --connect-timeout S  seconds to reach the sidecar (default 5)\n"
+	    "  --tls-ca FILE      TLS: PEM roots of the sidecar's certificate (env "
+	    "RDMA_SIDECAR_TLS_CA)\n"
+	    "  --tls-cert FILE, --tls-key FILE   mutual TLS client certificate and key\n"
+	    "  --tls-server-name NAME   name to check in the sidecar's certificate\n"
+	    "  -h, --help         this text; `rdma-sidecar-ctl help COMMAND` or `COMMAND --help` "
+	    "for one command\n"
+	    "\nexit codes: 0 ok, 1 the operation failed, 2 usage, 3 cannot reach the sidecar\n");
 }
 
 static const struct command *find_command(const char *name)
@@ -648,7 +679,8 @@ static const struct command *find_command(const char *name)
 
 static void command_help(const struct command *c)
 {
-	printf("usage: rdma-sidecar-ctl [options] %s %s\n\n%s\n\n(see rdma-sidecar-ctl --help for the options)\n",
+	printf("usage: rdma-sidecar-ctl [options] %s %s\n\n%s\n\n(see rdma-sidecar-ctl --help for "
+	       "the options)\n",
 	       c->name, c->args, c->help);
 }
 
@@ -665,29 +697,45 @@ static int parse_seconds(const char *s, double *out)
 
 int main(int argc, char **argv)
 {
-	enum { O_SIDECAR = 256, O_JSON, O_TIMEOUT, O_COUNT, O_QUEUE, O_CONNECT, O_CA, O_CERT, O_KEY, O_NAME };
+	enum {
+		O_SIDECAR = 256,
+		O_JSON,
+		O_TIMEOUT,
+		O_COUNT,
+		O_QUEUE,
+		O_CONNECT,
+		O_CA,
+		O_CERT,
+		O_KEY,
+		O_NAME
+	};
 	static const struct option longopts[] = {
-		{"sidecar", required_argument, NULL, O_SIDECAR},
-		{"json", no_argument, NULL, O_JSON},
-		{"timeout", required_argument, NULL, O_TIMEOUT},
-		{"count", required_argument, NULL, O_COUNT},
-		{"queue", required_argument, NULL, O_QUEUE},
-		{"connect-timeout", required_argument, NULL, O_CONNECT},
-		{"tls-ca", required_argument, NULL, O_CA},
-		{"tls-cert", required_argument, NULL, O_CERT},
-		{"tls-key", required_argument, NULL, O_KEY},
-		{"tls-server-name", required_argument, NULL, O_NAME},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
+	    {"sidecar", required_argument, NULL, O_SIDECAR},
+	    {"json", no_argument, NULL, O_JSON},
+	    {"timeout", required_argument, NULL, O_TIMEOUT},
+	    {"count", required_argument, NULL, O_COUNT},
+	    {"queue", required_argument, NULL, O_QUEUE},
+	    {"connect-timeout", required_argument, NULL, O_CONNECT},
+	    {"tls-ca", required_argument, NULL, O_CA},
+	    {"tls-cert", required_argument, NULL, O_CERT},
+	    {"tls-key", required_argument, NULL, O_KEY},
+	    {"tls-server-name", required_argument, NULL, O_NAME},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
 	};
 	struct ctl x = {.timeout_s = -1};
-	rsc_options o = {.target = getenv("RDMA_SIDECAR_ADDR"), .tls_ca_file = getenv("RDMA_SIDECAR_TLS_CA")};
+	rsc_options o = {.target = getenv("RDMA_SIDECAR_ADDR"),
+			 .tls_ca_file = getenv("RDMA_SIDECAR_TLS_CA")};
 	double connect_s = 5;
 	int help = 0, opt;
 	while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
 		switch (opt) {
-		case O_SIDECAR: o.target = optarg; break;
-		case O_JSON: x.json = 1; break;
+		case O_SIDECAR:
+			o.target = optarg;
+			break;
+		case O_JSON:
+			x.json = 1;
+			break;
 		case O_TIMEOUT:
 			if (parse_seconds(optarg, &x.timeout_s) != 0)
 				goto bad_value;
@@ -703,13 +751,27 @@ int main(int argc, char **argv)
 				goto bad_value;
 			break;
 		}
-		case O_QUEUE: x.queue = optarg; break;
-		case O_CA: o.tls_ca_file = optarg; break;
-		case O_CERT: o.tls_cert_file = optarg; break;
-		case O_KEY: o.tls_key_file = optarg; break;
-		case O_NAME: o.tls_server_name = optarg; break;
-		case 'h': help = 1; break;
-		default: usage(stderr); return EXIT_USAGE;
+		case O_QUEUE:
+			x.queue = optarg;
+			break;
+		case O_CA:
+			o.tls_ca_file = optarg;
+			break;
+		case O_CERT:
+			o.tls_cert_file = optarg;
+			break;
+		case O_KEY:
+			o.tls_key_file = optarg;
+			break;
+		case O_NAME:
+			o.tls_server_name = optarg;
+			break;
+		case 'h':
+			help = 1;
+			break;
+		default:
+			usage(stderr);
+			return EXIT_USAGE;
 		}
 	}
 	const char *name = optind < argc ? argv[optind] : NULL;
@@ -743,8 +805,9 @@ int main(int argc, char **argv)
 	}
 	int nargs = argc - optind - 1;
 	if (nargs != cmd->nargs) {
-		fprintf(stderr, "rdma-sidecar-ctl: %s takes %d argument%s (%s), got %d\n", cmd->name, cmd->nargs,
-			cmd->nargs == 1 ? "" : "s", cmd->nargs ? cmd->args : "none", nargs);
+		fprintf(stderr, "rdma-sidecar-ctl: %s takes %d argument%s (%s), got %d\n",
+			cmd->name, cmd->nargs, cmd->nargs == 1 ? "" : "s",
+			cmd->nargs ? cmd->args : "none", nargs);
 		return EXIT_USAGE;
 	}
 	rsc_status st;

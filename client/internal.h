@@ -17,22 +17,22 @@ int rsc_ok(rsc_status *st);
 /* One unary call: packs req, waits up to timeout_ms (0 = the client's call timeout) and unpacks
  * the answer with resp_desc into *resp (free with protobuf_c_message_free_unpacked). */
 int rsc_call_unary(rsc_client *c, const char *method, const ProtobufCMessage *req,
-		   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp, uint64_t timeout_ms,
-		   rsc_status *st);
+		   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
+		   uint64_t timeout_ms, rsc_status *st);
 
 /* A server-streaming call: on_msg gets each unpacked message (freed after it returns) and returns
  * non-zero to stop, which cancels the call and returns RSC_OK with *stopped = 1.
  * timeout_ms 0 = no deadline. */
 typedef int (*rsc_stream_cb)(const ProtobufCMessage *msg, void *user);
 int rsc_call_server_stream(rsc_client *c, const char *method, const ProtobufCMessage *req,
-			   const ProtobufCMessageDescriptor *resp_desc, rsc_stream_cb on_msg, void *user,
-			   uint64_t timeout_ms, int *stopped, rsc_status *st);
+			   const ProtobufCMessageDescriptor *resp_desc, rsc_stream_cb on_msg,
+			   void *user, uint64_t timeout_ms, int *stopped, rsc_status *st);
 
 /* A client-streaming call: next(user, &msg) fills the next request (returns 1) or says the stream
  * ended (0) or failed (-1 with st filled); msg stays valid until the next call of next(). */
 typedef int (*rsc_stream_next)(void *user, const ProtobufCMessage **msg, rsc_status *st);
 int rsc_call_client_stream(rsc_client *c, const char *method, rsc_stream_next next, void *user,
-			   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp, uint64_t timeout_ms,
-			   rsc_status *st);
+			   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
+			   uint64_t timeout_ms, rsc_status *st);
 
 #endif

@@ -6,7 +6,8 @@
  *
  *   c_client_read [unix:/path/sidecar.sock | host:port] rsm1.METADATA
  *
- * Build against an installed library: cc c_client_read.c $(pkg-config --cflags --libs rdma-sidecar-client)
+ * Build against an installed library: cc c_client_read.c $(pkg-config --cflags --libs
+ * rdma-sidecar-client)
  */
 #include <rdma_sidecar/client.h>
 
@@ -43,8 +44,10 @@ int main(int argc, char **argv)
 	if (!d)
 		goto cleanup;
 	for (size_t i = 0, off = 0; i < n; off += lengths[i], i++)
-		d[i] = (rsc_descriptor){.region_id = region.region_id, .offset = off, .length = lengths[i]};
-	rsc_transfer_args a = {.metadata = argv[2], .descriptors = d, .n_descriptors = n, .timeout_ms = 30000};
+		d[i] = (rsc_descriptor){
+		    .region_id = region.region_id, .offset = off, .length = lengths[i]};
+	rsc_transfer_args a = {
+	    .metadata = argv[2], .descriptors = d, .n_descriptors = n, .timeout_ms = 30000};
 	int r = rsc_read(c, &a, 30000, &op, &st);
 	free(d);
 	if (r != RSC_OK)
@@ -58,7 +61,8 @@ int main(int argc, char **argv)
 	uint64_t h = 1469598103934665603ull;
 	for (uint64_t i = 0; i < total; i++)
 		h = (h ^ ((const unsigned char *)mem)[i]) * 1099511628211ull;
-	printf("read %" PRIu64 " bytes over %s, fnv1a %016" PRIx64 "\n", total, rsc_backend_name(op.backend), h);
+	printf("read %" PRIu64 " bytes over %s, fnv1a %016" PRIx64 "\n", total,
+	       rsc_backend_name(op.backend), h);
 	rc = 0;
 	goto cleanup;
 fail:

@@ -11,7 +11,7 @@ build=(build-essential cmake pkg-config git
        libgrpc-dev protobuf-c-compiler libprotobuf-c-dev libssl-dev libnats-dev libmicrohttpd-dev
        libibverbs-dev rdma-core ibverbs-providers ibverbs-utils
        nats-server python3 python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc
-       iproute2 procps psmisc valgrind clang libclang-rt-14-dev)
+       iproute2 procps psmisc valgrind clang libclang-rt-14-dev openssl)
 # The Soft-RoCE VM test and the benchmarks.
 vm=(qemu-system-x86 busybox-static kmod cpio perftest iperf3 ucx-utils)
 

@@ -20,7 +20,8 @@
  * documented in proto/rdma_sidecar/v1/sidecar.proto; the client adds UNAVAILABLE (14) when the
  * sidecar cannot be reached, DEADLINE_EXCEEDED (4) when the call's own deadline passed and
  * INVALID_ARGUMENT (3) for bad arguments it can see itself. An operation's own failure (a transfer
- * that ERRORED) is not a call failure: compare rsc_operation.status and read .error_code/.error_message.
+ * that ERRORED) is not a call failure: compare rsc_operation.status and read
+ * .error_code/.error_message.
  */
 #ifndef RDMA_SIDECAR_CLIENT_H
 #define RDMA_SIDECAR_CLIENT_H
@@ -80,7 +81,12 @@ enum rsc_op_status {
 	RSC_STATUS_ERRORED = 5,
 	RSC_STATUS_SCHEDULED = 6,
 };
-enum rsc_backend { RSC_BACKEND_UNSPECIFIED = 0, RSC_BACKEND_TCP = 1, RSC_BACKEND_IBVERBS = 2, RSC_BACKEND_LOCAL = 3 };
+enum rsc_backend {
+	RSC_BACKEND_UNSPECIFIED = 0,
+	RSC_BACKEND_TCP = 1,
+	RSC_BACKEND_IBVERBS = 2,
+	RSC_BACKEND_LOCAL = 3
+};
 
 /* Lower-case names ("readable", "complete", "tcp"); never NULL. */
 const char *rsc_op_kind_name(int kind);
@@ -94,7 +100,8 @@ int rsc_op_status_terminal(int status);
 typedef struct rsc_client rsc_client;
 
 typedef struct rsc_options {
-	/* "unix:/path/to/sidecar.sock" or "host:port"; NULL = "unix:/tmp/rdma-sidecar/sidecar.sock". */
+	/* "unix:/path/to/sidecar.sock" or "host:port"; NULL =
+	 * "unix:/tmp/rdma-sidecar/sidecar.sock". */
 	const char *target;
 	/* TLS: set tls_ca_file (PEM roots that sign the server's certificate) to use TLS; add
 	 * tls_cert_file + tls_key_file for mutual TLS. tls_server_name overrides the name checked
@@ -178,7 +185,8 @@ typedef struct rsc_region_list {
 } rsc_region_list;
 
 /* A HOST region of `size` bytes allocated by the sidecar (a file under its --shm-dir). */
-int rsc_region_create(rsc_client *c, uint64_t size, const char *name, rsc_region *out, rsc_status *st);
+int rsc_region_create(rsc_client *c, uint64_t size, const char *name, rsc_region *out,
+		      rsc_status *st);
 /* A HOST region over [offset, offset+size) of a file the sidecar can open read-write. */
 int rsc_region_register_host_file(rsc_client *c, const char *path, uint64_t offset, uint64_t size,
 				  const char *name, rsc_region *out, rsc_status *st);
@@ -186,8 +194,8 @@ int rsc_region_register_host_file(rsc_client *c, const char *path, uint64_t offs
 int rsc_region_deregister(rsc_client *c, const char *region_id, int force, rsc_status *st);
 int rsc_region_list_get(rsc_client *c, rsc_region_list *out, rsc_status *st);
 /* Streams len bytes into the region at offset (WriteRegion), for callers that cannot map it. */
-int rsc_region_write(rsc_client *c, const char *region_id, uint64_t offset, const void *data, size_t len,
-		     rsc_status *st);
+int rsc_region_write(rsc_client *c, const char *region_id, uint64_t offset, const void *data,
+		     size_t len, rsc_status *st);
 /* Reads len bytes from offset into buf (ReadRegion); *got = the bytes received. */
 int rsc_region_read(rsc_client *c, const char *region_id, uint64_t offset, void *buf, size_t len,
 		    size_t *got, rsc_status *st);
@@ -251,7 +259,7 @@ typedef struct rsc_transfer_args {
 	const rsc_descriptor *descriptors;
 	size_t n_descriptors;
 	uint64_t timeout_ms; /* 0 = the sidecar's --default-timeout */
-	int backend;         /* enum rsc_backend; 0 = the fastest both sides offer */
+	int backend;	     /* enum rsc_backend; 0 = the fastest both sides offer */
 	const char *request_id;
 	/* Optional gate (ReportProgress): set has_requirement. */
 	int has_requirement;
@@ -261,16 +269,19 @@ typedef struct rsc_transfer_args {
 	uint32_t req_layer;
 } rsc_transfer_args;
 
-int rsc_create_readable(rsc_client *c, const rsc_passive_args *a, rsc_operation *out, rsc_status *st);
-int rsc_create_writable(rsc_client *c, const rsc_passive_args *a, rsc_operation *out, rsc_status *st);
+int rsc_create_readable(rsc_client *c, const rsc_passive_args *a, rsc_operation *out,
+			rsc_status *st);
+int rsc_create_writable(rsc_client *c, const rsc_passive_args *a, rsc_operation *out,
+			rsc_status *st);
 /* Return at once (SCHEDULED or IN_PROGRESS); wait with rsc_operation_wait. */
 int rsc_begin_read(rsc_client *c, const rsc_transfer_args *a, rsc_operation *out, rsc_status *st);
 int rsc_begin_write(rsc_client *c, const rsc_transfer_args *a, rsc_operation *out, rsc_status *st);
 
 int rsc_operation_get(rsc_client *c, const char *operation_id, rsc_operation *out, rsc_status *st);
-/* Returns when the operation is terminal or after timeout_ms (then still RSC_OK: compare status). */
-int rsc_operation_wait(rsc_client *c, const char *operation_id, uint64_t timeout_ms, rsc_operation *out,
-		       rsc_status *st);
+/* Returns when the operation is terminal or after timeout_ms (then still RSC_OK: compare status).
+ */
+int rsc_operation_wait(rsc_client *c, const char *operation_id, uint64_t timeout_ms,
+		       rsc_operation *out, rsc_status *st);
 /* WatchOperation: cb gets the current state, then every change, until the terminal state (then
  * RSC_OK). cb returns 0 to go on, non-zero to stop (then RSC_CANCELLED). timeout_ms bounds the
  * whole stream (0 = no bound; at the bound RSC_DEADLINE_EXCEEDED). The rsc_operation passed to cb
@@ -278,7 +289,8 @@ int rsc_operation_wait(rsc_client *c, const char *operation_id, uint64_t timeout
 typedef int (*rsc_operation_cb)(const rsc_operation *op, void *user);
 int rsc_operation_watch(rsc_client *c, const char *operation_id, rsc_operation_cb cb, void *user,
 			uint64_t timeout_ms, rsc_status *st);
-int rsc_operation_cancel(rsc_client *c, const char *operation_id, rsc_operation *out, rsc_status *st);
+int rsc_operation_cancel(rsc_client *c, const char *operation_id, rsc_operation *out,
+			 rsc_status *st);
 int rsc_operation_release(rsc_client *c, const char *operation_id, rsc_status *st);
 int rsc_operation_list_get(rsc_client *c, rsc_operation_list *out, rsc_status *st);
 void rsc_operation_clear(rsc_operation *op);
@@ -286,12 +298,15 @@ void rsc_operation_list_clear(rsc_operation_list *l);
 
 /* Begin + wait in one function (two RPCs): *out is the final state, or the last seen one when
  * timeout_ms (0 = 30000) passed first. */
-int rsc_read(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out, rsc_status *st);
-int rsc_write(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out, rsc_status *st);
+int rsc_read(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out,
+	     rsc_status *st);
+int rsc_write(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out,
+	      rsc_status *st);
 
 /* Lengths of the descriptors a "rsm1." text carries (what a reader must allocate), decoded
  * locally without checking the signature (the sidecar checks it). *lengths is malloc'd: free(). */
-int rsc_metadata_lengths(const char *metadata, uint64_t **lengths, size_t *n, int *kind, rsc_status *st);
+int rsc_metadata_lengths(const char *metadata, uint64_t **lengths, size_t *n, int *kind,
+			 rsc_status *st);
 
 /* ---- NATS metadata exchange and progress ----------------------------------------------------- */
 
@@ -315,12 +330,12 @@ typedef struct rsc_metadata_event {
  * (0 = until cb stops it or the sidecar ends it); reaching it returns RSC_DEADLINE_EXCEEDED.
  * queue_group may be NULL. */
 typedef int (*rsc_metadata_cb)(const rsc_metadata_event *ev, void *user);
-int rsc_subscribe(rsc_client *c, const char *subject, const char *queue_group, rsc_metadata_cb cb, void *user,
-		  uint64_t timeout_ms, rsc_status *st);
+int rsc_subscribe(rsc_client *c, const char *subject, const char *queue_group, rsc_metadata_cb cb,
+		  void *user, uint64_t timeout_ms, rsc_status *st);
 
 /* ReportProgress; *released (may be NULL) = scheduled operations released. */
-int rsc_report_progress(rsc_client *c, const char *request_id, uint64_t iteration, int has_layer, uint32_t layer,
-			int iteration_complete, uint32_t *released, rsc_status *st);
+int rsc_report_progress(rsc_client *c, const char *request_id, uint64_t iteration, int has_layer,
+			uint32_t layer, int iteration_complete, uint32_t *released, rsc_status *st);
 
 #ifdef __cplusplus
 }

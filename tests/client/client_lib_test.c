@@ -19,22 +19,23 @@
 
 static int failures;
 
-#define CHECK(cond, ...)                                                                               \
-	do {                                                                                           \
-		if (!(cond)) {                                                                         \
-			fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);        \
-			fprintf(stderr, __VA_ARGS__);                                                  \
-			fputc('\n', stderr);                                                           \
-			failures++;                                                                    \
-		}                                                                                      \
+#define CHECK(cond, ...)                                                                           \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);   \
+			fprintf(stderr, __VA_ARGS__);                                              \
+			fputc('\n', stderr);                                                       \
+			failures++;                                                                \
+		}                                                                                  \
 	} while (0)
 #define OK(call) CHECK((call) == RSC_OK, "%s: %s", rsc_code_name(st.code), st.message)
-#define CODE(call, want, substr)                                                                       \
-	do {                                                                                           \
-		int got_ = (call);                                                                     \
-		CHECK(got_ == (want) && st.code == (want), "code %s, want %s (%s)", rsc_code_name(got_), \
-		      rsc_code_name(want), st.message);                                                \
-		CHECK(strstr(st.message, (substr)) != NULL, "message \"%s\" lacks \"%s\"", st.message, (substr)); \
+#define CODE(call, want, substr)                                                                   \
+	do {                                                                                       \
+		int got_ = (call);                                                                 \
+		CHECK(got_ == (want) && st.code == (want), "code %s, want %s (%s)",                \
+		      rsc_code_name(got_), rsc_code_name(want), st.message);                       \
+		CHECK(strstr(st.message, (substr)) != NULL, "message \"%s\" lacks \"%s\"",         \
+		      st.message, (substr));                                                       \
 	} while (0)
 
 #define MIB (1u << 20)
@@ -138,67 +139,84 @@ int main(int argc, char **argv)
 
 	/* Regions: create, stream bytes in and out, map, register a host file, list. */
 	OK(rsc_region_create(a, MIB, "lib-a", &ra, &st));
-	CHECK(ra.size == MIB && ra.path[0] == '/', "region %s %llu", ra.path, (unsigned long long)ra.size);
+	CHECK(ra.size == MIB && ra.path[0] == '/', "region %s %llu", ra.path,
+	      (unsigned long long)ra.size);
 	fill(pattern, MIB, 1);
 	OK(rsc_region_write(a, ra.region_id, 0, pattern, MIB, &st));
 	size_t got = 0;
 	memset(back, 0, MIB);
 	OK(rsc_region_read(a, ra.region_id, 0, back, MIB, &got, &st));
-	CHECK(got == MIB && memcmp(back, pattern, MIB) == 0, "ReadRegion returned other bytes (%zu)", got);
+	CHECK(got == MIB && memcmp(back, pattern, MIB) == 0,
+	      "ReadRegion returned other bytes (%zu)", got);
 	OK(rsc_region_map(&ra, &ma, &st));
-	CHECK(ma && memcmp(ma, pattern, MIB) == 0, "the mapped region differs from what WriteRegion wrote");
+	CHECK(ma && memcmp(ma, pattern, MIB) == 0,
+	      "the mapped region differs from what WriteRegion wrote");
 	CODE(rsc_region_write(a, "rgn-nope", 0, pattern, 16, &st), RSC_NOT_FOUND, "rgn-nope");
-	CODE(rsc_region_write(a, ra.region_id, MIB - 8, pattern, 16, &st), RSC_INVALID_ARGUMENT, "");
+	CODE(rsc_region_write(a, ra.region_id, MIB - 8, pattern, 16, &st), RSC_INVALID_ARGUMENT,
+	     "");
 	OK(rsc_region_register_host_file(b, argv[3], 0, MIB, "lib-b", &rb, &st));
 	CHECK(strcmp(rb.path, argv[3]) == 0, "registered path %s", rb.path);
 	OK(rsc_region_map(&rb, &mb, &st));
 	memset(mb, 0, MIB);
 	rsc_region_list rl;
 	OK(rsc_region_list_get(b, &rl, &st));
-	CHECK(rl.count == 1 && strcmp(rl.items[0].region_id, rb.region_id) == 0, "list %zu", rl.count);
+	CHECK(rl.count == 1 && strcmp(rl.items[0].region_id, rb.region_id) == 0, "list %zu",
+	      rl.count);
 	rsc_region_list_clear(&rl);
 
-	/* READ: a readable of two ranges on a, pulled into b's host-file region, watched to the end. */
+	/* READ: a readable of two ranges on a, pulled into b's host-file region, watched to the
+	 * end. */
 	rsc_descriptor src[2] = {{ra.region_id, 100, 300000}, {ra.region_id, 500000, 4096}};
 	rsc_descriptor dst[2] = {{rb.region_id, 7, 300000}, {rb.region_id, 400000, 4096}};
-	OK(rsc_create_readable(a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 2, .timeout_ms = 30000},
-			       &op, &st));
-	CHECK(op.status == RSC_STATUS_INITIALIZED && strncmp(op.metadata, "rsm1.", 5) == 0, "readable %s",
-	      rsc_op_status_name(op.status));
+	OK(rsc_create_readable(
+	    a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 2, .timeout_ms = 30000},
+	    &op, &st));
+	CHECK(op.status == RSC_STATUS_INITIALIZED && strncmp(op.metadata, "rsm1.", 5) == 0,
+	      "readable %s", rsc_op_status_name(op.status));
 	uint64_t *lens = NULL;
 	size_t nlens = 0;
 	int kind = 0;
 	OK(rsc_metadata_lengths(op.metadata, &lens, &nlens, &kind, &st));
-	CHECK(nlens == 2 && lens[0] == 300000 && lens[1] == 4096 && kind == RSC_KIND_READABLE, "lengths %zu", nlens);
+	CHECK(nlens == 2 && lens[0] == 300000 && lens[1] == 4096 && kind == RSC_KIND_READABLE,
+	      "lengths %zu", nlens);
 	free(lens);
-	CODE(rsc_metadata_lengths("rsm1.!!!", &lens, &nlens, &kind, &st), RSC_INVALID_ARGUMENT, "base64url");
-	rsc_transfer_args ta = {.metadata = op.metadata, .descriptors = dst, .n_descriptors = 2, .timeout_ms = 30000};
+	CODE(rsc_metadata_lengths("rsm1.!!!", &lens, &nlens, &kind, &st), RSC_INVALID_ARGUMENT,
+	     "base64url");
+	rsc_transfer_args ta = {
+	    .metadata = op.metadata, .descriptors = dst, .n_descriptors = 2, .timeout_ms = 30000};
 	OK(rsc_begin_read(b, &ta, &act, &st));
 	struct watch_log wl = {0};
 	OK(rsc_operation_watch(b, act.operation_id, on_op, &wl, 30000, &st));
 	CHECK(wl.n >= 1 && wl.last_status == RSC_STATUS_COMPLETE, "watch saw %d, last %s", wl.n,
 	      rsc_op_status_name(wl.last_status));
-	CHECK(memcmp((char *)mb + 7, pattern + 100, 300000) == 0 && memcmp((char *)mb + 400000, pattern + 500000, 4096) == 0,
+	CHECK(memcmp((char *)mb + 7, pattern + 100, 300000) == 0 &&
+		  memcmp((char *)mb + 400000, pattern + 500000, 4096) == 0,
 	      "bytes read differ");
-	CHECK(((char *)mb)[6] == 0 && ((char *)mb)[300007] == 0, "bytes outside the ranges changed");
+	CHECK(((char *)mb)[6] == 0 && ((char *)mb)[300007] == 0,
+	      "bytes outside the ranges changed");
 	/* Watch stopped by its callback: CANCELLED. */
 	wl = (struct watch_log){.stop_after = 1};
-	CODE(rsc_operation_watch(b, act.operation_id, on_op, &wl, 30000, &st), RSC_CANCELLED, "stopped");
+	CODE(rsc_operation_watch(b, act.operation_id, on_op, &wl, 30000, &st), RSC_CANCELLED,
+	     "stopped");
 	rsc_operation_clear(&act);
 	rsc_operation_clear(&op);
 
 	/* WRITE with rsc_write (begin + wait): b's bytes into a writable on a. */
 	fill((unsigned char *)mb, MIB, 2);
 	rsc_descriptor wsrc = {rb.region_id, 0, 65536}, wdst = {ra.region_id, 65536 * 3, 65536};
-	OK(rsc_create_writable(a, &(rsc_passive_args){.descriptors = &wdst, .n_descriptors = 1, .timeout_ms = 30000},
-			       &op, &st));
-	ta = (rsc_transfer_args){.metadata = op.metadata, .descriptors = &wsrc, .n_descriptors = 1, .timeout_ms = 30000};
+	OK(rsc_create_writable(
+	    a, &(rsc_passive_args){.descriptors = &wdst, .n_descriptors = 1, .timeout_ms = 30000},
+	    &op, &st));
+	ta = (rsc_transfer_args){
+	    .metadata = op.metadata, .descriptors = &wsrc, .n_descriptors = 1, .timeout_ms = 30000};
 	OK(rsc_write(b, &ta, 30000, &act, &st));
-	CHECK(act.status == RSC_STATUS_COMPLETE && act.backend == RSC_BACKEND_TCP && act.bytes_done == 65536,
+	CHECK(act.status == RSC_STATUS_COMPLETE && act.backend == RSC_BACKEND_TCP &&
+		  act.bytes_done == 65536,
 	      "write %s %s", rsc_op_status_name(act.status), act.error_message);
 	CHECK(memcmp((char *)ma + 65536 * 3, mb, 65536) == 0, "bytes written differ");
 	CHECK(memcmp(ma, pattern, 65536 * 3) == 0, "bytes before the writable changed");
-	/* The metadata is used up: the next use errors (an operation failure, not a call failure). */
+	/* The metadata is used up: the next use errors (an operation failure, not a call failure).
+	 */
 	rsc_operation again;
 	OK(rsc_write(b, &ta, 30000, &again, &st));
 	CHECK(again.status == RSC_STATUS_ERRORED && again.error_code != 0 && again.error_message[0],
@@ -214,38 +232,48 @@ int main(int argc, char **argv)
 	rsc_operation_clear(&op);
 
 	/* Cancel, a deregister refused while an operation is live, and forced. */
-	OK(rsc_create_readable(a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 1}, &op, &st));
+	OK(rsc_create_readable(a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 1}, &op,
+			       &st));
 	CODE(rsc_region_deregister(a, ra.region_id, 0, &st), RSC_FAILED_PRECONDITION, "");
 	OK(rsc_operation_cancel(a, op.operation_id, &act, &st));
 	CHECK(act.status == RSC_STATUS_CANCELLED && act.error_code == RSC_CANCELLED, "cancel: %s",
 	      rsc_op_status_name(act.status));
 	rsc_operation_clear(&act);
 	OK(rsc_operation_get(a, op.operation_id, &act, &st));
-	CHECK(act.status == RSC_STATUS_CANCELLED, "get after cancel: %s", rsc_op_status_name(act.status));
+	CHECK(act.status == RSC_STATUS_CANCELLED, "get after cancel: %s",
+	      rsc_op_status_name(act.status));
 	rsc_operation_clear(&act);
 	rsc_operation_clear(&op);
 
 	/* Progress gates a scheduled read; ReportProgress releases it. */
-	OK(rsc_create_readable(a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 1, .timeout_ms = 30000},
-			       &op, &st));
-	ta = (rsc_transfer_args){.metadata = op.metadata, .descriptors = dst, .n_descriptors = 1, .timeout_ms = 30000,
-				 .has_requirement = 1, .req_request_id = "req-1", .req_iteration = 3};
+	OK(rsc_create_readable(
+	    a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 1, .timeout_ms = 30000},
+	    &op, &st));
+	ta = (rsc_transfer_args){.metadata = op.metadata,
+				 .descriptors = dst,
+				 .n_descriptors = 1,
+				 .timeout_ms = 30000,
+				 .has_requirement = 1,
+				 .req_request_id = "req-1",
+				 .req_iteration = 3};
 	OK(rsc_begin_read(b, &ta, &act, &st));
-	CHECK(act.status == RSC_STATUS_SCHEDULED, "gated read is %s", rsc_op_status_name(act.status));
+	CHECK(act.status == RSC_STATUS_SCHEDULED, "gated read is %s",
+	      rsc_op_status_name(act.status));
 	uint32_t released = 0;
 	OK(rsc_report_progress(b, "req-1", 3, 0, 0, 1, &released, &st));
 	CHECK(released == 1, "released %u", released);
 	rsc_operation done;
 	OK(rsc_operation_wait(b, act.operation_id, 30000, &done, &st));
-	CHECK(done.status == RSC_STATUS_COMPLETE, "released read: %s %s", rsc_op_status_name(done.status),
-	      done.error_message);
+	CHECK(done.status == RSC_STATUS_COMPLETE, "released read: %s %s",
+	      rsc_op_status_name(done.status), done.error_message);
 	rsc_operation_clear(&done);
 	rsc_operation_clear(&act);
 	rsc_operation_clear(&op);
 
 	/* Publish / subscribe over NATS: the callback stops the stream at the first event. */
-	OK(rsc_create_readable(a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 1, .timeout_ms = 60000},
-			       &op, &st));
+	OK(rsc_create_readable(
+	    a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 1, .timeout_ms = 60000},
+	    &op, &st));
 	struct publisher pub = {.addr = argv[1], .op_id = op.operation_id};
 	pthread_t th;
 	pthread_create(&th, NULL, publish_loop, &pub);
@@ -253,22 +281,30 @@ int main(int argc, char **argv)
 	OK(rsc_subscribe(b, "lib.>", NULL, on_event, &sl, 20000, &st));
 	pub.stop = 1;
 	pthread_join(th, NULL);
-	CHECK(sl.n == 1 && strcmp(sl.metadata, op.metadata) == 0 && sl.len0 == 300000, "subscribe got %d", sl.n);
-	CODE(rsc_subscribe(b, "nobody.here", NULL, on_event, &sl, 300, &st), RSC_DEADLINE_EXCEEDED, "");
+	CHECK(sl.n == 1 && strcmp(sl.metadata, op.metadata) == 0 && sl.len0 == 300000,
+	      "subscribe got %d", sl.n);
+	CODE(rsc_subscribe(b, "nobody.here", NULL, on_event, &sl, 300, &st), RSC_DEADLINE_EXCEEDED,
+	     "");
 	CODE(rsc_publish(a, "lib.x", "op-nope", &st), RSC_NOT_FOUND, "op-nope");
 	OK(rsc_publish_metadata(a, "lib.x", op.metadata, &st));
 	rsc_operation_clear(&op);
 
 	/* Errors the client sees itself, and an unreachable sidecar. */
 	CODE(rsc_get_info(NULL, &info, &st), RSC_INVALID_ARGUMENT, "no client");
-	CODE(rsc_subscribe(NULL, "x", NULL, on_event, &sl, 100, &st), RSC_INVALID_ARGUMENT, "no client");
-	CODE(rsc_begin_read(b, &(rsc_transfer_args){0}, &act, &st), RSC_INVALID_ARGUMENT, "metadata");
+	CODE(rsc_subscribe(NULL, "x", NULL, on_event, &sl, 100, &st), RSC_INVALID_ARGUMENT,
+	     "no client");
+	CODE(rsc_begin_read(b, &(rsc_transfer_args){0}, &act, &st), RSC_INVALID_ARGUMENT,
+	     "metadata");
 	CODE(rsc_operation_get(a, "op-nope", &act, &st), RSC_NOT_FOUND, "op-nope");
-	OK(rsc_client_create(&(rsc_options){.target = "unix:/nonexistent/sc.sock", .call_timeout_ms = 3000}, &gone, &st));
-	CODE(rsc_client_connect(gone, 2000, &st), RSC_UNAVAILABLE, "cannot reach the sidecar at unix:/nonexistent");
-	CODE(rsc_health_check(gone, NULL, &serving, &st), RSC_UNAVAILABLE, "unix:/nonexistent/sc.sock");
-	CODE(rsc_client_create(&(rsc_options){.tls_ca_file = "/nonexistent.pem"}, &gone, &st), RSC_INVALID_ARGUMENT,
-	     "/nonexistent.pem");
+	OK(rsc_client_create(
+	    &(rsc_options){.target = "unix:/nonexistent/sc.sock", .call_timeout_ms = 3000}, &gone,
+	    &st));
+	CODE(rsc_client_connect(gone, 2000, &st), RSC_UNAVAILABLE,
+	     "cannot reach the sidecar at unix:/nonexistent");
+	CODE(rsc_health_check(gone, NULL, &serving, &st), RSC_UNAVAILABLE,
+	     "unix:/nonexistent/sc.sock");
+	CODE(rsc_client_create(&(rsc_options){.tls_ca_file = "/nonexistent.pem"}, &gone, &st),
+	     RSC_INVALID_ARGUMENT, "/nonexistent.pem");
 
 	/* Teardown; force deregisters whatever is left. */
 	rsc_region_unmap(ma, ra.size);
