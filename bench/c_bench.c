@@ -8,8 +8,10 @@
  * readable/writable serves up to 64 transfers (max_uses), and making the next one is inside the
  * wall time but outside the per-transfer times. Prints one JSON object on stdout.
  *
- *   sc-bench --passive ADDR --active ADDR --direction read|write --size BYTES
+ *   sc-bench --passive ADDR --active ADDR --direction read|write|rtt --size BYTES
  *            [--clients N] [--iters N] [--seconds S]
+ * --direction rtt times one GetOperation round trip to the active sidecar instead (the floor of
+ * any call; after one warm-up READ whose operation it fetches).
  */
 #include <rdma_sidecar/client.h>
 
@@ -26,6 +28,7 @@
 struct bench {
 	const char *passive_addr, *active_addr;
 	int write;
+	int rtt; /* --direction rtt: time GetOperation round trips to the active sidecar instead */
 	uint64_t size;
 	int clients;
 	long iters;
@@ -40,6 +43,7 @@ struct worker {
 	long n;
 	int backend;
 	char error[600];
+	char rtt_op[128]; /* --direction rtt: the warm-up's operation, fetched again and again */
 };
 
 static double now_s(void)
@@ -102,12 +106,20 @@ static void *run(void *arg)
 					.timeout_ms = 600000};
 		rsc_operation op;
 		double t0 = now_s();
-		int r = b->write ? rsc_write(ac, &ta, 600000, &op, &st)
-				 : rsc_read(ac, &ta, 600000, &op, &st);
+		int r;
+		if (b->rtt && i >= 0)
+			r = rsc_operation_get(ac, w->rtt_op, &op, &st);
+		else if (b->write)
+			r = rsc_write(ac, &ta, 600000, &op, &st);
+		else
+			r = rsc_read(ac, &ta, 600000, &op, &st);
 		double dt = now_s() - t0;
-		uses_left--;
+		if (!(b->rtt && i >= 0))
+			uses_left--;
 		if (r != RSC_OK)
 			goto fail;
+		if (b->rtt && i < 0)
+			snprintf(w->rtt_op, sizeof(w->rtt_op), "%s", op.operation_id);
 		int ok = op.status == RSC_STATUS_COMPLETE;
 		if (!ok)
 			snprintf(w->error, sizeof(w->error), "transfer %s: %s",
@@ -191,6 +203,7 @@ int main(int argc, char **argv)
 			break;
 		case 'd':
 			b.write = strcmp(optarg, "write") == 0;
+			b.rtt = strcmp(optarg, "rtt") == 0;
 			break;
 		case 's':
 			b.size = strtoull(optarg, NULL, 0);
@@ -206,7 +219,7 @@ int main(int argc, char **argv)
 			break;
 		default:
 			fprintf(stderr, "usage: sc-bench --passive ADDR --active ADDR --direction "
-					"read|write --size BYTES "
+					"read|write|rtt --size BYTES "
 					"[--clients N] [--iters N] [--seconds S]\n");
 			return opt == 'h' ? 0 : 2;
 		}
@@ -256,11 +269,14 @@ int main(int argc, char **argv)
 		       "\"seconds\":%.6f,\"gb_per_s\":%.4f,\"ops_per_s\":%.1f,\"t_min_us\":%.1f,"
 		       "\"p50_us\":%.1f,"
 		       "\"p99_us\":%.1f,\"p999_us\":%.1f,\"mean_us\":%.1f,\"ok\":%s}\n",
-		       b.write ? "write" : "read", b.size, b.clients, total,
-		       rsc_backend_name(backend), wall, (double)b.size * (double)total / wall / 1e9,
-		       (double)total / wall, all[0] * 1e6, pct(all, total, 50) * 1e6,
-		       pct(all, total, 99) * 1e6, pct(all, total, 99.9) * 1e6,
-		       sum / (double)total * 1e6, rc ? "false" : "true");
+		       b.rtt	 ? "rtt"
+		       : b.write ? "write"
+				 : "read",
+		       b.size, b.clients, total, rsc_backend_name(backend), wall,
+		       (double)b.size * (double)total / wall / 1e9, (double)total / wall,
+		       all[0] * 1e6, pct(all, total, 50) * 1e6, pct(all, total, 99) * 1e6,
+		       pct(all, total, 99.9) * 1e6, sum / (double)total * 1e6,
+		       rc ? "false" : "true");
 	else
 		rc = 1;
 	for (int i = 0; i < b.clients; i++)

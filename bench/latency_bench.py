@@ -127,6 +127,36 @@ def sc_bench(exe, passive, active, direction, size, clients, iters, seconds):
     return json.loads(out.stdout)
 
 
+def python_read(H, a, b, iters):
+    """4 KiB READs over TCP from Python with the raw gRPC stubs (BeginRead + WaitOperation), the
+    way tcp_bench.py and the examples do; the metadata is made ahead (max_uses 64) as in sc-bench."""
+    pb = H.pb
+    ra, rb = a.create_region(4096), b.create_region(4096)
+    lat, ro, left = [], None, 0
+    for i in range(iters + 1):
+        if left == 0:
+            ro = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[H.desc(ra, 0, 4096)], max_uses=64,
+                                                               timeout_ms=600000), timeout=30)
+            left = 64
+        t0 = time.perf_counter()
+        op = b.stub.BeginRead(pb.BeginTransferRequest(metadata=ro.metadata, descriptors=[H.desc(rb, 0, 4096)]),
+                              timeout=30)
+        w = b.stub.WaitOperation(pb.WaitOperationRequest(operation_id=op.operation_id, timeout_ms=30000), timeout=60)
+        dt = time.perf_counter() - t0
+        left -= 1
+        if w.status != pb.OPERATION_STATUS_COMPLETE:
+            raise SystemExit("python READ failed: %s" % w.error.message)
+        if i:
+            lat.append(dt)
+    lat.sort()
+
+    def pct(p):
+        return lat[min(len(lat) - 1, int(p / 100.0 * (len(lat) - 1) + 0.5))] * 1e6
+    a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=ra.region_id, force=True), timeout=30)
+    b.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=rb.region_id, force=True), timeout=30)
+    return {"ops": len(lat), "t_min_us": lat[0] * 1e6, "p50_us": pct(50), "p99_us": pct(99), "p999_us": pct(99.9)}
+
+
 def git_commit():
     try:
         return subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -195,6 +225,14 @@ def main():
         time.sleep(0.5)
         result["rss_kib"]["idle"] = {"a": rss_kib(a.proc.pid), "b": rss_kib(b.proc.pid)}
         peaks = {}
+        # The floor of any call: one GetOperation round trip from the C client (unix socket).
+        r = sc_bench(exe, b, b, "rtt", 4096, 1, 20000, seconds)
+        r["mode"] = "grpc"
+        result["rows"].append(r)
+        print("grpc  rtt   GetOperation round trip: p50 %.1f us  p99 %.1f us" % (r["p50_us"], r["p99_us"]))
+        result["python_read_4k"] = python_read(H, a, b, 300 if q else 2000)
+        print("python raw stubs: 4 KiB READ p50 %.1f us  p99 %.1f us" % (result["python_read_4k"]["p50_us"],
+                                                                       result["python_read_4k"]["p99_us"]))
         for mode in [m for m in args.modes.split(",") if m]:
             passive, active = (a, b) if mode == "tcp" else (a, a)
             with RssPeak([a.proc.pid, b.proc.pid]) as rp:
@@ -255,6 +293,14 @@ def report(res):
             print("| %s | %s %s | %s | %s %s | %.2f |" % (what, fmt % v, unit, bname, fmt % b, unit, v / b))
 
     ucp_get, tag_lat, put_bw = bl.get("ucp_get_4k"), bl.get("tag_lat_4k"), bl.get("ucp_put_bw_4k")
+    rtt = row("grpc", "rtt", 4096, 1)
+    if rtt:
+        line("gRPC round trip (GetOperation) p50, C client", rtt["p50_us"], "us", "tag_lat 4 KiB typical latency",
+             tag_lat["lat_us"] if tag_lat else None, "%.1f")
+    py = res.get("python_read_4k")
+    if py:
+        line("TCP READ 4 KiB p50 latency, Python raw stubs", py["p50_us"], "us", "ucp_get 4 KiB typical latency",
+             ucp_get["lat_us"] if ucp_get else None, "%.1f")
     for direction in ("read", "write"):
         r = row("tcp", direction, 4096, 1)
         if r:
