@@ -10,8 +10,8 @@
  *
  *   sc-bench --passive ADDR --active ADDR --direction read|write|rtt --size BYTES
  *            [--clients N] [--iters N] [--seconds S]
- * --direction rtt times one GetOperation round trip to the active sidecar instead (the floor of
- * any call; after one warm-up READ whose operation it fetches).
+ * --direction rtt times one GetOperation round trip to the passive sidecar instead (the floor of
+ * any call), fetching the readable that its warm-up READ used.
  */
 #include <rdma_sidecar/client.h>
 
@@ -28,7 +28,7 @@
 struct bench {
 	const char *passive_addr, *active_addr;
 	int write;
-	int rtt; /* --direction rtt: time GetOperation round trips to the active sidecar instead */
+	int rtt; /* --direction rtt: time GetOperation round trips to the passive sidecar instead */
 	uint64_t size;
 	int clients;
 	long iters;
@@ -43,7 +43,6 @@ struct worker {
 	long n;
 	int backend;
 	char error[600];
-	char rtt_op[128]; /* --direction rtt: the warm-up's operation, fetched again and again */
 };
 
 static double now_s(void)
@@ -108,7 +107,7 @@ static void *run(void *arg)
 		double t0 = now_s();
 		int r;
 		if (b->rtt && i >= 0)
-			r = rsc_operation_get(ac, w->rtt_op, &op, &st);
+			r = rsc_operation_get(pc, passive.operation_id, &op, &st);
 		else if (b->write)
 			r = rsc_write(ac, &ta, 600000, &op, &st);
 		else
@@ -118,13 +117,13 @@ static void *run(void *arg)
 			uses_left--;
 		if (r != RSC_OK)
 			goto fail;
-		if (b->rtt && i < 0)
-			snprintf(w->rtt_op, sizeof(w->rtt_op), "%s", op.operation_id);
-		int ok = op.status == RSC_STATUS_COMPLETE;
+		/* rtt: the passive operation stays INITIALIZED (uses left), a live one to fetch. */
+		int ok = op.status == RSC_STATUS_COMPLETE || (b->rtt && i >= 0);
 		if (!ok)
 			snprintf(w->error, sizeof(w->error), "transfer %s: %s",
 				 rsc_op_status_name(op.status), op.error_message);
-		w->backend = op.backend;
+		if (!(b->rtt && i >= 0))
+			w->backend = op.backend;
 		rsc_operation_clear(&op);
 		if (!ok)
 			goto out;

@@ -110,15 +110,17 @@ typedef struct rsc_options {
 	const char *tls_cert_file;
 	const char *tls_key_file;
 	const char *tls_server_name;
-	/* Deadline of each unary call, in ms; 0 = 30000. Waits add their own timeout to it. */
+	/* Deadline of each unary call, in ms; 0 = 30000. rsc_operation_wait's deadline is its own
+	 * timeout plus 30 s; streams (watch, subscribe) use the timeout given to them. */
 	uint32_t call_timeout_ms;
 } rsc_options;
 
 /* Creates a client (no connection is made yet: the first call or rsc_client_connect does).
  * *out is set only on RSC_OK. opts may be NULL (defaults). */
 int rsc_client_create(const rsc_options *opts, rsc_client **out, rsc_status *st);
-/* Waits up to timeout_ms for the connection to be ready; RSC_UNAVAILABLE (with the target and
- * gRPC's reason) when the sidecar cannot be reached. Optional: every call connects by itself. */
+/* Waits up to timeout_ms (0 = 5000) for the connection to be ready; RSC_UNAVAILABLE (naming the
+ * target) as soon as a connection attempt fails or the time is up. Optional: every call connects
+ * by itself (and fails with RSC_UNAVAILABLE at once when it cannot). */
 int rsc_client_connect(rsc_client *c, uint32_t timeout_ms, rsc_status *st);
 /* The target the client was created with (owned by the client). */
 const char *rsc_client_target(const rsc_client *c);
