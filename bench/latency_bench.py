@@ -1,0 +1,340 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Latency and rate of the sidecar as a worker sees it, beside its baselines, in one run.
+
+Starts two real sidecars (TCP: passive on one, active on the other; LOCAL: both ends on one) and
+drives them with sc-bench (bench/c_bench.c, on librdma-sidecar-client): READ and WRITE, sizes 4 KiB
+to 1 GiB by powers of 4, 1 and 16 concurrent clients (16 up to --multi-max-size), each transfer
+timed from the begin call to COMPLETE seen by the caller (BeginX + WaitOperation). Reports GB/s,
+transfers/s, t_min/p50/p99/p99.9, and the sidecars' RSS idle and under load (peak VmRSS sampled
+every 20 ms). Baselines in the same run, where installed: iperf3 with one stream and with as many
+streams as the sidecar uses (--tcp-streams), and `UCX_TLS=tcp ucx_perftest` ucp_get, ucp_put_bw
+and tag_lat at 4 KiB. Each sidecar figure is printed beside its baseline with the ratio.
+
+Usage: /usr/bin/python3 bench/latency_bench.py [--quick] [--build build] [--json FILE]
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+def human(n):
+    for unit, v in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= v and n % v == 0:
+            return "%d %s" % (n // v, unit)
+    return "%d B" % n
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_kib(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class RssPeak:
+    """Samples the peak VmRSS of some pids while a block runs."""
+
+    def __init__(self, pids):
+        self.pids, self.peak, self._stop = pids, {p: 0 for p in pids}, threading.Event()
+
+    def __enter__(self):
+        def loop():
+            while not self._stop.is_set():
+                for p in self.pids:
+                    self.peak[p] = max(self.peak[p], rss_kib(p))
+                self._stop.wait(0.02)
+        self._t = threading.Thread(target=loop, daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+
+def iperf3(seconds, streams):
+    if not shutil.which("iperf3"):
+        return None
+    port = free_port()
+    srv = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(seconds), "-P", str(streams),
+                              "-J"], capture_output=True, text=True, timeout=seconds + 30)
+        return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8 / 1e9
+    except (ValueError, KeyError, subprocess.TimeoutExpired):
+        return None
+    finally:
+        srv.kill()
+        srv.wait()
+
+
+def ucx(test, size, iters):
+    """{'gb_per_s', 'lat_us' (typical), 'rate'} or None when ucx_perftest is missing or fails."""
+    if not shutil.which("ucx_perftest"):
+        return None
+    port = free_port()
+    env = dict(os.environ, UCX_TLS="tcp")
+    srv = subprocess.Popen(["ucx_perftest", "-p", str(port)], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        out = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size),
+                              "-n", str(iters)], env=env, capture_output=True, text=True, timeout=120)
+        for line in out.stdout.splitlines():
+            if line.startswith("Final:"):
+                f = line.split()
+                # Final: iters typical_lat avg_lat overall_lat bw_avg bw_overall(MiB/s) rate_avg rate_overall
+                return {"gb_per_s": float(f[6]) * MiB / 1e9, "lat_us": float(f[2]), "rate": float(f[8])}
+        return None
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        srv.kill()
+        srv.wait()
+
+
+def sc_bench(exe, passive, active, direction, size, clients, iters, seconds):
+    cmd = [exe, "--passive", "unix:" + passive.sock, "--active", "unix:" + active.sock, "--direction", direction,
+           "--size", str(size), "--clients", str(clients), "--iters", str(iters), "--seconds", str(seconds)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit("sc-bench failed (%s):\n%s%s" % (" ".join(cmd), out.stdout, out.stderr))
+    return json.loads(out.stdout)
+
+
+def python_read(H, a, b, iters):
+    """4 KiB READs over TCP from Python with the raw gRPC stubs (BeginRead + WaitOperation), the
+    way tcp_bench.py and the examples do; the metadata is made ahead (max_uses 64) as in sc-bench."""
+    pb = H.pb
+    ra, rb = a.create_region(4096), b.create_region(4096)
+    lat, ro, left = [], None, 0
+    for i in range(iters + 1):
+        if left == 0:
+            ro = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[H.desc(ra, 0, 4096)], max_uses=64,
+                                                               timeout_ms=600000), timeout=30)
+            left = 64
+        t0 = time.perf_counter()
+        op = b.stub.BeginRead(pb.BeginTransferRequest(metadata=ro.metadata, descriptors=[H.desc(rb, 0, 4096)]),
+                              timeout=30)
+        w = b.stub.WaitOperation(pb.WaitOperationRequest(operation_id=op.operation_id, timeout_ms=30000), timeout=60)
+        dt = time.perf_counter() - t0
+        left -= 1
+        if w.status != pb.OPERATION_STATUS_COMPLETE:
+            raise SystemExit("python READ failed: %s" % w.error.message)
+        if i:
+            lat.append(dt)
+    lat.sort()
+
+    def pct(p):
+        return lat[min(len(lat) - 1, int(p / 100.0 * (len(lat) - 1) + 0.5))] * 1e6
+    a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=ra.region_id, force=True), timeout=30)
+    b.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=rb.region_id, force=True), timeout=30)
+    return {"ops": len(lat), "t_min_us": lat[0] * 1e6, "p50_us": pct(50), "p99_us": pct(99), "p999_us": pct(99.9)}
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def machine():
+    cpu = "unknown cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"model name\s*:\s*(.*)", f.read())
+            cpu = m.group(1).strip() if m else cpu
+    except OSError:
+        pass
+    return "%d cpus (%s), %s" % (os.cpu_count() or 0, cpu, os.uname().release)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer and smaller sizes, shorter runs (under 2 minutes)")
+    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"), help="the build directory")
+    ap.add_argument("--json", metavar="FILE", help="write every figure to FILE")
+    ap.add_argument("--tcp-streams", type=int, default=2, help="the sidecars' --tcp-streams (default 2)")
+    ap.add_argument("--multi", type=int, default=16, help="concurrent clients of the multi-client rows")
+    ap.add_argument("--multi-max-size", type=int, default=MiB, help="largest size run with --multi clients")
+    ap.add_argument("--modes", default="tcp,local", help="tcp,local")
+    args = ap.parse_args()
+    build = os.path.abspath(args.build)
+    os.environ.setdefault("SC_PYTHON_STUBS", os.path.join(build, "python"))
+    import harness as H
+    H.BINARY = os.path.join(build, "rdma-sidecar")
+    exe = os.path.join(build, "client", "sc-bench")
+    for p in (H.BINARY, exe):
+        if not os.path.exists(p):
+            raise SystemExit("%s is missing: build first (cmake --build %s)" % (p, build))
+
+    q = args.quick
+    sizes = [4 * KiB, 64 * KiB, MiB, 16 * MiB] if q else [4 * KiB << (2 * i) for i in range(10)]  # 4 KiB..1 GiB
+    seconds = 1.0 if q else 3.0
+
+    def iters_for(size):
+        return max(5, min(20000, int((256 * MiB if q else 2 * GiB) / size)))
+
+    t_begin = time.monotonic()
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": git_commit(),
+              "machine": machine(), "quick": q, "tcp_streams": args.tcp_streams, "rows": [], "baselines": {},
+              "rss_kib": {}}
+    # ---- baselines ----
+    bl = result["baselines"]
+    bl["iperf3_1"] = iperf3(2 if q else 5, 1)
+    bl["iperf3_n"] = iperf3(2 if q else 5, args.tcp_streams)
+    n_ucx = 2000 if q else 20000
+    bl["ucp_get_4k"] = ucx("ucp_get", 4096, n_ucx)
+    bl["ucp_put_bw_4k"] = ucx("ucp_put_bw", 4096, n_ucx)
+    bl["tag_lat_4k"] = ucx("tag_lat", 4096, n_ucx)
+
+    # ---- the sidecar ----
+    wd = tempfile.mkdtemp(prefix="sc-lbench-", dir="/tmp")
+    keys = H.write_key_file(os.path.join(wd, "keys"))
+    extra = ["--log-level", "warn", "--tcp-streams", str(args.tcp_streams), "--retention", "2s"]
+    a = H.Sidecar(wd, "bench-a", key_file=keys, extra=extra)
+    b = H.Sidecar(wd, "bench-b", key_file=keys, extra=extra)
+    try:
+        time.sleep(0.5)
+        result["rss_kib"]["idle"] = {"a": rss_kib(a.proc.pid), "b": rss_kib(b.proc.pid)}
+        peaks = {}
+        # The floor of any call: one GetOperation round trip from the C client (unix socket).
+        r = sc_bench(exe, b, b, "rtt", 4096, 1, 20000, seconds)
+        r["mode"] = "grpc"
+        result["rows"].append(r)
+        print("grpc  rtt   GetOperation round trip: p50 %.1f us  p99 %.1f us" % (r["p50_us"], r["p99_us"]))
+        result["python_read_4k"] = python_read(H, a, b, 300 if q else 2000)
+        print("python raw stubs: 4 KiB READ p50 %.1f us  p99 %.1f us" % (result["python_read_4k"]["p50_us"],
+                                                                       result["python_read_4k"]["p99_us"]))
+        for mode in [m for m in args.modes.split(",") if m]:
+            passive, active = (a, b) if mode == "tcp" else (a, a)
+            with RssPeak([a.proc.pid, b.proc.pid]) as rp:
+                for size in sizes:
+                    for direction in ("read", "write"):
+                        for clients in ([1, args.multi] if size <= args.multi_max_size else [1]):
+                            r = sc_bench(exe, passive, active, direction, size, clients, iters_for(size), seconds)
+                            r["mode"] = mode
+                            result["rows"].append(r)
+                            print("%-5s %-5s %8s %2d clients: %8.3f GB/s %9.0f ops/s  p50 %9.1f us  p99 %9.1f us"
+                                  % (mode, direction, human(size), clients, r["gb_per_s"], r["ops_per_s"],
+                                     r["p50_us"], r["p99_us"]), flush=True)
+            peaks[mode] = {"a": rp.peak[a.proc.pid], "b": rp.peak[b.proc.pid]}
+        result["rss_kib"]["load"] = peaks
+        time.sleep(2.5)  # retention 2s: terminal operations forgotten
+        result["rss_kib"]["after"] = {"a": rss_kib(a.proc.pid), "b": rss_kib(b.proc.pid)}
+    finally:
+        ca, cb = a.stop(), b.stop()
+        shutil.rmtree(wd, ignore_errors=True)
+    if ca or cb:
+        raise SystemExit("a sidecar exited with %s / %s" % (ca, cb))
+    result["seconds"] = round(time.monotonic() - t_begin, 1)
+    report(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def report(res):
+    bl = res["baselines"]
+    print()
+    print("date %s, commit %s, machine %s%s" % (res["date"], res["commit"], res["machine"],
+                                                 ", --quick" if res["quick"] else ""))
+    print()
+    print("| mode | dir | size | clients | GB/s | transfers/s | t_min us | p50 us | p99 us | p99.9 us |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in res["rows"]:
+        print("| %s | %s | %s | %d | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f |"
+              % (r["mode"], r["direction"].upper(), human(r["size"]), r["clients"], r["gb_per_s"], r["ops_per_s"],
+                 r["t_min_us"], r["p50_us"], r["p99_us"], r["p999_us"]))
+
+    def row(mode, direction, size, clients):
+        for r in res["rows"]:
+            if (r["mode"], r["direction"], r["size"], r["clients"]) == (mode, direction, size, clients):
+                return r
+        return None
+
+    print()
+    print("| sidecar figure | value | baseline (same run) | value | ratio sidecar/baseline |")
+    print("| --- | ---: | --- | ---: | ---: |")
+
+    def line(what, v, unit, bname, b, fmt="%.2f"):
+        if v is None:
+            return
+        if b is None:
+            print("| %s | %s %s | %s | n/a (not installed) | |" % (what, fmt % v, unit, bname))
+        else:
+            print("| %s | %s %s | %s | %s %s | %.2f |" % (what, fmt % v, unit, bname, fmt % b, unit, v / b))
+
+    ucp_get, tag_lat, put_bw = bl.get("ucp_get_4k"), bl.get("tag_lat_4k"), bl.get("ucp_put_bw_4k")
+    rtt = row("grpc", "rtt", 4096, 1)
+    if rtt:
+        line("gRPC round trip (GetOperation) p50, C client", rtt["p50_us"], "us", "tag_lat 4 KiB typical latency",
+             tag_lat["lat_us"] if tag_lat else None, "%.1f")
+    py = res.get("python_read_4k")
+    if py:
+        line("TCP READ 4 KiB p50 latency, Python raw stubs", py["p50_us"], "us", "ucp_get 4 KiB typical latency",
+             ucp_get["lat_us"] if ucp_get else None, "%.1f")
+    for direction in ("read", "write"):
+        r = row("tcp", direction, 4096, 1)
+        if r:
+            base = ucp_get if direction == "read" else tag_lat
+            bname = "ucp_get 4 KiB typical latency" if direction == "read" else "tag_lat 4 KiB typical latency"
+            line("TCP %s 4 KiB p50 latency, 1 client" % direction.upper(), r["p50_us"], "us", bname,
+                 base["lat_us"] if base else None, "%.1f")
+            line("TCP %s 4 KiB transfers/s, 1 client" % direction.upper(), r["ops_per_s"], "/s",
+                 "ucp_get 4 KiB msg/s" if direction == "read" else "ucp_put_bw 4 KiB msg/s",
+                 (ucp_get if direction == "read" else put_bw or {}).get("rate") if (ucp_get if direction == "read"
+                                                                                  else put_bw) else None, "%.0f")
+        r = row("tcp", direction, 4096, 16)
+        if r:
+            line("TCP %s 4 KiB transfers/s, 16 clients" % direction.upper(), r["ops_per_s"], "/s",
+                 "ucp_get 4 KiB msg/s" if direction == "read" else "ucp_put_bw 4 KiB msg/s",
+                 (ucp_get if direction == "read" else put_bw or {}).get("rate") if (ucp_get if direction == "read"
+                                                                                  else put_bw) else None, "%.0f")
+    big = sorted({r["size"] for r in res["rows"] if r["size"] >= MiB})
+    for size in big:
+        for direction in ("read", "write"):
+            r = row("tcp", direction, size, 1)
+            if r:
+                line("TCP %s %s GB/s" % (direction.upper(), human(size)), r["gb_per_s"], "GB/s",
+                     "iperf3 -P %d" % res["tcp_streams"], bl.get("iperf3_n"))
+    line("iperf3 -P %d vs one stream" % res["tcp_streams"], bl.get("iperf3_n"), "GB/s", "iperf3 -P 1",
+         bl.get("iperf3_1"))
+    rss = res["rss_kib"]
+    print()
+    print("sidecar RSS (KiB): idle a=%d b=%d; peak under load %s; 2.5 s after the load a=%d b=%d"
+          % (rss["idle"]["a"], rss["idle"]["b"],
+             ", ".join("%s a=%d b=%d" % (m, v["a"], v["b"]) for m, v in rss.get("load", {}).items()),
+             rss.get("after", {}).get("a", 0), rss.get("after", {}).get("b", 0)))
+    print("total bench time %.1f s" % res["seconds"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,832 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * ctl.c: rdma-sidecar-ctl, the operator's command line on librdma-sidecar-client. One command per
+ * run (info, health, regions, ops, op, wait, cancel, publish, subscribe, read, write), text or
+ * --json output on stdout, errors on stderr. Exit codes: 0 ok, 1 the operation failed, 2 usage,
+ * 3 cannot reach the sidecar. Single-threaded; owns one client for the run.
+ */
+#include <rdma_sidecar/client.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define EXIT_FAILED 1
+#define EXIT_USAGE 2
+#define EXIT_UNREACHABLE 3
+#define DEFAULT_ADDR "unix:/tmp/rdma-sidecar/sidecar.sock"
+
+struct ctl {
+	rsc_client *c;
+	int json;
+	double timeout_s; /* waits and transfers; < 0 = not given */
+	long count;	  /* subscribe: stop after N events (0 = no limit) */
+	const char *queue;
+	const char *target;
+};
+
+struct command {
+	const char *name;
+	const char *args;
+	int nargs;
+	const char *help;
+	int (*run)(struct ctl *x, char **argv);
+};
+
+/* ---- output -----------------------------------------------------------------------------------
+ */
+
+static void jstr(const char *s)
+{
+	putchar('"');
+	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+		if (*p == '"' || *p == '\\')
+			printf("\\%c", *p);
+		else if (*p == '\n')
+			fputs("\\n", stdout);
+		else if (*p < 0x20)
+			printf("\\u%04x", *p);
+		else
+			putchar(*p);
+	}
+	putchar('"');
+}
+
+static void jkey(const char *k, int *first)
+{
+	if (!*first)
+		putchar(',');
+	*first = 0;
+	jstr(k);
+	putchar(':');
+}
+
+static void jkv_s(const char *k, const char *v, int *first)
+{
+	jkey(k, first);
+	jstr(v);
+}
+
+static void jkv_u(const char *k, uint64_t v, int *first)
+{
+	jkey(k, first);
+	printf("%" PRIu64, v);
+}
+
+static void jkv_b(const char *k, int v, int *first)
+{
+	jkey(k, first);
+	fputs(v ? "true" : "false", stdout);
+}
+
+static void jstrv(const char *k, char **v, size_t n, int *first)
+{
+	jkey(k, first);
+	putchar('[');
+	for (size_t i = 0; i < n; i++) {
+		if (i)
+			putchar(',');
+		jstr(v[i]);
+	}
+	putchar(']');
+}
+
+static void op_json(const rsc_operation *o)
+{
+	int f = 1;
+	putchar('{');
+	jkv_s("operation_id", o->operation_id, &f);
+	jkv_s("kind", rsc_op_kind_name(o->kind), &f);
+	jkv_s("status", rsc_op_status_name(o->status), &f);
+	jkv_s("backend", rsc_backend_name(o->backend), &f);
+	jkv_u("bytes_total", o->bytes_total, &f);
+	jkv_u("bytes_done", o->bytes_done, &f);
+	jkv_s("metadata", o->metadata, &f);
+	jkey("error", &f);
+	if (o->error_code || (o->error_message && o->error_message[0])) {
+		int e = 1;
+		putchar('{');
+		jkv_u("code", (uint64_t)o->error_code, &e);
+		jkv_s("code_name", rsc_code_name(o->error_code), &e);
+		jkv_s("message", o->error_message, &e);
+		putchar('}');
+	} else {
+		fputs("null", stdout);
+	}
+	jkv_s("peer", o->peer, &f);
+	jkv_u("created_unix_ms", o->created_unix_ms, &f);
+	jkv_u("deadline_unix_ms", o->deadline_unix_ms, &f);
+	jkv_u("completed_unix_ms", o->completed_unix_ms, &f);
+	jkv_s("request_id", o->request_id, &f);
+	jkey("descriptors", &f);
+	putchar('[');
+	for (size_t i = 0; i < o->n_descriptors; i++) {
+		int d = 1;
+		printf("%s{", i ? "," : "");
+		jkv_s("region_id", o->descriptors[i].region_id, &d);
+		jkv_u("offset", o->descriptors[i].offset, &d);
+		jkv_u("length", o->descriptors[i].length, &d);
+		putchar('}');
+	}
+	putchar(']');
+	jkv_s("backend_reason", o->backend_reason, &f);
+	jkv_u("uses_left", o->uses_left, &f);
+	putchar('}');
+}
+
+static void op_text(const rsc_operation *o)
+{
+	printf("%s  %s  %s  %s  %" PRIu64 "/%" PRIu64 " bytes", o->operation_id,
+	       rsc_op_kind_name(o->kind), rsc_op_status_name(o->status),
+	       rsc_backend_name(o->backend), o->bytes_done, o->bytes_total);
+	if (o->peer && o->peer[0])
+		printf("  peer %s", o->peer);
+	if (o->error_code || (o->error_message && o->error_message[0]))
+		printf("  error %s: %s", rsc_code_name(o->error_code), o->error_message);
+	putchar('\n');
+}
+
+static void op_print(const struct ctl *x, const rsc_operation *o)
+{
+	if (x->json) {
+		op_json(o);
+		putchar('\n');
+	} else {
+		op_text(o);
+		if (o->metadata && o->metadata[0])
+			printf("metadata %s\n", o->metadata);
+	}
+}
+
+static int fail(const rsc_status *st, const char *what)
+{
+	fprintf(stderr, "rdma-sidecar-ctl: %s: %s: %s\n", what, rsc_code_name(st->code),
+		st->message);
+	return EXIT_FAILED;
+}
+
+static uint64_t timeout_ms(const struct ctl *x, double def_s)
+{
+	double s = x->timeout_s >= 0 ? x->timeout_s : def_s;
+	return (uint64_t)(s * 1000.0);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ---- commands ---------------------------------------------------------------------------------
+ */
+
+static int cmd_info(struct ctl *x, char **argv)
+{
+	rsc_info in;
+	rsc_status st;
+	if (rsc_get_info(x->c, &in, &st) != RSC_OK)
+		return fail(&st, "info");
+	if (x->json) {
+		int f = 1;
+		putchar('{');
+		jkv_s("sidecar_id", in.sidecar_id, &f);
+		jkv_s("version", in.version, &f);
+		jkey("backends", &f);
+		putchar('[');
+		for (size_t i = 0; i < in.n_backends; i++) {
+			int b = 1;
+			printf("%s{", i ? "," : "");
+			jkv_s("backend", rsc_backend_name(in.backends[i].backend), &b);
+			jkv_b("available", in.backends[i].available, &b);
+			jkv_s("detail", in.backends[i].detail, &b);
+			putchar('}');
+		}
+		putchar(']');
+		jstrv("data_endpoints", in.data_endpoints, in.n_data_endpoints, &f);
+		jstrv("grpc_listeners", in.grpc_listeners, in.n_grpc_listeners, &f);
+		jkv_s("nats_state", in.nats_state, &f);
+		jkv_b("signing_enabled", in.signing_enabled, &f);
+		jkv_s("signing_key_id", in.signing_key_id, &f);
+		jkv_b("cuda_available", in.cuda_available, &f);
+		jkv_s("cuda_detail", in.cuda_detail, &f);
+		jkey("gpus", &f);
+		putchar('[');
+		for (size_t i = 0; i < in.n_gpus; i++) {
+			int g = 1;
+			printf("%s{", i ? "," : "");
+			jkv_u("index", in.gpus[i].index, &g);
+			jkv_s("name", in.gpus[i].name, &g);
+			jkv_s("pci_bus_id", in.gpus[i].pci_bus_id, &g);
+			jkv_u("total_memory", in.gpus[i].total_memory, &g);
+			jkv_s("rdma_path", in.gpus[i].rdma_path, &g);
+			putchar('}');
+		}
+		puts("]}");
+	} else {
+		printf("sidecar  %s (version %s)\n", in.sidecar_id, in.version);
+		for (size_t i = 0; i < in.n_backends; i++)
+			printf("backend  %-8s %s  %s\n", rsc_backend_name(in.backends[i].backend),
+			       in.backends[i].available ? "available  " : "unavailable",
+			       in.backends[i].detail);
+		for (size_t i = 0; i < in.n_grpc_listeners; i++)
+			printf("grpc     %s\n", in.grpc_listeners[i]);
+		for (size_t i = 0; i < in.n_data_endpoints; i++)
+			printf("data     %s\n", in.data_endpoints[i]);
+		printf("nats     %s\n", in.nats_state);
+		printf("signing  %s\n",
+		       in.signing_enabled ? in.signing_key_id : "disabled (no --key-file)");
+		printf("cuda     %s\n", in.cuda_available ? "available" : in.cuda_detail);
+		for (size_t i = 0; i < in.n_gpus; i++)
+			printf("gpu %u    %s %s (%s)\n", in.gpus[i].index, in.gpus[i].name,
+			       in.gpus[i].pci_bus_id, in.gpus[i].rdma_path);
+	}
+	rsc_info_clear(&in);
+	return 0;
+}
+
+static int cmd_health(struct ctl *x, char **argv)
+{
+	static const char *const names[] = {"UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"};
+	rsc_status st;
+	int s = 0;
+	if (rsc_health_check(x->c, argv[0], &s, &st) != RSC_OK)
+		return fail(&st, "health");
+	const char *name = s >= 0 && s <= 3 ? names[s] : "UNKNOWN";
+	if (x->json) {
+		int f = 1;
+		putchar('{');
+		jkv_s("status", name, &f);
+		jkv_b("serving", s == 1, &f);
+		puts("}");
+	} else {
+		puts(name);
+	}
+	return s == 1 ? 0 : EXIT_FAILED;
+}
+
+static int cmd_regions(struct ctl *x, char **argv)
+{
+	rsc_region_list l;
+	rsc_status st;
+	if (rsc_region_list_get(x->c, &l, &st) != RSC_OK)
+		return fail(&st, "regions");
+	if (x->json)
+		fputs("{\"regions\":[", stdout);
+	for (size_t i = 0; i < l.count; i++) {
+		const rsc_region *r = &l.items[i];
+		if (x->json) {
+			int f = 1;
+			printf("%s{", i ? "," : "");
+			jkv_s("region_id", r->region_id, &f);
+			jkv_s("device_kind", r->device_kind == RSC_DEVICE_CUDA ? "cuda" : "host",
+			      &f);
+			jkv_u("device_index", r->device_index, &f);
+			jkv_u("size", r->size, &f);
+			jkv_s("path", r->path, &f);
+			jkv_u("file_offset", r->file_offset, &f);
+			jkv_s("name", r->name, &f);
+			jkv_u("live_operations", r->live_operations, &f);
+			putchar('}');
+		} else {
+			printf("%s  %s  %" PRIu64 " bytes  %u live  %s  %s\n", r->region_id,
+			       r->device_kind == RSC_DEVICE_CUDA ? "cuda" : "host", r->size,
+			       r->live_operations, r->name && r->name[0] ? r->name : "-", r->path);
+		}
+	}
+	if (x->json)
+		puts("]}");
+	else if (l.count == 0)
+		puts("no regions");
+	rsc_region_list_clear(&l);
+	return 0;
+}
+
+static int cmd_ops(struct ctl *x, char **argv)
+{
+	rsc_operation_list l;
+	rsc_status st;
+	if (rsc_operation_list_get(x->c, &l, &st) != RSC_OK)
+		return fail(&st, "ops");
+	if (x->json)
+		fputs("{\"operations\":[", stdout);
+	for (size_t i = 0; i < l.count; i++) {
+		if (x->json) {
+			if (i)
+				putchar(',');
+			op_json(&l.items[i]);
+		} else {
+			op_text(&l.items[i]);
+		}
+	}
+	if (x->json)
+		puts("]}");
+	else if (l.count == 0)
+		puts("no operations");
+	rsc_operation_list_clear(&l);
+	return 0;
+}
+
+static int cmd_op(struct ctl *x, char **argv)
+{
+	rsc_operation o;
+	rsc_status st;
+	if (rsc_operation_get(x->c, argv[0], &o, &st) != RSC_OK)
+		return fail(&st, "op");
+	op_print(x, &o);
+	rsc_operation_clear(&o);
+	return 0;
+}
+
+static int cmd_wait(struct ctl *x, char **argv)
+{
+	rsc_operation o;
+	rsc_status st;
+	if (rsc_operation_wait(x->c, argv[0], timeout_ms(x, 30), &o, &st) != RSC_OK)
+		return fail(&st, "wait");
+	op_print(x, &o);
+	int rc = o.status == RSC_STATUS_COMPLETE ? 0 : EXIT_FAILED;
+	if (!rsc_op_status_terminal(o.status))
+		fprintf(stderr, "rdma-sidecar-ctl: wait: %s is still %s after %.1f s\n", argv[0],
+			rsc_op_status_name(o.status), (double)timeout_ms(x, 30) / 1000.0);
+	rsc_operation_clear(&o);
+	return rc;
+}
+
+static int cmd_cancel(struct ctl *x, char **argv)
+{
+	rsc_operation o;
+	rsc_status st;
+	if (rsc_operation_cancel(x->c, argv[0], &o, &st) != RSC_OK)
+		return fail(&st, "cancel");
+	op_print(x, &o);
+	rsc_operation_clear(&o);
+	return 0;
+}
+
+static int cmd_publish(struct ctl *x, char **argv)
+{
+	rsc_status st;
+	if (rsc_publish(x->c, argv[0], argv[1], &st) != RSC_OK)
+		return fail(&st, "publish");
+	if (x->json) {
+		int f = 1;
+		putchar('{');
+		jkv_b("published", 1, &f);
+		jkv_s("subject", argv[0], &f);
+		jkv_s("operation_id", argv[1], &f);
+		puts("}");
+	} else {
+		printf("published %s on %s\n", argv[1], argv[0]);
+	}
+	return 0;
+}
+
+struct sub_state {
+	const struct ctl *x;
+	long seen;
+};
+
+static int on_event(const rsc_metadata_event *ev, void *user)
+{
+	struct sub_state *s = user;
+	if (s->x->json) {
+		int f = 1;
+		putchar('{');
+		jkv_s("subject", ev->subject, &f);
+		jkv_s("issuer", ev->issuer, &f);
+		jkv_s("kind", rsc_op_kind_name(ev->kind), &f);
+		jkey("descriptor_lengths", &f);
+		putchar('[');
+		for (size_t i = 0; i < ev->n_lengths; i++)
+			printf("%s%" PRIu64, i ? "," : "", ev->descriptor_lengths[i]);
+		putchar(']');
+		jkv_u("expires_unix_ms", ev->expires_unix_ms, &f);
+		jkv_s("metadata", ev->metadata, &f);
+		puts("}");
+	} else {
+		uint64_t total = 0;
+		for (size_t i = 0; i < ev->n_lengths; i++)
+			total += ev->descriptor_lengths[i];
+		printf("%s  %s from %s  %zu descriptors  %" PRIu64 " bytes  %s\n", ev->subject,
+		       rsc_op_kind_name(ev->kind), ev->issuer, ev->n_lengths, total, ev->metadata);
+	}
+	fflush(stdout);
+	s->seen++;
+	return s->x->count > 0 && s->seen >= s->x->count;
+}
+
+static int cmd_subscribe(struct ctl *x, char **argv)
+{
+	rsc_status st;
+	struct sub_state s = {.x = x};
+	uint64_t t = x->timeout_s >= 0 ? timeout_ms(x, 0) : 0;
+	int rc = rsc_subscribe(x->c, argv[0], x->queue, on_event, &s, t, &st);
+	if (rc == RSC_DEADLINE_EXCEEDED && t) {
+		if (x->count > 0 && s.seen < x->count) {
+			fprintf(stderr,
+				"rdma-sidecar-ctl: subscribe: %ld of %ld events within %.1f s\n",
+				s.seen, x->count, x->timeout_s);
+			return EXIT_FAILED;
+		}
+		return 0;
+	}
+	return rc == RSC_OK ? 0 : fail(&st, "subscribe");
+}
+
+static char *metadata_arg(const char *arg)
+{
+	if (arg[0] != '@')
+		return strdup(arg);
+	FILE *f = fopen(arg + 1, "rb");
+	if (!f) {
+		fprintf(stderr, "rdma-sidecar-ctl: cannot open %s: %s\n", arg + 1, strerror(errno));
+		return NULL;
+	}
+	char *buf = calloc(1, 1 << 20);
+	size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+	fclose(f);
+	while (buf && n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' '))
+		buf[--n] = '\0';
+	return buf;
+}
+
+/* read and write: a fresh region laid out like the metadata's descriptors, one transfer. */
+static int transfer(struct ctl *x, char **argv, int write)
+{
+	const char *what = write ? "write" : "read";
+	rsc_status st;
+	rsc_region region = {0};
+	rsc_operation op = {0};
+	rsc_descriptor *d = NULL;
+	uint64_t *lengths = NULL, total = 0;
+	size_t n = 0;
+	int kind = 0, rc = EXIT_FAILED;
+	void *mem = NULL;
+	FILE *f = NULL;
+	char *md = metadata_arg(argv[0]);
+	if (!md)
+		return EXIT_USAGE;
+	if (rsc_metadata_lengths(md, &lengths, &n, &kind, &st) != RSC_OK) {
+		fail(&st, what);
+		goto out;
+	}
+	if (kind != (write ? RSC_KIND_WRITABLE : RSC_KIND_READABLE)) {
+		fprintf(stderr,
+			"rdma-sidecar-ctl: %s: the metadata is for a %s operation; use `%s`\n",
+			what, rsc_op_kind_name(kind), write ? "read" : "write");
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		total += lengths[i];
+	if (write) {
+		struct stat sb;
+		f = fopen(argv[1], "rb");
+		if (!f || fstat(fileno(f), &sb) != 0) {
+			fprintf(stderr, "rdma-sidecar-ctl: write: cannot open %s: %s\n", argv[1],
+				strerror(errno));
+			goto out;
+		}
+		if ((uint64_t)sb.st_size != total) {
+			fprintf(stderr,
+				"rdma-sidecar-ctl: write: %s has %lld bytes but the writable takes "
+				"%" PRIu64 " (in %zu descriptors)\n",
+				argv[1], (long long)sb.st_size, total, n);
+			goto out;
+		}
+	}
+	if (rsc_region_create(x->c, total, write ? "ctl-write" : "ctl-read", &region, &st) !=
+	    RSC_OK) {
+		fail(&st, what);
+		goto out;
+	}
+	int mapped =
+	    rsc_region_map(&region, &mem, &st) == RSC_OK; /* else: Read/WriteRegion streams */
+	if (write) {
+		char *buf = mapped ? mem : malloc(total);
+		if (!buf || fread(buf, 1, total, f) != total) {
+			fprintf(stderr, "rdma-sidecar-ctl: write: cannot read %s\n", argv[1]);
+			if (!mapped)
+				free(buf);
+			goto out;
+		}
+		int r =
+		    mapped ? RSC_OK : rsc_region_write(x->c, region.region_id, 0, buf, total, &st);
+		if (!mapped)
+			free(buf);
+		if (r != RSC_OK) {
+			fail(&st, what);
+			goto out;
+		}
+	}
+	d = calloc(n, sizeof(*d));
+	if (!d)
+		goto out;
+	for (size_t i = 0, off = 0; i < n; off += lengths[i], i++)
+		d[i] = (rsc_descriptor){
+		    .region_id = region.region_id, .offset = off, .length = lengths[i]};
+	uint64_t t = timeout_ms(x, 60);
+	rsc_transfer_args a = {
+	    .metadata = md, .descriptors = d, .n_descriptors = n, .timeout_ms = t};
+	double t0 = now_s();
+	int r = write ? rsc_write(x->c, &a, t, &op, &st) : rsc_read(x->c, &a, t, &op, &st);
+	double secs = now_s() - t0;
+	if (r != RSC_OK) {
+		fail(&st, what);
+		goto out;
+	}
+	if (op.status == RSC_STATUS_COMPLETE && !write) {
+		FILE *o = fopen(argv[1], "wb");
+		char *buf = mapped ? mem : malloc(total);
+		size_t got = 0;
+		int ok = o && buf;
+		if (ok && !mapped &&
+		    rsc_region_read(x->c, region.region_id, 0, buf, total, &got, &st) != RSC_OK) {
+			fail(&st, what);
+			ok = 0;
+		}
+		if (ok && fwrite(buf, 1, total, o) != total)
+			ok = 0;
+		if (o && fclose(o) != 0)
+			ok = 0;
+		if (!mapped)
+			free(buf);
+		if (!ok) {
+			fprintf(stderr, "rdma-sidecar-ctl: read: cannot write %s: %s\n", argv[1],
+				strerror(errno));
+			goto out;
+		}
+	}
+	if (x->json) {
+		int fj = 1;
+		putchar('{');
+		jkv_s("direction", what, &fj);
+		jkv_s("file", argv[1], &fj);
+		jkv_u("bytes", total, &fj);
+		jkv_u("descriptors", n, &fj);
+		jkey("seconds", &fj);
+		printf("%.6f", secs);
+		jkey("gb_per_s", &fj);
+		printf("%.3f", secs > 0 ? (double)total / secs / 1e9 : 0.0);
+		jkey("operation", &fj);
+		op_json(&op);
+		puts("}");
+	} else {
+		printf("%s %" PRIu64 " bytes %s %s: %s over %s in %.3f ms (%.3f GB/s)\n", what,
+		       total, write ? "from" : "into", argv[1], rsc_op_status_name(op.status),
+		       rsc_backend_name(op.backend), secs * 1e3,
+		       secs > 0 ? (double)total / secs / 1e9 : 0.0);
+		if (op.status != RSC_STATUS_COMPLETE)
+			printf("error %s: %s\n", rsc_code_name(op.error_code), op.error_message);
+	}
+	rc = op.status == RSC_STATUS_COMPLETE ? 0 : EXIT_FAILED;
+out:
+	if (f)
+		fclose(f);
+	rsc_region_unmap(mem, region.size);
+	if (op.operation_id)
+		rsc_operation_release(x->c, op.operation_id, NULL);
+	if (region.region_id)
+		rsc_region_deregister(x->c, region.region_id, 1, NULL);
+	rsc_operation_clear(&op);
+	rsc_region_clear(&region);
+	free(lengths);
+	free(d);
+	free(md);
+	return rc;
+}
+
+static int cmd_read(struct ctl *x, char **argv)
+{
+	return transfer(x, argv, 0);
+}
+
+static int cmd_write(struct ctl *x, char **argv)
+{
+	return transfer(x, argv, 1);
+}
+
+static const struct command commands[] = {
+    {"info", "", 0,
+     "identity, version, listeners, backends (and why one is unavailable), NATS, signing, GPUs",
+     cmd_info},
+    {"health", "", 0, "grpc.health.v1 Check of the whole server; exit 1 unless SERVING",
+     cmd_health},
+    {"regions", "", 0, "the registered regions", cmd_regions},
+    {"ops", "", 0, "the operations the sidecar knows", cmd_ops},
+    {"op", "ID", 1, "one operation (NOT_FOUND: exit 1)", cmd_op},
+    {"wait", "ID", 1,
+     "wait until the operation is terminal (--timeout S, default 30); exit 0 only when COMPLETE",
+     cmd_wait},
+    {"cancel", "ID", 1, "cancel an operation (the peer's ends too); prints its state", cmd_cancel},
+    {"publish", "SUBJECT OPID", 2, "publish a passive operation's metadata on a NATS subject",
+     cmd_publish},
+    {"subscribe", "SUBJECT", 1,
+     "print verified metadata published on SUBJECT (wildcards allowed), one line each; --count N "
+     "stops "
+     "after N (exit 1 when --timeout S passes first), --queue G joins a queue group",
+     cmd_subscribe},
+    {"read", "METADATA FILE", 2,
+     "pull a remote readable into a fresh region and save its bytes to FILE (METADATA: rsm1. text "
+     "or @file "
+     "holding it); --timeout S (default 60)",
+     cmd_read},
+    {"write", "METADATA FILE", 2,
+     "push FILE's bytes (exactly the writable's size) into a remote writable; --timeout S (default "
+     "60)",
+     cmd_write},
+};
+#define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static void usage(FILE *out)
+{
+	fprintf(out, "usage: rdma-sidecar-ctl [options] COMMAND [ARGS]\n\n"
+		     "Talks to an rdma-sidecar over gRPC (librdma-sidecar-client).\n\ncommands:\n");
+	for (size_t i = 0; i < N_COMMANDS; i++)
+		fprintf(out, "  %-9s %-14s %s\n", commands[i].name, commands[i].args,
+			commands[i].help);
+	fprintf(
+	    out,
+	    "\noptions:\n"
+	    "  --sidecar ADDR     unix:/path or host:port (env RDMA_SIDECAR_ADDR; "
+	    "default " DEFAULT_ADDR ")\n"
+	    "  --json             machine-readable output (one JSON object per line)\n"
+	    "  --timeout S        seconds: wait/read/write bound, subscribe duration\n"
+	    "  --count N          subscribe: stop after N events\n"
+	    "  --queue G          subscribe: NATS queue group\n"
+	    "  --connect-timeout S  seconds to reach the sidecar (default 5)\n"
+	    "  --tls-ca FILE      TLS: PEM roots of the sidecar's certificate (env "
+	    "RDMA_SIDECAR_TLS_CA)\n"
+	    "  --tls-cert FILE, --tls-key FILE   mutual TLS client certificate and key\n"
+	    "  --tls-server-name NAME   name to check in the sidecar's certificate\n"
+	    "  -h, --help         this text; `rdma-sidecar-ctl help COMMAND` or `COMMAND --help` "
+	    "for one command\n"
+	    "\nexit codes: 0 ok, 1 the operation failed, 2 usage, 3 cannot reach the sidecar\n");
+}
+
+static const struct command *find_command(const char *name)
+{
+	for (size_t i = 0; name && i < N_COMMANDS; i++)
+		if (strcmp(commands[i].name, name) == 0)
+			return &commands[i];
+	return NULL;
+}
+
+static void command_help(const struct command *c)
+{
+	printf("usage: rdma-sidecar-ctl [options] %s %s\n\n%s\n\n(see rdma-sidecar-ctl --help for "
+	       "the options)\n",
+	       c->name, c->args, c->help);
+}
+
+static int parse_seconds(const char *s, double *out)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (errno || end == s || *end || v < 0 || v > 1e7)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	enum {
+		O_SIDECAR = 256,
+		O_JSON,
+		O_TIMEOUT,
+		O_COUNT,
+		O_QUEUE,
+		O_CONNECT,
+		O_CA,
+		O_CERT,
+		O_KEY,
+		O_NAME
+	};
+	static const struct option longopts[] = {
+	    {"sidecar", required_argument, NULL, O_SIDECAR},
+	    {"json", no_argument, NULL, O_JSON},
+	    {"timeout", required_argument, NULL, O_TIMEOUT},
+	    {"count", required_argument, NULL, O_COUNT},
+	    {"queue", required_argument, NULL, O_QUEUE},
+	    {"connect-timeout", required_argument, NULL, O_CONNECT},
+	    {"tls-ca", required_argument, NULL, O_CA},
+	    {"tls-cert", required_argument, NULL, O_CERT},
+	    {"tls-key", required_argument, NULL, O_KEY},
+	    {"tls-server-name", required_argument, NULL, O_NAME},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct ctl x = {.timeout_s = -1};
+	rsc_options o = {.target = getenv("RDMA_SIDECAR_ADDR"),
+			 .tls_ca_file = getenv("RDMA_SIDECAR_TLS_CA")};
+	double connect_s = 5;
+	int help = 0, opt;
+	while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+		switch (opt) {
+		case O_SIDECAR:
+			o.target = optarg;
+			break;
+		case O_JSON:
+			x.json = 1;
+			break;
+		case O_TIMEOUT:
+			if (parse_seconds(optarg, &x.timeout_s) != 0)
+				goto bad_value;
+			break;
+		case O_CONNECT:
+			if (parse_seconds(optarg, &connect_s) != 0)
+				goto bad_value;
+			break;
+		case O_COUNT: {
+			char *end;
+			x.count = strtol(optarg, &end, 10);
+			if (*end || end == optarg || x.count <= 0)
+				goto bad_value;
+			break;
+		}
+		case O_QUEUE:
+			x.queue = optarg;
+			break;
+		case O_CA:
+			o.tls_ca_file = optarg;
+			break;
+		case O_CERT:
+			o.tls_cert_file = optarg;
+			break;
+		case O_KEY:
+			o.tls_key_file = optarg;
+			break;
+		case O_NAME:
+			o.tls_server_name = optarg;
+			break;
+		case 'h':
+			help = 1;
+			break;
+		default:
+			usage(stderr);
+			return EXIT_USAGE;
+		}
+	}
+	const char *name = optind < argc ? argv[optind] : NULL;
+	if (name && strcmp(name, "help") == 0) {
+		const struct command *c = find_command(optind + 1 < argc ? argv[optind + 1] : NULL);
+		if (optind + 1 < argc && !c) {
+			fprintf(stderr, "rdma-sidecar-ctl: no command %s\n", argv[optind + 1]);
+			return EXIT_USAGE;
+		}
+		if (c)
+			command_help(c);
+		else
+			usage(stdout);
+		return 0;
+	}
+	const struct command *cmd = find_command(name);
+	if (help) {
+		if (cmd)
+			command_help(cmd);
+		else
+			usage(stdout);
+		return 0;
+	}
+	if (!name) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	if (!cmd) {
+		fprintf(stderr, "rdma-sidecar-ctl: unknown command %s (see --help)\n", name);
+		return EXIT_USAGE;
+	}
+	int nargs = argc - optind - 1;
+	if (nargs != cmd->nargs) {
+		fprintf(stderr, "rdma-sidecar-ctl: %s takes %d argument%s (%s), got %d\n",
+			cmd->name, cmd->nargs, cmd->nargs == 1 ? "" : "s",
+			cmd->nargs ? cmd->args : "none", nargs);
+		return EXIT_USAGE;
+	}
+	rsc_status st;
+	if (rsc_client_create(&o, &x.c, &st) != RSC_OK) {
+		fprintf(stderr, "rdma-sidecar-ctl: %s\n", st.message);
+		return EXIT_USAGE;
+	}
+	x.target = rsc_client_target(x.c);
+	int rc;
+	if (rsc_client_connect(x.c, (uint32_t)(connect_s * 1000), &st) != RSC_OK) {
+		fprintf(stderr, "rdma-sidecar-ctl: %s\n", st.message);
+		rc = EXIT_UNREACHABLE;
+	} else {
+		rc = cmd->run(&x, argv + optind + 1);
+	}
+	fflush(stdout);
+	rsc_client_destroy(x.c);
+	return rc;
+bad_value:
+	fprintf(stderr, "rdma-sidecar-ctl: bad value %s for %s\n", optarg, argv[optind - 1]);
+	return EXIT_USAGE;
+}

@@ -1,0 +1,345 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * rdma_sidecar/client.h: the C client of the rdma-sidecar gRPC service (librdma-sidecar-client).
+ *
+ * One function per RPC of rdma_sidecar.v1.Sidecar (and grpc.health.v1.Health Check), with C types.
+ * Build with `pkg-config --cflags --libs rdma-sidecar-client`.
+ *
+ * Objects. rsc_client is opaque: one gRPC channel to one sidecar. Create it with
+ * rsc_client_create(), destroy it with rsc_client_destroy() (NULL is accepted). Output structs
+ * (rsc_region, rsc_operation, rsc_info, lists) are filled by the library and own their strings
+ * and arrays; free them with the matching rsc_*_clear() (safe on a zeroed or already cleared
+ * struct). They are filled only when the call returns RSC_OK.
+ *
+ * Threads. A client may be used from any number of threads at once: every call runs on its own
+ * gRPC call and completion queue, and blocks the calling thread until the answer (or its deadline).
+ * Callbacks (watch, subscribe) run on the calling thread, inside the call.
+ *
+ * Errors. Every call returns a gRPC status code (0 = RSC_OK) and, when `st` is not NULL, fills it
+ * with the same code and a message saying what was wrong and what to do. The codes are those
+ * documented in proto/rdma_sidecar/v1/sidecar.proto; the client adds UNAVAILABLE (14) when the
+ * sidecar cannot be reached, DEADLINE_EXCEEDED (4) when the call's own deadline passed and
+ * INVALID_ARGUMENT (3) for bad arguments it can see itself. An operation's own failure (a transfer
+ * that ERRORED) is not a call failure: compare rsc_operation.status and read
+ * .error_code/.error_message.
+ */
+#ifndef RDMA_SIDECAR_CLIENT_H
+#define RDMA_SIDECAR_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* gRPC status codes the calls return (same values as grpc_status_code). */
+enum rsc_code {
+	RSC_OK = 0,
+	RSC_CANCELLED = 1,
+	RSC_UNKNOWN = 2,
+	RSC_INVALID_ARGUMENT = 3,
+	RSC_DEADLINE_EXCEEDED = 4,
+	RSC_NOT_FOUND = 5,
+	RSC_ALREADY_EXISTS = 6,
+	RSC_PERMISSION_DENIED = 7,
+	RSC_RESOURCE_EXHAUSTED = 8,
+	RSC_FAILED_PRECONDITION = 9,
+	RSC_ABORTED = 10,
+	RSC_OUT_OF_RANGE = 11,
+	RSC_UNIMPLEMENTED = 12,
+	RSC_INTERNAL = 13,
+	RSC_UNAVAILABLE = 14,
+	RSC_DATA_LOSS = 15,
+	RSC_UNAUTHENTICATED = 16,
+};
+
+/* The result of a call: a gRPC status code and a message (empty on success). */
+typedef struct rsc_status {
+	int code;
+	char message[512];
+} rsc_status;
+
+/* "OK", "NOT_FOUND", ... for a status code; never NULL. */
+const char *rsc_code_name(int code);
+
+/* Enums with the proto's values. */
+enum rsc_device_kind { RSC_DEVICE_UNSPECIFIED = 0, RSC_DEVICE_HOST = 1, RSC_DEVICE_CUDA = 2 };
+enum rsc_op_kind {
+	RSC_KIND_UNSPECIFIED = 0,
+	RSC_KIND_READABLE = 1,
+	RSC_KIND_WRITABLE = 2,
+	RSC_KIND_READ = 3,
+	RSC_KIND_WRITE = 4,
+};
+enum rsc_op_status {
+	RSC_STATUS_UNSPECIFIED = 0,
+	RSC_STATUS_INITIALIZED = 1,
+	RSC_STATUS_IN_PROGRESS = 2,
+	RSC_STATUS_COMPLETE = 3,
+	RSC_STATUS_CANCELLED = 4,
+	RSC_STATUS_ERRORED = 5,
+	RSC_STATUS_SCHEDULED = 6,
+};
+enum rsc_backend {
+	RSC_BACKEND_UNSPECIFIED = 0,
+	RSC_BACKEND_TCP = 1,
+	RSC_BACKEND_IBVERBS = 2,
+	RSC_BACKEND_LOCAL = 3
+};
+
+/* Lower-case names ("readable", "complete", "tcp"); never NULL. */
+const char *rsc_op_kind_name(int kind);
+const char *rsc_op_status_name(int status);
+const char *rsc_backend_name(int backend);
+/* Whether a status is COMPLETE, CANCELLED or ERRORED. */
+int rsc_op_status_terminal(int status);
+
+/* ---- connecting ------------------------------------------------------------------------------ */
+
+typedef struct rsc_client rsc_client;
+
+typedef struct rsc_options {
+	/* "unix:/path/to/sidecar.sock" or "host:port"; NULL =
+	 * "unix:/tmp/rdma-sidecar/sidecar.sock". */
+	const char *target;
+	/* TLS: set tls_ca_file (PEM roots that sign the server's certificate) to use TLS; add
+	 * tls_cert_file + tls_key_file for mutual TLS. tls_server_name overrides the name checked
+	 * against the server's certificate. All NULL: plaintext (insecure credentials). */
+	const char *tls_ca_file;
+	const char *tls_cert_file;
+	const char *tls_key_file;
+	const char *tls_server_name;
+	/* Deadline of each unary call, in ms; 0 = 30000. rsc_operation_wait's deadline is its own
+	 * timeout plus 30 s; streams (watch, subscribe) use the timeout given to them. */
+	uint32_t call_timeout_ms;
+} rsc_options;
+
+/* Creates a client (no connection is made yet: the first call or rsc_client_connect does).
+ * *out is set only on RSC_OK. opts may be NULL (defaults). */
+int rsc_client_create(const rsc_options *opts, rsc_client **out, rsc_status *st);
+/* Waits up to timeout_ms (0 = 5000) for the connection to be ready; RSC_UNAVAILABLE (naming the
+ * target) as soon as a connection attempt fails or the time is up. Optional: every call connects
+ * by itself (and fails with RSC_UNAVAILABLE at once when it cannot). */
+int rsc_client_connect(rsc_client *c, uint32_t timeout_ms, rsc_status *st);
+/* The target the client was created with (owned by the client). */
+const char *rsc_client_target(const rsc_client *c);
+/* Closes the channel. No call may be running on c. NULL is accepted. */
+void rsc_client_destroy(rsc_client *c);
+
+/* ---- info and health ------------------------------------------------------------------------- */
+
+typedef struct rsc_backend_info {
+	int backend; /* enum rsc_backend */
+	int available;
+	char *detail;
+} rsc_backend_info;
+
+typedef struct rsc_gpu_info {
+	uint32_t index;
+	char *name;
+	char *pci_bus_id;
+	uint64_t total_memory;
+	char *rdma_path;
+} rsc_gpu_info;
+
+typedef struct rsc_info {
+	char *sidecar_id;
+	char *version;
+	size_t n_backends;
+	rsc_backend_info *backends;
+	size_t n_data_endpoints;
+	char **data_endpoints;
+	char *nats_state;
+	size_t n_grpc_listeners;
+	char **grpc_listeners;
+	int signing_enabled;
+	char *signing_key_id;
+	int cuda_available;
+	char *cuda_detail;
+	size_t n_gpus;
+	rsc_gpu_info *gpus;
+} rsc_info;
+
+int rsc_get_info(rsc_client *c, rsc_info *out, rsc_status *st);
+void rsc_info_clear(rsc_info *info);
+
+/* grpc.health.v1.Health/Check. service: NULL or "" for the whole server. *serving gets the
+ * HealthCheckResponse status (1 = SERVING, 2 = NOT_SERVING). */
+int rsc_health_check(rsc_client *c, const char *service, int *serving, rsc_status *st);
+
+/* ---- regions --------------------------------------------------------------------------------- */
+
+typedef struct rsc_region {
+	char *region_id;
+	int device_kind; /* enum rsc_device_kind */
+	uint32_t device_index;
+	uint64_t size;
+	char *path; /* HOST: the file to map (see rsc_region_map) */
+	uint64_t file_offset;
+	char *name;
+	uint32_t live_operations;
+} rsc_region;
+
+typedef struct rsc_region_list {
+	size_t count;
+	rsc_region *items;
+} rsc_region_list;
+
+/* A HOST region of `size` bytes allocated by the sidecar (a file under its --shm-dir). */
+int rsc_region_create(rsc_client *c, uint64_t size, const char *name, rsc_region *out,
+		      rsc_status *st);
+/* A HOST region over [offset, offset+size) of a file the sidecar can open read-write. */
+int rsc_region_register_host_file(rsc_client *c, const char *path, uint64_t offset, uint64_t size,
+				  const char *name, rsc_region *out, rsc_status *st);
+/* force: cancel the live operations that use it instead of failing with FAILED_PRECONDITION. */
+int rsc_region_deregister(rsc_client *c, const char *region_id, int force, rsc_status *st);
+int rsc_region_list_get(rsc_client *c, rsc_region_list *out, rsc_status *st);
+/* Streams len bytes into the region at offset (WriteRegion), for callers that cannot map it. */
+int rsc_region_write(rsc_client *c, const char *region_id, uint64_t offset, const void *data,
+		     size_t len, rsc_status *st);
+/* Reads len bytes from offset into buf (ReadRegion); *got = the bytes received. */
+int rsc_region_read(rsc_client *c, const char *region_id, uint64_t offset, void *buf, size_t len,
+		    size_t *got, rsc_status *st);
+void rsc_region_clear(rsc_region *r);
+void rsc_region_list_clear(rsc_region_list *l);
+
+/* Maps a HOST region's file into this process (MAP_SHARED, read-write): *addr covers the
+ * region's `size` bytes. Needs the region's path to be visible here (the shared /dev/shm).
+ * Unmap with rsc_region_unmap(addr, region->size). */
+int rsc_region_map(const rsc_region *r, void **addr, rsc_status *st);
+void rsc_region_unmap(void *addr, uint64_t size);
+
+/* ---- operations ------------------------------------------------------------------------------ */
+
+/* A range of a region. In outputs, region_id is owned by the enclosing struct. */
+typedef struct rsc_descriptor {
+	const char *region_id;
+	uint64_t offset;
+	uint64_t length;
+} rsc_descriptor;
+
+typedef struct rsc_operation {
+	char *operation_id;
+	int kind;    /* enum rsc_op_kind */
+	int status;  /* enum rsc_op_status */
+	int backend; /* enum rsc_backend */
+	uint64_t bytes_total;
+	uint64_t bytes_done;
+	char *metadata; /* passive operations: the "rsm1." text to hand to the peer */
+	int error_code; /* gRPC code of the failure when ERRORED or CANCELLED, else 0 */
+	char *error_message;
+	char *peer;
+	uint64_t created_unix_ms;
+	uint64_t deadline_unix_ms;
+	uint64_t completed_unix_ms;
+	char *request_id;
+	size_t n_descriptors;
+	rsc_descriptor *descriptors;
+	char *backend_reason;
+	uint32_t uses_left;
+} rsc_operation;
+
+typedef struct rsc_operation_list {
+	size_t count;
+	rsc_operation *items;
+} rsc_operation_list;
+
+/* CreateReadable / CreateWritable. */
+typedef struct rsc_passive_args {
+	const rsc_descriptor *descriptors;
+	size_t n_descriptors;
+	uint64_t timeout_ms;  /* lifetime; 0 = the sidecar's --default-timeout */
+	const char *audience; /* NULL: any sidecar holding a cluster key */
+	uint32_t max_uses;    /* 0 = 1 */
+	const char *request_id;
+} rsc_passive_args;
+
+/* BeginRead / BeginWrite. */
+typedef struct rsc_transfer_args {
+	const char *metadata; /* "rsm1." text from the remote passive operation */
+	const rsc_descriptor *descriptors;
+	size_t n_descriptors;
+	uint64_t timeout_ms; /* 0 = the sidecar's --default-timeout */
+	int backend;	     /* enum rsc_backend; 0 = the fastest both sides offer */
+	const char *request_id;
+	/* Optional gate (ReportProgress): set has_requirement. */
+	int has_requirement;
+	const char *req_request_id;
+	uint64_t req_iteration;
+	int req_has_layer;
+	uint32_t req_layer;
+} rsc_transfer_args;
+
+int rsc_create_readable(rsc_client *c, const rsc_passive_args *a, rsc_operation *out,
+			rsc_status *st);
+int rsc_create_writable(rsc_client *c, const rsc_passive_args *a, rsc_operation *out,
+			rsc_status *st);
+/* Return at once (SCHEDULED or IN_PROGRESS); wait with rsc_operation_wait. */
+int rsc_begin_read(rsc_client *c, const rsc_transfer_args *a, rsc_operation *out, rsc_status *st);
+int rsc_begin_write(rsc_client *c, const rsc_transfer_args *a, rsc_operation *out, rsc_status *st);
+
+int rsc_operation_get(rsc_client *c, const char *operation_id, rsc_operation *out, rsc_status *st);
+/* Returns when the operation is terminal or after timeout_ms (then still RSC_OK: compare status).
+ */
+int rsc_operation_wait(rsc_client *c, const char *operation_id, uint64_t timeout_ms,
+		       rsc_operation *out, rsc_status *st);
+/* WatchOperation: cb gets the current state, then every change, until the terminal state (then
+ * RSC_OK). cb returns 0 to go on, non-zero to stop (then RSC_CANCELLED). timeout_ms bounds the
+ * whole stream (0 = no bound; at the bound RSC_DEADLINE_EXCEEDED). The rsc_operation passed to cb
+ * lives only during the callback. */
+typedef int (*rsc_operation_cb)(const rsc_operation *op, void *user);
+int rsc_operation_watch(rsc_client *c, const char *operation_id, rsc_operation_cb cb, void *user,
+			uint64_t timeout_ms, rsc_status *st);
+int rsc_operation_cancel(rsc_client *c, const char *operation_id, rsc_operation *out,
+			 rsc_status *st);
+int rsc_operation_release(rsc_client *c, const char *operation_id, rsc_status *st);
+int rsc_operation_list_get(rsc_client *c, rsc_operation_list *out, rsc_status *st);
+void rsc_operation_clear(rsc_operation *op);
+void rsc_operation_list_clear(rsc_operation_list *l);
+
+/* Begin + wait in one function (two RPCs): *out is the final state, or the last seen one when
+ * timeout_ms (0 = 30000) passed first. */
+int rsc_read(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out,
+	     rsc_status *st);
+int rsc_write(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out,
+	      rsc_status *st);
+
+/* Lengths of the descriptors a "rsm1." text carries (what a reader must allocate), decoded
+ * locally without checking the signature (the sidecar checks it). *lengths is malloc'd: free(). */
+int rsc_metadata_lengths(const char *metadata, uint64_t **lengths, size_t *n, int *kind,
+			 rsc_status *st);
+
+/* ---- NATS metadata exchange and progress ----------------------------------------------------- */
+
+/* Publishes a passive operation's metadata on a NATS subject. */
+int rsc_publish(rsc_client *c, const char *subject, const char *operation_id, rsc_status *st);
+/* Publishes "rsm1." text as is (the sidecar verifies it first). */
+int rsc_publish_metadata(rsc_client *c, const char *subject, const char *metadata, rsc_status *st);
+
+typedef struct rsc_metadata_event {
+	const char *subject;
+	const char *metadata;
+	const char *issuer;
+	int kind; /* enum rsc_op_kind */
+	size_t n_lengths;
+	const uint64_t *descriptor_lengths;
+	uint64_t expires_unix_ms;
+} rsc_metadata_event;
+
+/* SubscribeMetadata: cb gets each verified event (valid only during the callback) and returns 0
+ * to go on or non-zero to stop; stopping returns RSC_OK. timeout_ms bounds the subscription
+ * (0 = until cb stops it or the sidecar ends it); reaching it returns RSC_DEADLINE_EXCEEDED.
+ * queue_group may be NULL. */
+typedef int (*rsc_metadata_cb)(const rsc_metadata_event *ev, void *user);
+int rsc_subscribe(rsc_client *c, const char *subject, const char *queue_group, rsc_metadata_cb cb,
+		  void *user, uint64_t timeout_ms, rsc_status *st);
+
+/* ReportProgress; *released (may be NULL) = scheduled operations released. */
+int rsc_report_progress(rsc_client *c, const char *request_id, uint64_t iteration, int has_layer,
+			uint32_t layer, int iteration_complete, uint32_t *released, rsc_status *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

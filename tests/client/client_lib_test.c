@@ -1,0 +1,327 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * client_lib_test.c: sc-client-test, librdma-sidecar-client against two real sidecars and a real
+ * nats-server started by tests/integration/test_client_lib.py. Every RPC wrapper once, with the
+ * bytes moved compared, the error codes and messages checked, callbacks that stop streams, and
+ * NULL-safe teardown. Single-threaded except the publisher thread of the subscribe check.
+ *
+ *   sc-client-test unix:A.sock unix:B.sock FILE_FOR_B
+ * (FILE_FOR_B: an existing 1 MiB file B can open read-write, registered as a host-file region)
+ */
+#include <rdma_sidecar/client.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static int failures;
+
+#define CHECK(cond, ...)                                                                           \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);   \
+			fprintf(stderr, __VA_ARGS__);                                              \
+			fputc('\n', stderr);                                                       \
+			failures++;                                                                \
+		}                                                                                  \
+	} while (0)
+#define OK(call) CHECK((call) == RSC_OK, "%s: %s", rsc_code_name(st.code), st.message)
+#define CODE(call, want, substr)                                                                   \
+	do {                                                                                       \
+		int got_ = (call);                                                                 \
+		CHECK(got_ == (want) && st.code == (want), "code %s, want %s (%s)",                \
+		      rsc_code_name(got_), rsc_code_name(want), st.message);                       \
+		CHECK(strstr(st.message, (substr)) != NULL, "message \"%s\" lacks \"%s\"",         \
+		      st.message, (substr));                                                       \
+	} while (0)
+
+#define MIB (1u << 20)
+
+static void fill(unsigned char *p, size_t n, unsigned seed)
+{
+	uint32_t x = seed * 2654435761u + 1;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 17;
+		x ^= x << 5;
+		p[i] = (unsigned char)x;
+	}
+}
+
+struct watch_log {
+	int n, last_status, stop_after;
+};
+
+static int on_op(const rsc_operation *op, void *user)
+{
+	struct watch_log *w = user;
+	w->n++;
+	w->last_status = op->status;
+	return w->stop_after && w->n >= w->stop_after;
+}
+
+struct publisher {
+	const char *addr, *op_id;
+	volatile int stop;
+};
+
+static void *publish_loop(void *arg)
+{
+	struct publisher *p = arg;
+	rsc_client *c = NULL;
+	rsc_status st;
+	if (rsc_client_create(&(rsc_options){.target = p->addr}, &c, &st) != RSC_OK)
+		return NULL;
+	for (int i = 0; i < 400 && !p->stop; i++) {
+		rsc_publish(c, "lib.test", p->op_id, &st);
+		usleep(50000);
+	}
+	rsc_client_destroy(c);
+	return NULL;
+}
+
+struct sub_log {
+	int n;
+	char metadata[4096];
+	uint64_t len0;
+};
+
+static int on_event(const rsc_metadata_event *ev, void *user)
+{
+	struct sub_log *s = user;
+	s->n++;
+	snprintf(s->metadata, sizeof(s->metadata), "%s", ev->metadata);
+	s->len0 = ev->n_lengths ? ev->descriptor_lengths[0] : 0;
+	return 1; /* one is enough: stop */
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 4) {
+		fprintf(stderr, "usage: %s unix:A.sock unix:B.sock FILE_FOR_B\n", argv[0]);
+		return 2;
+	}
+	rsc_status st;
+	rsc_client *a = NULL, *b = NULL, *gone = NULL;
+	rsc_region ra = {0}, rb = {0};
+	rsc_operation op = {0}, act = {0};
+	void *ma = NULL, *mb = NULL;
+	unsigned char *pattern = malloc(MIB), *back = malloc(MIB);
+	if (!pattern || !back)
+		return 1;
+
+	/* NULL-safe teardown. */
+	rsc_client_destroy(NULL);
+	rsc_operation_clear(NULL);
+	rsc_region_clear(NULL);
+	rsc_info_clear(NULL);
+	rsc_region_list_clear(NULL);
+	rsc_operation_list_clear(NULL);
+
+	OK(rsc_client_create(&(rsc_options){.target = argv[1]}, &a, &st));
+	OK(rsc_client_create(&(rsc_options){.target = argv[2]}, &b, &st));
+	OK(rsc_client_connect(a, 5000, &st));
+
+	/* Info and health. */
+	rsc_info info;
+	OK(rsc_get_info(a, &info, &st));
+	CHECK(strcmp(info.sidecar_id, "a") == 0, "sidecar_id %s", info.sidecar_id);
+	CHECK(info.n_backends >= 2 && info.signing_enabled, "backends %zu", info.n_backends);
+	CHECK(strcmp(info.nats_state, "connected") == 0, "nats_state %s", info.nats_state);
+	rsc_info_clear(&info);
+	rsc_info_clear(&info); /* twice: safe */
+	int serving = 0;
+	OK(rsc_health_check(b, NULL, &serving, &st));
+	CHECK(serving == 1, "health %d", serving);
+
+	/* Regions: create, stream bytes in and out, map, register a host file, list. */
+	OK(rsc_region_create(a, MIB, "lib-a", &ra, &st));
+	CHECK(ra.size == MIB && ra.path[0] == '/', "region %s %llu", ra.path,
+	      (unsigned long long)ra.size);
+	fill(pattern, MIB, 1);
+	OK(rsc_region_write(a, ra.region_id, 0, pattern, MIB, &st));
+	size_t got = 0;
+	memset(back, 0, MIB);
+	OK(rsc_region_read(a, ra.region_id, 0, back, MIB, &got, &st));
+	CHECK(got == MIB && memcmp(back, pattern, MIB) == 0,
+	      "ReadRegion returned other bytes (%zu)", got);
+	OK(rsc_region_map(&ra, &ma, &st));
+	CHECK(ma && memcmp(ma, pattern, MIB) == 0,
+	      "the mapped region differs from what WriteRegion wrote");
+	CODE(rsc_region_write(a, "rgn-nope", 0, pattern, 16, &st), RSC_NOT_FOUND, "rgn-nope");
+	CODE(rsc_region_write(a, ra.region_id, MIB - 8, pattern, 16, &st), RSC_INVALID_ARGUMENT,
+	     "");
+	OK(rsc_region_register_host_file(b, argv[3], 0, MIB, "lib-b", &rb, &st));
+	CHECK(strcmp(rb.path, argv[3]) == 0, "registered path %s", rb.path);
+	OK(rsc_region_map(&rb, &mb, &st));
+	memset(mb, 0, MIB);
+	rsc_region_list rl;
+	OK(rsc_region_list_get(b, &rl, &st));
+	CHECK(rl.count == 1 && strcmp(rl.items[0].region_id, rb.region_id) == 0, "list %zu",
+	      rl.count);
+	rsc_region_list_clear(&rl);
+
+	/* READ: a readable of two ranges on a, pulled into b's host-file region, watched to the
+	 * end. */
+	rsc_descriptor src[2] = {{ra.region_id, 100, 300000}, {ra.region_id, 500000, 4096}};
+	rsc_descriptor dst[2] = {{rb.region_id, 7, 300000}, {rb.region_id, 400000, 4096}};
+	OK(rsc_create_readable(
+	    a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 2, .timeout_ms = 30000},
+	    &op, &st));
+	CHECK(op.status == RSC_STATUS_INITIALIZED && strncmp(op.metadata, "rsm1.", 5) == 0,
+	      "readable %s", rsc_op_status_name(op.status));
+	uint64_t *lens = NULL;
+	size_t nlens = 0;
+	int kind = 0;
+	OK(rsc_metadata_lengths(op.metadata, &lens, &nlens, &kind, &st));
+	CHECK(nlens == 2 && lens[0] == 300000 && lens[1] == 4096 && kind == RSC_KIND_READABLE,
+	      "lengths %zu", nlens);
+	free(lens);
+	CODE(rsc_metadata_lengths("rsm1.!!!", &lens, &nlens, &kind, &st), RSC_INVALID_ARGUMENT,
+	     "base64url");
+	rsc_transfer_args ta = {
+	    .metadata = op.metadata, .descriptors = dst, .n_descriptors = 2, .timeout_ms = 30000};
+	OK(rsc_begin_read(b, &ta, &act, &st));
+	struct watch_log wl = {0};
+	OK(rsc_operation_watch(b, act.operation_id, on_op, &wl, 30000, &st));
+	CHECK(wl.n >= 1 && wl.last_status == RSC_STATUS_COMPLETE, "watch saw %d, last %s", wl.n,
+	      rsc_op_status_name(wl.last_status));
+	CHECK(memcmp((char *)mb + 7, pattern + 100, 300000) == 0 &&
+		  memcmp((char *)mb + 400000, pattern + 500000, 4096) == 0,
+	      "bytes read differ");
+	CHECK(((char *)mb)[6] == 0 && ((char *)mb)[300007] == 0,
+	      "bytes outside the ranges changed");
+	/* Watch stopped by its callback: CANCELLED. */
+	wl = (struct watch_log){.stop_after = 1};
+	CODE(rsc_operation_watch(b, act.operation_id, on_op, &wl, 30000, &st), RSC_CANCELLED,
+	     "stopped");
+	rsc_operation_clear(&act);
+	rsc_operation_clear(&op);
+
+	/* WRITE with rsc_write (begin + wait): b's bytes into a writable on a. */
+	fill((unsigned char *)mb, MIB, 2);
+	rsc_descriptor wsrc = {rb.region_id, 0, 65536}, wdst = {ra.region_id, 65536 * 3, 65536};
+	OK(rsc_create_writable(
+	    a, &(rsc_passive_args){.descriptors = &wdst, .n_descriptors = 1, .timeout_ms = 30000},
+	    &op, &st));
+	ta = (rsc_transfer_args){
+	    .metadata = op.metadata, .descriptors = &wsrc, .n_descriptors = 1, .timeout_ms = 30000};
+	OK(rsc_write(b, &ta, 30000, &act, &st));
+	CHECK(act.status == RSC_STATUS_COMPLETE && act.backend == RSC_BACKEND_TCP &&
+		  act.bytes_done == 65536,
+	      "write %s %s", rsc_op_status_name(act.status), act.error_message);
+	CHECK(memcmp((char *)ma + 65536 * 3, mb, 65536) == 0, "bytes written differ");
+	CHECK(memcmp(ma, pattern, 65536 * 3) == 0, "bytes before the writable changed");
+	/* The metadata is used up: the next use errors (an operation failure, not a call failure).
+	 */
+	rsc_operation again;
+	OK(rsc_write(b, &ta, 30000, &again, &st));
+	CHECK(again.status == RSC_STATUS_ERRORED && again.error_code != 0 && again.error_message[0],
+	      "reuse: %s", rsc_op_status_name(again.status));
+	rsc_operation_clear(&again);
+	rsc_operation_list ol;
+	OK(rsc_operation_list_get(b, &ol, &st));
+	CHECK(ol.count >= 2, "ops on b: %zu", ol.count);
+	rsc_operation_list_clear(&ol);
+	OK(rsc_operation_release(b, act.operation_id, &st));
+	CODE(rsc_operation_get(b, act.operation_id, &again, &st), RSC_NOT_FOUND, act.operation_id);
+	rsc_operation_clear(&act);
+	rsc_operation_clear(&op);
+
+	/* Cancel, a deregister refused while an operation is live, and forced. */
+	OK(rsc_create_readable(a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 1}, &op,
+			       &st));
+	CODE(rsc_region_deregister(a, ra.region_id, 0, &st), RSC_FAILED_PRECONDITION, "");
+	OK(rsc_operation_cancel(a, op.operation_id, &act, &st));
+	CHECK(act.status == RSC_STATUS_CANCELLED && act.error_code == RSC_CANCELLED, "cancel: %s",
+	      rsc_op_status_name(act.status));
+	rsc_operation_clear(&act);
+	OK(rsc_operation_get(a, op.operation_id, &act, &st));
+	CHECK(act.status == RSC_STATUS_CANCELLED, "get after cancel: %s",
+	      rsc_op_status_name(act.status));
+	rsc_operation_clear(&act);
+	rsc_operation_clear(&op);
+
+	/* Progress gates a scheduled read; ReportProgress releases it. */
+	OK(rsc_create_readable(
+	    a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 1, .timeout_ms = 30000},
+	    &op, &st));
+	ta = (rsc_transfer_args){.metadata = op.metadata,
+				 .descriptors = dst,
+				 .n_descriptors = 1,
+				 .timeout_ms = 30000,
+				 .has_requirement = 1,
+				 .req_request_id = "req-1",
+				 .req_iteration = 3};
+	OK(rsc_begin_read(b, &ta, &act, &st));
+	CHECK(act.status == RSC_STATUS_SCHEDULED, "gated read is %s",
+	      rsc_op_status_name(act.status));
+	uint32_t released = 0;
+	OK(rsc_report_progress(b, "req-1", 3, 0, 0, 1, &released, &st));
+	CHECK(released == 1, "released %u", released);
+	rsc_operation done;
+	OK(rsc_operation_wait(b, act.operation_id, 30000, &done, &st));
+	CHECK(done.status == RSC_STATUS_COMPLETE, "released read: %s %s",
+	      rsc_op_status_name(done.status), done.error_message);
+	rsc_operation_clear(&done);
+	rsc_operation_clear(&act);
+	rsc_operation_clear(&op);
+
+	/* Publish / subscribe over NATS: the callback stops the stream at the first event. */
+	OK(rsc_create_readable(
+	    a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 1, .timeout_ms = 60000},
+	    &op, &st));
+	struct publisher pub = {.addr = argv[1], .op_id = op.operation_id};
+	pthread_t th;
+	pthread_create(&th, NULL, publish_loop, &pub);
+	struct sub_log sl = {0};
+	OK(rsc_subscribe(b, "lib.>", NULL, on_event, &sl, 20000, &st));
+	pub.stop = 1;
+	pthread_join(th, NULL);
+	CHECK(sl.n == 1 && strcmp(sl.metadata, op.metadata) == 0 && sl.len0 == 300000,
+	      "subscribe got %d", sl.n);
+	CODE(rsc_subscribe(b, "nobody.here", NULL, on_event, &sl, 300, &st), RSC_DEADLINE_EXCEEDED,
+	     "");
+	CODE(rsc_publish(a, "lib.x", "op-nope", &st), RSC_NOT_FOUND, "op-nope");
+	OK(rsc_publish_metadata(a, "lib.x", op.metadata, &st));
+	rsc_operation_clear(&op);
+
+	/* Errors the client sees itself, and an unreachable sidecar. */
+	CODE(rsc_get_info(NULL, &info, &st), RSC_INVALID_ARGUMENT, "no client");
+	CODE(rsc_subscribe(NULL, "x", NULL, on_event, &sl, 100, &st), RSC_INVALID_ARGUMENT,
+	     "no client");
+	CODE(rsc_begin_read(b, &(rsc_transfer_args){0}, &act, &st), RSC_INVALID_ARGUMENT,
+	     "metadata");
+	CODE(rsc_operation_get(a, "op-nope", &act, &st), RSC_NOT_FOUND, "op-nope");
+	OK(rsc_client_create(
+	    &(rsc_options){.target = "unix:/nonexistent/sc.sock", .call_timeout_ms = 3000}, &gone,
+	    &st));
+	CODE(rsc_client_connect(gone, 2000, &st), RSC_UNAVAILABLE,
+	     "cannot reach the sidecar at unix:/nonexistent");
+	CODE(rsc_health_check(gone, NULL, &serving, &st), RSC_UNAVAILABLE,
+	     "unix:/nonexistent/sc.sock");
+	CODE(rsc_client_create(&(rsc_options){.tls_ca_file = "/nonexistent.pem"}, &gone, &st),
+	     RSC_INVALID_ARGUMENT, "/nonexistent.pem");
+
+	/* Teardown; force deregisters whatever is left. */
+	rsc_region_unmap(ma, ra.size);
+	rsc_region_unmap(mb, rb.size);
+	OK(rsc_region_deregister(a, ra.region_id, 1, &st));
+	OK(rsc_region_deregister(b, rb.region_id, 1, &st));
+	CODE(rsc_region_deregister(b, rb.region_id, 0, &st), RSC_NOT_FOUND, "");
+	rsc_region_clear(&ra);
+	rsc_region_clear(&rb);
+	rsc_client_destroy(gone);
+	rsc_client_destroy(a);
+	rsc_client_destroy(b);
+	free(pattern);
+	free(back);
+	if (failures)
+		fprintf(stderr, "%d check(s) failed\n", failures);
+	else
+		printf("all checks passed\n");
+	return failures ? 1 : 0;
+}

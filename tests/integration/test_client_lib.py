@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: Apache-2.0
+"""librdma-sidecar-client from C: runs sc-client-test (tests/client/client_lib_test.c) against two
+real sidecars and a real nats-server. The C program checks every RPC wrapper, the bytes moved,
+error codes and messages, stream callbacks that stop, and an unreachable sidecar."""
+import os
+import subprocess
+
+from harness import SLOW, SidecarTest, main
+
+BUILD = os.path.dirname(os.path.abspath(os.environ.get("SC_BINARY", "build/rdma-sidecar")))
+EXE = os.path.join(BUILD, "client", "sc-client-test")
+
+
+class ClientLibTest(SidecarTest):
+    def test_library(self):
+        nats = self.nats()
+        keys = self.key_file()
+        a = self.sidecar("a", key_file=keys, nats_url=nats.url)
+        b = self.sidecar("b", key_file=keys, nats_url=nats.url)
+        # A file b can open read-write, registered as a host-file region by the C program.
+        path = os.path.join(b.shm, "worker-file")
+        with open(path, "wb") as f:
+            f.truncate(1 << 20)
+        r = subprocess.run([EXE, "unix:" + a.sock, "unix:" + b.sock, path], capture_output=True, text=True,
+                           timeout=120 * SLOW)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("all checks passed", r.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,398 @@
+# SPDX-License-Identifier: Apache-2.0
+"""rdma-sidecar-ctl and librdma-sidecar-client against real sidecars (and a real nats-server):
+every command, --json output parsed and checked, exit codes (0 ok, 1 failed, 2 usage, 3 cannot
+reach the sidecar), files moved with `ctl read` / `ctl write` compared byte for byte with the
+bytes outside the ranges unchanged, and the installed library used through pkg-config."""
+import json
+import os
+import shutil
+import subprocess
+import time
+
+from harness import SLOW, SidecarTest, desc, free_port, main, pb
+
+BUILD = os.path.dirname(os.path.abspath(os.environ.get("SC_BINARY", "build/rdma-sidecar")))
+CTL = os.path.join(BUILD, "client", "rdma-sidecar-ctl")
+
+
+def fnv1a(data):
+    h = 1469598103934665603
+    for b in data:
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+class CtlTest(SidecarTest):
+    def ctl(self, sidecar, *args, timeout=30, env=None):
+        cmd = [CTL] + (["--sidecar", "unix:" + sidecar.sock] if sidecar else []) + list(args)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * SLOW,
+                              env=dict(os.environ, **(env or {})))
+
+    def ok_json(self, sidecar, *args, **kw):
+        r = self.ctl(sidecar, "--json", *args, **kw)
+        self.assertEqual(r.returncode, 0, "ctl %s: %s" % (" ".join(args), r.stderr))
+        return json.loads(r.stdout)
+
+    def pair(self, **kw):
+        keys = self.key_file()
+        return self.sidecar("a", key_file=keys, **kw), self.sidecar("b", key_file=keys, **kw)
+
+    def readable(self, s, region, lengths, start=7, gap=4099):
+        descs, off = [], start
+        for ln in lengths:
+            descs.append(desc(region, off, ln))
+            off += ln + gap
+        op = s.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=descs, timeout_ms=60000), timeout=10)
+        return op, descs
+
+    def test_info_health_regions_ops(self):
+        a = self.sidecar("a", key_file=self.key_file())
+        info = self.ok_json(a, "info")
+        self.assertEqual(info["sidecar_id"], "a")
+        self.assertIn("unix:" + a.sock, info["grpc_listeners"])
+        self.assertTrue(info["signing_enabled"])
+        self.assertEqual(info["nats_state"], "disabled")
+        by = {b["backend"]: b for b in info["backends"]}
+        self.assertTrue(by["tcp"]["available"])
+        self.assertTrue(by["local"]["available"])
+        self.assertIn("ibverbs", by)
+        text = self.ctl(a, "info")
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertIn("sidecar  a", text.stdout)
+
+        self.assertEqual(self.ok_json(a, "health"), {"status": "SERVING", "serving": True})
+        self.assertEqual(self.ctl(a, "health").stdout.strip(), "SERVING")
+
+        self.assertEqual(self.ok_json(a, "regions"), {"regions": []})
+        self.assertEqual(self.ok_json(a, "ops"), {"operations": []})
+        r = a.create_region(1 << 20, name="ctl-test")
+        op, _ = self.readable(a, r, [1000, 2000])
+        regions = self.ok_json(a, "regions")["regions"]
+        self.assertEqual(len(regions), 1)
+        self.assertEqual(regions[0]["region_id"], r.region_id)
+        self.assertEqual(regions[0]["size"], 1 << 20)
+        self.assertEqual(regions[0]["name"], "ctl-test")
+        self.assertEqual(regions[0]["path"], r.path)
+        self.assertGreaterEqual(regions[0]["live_operations"], 1)
+        ops = self.ok_json(a, "ops")["operations"]
+        self.assertEqual([o["operation_id"] for o in ops], [op.operation_id])
+        self.assertEqual(ops[0]["kind"], "readable")
+        self.assertEqual(ops[0]["status"], "initialized")
+        self.assertEqual(ops[0]["metadata"], op.metadata)
+        self.assertEqual([d["length"] for d in ops[0]["descriptors"]], [1000, 2000])
+        self.assertIn(op.operation_id, self.ctl(a, "ops").stdout)
+        self.assertIn(r.region_id, self.ctl(a, "regions").stdout)
+
+        # The address from the environment, and over TCP.
+        env = self.ctl(None, "--json", "health", env={"RDMA_SIDECAR_ADDR": "unix:" + a.sock})
+        self.assertEqual(env.returncode, 0, env.stderr)
+        tcp = self.ctl(None, "--json", "--sidecar", "127.0.0.1:%d" % a.port, "info")
+        self.assertEqual(tcp.returncode, 0, tcp.stderr)
+        self.assertEqual(json.loads(tcp.stdout)["sidecar_id"], "a")
+
+    def test_op_wait_cancel(self):
+        a = self.sidecar("a", key_file=self.key_file())
+        r = a.create_region(1 << 16)
+        op, _ = self.readable(a, r, [4096])
+        got = self.ok_json(a, "op", op.operation_id)
+        self.assertEqual(got["operation_id"], op.operation_id)
+        self.assertEqual(got["status"], "initialized")
+        self.assertIsNone(got["error"])
+
+        missing = self.ctl(a, "--json", "op", "op-doesnotexist")
+        self.assertEqual(missing.returncode, 1)
+        self.assertIn("NOT_FOUND", missing.stderr)
+        self.assertIn("op-doesnotexist", missing.stderr)
+        self.assertEqual(missing.stdout, "")
+
+        # Not terminal within the timeout: the state is printed, exit 1.
+        t0 = time.monotonic()
+        w = self.ctl(a, "--json", "--timeout", "0.3", "wait", op.operation_id)
+        self.assertEqual(w.returncode, 1, w.stderr)
+        self.assertGreaterEqual(time.monotonic() - t0, 0.25)
+        self.assertEqual(json.loads(w.stdout)["status"], "initialized")
+        self.assertIn("still initialized", w.stderr)
+
+        c = self.ok_json(a, "cancel", op.operation_id)
+        self.assertEqual(c["status"], "cancelled")
+        self.assertEqual(c["error"]["code_name"], "CANCELLED")
+        w = self.ctl(a, "--json", "wait", op.operation_id)
+        self.assertEqual(w.returncode, 1)
+        self.assertEqual(json.loads(w.stdout)["status"], "cancelled")
+        self.assertEqual(a.stub.GetOperation(pb.GetOperationRequest(operation_id=op.operation_id),
+                                             timeout=5).status, pb.OPERATION_STATUS_CANCELLED)
+        # A second cancel changes nothing and still succeeds.
+        self.assertEqual(self.ok_json(a, "cancel", op.operation_id)["status"], "cancelled")
+
+        # wait on a completed transfer: exit 0.
+        src = a.create_region(1 << 16)
+        ro, _ = self.readable(a, src, [5000])
+        dst = a.create_region(1 << 16)
+        act = a.stub.BeginRead(pb.BeginTransferRequest(metadata=ro.metadata, descriptors=[desc(dst, 0, 5000)],
+                                                       timeout_ms=30000), timeout=10)
+        w = self.ok_json(a, "wait", act.operation_id)
+        self.assertEqual(w["status"], "complete")
+        self.assertEqual(w["backend"], "local")
+        self.assertEqual(w["bytes_done"], 5000)
+
+    def test_read_and_write_files(self):
+        a, b = self.pair()
+        # READ: three ranges at odd offsets of a region full of noise on a; ctl read on b.
+        lengths = [1 << 20, 123457, 3]
+        total = sum(lengths)
+        src = a.create_region(4 << 20)
+        noise = os.urandom(src.size)
+        a.fill(src, 0, noise)
+        ro, descs = self.readable(a, src, lengths)
+        expect = b"".join(noise[d.offset:d.offset + d.length] for d in descs)
+        out = os.path.join(self.workdir, "read.bin")
+        res = self.ok_json(b, "read", ro.metadata, out)
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(), expect)
+        self.assertEqual(res["bytes"], total)
+        self.assertEqual(res["descriptors"], 3)
+        self.assertEqual(res["operation"]["status"], "complete")
+        self.assertEqual(res["operation"]["backend"], "tcp")
+        self.assertEqual(res["operation"]["peer"], "a")
+        self.assertEqual(a.peek(src, 0, src.size), noise)  # the source is untouched
+        # The passive side completed; b kept nothing (the region and operation were released).
+        self.assertEqual(a.wait(ro.operation_id).status, pb.OPERATION_STATUS_COMPLETE)
+        self.assertEqual(self.ok_json(b, "regions"), {"regions": []})
+        self.assertEqual(self.ok_json(b, "ops"), {"operations": []})
+
+        # The metadata used up: exit 1 with the sidecar's reason, and the old file is not replaced.
+        again = self.ctl(b, "read", ro.metadata, out + ".2")
+        self.assertEqual(again.returncode, 1, again.stdout)
+        self.assertFalse(os.path.exists(out + ".2"))
+        self.assertIn("errored", again.stdout)
+
+        # WRITE: a file pushed from b into two ranges of a writable on a, metadata from a file (@).
+        dst = a.create_region(2 << 20)
+        noise = os.urandom(dst.size)
+        a.fill(dst, 0, noise)
+        wlen = [700001, 4096]
+        wdescs = [desc(dst, 11, wlen[0]), desc(dst, 11 + wlen[0] + 999, wlen[1])]
+        wo = a.stub.CreateWritable(pb.CreatePassiveRequest(descriptors=wdescs, timeout_ms=60000), timeout=10)
+        payload = os.urandom(sum(wlen))
+        src_file = os.path.join(self.workdir, "write.bin")
+        with open(src_file, "wb") as f:
+            f.write(payload)
+        md_file = os.path.join(self.workdir, "md.txt")
+        with open(md_file, "w") as f:
+            f.write(wo.metadata + "\n")
+
+        # A file of the wrong size is refused before anything moves.
+        short = os.path.join(self.workdir, "short.bin")
+        with open(short, "wb") as f:
+            f.write(payload[:-1])
+        bad = self.ctl(b, "write", "@" + md_file, short)
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn("takes %d" % sum(wlen), bad.stderr)
+        self.assertEqual(a.peek(dst, 0, dst.size), noise)
+        # Readable metadata given to write (and the other way round): refused, exit 1.
+        ro2, _ = self.readable(a, src, [10])
+        wrong = self.ctl(b, "write", ro2.metadata, src_file)
+        self.assertEqual(wrong.returncode, 1)
+        self.assertIn("use `read`", wrong.stderr)
+        wrong = self.ctl(b, "read", wo.metadata, out)
+        self.assertEqual(wrong.returncode, 1)
+        self.assertIn("use `write`", wrong.stderr)
+
+        res = self.ok_json(b, "write", "@" + md_file, src_file)
+        self.assertEqual(res["operation"]["status"], "complete")
+        self.assertEqual(res["bytes"], sum(wlen))
+        self.assertEqual(a.wait(wo.operation_id).status, pb.OPERATION_STATUS_COMPLETE)
+        expect = bytearray(noise)
+        expect[11:11 + wlen[0]] = payload[:wlen[0]]
+        off = 11 + wlen[0] + 999
+        expect[off:off + wlen[1]] = payload[wlen[0]:]
+        self.assertEqual(a.peek(dst, 0, dst.size), bytes(expect))
+
+        # LOCAL: both ends on one sidecar, text output.
+        ro3, d3 = self.readable(a, src, [65536])
+        loc = self.ctl(a, "read", ro3.metadata, out)
+        self.assertEqual(loc.returncode, 0, loc.stderr)
+        self.assertIn("complete over local", loc.stdout)
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(), a.peek(src, d3[0].offset, 65536))
+
+    def test_publish_subscribe(self):
+        nats = self.nats()
+        a, b = self.pair(nats_url=nats.url)
+        r = a.create_region(1 << 16)
+        op, _ = self.readable(a, r, [100, 200])
+        sub = subprocess.Popen([CTL, "--sidecar", "unix:" + b.sock, "--json", "--count", "1", "--timeout",
+                                str(20 * SLOW), "subscribe", "kv.>"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        try:
+            # Plain NATS delivers only to present subscribers: publish until the subscriber has one.
+            end = time.monotonic() + 20 * SLOW
+            while sub.poll() is None and time.monotonic() < end:
+                res = self.ok_json(a, "publish", "kv.layer0", op.operation_id)
+                self.assertEqual(res, {"published": True, "subject": "kv.layer0", "operation_id": op.operation_id})
+                time.sleep(0.1)
+            out, err = sub.communicate(timeout=10 * SLOW)
+        finally:
+            if sub.poll() is None:
+                sub.kill()
+                sub.wait()
+        self.assertEqual(sub.returncode, 0, err)
+        lines = out.strip().splitlines()
+        self.assertEqual(len(lines), 1, out)
+        ev = json.loads(lines[0])
+        self.assertEqual(ev["subject"], "kv.layer0")
+        self.assertEqual(ev["metadata"], op.metadata)
+        self.assertEqual(ev["issuer"], "a")
+        self.assertEqual(ev["kind"], "readable")
+        self.assertEqual(ev["descriptor_lengths"], [100, 200])
+
+        # Too few events before the timeout: exit 1; no --count: the timeout ends it with 0.
+        t0 = time.monotonic()
+        few = self.ctl(b, "--count", "2", "--timeout", "0.5", "subscribe", "nobody.here")
+        self.assertEqual(few.returncode, 1, few.stderr)
+        self.assertIn("0 of 2 events", few.stderr)
+        self.assertLess(time.monotonic() - t0, 10 * SLOW)
+        self.assertEqual(self.ctl(b, "--timeout", "0.3", "subscribe", "nobody.here").returncode, 0)
+        # Publishing an unknown operation fails with the sidecar's reason.
+        bad = self.ctl(a, "publish", "kv.x", "op-nope")
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn("NOT_FOUND", bad.stderr)
+
+    def test_usage_and_unreachable(self):
+        for args in ([], ["frobnicate"], ["op"], ["op", "a", "b"], ["--timeout", "abc", "ops"],
+                     ["--count", "0", "subscribe", "x"], ["--bogus", "info"], ["help", "nope"]):
+            r = self.ctl(None, *args)
+            self.assertEqual(r.returncode, 2, "%s: %s %s" % (args, r.stdout, r.stderr))
+            self.assertTrue(r.stderr, args)
+        h = self.ctl(None, "--help")
+        self.assertEqual(h.returncode, 0)
+        for name in ("info", "health", "regions", "ops", "op", "wait", "cancel", "publish", "subscribe",
+                     "read", "write", "RDMA_SIDECAR_ADDR", "exit codes"):
+            self.assertIn(name, h.stdout)
+        for args in (["help", "read"], ["read", "--help"]):
+            r = self.ctl(None, *args)
+            self.assertEqual(r.returncode, 0)
+            self.assertIn("rdma-sidecar-ctl [options] read METADATA FILE", r.stdout)
+
+        gone = os.path.join(self.workdir, "no.sock")
+        r = self.ctl(None, "--sidecar", "unix:" + gone, "info")
+        self.assertEqual(r.returncode, 3)
+        self.assertIn("cannot reach the sidecar at unix:" + gone, r.stderr)
+        r = self.ctl(None, "--sidecar", "127.0.0.1:%d" % free_port(), "--json", "ops", env={})
+        self.assertEqual(r.returncode, 3)
+        self.assertEqual(r.stdout, "")
+        r = self.ctl(None, "info", env={"RDMA_SIDECAR_ADDR": "unix:" + gone})
+        self.assertEqual(r.returncode, 3)
+
+        # A sidecar that stops: 3 from then on.
+        a = self.sidecar("a")
+        self.assertEqual(self.ctl(a, "health").returncode, 0)
+        self.assertEqual(a.stop(), 0)
+        self.assertEqual(self.ctl(a, "health").returncode, 3)
+
+    def test_tls(self):
+        """--tls-ca / --tls-cert / --tls-key against a TLS gRPC server that requires a client
+        certificate (grpcio serving the Sidecar service; the sidecar itself serves plaintext)."""
+        openssl = shutil.which("openssl")
+        if not openssl:
+            self.skipTest("openssl not installed")
+        import grpc
+        from concurrent import futures
+        from harness import rpc
+        d = self.workdir
+
+        def sh(*args):
+            r = subprocess.run([openssl] + list(args), capture_output=True, text=True, timeout=60, cwd=d)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(d, "san.ext"), "w") as f:
+            f.write("subjectAltName=DNS:localhost\n")
+        sh("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+           "-subj", "/CN=test-ca")
+        for name, cn, ext in (("srv", "localhost", ["-extfile", "san.ext"]), ("cli", "worker-7", [])):
+            sh("req", "-newkey", "rsa:2048", "-nodes", "-keyout", name + ".key", "-out", name + ".csr", "-subj",
+               "/CN=" + cn)
+            sh("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+               "-out", name + ".pem", "-days", "1", *ext)
+
+        def read(name):
+            with open(os.path.join(d, name), "rb") as f:
+                return f.read()
+
+        class Fake(rpc.SidecarServicer):
+            def GetInfo(self, request, context):
+                ids = context.peer_identities() or []
+                return pb.SidecarInfo(sidecar_id="tls-fake", version=b",".join(ids).decode())
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        rpc.add_SidecarServicer_to_server(Fake(), server)
+        creds = grpc.ssl_server_credentials([(read("srv.key"), read("srv.pem"))], root_certificates=read("ca.pem"),
+                                            require_client_auth=True)
+        port = server.add_secure_port("127.0.0.1:0", creds)
+        server.start()
+        try:
+            tls = ["--sidecar", "127.0.0.1:%d" % port, "--tls-server-name", "localhost",
+                   "--tls-ca", os.path.join(d, "ca.pem")]
+            mine = ["--tls-cert", os.path.join(d, "cli.pem"), "--tls-key", os.path.join(d, "cli.key")]
+            r = self.ctl(None, "--json", *(tls + mine), "info")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            info = json.loads(r.stdout)
+            self.assertEqual(info["sidecar_id"], "tls-fake")
+            self.assertEqual(info["version"], "worker-7")  # the server saw our client certificate
+            # No client certificate, plaintext, or a CA that did not sign the server: no connection.
+            for args in (tls, ["--sidecar", "127.0.0.1:%d" % port]):
+                r = self.ctl(None, "--connect-timeout", "3", *args, "info")
+                self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+                self.assertIn("cannot reach the sidecar", r.stderr)
+            r = self.ctl(None, "--connect-timeout", "3", *(tls[:-1] + [os.path.join(d, "cli.pem")] + mine), "info")
+            self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+            # A certificate without its key is a usage error, found before connecting.
+            r = self.ctl(None, *(tls + mine[:2]), "info")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("certificate and key together", r.stderr)
+        finally:
+            server.stop(0)
+
+    def test_installed_library_pkg_config(self):
+        prefix = os.path.join(self.workdir, "prefix")
+        r = subprocess.run(["cmake", "--install", BUILD, "--prefix", prefix], capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        pcdirs = [os.path.join(d, "pkgconfig") for d, _, _ in os.walk(prefix)
+                  if os.path.exists(os.path.join(d, "pkgconfig", "rdma-sidecar-client.pc"))]
+        self.assertEqual(len(pcdirs), 1, os.listdir(prefix))
+        self.assertTrue(os.path.exists(os.path.join(prefix, "include", "rdma_sidecar", "client.h")))
+        self.assertTrue(os.path.exists(os.path.join(prefix, "bin", "rdma-sidecar-ctl")))
+        env = dict(os.environ, PKG_CONFIG_PATH=pcdirs[0])
+        pc = subprocess.run(["pkg-config", "--cflags", "--libs", "rdma-sidecar-client"], capture_output=True,
+                            text=True, env=env, timeout=30)
+        self.assertEqual(pc.returncode, 0, pc.stderr)
+        incs = [os.path.normpath(f[2:]) for f in pc.stdout.split() if f.startswith("-I")]
+        self.assertIn(os.path.join(prefix, "include"), incs)
+        self.assertIn("-lrdma-sidecar-client", pc.stdout)
+        cc = shutil.which("cc")
+        if not cc:
+            self.skipTest("no C compiler to build against the installed library")
+        exe = os.path.join(self.workdir, "c_client_read")
+        src = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "c_client_read.c")
+        # A sanitizer build's library needs the sanitizer runtime in the program too.
+        with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
+            sanitize = ["-fsanitize=address,undefined"] if "SANITIZE:BOOL=ON" in f.read() else []
+        r = subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-o", exe, src] + sanitize + pc.stdout.split(),
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+        a, b = self.pair()
+        region = a.create_region(1 << 20)
+        noise = os.urandom(region.size)
+        a.fill(region, 0, noise)
+        ro, descs = self.readable(a, region, [300000, 5])
+        libdir = os.path.dirname(pcdirs[0])
+        r = subprocess.run([exe, "unix:" + b.sock, ro.metadata], capture_output=True, text=True,
+                           timeout=30 * SLOW, env=dict(os.environ, LD_LIBRARY_PATH=libdir))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        expect = b"".join(noise[d.offset:d.offset + d.length] for d in descs)
+        self.assertEqual(r.stdout.strip(), "read %d bytes over tcp, fnv1a %016x" % (len(expect), fnv1a(expect)))
+
+
+if __name__ == "__main__":
+    main()
