@@ -79,6 +79,8 @@ void sc_h_create_writable(struct sc_call *c, ProtobufCMessage *req)
 	create_passive(c, req, SC_OP_WRITABLE);
 }
 
+static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout_ms, bool stream);
+
 static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind)
 {
 	RdmaSidecar__V1__BeginTransferRequest *r = (RdmaSidecar__V1__BeginTransferRequest *)req;
@@ -119,7 +121,19 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 	struct sc_op_info info;
 	int rc = sc_op_begin(sc_call_engine(c), kind, &ar, &info, &err);
 	free(descs);
-	answer(c, rc, &info, &err);
+	if (rc != 0 || !r->wait || sc_op_status_terminal(info.status)) {
+		answer(c, rc, &info, &err);
+		return;
+	}
+	/* One call to the end: the operation's own deadline ends it, so waiting until then (plus a
+	 * second for the verdict to arrive) always sees a terminal state unless the client's gRPC
+	 * deadline is shorter. */
+	char id[SC_ID_MAX];
+	memcpy(id, info.id, sizeof(id));
+	uint64_t now = sc_now_unix_ms();
+	uint64_t left = info.deadline_unix_ms > now ? info.deadline_unix_ms - now : 0;
+	sc_op_info_free(&info);
+	wait_or_watch(c, id, left + 1000, false);
 }
 
 void sc_h_begin_read(struct sc_call *c, ProtobufCMessage *req)
