@@ -323,12 +323,16 @@ static void waiter_on_cancel(struct sc_call *c)
 	struct waiter *w = sc_call_state(c);
 	if (!waiter_claim(w))
 		return;
-	if (sc_op_unwatch(w->eng, w->watch_id))
-		waiter_release(w);
+	/* Read what we need before the releases: each may drop the call, and w with it. */
+	struct sc_engine *eng = w->eng;
 	uint64_t timer = atomic_load(&w->timer_id);
-	if (timer && sc_engine_timer_cancel(w->eng, timer))
+	sc_call_ref(c); /* keep the call (and w) until it is finished below */
+	if (sc_op_unwatch(eng, w->watch_id))
+		waiter_release(w);
+	if (timer && sc_engine_timer_cancel(eng, timer))
 		waiter_release(w);
 	sc_call_finish(c, SC_CANCELLED, "cancelled by the client");
+	sc_call_unref(c);
 }
 
 static void waiter_free(void *p)
