@@ -381,6 +381,14 @@ class CtlTest(SidecarTest):
                            capture_output=True, text=True, timeout=120)
         self.assertEqual(r.returncode, 0, r.stderr)
 
+        cxx = shutil.which("c++")
+        if cxx:  # the header is usable from C++ too (extern "C", no C-only syntax)
+            r = subprocess.run([cxx, "-x", "c++", "-std=c++11", "-Wall", "-Werror", "-fsyntax-only", "-"]
+                               + [f for f in pc.stdout.split() if f.startswith("-I")],
+                               input="#include <rdma_sidecar/client.h>\nint main() { return RSC_OK; }\n",
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+
         a, b = self.pair()
         region = a.create_region(1 << 20)
         noise = os.urandom(region.size)
