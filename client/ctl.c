@@ -358,6 +358,36 @@ static int cmd_wait(struct ctl *x, char **argv)
 	return rc;
 }
 
+struct watch_state {
+	const struct ctl *x;
+	int last_status;
+};
+
+static int on_watch(const rsc_operation *o, void *user)
+{
+	struct watch_state *w = user;
+	op_print(w->x, o);
+	fflush(stdout);
+	w->last_status = o->status;
+	return 0;
+}
+
+static int cmd_watch(struct ctl *x, char **argv)
+{
+	rsc_status st;
+	struct watch_state w = {.x = x};
+	int rc = rsc_operation_watch(x->c, argv[0], on_watch, &w, timeout_ms(x, 0), &st);
+	if (rc == RSC_DEADLINE_EXCEEDED && w.last_status) {
+		fprintf(stderr, "rdma-sidecar-ctl: watch: %s still %s after %.1f s\n", argv[0],
+			rsc_op_status_name(w.last_status), x->timeout_s);
+		return EXIT_FAILED;
+	}
+	if (rc != RSC_OK)
+		return fail(&st, "watch");
+	/* The stream ended after the terminal state: its outcome decides the exit code. */
+	return w.last_status == RSC_STATUS_COMPLETE ? 0 : EXIT_FAILED;
+}
+
 static int cmd_cancel(struct ctl *x, char **argv)
 {
 	rsc_operation o;
@@ -623,6 +653,10 @@ static const struct command commands[] = {
     {"wait", "ID", 1,
      "wait until the operation is terminal (--timeout S, default 30); exit 0 only when COMPLETE",
      cmd_wait},
+    {"watch", "ID", 1,
+     "print the operation's state, then every change and progress update until it is terminal "
+     "(--timeout S bounds it); exit 0 only when COMPLETE",
+     cmd_watch},
     {"cancel", "ID", 1, "cancel an operation (the peer's ends too); prints its state", cmd_cancel},
     {"publish", "SUBJECT OPID", 2, "publish a passive operation's metadata on a NATS subject",
      cmd_publish},

@@ -135,6 +135,44 @@ class CtlTest(SidecarTest):
         self.assertEqual(w["backend"], "local")
         self.assertEqual(w["bytes_done"], 5000)
 
+    def test_watch(self):
+        a, b = self.pair()
+        src = a.create_region(2 << 20)
+        ro, _ = self.readable(a, src, [1 << 20])
+        watch = subprocess.Popen([CTL, "--sidecar", "unix:" + a.sock, "--json", "--timeout", str(30 * SLOW), "watch",
+                                  ro.operation_id], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            first = json.loads(watch.stdout.readline())  # the current state comes first
+            self.assertEqual(first["status"], "initialized")
+            dst = b.create_region(1 << 20)
+            op = b.stub.BeginRead(pb.BeginTransferRequest(metadata=ro.metadata, descriptors=[desc(dst, 0, 1 << 20)],
+                                                          timeout_ms=30000), timeout=10)
+            self.assertEqual(b.wait(op.operation_id).status, pb.OPERATION_STATUS_COMPLETE)
+            out, err = watch.communicate(timeout=20 * SLOW)
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+                watch.wait()
+        self.assertEqual(watch.returncode, 0, err)
+        states = [json.loads(line) for line in out.strip().splitlines()]
+        self.assertEqual(states[-1]["status"], "complete")
+        self.assertEqual(states[-1]["bytes_done"], 1 << 20)
+        self.assertTrue(all(s["operation_id"] == ro.operation_id for s in states))
+
+        # Still live when the timeout passes: exit 1; cancelled: exit 1; unknown: exit 1 NOT_FOUND.
+        ro2, _ = self.readable(a, src, [10])
+        r = self.ctl(a, "--json", "--timeout", "0.3", "watch", ro2.operation_id)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("still initialized", r.stderr)
+        self.assertEqual(json.loads(r.stdout.splitlines()[0])["status"], "initialized")
+        self.assertEqual(self.ctl(a, "cancel", ro2.operation_id).returncode, 0)
+        r = self.ctl(a, "--json", "watch", ro2.operation_id)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(json.loads(r.stdout.splitlines()[-1])["status"], "cancelled")
+        r = self.ctl(a, "watch", "op-nope")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("NOT_FOUND", r.stderr)
+
     def test_read_and_write_files(self):
         a, b = self.pair()
         # READ: three ranges at odd offsets of a region full of noise on a; ctl read on b.
@@ -266,7 +304,7 @@ class CtlTest(SidecarTest):
             self.assertTrue(r.stderr, args)
         h = self.ctl(None, "--help")
         self.assertEqual(h.returncode, 0)
-        for name in ("info", "health", "regions", "ops", "op", "wait", "cancel", "publish", "subscribe",
+        for name in ("info", "health", "regions", "ops", "op", "wait", "watch", "cancel", "publish", "subscribe",
                      "read", "write", "RDMA_SIDECAR_ADDR", "exit codes"):
             self.assertIn(name, h.stdout)
         for args in (["help", "read"], ["read", "--help"]):
@@ -380,6 +418,14 @@ class CtlTest(SidecarTest):
         r = subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-o", exe, src] + sanitize + pc.stdout.split(),
                            capture_output=True, text=True, timeout=120)
         self.assertEqual(r.returncode, 0, r.stderr)
+
+        cxx = shutil.which("c++")
+        if cxx:  # the header is usable from C++ too (extern "C", no C-only syntax)
+            r = subprocess.run([cxx, "-x", "c++", "-std=c++11", "-Wall", "-Werror", "-fsyntax-only", "-"]
+                               + [f for f in pc.stdout.split() if f.startswith("-I")],
+                               input="#include <rdma_sidecar/client.h>\nint main() { return RSC_OK; }\n",
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
 
         a, b = self.pair()
         region = a.create_region(1 << 20)
