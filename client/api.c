@@ -552,8 +552,9 @@ int rsc_create_writable(rsc_client *c, const rsc_passive_args *a, rsc_operation 
 	return passive(c, M("CreateWritable"), a, out, st);
 }
 
-static int begin(rsc_client *c, const char *method, const rsc_transfer_args *a, rsc_operation *out,
-		 rsc_status *st)
+/* wait: one call to the final state (BeginTransferRequest.wait), bounded by call_timeout_ms. */
+static int begin(rsc_client *c, const char *method, const rsc_transfer_args *a, int wait,
+		 uint64_t call_timeout_ms, rsc_operation *out, rsc_status *st)
 {
 	if (!a || !a->metadata || !a->metadata[0])
 		return rsc_fail(st, RSC_INVALID_ARGUMENT,
@@ -570,6 +571,7 @@ static int begin(rsc_client *c, const char *method, const rsc_transfer_args *a, 
 	req.timeout_ms = a->timeout_ms;
 	req.backend = (RdmaSidecar__V1__Backend)a->backend;
 	req.request_id = pbs(a->request_id);
+	req.wait = wait != 0;
 	if (a->has_requirement) {
 		reqm.request_id = pbs(a->req_request_id);
 		reqm.iteration = a->req_iteration;
@@ -579,7 +581,7 @@ static int begin(rsc_client *c, const char *method, const rsc_transfer_args *a, 
 	}
 	ProtobufCMessage *resp = NULL;
 	rc = rsc_call_unary(c, method, PBM(&req), &rdma_sidecar__v1__operation__descriptor, &resp,
-			    0, st);
+			    call_timeout_ms, st);
 	free(msgs);
 	free(ptrs);
 	return op_answer(rc, resp, out);
@@ -587,12 +589,12 @@ static int begin(rsc_client *c, const char *method, const rsc_transfer_args *a, 
 
 int rsc_begin_read(rsc_client *c, const rsc_transfer_args *a, rsc_operation *out, rsc_status *st)
 {
-	return begin(c, M("BeginRead"), a, out, st);
+	return begin(c, M("BeginRead"), a, 0, 0, out, st);
 }
 
 int rsc_begin_write(rsc_client *c, const rsc_transfer_args *a, rsc_operation *out, rsc_status *st)
 {
-	return begin(c, M("BeginWrite"), a, out, st);
+	return begin(c, M("BeginWrite"), a, 0, 0, out, st);
 }
 
 static int op_id_call(rsc_client *c, const char *method, const ProtobufCMessage *req,
@@ -701,17 +703,9 @@ int rsc_operation_watch(rsc_client *c, const char *id, rsc_operation_cb cb, void
 static int transfer(rsc_client *c, int write, const rsc_transfer_args *a, uint64_t timeout_ms,
 		    rsc_operation *out, rsc_status *st)
 {
-	rsc_operation op;
-	int rc = write ? rsc_begin_write(c, a, &op, st) : rsc_begin_read(c, a, &op, st);
-	if (rc != RSC_OK)
-		return rc;
-	if (rsc_op_status_terminal(op.status)) {
-		*out = op;
-		return RSC_OK;
-	}
-	rc = rsc_operation_wait(c, op.operation_id, timeout_ms ? timeout_ms : 30000, out, st);
-	rsc_operation_clear(&op);
-	return rc;
+	/* One round trip: the sidecar answers at the terminal state (BeginTransferRequest.wait). */
+	return begin(c, write ? M("BeginWrite") : M("BeginRead"), a, 1,
+		     timeout_ms ? timeout_ms : 30000, out, st);
 }
 
 int rsc_read(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out,

@@ -298,8 +298,10 @@ int rsc_operation_list_get(rsc_client *c, rsc_operation_list *out, rsc_status *s
 void rsc_operation_clear(rsc_operation *op);
 void rsc_operation_list_clear(rsc_operation_list *l);
 
-/* Begin + wait in one function (two RPCs): *out is the final state, or the last seen one when
- * timeout_ms (0 = 30000) passed first. */
+/* Begin and wait in one round trip (BeginTransferRequest.wait): *out is the final state
+ * (COMPLETE, CANCELLED or ERRORED: a failed transfer is RSC_OK with out->status ERRORED). When
+ * timeout_ms (0 = 30000) passes first the call fails with RSC_DEADLINE_EXCEEDED and the operation
+ * goes on in the sidecar (find it with rsc_operation_list_get). */
 int rsc_read(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out,
 	     rsc_status *st);
 int rsc_write(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out,
