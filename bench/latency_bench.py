@@ -218,7 +218,11 @@ def main():
     # ---- the sidecar ----
     wd = tempfile.mkdtemp(prefix="sc-lbench-", dir="/tmp")
     keys = H.write_key_file(os.path.join(wd, "keys"))
-    extra = ["--log-level", "warn", "--tcp-streams", str(args.tcp_streams), "--retention", "2s"]
+    # A short retention and a high --max-operations: at 10k+ transfers/s the default quota (16384
+    # live and retained operations) would refuse transfers within 2 s; a real high-rate worker
+    # releases its operations (ReleaseOperation) instead.
+    extra = ["--log-level", "warn", "--tcp-streams", str(args.tcp_streams), "--retention", "2s",
+             "--max-operations", "1000000"]
     a = H.Sidecar(wd, "bench-a", key_file=keys, extra=extra)
     b = H.Sidecar(wd, "bench-b", key_file=keys, extra=extra)
     try:
