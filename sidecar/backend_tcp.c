@@ -203,7 +203,10 @@ static struct sc_peer_conn *connect_peer(struct tcp_xfer *tx, struct sc_err *err
 
 /* A stream's connection, with the transfer OPENed on it and published for abort. NULL when the
  * transfer is stopping or on failure (err says why, unless it was only stopped). */
-static struct sc_peer_conn *open_stream(struct tcp_xfer *tx, int slot, struct sc_err *err)
+/* Connect and OPEN. pipelined: send the OPEN only; its reply is taken by move_chunks after the
+ * first data request went out (the leader's small transfers save a round trip). */
+static struct sc_peer_conn *open_stream(struct tcp_xfer *tx, int slot, bool pipelined,
+					struct sc_err *err)
 {
 	struct sc_xfer *x = tx->x;
 	if (should_stop(tx))
@@ -214,8 +217,10 @@ static struct sc_peer_conn *open_stream(struct tcp_xfer *tx, int slot, struct sc
 	if (!set_conn(tx, slot, c))
 		goto fail;
 	enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
-	if (sc_peer_open(c, x->meta->token, x->xfer_id, peer_kind, x->total, x->deadline_mono_ms,
-			 &x->cancel_requested, err) == 0)
+	if (pipelined ? sc_peer_open_send(c, x->meta->token, x->xfer_id, peer_kind, x->total, 0,
+					  x->deadline_mono_ms, &x->cancel_requested, err) == 0
+		      : sc_peer_open(c, x->meta->token, x->xfer_id, peer_kind, x->total,
+				     x->deadline_mono_ms, &x->cancel_requested, err) == 0)
 		return c;
 fail:
 	set_conn(tx, slot, NULL);
@@ -262,7 +267,22 @@ static int piece_recv(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct 
  * ahead: the next chunk is asked for (or sent) before the current one's reply is taken, so the
  * server goes from one chunk to the next without waiting for a round trip.
  */
-static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c)
+/* The reply to a pipelined OPEN (see open_stream). *open_pending: 1 while it is due; afterwards
+ * 0 (accepted), -1 (refused: the passive side keeps its use and hears nothing from us) or 2 (not
+ * known: the verdict is told anyway, and refused by the peer if the OPEN never took). */
+static int take_open_reply(struct tcp_xfer *tx, struct sc_peer_conn *c, int *open_pending,
+			   struct sc_err *err)
+{
+	if (*open_pending != 1)
+		return 0;
+	struct sc_xfer *x = tx->x;
+	bool refused = false;
+	int rc = sc_peer_open_recv(c, x->deadline_mono_ms, &x->cancel_requested, &refused, err);
+	*open_pending = rc == 0 ? 0 : refused ? -1 : 2;
+	return rc;
+}
+
+static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, int *open_pending)
 {
 	struct sc_xfer *x = tx->x;
 	struct sc_err err;
@@ -279,6 +299,7 @@ static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c)
 			break;
 		}
 		if ((more && piece_send(tx, c, &next, &err) != 0) ||
+		    take_open_reply(tx, c, open_pending, &err) != 0 ||
 		    piece_recv(tx, c, &cur, &err) != 0)
 			break;
 		atomic_fetch_add(&tx->bytes_moved, cur.len);
@@ -288,6 +309,10 @@ static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c)
 		cur = next;
 	}
 out:
+	if (*open_pending == 1 && err.code == SC_OK && sc_peer_conn_usable(c))
+		take_open_reply(tx, c, open_pending, &err); /* no piece went out on this stream */
+	else if (*open_pending == 1)
+		*open_pending = 2;
 	if (err.code != SC_OK)
 		fail_xfer(tx, &err);
 	set_conn(tx, slot, NULL);
@@ -385,13 +410,14 @@ static void lead(struct tcp_xfer *tx)
 	struct tcp_backend *tb = tx->tb;
 	struct sc_err err;
 	sc_err_clear(&err);
-	struct sc_peer_conn *c = open_stream(tx, 0, &err);
+	struct sc_peer_conn *c = open_stream(tx, 0, true, &err);
 	if (!c) {
 		if (err.code != SC_OK)
 			fail_xfer(tx, &err);
 		finish(tx, NULL, false); /* nothing opened: the passive side keeps its use */
 		return;
 	}
+	int open_pending = 1;
 	uint64_t chunks = count_chunks(tx->x, tb->chunk);
 	uint32_t streams = chunks < tb->streams ? (uint32_t)chunks : tb->streams;
 	if (streams > 1) {
@@ -401,7 +427,7 @@ static void lead(struct tcp_xfer *tx)
 		pthread_cond_broadcast(&tb->cv);
 		pthread_mutex_unlock(&tb->mu);
 	}
-	move_chunks(tx, 0, c);
+	move_chunks(tx, 0, c, &open_pending);
 	if (streams > 1) {
 		pthread_mutex_lock(&tb->mu);
 		reclaim_helpers_locked(tb, tx);
@@ -409,7 +435,8 @@ static void lead(struct tcp_xfer *tx)
 			pthread_cond_wait(&tx->helpers_cv, &tb->mu);
 		pthread_mutex_unlock(&tb->mu);
 	}
-	finish(tx, c, true);
+	/* A refused OPEN: the passive side keeps its use and hears nothing from us. */
+	finish(tx, c, open_pending != -1);
 }
 
 /* A helper stream. One that cannot connect or open is not an error: the streams that did take
@@ -419,9 +446,10 @@ static void help(struct tcp_xfer *tx, int slot)
 	struct tcp_backend *tb = tx->tb;
 	struct sc_err err;
 	sc_err_clear(&err);
-	struct sc_peer_conn *c = open_stream(tx, slot, &err);
+	struct sc_peer_conn *c = open_stream(tx, slot, false, &err);
 	if (c) {
-		move_chunks(tx, slot, c);
+		int opened = 0;
+		move_chunks(tx, slot, c, &opened);
 		sc_peer_pool_put(tb->pool, c, sc_peer_conn_usable(c));
 	} else if (err.code != SC_OK) {
 		SC_DEBUG("tcp", "transfer %016" PRIx64 ": stream %d not started: %s",

@@ -496,9 +496,9 @@ static struct sc_peer_wait client_wait(uint64_t deadline_mono_ms, const atomic_b
 	return (struct sc_peer_wait){.deadline_mono_ms = deadline_mono_ms, .cancel = cancel};
 }
 
-int sc_peer_open_flags(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
-		       uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
-		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		      uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
+		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
 	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
 	struct sc_peer_msg m;
@@ -506,9 +506,29 @@ int sc_peer_open_flags(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
 	m.flags = flags;
 	m.peer_kind = (uint8_t)peer_kind;
 	m.total = total;
-	if (send_request(conn, &m, NULL, 0, &w, err) != 0)
+	return send_request(conn, &m, NULL, 0, &w, err);
+}
+
+int sc_peer_open_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
+		      const atomic_bool *cancel, bool *refused, struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_msg m;
+	m.type = SC_FRAME_OK;
+	int rc = recv_reply(conn, SC_FRAME_OK, &m, &w, err);
+	if (refused)
+		*refused = rc != 0 && m.type == SC_FRAME_ERROR;
+	return rc;
+}
+
+int sc_peer_open_flags(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		       uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
+		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+{
+	if (sc_peer_open_send(conn, token, xfer_id, peer_kind, total, flags, deadline_mono_ms,
+			      cancel, err) != 0)
 		return -1;
-	return recv_reply(conn, SC_FRAME_OK, &m, &w, err);
+	return sc_peer_open_recv(conn, deadline_mono_ms, cancel, NULL, err);
 }
 
 int sc_peer_open(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,

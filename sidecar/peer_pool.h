@@ -83,6 +83,16 @@ int sc_peer_open(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], u
 int sc_peer_open_flags(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
 		       uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
 		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
+/* OPEN in halves, to pipeline the first data request behind it (no round trip of its own): the
+ * server handles a connection's frames in order, so a READ or WRITE sent after an OPEN is judged
+ * after it; a refused OPEN refuses what follows too (and a refused WRITE ends the connection). */
+int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		      uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
+		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
+/* *refused (optional): the peer answered the OPEN with a refusal (nothing was opened); false when
+ * the reply could not be read (then the OPEN may or may not have been accepted). */
+int sc_peer_open_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
+		      const atomic_bool *cancel, bool *refused, struct sc_err *err);
 /* READ len bytes (1 .. SC_PEER_MAX_BULK) at offset of remote descriptor desc straight into dst. */
 int sc_peer_read_into(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
 		      uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len, uint8_t *dst,
