@@ -25,6 +25,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+sys.path.insert(0, HERE)
+from baselines import free_port, iperf3, ucx  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -34,13 +36,6 @@ def human(n):
         if n >= v and n % v == 0:
             return "%d %s" % (n // v, unit)
     return "%d B" % n
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_kib(pid):
@@ -73,49 +68,6 @@ class RssPeak:
     def __exit__(self, *exc):
         self._stop.set()
         self._t.join()
-
-
-def iperf3(seconds, streams):
-    if not shutil.which("iperf3"):
-        return None
-    port = free_port()
-    srv = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(0.3)
-        out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(seconds), "-P", str(streams),
-                              "-J"], capture_output=True, text=True, timeout=seconds + 30)
-        return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8 / 1e9
-    except (ValueError, KeyError, subprocess.TimeoutExpired):
-        return None
-    finally:
-        srv.kill()
-        srv.wait()
-
-
-def ucx(test, size, iters):
-    """{'gb_per_s', 'lat_us' (typical), 'rate'} or None when ucx_perftest is missing or fails."""
-    if not shutil.which("ucx_perftest"):
-        return None
-    port = free_port()
-    env = dict(os.environ, UCX_TLS="tcp")
-    srv = subprocess.Popen(["ucx_perftest", "-p", str(port)], env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(0.5)
-        out = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size),
-                              "-n", str(iters)], env=env, capture_output=True, text=True, timeout=120)
-        for line in out.stdout.splitlines():
-            if line.startswith("Final:"):
-                f = line.split()
-                # Final: iters typical_lat avg_lat overall_lat bw_avg bw_overall(MiB/s) rate_avg rate_overall
-                return {"gb_per_s": float(f[6]) * MiB / 1e9, "lat_us": float(f[2]), "rate": float(f[8])}
-        return None
-    except subprocess.TimeoutExpired:
-        return None
-    finally:
-        srv.kill()
-        srv.wait()
 
 
 def sc_bench(exe, passive, active, direction, size, clients, iters, seconds):

@@ -25,51 +25,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def iperf3(seconds):
-    port = free_port()
-    srv = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(0.3)
-        out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(seconds), "-J"],
-                             capture_output=True, text=True, timeout=seconds + 30)
-        j = json.loads(out.stdout)
-        return j["end"]["sum_received"]["bits_per_second"] / 8 / 1e9
-    finally:
-        srv.kill()
-        srv.wait()
-
-
-def ucx(test, size, iters):
-    """Returns (GB/s overall, p50 latency us) or None when ucx_perftest is missing."""
-    if not shutil.which("ucx_perftest"):
-        return None
-    port = free_port()
-    env = dict(os.environ, UCX_TLS="tcp")
-    srv = subprocess.Popen(["ucx_perftest", "-p", str(port)], env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(0.5)
-        out = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size),
-                              "-n", str(iters)], env=env, capture_output=True, text=True, timeout=300)
-        for line in out.stdout.splitlines():
-            if line.startswith("Final:"):
-                f = line.split()
-                # Final: iters p50_us avg_us overall_us bw_avg bw_overall(MiB/s) rate_avg rate_overall
-                return float(f[6]) * 1048576 / 1e9, float(f[2])
-        return None
-    finally:
-        srv.kill()
-        srv.wait()
+sys.path.insert(0, HERE)
+from baselines import iperf3, ucx  # noqa: E402
 
 
 def pct(values, p):
@@ -156,9 +113,11 @@ def main():
     # of three, one before and two after the sidecar runs, so both see the same conditions.
     ips = [iperf3(3 if q else 5)]
     print("iperf3 single stream (run 1): %.2f GB/s" % ips[0])
-    ucx_get = ucx("ucp_get", 64 << 20, 10 if q else 20)
-    ucx_put = ucx("ucp_put_bw", 64 << 20, 10 if q else 20)
-    ucx_lat = ucx("ucp_get", 4096, 1000 if q else 10000)
+    def gb_lat(r):  # (GB/s overall, typical latency us)
+        return (r["gb_per_s"], r["lat_us"]) if r else None
+    ucx_get = gb_lat(ucx("ucp_get", 64 << 20, 10 if q else 20))
+    ucx_put = gb_lat(ucx("ucp_put_bw", 64 << 20, 10 if q else 20))
+    ucx_lat = gb_lat(ucx("ucp_get", 4096, 1000 if q else 10000))
     for name, v in (("ucx ucp_get 64 MiB", ucx_get), ("ucx ucp_put_bw 64 MiB", ucx_put),
                     ("ucx ucp_get 4 KiB", ucx_lat)):
         print("%s: %s" % (name, "n/a (ucx_perftest not installed)" if v is None else
