@@ -13,13 +13,20 @@ build=(build-essential cmake pkg-config git
        nats-server python3 python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc
        python3-setuptools python3-pip python3-wheel python3-venv python3-numpy python3-torch python3-pytest
        iproute2 procps psmisc valgrind clang libclang-rt-14-dev
-       openssl)  # the openssl CLI: test_security_listen.py makes its CA and certificates
+       openssl   # the openssl CLI: test_security_listen.py makes its CA and certificates
+       nodejs)  # test_reflection.py's reflection client and the manifest validator (tests/node)
 # The Soft-RoCE VM test and the benchmarks.
 vm=(qemu-system-x86 busybox-static kmod cpio perftest iperf3 ucx-utils)
 
 pkgs=("${build[@]}" "${vm[@]}")
 if [[ "${1:-}" == "--runtime" ]]; then
   pkgs=("${runtime[@]}")
+fi
+
+# npm: Debian's package, unless npm came with nodejs already (NodeSource's nodejs ships it and
+# conflicts with Debian's npm).
+if [[ "${1:-}" != "--runtime" ]] && ! command -v npm >/dev/null; then
+  pkgs+=(npm)
 fi
 
 SUDO=""
