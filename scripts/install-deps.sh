@@ -14,7 +14,8 @@ build=(build-essential cmake pkg-config git
        python3-setuptools python3-pip python3-wheel python3-venv python3-numpy python3-torch python3-pytest
        iproute2 procps psmisc valgrind clang libclang-rt-14-dev
        openssl   # the openssl CLI: test_security_listen.py makes its CA and certificates
-       nodejs)  # test_reflection.py's reflection client and the manifest validator (tests/node)
+       nodejs   # test_reflection.py's reflection client and the manifest validator (tests/node)
+       prometheus)  # promtool: test_metrics_promtool.py checks /metrics with it
 # The Soft-RoCE VM test and the benchmarks.
 vm=(qemu-system-x86 busybox-static kmod cpio perftest iperf3 ucx-utils)
 
