@@ -15,13 +15,21 @@ build=(build-essential cmake pkg-config git
        iproute2 procps psmisc valgrind clang libclang-rt-14-dev
        openssl   # the openssl CLI: test_security_listen.py makes its CA and certificates
        nodejs   # test_reflection.py's reflection client and the manifest validator (tests/node)
-       prometheus)  # promtool: test_metrics_promtool.py checks /metrics with it
+       prometheus   # promtool: test_metrics_promtool.py checks /metrics with it
+       python3-yaml)  # test_deploy_manifests.py reads the rendered manifests
 # The Soft-RoCE VM test and the benchmarks.
 vm=(qemu-system-x86 busybox-static kmod cpio perftest iperf3 ucx-utils)
 
 pkgs=("${build[@]}" "${vm[@]}")
 if [[ "${1:-}" == "--runtime" ]]; then
   pkgs=("${runtime[@]}")
+fi
+
+# kubectl (test_deploy_manifests.py: `kubectl kustomize`): not in Debian bookworm; installed when an
+# apt source offers it (Kubernetes' or Google Cloud's repository), else that test is skipped.
+if [[ "${1:-}" != "--runtime" ]] && ! command -v kubectl >/dev/null &&
+   apt-cache show kubectl >/dev/null 2>&1; then
+  pkgs+=(kubectl)
 fi
 
 # npm: Debian's package, unless npm came with nodejs already (NodeSource's nodejs ships it and
