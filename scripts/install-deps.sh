@@ -4,6 +4,7 @@
 # Used by the README, .ci/run and the Dockerfile. Idempotent; run as root (or with sudo).
 #   scripts/install-deps.sh            build + test dependencies
 #   scripts/install-deps.sh --runtime  only what the daemon needs at run time (container image)
+#   scripts/install-deps.sh --image-build  only what building the daemon needs (the image's build stage)
 set -euo pipefail
 
 runtime=(libgrpc29 libprotobuf-c1 libnats3.4 libssl3 libmicrohttpd12 libibverbs1 ibverbs-providers rdma-core)
@@ -20,21 +21,27 @@ build=(build-essential cmake pkg-config git
 # The Soft-RoCE VM test and the benchmarks.
 vm=(qemu-system-x86 busybox-static kmod cpio perftest iperf3 ucx-utils)
 
+# The image's build stage: the daemon only (no tests, clients, VM or benchmarks).
+image_build=(build-essential cmake pkg-config libgrpc-dev protobuf-c-compiler libprotobuf-c-dev
+             libssl-dev libnats-dev libmicrohttpd-dev libibverbs-dev)
+
 pkgs=("${build[@]}" "${vm[@]}")
 if [[ "${1:-}" == "--runtime" ]]; then
   pkgs=("${runtime[@]}")
+elif [[ "${1:-}" == "--image-build" ]]; then
+  pkgs=("${image_build[@]}")
 fi
 
 # kubectl (test_deploy_manifests.py: `kubectl kustomize`): not in Debian bookworm; installed when an
 # apt source offers it (Kubernetes' or Google Cloud's repository), else that test is skipped.
-if [[ "${1:-}" != "--runtime" ]] && ! command -v kubectl >/dev/null &&
+if [[ -z "${1:-}" ]] && ! command -v kubectl >/dev/null &&
    apt-cache show kubectl >/dev/null 2>&1; then
   pkgs+=(kubectl)
 fi
 
 # npm: Debian's package, unless npm came with nodejs already (NodeSource's nodejs ships it and
 # conflicts with Debian's npm).
-if [[ "${1:-}" != "--runtime" ]] && ! command -v npm >/dev/null; then
+if [[ -z "${1:-}" ]] && ! command -v npm >/dev/null; then
   pkgs+=(npm)
 fi
 
