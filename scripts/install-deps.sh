@@ -17,7 +17,8 @@ build=(build-essential cmake pkg-config git
        openssl   # the openssl CLI: test_security_listen.py makes its CA and certificates
        nodejs   # test_reflection.py's reflection client and the manifest validator (tests/node)
        prometheus   # promtool: test_metrics_promtool.py checks /metrics with it
-       python3-yaml)  # test_deploy_manifests.py reads the rendered manifests
+       python3-yaml   # test_deploy_manifests.py reads the rendered manifests
+       podman mmdebstrap)  # scripts/build-image.sh and the image test (tests/image)
 # The Soft-RoCE VM test and the benchmarks.
 vm=(qemu-system-x86 busybox-static kmod cpio perftest iperf3 ucx-utils)
 
