@@ -6,7 +6,8 @@ package prometheus), and the numbers behind it:
   one), with the exact byte sums and the right buckets;
 - rdma_sidecar_metadata_rejected_total counts refused metadata by reason (malformed, unsupported
   version, wrong kind, wrong audience, bad signature, unknown key), each refusal answered
-  with its gRPC status and message and nothing written to the target region.
+  with its gRPC status and message and nothing written to the target region; a refused
+  PublishMetadata counts under source="bus" and publishes nothing.
 Skipped (with the reason) when promtool is not installed."""
 import os
 import re
@@ -14,7 +15,7 @@ import shutil
 import subprocess
 import urllib.request
 
-from harness import SLOW, SidecarTest, desc, free_port, grpc, main, pb, write_key_file
+from harness import SLOW, SidecarTest, desc, free_port, grpc, main, pb, wait_until, write_key_file
 
 PROMTOOL = shutil.which("promtool")
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
@@ -158,6 +159,28 @@ class PromtoolTest(SidecarTest):
         self.assertEqual(parse(fetch(port_e))[k(rej, source="begin", reason="unknown_key")], 1)
         # Only the sidecar that refused counts: a verified nothing bad.
         self.assertEqual(sum(v for (n, _), v in parse(fetch(port_a)).items() if n == rej), 0)
+
+    def test_bus_rejections_counted(self):
+        # PublishMetadata verifies the text it is given before it goes on NATS: refused ones count
+        # under source="bus", and nothing is published (a subscriber on the subject gets nothing).
+        n = self.nats()
+        keys = self.key_file()
+        s, port = self.metrics_sidecar("pub", key_file=keys, nats_url=n.url)
+        wait_until(lambda: "connected" in s.info().nats_state.lower(), 10 * SLOW, "NATS connection")
+        sub = s.stub.SubscribeMetadata(pb.SubscribeMetadataRequest(subject="ops.kv"), timeout=3 * SLOW)
+        with self.assertRaises(grpc.RpcError) as cm:
+            s.stub.PublishMetadata(pb.PublishMetadataRequest(subject="ops.kv", metadata="rsm1.!!"),
+                                   timeout=10 * SLOW)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, cm.exception.details())
+        self.assertIn("not valid base64url", cm.exception.details())
+        with self.assertRaises(grpc.RpcError) as cm:
+            next(sub)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        text = fetch(port)
+        self.promtool(text)
+        m = parse(text)
+        self.assertEqual(m[k("rdma_sidecar_metadata_rejected_total", source="bus", reason="malformed")], 1)
+        self.assertEqual(m[k("rdma_sidecar_metadata_rejected_total", source="begin", reason="malformed")], 0)
 
 
 if __name__ == "__main__":
