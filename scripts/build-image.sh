@@ -38,7 +38,7 @@ if ! podman image exists "$base"; then
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   echo "build-image: bootstrapping $base with mmdebstrap from $mirror"
-  if ! mmdebstrap --variant=minbase --include=ca-certificates \
+  if ! mmdebstrap --variant=minbase \
          --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
          --dpkgopt='path-include=/usr/share/doc/*/copyright' \
          --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \

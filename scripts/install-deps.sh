@@ -7,7 +7,9 @@
 #   scripts/install-deps.sh --image-build  only what building the daemon needs (the image's build stage)
 set -euo pipefail
 
-runtime=(libgrpc29 libprotobuf-c1 libnats3.4 libssl3 libmicrohttpd12 libibverbs1 ibverbs-providers rdma-core)
+# No rdma-core at run time: its udev rules and daemons are the host's business, and it pulls in
+# udev and perl (~60 MB of the image); libibverbs1 + ibverbs-providers are the verbs user space.
+runtime=(libgrpc29 libprotobuf-c1 libnats3.4 libssl3 libmicrohttpd12 libibverbs1 ibverbs-providers)
 build=(build-essential cmake pkg-config git
        libgrpc-dev protobuf-c-compiler libprotobuf-c-dev libssl-dev libnats-dev libmicrohttpd-dev
        libibverbs-dev rdma-core ibverbs-providers ibverbs-utils
