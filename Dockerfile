@@ -37,7 +37,7 @@ LABEL org.opencontainers.image.title="rdma-sidecar" \
       org.opencontainers.image.base.name="debian:bookworm-slim"
 COPY scripts/install-deps.sh /tmp/install-deps.sh
 RUN bash /tmp/install-deps.sh --runtime \
- && rm -rf /var/lib/apt/lists/* /tmp/install-deps.sh \
+ && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /tmp/install-deps.sh \
  && groupadd --gid 65532 nonroot \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
             --shell /usr/sbin/nologin nonroot \
