@@ -35,6 +35,10 @@ extern const size_t sc_descriptor_set_len;
 #define RC_INVALID_ARGUMENT 3
 #define RC_NOT_FOUND 5
 
+/* The oneof cases of the request and the response, shorter. */
+#define REQ_CASE(x) GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_##x
+#define RESP_CASE(x) GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_##x
+
 /* Files in the set; a few are expected, the cap only bounds the arrays below. */
 #define MAX_FILES 64
 
@@ -243,7 +247,7 @@ struct answer {
 };
 
 __attribute__((format(printf, 3, 4))) static void answer_error(struct answer *a, int32_t code,
-								 const char *fmt, ...)
+							       const char *fmt, ...)
 {
 	a->er = (Grpc__Reflection__V1__ErrorResponse)GRPC__REFLECTION__V1__ERROR_RESPONSE__INIT;
 	a->er.error_code = code;
@@ -252,8 +256,7 @@ __attribute__((format(printf, 3, 4))) static void answer_error(struct answer *a,
 	vsnprintf(a->msg, sizeof(a->msg), fmt, ap);
 	va_end(ap);
 	a->er.error_message = a->msg;
-	a->resp.message_response_case =
-		GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_ERROR_RESPONSE;
+	a->resp.message_response_case = RESP_CASE(ERROR_RESPONSE);
 	a->resp.error_response = &a->er;
 }
 
@@ -261,11 +264,10 @@ static void answer_files(struct answer *a, const struct span *files, size_t n, s
 {
 	bool seen[MAX_FILES] = {false};
 	a->fdr = (Grpc__Reflection__V1__FileDescriptorResponse)
-		GRPC__REFLECTION__V1__FILE_DESCRIPTOR_RESPONSE__INIT;
+	    GRPC__REFLECTION__V1__FILE_DESCRIPTOR_RESPONSE__INIT;
 	add_with_deps(files, n, i, seen, a->fds, &a->fdr.n_file_descriptor_proto);
 	a->fdr.file_descriptor_proto = a->fds;
-	a->resp.message_response_case =
-		GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_FILE_DESCRIPTOR_RESPONSE;
+	a->resp.message_response_case = RESP_CASE(FILE_DESCRIPTOR_RESPONSE);
 	a->resp.file_descriptor_response = &a->fdr;
 }
 
@@ -285,18 +287,17 @@ static void answer_services(struct answer *a, const struct span *files, size_t n
 				 (const char *)pkg.p, pkg.len ? "." : "", (int)name.len,
 				 (const char *)name.p);
 			a->svcs[k] = (Grpc__Reflection__V1__ServiceResponse)
-				GRPC__REFLECTION__V1__SERVICE_RESPONSE__INIT;
+			    GRPC__REFLECTION__V1__SERVICE_RESPONSE__INIT;
 			a->svcs[k].name = a->names[k];
 			a->svc_ptrs[k] = &a->svcs[k];
 			k++;
 		}
 	}
 	a->lsr = (Grpc__Reflection__V1__ListServiceResponse)
-		GRPC__REFLECTION__V1__LIST_SERVICE_RESPONSE__INIT;
+	    GRPC__REFLECTION__V1__LIST_SERVICE_RESPONSE__INIT;
 	a->lsr.n_service = k;
 	a->lsr.service = a->svc_ptrs;
-	a->resp.message_response_case =
-		GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_LIST_SERVICES_RESPONSE;
+	a->resp.message_response_case = RESP_CASE(LIST_SERVICES_RESPONSE);
 	a->resp.list_services_response = &a->lsr;
 }
 
@@ -309,23 +310,25 @@ static void answer(struct answer *a, Grpc__Reflection__V1__ServerReflectionReque
 	struct span files[MAX_FILES];
 	size_t n = set_files(files, MAX_FILES);
 	a->resp = (Grpc__Reflection__V1__ServerReflectionResponse)
-		GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__INIT;
+	    GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__INIT;
 	a->resp.valid_host = req->host;
 	a->resp.original_request = req;
 	switch (req->message_request_case) {
-	case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES:
+	case REQ_CASE(LIST_SERVICES):
 		answer_services(a, files, n);
 		return;
-	case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_BY_FILENAME: {
+	case REQ_CASE(FILE_BY_FILENAME): {
 		const char *fn = req->file_by_filename;
-		ssize_t i = find_file(files, n, (struct span){(const unsigned char *)fn, strlen(fn)});
+		ssize_t i =
+		    find_file(files, n, (struct span){(const unsigned char *)fn, strlen(fn)});
 		if (i < 0)
-			answer_error(a, RC_NOT_FOUND, "file \"%.100s\" not found: " SERVED_FILES, fn);
+			answer_error(a, RC_NOT_FOUND, "file \"%.100s\" not found: " SERVED_FILES,
+				     fn);
 		else
 			answer_files(a, files, n, (size_t)i);
 		return;
 	}
-	case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_SYMBOL: {
+	case REQ_CASE(FILE_CONTAINING_SYMBOL): {
 		const char *sym = req->file_containing_symbol;
 		size_t len = strlen(sym);
 		for (size_t i = 0; i < n; i++)
@@ -338,28 +341,30 @@ static void answer(struct answer *a, Grpc__Reflection__V1__ServerReflectionReque
 				answer_files(a, files, n, i);
 				return;
 			}
-		answer_error(a, RC_NOT_FOUND,
-			     "symbol \"%.100s\" not found: give a fully qualified name, e.g. "
-			     "rdma_sidecar.v1.Sidecar or rdma_sidecar.v1.GetInfoRequest; " SERVED_FILES,
-			     sym);
+		answer_error(
+		    a, RC_NOT_FOUND,
+		    "symbol \"%.100s\" not found: give a fully qualified name, e.g. "
+		    "rdma_sidecar.v1.Sidecar or rdma_sidecar.v1.GetInfoRequest; " SERVED_FILES,
+		    sym);
 		return;
 	}
-	case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_EXTENSION:
-		answer_error(a, RC_NOT_FOUND, "no extension of \"%.100s\": these protos declare none",
+	case REQ_CASE(FILE_CONTAINING_EXTENSION):
+		answer_error(a, RC_NOT_FOUND,
+			     "no extension of \"%.100s\": these protos declare none",
 			     req->file_containing_extension &&
-					     req->file_containing_extension->containing_type
-				     ? req->file_containing_extension->containing_type
-				     : "");
+				     req->file_containing_extension->containing_type
+				 ? req->file_containing_extension->containing_type
+				 : "");
 		return;
-	case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_ALL_EXTENSION_NUMBERS_OF_TYPE: {
+	case REQ_CASE(ALL_EXTENSION_NUMBERS_OF_TYPE): {
 		const char *t = req->all_extension_numbers_of_type;
 		for (size_t i = 0; i < n; i++)
 			if (file_declares(files[i], t, strlen(t))) {
 				a->enr = (Grpc__Reflection__V1__ExtensionNumberResponse)
-					GRPC__REFLECTION__V1__EXTENSION_NUMBER_RESPONSE__INIT;
+				    GRPC__REFLECTION__V1__EXTENSION_NUMBER_RESPONSE__INIT;
 				a->enr.base_type_name = (char *)t;
 				a->resp.message_response_case =
-					GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_ALL_EXTENSION_NUMBERS_RESPONSE;
+				    RESP_CASE(ALL_EXTENSION_NUMBERS_RESPONSE);
 				a->resp.all_extension_numbers_response = &a->enr;
 				return;
 			}
@@ -367,10 +372,11 @@ static void answer(struct answer *a, Grpc__Reflection__V1__ServerReflectionReque
 		return;
 	}
 	default:
-		answer_error(a, RC_INVALID_ARGUMENT,
-			     "empty ServerReflectionRequest: set one of list_services, "
-			     "file_by_filename, file_containing_symbol, file_containing_extension or "
-			     "all_extension_numbers_of_type");
+		answer_error(
+		    a, RC_INVALID_ARGUMENT,
+		    "empty ServerReflectionRequest: set one of list_services, "
+		    "file_by_filename, file_containing_symbol, file_containing_extension or "
+		    "all_extension_numbers_of_type");
 		return;
 	}
 }
@@ -394,7 +400,8 @@ static void on_request(struct sc_call *c, ProtobufCMessage *msg, bool end)
 	}
 	struct answer *a = malloc(sizeof(*a));
 	if (!a) {
-		sc_call_fail(c, SC_RESOURCE_EXHAUSTED, "out of memory answering a reflection request");
+		sc_call_fail(c, SC_RESOURCE_EXHAUSTED,
+			     "out of memory answering a reflection request");
 		return;
 	}
 	answer(a, (Grpc__Reflection__V1__ServerReflectionRequest *)msg);
@@ -406,9 +413,10 @@ void sc_h_server_reflection(struct sc_call *c, ProtobufCMessage *req)
 {
 	(void)req;
 	if (!sc_call_config(c)->reflection) {
-		sc_call_fail(c, SC_UNIMPLEMENTED,
-			     "server reflection is off on this sidecar (--no-reflection): the API is "
-			     "proto/rdma_sidecar/v1/sidecar.proto");
+		sc_call_fail(
+		    c, SC_UNIMPLEMENTED,
+		    "server reflection is off on this sidecar (--no-reflection): the API is "
+		    "proto/rdma_sidecar/v1/sidecar.proto");
 		return;
 	}
 	sc_call_on_drained(c, on_drained);

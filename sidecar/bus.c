@@ -8,8 +8,8 @@
  * on_message. Owns the subscriber list (under eng->mu).
  */
 #include "engine_internal.h"
-#include "metrics.h"
 #include "log.h"
+#include "metrics.h"
 #include "nats_bus.h"
 
 #include <stdlib.h>

@@ -81,13 +81,13 @@ int sc_metadata_verify(const struct sc_keyring *ring, const char *text, const ch
 enum sc_md_reject {
 	SC_MD_ACCEPTED = 0,
 	SC_MD_MALFORMED,	    /* empty, too long, not rsm1./base64url, envelope or payload */
-	SC_MD_UNSUPPORTED_VERSION, /* rsmN with N != 1, or a payload version this one does not read */
+	SC_MD_UNSUPPORTED_VERSION, /* rsmN with N != 1, or a payload version it does not read */
 	SC_MD_NO_KEYS,		    /* signed, but this sidecar has no --key-file */
 	SC_MD_UNKNOWN_KEY,	    /* signed with a key id this sidecar does not hold */
 	SC_MD_BAD_SIGNATURE,	    /* the MAC does not verify */
 	SC_MD_EXPIRED,
 	SC_MD_WRONG_AUDIENCE, /* issued for another sidecar */
-	SC_MD_WRONG_KIND,     /* verified, but readable metadata given to BeginWrite or the reverse */
+	SC_MD_WRONG_KIND,     /* verified, but readable metadata to BeginWrite or the reverse */
 	SC_MD_NUM_REJECT
 };
 const char *sc_md_reject_name(enum sc_md_reject r);

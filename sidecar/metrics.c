@@ -41,14 +41,13 @@
 /* Transfer duration buckets, seconds: 50 us (a small LOCAL copy) to 60 s (a deadline). */
 static const double dur_bounds[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
 				    0.01,    0.025,  0.05,    0.1,    0.25,  0.5,    1,
-				    2.5,     5,      10,      30,     60};
+				    2.5,     5,	     10,      30,     60};
 #define N_DUR_BUCKETS (sizeof(dur_bounds) / sizeof(dur_bounds[0]))
 /* Transfer size buckets, bytes: 1 KiB to 16 GiB, by 4. */
 static const uint64_t size_bounds[] = {
-    UINT64_C(1) << 10, UINT64_C(1) << 12, UINT64_C(1) << 14, UINT64_C(1) << 16,
-    UINT64_C(1) << 18, UINT64_C(1) << 20, UINT64_C(1) << 22, UINT64_C(1) << 24,
-    UINT64_C(1) << 26, UINT64_C(1) << 28, UINT64_C(1) << 30, UINT64_C(1) << 32,
-    UINT64_C(1) << 34};
+    UINT64_C(1) << 10, UINT64_C(1) << 12, UINT64_C(1) << 14, UINT64_C(1) << 16, UINT64_C(1) << 18,
+    UINT64_C(1) << 20, UINT64_C(1) << 22, UINT64_C(1) << 24, UINT64_C(1) << 26, UINT64_C(1) << 28,
+    UINT64_C(1) << 30, UINT64_C(1) << 32, UINT64_C(1) << 34};
 #define N_SIZE_BUCKETS (sizeof(size_bounds) / sizeof(size_bounds[0]))
 static const char *const md_source_label[SC_MD_NUM_SOURCES] = {"begin", "bus"};
 

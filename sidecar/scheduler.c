@@ -12,8 +12,8 @@
  * timer thread).
  */
 #include "engine_internal.h"
-#include "metrics.h"
 #include "log.h"
+#include "metrics.h"
 
 #include <inttypes.h>
 #include <stdlib.h>

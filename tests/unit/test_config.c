@@ -1270,7 +1270,8 @@ TEST(wire_security_flags)
 
 RUN_TESTS(T(defaults), T(default_id_is_host_dash_6_hex), T(every_flag_space_form),
 	  T(every_flag_equals_form), T(equals_value_may_contain_equals_and_be_empty),
-	  T(short_and_double_dash_end), T(env_twins), T(env_twins_numbers), T(env_log_json_values), T(reflection_flag),
+	  T(short_and_double_dash_end), T(env_twins), T(env_twins_numbers), T(env_log_json_values),
+	  T(reflection_flag),
 	  T(env_empty_is_unset_and_strangers_ignored), T(flag_beats_env),
 	  T(last_flag_wins_for_single_values), T(grpc_listen_flag_replaces_default_then_appends),
 	  T(grpc_listen_flag_replaces_env_list), T(grpc_listen_at_most_8),

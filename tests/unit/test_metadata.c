@@ -675,7 +675,7 @@ TEST(audience)
 }
 
 static enum sc_md_reject why_of(const struct sc_keyring *ring, const char *text, const char *self,
-			       uint64_t now)
+				uint64_t now)
 {
 	struct sc_metadata out;
 	struct sc_err err;
@@ -992,6 +992,7 @@ RUN_TESTS(T(base64url_round_trip_matches_openssl), T(base64url_rejects_bad_input
 	  T(same_key_id_different_key_fails_mac), T(no_keys_sign_and_verify),
 	  T(tamper_every_position), T(truncation_every_length), T(garbage),
 	  T(wrong_prefix_and_empty), T(oversized_text_capped_before_decoding), T(envelope_checks),
-	  T(expiry_with_skew), T(audience), T(reject_reasons), T(descriptor_sanity), T(version_and_kind),
-	  T(verification_order), T(raw_payload_limits), T(out_untouched_on_failure),
-	  T(sign_rejects_unreadable_struct), T(random_bytes), T(teardown))
+	  T(expiry_with_skew), T(audience), T(reject_reasons), T(descriptor_sanity),
+	  T(version_and_kind), T(verification_order), T(raw_payload_limits),
+	  T(out_untouched_on_failure), T(sign_rejects_unreadable_struct), T(random_bytes),
+	  T(teardown))
