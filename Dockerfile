@@ -7,22 +7,37 @@
 # The ibverbs backend additionally needs the RDMA devices (--device /dev/infiniband/...) and
 # memlock (--ulimit memlock=-1 or --cap-add IPC_LOCK); without them the sidecar uses TCP.
 
+# scripts/build-image.sh builds it with podman where no registry is reachable (the base bootstrapped
+# from Debian packages) and passes VERSION and COMMIT for the OCI labels.
+ARG VERSION=0.1.0
+ARG COMMIT=unknown
+
 # ---- build ---------------------------------------------------------------------------------------
 FROM debian:bookworm-slim AS build
 WORKDIR /src
-# The package list first, so the (slow) install is cached across source changes.
+# The package list first, so the (slow) install is cached across source changes. Only what the
+# daemon needs to build (--image-build), not the test, VM and benchmark tools.
 COPY scripts/install-deps.sh scripts/install-deps.sh
-RUN bash scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
+RUN bash scripts/install-deps.sh --image-build && rm -rf /var/lib/apt/lists/*
 COPY . .
 RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
  && cmake --build /build -j"$(nproc)" --target rdma-sidecar \
+ && strip /build/rdma-sidecar \
  && /build/rdma-sidecar --version
 
 # ---- runtime -------------------------------------------------------------------------------------
 FROM debian:bookworm-slim
+ARG VERSION
+ARG COMMIT
+LABEL org.opencontainers.image.title="rdma-sidecar" \
+      org.opencontainers.image.description="Moves memory between ML pipeline workers over RDMA or TCP (gRPC API on a unix socket)" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${COMMIT}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="debian:bookworm-slim"
 COPY scripts/install-deps.sh /tmp/install-deps.sh
 RUN bash /tmp/install-deps.sh --runtime \
- && rm -rf /var/lib/apt/lists/* /tmp/install-deps.sh \
+ && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /tmp/install-deps.sh \
  && groupadd --gid 65532 nonroot \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
             --shell /usr/sbin/nologin nonroot \

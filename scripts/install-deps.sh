@@ -4,22 +4,48 @@
 # Used by the README, .ci/run and the Dockerfile. Idempotent; run as root (or with sudo).
 #   scripts/install-deps.sh            build + test dependencies
 #   scripts/install-deps.sh --runtime  only what the daemon needs at run time (container image)
+#   scripts/install-deps.sh --image-build  only what building the daemon needs (the image's build stage)
 set -euo pipefail
 
-runtime=(libgrpc29 libprotobuf-c1 libnats3.4 libssl3 libmicrohttpd12 libibverbs1 ibverbs-providers rdma-core)
+# No rdma-core at run time: its udev rules and daemons are the host's business, and it pulls in
+# udev and perl (~60 MB of the image); libibverbs1 + ibverbs-providers are the verbs user space.
+runtime=(libgrpc29 libprotobuf-c1 libnats3.4 libssl3 libmicrohttpd12 libibverbs1 ibverbs-providers)
 build=(build-essential cmake pkg-config git
        libgrpc-dev protobuf-c-compiler libprotobuf-c-dev libssl-dev libnats-dev libmicrohttpd-dev
        libibverbs-dev rdma-core ibverbs-providers ibverbs-utils
        nats-server python3 python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc
        python3-setuptools python3-pip python3-wheel python3-venv python3-numpy python3-torch python3-pytest
        iproute2 procps psmisc valgrind clang libclang-rt-14-dev
-       openssl)  # the openssl CLI: test_security_listen.py makes its CA and certificates
+       openssl   # the openssl CLI: test_security_listen.py makes its CA and certificates
+       nodejs   # test_reflection.py's reflection client and the manifest validator (tests/node)
+       prometheus   # promtool: test_metrics_promtool.py checks /metrics with it
+       python3-yaml   # test_deploy_manifests.py reads the rendered manifests
+       podman mmdebstrap)  # scripts/build-image.sh and the image test (tests/image)
 # The Soft-RoCE VM test and the benchmarks.
 vm=(qemu-system-x86 busybox-static kmod cpio perftest iperf3 ucx-utils)
+
+# The image's build stage: the daemon only (no tests, clients, VM or benchmarks).
+image_build=(build-essential cmake pkg-config libgrpc-dev protobuf-c-compiler libprotobuf-c-dev
+             libssl-dev libnats-dev libmicrohttpd-dev libibverbs-dev)
 
 pkgs=("${build[@]}" "${vm[@]}")
 if [[ "${1:-}" == "--runtime" ]]; then
   pkgs=("${runtime[@]}")
+elif [[ "${1:-}" == "--image-build" ]]; then
+  pkgs=("${image_build[@]}")
+fi
+
+# kubectl (test_deploy_manifests.py: `kubectl kustomize`): not in Debian bookworm; installed when an
+# apt source offers it (Kubernetes' or Google Cloud's repository), else that test is skipped.
+if [[ -z "${1:-}" ]] && ! command -v kubectl >/dev/null &&
+   apt-cache show kubectl >/dev/null 2>&1; then
+  pkgs+=(kubectl)
+fi
+
+# npm: Debian's package, unless npm came with nodejs already (NodeSource's nodejs ships it and
+# conflicts with Debian's npm).
+if [[ -z "${1:-}" ]] && ! command -v npm >/dev/null; then
+  pkgs+=(npm)
 fi
 
 SUDO=""

@@ -22,10 +22,12 @@
 
 struct sc_call;
 struct sc_service;
+struct sc_config;
 
 /* What the handlers need from the service. */
 struct sc_engine *sc_call_engine(struct sc_call *c);
 struct sc_service *sc_call_service(struct sc_call *c);
+const struct sc_config *sc_call_config(struct sc_call *c);
 /* The client's deadline as milliseconds from now (UINT64_MAX when none). */
 uint64_t sc_call_deadline_left_ms(struct sc_call *c);
 /* The method path, e.g. "/rdma_sidecar.v1.Sidecar/GetInfo". */

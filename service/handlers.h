@@ -15,7 +15,14 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "rdma_sidecar/v1/sidecar.pb-c.h"
 
-enum sc_method_kind { SC_METHOD_UNARY, SC_METHOD_SERVER_STREAM, SC_METHOD_CLIENT_STREAM };
+/* Client and bidirectional streams get no request at the start: the handler reads with
+ * sc_call_recv (and, for a bidirectional stream, answers as it goes). */
+enum sc_method_kind {
+	SC_METHOD_UNARY,
+	SC_METHOD_SERVER_STREAM,
+	SC_METHOD_CLIENT_STREAM,
+	SC_METHOD_BIDI_STREAM,
+};
 
 typedef void (*sc_handler_fn)(struct sc_call *c, ProtobufCMessage *req);
 
@@ -58,6 +65,8 @@ void sc_h_cancel_operation(struct sc_call *c, ProtobufCMessage *req);
 void sc_h_release_operation(struct sc_call *c, ProtobufCMessage *req);
 void sc_h_list_operations(struct sc_call *c, ProtobufCMessage *req);
 void sc_h_report_progress(struct sc_call *c, ProtobufCMessage *req);
+/* reflection.c: grpc.reflection.v1 and v1alpha ServerReflectionInfo */
+void sc_h_server_reflection(struct sc_call *c, ProtobufCMessage *req);
 /* metadata_bus.c */
 void sc_h_publish_metadata(struct sc_call *c, ProtobufCMessage *req);
 void sc_h_subscribe_metadata(struct sc_call *c, ProtobufCMessage *req);

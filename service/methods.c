@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * methods.c: the method table: every RPC of rdma_sidecar.v1.Sidecar and grpc.health.v1.Health,
+ * methods.c: the method table: every RPC of rdma_sidecar.v1.Sidecar, grpc.health.v1.Health and
+ * grpc.reflection.v1{,alpha}.ServerReflection,
  * its kind and request type, and its handler. server.c arms one request per entry.
  */
 #include "handlers.h"
@@ -48,6 +49,10 @@ const struct sc_method_def sc_methods[] = {
 	 &grpc__health__v1__health_check_request__descriptor, sc_h_health_check},
 	{"/grpc.health.v1.Health/Watch", SC_METHOD_SERVER_STREAM,
 	 &grpc__health__v1__health_check_request__descriptor, sc_h_health_watch},
+	{"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", SC_METHOD_BIDI_STREAM, NULL,
+	 sc_h_server_reflection},
+	{"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", SC_METHOD_BIDI_STREAM,
+	 NULL, sc_h_server_reflection},
 };
 
 const size_t sc_n_methods = sizeof(sc_methods) / sizeof(sc_methods[0]);

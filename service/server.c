@@ -129,6 +129,12 @@ struct sc_service {
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 
+/* Client and bidirectional streams: the handler reads every request itself (sc_call_recv). */
+static bool no_initial_payload(const struct sc_method_def *m)
+{
+	return m->kind == SC_METHOD_CLIENT_STREAM || m->kind == SC_METHOD_BIDI_STREAM;
+}
+
 static grpc_byte_buffer *pack(const ProtobufCMessage *msg)
 {
 	size_t len = protobuf_c_message_get_packed_size(msg);
@@ -160,6 +166,11 @@ struct sc_engine *sc_call_engine(struct sc_call *c)
 struct sc_service *sc_call_service(struct sc_call *c)
 {
 	return c->svc;
+}
+
+const struct sc_config *sc_call_config(struct sc_call *c)
+{
+	return c->svc->cfg;
 }
 
 struct sc_health *sc_service_health(struct sc_service *svc)
@@ -524,7 +535,7 @@ static void arm(struct srv *s, size_t i)
 		c->t_start.cb = on_call_start;
 		e = grpc_server_request_registered_call(
 			s->server, s->method_handles[i], &c->call, &c->deadline, &c->req_md,
-			m->kind == SC_METHOD_CLIENT_STREAM ? NULL : &c->payload, svc->cq, svc->cq,
+			no_initial_payload(m) ? NULL : &c->payload, svc->cq, svc->cq,
 			&c->t_start);
 	} else {
 		c->t_start.cb = on_generic_start;
@@ -643,7 +654,7 @@ static void on_call_start(struct tag *t, bool ok)
 	} else if (!c->srv->probe && (denied = call_admission(c, why, sizeof(why))) != SC_OK) {
 		SC_WARN("grpc", "%s refused: %s", m->path, why);
 		sc_call_fail(c, denied, why);
-	} else if (m->kind == SC_METHOD_CLIENT_STREAM) {
+	} else if (no_initial_payload(m)) {
 		m->fn(c, NULL);
 	} else if (!c->payload) {
 		sc_call_fail(c, SC_INVALID_ARGUMENT, "request message missing");
@@ -759,7 +770,7 @@ static int srv_init(struct sc_service *svc, struct srv *s, bool probe,
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 	for (size_t i = 0; i < sc_n_methods; i++) {
 		grpc_server_register_method_payload_handling ph =
-			sc_methods[i].kind == SC_METHOD_CLIENT_STREAM
+			no_initial_payload(&sc_methods[i])
 				? GRPC_SRM_PAYLOAD_NONE
 				: GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER;
 		s->method_handles[i] =

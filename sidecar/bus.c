@@ -9,6 +9,7 @@
  */
 #include "engine_internal.h"
 #include "log.h"
+#include "metrics.h"
 #include "nats_bus.h"
 
 #include <stdlib.h>
@@ -64,8 +65,11 @@ static int verify_text(struct sc_engine *eng, const char *text, const char *self
 	pthread_mutex_lock(&eng->mu);
 	struct sc_keyring *ring = sc_keyring_retain(eng->keys);
 	pthread_mutex_unlock(&eng->mu);
-	int rc = sc_metadata_verify(ring, text, self_id, sc_clock_unix_ms(), md, err);
+	enum sc_md_reject why;
+	int rc = sc_metadata_verify_why(ring, text, self_id, sc_clock_unix_ms(), md, &why, err);
 	sc_keyring_release(ring);
+	if (rc != 0)
+		sc_metrics_metadata_rejected(eng->metrics, SC_MD_SOURCE_BUS, why);
 	return rc;
 }
 

@@ -42,6 +42,7 @@ enum opt_id {
 	OPT_NATS_URL,
 	OPT_GRPC_LISTEN,
 	OPT_HEALTH_LISTEN,
+	OPT_REFLECTION,
 	OPT_GRPC_TLS_CERT,
 	OPT_GRPC_TLS_KEY,
 	OPT_GRPC_TLS_CLIENT_CA,
@@ -130,6 +131,10 @@ static const struct sc_option sc_options[] = {
 	 .value = "HOST:PORT", .group = "gRPC",
 	 .help = "health-only listener for probes: grpc.health.v1.Health and nothing else",
 	 .def = "off"},
+	{.id = OPT_REFLECTION, .name = "reflection", .arg = ARG_BOOL, .group = "gRPC",
+	 .help = "gRPC server reflection (grpc.reflection.v1, v1alpha) on --grpc-listen, never on "
+		 "--health-listen; --no-reflection or --reflection=false turns it off",
+	 .def = "on"},
 	{.id = OPT_GRPC_TLS_CERT, .name = "grpc-tls-cert", .arg = ARG_REQUIRED, .value = "PEM",
 	 .group = "gRPC", .help = "TLS certificate chain for the TCP --grpc-listen addresses",
 	 .def = "none: plain TCP"},
@@ -978,6 +983,9 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 	case OPT_HEALTH_LISTEN:
 		rc = set_hostport(&cfg->health_listen, v, true, err);
 		break;
+	case OPT_REFLECTION:
+		rc = parse_bool(v, &cfg->reflection, err);
+		break;
 	case OPT_GRPC_TLS_CERT:
 		rc = set_str(&cfg->grpc_tls_cert, v, true, err);
 		break;
@@ -1184,6 +1192,7 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->ib_gid_index = -1;
 	cfg->log_level = SC_LOG_INFO;
 	cfg->log_json = false;
+	cfg->reflection = true;
 	cfg->default_timeout_ms = 60 * 1000;
 	cfg->retention_ms = 300 * 1000;
 	cfg->grace_ms = 10 * 1000;
@@ -1302,6 +1311,14 @@ static enum flag_outcome walk_flags(struct sc_config *cfg, struct parse_state *s
 			const char *eq = strchr(name, '=');
 			size_t len = eq ? (size_t)(eq - name) : strlen(name);
 			opt = find_long(name, len);
+			if (!opt && !eq && len > 3 && strncmp(name, "no-", 3) == 0) {
+				/* --no-NAME for a yes/no option: NAME=false. */
+				opt = find_long(name + 3, len - 3);
+				if (opt && opt->arg != ARG_BOOL)
+					opt = NULL;
+				if (opt)
+					value = "false";
+			}
 			if (!opt) {
 				sc_err_set(err, SC_INVALID_ARGUMENT,
 					   "unknown option --%.*s (see --help)",

@@ -31,6 +31,7 @@ struct sc_config {
 	char *grpc_listen[SC_MAX_GRPC_LISTENERS];     /* --grpc-listen, repeatable */
 	size_t n_grpc_listen;                         /* default: the unix socket only */
 	char *health_listen;                          /* --health-listen HOST:PORT; NULL = off */
+	bool reflection;                              /* --reflection (default on) */
 	char *grpc_tls_cert;                          /* --grpc-tls-cert PEM; NULL = plain TCP */
 	char *grpc_tls_key;                           /* --grpc-tls-key PEM */
 	char *grpc_tls_client_ca;                     /* --grpc-tls-client-ca PEM; mTLS */

@@ -90,6 +90,7 @@ struct sc_op {
 	uint64_t deadline_unix_ms;
 	uint64_t deadline_mono_ms;
 	uint64_t completed_unix_ms;
+	uint64_t xfer_start_ns; /* sc_metrics_clock_ns() at the transfer's slot; 0 = never */
 	char request_id[SC_NAME_MAX];
 	struct sc_desc *descs;
 	struct sc_region **regions; /* one per descriptor, each holding a reference */

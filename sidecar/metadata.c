@@ -344,8 +344,10 @@ static int metadata_from_pb(const pb_metadata *m, const char *key_id, struct sc_
 	return 0;
 }
 
-int sc_metadata_verify(const struct sc_keyring *ring, const char *text, const char *self_id,
-		       uint64_t now_unix_ms, struct sc_metadata *out, struct sc_err *err)
+/* The checks, in order; *why is set where a failure is not SC_MD_MALFORMED. */
+static int verify(const struct sc_keyring *ring, const char *text, const char *self_id,
+		  uint64_t now_unix_ms, struct sc_metadata *out, enum sc_md_reject *why,
+		  struct sc_err *err)
 {
 	int rc = -1;
 	uint8_t *env_bytes = NULL;
@@ -368,12 +370,14 @@ int sc_metadata_verify(const struct sc_keyring *ring, const char *text, const ch
 	/* 2. prefix and base64url */
 	if (len < PREFIX_LEN || memcmp(text, SC_METADATA_PREFIX, PREFIX_LEN) != 0) {
 		if (len >= PREFIX_LEN && memcmp(text, "rsm", 3) == 0 && text[3] >= '0' &&
-		    text[3] <= '9' && text[4] == '.')
+		    text[3] <= '9' && text[4] == '.') {
+			*why = SC_MD_UNSUPPORTED_VERSION;
 			return sc_err_set(
 			    err, SC_INVALID_ARGUMENT,
 			    "metadata format 'rsm%c' is not supported by this sidecar "
 			    "(it reads rsm1): upgrade this sidecar",
 			    text[3]);
+		}
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "metadata does not start with '" SC_METADATA_PREFIX
 				  "': pass the producer's operation.metadata text unchanged");
@@ -407,6 +411,7 @@ int sc_metadata_verify(const struct sc_keyring *ring, const char *text, const ch
 	/* 4. known key id, 5. MAC in constant time */
 	uint8_t mac[SC_HMAC_LEN];
 	if (!ring) {
+		*why = SC_MD_NO_KEYS;
 		sc_err_set(
 		    err, SC_UNAUTHENTICATED,
 		    "metadata signed with key id '%s' but this sidecar has no keys: start it "
@@ -415,6 +420,7 @@ int sc_metadata_verify(const struct sc_keyring *ring, const char *text, const ch
 		goto out;
 	}
 	if (!metadata_mac(ring, s->key_id, s->payload.data, s->payload.len, mac)) {
+		*why = SC_MD_UNKNOWN_KEY;
 		sc_err_set(err, SC_UNAUTHENTICATED,
 			   "metadata signed with unknown key id '%s': add it to --key-file on this "
 			   "sidecar",
@@ -422,6 +428,7 @@ int sc_metadata_verify(const struct sc_keyring *ring, const char *text, const ch
 		goto out;
 	}
 	if (CRYPTO_memcmp(mac, s->mac.data, SC_HMAC_LEN) != 0) {
+		*why = SC_MD_BAD_SIGNATURE;
 		sc_err_set(
 		    err, SC_UNAUTHENTICATED,
 		    "metadata signature does not verify with key '%s': the text was altered, "
@@ -439,6 +446,7 @@ int sc_metadata_verify(const struct sc_keyring *ring, const char *text, const ch
 		goto out;
 	}
 	if (m->version != SC_METADATA_VERSION) {
+		*why = SC_MD_UNSUPPORTED_VERSION;
 		sc_err_set(err, SC_INVALID_ARGUMENT,
 			   "metadata version %u is not supported (this sidecar reads version %d): "
 			   "run the same sidecar version on both ends",
@@ -453,6 +461,7 @@ int sc_metadata_verify(const struct sc_keyring *ring, const char *text, const ch
 	}
 	if (now_unix_ms > m->expires_unix_ms &&
 	    now_unix_ms - m->expires_unix_ms > SC_METADATA_SKEW_MS) {
+		*why = SC_MD_EXPIRED;
 		sc_err_set(err, SC_FAILED_PRECONDITION,
 			   "metadata expired %.1f s ago (issued by %.128s): ask the producer for "
 			   "fresh metadata",
@@ -462,6 +471,7 @@ int sc_metadata_verify(const struct sc_keyring *ring, const char *text, const ch
 
 	/* 8. audience */
 	if (m->audience[0] && (!self_id || strcmp(m->audience, self_id) != 0)) {
+		*why = SC_MD_WRONG_AUDIENCE;
 		sc_err_set(err, SC_PERMISSION_DENIED,
 			   "metadata is for sidecar '%.128s' but this is '%.128s': use it on the "
 			   "sidecar it was issued for",
@@ -487,6 +497,39 @@ out:
 		rdma_sidecar__v1__signed_metadata__free_unpacked(s, NULL);
 	free(env_bytes);
 	return rc;
+}
+
+int sc_metadata_verify_why(const struct sc_keyring *ring, const char *text, const char *self_id,
+			   uint64_t now_unix_ms, struct sc_metadata *out, enum sc_md_reject *why,
+			   struct sc_err *err)
+{
+	enum sc_md_reject r = SC_MD_MALFORMED;
+	int rc = verify(ring, text, self_id, now_unix_ms, out, &r, err);
+	if (why)
+		*why = rc == 0 ? SC_MD_ACCEPTED : r;
+	return rc;
+}
+
+int sc_metadata_verify(const struct sc_keyring *ring, const char *text, const char *self_id,
+		       uint64_t now_unix_ms, struct sc_metadata *out, struct sc_err *err)
+{
+	return sc_metadata_verify_why(ring, text, self_id, now_unix_ms, out, NULL, err);
+}
+
+const char *sc_md_reject_name(enum sc_md_reject r)
+{
+	static const char *const names[SC_MD_NUM_REJECT] = {
+	    [SC_MD_ACCEPTED] = "accepted",
+	    [SC_MD_MALFORMED] = "malformed",
+	    [SC_MD_UNSUPPORTED_VERSION] = "unsupported_version",
+	    [SC_MD_NO_KEYS] = "no_keys",
+	    [SC_MD_UNKNOWN_KEY] = "unknown_key",
+	    [SC_MD_BAD_SIGNATURE] = "bad_signature",
+	    [SC_MD_EXPIRED] = "expired",
+	    [SC_MD_WRONG_AUDIENCE] = "wrong_audience",
+	    [SC_MD_WRONG_KIND] = "wrong_kind",
+	};
+	return (int)r >= 0 && r < SC_MD_NUM_REJECT ? names[r] : "unknown";
 }
 
 void sc_metadata_free(struct sc_metadata *md)

@@ -77,6 +77,24 @@ int sc_metadata_sign(const struct sc_keyring *ring, const struct sc_metadata *md
  */
 int sc_metadata_verify(const struct sc_keyring *ring, const char *text, const char *self_id,
 		       uint64_t now_unix_ms, struct sc_metadata *out, struct sc_err *err);
+/* Why verification refused metadata, for rdma_sidecar_metadata_rejected_total{reason}. */
+enum sc_md_reject {
+	SC_MD_ACCEPTED = 0,
+	SC_MD_MALFORMED,	    /* empty, too long, not rsm1./base64url, envelope or payload */
+	SC_MD_UNSUPPORTED_VERSION, /* rsmN with N != 1, or a payload version it does not read */
+	SC_MD_NO_KEYS,		    /* signed, but this sidecar has no --key-file */
+	SC_MD_UNKNOWN_KEY,	    /* signed with a key id this sidecar does not hold */
+	SC_MD_BAD_SIGNATURE,	    /* the MAC does not verify */
+	SC_MD_EXPIRED,
+	SC_MD_WRONG_AUDIENCE, /* issued for another sidecar */
+	SC_MD_WRONG_KIND,     /* verified, but readable metadata to BeginWrite or the reverse */
+	SC_MD_NUM_REJECT
+};
+const char *sc_md_reject_name(enum sc_md_reject r);
+/* sc_metadata_verify, telling *why (SC_MD_ACCEPTED on success; why may be NULL). */
+int sc_metadata_verify_why(const struct sc_keyring *ring, const char *text, const char *self_id,
+			   uint64_t now_unix_ms, struct sc_metadata *out, enum sc_md_reject *why,
+			   struct sc_err *err);
 void sc_metadata_free(struct sc_metadata *md);
 
 /* base64url without padding. encode: *out malloc'd, NUL-terminated. decode: false on bad input. */

@@ -2,8 +2,10 @@
 /*
  * metrics.c: the engine's counters and the Prometheus text endpoint of --metrics-listen.
  *
- * Counters (operations created, operations finished, bytes moved) are atomics bumped by
- * operation.c from whatever thread ends an operation; nothing here locks for them. Gauges are read
+ * Counters (operations created, operations finished, bytes moved, metadata refused by reason)
+ * and the transfer histograms (duration, size; by direction and backend) are atomics bumped by
+ * operation.c and bus.c from whatever thread ends an operation or verifies metadata; nothing here
+ * locks for them. Gauges are read
  * at scrape time from the engine's tables under eng->mu, copied out, and formatted after the lock
  * is dropped. The listening socket is bound by sc_metrics_create (on the main thread, so a port in
  * use is a start-up error) and handed to libmicrohttpd, whose one internal thread runs every
@@ -27,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define N_KINDS 5 /* indexed by enum sc_op_kind; 0 (NONE) unused */
@@ -34,6 +37,19 @@
 #define N_DIRS 2  /* read, write */
 #define SCRAPE_CONNECTIONS 32
 #define SCRAPE_TIMEOUT_S 10
+
+/* Transfer duration buckets, seconds: 50 us (a small LOCAL copy) to 60 s (a deadline). */
+static const double dur_bounds[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+				    0.01,    0.025,  0.05,    0.1,    0.25,  0.5,    1,
+				    2.5,     5,	     10,      30,     60};
+#define N_DUR_BUCKETS (sizeof(dur_bounds) / sizeof(dur_bounds[0]))
+/* Transfer size buckets, bytes: 1 KiB to 16 GiB, by 4. */
+static const uint64_t size_bounds[] = {
+    UINT64_C(1) << 10, UINT64_C(1) << 12, UINT64_C(1) << 14, UINT64_C(1) << 16, UINT64_C(1) << 18,
+    UINT64_C(1) << 20, UINT64_C(1) << 22, UINT64_C(1) << 24, UINT64_C(1) << 26, UINT64_C(1) << 28,
+    UINT64_C(1) << 30, UINT64_C(1) << 32, UINT64_C(1) << 34};
+#define N_SIZE_BUCKETS (sizeof(size_bounds) / sizeof(size_bounds[0]))
+static const char *const md_source_label[SC_MD_NUM_SOURCES] = {"begin", "bus"};
 
 struct sc_metrics {
 	struct sc_engine *eng;
@@ -43,6 +59,13 @@ struct sc_metrics {
 	atomic_uint_fast64_t created[N_KINDS];
 	atomic_uint_fast64_t finished[N_KINDS][N_FINAL][SC_NUM_BACKENDS];
 	atomic_uint_fast64_t bytes[N_DIRS][SC_NUM_BACKENDS];
+	/* Histograms: per-bucket (not cumulative) counts, the last bucket is +Inf; sums in ns and
+	 * bytes. */
+	atomic_uint_fast64_t dur_bucket[N_DIRS][SC_NUM_BACKENDS][N_DUR_BUCKETS + 1];
+	atomic_uint_fast64_t dur_sum_ns[N_DIRS][SC_NUM_BACKENDS];
+	atomic_uint_fast64_t size_bucket[N_DIRS][SC_NUM_BACKENDS][N_SIZE_BUCKETS + 1];
+	atomic_uint_fast64_t size_sum[N_DIRS][SC_NUM_BACKENDS];
+	atomic_uint_fast64_t md_rejected[SC_MD_NUM_SOURCES][SC_MD_NUM_REJECT];
 };
 
 /* Label values, lower case as Prometheus labels usually are. */
@@ -95,6 +118,40 @@ void sc_metrics_op_finished(struct sc_metrics *m, enum sc_op_kind kind, enum sc_
 	if (status == SC_OPS_COMPLETE && (kind == SC_OP_READ || kind == SC_OP_WRITE))
 		atomic_fetch_add_explicit(&m->bytes[kind == SC_OP_READ ? 0 : 1][backend], bytes,
 					  memory_order_relaxed);
+}
+
+uint64_t sc_metrics_clock_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void sc_metrics_transfer_done(struct sc_metrics *m, enum sc_op_kind kind,
+			      enum sc_backend_kind backend, uint64_t bytes, uint64_t ns)
+{
+	if (!m || (kind != SC_OP_READ && kind != SC_OP_WRITE) || !backend_ok(backend))
+		return;
+	int d = kind == SC_OP_READ ? 0 : 1;
+	double secs = (double)ns / 1e9;
+	size_t i = 0;
+	while (i < N_DUR_BUCKETS && secs > dur_bounds[i])
+		i++;
+	atomic_fetch_add_explicit(&m->dur_bucket[d][backend][i], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m->dur_sum_ns[d][backend], ns, memory_order_relaxed);
+	for (i = 0; i < N_SIZE_BUCKETS && bytes > size_bounds[i];)
+		i++;
+	atomic_fetch_add_explicit(&m->size_bucket[d][backend][i], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m->size_sum[d][backend], bytes, memory_order_relaxed);
+}
+
+void sc_metrics_metadata_rejected(struct sc_metrics *m, enum sc_md_source source,
+				  enum sc_md_reject why)
+{
+	if (!m || (int)source < 0 || source >= SC_MD_NUM_SOURCES || why <= SC_MD_ACCEPTED ||
+	    why >= SC_MD_NUM_REJECT)
+		return;
+	atomic_fetch_add_explicit(&m->md_rejected[source][why], 1, memory_order_relaxed);
 }
 
 static uint64_t get(atomic_uint_fast64_t *a)
@@ -181,6 +238,69 @@ static void label_value(FILE *f, const char *v)
 	}
 }
 
+/* The le label of a bucket bound: Prometheus' shortest float form ("0.0001", "2.5", "60"). */
+static void le_text(char *buf, size_t cap, double v)
+{
+	snprintf(buf, cap, "%.17g", v);
+	for (int prec = 1; prec <= 17; prec++) {
+		snprintf(buf, cap, "%.*g", prec, v);
+		if (strtod(buf, NULL) == v)
+			return;
+	}
+}
+
+static void histogram_rows(FILE *f, const char *name, const char *labels,
+			   atomic_uint_fast64_t *buckets, size_t n_bounds, const double *dbl,
+			   const uint64_t *u64, double sum)
+{
+	uint64_t cum = 0;
+	char le[40];
+	for (size_t i = 0; i <= n_bounds; i++) {
+		cum += get(&buckets[i]);
+		if (i == n_bounds)
+			snprintf(le, sizeof(le), "+Inf");
+		else if (dbl)
+			le_text(le, sizeof(le), dbl[i]);
+		else
+			snprintf(le, sizeof(le), "%llu", (unsigned long long)u64[i]);
+		fprintf(f, "%s_bucket{%s,le=\"%s\"} %llu\n", name, labels, le,
+			(unsigned long long)cum);
+	}
+	if (dbl) /* seconds from nanoseconds: nine decimals are exact */
+		fprintf(f, "%s_sum{%s} %.9f\n", name, labels, sum);
+	else /* bytes: integral, exact below 2^53 */
+		fprintf(f, "%s_sum{%s} %.17g\n", name, labels, sum);
+	fprintf(f, "%s_count{%s} %llu\n", name, labels, (unsigned long long)cum);
+}
+
+static void render_histograms(FILE *f, struct sc_metrics *m)
+{
+	char labels[80];
+	family(f, "rdma_sidecar_transfer_duration_seconds", "histogram",
+	       "Time completed active transfers held their slot, from admission to COMPLETE, by "
+	       "direction and backend.");
+	for (int d = 0; d < N_DIRS; d++)
+		for (size_t i = 0; i < N_REAL_BACKENDS; i++) {
+			enum sc_backend_kind b = real_backends[i];
+			snprintf(labels, sizeof(labels), "direction=\"%s\",backend=\"%s\"",
+				 dir_label[d], sc_backend_name(b));
+			histogram_rows(f, "rdma_sidecar_transfer_duration_seconds", labels,
+				       m->dur_bucket[d][b], N_DUR_BUCKETS, dur_bounds, NULL,
+				       (double)get(&m->dur_sum_ns[d][b]) / 1e9);
+		}
+	family(f, "rdma_sidecar_transfer_size_bytes", "histogram",
+	       "Bytes of each completed active transfer, by direction and backend.");
+	for (int d = 0; d < N_DIRS; d++)
+		for (size_t i = 0; i < N_REAL_BACKENDS; i++) {
+			enum sc_backend_kind b = real_backends[i];
+			snprintf(labels, sizeof(labels), "direction=\"%s\",backend=\"%s\"",
+				 dir_label[d], sc_backend_name(b));
+			histogram_rows(f, "rdma_sidecar_transfer_size_bytes", labels,
+				       m->size_bucket[d][b], N_SIZE_BUCKETS, NULL, size_bounds,
+				       (double)get(&m->size_sum[d][b]));
+		}
+}
+
 char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 {
 	struct gauges g;
@@ -243,6 +363,19 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 				"rdma_sidecar_bytes_total{direction=\"%s\",backend=\"%s\"} %llu\n",
 				dir_label[d], sc_backend_name(real_backends[i]),
 				(unsigned long long)get(&m->bytes[d][real_backends[i]]));
+
+	render_histograms(f, m);
+
+	family(f, "rdma_sidecar_metadata_rejected_total", "counter",
+	       "Metadata refused by verification, by where it came from (begin: BeginRead/"
+	       "BeginWrite; bus: NATS publish or receive) and why.");
+	for (int src = 0; src < SC_MD_NUM_SOURCES; src++)
+		for (int r = SC_MD_MALFORMED; r < SC_MD_NUM_REJECT; r++)
+			fprintf(f,
+				"rdma_sidecar_metadata_rejected_total{source=\"%s\",reason=\"%s\"} "
+				"%llu\n",
+				md_source_label[src], sc_md_reject_name((enum sc_md_reject)r),
+				(unsigned long long)get(&m->md_rejected[src][r]));
 
 	family(f, "rdma_sidecar_live_operations", "gauge",
 	       "Operations not yet in a final status, by kind.");
@@ -390,8 +523,18 @@ int sc_metrics_create(struct sc_engine *eng, const char *listen_text, struct sc_
 				atomic_init(&m->finished[k][s][b], 0);
 	}
 	for (int d = 0; d < N_DIRS; d++)
-		for (int b = 0; b < SC_NUM_BACKENDS; b++)
+		for (int b = 0; b < SC_NUM_BACKENDS; b++) {
 			atomic_init(&m->bytes[d][b], 0);
+			atomic_init(&m->dur_sum_ns[d][b], 0);
+			atomic_init(&m->size_sum[d][b], 0);
+			for (size_t i = 0; i <= N_DUR_BUCKETS; i++)
+				atomic_init(&m->dur_bucket[d][b][i], 0);
+			for (size_t i = 0; i <= N_SIZE_BUCKETS; i++)
+				atomic_init(&m->size_bucket[d][b][i], 0);
+		}
+	for (int src = 0; src < SC_MD_NUM_SOURCES; src++)
+		for (int r = 0; r < SC_MD_NUM_REJECT; r++)
+			atomic_init(&m->md_rejected[src][r], 0);
 	if (listen_text && listen_text[0] && bind_listener(m, listen_text, err) != 0) {
 		sc_metrics_destroy(m);
 		return -1;

@@ -16,6 +16,7 @@
 #define SC_METRICS_H
 
 #include "engine.h"
+#include "metadata.h"
 #include "status.h"
 
 #include <stdint.h>
@@ -45,6 +46,19 @@ void sc_metrics_op_created(struct sc_metrics *m, enum sc_op_kind kind);
  */
 void sc_metrics_op_finished(struct sc_metrics *m, enum sc_op_kind kind, enum sc_op_status status,
 			    enum sc_backend_kind backend, uint64_t bytes);
+
+/* A monotonic clock in nanoseconds, for transfer timings. */
+uint64_t sc_metrics_clock_ns(void);
+/* A READ or WRITE completed: observe its size and how long it held its transfer slot in the
+ * rdma_sidecar_transfer_{duration_seconds,size_bytes} histograms. NULL ok. */
+void sc_metrics_transfer_done(struct sc_metrics *m, enum sc_op_kind kind,
+			      enum sc_backend_kind backend, uint64_t bytes, uint64_t ns);
+
+/* Where refused metadata came from: BeginRead/BeginWrite, or the NATS bus (publish/receive). */
+enum sc_md_source { SC_MD_SOURCE_BEGIN, SC_MD_SOURCE_BUS, SC_MD_NUM_SOURCES };
+/* Metadata verification refused metadata (rdma_sidecar_metadata_rejected_total). NULL ok. */
+void sc_metrics_metadata_rejected(struct sc_metrics *m, enum sc_md_source source,
+				  enum sc_md_reject why);
 
 /* The exposition text a scrape returns, NUL-terminated; malloc'd (free() it), NULL when out of
  * memory. Takes eng->mu briefly. */

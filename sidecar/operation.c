@@ -289,6 +289,9 @@ void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_sta
 	op->status = status;
 	op->completed_unix_ms = sc_clock_unix_ms();
 	sc_metrics_op_finished(eng->metrics, op->kind, status, op->backend, op->bytes_total);
+	if (status == SC_OPS_COMPLETE && op->xfer_start_ns)
+		sc_metrics_transfer_done(eng->metrics, op->kind, op->backend, op->bytes_total,
+					 sc_metrics_clock_ns() - op->xfer_start_ns);
 	if (status != SC_OPS_COMPLETE)
 		set_error(op, code, msg);
 	op_timer_drop(eng, op, &op->deadline_timer);
@@ -822,13 +825,18 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 	struct sc_keyring *ring = sc_keyring_retain(eng->keys);
 	pthread_mutex_unlock(&eng->mu);
 	struct sc_metadata md;
-	int rc = sc_metadata_verify(ring, req->metadata, eng->id, sc_clock_unix_ms(), &md, err);
+	enum sc_md_reject why;
+	int rc = sc_metadata_verify_why(ring, req->metadata, eng->id, sc_clock_unix_ms(), &md, &why,
+					err);
 	sc_keyring_release(ring);
-	if (rc != 0)
+	if (rc != 0) {
+		sc_metrics_metadata_rejected(eng->metrics, SC_MD_SOURCE_BEGIN, why);
 		return -1;
+	}
 
 	enum sc_op_kind need = kind == SC_OP_READ ? SC_OP_READABLE : SC_OP_WRITABLE;
 	if (md.kind != need) {
+		sc_metrics_metadata_rejected(eng->metrics, SC_MD_SOURCE_BEGIN, SC_MD_WRONG_KIND);
 		sc_metadata_free(&md);
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "%s needs metadata from %s, but this metadata is %s",

@@ -13,6 +13,7 @@
  */
 #include "engine_internal.h"
 #include "log.h"
+#include "metrics.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@ static void take_slot_and_start(struct sc_engine *eng, struct sc_op *op)
 	op->slot_held = true;
 	eng->active_transfers++;
 	eng->inflight_bytes += op->bytes_total;
+	op->xfer_start_ns = sc_metrics_clock_ns();
 	sc_op_start_transfer(eng, op);
 }
 

@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The Prometheus endpoint of --metrics-listen: exposition format, exact counters after a LOCAL
+"""The Prometheus endpoint of --metrics-listen: exposition format (counters, gauges and histograms;
+test_metrics_promtool.py runs promtool and checks the histograms and rejection counters), exact
+counters after a LOCAL
 transfer and a cancelled operation, gauges while a transfer hangs during a drain, /healthz, 404 and
 405, IPv6, and a port in use as a start-up error (exit 2)."""
 import os
@@ -55,10 +57,13 @@ class MetricsTest(SidecarTest):
                 continue
             if line.startswith("# TYPE "):
                 _, _, name, kind = line.split(" ")
-                self.assertIn(kind, ("counter", "gauge"), line)
+                self.assertIn(kind, ("counter", "gauge", "histogram"), line)
                 self.assertIn(name, helped, "TYPE before HELP: " + line)
                 self.assertNotIn(name, typed, "family announced twice: " + line)
                 typed[name] = kind
+                if kind == "histogram":  # its samples are NAME_bucket, NAME_sum and NAME_count
+                    for suffix in ("_bucket", "_sum", "_count"):
+                        typed[name + suffix] = "histogram"
                 continue
             m = SAMPLE.match(line)
             self.assertTrue(m, "not a sample line: %r" % line)

@@ -353,6 +353,38 @@ TEST(env_log_json_values)
 	EXPECT_ERROR(no_env, "--log-json \"2\": expected", "--log-json=2");
 }
 
+TEST(reflection_flag)
+{
+	struct sc_config c;
+	/* On by default; --no-reflection, --reflection=false and the env twin turn it off. */
+	CHECK_INT_EQ(sc_config_parse(&c, 1, no_args, no_env, NULL), SC_CONFIG_OK);
+	CHECK(c.reflection);
+	sc_config_free(&c);
+	EXPECT_OK(&c, no_env, "--no-reflection");
+	CHECK(!c.reflection);
+	sc_config_free(&c);
+	EXPECT_OK(&c, no_env, "--reflection=false");
+	CHECK(!c.reflection);
+	sc_config_free(&c);
+	CHECK_INT_EQ(sc_config_parse(&c, 1, no_args, ENVP("RDMA_SIDECAR_REFLECTION=off"), NULL),
+		     SC_CONFIG_OK);
+	CHECK(!c.reflection);
+	sc_config_free(&c);
+	EXPECT_OK(&c, ENVP("RDMA_SIDECAR_REFLECTION=0"), "--reflection");
+	CHECK(c.reflection);
+	sc_config_free(&c);
+	EXPECT_OK(&c, no_env, "--no-reflection", "--reflection=yes");
+	CHECK(c.reflection);
+	sc_config_free(&c);
+	EXPECT_ERROR(no_env, "--reflection \"maybe\": expected 1/true/yes or 0/false/no",
+		     "--reflection=maybe");
+	EXPECT_ENV_ERROR("RDMA_SIDECAR_REFLECTION \"2\": expected", "RDMA_SIDECAR_REFLECTION=2");
+	/* --no- only negates yes/no options, and takes no value. */
+	EXPECT_ERROR(no_env, "unknown option --no-grpc-listen", "--no-grpc-listen");
+	EXPECT_ERROR(no_env, "unknown option --no-reflection", "--no-reflection=1");
+	EXPECT_ERROR(no_env, "unknown option --no-such", "--no-such");
+}
+
 TEST(env_empty_is_unset_and_strangers_ignored)
 {
 	struct sc_config c;
@@ -838,6 +870,8 @@ TEST(usage_documents_every_option)
 	    "(env RDMA_SIDECAR_LOG_LEVEL, default info)",
 	    "--log-json ",
 	    "RDMA_SIDECAR_LOG_JSON",
+	    "--reflection ",
+	    "(env RDMA_SIDECAR_REFLECTION, default on)",
 	    "--metrics-listen HOST:PORT",
 	    "RDMA_SIDECAR_METRICS_LISTEN",
 	    "--default-timeout DURATION",
@@ -901,7 +935,7 @@ TEST(usage_documents_every_option)
 		line = nl ? nl + 1 : NULL;
 	}
 	free(text);
-	CHECK_INT_EQ(options, 47);
+	CHECK_INT_EQ(options, 48); /* 47 + --reflection */
 }
 
 /* ---- free ---- */
@@ -1237,6 +1271,7 @@ TEST(wire_security_flags)
 RUN_TESTS(T(defaults), T(default_id_is_host_dash_6_hex), T(every_flag_space_form),
 	  T(every_flag_equals_form), T(equals_value_may_contain_equals_and_be_empty),
 	  T(short_and_double_dash_end), T(env_twins), T(env_twins_numbers), T(env_log_json_values),
+	  T(reflection_flag),
 	  T(env_empty_is_unset_and_strangers_ignored), T(flag_beats_env),
 	  T(last_flag_wins_for_single_values), T(grpc_listen_flag_replaces_default_then_appends),
 	  T(grpc_listen_flag_replaces_env_list), T(grpc_listen_at_most_8),

@@ -674,6 +674,49 @@ TEST(audience)
 	free(text);
 }
 
+static enum sc_md_reject why_of(const struct sc_keyring *ring, const char *text, const char *self,
+				uint64_t now)
+{
+	struct sc_metadata out;
+	struct sc_err err;
+	enum sc_md_reject why = SC_MD_NUM_REJECT;
+	if (sc_metadata_verify_why(ring, text, self, now, &out, &why, &err) == 0)
+		sc_metadata_free(&out);
+	return why;
+}
+
+/* The reason rdma_sidecar_metadata_rejected_total counts, for each way verification refuses. */
+TEST(reject_reasons)
+{
+	rings_setup();
+	struct sc_metadata md;
+	struct sc_meta_desc descs[3];
+	sample(&md, descs);
+	md.expires_unix_ms = NOW;
+	snprintf(md.audience, sizeof(md.audience), "b");
+	char *text = sign_or_die(ring_a, &md);
+	CHECK_INT_EQ(why_of(ring_a, text, "b", NOW), SC_MD_ACCEPTED);
+	CHECK_INT_EQ(why_of(ring_a, text, "a", NOW), SC_MD_WRONG_AUDIENCE);
+	CHECK_INT_EQ(why_of(ring_a, text, "b", NOW + SC_METADATA_SKEW_MS + 1), SC_MD_EXPIRED);
+	CHECK_INT_EQ(why_of(ring_a2, text, "b", NOW), SC_MD_BAD_SIGNATURE);
+	CHECK_INT_EQ(why_of(NULL, text, "b", NOW), SC_MD_NO_KEYS);
+	text[3] = '2'; /* rsm2. */
+	CHECK_INT_EQ(why_of(ring_a, text, "b", NOW), SC_MD_UNSUPPORTED_VERSION);
+	text[3] = '1';
+	text[strlen(text) / 2] ^= 0x01; /* one base64url character changed */
+	CHECK(why_of(ring_a, text, "b", NOW) == SC_MD_BAD_SIGNATURE ||
+	      why_of(ring_a, text, "b", NOW) == SC_MD_MALFORMED);
+	free(text);
+	text = sign_or_die(ring_b, &md); /* key id b1: ring A does not hold it */
+	CHECK_INT_EQ(why_of(ring_a, text, "b", NOW), SC_MD_UNKNOWN_KEY);
+	free(text);
+	CHECK_INT_EQ(why_of(ring_a, "", "b", NOW), SC_MD_MALFORMED);
+	CHECK_INT_EQ(why_of(ring_a, "rsm1.!!", "b", NOW), SC_MD_MALFORMED);
+	CHECK_INT_EQ(why_of(ring_a, "hello", "b", NOW), SC_MD_MALFORMED);
+	CHECK_STR_CONTAINS(sc_md_reject_name(SC_MD_WRONG_AUDIENCE), "wrong_audience");
+	CHECK_STR_CONTAINS(sc_md_reject_name(SC_MD_NUM_REJECT), "unknown");
+}
+
 /* Sign md (crafted) with ring A and expect verify to fail with code and a message part. */
 static int expect_crafted(const struct sc_metadata *md, enum sc_status code, const char *want)
 {
@@ -949,6 +992,7 @@ RUN_TESTS(T(base64url_round_trip_matches_openssl), T(base64url_rejects_bad_input
 	  T(same_key_id_different_key_fails_mac), T(no_keys_sign_and_verify),
 	  T(tamper_every_position), T(truncation_every_length), T(garbage),
 	  T(wrong_prefix_and_empty), T(oversized_text_capped_before_decoding), T(envelope_checks),
-	  T(expiry_with_skew), T(audience), T(descriptor_sanity), T(version_and_kind),
-	  T(verification_order), T(raw_payload_limits), T(out_untouched_on_failure),
-	  T(sign_rejects_unreadable_struct), T(random_bytes), T(teardown))
+	  T(expiry_with_skew), T(audience), T(reject_reasons), T(descriptor_sanity),
+	  T(version_and_kind), T(verification_order), T(raw_payload_limits),
+	  T(out_untouched_on_failure), T(sign_rejects_unreadable_struct), T(random_bytes),
+	  T(teardown))
