@@ -12,7 +12,7 @@ build=(build-essential cmake pkg-config git
        libibverbs-dev rdma-core ibverbs-providers ibverbs-utils
        nats-server python3 python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc
        python3-setuptools python3-pip python3-wheel python3-venv python3-numpy python3-torch python3-pytest
-       iproute2 procps psmisc valgrind clang libclang-rt-14-dev
+       iproute2 iptables procps psmisc valgrind clang libclang-rt-14-dev
        openssl)  # the openssl CLI: test_security_listen.py makes its CA and certificates
 # The Soft-RoCE VM test and the benchmarks.
 vm=(qemu-system-x86 busybox-static kmod cpio perftest iperf3 ucx-utils)
