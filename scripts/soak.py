@@ -1,0 +1,391 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
+"""Soak: a bounded run of mixed transfers between two real sidecars, sampling their resources.
+
+    /usr/bin/python3 scripts/soak.py --seconds 600            # by hand (10 minutes)
+    ctest --test-dir build -R soak                             # CI: 45 s (SC_SOAK_SECONDS)
+
+Needs the build's binary and Python stubs: --binary/--stubs, or SC_BINARY/SC_PYTHON_STUBS as ctest
+sets them (default build/). Two sidecars a and b; --workers threads each loop over a random mix:
+READ and WRITE of 1 B to 64 MiB at random offsets with every byte compared (b active, a passive),
+cancels of a moving transfer, passive metadata that expires before use, active deadlines too short
+to finish. At 25% of the run sidecar a is SIGKILLed mid-traffic and restarted (b must error what was
+in flight and dial the new a). Every second the sampler records for each sidecar: VmRSS, RssAnon
+(heap), RssShmem (region pages it touched), open fds, threads, mappings (/proc/PID/maps lines), and
+operations (live = not terminal, all = live and retained).
+
+Pass condition (exit 0), over the last half of the run, for each sidecar:
+  - heap: split the last half into two equal windows W1 (50-75%) and W2 (75-100%) of the per-second
+    samples; max(RssAnon in W2) <= 1.01 * max(RssAnon in W1): the high-water mark grows by less than
+    1% (a leak raises it in every window, load noise does not);
+  - fds, threads, mappings: counted at rest (traffic paused, no live operation, 1 s to settle) at
+    50% and at 100% of the run; the count at 100% <= the count at 50% (zero growth: in flight they
+    swing by a few with the connections and transfers of the sampled instant, at rest they do not);
+  - every transfer completed with equal bytes or ended with the expected error; at the end no
+    operation is live on either side; both sidecars exit 0 on SIGTERM.
+VmRSS and RssShmem are reported, not judged: they grow as transfers first touch region pages (the
+regions are shared files, mapped once).
+The table of samples goes to stdout (one row every few seconds) and every sample to --csv;
+with python3-matplotlib installed, --png writes the curves.
+"""
+import argparse
+import csv
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+ap.add_argument("--seconds", type=float, default=float(os.environ.get("SC_SOAK_SECONDS", "600")))
+ap.add_argument("--workers", type=int, default=3)
+ap.add_argument("--binary", default=os.environ.get("SC_BINARY", os.path.join(ROOT, "build/rdma-sidecar")))
+ap.add_argument("--stubs", default=os.environ.get("SC_PYTHON_STUBS", os.path.join(ROOT, "build/python")))
+ap.add_argument("--csv", default="")
+ap.add_argument("--png", default="")
+ap.add_argument("--seed", type=int, default=int(time.time()))
+args = ap.parse_args()
+os.environ["SC_BINARY"] = args.binary
+os.environ["SC_PYTHON_STUBS"] = args.stubs
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+
+import grpc  # noqa: E402
+from harness import Sidecar, desc, pb, write_key_file  # noqa: E402
+
+REGION = 64 << 20
+SIZES = [(1, 20), (4096, 20), (65537, 15), (1 << 20, 20), (8 << 20, 15), (64 << 20, 10)]
+TERMINAL = (pb.OPERATION_STATUS_COMPLETE, pb.OPERATION_STATUS_ERRORED, pb.OPERATION_STATUS_CANCELLED)
+JUDGED = ["anon_kb", "fds", "threads", "maps"]
+COLS = ["rss_kb", "anon_kb", "shmem_kb", "fds", "threads", "maps", "ops_live", "ops_all"]
+
+
+def pick_size(rng):
+    r = rng.uniform(0, sum(w for _, w in SIZES))
+    for s, w in SIZES:
+        r -= w
+        if r <= 0:
+            return s
+    return SIZES[-1][0]
+
+
+def proc_sample(pid):
+    st = {}
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            st[k] = v.split()[0] if v.split() else "0"
+    with open("/proc/%d/maps" % pid) as f:
+        maps = sum(1 for _ in f)
+    return {"rss_kb": int(st.get("VmRSS", 0)), "anon_kb": int(st.get("RssAnon", 0)),
+            "shmem_kb": int(st.get("RssShmem", 0)), "threads": int(st.get("Threads", 0)),
+            "fds": len(os.listdir("/proc/%d/fd" % pid)), "maps": maps}
+
+
+def op_counts(side):
+    live = total = 0
+    token = ""
+    while True:
+        r = side.stub.ListOperations(pb.ListOperationsRequest(page_size=1000, page_token=token), timeout=5)
+        total += len(r.operations)
+        live += sum(1 for o in r.operations if o.status not in TERMINAL)
+        token = r.next_page_token
+        if not token:
+            return live, total
+
+
+class Soak:
+    def __init__(self):
+        self.work = tempfile.mkdtemp(prefix="sc-soak-", dir="/tmp")
+        self.keys = write_key_file(os.path.join(self.work, "keys"))
+        self.extra = ["--retention", "5s", "--log-level", "info"]
+        self.b = Sidecar(self.work, "b", key_file=self.keys, tcp=False, extra=self.extra)
+        self.start_a()
+        self.epoch = 0  # bumped by a restart: errors of operations begun before it are expected
+        self.gate = threading.Event()
+        self.gate.set()
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.counts = {}
+        self.failures = []
+        self.samples = []
+        self.busy = 0
+        self.rest = {}  # "mid"/"end": resources of each sidecar with the traffic paused
+
+    def start_a(self):
+        # A fresh directory per start: the old unix socket file would let a client dial too early.
+        self.gen = getattr(self, "gen", -1) + 1
+        self.a = Sidecar(self.work, "a%d" % self.gen, key_file=self.keys, tcp=False, extra=self.extra)
+        self.a_regions = [self.a.create_region(REGION) for _ in range(args.workers)]
+
+    def count(self, what):
+        with self.lock:
+            self.counts[what] = self.counts.get(what, 0) + 1
+
+    def fail(self, msg):
+        with self.lock:
+            self.failures.append("%.1fs %s" % (time.monotonic() - self.t0, msg))
+
+    # ---- the traffic ---------------------------------------------------------------------------
+
+    def one(self, w, rng, rb):
+        a, b, ra = self.a, self.b, self.a_regions[w]
+        kind = rng.choices(["xfer", "cancel", "expire", "deadline"], [70, 10, 10, 10])[0]
+        direction = rng.choice(["read", "write"])
+        size = pick_size(rng) if kind == "xfer" else 64 << 20
+        off_a, off_b = rng.randrange(0, REGION - size + 1), rng.randrange(0, REGION - size + 1)
+        create = a.stub.CreateReadable if direction == "read" else a.stub.CreateWritable
+        begin = b.stub.BeginRead if direction == "read" else b.stub.BeginWrite
+        data = None
+        if kind == "xfer":
+            data = os.urandom(size)
+            if direction == "read":
+                a.fill(ra, off_a, data)
+            else:
+                b.fill(rb, off_b, data)
+        passive_ms = 60 if kind == "expire" else 60000
+        po = create(pb.CreatePassiveRequest(descriptors=[desc(ra, off_a, size)], timeout_ms=passive_ms), timeout=10)
+        if kind == "expire":
+            time.sleep(0.12)
+        try:
+            ao = begin(pb.BeginTransferRequest(metadata=po.metadata, descriptors=[desc(rb, off_b, size)],
+                                               timeout_ms=1 if kind == "deadline" else 60000), timeout=10)
+        except grpc.RpcError as e:
+            if kind == "expire" and e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                self.count("expired (refused)")
+                return
+            raise
+        if kind == "cancel":
+            time.sleep(rng.uniform(0, 0.02))
+            b.stub.CancelOperation(pb.CancelOperationRequest(operation_id=ao.operation_id), timeout=10)
+        fin = b.wait(ao.operation_id, 60000)
+        # A deadline that passed before b reached a leaves a's readable unused (INITIALIZED): the
+        # release below withdraws it.
+        pw = a.wait(po.operation_id, 2000 if kind == "deadline" else 20000)
+        st, pst = fin.status, pw.status
+        if kind == "xfer":
+            if st != pb.OPERATION_STATUS_COMPLETE or pst != pb.OPERATION_STATUS_COMPLETE:
+                raise AssertionError("%s %d B: active %s (%s), passive %s (%s)" % (
+                    direction, size, pb.OperationStatus.Name(st), fin.error.message,
+                    pb.OperationStatus.Name(pst), pw.error.message))
+            got = b.peek(rb, off_b, size) if direction == "read" else a.peek(ra, off_a, size)
+            if got != data:
+                raise AssertionError("%s %d B: bytes differ" % (direction, size))
+            self.count("%s %s" % (direction, size))
+        elif kind == "cancel":
+            if st not in (pb.OPERATION_STATUS_CANCELLED, pb.OPERATION_STATUS_COMPLETE) or pst not in TERMINAL:
+                raise AssertionError("cancel: active %s, passive %s" % (pb.OperationStatus.Name(st),
+                                                                        pb.OperationStatus.Name(pst)))
+            self.count("cancelled" if st == pb.OPERATION_STATUS_CANCELLED else "cancel too late")
+        elif kind == "deadline":
+            if st == pb.OPERATION_STATUS_ERRORED and fin.error.code != grpc.StatusCode.DEADLINE_EXCEEDED.value[0]:
+                raise AssertionError("deadline: %s" % fin.error.message)
+            if st not in (pb.OPERATION_STATUS_ERRORED, pb.OPERATION_STATUS_COMPLETE) or \
+                    pst not in TERMINAL + (pb.OPERATION_STATUS_INITIALIZED,):
+                raise AssertionError("deadline: active %s, passive %s" % (pb.OperationStatus.Name(st),
+                                                                          pb.OperationStatus.Name(pst)))
+            self.count("deadline hit" if st == pb.OPERATION_STATUS_ERRORED else "deadline met")
+        else:
+            if st != pb.OPERATION_STATUS_ERRORED:
+                raise AssertionError("expired metadata was used: %s" % pb.OperationStatus.Name(st))
+            self.count("expired (errored)")
+        for side, op in ((b, ao), (a, po)):
+            side.stub.ReleaseOperation(pb.ReleaseOperationRequest(operation_id=op.operation_id), timeout=10)
+
+    def worker(self, w):
+        rng = random.Random(args.seed * 100 + w)
+        rb = self.b.create_region(REGION)
+        while not self.stop.is_set():
+            self.gate.wait(60)
+            if not self.gate.is_set():
+                continue
+            epoch = self.epoch
+            with self.lock:
+                self.busy += 1
+            try:
+                self.one(w, rng, rb)
+            except Exception as e:  # noqa: BLE001 (a closed channel of the old a raises ValueError)
+                msg = e.details() if isinstance(e, grpc.RpcError) else "%s: %s" % (type(e).__name__, e)
+                if epoch != self.epoch or not self.gate.is_set():
+                    self.count("failed across the restart (expected)")
+                else:
+                    self.fail(msg)
+            finally:
+                with self.lock:
+                    self.busy -= 1
+
+    def restart_a(self):
+        self.gate.clear()
+        self.epoch += 1
+        old = self.a
+        old.proc.send_signal(signal.SIGKILL)
+        old.kill()
+        t = time.monotonic()
+        time.sleep(0.5)  # let the workers run into the dead peer
+        self.start_a()
+        self.gate.set()
+        print("restarted sidecar a (SIGKILL mid-traffic) at %.1f s; new a serving after %.1f s"
+              % (t - self.t0, time.monotonic() - t), flush=True)
+
+    def at_rest(self, label):
+        """Pause the traffic, wait for no live operation, let connections settle, sample."""
+        self.gate.clear()
+        end = time.monotonic() + 120
+        while self.busy and time.monotonic() < end:
+            time.sleep(0.05)
+        while time.monotonic() < end and [op_counts(s)[0] for s in (self.a, self.b)] != [0, 0]:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        self.rest[label] = {n: proc_sample(s.proc.pid) for n, s in (("a", self.a), ("b", self.b))}
+        self.rest[label]["t"] = time.monotonic() - self.t0
+        if label != "end":
+            self.gate.set()
+
+    # ---- sampling ------------------------------------------------------------------------------
+
+    def sample(self):
+        t = time.monotonic() - self.t0
+        row = {"t": round(t, 1)}
+        for name, side in (("a", self.a), ("b", self.b)):
+            try:
+                s = proc_sample(side.proc.pid)
+                s["ops_live"], s["ops_all"] = op_counts(side)
+            except (OSError, grpc.RpcError):
+                continue  # a is being restarted
+            for k in COLS:
+                row["%s.%s" % (name, k)] = s[k]
+        self.samples.append(row)
+
+    def run(self):
+        self.t0 = time.monotonic()
+        threads = [threading.Thread(target=self.worker, args=(w,), daemon=True) for w in range(args.workers)]
+        for th in threads:
+            th.start()
+        restarted = False
+        while time.monotonic() - self.t0 < args.seconds:
+            if not restarted and time.monotonic() - self.t0 >= args.seconds * 0.25:
+                self.restart_a()
+                restarted = True
+            if "mid" not in self.rest and time.monotonic() - self.t0 >= args.seconds * 0.5:
+                self.at_rest("mid")
+            self.sample()
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - self.t0) % 1.0))
+        self.at_rest("end")
+        self.stop.set()
+        self.gate.set()
+        for th in threads:
+            th.join(120)
+        hung = [i for i, th in enumerate(threads) if th.is_alive()]
+        if hung:
+            self.failures.append("workers %s did not finish within 120 s" % hung)
+        end = time.monotonic() + 15
+        live = None
+        while time.monotonic() < end:
+            live = [op_counts(s)[0] for s in (self.a, self.b)]
+            if live == [0, 0]:
+                break
+            time.sleep(0.2)
+        if live != [0, 0]:
+            self.failures.append("operations still live at the end: a %d, b %d" % tuple(live))
+
+    def close(self):
+        codes = [s.stop() for s in (self.a, self.b)]
+        if codes != [0, 0]:
+            self.failures.append("sidecars exited with %s" % codes)
+
+
+def judge(samples, rest):
+    n = len(samples)
+    w1, w2 = samples[n // 2:(3 * n) // 4], samples[(3 * n) // 4:]
+    verdicts, ok = [], True
+    for side in "ab":
+        key = "%s.anon_kb" % side
+        v1 = [r[key] for r in w1 if key in r]
+        v2 = [r[key] for r in w2 if key in r]
+        if not v1 or not v2:
+            return False, ["%s: no samples" % key]
+        m1, m2 = max(v1), max(v2)
+        good = m2 <= m1 * 1.01
+        ok &= good
+        verdicts.append("%s.%-8s high-water 50-75%% %8d  75-100%% %8d  %+6.2f%%  %s"
+                        % (side, "heap_kb", m1, m2, (m2 - m1) / m1 * 100, "ok" if good else "GROWS"))
+        for k in ("fds", "threads", "maps"):
+            if "mid" not in rest or "end" not in rest:
+                return False, ["no samples at rest"]
+            r1, r2 = rest["mid"][side][k], rest["end"][side][k]
+            good = r2 <= r1
+            ok &= good
+            verdicts.append("%s.%-8s at rest at %4.0f s %8d  at %4.0f s %8d  %+6.2f%%  %s"
+                            % (side, k, rest["mid"]["t"], r1, rest["end"]["t"], r2,
+                               (r2 - r1) / r1 * 100, "ok" if good else "GROWS"))
+    return ok, verdicts
+
+
+def table(samples):
+    keys = ["t"] + ["%s.%s" % (s, k) for s in "ab" for k in COLS]
+    step = max(1, len(samples) // 40)
+    print(" ".join("%9s" % k.replace("_kb", "") for k in keys))
+    for i, r in enumerate(samples):
+        if i % step == 0 or i == len(samples) - 1:
+            print(" ".join("%9s" % r.get(k, "-") for k in keys))
+
+
+def plot(samples, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no PNG: python3-matplotlib is not installed")
+        return
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
+    for ax, k in zip(axes.flat, ["rss_kb", "anon_kb", "fds", "threads", "maps", "ops_all"]):
+        for side in "ab":
+            pts = [(r["t"], r["%s.%s" % (side, k)]) for r in samples if "%s.%s" % (side, k) in r]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=side)
+        ax.set_title(k)
+        ax.set_xlabel("s")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    print("wrote %s" % path)
+
+
+def main():
+    print("soak: %.0f s, %d workers, seed %d, binary %s" % (args.seconds, args.workers, args.seed, args.binary),
+          flush=True)
+    soak = Soak()
+    try:
+        soak.run()
+    finally:
+        soak.close()
+    table(soak.samples)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=["t"] + ["%s.%s" % (s, k) for s in "ab" for k in COLS])
+            wr.writeheader()
+            wr.writerows(soak.samples)
+    if args.png:
+        plot(soak.samples, args.png)
+    print("operations: " + ", ".join("%s %d" % kv for kv in sorted(soak.counts.items())))
+    ok, verdicts = judge(soak.samples, soak.rest)
+    print("growth over the last half (%d samples):" % len(soak.samples))
+    for v in verdicts:
+        print("  " + v)
+    for f in soak.failures[:20]:
+        print("FAILURE: " + f)
+    if soak.failures or not ok:
+        print("soak: FAIL (%d failures, growth %s)" % (len(soak.failures), "ok" if ok else "seen"))
+        return 1
+    import shutil
+    shutil.rmtree(soak.work, ignore_errors=True)
+    print("soak: PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
