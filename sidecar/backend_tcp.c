@@ -206,23 +206,31 @@ static struct sc_peer_conn *connect_peer(struct tcp_xfer *tx, struct sc_err *err
 static struct sc_peer_conn *open_stream(struct tcp_xfer *tx, int slot, struct sc_err *err)
 {
 	struct sc_xfer *x = tx->x;
-	if (should_stop(tx))
-		return NULL;
-	struct sc_peer_conn *c = connect_peer(tx, err);
-	if (!c)
-		return NULL;
-	if (!set_conn(tx, slot, c))
-		goto fail;
 	enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
-	if (sc_peer_open(c, x->meta->token, x->xfer_id, peer_kind, x->total, x->deadline_mono_ms,
-			 &x->cancel_requested, err) == 0)
-		return c;
-fail:
-	set_conn(tx, slot, NULL);
-	/* After a refused OPEN the connection is still good; one broken mid-OPEN is closed (the
-	 * server abandons whatever it may have opened). */
-	sc_peer_pool_put(tx->tb->pool, c, sc_peer_conn_usable(c));
-	return NULL;
+	/* A pooled connection whose peer went away unseen (its FIN lost in a partition, the peer
+	 * restarted on the same address) breaks on its first request: try the next one, then a
+	 * fresh dial; at most the pool's depth per endpoint plus one tries. */
+	for (unsigned tries = 0;; tries++) {
+		if (should_stop(tx))
+			return NULL;
+		struct sc_peer_conn *c = connect_peer(tx, err);
+		if (!c)
+			return NULL;
+		if (set_conn(tx, slot, c) &&
+		    sc_peer_open(c, x->meta->token, x->xfer_id, peer_kind, x->total,
+				 x->deadline_mono_ms, &x->cancel_requested, err) == 0)
+			return c;
+		set_conn(tx, slot, NULL);
+		bool stale = sc_peer_conn_reused(c) && !sc_peer_conn_usable(c) &&
+			     err->code == SC_UNAVAILABLE && tries < SC_PEER_POOL_IDLE_PER_ENDPOINT;
+		/* After a refused OPEN the connection is still good; one broken mid-OPEN is closed
+		 * (the server abandons whatever it may have opened). */
+		sc_peer_pool_put(tx->tb->pool, c, sc_peer_conn_usable(c));
+		if (!stale || should_stop(tx))
+			return NULL;
+		SC_DEBUG("tcp", "transfer %016" PRIx64 ": a pooled connection to %s was dead (%s); "
+			 "trying another", x->xfer_id, x->meta->issuer, err->msg);
+	}
 }
 
 static int piece_send(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct piece *p,

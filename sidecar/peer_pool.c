@@ -37,6 +37,7 @@ struct sc_peer_conn {
 	char peer_id[SC_NAME_MAX];
 	char what[SC_NAME_MAX + 120]; /* "peer sidecar \"id\" at H:P", for messages */
 	atomic_bool broken;
+	bool reused; /* handed out from the idle list (not freshly dialled) */
 	unsigned outstanding; /* requests sent whose reply has not been received */
 	uint64_t idle_since_ms;
 	struct sc_peer_conn *next; /* idle list */
@@ -346,6 +347,7 @@ int sc_peer_pool_get_cancellable(struct sc_peer_pool *pool, const char *endpoint
 		} else if (mine) {
 			*pp = c->next;
 			c->next = NULL;
+			c->reused = true;
 			found = c;
 		} else {
 			pp = &c->next;
@@ -408,6 +410,11 @@ const char *sc_peer_conn_endpoint(const struct sc_peer_conn *conn)
 bool sc_peer_conn_usable(const struct sc_peer_conn *conn)
 {
 	return !atomic_load(&conn->broken);
+}
+
+bool sc_peer_conn_reused(const struct sc_peer_conn *conn)
+{
+	return conn->reused;
 }
 
 void sc_peer_conn_abort(struct sc_peer_conn *conn)
