@@ -40,24 +40,24 @@ def sh(*args, check=True):
     return r
 
 
-def can_run():
+def can_run(iptables=True):
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
-    for tool in ("ip", "iptables", "tc"):
+    for tool in ("ip", "iptables", "tc") if iptables else ("ip", "tc"):
         if not shutil.which(tool):
             return "%s not installed" % tool
     probe = "scpp%d" % os.getpid()
     if sh("ip", "netns", "add", probe, check=False).returncode != 0:
         return "ip netns add does not work here"
-    ok = sh("ip", "netns", "exec", probe, "iptables", "-L", "-n", check=False).returncode == 0
+    ok = not iptables or sh("ip", "netns", "exec", probe, "iptables", "-L", "-n", check=False).returncode == 0
     sh("ip", "netns", "del", probe, check=False)
     return None if ok else "iptables does not work in a network namespace here"
 
 
 class Net:
-    """Two namespaces and a veth pair between them; removed by close()."""
+    """Two namespaces and a veth pair between them, qdisc on both ends; removed by close()."""
 
-    def __init__(self):
+    def __init__(self, qdisc=("tbf", "rate", RATE, "burst", "256kb", "latency", "100ms")):
         tag = "%d" % (os.getpid() % 100000)
         self.ns = ["scpa%s" % tag, "scpb%s" % tag]
         self.dev = ["scva%s" % tag, "scvb%s" % tag]
@@ -71,9 +71,13 @@ class Net:
             sh("ip", "-n", ns, "addr", "add", addr + "/24", "dev", dev)
             sh("ip", "-n", ns, "link", "set", dev, "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", RATE,
-               "burst", "256kb", "latency", "100ms")
+            if qdisc:
+                sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", *qdisc)
         self.cut = False
+
+    def set_qdisc(self, qdisc):
+        for ns, dev in zip(self.ns, self.dev):
+            sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", *qdisc)
 
     def partition(self):
         for ns in self.ns:
