@@ -163,9 +163,9 @@ class Soak:
             time.sleep(rng.uniform(0, 0.02))
             b.stub.CancelOperation(pb.CancelOperationRequest(operation_id=ao.operation_id), timeout=10)
         fin = b.wait(ao.operation_id, 60000)
-        # A deadline that passed before b reached a leaves a's readable unused (INITIALIZED): the
-        # release below withdraws it.
-        pw = a.wait(po.operation_id, 2000 if kind == "deadline" else 20000)
+        # A deadline that passed, or a cancel that came, before b reached a leaves a's passive
+        # operation unused (INITIALIZED): the release below withdraws it.
+        pw = a.wait(po.operation_id, 2000 if kind in ("deadline", "cancel") else 20000)
         st, pst = fin.status, pw.status
         if kind == "xfer":
             if st != pb.OPERATION_STATUS_COMPLETE or pst != pb.OPERATION_STATUS_COMPLETE:
@@ -177,7 +177,8 @@ class Soak:
                 raise AssertionError("%s %d B: bytes differ" % (direction, size))
             self.count("%s %s" % (direction, size))
         elif kind == "cancel":
-            if st not in (pb.OPERATION_STATUS_CANCELLED, pb.OPERATION_STATUS_COMPLETE) or pst not in TERMINAL:
+            if st not in (pb.OPERATION_STATUS_CANCELLED, pb.OPERATION_STATUS_COMPLETE) or \
+                    pst not in TERMINAL + (pb.OPERATION_STATUS_INITIALIZED,):
                 raise AssertionError("cancel: active %s, passive %s" % (pb.OperationStatus.Name(st),
                                                                         pb.OperationStatus.Name(pst)))
             self.count("cancelled" if st == pb.OPERATION_STATUS_CANCELLED else "cancel too late")
