@@ -287,6 +287,47 @@ class PartitionTest(SidecarTest):
         print("figure: first transfers to a peer restarted behind a partition completed in %.2f s"
               % (time.monotonic() - t0))
 
+    def dial_into_partition(self, **kw):
+        """b's first transfer to a, started while the link is cut: its dial hangs on a lost SYN."""
+        self.net.partition()
+        po = self.a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(self.ra, 0, 4096)],
+                                                                timeout_ms=60000), timeout=10 * SLOW)
+        ao = self.b.stub.BeginRead(pb.BeginTransferRequest(metadata=po.metadata,
+                                                           descriptors=[desc(self.rb, 0, 4096)], **kw),
+                                   timeout=10 * SLOW)
+        return po, ao
+
+    def test_cancel_while_dialling(self):
+        po, ao = self.dial_into_partition(timeout_ms=DEADLINE_MS)
+        time.sleep(0.5)  # the connect is under way, its SYNs lost
+        o = self.b.stub.GetOperation(pb.GetOperationRequest(operation_id=ao.operation_id), timeout=5)
+        self.assertNotIn(o.status, TERMINAL)
+        t0 = time.monotonic()
+        self.b.stub.CancelOperation(pb.CancelOperationRequest(operation_id=ao.operation_id), timeout=5)
+        w = self.b.wait(ao.operation_id, 10000)
+        took = time.monotonic() - t0
+        self.assertEqual(w.status, pb.OPERATION_STATUS_CANCELLED, w.error.message)
+        self.assertEqual(w.bytes_done, 0)
+        self.assertLess(took, 2 * SLOW, "a cancel during the dial took %.1f s" % took)
+        print("figure: cancel while dialling a partitioned peer: CANCELLED after %.2f s" % took)
+        # a never heard of it: its readable is untouched and still usable once the link is back.
+        self.assertEqual(self.a.wait(po.operation_id, 100).status, pb.OPERATION_STATUS_INITIALIZED)
+        self.net.heal()
+        self.roundtrip("read")
+
+    def test_deadline_while_dialling(self):
+        t0 = time.monotonic()
+        po, ao = self.dial_into_partition(timeout_ms=2000)
+        w = self.b.wait(ao.operation_id, 20000)
+        took = time.monotonic() - t0
+        self.assertEqual(w.status, pb.OPERATION_STATUS_ERRORED, w.error.message)
+        self.assertEqual(w.error.code, grpc.StatusCode.DEADLINE_EXCEEDED.value[0], w.error.message)
+        self.assertLess(took, 2 + 2 * SLOW, "a 2 s deadline during the dial ended after %.1f s" % took)
+        print("figure: 2 s deadline while dialling a partitioned peer: ERRORED after %.2f s (%s)"
+              % (took, w.error.message))
+        self.net.heal()
+        self.roundtrip("write")
+
 
 if __name__ == "__main__":
     main()
