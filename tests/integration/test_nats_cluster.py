@@ -8,7 +8,8 @@ another node on its own and its SubscribeMetadata streams go on without client a
 reaches the queue group twice; every publish that returned OK is delivered (nats.c buffers publishes
 made while reconnecting, up to the reconnect buffer, and sends them once reconnected; a publish that
 does not fit gets UNAVAILABLE); a metadata exchange with a transfer (bytes compared) works while the
-node is down. Figures printed (look for "figure:"): reconnect time, messages lost by a plain
+node is down. A hung node (SIGSTOP): publishes report UNAVAILABLE until nats.c's pings declare it
+stale and the sidecar moves on. Figures printed (look for "figure:"): reconnect time, messages lost by a plain
 subscriber whose own node died (core NATS delivers at most once: nothing is kept for a subscriber
 while it reconnects).
 """
@@ -283,6 +284,57 @@ class NatsClusterTest(SidecarTest):
               % (took, logged, len(ok), len(errors), errors[:2]))
         self.exchange_while_down(pub, s1)
         for c in (g1, g2, plain):
+            self.assertIsNone(c.error)
+            c.close()
+
+    def test_publishers_node_hangs(self):
+        """SIGSTOP, not SIGKILL: the TCP connection stays up and nothing answers. Each publish then
+        waits for its flush and returns UNAVAILABLE ("may or may not have been delivered") until
+        nats.c's pings (every 10 s, 2 unanswered) declare the node stale and it moves to another;
+        every publish that returned OK is delivered once."""
+        pub = self.start("pub")
+        victim = self.node_of(pub)
+        s1 = self.start_on("s1", avoid=[victim])
+        s2 = self.start_on("s2", avoid=[victim])
+        g1, g2 = Collector(s1, self.subject, "g"), Collector(s2, self.subject, "g")
+        time.sleep(0.5 * SLOW)
+        r = pub.create_region(1000)
+        watch = self.watch_reconnect(pub, victim)
+        ok, errors = {}, []
+        victim.proc.send_signal(signal.SIGSTOP)
+        stop_t = time.monotonic()
+        try:
+            i = 0
+            end = stop_t + 60 * SLOW
+            while time.monotonic() < end and i < 1000:
+                ro = pub.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(r, i, 1)],
+                                                                     timeout_ms=120000), timeout=10 * SLOW)
+                try:
+                    pub.stub.PublishMetadata(pb.PublishMetadataRequest(subject=self.subject,
+                                                                       operation_id=ro.operation_id),
+                                             timeout=10 * SLOW)
+                    ok[ro.metadata] = i
+                    if errors and len([v for v in ok.values() if v > errors[-1][0]]) >= 20:
+                        break  # reconnected and 20 publishes went through since the last error
+                except grpc.RpcError as e:
+                    self.assertEqual(e.code(), grpc.StatusCode.UNAVAILABLE, e.details())
+                    self.assertIn("may or may not have been delivered", e.details())
+                    errors.append((i, e.details()))
+                i += 1
+                time.sleep(0.05)
+            took, logged = watch(stop_t)
+        finally:
+            victim.proc.send_signal(signal.SIGKILL)
+            victim.proc.wait()
+        self.assertTrue(errors, "no publish reported the hung node")
+        self.settle([g1, g2], len(ok))
+        got = self.check_group(g1, g2, ok)
+        self.assertEqual(sorted(got & set(ok.values())), sorted(ok.values()),
+                         "publishes that returned OK were not delivered")
+        print("figure: publisher's node hung (SIGSTOP): %d publishes returned UNAVAILABLE (%s...), "
+              "the publisher moved to another node after %.1f s; all %d OK'd publishes delivered once"
+              % (len(errors), errors[0][1][:90], took, len(ok)))
+        for c in (g1, g2):
             self.assertIsNone(c.error)
             c.close()
 
