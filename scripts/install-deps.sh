@@ -15,7 +15,7 @@ build=(build-essential cmake pkg-config git
        libibverbs-dev rdma-core ibverbs-providers ibverbs-utils
        nats-server python3 python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc
        python3-setuptools python3-pip python3-wheel python3-venv python3-numpy python3-torch python3-pytest
-       iproute2 procps psmisc valgrind clang libclang-rt-14-dev
+       iproute2 iptables procps psmisc valgrind clang libclang-rt-14-dev
        openssl   # the openssl CLI: test_security_listen.py makes its CA and certificates
        nodejs   # test_reflection.py's reflection client and the manifest validator (tests/node)
        prometheus   # promtool: test_metrics_promtool.py checks /metrics with it

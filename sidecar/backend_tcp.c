@@ -38,6 +38,8 @@
 #include <string.h>
 
 #define MAX_STREAMS 16
+/* A pooled connection idle for longer than this is OPENed synchronously (it may be stale). */
+#define PIPELINE_IDLE_MS 1000
 #define DEFAULT_CHUNK (8ull << 20)
 
 struct tcp_xfer;
@@ -202,32 +204,47 @@ static struct sc_peer_conn *connect_peer(struct tcp_xfer *tx, struct sc_err *err
 }
 
 /* A stream's connection, with the transfer OPENed on it and published for abort. NULL when the
- * transfer is stopping or on failure (err says why, unless it was only stopped). */
-/* Connect and OPEN. pipelined: send the OPEN only; its reply is taken by move_chunks after the
- * first data request went out (the leader's small transfers save a round trip). */
+ * transfer is stopping or on failure (err says why, unless it was only stopped). pipelined: the
+ * OPEN may be sent without waiting for its reply, which move_chunks takes after the first data
+ * request went out (one round trip less); *open_pending says whether it did (1) or not (0). */
 static struct sc_peer_conn *open_stream(struct tcp_xfer *tx, int slot, bool pipelined,
-					struct sc_err *err)
+					int *open_pending, struct sc_err *err)
 {
 	struct sc_xfer *x = tx->x;
-	if (should_stop(tx))
-		return NULL;
-	struct sc_peer_conn *c = connect_peer(tx, err);
-	if (!c)
-		return NULL;
-	if (!set_conn(tx, slot, c))
-		goto fail;
 	enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
-	if (pipelined ? sc_peer_open_send(c, x->meta->token, x->xfer_id, peer_kind, x->total, 0,
-					  x->deadline_mono_ms, &x->cancel_requested, err) == 0
-		      : sc_peer_open(c, x->meta->token, x->xfer_id, peer_kind, x->total,
-				     x->deadline_mono_ms, &x->cancel_requested, err) == 0)
-		return c;
-fail:
-	set_conn(tx, slot, NULL);
-	/* After a refused OPEN the connection is still good; one broken mid-OPEN is closed (the
-	 * server abandons whatever it may have opened). */
-	sc_peer_pool_put(tx->tb->pool, c, sc_peer_conn_usable(c));
-	return NULL;
+	/* A pooled connection whose peer went away unseen (its FIN lost in a partition, the peer
+	 * restarted on the same address) breaks on its first request: try the next one, then a
+	 * fresh dial; at most the pool's depth per endpoint plus one tries. */
+	for (unsigned tries = 0;; tries++) {
+		if (should_stop(tx))
+			return NULL;
+		struct sc_peer_conn *c = connect_peer(tx, err);
+		if (!c)
+			return NULL;
+		/* Pipeline the OPEN only where the connection cannot be stale: fresh, or idle in
+		 * the pool for less than PIPELINE_IDLE_MS (a peer gone unseen shows on a long-idle
+		 * one, which the synchronous OPEN below detects and retries). */
+		bool pipe = pipelined && (!sc_peer_conn_reused(c) ||
+					  sc_peer_conn_idle_ms(c) < PIPELINE_IDLE_MS);
+		if (set_conn(tx, slot, c) &&
+		    (pipe ? sc_peer_open_send(c, x->meta->token, x->xfer_id, peer_kind, x->total, 0,
+					      x->deadline_mono_ms, &x->cancel_requested, err)
+			  : sc_peer_open(c, x->meta->token, x->xfer_id, peer_kind, x->total,
+					 x->deadline_mono_ms, &x->cancel_requested, err)) == 0) {
+			*open_pending = pipe ? 1 : 0;
+			return c;
+		}
+		set_conn(tx, slot, NULL);
+		bool stale = sc_peer_conn_reused(c) && !sc_peer_conn_usable(c) &&
+			     err->code == SC_UNAVAILABLE && tries < SC_PEER_POOL_IDLE_PER_ENDPOINT;
+		/* After a refused OPEN the connection is still good; one broken mid-OPEN is closed
+		 * (the server abandons whatever it may have opened). */
+		sc_peer_pool_put(tx->tb->pool, c, sc_peer_conn_usable(c));
+		if (!stale || should_stop(tx))
+			return NULL;
+		SC_DEBUG("tcp", "transfer %016" PRIx64 ": a pooled connection to %s was dead (%s); "
+			 "trying another", x->xfer_id, x->meta->issuer, err->msg);
+	}
 }
 
 static int piece_send(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct piece *p,
@@ -410,14 +427,14 @@ static void lead(struct tcp_xfer *tx)
 	struct tcp_backend *tb = tx->tb;
 	struct sc_err err;
 	sc_err_clear(&err);
-	struct sc_peer_conn *c = open_stream(tx, 0, true, &err);
+	int open_pending = 0;
+	struct sc_peer_conn *c = open_stream(tx, 0, true, &open_pending, &err);
 	if (!c) {
 		if (err.code != SC_OK)
 			fail_xfer(tx, &err);
 		finish(tx, NULL, false); /* nothing opened: the passive side keeps its use */
 		return;
 	}
-	int open_pending = 1;
 	uint64_t chunks = count_chunks(tx->x, tb->chunk);
 	uint32_t streams = chunks < tb->streams ? (uint32_t)chunks : tb->streams;
 	if (streams > 1) {
@@ -446,9 +463,9 @@ static void help(struct tcp_xfer *tx, int slot)
 	struct tcp_backend *tb = tx->tb;
 	struct sc_err err;
 	sc_err_clear(&err);
-	struct sc_peer_conn *c = open_stream(tx, slot, false, &err);
+	int opened = 0;
+	struct sc_peer_conn *c = open_stream(tx, slot, false, &opened, &err);
 	if (c) {
-		int opened = 0;
 		move_chunks(tx, slot, c, &opened);
 		sc_peer_pool_put(tb->pool, c, sc_peer_conn_usable(c));
 	} else if (err.code != SC_OK) {

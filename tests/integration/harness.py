@@ -62,7 +62,9 @@ def write_key_file(path, keys=None):
 class Sidecar:
     """One rdma-sidecar process on a private unix socket, a free TCP port and a private shm dir."""
 
-    def __init__(self, workdir, name, key_file=None, nats_url=None, extra=(), env=None, tcp=True):
+    def __init__(self, workdir, name, key_file=None, nats_url=None, extra=(), env=None, tcp=True,
+                 data_listen="127.0.0.1:0", prefix=()):
+        # prefix: a command the sidecar runs under, e.g. ("ip", "netns", "exec", "ns1").
         self.name = name
         self.dir = os.path.join(workdir, name)
         os.makedirs(self.dir, exist_ok=True)
@@ -73,7 +75,7 @@ class Sidecar:
         self.port = None  # the TCP gRPC port, read back from GetInfo (we ask for port 0)
         self.log_path = os.path.join(self.dir, "sidecar.log")
         args = [BINARY, "--id", name, "--grpc-listen", "unix:" + self.sock,
-                "--shm-dir", self.shm, "--data-listen", "127.0.0.1:0", "--log-level", "debug"]
+                "--shm-dir", self.shm, "--data-listen", data_listen, "--log-level", "debug"]
         if tcp:
             args += ["--grpc-listen", "127.0.0.1:0"]
         if key_file:
@@ -84,6 +86,7 @@ class Sidecar:
         wrapper = os.environ.get("SC_WRAPPER")  # e.g. "valgrind --error-exitcode=99 ..."
         if wrapper:
             args = wrapper.split() + args
+        args = list(prefix) + args
         self.args = args
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,

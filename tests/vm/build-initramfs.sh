@@ -15,7 +15,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 # crc32_generic first: rdma_rxe needs the "crc32" crypto algorithm but does
 # not depend on a module for it, and without it `rdma link add` fails ENOENT.
-modules=(crc32_generic virtio_pci 9pnet_virtio 9p veth rdma_rxe ib_uverbs rdma_ucm)
+# sch_netem: loss, delay and reordering for tests/vm/netem-guest.sh.
+modules=(crc32_generic virtio_pci 9pnet_virtio 9p veth rdma_rxe ib_uverbs rdma_ucm sch_netem)
 read -r -a extra <<<"${RDMA_SIDECAR_VM_EXTRA_MODULES:-}"
 modules+=("${extra[@]}")
 

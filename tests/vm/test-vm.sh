@@ -10,6 +10,8 @@
 #   SC_BINARY, SC_PYTHON_STUBS, SC_BUILD_DIR, SC_SOURCE_DIR
 #   RDMA_SIDECAR_VM_TIMEOUT  whole VM run in seconds (default 540: CI's limit is 10 minutes)
 #   RDMA_SIDECAR_VM_TESTS    only these vm_ibverbs.py tests (unittest names or -k patterns)
+#   RDMA_SIDECAR_VM_GUEST    the guest script in tests/vm (default guest-test.sh; ctest vm.netem
+#                            runs netem-guest.sh: loss, delay and reordering on the TCP data plane)
 #   RDMA_SIDECAR_VM_KEEP=1   keep the results directory (guest.log, logs/, console) on success
 #   RDMA_SIDECAR_SKIP_VM=1   skip (exit 77)
 set -euo pipefail
@@ -26,7 +28,7 @@ export SC_BUILD_DIR="$build"
 export SC_BINARY="${SC_BINARY:-$build/rdma-sidecar}"
 export SC_PYTHON_STUBS="${SC_PYTHON_STUBS:-$build/python}"
 export RDMA_SIDECAR_VM_TIMEOUT="${RDMA_SIDECAR_VM_TIMEOUT:-540}"
-export RDMA_SIDECAR_VM_PASSENV="${RDMA_SIDECAR_VM_PASSENV:-} SC_BINARY SC_PYTHON_STUBS SC_BUILD_DIR SC_TEST_SLOW"
+export RDMA_SIDECAR_VM_PASSENV="${RDMA_SIDECAR_VM_PASSENV:-} SC_BINARY SC_PYTHON_STUBS SC_BUILD_DIR SC_TEST_SLOW SC_NETEM_MIB SC_NETEM_IPERF_S"
 # An out-of-tree build dir under /tmp, /var/tmp or /run is hidden by the guest's tmpfs there:
 # have run-in-vm.sh show it (and the binary's and stubs' directories) read-only at the same path.
 for d in "$build" "$(dirname "$SC_BINARY")" "$SC_PYTHON_STUBS"; do
@@ -51,7 +53,7 @@ export RDMA_SIDECAR_VM_OUT="$out"
 
 t0=$SECONDS
 rc=0
-(cd "$src" && bash "$here/run-in-vm.sh" "$here/guest-test.sh") || rc=$?
+(cd "$src" && bash "$here/run-in-vm.sh" "$here/${RDMA_SIDECAR_VM_GUEST:-guest-test.sh}") || rc=$?
 took=$((SECONDS - t0))
 
 echo
@@ -59,6 +61,7 @@ echo "==== vm.softroce summary (${took}s in all, limit ${RDMA_SIDECAR_VM_TIMEOUT
 if [[ -f "$out/guest.log" ]]; then
     # The per-step table of guest-test.sh and the per-test table of vm_ibverbs.py.
     sed -n -e '/^guest-test: summary/,$p' -e '/^vm_ibverbs summary/,/^vm_ibverbs: [0-9]/p' \
+        -e '/^vm_netem summary/,/^vm_netem: [A-Z]/p' \
         "$out/guest.log" | sed 's/^/  /'
 else
     echo "  no guest log: the VM did not get to run the guest script"
