@@ -38,8 +38,6 @@
 #include <string.h>
 
 #define MAX_STREAMS 16
-/* A pooled connection idle for longer than this is OPENed synchronously (it may be stale). */
-#define PIPELINE_IDLE_MS 1000
 #define DEFAULT_CHUNK (8ull << 20)
 
 struct tcp_xfer;
@@ -221,11 +219,9 @@ static struct sc_peer_conn *open_stream(struct tcp_xfer *tx, int slot, bool pipe
 		struct sc_peer_conn *c = connect_peer(tx, err);
 		if (!c)
 			return NULL;
-		/* Pipeline the OPEN only where the connection cannot be stale: fresh, or idle in
-		 * the pool for less than PIPELINE_IDLE_MS (a peer gone unseen shows on a long-idle
-		 * one, which the synchronous OPEN below detects and retries). */
-		bool pipe = pipelined && (!sc_peer_conn_reused(c) ||
-					  sc_peer_conn_idle_ms(c) < PIPELINE_IDLE_MS);
+		/* A pipelined OPEN on a dead pooled connection fails later, in move_chunks: the
+		 * leader then starts over (restart_after_stale). */
+		bool pipe = pipelined;
 		if (set_conn(tx, slot, c) &&
 		    (pipe ? sc_peer_open_send(c, x->meta->token, x->xfer_id, peer_kind, x->total, 0,
 					      x->deadline_mono_ms, &x->cancel_requested, err)
@@ -422,21 +418,55 @@ static void finish(struct tcp_xfer *tx, struct sc_peer_conn *c, bool opened)
 	x->on_complete(x, status, status == SC_OK ? NULL : msg);
 }
 
+/* The leader's pipelined OPEN went unanswered on a pooled connection and nothing moved: that
+ * connection was dead (its peer went away unseen, e.g. restarted behind a partition). Start over
+ * once: the same transfer id may be OPENed again, and nothing reached the passive side's memory.
+ * Only for single-stream transfers (no helper holds a piece). */
+static bool restart_after_stale(struct tcp_xfer *tx, struct sc_peer_conn *c, int open_pending,
+				uint32_t streams)
+{
+	struct tcp_backend *tb = tx->tb;
+	struct sc_xfer *x = tx->x;
+	if (open_pending != 2 || streams != 1 || !sc_peer_conn_reused(c) ||
+	    atomic_load(&tx->bytes_moved) != 0 || atomic_load(&x->cancel_requested) ||
+	    (x->deadline_mono_ms && sc_clock_mono_ms() >= x->deadline_mono_ms))
+		return false;
+	pthread_mutex_lock(&tb->mu);
+	bool restart = !tb->stopping && tx->failed && tx->status == SC_UNAVAILABLE;
+	if (restart) {
+		SC_DEBUG("tcp", "transfer %016" PRIx64 ": a pooled connection was dead (%s); starting "
+				"over on another",
+			 x->xfer_id, tx->msg);
+		tx->failed = false;
+		tx->status = SC_OK;
+		tx->msg[0] = '\0';
+		atomic_store(&tx->stop, false);
+	}
+	pthread_mutex_unlock(&tb->mu);
+	if (restart) {
+		pthread_mutex_lock(&tx->cursor_mu);
+		tx->cur_seg = 0;
+		tx->cur_off = 0;
+		pthread_mutex_unlock(&tx->cursor_mu);
+	}
+	return restart;
+}
+
 static void lead(struct tcp_xfer *tx)
 {
 	struct tcp_backend *tb = tx->tb;
 	struct sc_err err;
 	sc_err_clear(&err);
+	uint64_t chunks = count_chunks(tx->x, tb->chunk);
+	uint32_t streams = chunks < tb->streams ? (uint32_t)chunks : tb->streams;
 	int open_pending = 0;
-	struct sc_peer_conn *c = open_stream(tx, 0, true, &open_pending, &err);
+	struct sc_peer_conn *c = open_stream(tx, 0, streams == 1, &open_pending, &err);
 	if (!c) {
 		if (err.code != SC_OK)
 			fail_xfer(tx, &err);
 		finish(tx, NULL, false); /* nothing opened: the passive side keeps its use */
 		return;
 	}
-	uint64_t chunks = count_chunks(tx->x, tb->chunk);
-	uint32_t streams = chunks < tb->streams ? (uint32_t)chunks : tb->streams;
 	if (streams > 1) {
 		pthread_mutex_lock(&tb->mu);
 		for (uint32_t i = 1; i < streams; i++)
@@ -445,6 +475,18 @@ static void lead(struct tcp_xfer *tx)
 		pthread_mutex_unlock(&tb->mu);
 	}
 	move_chunks(tx, 0, c, &open_pending);
+	if (restart_after_stale(tx, c, open_pending, streams)) {
+		sc_peer_pool_put(tb->pool, c, false);
+		sc_err_clear(&err);
+		c = open_stream(tx, 0, false, &open_pending, &err); /* synchronous: retries stale ones */
+		if (!c) {
+			if (err.code != SC_OK)
+				fail_xfer(tx, &err);
+			finish(tx, NULL, true); /* the first OPEN may have taken: tell the verdict */
+			return;
+		}
+		move_chunks(tx, 0, c, &open_pending);
+	}
 	if (streams > 1) {
 		pthread_mutex_lock(&tb->mu);
 		reclaim_helpers_locked(tb, tx);

@@ -38,7 +38,6 @@ struct sc_peer_conn {
 	char what[SC_NAME_MAX + 120]; /* "peer sidecar \"id\" at H:P", for messages */
 	atomic_bool broken;
 	bool reused; /* handed out from the idle list (not freshly dialled) */
-	uint64_t idle_ms; /* how long it sat in the idle list before this hand-out */
 	unsigned outstanding; /* requests sent whose reply has not been received */
 	uint64_t idle_since_ms;
 	struct sc_peer_conn *next; /* idle list */
@@ -349,7 +348,6 @@ int sc_peer_pool_get_cancellable(struct sc_peer_pool *pool, const char *endpoint
 			*pp = c->next;
 			c->next = NULL;
 			c->reused = true;
-			c->idle_ms = now - c->idle_since_ms;
 			found = c;
 		} else {
 			pp = &c->next;
@@ -412,11 +410,6 @@ const char *sc_peer_conn_endpoint(const struct sc_peer_conn *conn)
 bool sc_peer_conn_usable(const struct sc_peer_conn *conn)
 {
 	return !atomic_load(&conn->broken);
-}
-
-uint64_t sc_peer_conn_idle_ms(const struct sc_peer_conn *conn)
-{
-	return conn->reused ? conn->idle_ms : 0;
 }
 
 bool sc_peer_conn_reused(const struct sc_peer_conn *conn)

@@ -73,8 +73,6 @@ bool sc_peer_conn_usable(const struct sc_peer_conn *conn);
  * may lead to a peer that went away unseen (its FIN lost in a partition, the peer restarted on the
  * same address): its first request fails at once, and a caller may retry on another connection. */
 bool sc_peer_conn_reused(const struct sc_peer_conn *conn);
-/* For a reused connection: how long it was idle in the pool before it was handed out. */
-uint64_t sc_peer_conn_idle_ms(const struct sc_peer_conn *conn);
 /* Interrupt whatever call is blocked on conn (shutdown(SHUT_RDWR)) and mark it broken. Any thread,
  * as long as the conn has not been put back. */
 void sc_peer_conn_abort(struct sc_peer_conn *conn);
