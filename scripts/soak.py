@@ -39,6 +39,7 @@ import argparse
 import csv
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -233,6 +234,7 @@ class Soak:
         old = self.a
         old.proc.send_signal(signal.SIGKILL)
         old.kill()
+        shutil.rmtree(old.shm, ignore_errors=True)  # a killed sidecar leaves its region files
         t = time.monotonic()
         time.sleep(0.5)  # let the workers run into the dead peer
         self.start_a()
@@ -286,6 +288,8 @@ class Soak:
 
     def close(self):
         codes = [s.stop() for s in (self.a, self.b)]
+        for s in (self.a, self.b):
+            shutil.rmtree(s.shm, ignore_errors=True)
         if codes != [0, 0]:
             self.failures.append("sidecars exited with %s" % codes)
 
@@ -398,7 +402,6 @@ def main():
     if soak.failures or not ok:
         print("soak: FAIL (%d failures, growth %s)" % (len(soak.failures), "ok" if ok else "seen"))
         return 1
-    import shutil
     shutil.rmtree(soak.work, ignore_errors=True)
     print("soak: PASS")
     return 0

@@ -217,6 +217,7 @@ class SidecarTest(unittest.TestCase):
         # unix socket paths must stay short: keep the work dir under /tmp
         self.workdir = tempfile.mkdtemp(prefix="sc-", dir="/tmp")
         self._procs = []
+        self._shms = []
 
     def tearDown(self):
         result = getattr(getattr(self, "_outcome", None), "result", None)
@@ -235,9 +236,10 @@ class SidecarTest(unittest.TestCase):
                 raise
             except Exception as e:  # noqa: BLE001
                 print("teardown: %s" % e)
-        for p in self._procs:
-            if isinstance(p, Sidecar):
-                shutil.rmtree(p.shm, ignore_errors=True)
+        # Every shm dir a sidecar of this test had, also of those a test stopped or killed and
+        # dropped from _procs itself (region files of a SIGKILLed sidecar stay behind otherwise).
+        for shm in set(self._shms) | {p.shm for p in self._procs if isinstance(p, Sidecar)}:
+            shutil.rmtree(shm, ignore_errors=True)
         if not failed and os.environ.get("SC_KEEP_TMP") != "1":
             shutil.rmtree(self.workdir, ignore_errors=True)
         else:
@@ -246,6 +248,7 @@ class SidecarTest(unittest.TestCase):
     def sidecar(self, name, **kw):
         s = Sidecar(self.workdir, name, **kw)
         self._procs.append(s)
+        self._shms.append(s.shm)
         return s
 
     def nats(self, port=None):
