@@ -122,9 +122,6 @@ int sc_region_register_cuda_fd(struct sc_engine *eng, uint32_t device_index, int
 			       uint64_t offset, uint64_t size, uint64_t allocation_size,
 			       const char *name, struct sc_region_info *out, struct sc_err *err);
 int sc_region_deregister(struct sc_engine *eng, const char *id, bool force, struct sc_err *err);
-/* *out is malloc'd (free() it); *n may be 0. */
-int sc_region_list(struct sc_engine *eng, struct sc_region_info **out, size_t *n,
-		   struct sc_err *err);
 /* Copy bytes in or out of a region (WriteRegion / ReadRegion); GPU regions through pinned
  * staging. Bounds-checked. */
 int sc_region_write(struct sc_engine *eng, const char *id, uint64_t offset, const void *data,
@@ -207,12 +204,10 @@ int sc_op_get(struct sc_engine *eng, const char *id, struct sc_op_info *out, str
 int sc_op_cancel(struct sc_engine *eng, const char *id, struct sc_op_info *out,
 		 struct sc_err *err);
 int sc_op_release(struct sc_engine *eng, const char *id, struct sc_err *err);
-/* *out is malloc'd: sc_op_info_free() each, then free(). */
-int sc_op_list(struct sc_engine *eng, struct sc_op_info **out, size_t *n, struct sc_err *err);
 /*
  * One page of ListOperations / ListRegions, ordered by id: up to `limit` entries whose id sorts
- * after `after` ("" = from the start). *more says whether entries remain past the page. *out as
- * for the unpaged calls.
+ * after `after` ("" = from the start). *more says whether entries remain past the page. *out is
+ * malloc'd: free() it (operations: sc_op_info_free() each first); *n may be 0.
  */
 int sc_op_list_page(struct sc_engine *eng, const char *after, size_t limit,
 		    struct sc_op_info **out, size_t *n, bool *more, struct sc_err *err);

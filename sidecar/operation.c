@@ -965,32 +965,6 @@ int sc_op_release(struct sc_engine *eng, const char *id, struct sc_err *err)
 	return op ? 0 : -1;
 }
 
-struct op_list_ctx {
-	struct sc_op_info *out;
-	size_t n;
-};
-
-static void op_list_one(void *ctx, void *value)
-{
-	struct op_list_ctx *c = ctx;
-	op_fill_info(value, &c->out[c->n++]);
-}
-
-int sc_op_list(struct sc_engine *eng, struct sc_op_info **out, size_t *n, struct sc_err *err)
-{
-	pthread_mutex_lock(&eng->mu);
-	size_t count = sc_idmap_count(eng->ops);
-	struct op_list_ctx c = {calloc(count ? count : 1, sizeof(struct sc_op_info)), 0};
-	if (c.out)
-		sc_idmap_each(eng->ops, op_list_one, &c);
-	pthread_mutex_unlock(&eng->mu);
-	if (!c.out)
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
-	*out = c.out;
-	*n = c.n;
-	return 0;
-}
-
 int sc_op_watch(struct sc_engine *eng, const char *id, sc_op_watch_fn fn, void *ctx,
 		uint64_t *watch_id, struct sc_op_info *first, struct sc_err *err)
 {

@@ -360,34 +360,6 @@ int sc_region_deregister(struct sc_engine *eng, const char *id, bool force, stru
 	return 0;
 }
 
-struct list_ctx {
-	struct sc_region_info *out;
-	size_t n;
-};
-
-static void list_one(void *ctx, void *value)
-{
-	struct list_ctx *c = ctx;
-	sc_region_fill_info(value, &c->out[c->n++]);
-}
-
-int sc_region_list(struct sc_engine *eng, struct sc_region_info **out, size_t *n,
-		   struct sc_err *err)
-{
-	pthread_mutex_lock(&eng->mu);
-	size_t count = sc_idmap_count(eng->regions);
-	struct list_ctx c = {calloc(count ? count : 1, sizeof(struct sc_region_info)), 0};
-	if (!c.out) {
-		pthread_mutex_unlock(&eng->mu);
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
-	}
-	sc_idmap_each(eng->regions, list_one, &c);
-	pthread_mutex_unlock(&eng->mu);
-	*out = c.out;
-	*n = c.n;
-	return 0;
-}
-
 int sc_region_get(struct sc_engine *eng, const char *id, struct sc_region_info *out,
 		  struct sc_err *err)
 {
