@@ -82,6 +82,10 @@ struct tcp_xfer {
 	enum sc_status status;
 	char msg[SC_ERR_MSG_MAX];
 	atomic_bool stop;
+	/* DONE {OK} went out behind the last data request (see commit_done): a cancel no longer
+	 * cuts the stream, and a failure from here on is recorded even when a stop was asked for. */
+	bool committing;
+	bool done_sent; /* the leader's own: DONE {OK} was sent (finish tells no verdict) */
 
 	struct task tasks[MAX_STREAMS];
 };
@@ -141,7 +145,7 @@ static void fail_xfer(struct tcp_xfer *tx, const struct sc_err *err)
 {
 	struct tcp_backend *tb = tx->tb;
 	pthread_mutex_lock(&tb->mu);
-	if (!tx->failed && !should_stop(tx)) {
+	if (!tx->failed && (!should_stop(tx) || tx->committing)) {
 		tx->failed = true;
 		tx->status = err->code == SC_OK ? SC_INTERNAL : err->code;
 		snprintf(tx->msg, sizeof(tx->msg), "%s", err->msg);
@@ -243,6 +247,13 @@ static struct sc_peer_conn *open_stream(struct tcp_xfer *tx, int slot, bool pipe
 	}
 }
 
+/* How long a stream's I/O may wait, and what stops it: the transfer's deadline and cancel flag,
+ * or after commit_done its deadline bounded by SC_PEER_VERDICT_OK_WAIT_MS and no cancel. */
+struct io_bound {
+	uint64_t deadline_mono_ms;
+	const atomic_bool *cancel;
+};
+
 static int piece_send(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct piece *p,
 		      struct sc_err *err)
 {
@@ -262,44 +273,87 @@ static int piece_send(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct 
 }
 
 static int piece_recv(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct piece *p,
-		      struct sc_err *err)
+		      const struct io_bound *b, struct sc_err *err)
 {
 	struct sc_xfer *x = tx->x;
 	if (x->kind == SC_OP_READ && p->seg->local_gpu != SC_GPU_HOST)
 		return sc_peer_read_recv_gpu(c, p->len, p->seg->local + p->off, tx->tb->base.env.gpu,
-					     p->seg->local_gpu, x->deadline_mono_ms,
-					     &x->cancel_requested, err);
+					     p->seg->local_gpu, b->deadline_mono_ms, b->cancel, err);
 	if (x->kind == SC_OP_READ)
-		return sc_peer_read_recv(c, p->len, p->seg->local + p->off, x->deadline_mono_ms,
-					 &x->cancel_requested, err);
-	return sc_peer_write_recv(c, x->deadline_mono_ms, &x->cancel_requested, err);
+		return sc_peer_read_recv(c, p->len, p->seg->local + p->off, b->deadline_mono_ms,
+					 b->cancel, err);
+	return sc_peer_write_recv(c, b->deadline_mono_ms, b->cancel, err);
+}
+
+/* The reply to a pipelined OPEN (see open_stream). *open_pending: 1 while it is due; afterwards
+ * 0 (accepted), -1 (refused: the passive side keeps its use and hears nothing from us) or 2 (not
+ * known: the verdict is told anyway, and refused by the peer if the OPEN never took). */
+static int take_open_reply(struct sc_peer_conn *c, int *open_pending, const struct io_bound *b,
+			   struct sc_err *err)
+{
+	if (*open_pending != 1)
+		return 0;
+	bool refused = false;
+	int rc = sc_peer_open_recv(c, b->deadline_mono_ms, b->cancel, &refused, err);
+	*open_pending = rc == 0 ? 0 : refused ? -1 : 2;
+	return rc;
+}
+
+/*
+ * The verdict of a single-stream transfer without a round trip of its own: DONE {OK} goes out
+ * right behind the last data request, and the passive side judges it after that request (a
+ * connection's frames are served in order; a DONE {OK} after a refused request is refused). Its
+ * reply arrives right behind the last data reply. From here the transfer commits: the passive
+ * side may complete as soon as the bytes are out, so a cancel no longer cuts the stream, and the
+ * replies are awaited until the deadline, at most SC_PEER_VERDICT_OK_WAIT_MS (the same bound as a
+ * confirmed DONE). False when the transfer is already stopping (nothing sent: the verdict is told
+ * the usual way) or the send failed (err says why).
+ */
+static bool commit_done(struct tcp_xfer *tx, struct sc_peer_conn *c, struct io_bound *b,
+			struct sc_err *err)
+{
+	struct sc_xfer *x = tx->x;
+	pthread_mutex_lock(&tx->tb->mu);
+	bool go = !should_stop(tx);
+	tx->committing = go;
+	pthread_mutex_unlock(&tx->tb->mu);
+	if (!go)
+		return false;
+	b->deadline_mono_ms = sc_clock_mono_ms() + SC_PEER_VERDICT_OK_WAIT_MS;
+	if (x->deadline_mono_ms && x->deadline_mono_ms < b->deadline_mono_ms)
+		b->deadline_mono_ms = x->deadline_mono_ms;
+	b->cancel = NULL;
+	if (sc_peer_done_send(c, x->meta->token, x->xfer_id, SC_OK, NULL, b->deadline_mono_ms, NULL,
+			      err) != 0)
+		return false;
+	tx->done_sent = true;
+	return true;
+}
+
+/* The reply to the DONE commit_done sent, after every data reply. */
+static int take_done_reply(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct io_bound *b,
+			   struct sc_err *err)
+{
+	if (sc_peer_done_recv(c, b->deadline_mono_ms, b->cancel, err) == 0)
+		return 0;
+	if (err->code == SC_UNAVAILABLE || err->code == SC_DEADLINE_EXCEEDED)
+		sc_err_prefix(err, "all bytes moved but the peer did not confirm completion");
+	return -1;
 }
 
 /*
  * Move chunks on an opened stream until none is left or the transfer stops. One request runs
  * ahead: the next chunk is asked for (or sent) before the current one's reply is taken, so the
- * server goes from one chunk to the next without waiting for a round trip.
+ * server goes from one chunk to the next without waiting for a round trip. done_early: the
+ * leader of a single-stream transfer sends DONE {OK} behind the last request (commit_done).
  */
-/* The reply to a pipelined OPEN (see open_stream). *open_pending: 1 while it is due; afterwards
- * 0 (accepted), -1 (refused: the passive side keeps its use and hears nothing from us) or 2 (not
- * known: the verdict is told anyway, and refused by the peer if the OPEN never took). */
-static int take_open_reply(struct tcp_xfer *tx, struct sc_peer_conn *c, int *open_pending,
-			   struct sc_err *err)
-{
-	if (*open_pending != 1)
-		return 0;
-	struct sc_xfer *x = tx->x;
-	bool refused = false;
-	int rc = sc_peer_open_recv(c, x->deadline_mono_ms, &x->cancel_requested, &refused, err);
-	*open_pending = rc == 0 ? 0 : refused ? -1 : 2;
-	return rc;
-}
-
-static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, int *open_pending)
+static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, int *open_pending,
+			bool done_early)
 {
 	struct sc_xfer *x = tx->x;
 	struct sc_err err;
 	sc_err_clear(&err);
+	struct io_bound b = {.deadline_mono_ms = x->deadline_mono_ms, .cancel = &x->cancel_requested};
 	struct piece cur, next;
 	if (!next_piece(tx, &cur) || piece_send(tx, c, &cur, &err) != 0)
 		goto out;
@@ -311,9 +365,12 @@ static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, i
 				   (uint64_t)atomic_load(&tx->bytes_moved), x->total);
 			break;
 		}
-		if ((more && piece_send(tx, c, &next, &err) != 0) ||
-		    take_open_reply(tx, c, open_pending, &err) != 0 ||
-		    piece_recv(tx, c, &cur, &err) != 0)
+		if (more && piece_send(tx, c, &next, &err) != 0)
+			break;
+		if (!more && done_early && !commit_done(tx, c, &b, &err) && err.code != SC_OK)
+			break;
+		if (take_open_reply(c, open_pending, &b, &err) != 0 ||
+		    piece_recv(tx, c, &cur, &b, &err) != 0)
 			break;
 		atomic_fetch_add(&tx->bytes_moved, cur.len);
 		x->on_progress(x, cur.len);
@@ -321,9 +378,11 @@ static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, i
 			break;
 		cur = next;
 	}
+	if (tx->done_sent && err.code == SC_OK)
+		take_done_reply(tx, c, &b, &err);
 out:
 	if (*open_pending == 1 && err.code == SC_OK && sc_peer_conn_usable(c))
-		take_open_reply(tx, c, open_pending, &err); /* no piece went out on this stream */
+		take_open_reply(c, open_pending, &b, &err); /* no piece went out on this stream */
 	else if (*open_pending == 1)
 		*open_pending = 2;
 	if (err.code != SC_OK)
@@ -394,9 +453,11 @@ static void finish(struct tcp_xfer *tx, struct sc_peer_conn *c, bool opened)
 		snprintf(msg, sizeof(msg), "tcp transfer stopped without a reason");
 	}
 
-	if (opened) {
+	if (opened && !tx->done_sent) {
 		/* The verdict on the passive side. A success must be confirmed (the operation is
-		 * complete on both sides or on neither); a failure is told best effort. */
+		 * complete on both sides or on neither); a failure is told best effort. After a
+		 * pipelined DONE {OK} nothing more is told: the passive side has judged it, or sees
+		 * the connection end without it and abandons the transfer. */
 		sc_peer_tell_verdict(tb->pool, &c, x->meta->endpoints[tx->endpoint], x->meta->token,
 				     x->xfer_id, x->deadline_mono_ms, &status, msg, sizeof(msg),
 				     "tcp");
@@ -440,6 +501,8 @@ static bool restart_after_stale(struct tcp_xfer *tx, struct sc_peer_conn *c, int
 		tx->failed = false;
 		tx->status = SC_OK;
 		tx->msg[0] = '\0';
+		tx->committing = false;
+		tx->done_sent = false;
 		atomic_store(&tx->stop, false);
 	}
 	pthread_mutex_unlock(&tb->mu);
@@ -452,6 +515,18 @@ static bool restart_after_stale(struct tcp_xfer *tx, struct sc_peer_conn *c, int
 	return restart;
 }
 
+/* DONE {OK} may go out before the last reply when nothing on this side can fail after the bytes
+ * left the peer: not for a READ into GPU memory (the staged copy to the GPU could still fail). */
+static bool done_can_go_early(const struct sc_xfer *x)
+{
+	if (x->kind == SC_OP_WRITE)
+		return true;
+	for (size_t i = 0; i < x->n_segs; i++)
+		if (x->segs[i].local_gpu != SC_GPU_HOST)
+			return false;
+	return true;
+}
+
 static void lead(struct tcp_xfer *tx)
 {
 	struct tcp_backend *tb = tx->tb;
@@ -460,6 +535,7 @@ static void lead(struct tcp_xfer *tx)
 	uint64_t chunks = count_chunks(tx->x, tb->chunk);
 	uint32_t streams = chunks < tb->streams ? (uint32_t)chunks : tb->streams;
 	int open_pending = 0;
+	bool done_early = streams == 1 && done_can_go_early(tx->x);
 	struct sc_peer_conn *c = open_stream(tx, 0, streams == 1, &open_pending, &err);
 	if (!c) {
 		if (err.code != SC_OK)
@@ -474,7 +550,7 @@ static void lead(struct tcp_xfer *tx)
 		pthread_cond_broadcast(&tb->cv);
 		pthread_mutex_unlock(&tb->mu);
 	}
-	move_chunks(tx, 0, c, &open_pending);
+	move_chunks(tx, 0, c, &open_pending, done_early);
 	if (restart_after_stale(tx, c, open_pending, streams)) {
 		sc_peer_pool_put(tb->pool, c, false);
 		sc_err_clear(&err);
@@ -485,7 +561,7 @@ static void lead(struct tcp_xfer *tx)
 			finish(tx, NULL, true); /* the first OPEN may have taken: tell the verdict */
 			return;
 		}
-		move_chunks(tx, 0, c, &open_pending);
+		move_chunks(tx, 0, c, &open_pending, done_early);
 	}
 	if (streams > 1) {
 		pthread_mutex_lock(&tb->mu);
@@ -508,7 +584,7 @@ static void help(struct tcp_xfer *tx, int slot)
 	int opened = 0;
 	struct sc_peer_conn *c = open_stream(tx, slot, false, &opened, &err);
 	if (c) {
-		move_chunks(tx, slot, c, &opened);
+		move_chunks(tx, slot, c, &opened, false);
 		sc_peer_pool_put(tb->pool, c, sc_peer_conn_usable(c));
 	} else if (err.code != SC_OK) {
 		SC_DEBUG("tcp", "transfer %016" PRIx64 ": stream %d not started: %s",
@@ -586,9 +662,12 @@ static int tcp_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *er
 	return 0;
 }
 
-static void stop_xfer_locked(struct tcp_xfer *tx)
+/* force: also a transfer that commits (its stream is cut only when the backend stops). */
+static void stop_xfer_locked(struct tcp_xfer *tx, bool force)
 {
 	atomic_store(&tx->stop, true);
+	if (tx->committing && !force)
+		return;
 	for (int i = 0; i < MAX_STREAMS; i++)
 		if (tx->conns[i])
 			sc_peer_conn_abort(tx->conns[i]);
@@ -601,7 +680,7 @@ static void tcp_cancel(struct sc_backend *b, struct sc_xfer *x)
 	pthread_mutex_lock(&tb->mu);
 	for (struct tcp_xfer *tx = tb->live; tx; tx = tx->next)
 		if (tx->x == x)
-			stop_xfer_locked(tx);
+			stop_xfer_locked(tx, false);
 	pthread_mutex_unlock(&tb->mu);
 }
 
@@ -635,7 +714,7 @@ static void tcp_stop(struct sc_backend *b)
 	tb->stopping = true;
 	for (struct tcp_xfer *tx = tb->live; tx; tx = tx->next) {
 		atomic_store(&tx->x->cancel_requested, true);
-		stop_xfer_locked(tx);
+		stop_xfer_locked(tx, true);
 	}
 	pthread_cond_broadcast(&tb->cv);
 	size_t n = tb->n_workers;

@@ -71,6 +71,9 @@ struct sc_watch {
 struct sc_use {
 	uint64_t xfer_id;
 	bool done;
+	/* The code of the first request of this use that sc_passive_span refused (SC_OK: none): a
+	 * DONE reporting success after it (pipelined behind that request) is refused. */
+	enum sc_status refused;
 };
 
 struct sc_op {

@@ -1181,6 +1181,7 @@ int sc_passive_open(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], ui
 		}
 		op->uses[op->n_uses].xfer_id = xfer_id;
 		op->uses[op->n_uses].done = false;
+		op->uses[op->n_uses].refused = SC_OK;
 		op->n_uses++;
 		snprintf(op->peer, sizeof(op->peer), "%s", peer_id ? peer_id : "");
 		if (op->backend == SC_BACKEND_NONE)
@@ -1212,11 +1213,12 @@ int sc_passive_span(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], ui
 		    struct sc_err *err)
 {
 	int rc = -1;
+	struct sc_use *use = NULL;
 	pthread_mutex_lock(&eng->mu);
 	struct sc_op *op = token_lookup(eng, token, err);
 	if (!op)
 		goto out;
-	struct sc_use *use = find_use(op, xfer_id);
+	use = find_use(op, xfer_id);
 	if (!use || use->done) {
 		sc_err_set(err, SC_FAILED_PRECONDITION,
 			   "transfer %016" PRIx64 " has not opened operation %s", xfer_id, op->id);
@@ -1258,6 +1260,8 @@ int sc_passive_span(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], ui
 	op->pins++;
 	rc = 0;
 out:
+	if (rc != 0 && use && !use->done && use->refused == SC_OK)
+		use->refused = err->code == SC_OK ? SC_INTERNAL : err->code;
 	pthread_mutex_unlock(&eng->mu);
 	return rc;
 }
@@ -1294,7 +1298,20 @@ int sc_passive_done(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], ui
 		goto out;
 	}
 	use->done = true;
-	if (status == SC_OK) {
+	if (status == SC_OK && use->refused != SC_OK) {
+		/* A success pipelined behind a request this side refused: the bytes did not all
+		 * move. */
+		char text[SC_ERR_MSG_MAX];
+		snprintf(text, sizeof(text),
+			 "peer %s reported success after this side refused one of its requests (%s)",
+			 op->peer, sc_status_name(use->refused));
+		sc_op_finish_locked(eng, op, SC_OPS_ERRORED, use->refused, text);
+		sc_err_set(err, SC_FAILED_PRECONDITION,
+			   "transfer %016" PRIx64 " had a request refused (%s): operation %s is not "
+			   "complete",
+			   xfer_id, sc_status_name(use->refused), op->id);
+		goto out;
+	} else if (status == SC_OK) {
 		/* RDMA moves the bytes without this side seeing them: a use confirmed by DONE moved
 		 * them all (info caps bytes_done at bytes_total). */
 		if (op->backend == SC_BACKEND_IBVERBS)

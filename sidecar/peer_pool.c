@@ -706,18 +706,33 @@ int sc_peer_write_from(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
 	return sc_peer_write_recv(conn, deadline_mono_ms, cancel, err);
 }
 
-int sc_peer_done(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
-		 enum sc_status status, const char *msg, uint64_t deadline_mono_ms,
-		 const atomic_bool *cancel, struct sc_err *err)
+int sc_peer_done_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		      uint64_t xfer_id, enum sc_status status, const char *msg,
+		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
 	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
 	struct sc_peer_msg m;
 	fill_ref(&m, SC_FRAME_DONE, token, xfer_id);
 	m.code = (uint32_t)status;
 	snprintf(m.text, sizeof(m.text), "%s", msg ? msg : "");
-	if (send_request(conn, &m, NULL, 0, &w, err) != 0)
-		return -1;
+	return send_request(conn, &m, NULL, 0, &w, err);
+}
+
+int sc_peer_done_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
+		      const atomic_bool *cancel, struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_msg m;
 	return recv_reply(conn, SC_FRAME_OK, &m, &w, err);
+}
+
+int sc_peer_done(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+		 enum sc_status status, const char *msg, uint64_t deadline_mono_ms,
+		 const atomic_bool *cancel, struct sc_err *err)
+{
+	if (sc_peer_done_send(conn, token, xfer_id, status, msg, deadline_mono_ms, cancel, err) != 0)
+		return -1;
+	return sc_peer_done_recv(conn, deadline_mono_ms, cancel, err);
 }
 
 int sc_peer_ping(struct sc_peer_conn *conn, uint64_t deadline_mono_ms, const atomic_bool *cancel,
@@ -765,7 +780,6 @@ int sc_peer_call(struct sc_peer_conn *conn, unsigned type, const void *body, siz
 }
 
 #define VERDICT_FAIL_WAIT_MS 1000
-#define VERDICT_OK_WAIT_MS 30000
 
 void sc_peer_tell_verdict(struct sc_peer_pool *pool, struct sc_peer_conn **conn,
 			  const char *endpoint, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
@@ -773,7 +787,7 @@ void sc_peer_tell_verdict(struct sc_peer_pool *pool, struct sc_peer_conn **conn,
 			  size_t msg_cap, const char *area)
 {
 	bool ok = *status == SC_OK;
-	uint64_t deadline = sc_clock_mono_ms() + (ok ? VERDICT_OK_WAIT_MS : VERDICT_FAIL_WAIT_MS);
+	uint64_t deadline = sc_clock_mono_ms() + (ok ? SC_PEER_VERDICT_OK_WAIT_MS : VERDICT_FAIL_WAIT_MS);
 	if (ok && xfer_deadline_mono_ms && xfer_deadline_mono_ms < deadline)
 		deadline = xfer_deadline_mono_ms;
 	struct sc_err err;

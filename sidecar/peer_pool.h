@@ -139,6 +139,17 @@ int sc_peer_write_send_gpu(struct sc_peer_conn *conn, const uint8_t token[SC_TOK
 int sc_peer_done(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		 enum sc_status status, const char *msg, uint64_t deadline_mono_ms,
 		 const atomic_bool *cancel, struct sc_err *err);
+/* How long a successful transfer waits for the passive side to confirm its DONE (bounded by the
+ * transfer's deadline). */
+#define SC_PEER_VERDICT_OK_WAIT_MS 30000
+/* DONE in halves, to pipeline a success behind the last data request of a single-stream transfer
+ * (no round trip of its own): the server judges the DONE after every request before it on the
+ * connection, and refuses a successful DONE for a transfer one of whose requests it refused. */
+int sc_peer_done_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		      uint64_t xfer_id, enum sc_status status, const char *msg,
+		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
+int sc_peer_done_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
+		      const atomic_bool *cancel, struct sc_err *err);
 /*
  * Tell the passive side a transfer's verdict (DONE) at the end of a transfer, for the tcp and
  * ibverbs backends alike: on *conn while it is usable, else on a fresh connection to endpoint

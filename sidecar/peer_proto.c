@@ -444,7 +444,7 @@ enum sc_peer_io sc_peer_sendv_all(int fd, struct iovec *iov, int iovcnt,
 		}
 		struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
 		ssize_t n = tls ? sc_peer_tls_send(fd, iov->iov_base, iov->iov_len)
-				: sendmsg(fd, &mh, MSG_NOSIGNAL);
+				: sendmsg(fd, &mh, MSG_NOSIGNAL | (w && w->more ? MSG_MORE : 0));
 		if (n > 0) {
 			done += (size_t)n;
 			size_t left = (size_t)n;

@@ -133,6 +133,8 @@ struct sc_peer_wait {
 	uint64_t stall_ms;         /* 0: none; else give up when no byte moves for this long */
 	const atomic_bool *cancel; /* NULL: none */
 	const atomic_bool *stop;   /* NULL: none; a second flag (server shutdown, transfer stop) */
+	bool more; /* sends: another send follows at once, so a partial last segment waits for it
+		    * (MSG_MORE): the peer wakes once for both */
 };
 
 enum sc_peer_io {

@@ -280,12 +280,32 @@ static const struct sc_peer_wait *busy_wait(const struct conn *c, struct sc_peer
 	return w;
 }
 
+/*
+ * Whether the next request is already here and answered at once (OPEN, READ, DONE: a pipelined
+ * single-stream transfer sends OPEN, READ and DONE back to back). The reply about to go out then
+ * waits for the next one (MSG_MORE) and both leave together: the peer wakes once, not once per
+ * reply. Never before a WRITE (its bulk may be slow to arrive) or anything else, nor under TLS
+ * (the bytes on the socket are records, not frames). A reply held this way leaves with the next
+ * reply or when the connection closes.
+ */
+static bool next_request_prompt(const struct conn *c)
+{
+	if (c->srv->tls)
+		return false;
+	uint8_t h[2];
+	ssize_t n = recv(c->fd, h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
+	return n == (ssize_t)sizeof(h) && h[0] == SC_PEER_VERSION &&
+	       (h[1] == SC_FRAME_OPEN || h[1] == SC_FRAME_READ || h[1] == SC_FRAME_DONE);
+}
+
 /* Send a reply; on failure say why in `why` and return -1 (the connection ends). */
 static int reply(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
 {
 	struct sc_peer_wait w;
 	struct sc_err err;
-	if (sc_peer_send_msg(c->fd, m, busy_wait(c, &w), c->what, &err) != SC_PEER_IO_OK) {
+	busy_wait(c, &w);
+	w.more = next_request_prompt(c);
+	if (sc_peer_send_msg(c->fd, m, &w, c->what, &err) != SC_PEER_IO_OK) {
 		snprintf(why, why_cap, "sending %s failed: %s", sc_frame_type_name(m->type),
 			 err.msg);
 		return -1;
@@ -357,6 +377,7 @@ static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, si
 	size_t hdr_len = sc_peer_encode(&data, hdr, sizeof(hdr));
 	struct sc_peer_wait w;
 	busy_wait(c, &w);
+	w.more = next_request_prompt(c);
 	/* The DATA header and the first bytes go in one sendmsg (GPU memory: staged after it). */
 	struct iovec iov[2] = {{.iov_base = hdr, .iov_len = hdr_len},
 			       {.iov_base = span.addr, .iov_len = span.len}};

@@ -529,12 +529,17 @@ TEST(forged_requests_get_errors_and_touch_nothing)
 		     0);
 	CHECK(memcmp(before, after_write, sizeof(before)) == 0);
 
-	/* DONE completes the passive operation; a second OPEN of the used metadata is refused */
+	/* A DONE reporting success after refused requests is refused (the bytes did not all move)
+	 * and ends the operation ERRORED; a second OPEN of the used metadata is refused */
 	CHECK_INT_EQ(sc_peer_pool_get(pool, endpoint_of(&p.a), dl, &c, &err), 0);
-	CHECK_INT_EQ(sc_peer_done(c, e.md.token, 7, SC_OK, NULL, dl, NULL, &err), 0);
+	CHECK_INT_EQ(sc_peer_done(c, e.md.token, 7, SC_OK, NULL, dl, NULL, &err), -1);
+	CHECK_INT_EQ(err.code, SC_FAILED_PRECONDITION);
+	CHECK_STR_CONTAINS(err.msg, "had a request refused (INVALID_ARGUMENT)");
 	struct sc_op_info after;
 	CHECK_INT_EQ(wait_op(p.a.eng, e.op.id, 2000, &after), 0);
-	CHECK_STR_EQ(sc_op_status_name(after.status), "COMPLETE");
+	CHECK_STR_EQ(sc_op_status_name(after.status), "ERRORED");
+	CHECK_STR_CONTAINS(after.err_msg, "reported success after this side refused one of its "
+					  "requests (INVALID_ARGUMENT)");
 	sc_op_info_free(&after);
 	CHECK_INT_EQ(sc_peer_open(c, e.md.token, 8, SC_OP_READ, 4096, dl, NULL, &err), -1);
 	CHECK_INT_EQ(err.code, SC_NOT_FOUND);
@@ -549,6 +554,51 @@ TEST(forged_requests_get_errors_and_touch_nothing)
 	CHECK_INT_EQ(sc_peer_ping(c, dl, NULL, &err), 0);
 	sc_peer_pool_put(pool, c, true);
 	unexpose(&p.a, &e);
+	pair_down(&p);
+}
+
+/* OPEN, READ and DONE {OK} sent back to back, as a single-stream transfer does: the server judges
+ * them in order; the bytes arrive and the operation is COMPLETE. The same with an out-of-bounds
+ * READ: the DONE is refused and the operation ends ERRORED, never COMPLETE. */
+TEST(done_pipelined_behind_the_last_request)
+{
+	struct pair p;
+	CHECK_INT_EQ(pair_up(&p, NULL), 0);
+	struct sc_peer_pool *pool = sc_engine_peer_pool(p.b.eng);
+	struct sc_err err;
+	uint64_t dl = sc_clock_mono_ms() + 5000;
+	for (int bad = 0; bad <= 1; bad++) {
+		struct exposed e;
+		CHECK_INT_EQ(expose(&p.a, SC_OP_READABLE, 5000, &e), 0);
+		struct sc_peer_conn *c;
+		CHECK_INT_EQ(sc_peer_pool_get(pool, endpoint_of(&p.a), dl, &c, &err), 0);
+		uint64_t off = bad ? 4990 : 1001, len = 3333;
+		CHECK_INT_EQ(sc_peer_open_send(c, e.md.token, 9, SC_OP_READ, 5000, 0, dl, NULL, &err),
+			     0);
+		CHECK_INT_EQ(sc_peer_read_send(c, e.md.token, 9, 0, off, len, dl, NULL, &err), 0);
+		CHECK_INT_EQ(sc_peer_done_send(c, e.md.token, 9, SC_OK, NULL, dl, NULL, &err), 0);
+		CHECK_INT_EQ(sc_peer_open_recv(c, dl, NULL, NULL, &err), 0);
+		uint8_t got[3333], want[3333];
+		struct sc_op_info after;
+		if (!bad) {
+			CHECK_INT_EQ(sc_peer_read_recv(c, len, got, dl, NULL, &err), 0);
+			CHECK_INT_EQ(sc_peer_done_recv(c, dl, NULL, &err), 0);
+			CHECK_INT_EQ(sc_region_read(p.a.eng, e.region, off, want, len, &err), 0);
+			CHECK(memcmp(got, want, len) == 0);
+			CHECK_INT_EQ(wait_op(p.a.eng, e.op.id, 2000, &after), 0);
+			CHECK_STR_EQ(sc_op_status_name(after.status), "COMPLETE");
+		} else {
+			CHECK_INT_EQ(sc_peer_read_recv(c, len, got, dl, NULL, &err), -1);
+			CHECK_INT_EQ(err.code, SC_INVALID_ARGUMENT);
+			CHECK_STR_CONTAINS(err.msg, "outside descriptor 0");
+			CHECK_INT_EQ(wait_op(p.a.eng, e.op.id, 2000, &after), 0);
+			CHECK_STR_EQ(sc_op_status_name(after.status), "ERRORED");
+			CHECK_STR_CONTAINS(after.err_msg, "refused one of its requests");
+		}
+		sc_op_info_free(&after);
+		sc_peer_pool_put(pool, c, !bad);
+		unexpose(&p.a, &e);
+	}
 	pair_down(&p);
 }
 
@@ -927,7 +977,8 @@ TEST(bench)
 RUN_TESTS(T(read_many_descriptors_odd_offsets), T(write_many_descriptors_odd_offsets),
 	  T(each_size_alone_both_directions_and_stream_counts),
 	  T(concurrent_transfers_share_workers_and_connections),
-	  T(forged_requests_get_errors_and_touch_nothing), T(qp_connect_handler_round_trip),
+	  T(forged_requests_get_errors_and_touch_nothing), T(done_pipelined_behind_the_last_request),
+	  T(qp_connect_handler_round_trip),
 	  T(dropped_connection_errors_the_passive_side), T(cancel_mid_transfer_ends_both_sides),
 	  T(sidecar_without_keys_is_refused_clearly), T(unreachable_endpoint_is_unavailable),
 	  T(data_port_in_use_fails_at_start),
