@@ -381,8 +381,10 @@ static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, i
 	if (tx->done_sent && err.code == SC_OK)
 		take_done_reply(tx, c, &b, &err);
 out:
-	if (*open_pending == 1 && err.code == SC_OK && sc_peer_conn_usable(c))
-		take_open_reply(c, open_pending, &b, &err); /* no piece went out on this stream */
+	if (*open_pending == 1 && err.code == SC_OK && sc_peer_conn_usable(c)) {
+		sc_peer_conn_flush(c); /* no piece went out on this stream to carry the OPEN */
+		take_open_reply(c, open_pending, &b, &err);
+	}
 	else if (*open_pending == 1)
 		*open_pending = 2;
 	if (err.code != SC_OK)

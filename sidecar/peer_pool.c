@@ -23,6 +23,8 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -374,7 +376,8 @@ void sc_peer_pool_put(struct sc_peer_pool *pool, struct sc_peer_conn *conn, bool
 {
 	if (!conn)
 		return;
-	if (!reusable || atomic_load(&conn->broken)) {
+	/* A reply still due would answer the next caller's request: such a stream is not reused. */
+	if (!reusable || atomic_load(&conn->broken) || conn->outstanding) {
 		conn_close(conn);
 		return;
 	}
@@ -503,17 +506,34 @@ static struct sc_peer_wait client_wait(uint64_t deadline_mono_ms, const atomic_b
 	return (struct sc_peer_wait){.deadline_mono_ms = deadline_mono_ms, .cancel = cancel};
 }
 
-int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
-		      uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
-		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+static int open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		     uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
+		     uint64_t deadline_mono_ms, const atomic_bool *cancel, bool hold,
+		     struct sc_err *err)
 {
 	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	w.more = hold;
 	struct sc_peer_msg m;
 	fill_ref(&m, SC_FRAME_OPEN, token, xfer_id);
 	m.flags = flags;
 	m.peer_kind = (uint8_t)peer_kind;
 	m.total = total;
 	return send_request(conn, &m, NULL, 0, &w, err);
+}
+
+int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		      uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
+		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+{
+	return open_send(conn, token, xfer_id, peer_kind, total, flags, deadline_mono_ms, cancel,
+			 true, err);
+}
+
+void sc_peer_conn_flush(struct sc_peer_conn *conn)
+{
+	int one = 1; /* setting TCP_NODELAY pushes what MSG_MORE held back */
+	if (conn && setsockopt(conn->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0)
+		atomic_store(&conn->broken, true);
 }
 
 int sc_peer_open_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
@@ -532,8 +552,8 @@ int sc_peer_open_flags(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
 		       uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
 		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
-	if (sc_peer_open_send(conn, token, xfer_id, peer_kind, total, flags, deadline_mono_ms,
-			      cancel, err) != 0)
+	if (open_send(conn, token, xfer_id, peer_kind, total, flags, deadline_mono_ms, cancel,
+		      false, err) != 0)
 		return -1;
 	return sc_peer_open_recv(conn, deadline_mono_ms, cancel, NULL, err);
 }

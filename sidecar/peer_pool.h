@@ -89,10 +89,14 @@ int sc_peer_open_flags(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
 		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
 /* OPEN in halves, to pipeline the first data request behind it (no round trip of its own): the
  * server handles a connection's frames in order, so a READ or WRITE sent after an OPEN is judged
- * after it; a refused OPEN refuses what follows too (and a refused WRITE ends the connection). */
+ * after it; a refused OPEN refuses what follows too (and a refused WRITE ends the connection).
+ * The OPEN is held back (MSG_MORE) and leaves in one segment with the next request sent on the
+ * connection: when none follows, call sc_peer_conn_flush before waiting for its reply. */
 int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
 		      uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
 		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
+/* Send whatever sc_peer_open_send held back. */
+void sc_peer_conn_flush(struct sc_peer_conn *conn);
 /* *refused (optional): the peer answered the OPEN with a refusal (nothing was opened); false when
  * the reply could not be read (then the OPEN may or may not have been accepted). */
 int sc_peer_open_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
