@@ -125,6 +125,22 @@ static bool next_piece(struct tcp_xfer *tx, struct piece *p)
 	return ok;
 }
 
+/* Whether the cursor has a piece left (the leader of a single stream owns it: nobody else moves
+ * it). */
+static bool pieces_left(struct tcp_xfer *tx)
+{
+	const struct sc_xfer *x = tx->x;
+	pthread_mutex_lock(&tx->cursor_mu);
+	size_t seg = tx->cur_seg;
+	uint64_t off = tx->cur_off;
+	while (seg < x->n_segs && off >= x->segs[seg].len) {
+		seg++;
+		off = 0;
+	}
+	pthread_mutex_unlock(&tx->cursor_mu);
+	return seg < x->n_segs;
+}
+
 static uint64_t count_chunks(const struct sc_xfer *x, uint64_t chunk)
 {
 	uint64_t n = 0;
@@ -355,7 +371,12 @@ static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, i
 	sc_err_clear(&err);
 	struct io_bound b = {.deadline_mono_ms = x->deadline_mono_ms, .cancel = &x->cancel_requested};
 	struct piece cur, next;
-	if (!next_piece(tx, &cur) || piece_send(tx, c, &cur, &err) != 0)
+	/* With DONE going early, the last data request waits for it: both leave in one segment. */
+	if (!next_piece(tx, &cur))
+		goto out;
+	if (done_early && !pieces_left(tx))
+		sc_peer_conn_hold_next(c);
+	if (piece_send(tx, c, &cur, &err) != 0)
 		goto out;
 	for (;;) {
 		bool more = !should_stop(tx) && next_piece(tx, &next);
@@ -365,10 +386,15 @@ static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, i
 				   (uint64_t)atomic_load(&tx->bytes_moved), x->total);
 			break;
 		}
+		if (more && done_early && !pieces_left(tx))
+			sc_peer_conn_hold_next(c);
 		if (more && piece_send(tx, c, &next, &err) != 0)
 			break;
-		if (!more && done_early && !commit_done(tx, c, &b, &err) && err.code != SC_OK)
-			break;
+		if (!more && done_early && !commit_done(tx, c, &b, &err)) {
+			if (err.code != SC_OK)
+				break;
+			sc_peer_conn_flush(c); /* stopping: no DONE to carry the held request */
+		}
 		if (take_open_reply(c, open_pending, &b, &err) != 0 ||
 		    piece_recv(tx, c, &cur, &b, &err) != 0)
 			break;

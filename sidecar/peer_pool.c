@@ -41,6 +41,8 @@ struct sc_peer_conn {
 	atomic_bool broken;
 	bool reused; /* handed out from the idle list (not freshly dialled) */
 	unsigned outstanding; /* requests sent whose reply has not been received */
+	bool hold_next; /* sc_peer_conn_hold_next: the next request is sent with MSG_MORE */
+	bool held;      /* the last request went out with MSG_MORE: part of it may wait in the kernel */
 	uint64_t idle_since_ms;
 	struct sc_peer_conn *next; /* idle list */
 	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
@@ -381,6 +383,9 @@ void sc_peer_pool_put(struct sc_peer_pool *pool, struct sc_peer_conn *conn, bool
 		conn_close(conn);
 		return;
 	}
+	if (conn->held) /* its next user would wait for a reply to a request still held back */
+		sc_peer_conn_flush(conn);
+	conn->hold_next = false;
 	conn->idle_since_ms = sc_clock_mono_ms();
 	size_t same = 0;
 	pthread_mutex_lock(&pool->mu);
@@ -452,8 +457,12 @@ static int send_request(struct sc_peer_conn *c, const struct sc_peer_msg *m, con
 				  sc_frame_type_name(m->type));
 	struct iovec iov[2] = {{.iov_base = hdr, .iov_len = n},
 			       {.iov_base = (void *)bulk, .iov_len = (size_t)bulk_len}};
+	struct sc_peer_wait held = *w;
+	held.more = w->more || c->hold_next;
+	c->hold_next = false;
+	c->held = held.more;
 	int e;
-	enum sc_peer_io rc = sc_peer_sendv_all(c->fd, iov, bulk_len ? 2 : 1, w, NULL, &e);
+	enum sc_peer_io rc = sc_peer_sendv_all(c->fd, iov, bulk_len ? 2 : 1, &held, NULL, &e);
 	if (rc != SC_PEER_IO_OK) {
 		sc_peer_io_err(rc, e, c->what, err);
 		return io_fail(c, rc, err);
@@ -529,10 +538,18 @@ int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LE
 			 true, err);
 }
 
+void sc_peer_conn_hold_next(struct sc_peer_conn *conn)
+{
+	conn->hold_next = true;
+}
+
 void sc_peer_conn_flush(struct sc_peer_conn *conn)
 {
 	int one = 1; /* setting TCP_NODELAY pushes what MSG_MORE held back */
-	if (conn && setsockopt(conn->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0)
+	if (!conn)
+		return;
+	conn->held = false;
+	if (setsockopt(conn->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0)
 		atomic_store(&conn->broken, true);
 }
 

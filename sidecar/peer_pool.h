@@ -95,7 +95,10 @@ int sc_peer_open_flags(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
 int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
 		      uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
 		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
-/* Send whatever sc_peer_open_send held back. */
+/* The next request sent on the connection is held back the same way (for a data request that
+ * DONE follows at once). */
+void sc_peer_conn_hold_next(struct sc_peer_conn *conn);
+/* Send whatever sc_peer_open_send or sc_peer_conn_hold_next held back. */
 void sc_peer_conn_flush(struct sc_peer_conn *conn);
 /* *refused (optional): the peer answered the OPEN with a refusal (nothing was opened); false when
  * the reply could not be read (then the OPEN may or may not have been accepted). */

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -281,21 +282,34 @@ static const struct sc_peer_wait *busy_wait(const struct conn *c, struct sc_peer
 }
 
 /*
- * Whether the next request is already here and answered at once (OPEN, READ, DONE: a pipelined
- * single-stream transfer sends OPEN, READ and DONE back to back). The reply about to go out then
- * waits for the next one (MSG_MORE) and both leave together: the peer wakes once, not once per
- * reply. Never before a WRITE (its bulk may be slow to arrive) or anything else, nor under TLS
- * (the bytes on the socket are records, not frames). A reply held this way leaves with the next
- * reply or when the connection closes.
+ * Whether the next request is already here and answered at once: an OPEN, READ or DONE (a
+ * pipelined single-stream transfer sends OPEN, its data requests and DONE back to back), or a
+ * WRITE whose bytes have all arrived too. The reply about to go out then waits for the next one
+ * (MSG_MORE) and both leave together: the peer wakes once, not once per reply. Never before a
+ * WRITE still arriving (its bulk may be slow) or anything else, nor under TLS (the bytes on the
+ * socket are records, not frames). A reply held this way leaves with the next reply or when the
+ * connection closes.
  */
 static bool next_request_prompt(const struct conn *c)
 {
 	if (c->srv->tls)
 		return false;
-	uint8_t h[2];
-	ssize_t n = recv(c->fd, h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
-	return n == (ssize_t)sizeof(h) && h[0] == SC_PEER_VERSION &&
-	       (h[1] == SC_FRAME_OPEN || h[1] == SC_FRAME_READ || h[1] == SC_FRAME_DONE);
+	uint8_t peek[SC_PEER_HDR_LEN + 128];
+	ssize_t n = recv(c->fd, peek, sizeof(peek), MSG_PEEK | MSG_DONTWAIT);
+	if (n < 2 || peek[0] != SC_PEER_VERSION)
+		return false;
+	if (peek[1] == SC_FRAME_OPEN || peek[1] == SC_FRAME_READ || peek[1] == SC_FRAME_DONE)
+		return true;
+	struct sc_frame_hdr h;
+	struct sc_peer_msg m;
+	struct sc_err err;
+	int avail = 0;
+	return peek[1] == SC_FRAME_WRITE && n >= SC_PEER_HDR_LEN &&
+	       sc_peer_decode_hdr(peek, &h, &err) == 0 &&
+	       (size_t)n >= SC_PEER_HDR_LEN + h.body_len &&
+	       sc_peer_decode_body(h.type, peek + SC_PEER_HDR_LEN, h.body_len, &m, &err) == 0 &&
+	       ioctl(c->fd, FIONREAD, &avail) == 0 &&
+	       (uint64_t)avail >= SC_PEER_HDR_LEN + h.body_len + m.len;
 }
 
 /* Send a reply; on failure say why in `why` and return -1 (the connection ends). */
