@@ -641,9 +641,9 @@ static int verify_cached(struct ib_backend *ib, struct ib_peer *p, struct ib_qp 
 	return rc;
 }
 
-int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t deadline_mono_ms,
-	      const atomic_bool *cancel, struct ib_qp **out, struct sc_peer_conn **conn,
-	      int *endpoint, struct sc_err *err)
+static int qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t deadline_mono_ms,
+		  const atomic_bool *cancel, struct ib_qp **out, struct sc_peer_conn **conn,
+		  int *endpoint, struct sc_err *err)
 {
 	*out = NULL;
 	if (conn)
@@ -748,6 +748,61 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 	if (endpoint && c)
 		*endpoint = ep;
 	return 0;
+}
+
+int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t deadline_mono_ms,
+	      const atomic_bool *cancel, struct ib_qp **out, struct sc_peer_conn **conn,
+	      int *endpoint, struct sc_err *err)
+{
+	for (int attempt = 0;; attempt++) {
+		if (qp_get(ib, md, deadline_mono_ms, cancel, out, conn, endpoint, err) != 0)
+			return -1;
+		if (!conn || *conn)
+			return 0; /* connected now (or the caller needs no control connection) */
+		/*
+		 * A cached QP: the caller's OPEN needs a control connection, take it now. When no
+		 * idle one to the peer was open any more and a new one was dialled, the peer may
+		 * have restarted (same address) since the QP was last used, its end of the QP gone;
+		 * RDMA to it would then never complete on some devices. One round trip tells.
+		 */
+		struct ib_qp *q = *out;
+		int ep = -1;
+		struct sc_peer_conn *c = ib_control_conn(ib, md, deadline_mono_ms, &ep, err);
+		int rc = !c ? -1 : sc_peer_conn_reused(c) ? 1
+							   : verify_peer(ib, q, c, deadline_mono_ms,
+									 cancel, err);
+		if (rc == 1) {
+			*conn = c;
+			if (endpoint)
+				*endpoint = ep;
+			return 0;
+		}
+		struct ib_qp *drop = NULL;
+		uint32_t qpn = q->qp->qp_num;
+		if (rc == 0) {
+			pthread_mutex_lock(&ib->mu);
+			ib_qp_fail_locked(ib, q, false,
+					  "the peer no longer has its end of this QP (it restarted)",
+					  &drop);
+			pthread_mutex_unlock(&ib->mu);
+		}
+		if (c)
+			sc_peer_pool_put(ib->pool, c, sc_peer_conn_usable(c));
+		ib_qp_put(ib, drop);
+		ib_qp_put(ib, q);
+		*out = NULL;
+		if (rc < 0)
+			return c ? sc_err_prefix(err, "checking the ibverbs QP to peer %s", md->issuer)
+				 : -1;
+		if (attempt >= 1)
+			return sc_err_set(err, SC_UNAVAILABLE,
+					  "the ibverbs QPs to peer %s keep going stale (does it restart "
+					  "in a loop?)",
+					  md->issuer);
+		SC_INFO("ibverbs",
+			"peer %s no longer has its end of QP %u (it restarted): reconnecting",
+			md->issuer, qpn);
+	}
 }
 
 /* ---- incoming QPs (responder) ---------------------------------------------------------------- */
