@@ -509,6 +509,48 @@ class IbverbsTest(SidecarTest):
                       % (survivor_dir, sname(wv.status), wv.error.message, at, old, new, ms, took))
         self.assert_pair_serves(a, b)
 
+    def test_moves_are_bounded(self):
+        """A transfer whose shared QP fails under it a third time (after two moves to a fresh QP)
+        ends ERRORED and says the limit was reached; its passive side is told the same (the DONE
+        frame carries the whole message)."""
+        a, b = self.pair()
+        self.move(a, b, 4096, 1, "read")
+        size, vsize = 3 * BIG, BIG // 2
+        ra, rb = a.create_region(size), b.create_region(size)
+        rv, bv = a.create_region(vsize), b.create_region(vsize)
+        ps = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(ra, 0, size)], timeout_ms=180000),
+                                   timeout=30 * SLOW)
+        os_ = b.stub.BeginRead(pb.BeginTransferRequest(metadata=ps.metadata, descriptors=[desc(rb, 0, size)],
+                                                       timeout_ms=120000), timeout=30 * SLOW)
+        self.wait_moving(a, ps, b, os_)
+        moved = lambda: len(re.findall(r"failed under it", b.read_log()))  # noqa: E731
+        for i in range(3):
+            pv = a.stub.CreateWritable(pb.CreatePassiveRequest(descriptors=[desc(rv, 0, vsize)], timeout_ms=60000),
+                                       timeout=30 * SLOW)
+            ov = b.stub.BeginWrite(pb.BeginTransferRequest(metadata=pv.metadata, descriptors=[desc(bv, 0, vsize)],
+                                                           timeout_ms=60000), timeout=30 * SLOW)
+            wait_until(lambda: self.get(b, ov.operation_id).bytes_done > 0, 30, "victim %d to move bytes" % i)
+            a.stub.CancelOperation(pb.CancelOperationRequest(operation_id=pv.operation_id), timeout=10 * SLOW)
+            wv = b.wait(ov.operation_id, 30000)
+            self.assertEqual(wv.status, pb.OPERATION_STATUS_ERRORED, "victim %d: %s %s"
+                             % (i, sname(wv.status), wv.error.message))
+            if i < 2:
+                wait_until(lambda: moved() == i + 1, 30, "the survivor's move %d" % (i + 1))
+                o = self.get(b, os_.operation_id)
+                self.assertEqual(o.status, pb.OPERATION_STATUS_IN_PROGRESS,
+                                 "the survivor ended (%s %s) before victim %d; raise its size"
+                                 % (sname(o.status), o.error.message, i + 1))
+        w = b.wait(os_.operation_id, 30000)
+        self.assertEqual(w.status, pb.OPERATION_STATUS_ERRORED, "%s %s" % (sname(w.status), w.error.message))
+        self.assertEqual(w.error.code, code(grpc.StatusCode.UNAVAILABLE), w.error.message)
+        self.assertIn("after 2 moves to a fresh QP, the limit", w.error.message)
+        self.assertEqual(moved(), 2)
+        p = a.wait(ps.operation_id, 30000)
+        self.assertEqual(p.status, pb.OPERATION_STATUS_ERRORED, "passive: %s %s" % (sname(p.status), p.error.message))
+        self.assertIn("the limit", p.error.message)
+        print("  survivor: %s; passive: %s" % (w.error.message, p.error.message))
+        self.assert_pair_serves(a, b)
+
     def test_cached_qp_after_peer_restart(self):
         """b has a cached QP to a; a is SIGKILLed and restarted on the same address and port at
         once (within IB_VERIFY_IDLE_MS of the QP's last use, so the idle check does not cover it).
