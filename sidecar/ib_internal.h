@@ -209,11 +209,13 @@ int ib_qp_start(struct ib_backend *ib, struct sc_err *err);
 void ib_qp_stop_handler(struct ib_backend *ib);
 /*
  * A healthy RC QP to the issuer of md (cached, or set up now over the control channel), with a
- * reference for the caller (ib_qp_put it). When a new QP was connected, *conn (if not NULL)
- * receives the authenticated control connection used for it (the caller puts it back) and
- * *endpoint its index in md->endpoints; otherwise *conn is NULL. Errors: UNAVAILABLE (peer
- * unreachable, tombstoned, its ibverbs not running), RESOURCE_EXHAUSTED (QP cap),
- * DEADLINE_EXCEEDED, CANCELLED, UNAUTHENTICATED, INTERNAL (verbs). Worker threads.
+ * reference for the caller (ib_qp_put it). When conn is not NULL, *conn receives an authenticated
+ * control connection to the peer (the caller puts it back) and *endpoint its index in
+ * md->endpoints: the one the QP was connected over, or for a cached QP one from the pool; a cached
+ * QP is checked with the peer first when that one had to be dialled anew (the peer may have
+ * restarted). Errors: UNAVAILABLE (peer unreachable, tombstoned, its ibverbs not running),
+ * RESOURCE_EXHAUSTED (QP cap), DEADLINE_EXCEEDED, CANCELLED, UNAUTHENTICATED, INTERNAL (verbs).
+ * Worker threads.
  */
 int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t deadline_mono_ms,
 	      const atomic_bool *cancel, struct ib_qp **out, struct sc_peer_conn **conn,

@@ -21,7 +21,10 @@
  * A cached QP that has been idle for IB_VERIFY_IDLE_MS is first checked with the peer (VERIFY:
  * "do you still have QP <yours> connected to my <mine>?"), one round trip: a peer that restarted
  * has lost its end, and RDMA into a QP number that no longer exists may never complete (Soft-RoCE
- * does not time it out), so the requester reconnects instead.
+ * does not time it out), so the requester reconnects instead. The same check runs when a cached QP
+ * is fresh but the control connection for the transfer had to be dialled anew (no idle one was
+ * still open): a peer killed and restarted on the same address within IB_VERIFY_IDLE_MS closed
+ * them all, and its end of the QP is gone.
  *
  * Wire format of the QP_CONNECT body (little-endian): u8 version (1), u8 op (1 request, 2 reply,
  * 3 verify, 4 verify reply), u16 status (verify reply: 1 alive, 0 unknown; else 0), u32 qpn,
