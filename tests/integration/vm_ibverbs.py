@@ -6,7 +6,10 @@ the host's ctest glob must not pick it up (the host has no RDMA device). A repre
 of test_transfers.py and test_faults.py, every transfer asserting that both the active and the
 passive operation used BACKEND_IBVERBS, with random data, odd sizes and offsets, several
 descriptors, every byte compared on both sides. Emulation (QEMU TCG) moves about 15-40 MB/s, so
-sizes stay small: the whole module is meant to finish in a few minutes.
+sizes stay small: the whole module is meant to finish in a few minutes. Also issue 12's ibverbs
+faults: one transfer's RDMA error on a shared QP (the others move to a fresh QP and complete), the
+bound on such moves, a cached QP to a peer restarted on the same address, and netem on RoCE
+traffic (a second rxe device across the veth pair).
 
 Environment (the VM harness sets the first three): RXE_DEV (rxe0), RXE_IP (10.99.0.1),
 RXE_GID_INDEX (1); SC_BINARY, SC_PYTHON_STUBS as for the other integration tests; SC_TEST_SLOW
