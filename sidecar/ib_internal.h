@@ -9,6 +9,7 @@
  *                 channel (both sides), the cache of outgoing QPs, tombstones, incoming QPs
  *   ib_xfer.c     transfers: setup/finish on worker threads, RDMA READ/WRITE posting and the
  *                 completion thread (CQ, async events, deadlines, cancel)
+ *   ib_retry.c    moving a transfer to a fresh QP when its shared QP failed for another's reason
  *
  * Locking: one mutex, ib->mu, guards everything mutable here (peer table, QP lists and credits,
  * transfer list and states, task queue). It is never held while calling the engine (on_progress,
@@ -50,6 +51,7 @@ struct ib_xfer;
 #define IB_XFER_WINDOW 32		/* work requests one transfer keeps in flight... */
 #define IB_XFER_WINDOW_BYTES (8u << 20) /* ...and bytes */
 #define IB_TOMBSTONE_MS 2000		/* a peer whose QP failed is refused this long */
+#define IB_XFER_MOVES 2 /* a transfer moves to a fresh QP at most this often (ib_retry.c) */
 #define IB_VERIFY_IDLE_MS 5000 /* a cached QP idle this long is checked with the peer first */
 #define IB_MAX_OUT_QPS 256     /* outgoing QPs (one per peer sidecar) */
 #define IB_MAX_IN_QPS 256      /* incoming QPs (created for requesting peers) */
@@ -104,6 +106,7 @@ enum ib_task {
 	IB_TASK_SETUP,	/* get a QP, OPEN on the control channel, then hand over to posting */
 	IB_TASK_PING,	/* keep the control connection (which holds the OPEN) alive */
 	IB_TASK_FINISH, /* DONE to the passive side, then on_complete */
+	IB_TASK_MOVE,	/* its QP failed under it, its work requests are back: a fresh QP */
 };
 
 enum ib_xstate {
@@ -136,6 +139,9 @@ struct ib_xfer {
 	bool task_running;
 	bool want_finish; /* finish once the running task returns */
 	uint64_t last_ping_mono_ms;
+	bool moving;		 /* its QP failed under it: drain, then move (ib_retry.c) */
+	unsigned moves;		 /* moves to a fresh QP so far */
+	uint64_t moving_mono_ms; /* when the current move began */
 	uint64_t t_submit_us, t_opened_us, t_posted_us, t_acked_us; /* for the debug log */
 	struct ib_xfer *prev, *next;				    /* ib->xfers */
 	struct ib_xfer *qnext;					    /* task queue */
@@ -203,11 +209,13 @@ int ib_qp_start(struct ib_backend *ib, struct sc_err *err);
 void ib_qp_stop_handler(struct ib_backend *ib);
 /*
  * A healthy RC QP to the issuer of md (cached, or set up now over the control channel), with a
- * reference for the caller (ib_qp_put it). When a new QP was connected, *conn (if not NULL)
- * receives the authenticated control connection used for it (the caller puts it back) and
- * *endpoint its index in md->endpoints; otherwise *conn is NULL. Errors: UNAVAILABLE (peer
- * unreachable, tombstoned, its ibverbs not running), RESOURCE_EXHAUSTED (QP cap),
- * DEADLINE_EXCEEDED, CANCELLED, UNAUTHENTICATED, INTERNAL (verbs). Worker threads.
+ * reference for the caller (ib_qp_put it). When conn is not NULL, *conn receives an authenticated
+ * control connection to the peer (the caller puts it back) and *endpoint its index in
+ * md->endpoints: the one the QP was connected over, or for a cached QP one from the pool; a cached
+ * QP is checked with the peer first when that one had to be dialled anew (the peer may have
+ * restarted). Errors: UNAVAILABLE (peer unreachable, tombstoned, its ibverbs not running),
+ * RESOURCE_EXHAUSTED (QP cap), DEADLINE_EXCEEDED, CANCELLED, UNAUTHENTICATED, INTERNAL (verbs).
+ * Worker threads.
  */
 int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t deadline_mono_ms,
 	      const atomic_bool *cancel, struct ib_qp **out, struct sc_peer_conn **conn,
@@ -236,5 +244,16 @@ int ib_xfer_start(struct ib_backend *ib, struct sc_err *err);
 void ib_xfer_stop(struct ib_backend *ib);
 int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
 void ib_xfer_cancel(struct sc_backend *b, struct sc_xfer *x);
+
+/* ib_retry.c */
+/* xf's QP failed for a reason that is not xf's own: 1 it moves to a fresh QP once its work
+ * requests are back (xf->moving; also when nothing is left to move), 0 it is stopping anyway
+ * (keep its reason), -1 it has moved IB_XFER_MOVES times already (fail it). Under ib->mu. */
+int ib_retry_begin_locked(struct ib_xfer *xf);
+/* A fresh QP to xf's peer with a reference for xf, within its deadline. Worker, not under ib->mu. */
+int ib_retry_fresh_qp(struct ib_xfer *xf, struct ib_qp **out, struct sc_err *err);
+/* Put xf on the fresh QP and rewind it to its first byte not known complete; *old receives the
+ * failed QP's reference (put it after unlocking). Under ib->mu. */
+void ib_retry_resume_locked(struct ib_xfer *xf, struct ib_qp *fresh, struct ib_qp **old);
 
 #endif

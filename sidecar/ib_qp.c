@@ -21,7 +21,10 @@
  * A cached QP that has been idle for IB_VERIFY_IDLE_MS is first checked with the peer (VERIFY:
  * "do you still have QP <yours> connected to my <mine>?"), one round trip: a peer that restarted
  * has lost its end, and RDMA into a QP number that no longer exists may never complete (Soft-RoCE
- * does not time it out), so the requester reconnects instead.
+ * does not time it out), so the requester reconnects instead. The same check runs when a cached QP
+ * is fresh but the control connection for the transfer had to be dialled anew (no idle one was
+ * still open): a peer killed and restarted on the same address within IB_VERIFY_IDLE_MS closed
+ * them all, and its end of the QP is gone.
  *
  * Wire format of the QP_CONNECT body (little-endian): u8 version (1), u8 op (1 request, 2 reply,
  * 3 verify, 4 verify reply), u16 status (verify reply: 1 alive, 0 unknown; else 0), u32 qpn,
@@ -641,9 +644,9 @@ static int verify_cached(struct ib_backend *ib, struct ib_peer *p, struct ib_qp 
 	return rc;
 }
 
-int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t deadline_mono_ms,
-	      const atomic_bool *cancel, struct ib_qp **out, struct sc_peer_conn **conn,
-	      int *endpoint, struct sc_err *err)
+static int qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t deadline_mono_ms,
+		  const atomic_bool *cancel, struct ib_qp **out, struct sc_peer_conn **conn,
+		  int *endpoint, struct sc_err *err)
 {
 	*out = NULL;
 	if (conn)
@@ -748,6 +751,61 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 	if (endpoint && c)
 		*endpoint = ep;
 	return 0;
+}
+
+int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t deadline_mono_ms,
+	      const atomic_bool *cancel, struct ib_qp **out, struct sc_peer_conn **conn,
+	      int *endpoint, struct sc_err *err)
+{
+	for (int attempt = 0;; attempt++) {
+		if (qp_get(ib, md, deadline_mono_ms, cancel, out, conn, endpoint, err) != 0)
+			return -1;
+		if (!conn || *conn)
+			return 0; /* connected now (or the caller needs no control connection) */
+		/*
+		 * A cached QP: the caller's OPEN needs a control connection, take it now. When no
+		 * idle one to the peer was open any more and a new one was dialled, the peer may
+		 * have restarted (same address) since the QP was last used, its end of the QP gone;
+		 * RDMA to it would then never complete on some devices. One round trip tells.
+		 */
+		struct ib_qp *q = *out;
+		int ep = -1;
+		struct sc_peer_conn *c = ib_control_conn(ib, md, deadline_mono_ms, &ep, err);
+		int rc = !c ? -1 : sc_peer_conn_reused(c) ? 1
+							   : verify_peer(ib, q, c, deadline_mono_ms,
+									 cancel, err);
+		if (rc == 1) {
+			*conn = c;
+			if (endpoint)
+				*endpoint = ep;
+			return 0;
+		}
+		struct ib_qp *drop = NULL;
+		uint32_t qpn = q->qp->qp_num;
+		if (rc == 0) {
+			pthread_mutex_lock(&ib->mu);
+			ib_qp_fail_locked(ib, q, false,
+					  "the peer no longer has its end of this QP (it restarted)",
+					  &drop);
+			pthread_mutex_unlock(&ib->mu);
+		}
+		if (c)
+			sc_peer_pool_put(ib->pool, c, sc_peer_conn_usable(c));
+		ib_qp_put(ib, drop);
+		ib_qp_put(ib, q);
+		*out = NULL;
+		if (rc < 0)
+			return c ? sc_err_prefix(err, "checking the ibverbs QP to peer %s", md->issuer)
+				 : -1;
+		if (attempt >= 1)
+			return sc_err_set(err, SC_UNAVAILABLE,
+					  "the ibverbs QPs to peer %s keep going stale (does it restart "
+					  "in a loop?)",
+					  md->issuer);
+		SC_INFO("ibverbs",
+			"peer %s no longer has its end of QP %u (it restarted): reconnecting",
+			md->issuer, qpn);
+	}
 }
 
 /* ---- incoming QPs (responder) ---------------------------------------------------------------- */

@@ -23,7 +23,9 @@
  *      then on_complete, exactly once.
  *
  * A work-completion error ends the transfer ERRORED with ibv_wc_status_str in the message and
- * takes the QP out (ib_qp_fail_locked; transport errors also tombstone the peer). The passive side
+ * takes the QP out (ib_qp_fail_locked; transport errors also tombstone the peer). The other
+ * transfers on that QP, whose work requests were only flushed, move to a fresh QP (ib_retry.c,
+ * the IB_TASK_MOVE task) and go on from their first byte not known complete. The passive side
  * does nothing per chunk: DONE completes it (peer_server.c calls sc_passive_done).
  *
  * Threads: submit() and cancel() run on engine threads under the engine lock (they only queue,
@@ -281,6 +283,44 @@ static void ping(struct ib_xfer *xf)
 	wake_cq(ib);
 }
 
+/* xf's QP failed under it and its work requests are back: go on on a fresh QP (ib_retry.c). */
+static void move_qp(struct ib_xfer *xf)
+{
+	struct ib_backend *ib = xf->ib;
+	struct sc_err err;
+	sc_err_clear(&err);
+	struct ib_qp *fresh = NULL, *old = NULL;
+	int rc = ib_retry_fresh_qp(xf, &fresh, &err);
+	pthread_mutex_lock(&ib->mu);
+	xf->task = IB_TASK_NONE;
+	xf->task_running = false;
+	if (rc != 0) {
+		if (err.code != SC_CANCELLED)
+			xfer_fail_locked(xf, err.code,
+					 "the QP to peer %s failed under this transfer (%s) after "
+					 "%" PRIu64 " of %" PRIu64 " bytes; moving it to a fresh QP "
+					 "failed: %s",
+					 xf->qp->peer, xf->qp->why, xf->bytes_acked, xf->x->total,
+					 err.msg);
+		xfer_stop_locked(xf);
+		xf->moving = false;
+	} else if (xf->stop || xf->state != IB_XS_RUNNING) {
+		old = fresh; /* cancelled or expired meanwhile */
+		xf->moving = false;
+	} else {
+		ib_retry_resume_locked(xf, fresh, &old);
+		if (!ib->stopping)
+			post_more(ib, xf);
+	}
+	if (xf->want_finish) {
+		xf->want_finish = false;
+		queue_task_locked(ib, xf, IB_TASK_FINISH);
+	}
+	pthread_mutex_unlock(&ib->mu);
+	ib_qp_put(ib, old);
+	wake_cq(ib);
+}
+
 static void *worker_main(void *arg)
 {
 	struct ib_backend *ib = arg;
@@ -306,6 +346,9 @@ static void *worker_main(void *arg)
 			break;
 		case IB_TASK_FINISH:
 			finish(xf);
+			break;
+		case IB_TASK_MOVE:
+			move_qp(xf);
 			break;
 		case IB_TASK_NONE:
 			break;
@@ -417,10 +460,13 @@ static void wc_error_locked(struct ib_backend *ib, const struct ibv_wc *wc, stru
 	const char *op = w->read ? "READ" : "WRITE";
 	const char *peer = qp->peer;
 	if (wc->status == IBV_WC_WR_FLUSH_ERR) {
-		xfer_fail_locked(xf, SC_UNAVAILABLE,
-				 "RDMA %s to peer %s flushed: its QP failed: %s", op, peer,
-				 qp->why[0] ? qp->why : "moved to the error state");
 		fail_qp_locked(ib, qp, false, "work requests flushed");
+		/* Not this transfer's fault: it moves to a fresh QP, up to IB_XFER_MOVES times. */
+		if (ib_retry_begin_locked(xf) < 0)
+			xfer_fail_locked(xf, SC_UNAVAILABLE,
+					 "RDMA %s to peer %s flushed: its QP failed: %s (after %d "
+					 "moves to a fresh QP, the limit)",
+					 op, peer, qp->why, IB_XFER_MOVES);
 		return;
 	}
 	char why[200];
@@ -529,11 +575,21 @@ static void tick(struct ib_backend *ib)
 						 "deadline passed with %" PRIu64 " of %" PRIu64
 						 " bytes moved",
 						 xf->bytes_acked, x->total);
-			else if (xf->qp->broken)
-				xfer_fail_locked(xf, SC_UNAVAILABLE, "the QP to peer %s failed: %s",
-						 xf->qp->peer, xf->qp->why);
+			else if (xf->qp->broken && ib_retry_begin_locked(xf) < 0)
+				xfer_fail_locked(xf, SC_UNAVAILABLE,
+						 "the QP to peer %s failed: %s (after %d moves to a "
+						 "fresh QP, the limit)",
+						 xf->qp->peer, xf->qp->why, IB_XFER_MOVES);
 		}
-		if (!xf->stop)
+		if (xf->moving && xf->stop)
+			xf->moving = false; /* cancelled or expired while waiting to move */
+		if (xf->moving) {
+			/* Once its work requests are back (and a ping in progress returned). */
+			if (xf->outstanding == 0 && xf->task == IB_TASK_NONE && !xf->task_running)
+				queue_task_locked(ib, xf, IB_TASK_MOVE);
+			continue;
+		}
+		if (!xf->stop && !xf->qp->broken)
 			post_more(ib, xf);
 		bool all_posted = xf->seg >= x->n_segs ||
 				  (xf->seg == x->n_segs - 1 && xf->off >= x->segs[xf->seg].len);

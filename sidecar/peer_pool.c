@@ -450,7 +450,7 @@ static int io_fail(struct sc_peer_conn *c, enum sc_peer_io rc, struct sc_err *er
 static int send_request(struct sc_peer_conn *c, const struct sc_peer_msg *m, const void *bulk,
 			uint64_t bulk_len, const struct sc_peer_wait *w, struct sc_err *err)
 {
-	uint8_t hdr[128];
+	uint8_t hdr[128 + SC_ERR_MSG_MAX]; /* a DONE carries a message of up to SC_ERR_MSG_MAX */
 	size_t n = sc_peer_encode(m, hdr, sizeof(hdr));
 	if (n == 0)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "%s request does not encode",
