@@ -156,6 +156,10 @@ void sc_h_get_operation(struct sc_call *c, ProtobufCMessage *req)
 	answer(c, rc, &info, &err);
 }
 
+/* How long CancelOperation waits for a transfer to stop (backends stop within a second or two;
+ * a transfer already confirming its last round trip finishes instead, within its deadline). */
+#define CANCEL_WAIT_MS 30000
+
 void sc_h_cancel_operation(struct sc_call *c, ProtobufCMessage *req)
 {
 	RdmaSidecar__V1__CancelOperationRequest *r = (RdmaSidecar__V1__CancelOperationRequest *)req;
@@ -163,7 +167,16 @@ void sc_h_cancel_operation(struct sc_call *c, ProtobufCMessage *req)
 	struct sc_op_info info;
 	sc_err_clear(&err);
 	int rc = sc_op_cancel(sc_call_engine(c), r->operation_id, &info, &err);
-	answer(c, rc, &info, &err);
+	if (rc != 0 || sc_op_status_terminal(info.status)) {
+		answer(c, rc, &info, &err);
+		return;
+	}
+	/* An active operation whose transfer is in flight ends once its backend has stopped
+	 * touching the worker's memory: answer then, so CANCELLED means the memory is quiet. */
+	char id[SC_ID_MAX];
+	memcpy(id, info.id, sizeof(id));
+	sc_op_info_free(&info);
+	wait_or_watch(c, id, CANCEL_WAIT_MS, false);
 }
 
 void sc_h_release_operation(struct sc_call *c, ProtobufCMessage *req)

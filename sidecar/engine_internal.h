@@ -122,6 +122,10 @@ struct sc_op {
 	struct sc_xfer xfer;
 	struct sc_backend *be;
 	bool xfer_in_flight;
+	/* A cancel, deadline or release ended the operation while its transfer was in flight: the
+	 * status it ends with (err_code/err_msg hold the reason) once the backend has stopped
+	 * touching region memory (xfer_complete). SC_OPS_UNSPECIFIED: none. */
+	enum sc_op_status finish_pending;
 	bool slot_held;
 	struct sc_requirement req;
 	bool waiting_requirement;

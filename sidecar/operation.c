@@ -129,8 +129,10 @@ static int op_fill_info(const struct sc_op *op, struct sc_op_info *info)
 	/* COMPLETE means every byte arrived; the last span's count may land a moment later. */
 	if (info->bytes_done > info->bytes_total || op->status == SC_OPS_COMPLETE)
 		info->bytes_done = info->bytes_total;
-	info->err_code = op->err_code;
-	memcpy(info->err_msg, op->err_msg, sizeof(info->err_msg));
+	if (sc_op_status_terminal(op->status)) { /* a pending reason shows once it is final */
+		info->err_code = op->err_code;
+		memcpy(info->err_msg, op->err_msg, sizeof(info->err_msg));
+	}
 	memcpy(info->peer, op->peer, sizeof(info->peer));
 	info->created_unix_ms = op->created_unix_ms;
 	info->deadline_unix_ms = op->deadline_unix_ms;
@@ -278,6 +280,18 @@ void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_sta
 {
 	if (sc_op_status_terminal(op->status))
 		return;
+	if (!is_passive(op) && op->xfer_in_flight && status != SC_OPS_COMPLETE) {
+		/* The backend may still be moving bytes into or out of the worker's memory: stop
+		 * it, and end only when it says it stopped (xfer_complete), so a terminal status
+		 * means the memory is quiet and the worker may reuse it. The first reason stands. */
+		if (op->finish_pending == SC_OPS_UNSPECIFIED) {
+			op->finish_pending = status;
+			set_error(op, code, msg);
+			atomic_store(&op->xfer.cancel_requested, true);
+			sc_backend_cancel(op->be, &op->xfer);
+		}
+		return;
+	}
 	enum sc_op_status was = op->status;
 	if (status == SC_OPS_COMPLETE && op->backend == SC_BACKEND_IBVERBS &&
 	    (op->kind == SC_OP_READ || op->kind == SC_OP_WRITABLE)) {
@@ -307,13 +321,8 @@ void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_sta
 				op->exposure[b] = NULL;
 			}
 		}
-	} else {
-		if (was == SC_OPS_SCHEDULED)
-			sc_sched_remove(eng, op);
-		if (op->xfer_in_flight) {
-			atomic_store(&op->xfer.cancel_requested, true);
-			sc_backend_cancel(op->be, &op->xfer);
-		}
+	} else if (was == SC_OPS_SCHEDULED) {
+		sc_sched_remove(eng, op);
 	}
 	if (op->counted_live) {
 		for (size_t i = 0; i < op->n_descs; i++)
@@ -647,8 +656,13 @@ static void xfer_complete(struct sc_xfer *x, enum sc_status status, const char *
 	pthread_mutex_lock(&eng->mu);
 	op->xfer_in_flight = false;
 	op->pins--;
-	if (status == SC_OK)
+	if (status == SC_OK) /* also after a late cancel: every byte moved, on both sides */
 		sc_op_finish_locked(eng, op, SC_OPS_COMPLETE, SC_OK, NULL);
+	else if (op->finish_pending != SC_OPS_UNSPECIFIED) { /* the cancel's or deadline's reason */
+		char why[SC_ERR_MSG_MAX];
+		snprintf(why, sizeof(why), "%s", op->err_msg);
+		sc_op_finish_locked(eng, op, op->finish_pending, op->err_code, why);
+	}
 	else if (status == SC_CANCELLED)
 		sc_op_finish_locked(eng, op, SC_OPS_CANCELLED, SC_CANCELLED, msg);
 	else

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 # tests/gpu/test_gpu_real.py runs these same tests on the real driver (SC_GPU_REAL=1).
@@ -38,7 +39,7 @@ else:
     atexit.register(shutil.rmtree, FAKE_SHM, True)
 
 import grpc  # noqa: E402
-from harness import SLOW, SidecarTest, desc, main, pb  # noqa: E402 (also puts examples/ on the path)
+from harness import SLOW, SidecarTest, desc, main, pb, wait_until  # noqa: E402 (also puts examples/ on the path)
 import cudadrv as cu  # noqa: E402
 
 try:
@@ -329,6 +330,35 @@ class GpuRegionTest(SidecarTest):
             # Both sidecars keep serving: GPU and host transfers still work.
             self.transfer(a, [GpuMem(a, 3 * MiB)], b, [GpuMem(b, 3 * MiB)], [3 * MiB - 1], direction)
             self.transfer(a, [HostMem(a, 5000)], b, [HostMem(b, 5000)], [4321], direction)
+
+    @stand_in_only
+    def test_cancel_answers_when_the_memory_is_quiet(self):
+        # Every copy into b's GPU memory takes 40 ms: when CancelOperation answers CANCELLED, the
+        # staged copies already queued must have landed, not land afterwards (a worker reuses
+        # its memory the moment the operation is terminal).
+        keys = self.key_file()
+        a = self.gpu_sidecar("a", keys)
+        b = self.gpu_sidecar("b", keys, env={"FAKE_CUDA_COPY_DELAY_US": "40000"})
+        size = 48 * MiB
+        src, dst = HostMem(a, size), GpuMem(b, size)
+        src.write(0, os.urandom(size))
+        dst.write(0, bytes(size))
+        ro = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(src.region, 0, size)],
+                                                           timeout_ms=60000), timeout=30)
+        op = b.stub.BeginRead(pb.BeginTransferRequest(metadata=ro.metadata, descriptors=[desc(dst.region, 0, size)],
+                                                      timeout_ms=60000), timeout=30)
+        wait_until(lambda: b.stub.GetOperation(pb.GetOperationRequest(operation_id=op.operation_id),
+                                               timeout=10).bytes_done > 0, 30, "the READ moving")
+        c = b.stub.CancelOperation(pb.CancelOperationRequest(operation_id=op.operation_id), timeout=60)
+        self.assertEqual(c.status, pb.OPERATION_STATUS_CANCELLED, c.error.message)
+        self.assertLess(c.bytes_done, size)
+        first = dst.read(0, size)
+        time.sleep(0.5)
+        later = dst.read(0, size)
+        if later != first:
+            at = next(i for i in range(size) if later[i] != first[i])
+            self.fail("bytes landed at offset %d after CancelOperation answered CANCELLED" % at)
+        self.assertEqual(a.wait(ro.operation_id, 10000).status, pb.OPERATION_STATUS_CANCELLED)
 
     def test_deregister_while_in_use(self):
         a, b = self.pair()
