@@ -275,6 +275,22 @@ static bool is_passive(const struct sc_op *op)
 
 static void op_deadline_cb(void *ctx);
 
+/* No new access to a passive operation: its token leaves the table (no new OPEN or span) and
+ * every backend revokes its exposure (ibverbs: the MR, so the NIC stops). */
+static void passive_close_locked(struct sc_engine *eng, struct sc_op *op)
+{
+	if (op->token_in_table) {
+		sc_idmap_del(eng->tokens, op->token, SC_TOKEN_LEN);
+		op->token_in_table = false;
+	}
+	for (int b = 0; b < SC_NUM_BACKENDS; b++) {
+		if (op->exposure[b] && eng->backends[b]) {
+			eng->backends[b]->ops->revoke(eng->backends[b], op->exposure[b]);
+			op->exposure[b] = NULL;
+		}
+	}
+}
+
 void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_status status,
 			 enum sc_status code, const char *msg)
 {
@@ -289,6 +305,16 @@ void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_sta
 			set_error(op, code, msg);
 			atomic_store(&op->xfer.cancel_requested, true);
 			sc_backend_cancel(op->be, &op->xfer);
+		}
+		return;
+	}
+	if (is_passive(op) && op->pins > 0 && status != SC_OPS_COMPLETE) {
+		/* The peer server is moving bytes in or out of a pinned span: no new access from
+		 * now, and the end once the last span is released (sc_passive_span_release). */
+		if (op->finish_pending == SC_OPS_UNSPECIFIED) {
+			op->finish_pending = status;
+			set_error(op, code, msg);
+			passive_close_locked(eng, op);
 		}
 		return;
 	}
@@ -311,16 +337,7 @@ void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_sta
 	op_timer_drop(eng, op, &op->deadline_timer);
 
 	if (is_passive(op)) {
-		if (op->token_in_table) {
-			sc_idmap_del(eng->tokens, op->token, SC_TOKEN_LEN);
-			op->token_in_table = false;
-		}
-		for (int b = 0; b < SC_NUM_BACKENDS; b++) {
-			if (op->exposure[b] && eng->backends[b]) {
-				eng->backends[b]->ops->revoke(eng->backends[b], op->exposure[b]);
-				op->exposure[b] = NULL;
-			}
-		}
+		passive_close_locked(eng, op);
 	} else if (was == SC_OPS_SCHEDULED) {
 		sc_sched_remove(eng, op);
 	}
@@ -1291,6 +1308,11 @@ void sc_passive_span_release(struct sc_engine *eng, struct sc_span *span, uint64
 	    sc_clock_mono_ms() - op->last_notify_mono_ms >= PROGRESS_NOTIFY_MS)
 		op_notify(eng, op);
 	op->pins--;
+	if (op->pins == 0 && op->finish_pending != SC_OPS_UNSPECIFIED) {
+		char why[SC_ERR_MSG_MAX];
+		snprintf(why, sizeof(why), "%s", op->err_msg);
+		sc_op_finish_locked(eng, op, op->finish_pending, op->err_code, why);
+	}
 	op_release_regions(eng, op);
 	sc_op_unref(eng, op);
 	pthread_mutex_unlock(&eng->mu);

@@ -94,8 +94,10 @@ void sc_peer_pool_destroy(struct sc_peer_pool *pool)
 
 /* ---- dialing --------------------------------------------------------------------------------- */
 
-/* Connect one address with a timeout. Returns the fd (blocking) or -1 with errno. */
-static int connect_addr(const struct addrinfo *ai, uint64_t until_ms)
+/* Connect one address with a timeout, looking at cancel (may be NULL) every CONNECT_SLICE_MS.
+ * Returns the fd (blocking) or -1 with errno (ECANCELED: cancelled). */
+#define CONNECT_SLICE_MS 50
+static int connect_addr(const struct addrinfo *ai, uint64_t until_ms, const atomic_bool *cancel)
 {
 	int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
 			ai->ai_protocol);
@@ -110,8 +112,14 @@ static int connect_addr(const struct addrinfo *ai, uint64_t until_ms)
 				errno = ETIMEDOUT;
 				goto fail;
 			}
+			if (cancel && atomic_load_explicit(cancel, memory_order_relaxed)) {
+				errno = ECANCELED;
+				goto fail;
+			}
+			uint64_t slice = until_ms - now < CONNECT_SLICE_MS ? until_ms - now
+									    : CONNECT_SLICE_MS;
 			struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-			int n = poll(&pfd, 1, (int)(until_ms - now));
+			int n = poll(&pfd, 1, (int)slice);
 			if (n < 0 && errno == EINTR)
 				continue;
 			if (n < 0)
@@ -156,10 +164,11 @@ static bool retryable(const struct sc_err *err, int connect_errno)
 		strstr(err->msg, strerror(EPIPE)));
 }
 
-/* One attempt: connect, TLS when configured, hello. *connect_errno: the connect's errno (0 when
- * the connection was made and a later step failed). */
+/* One attempt: connect, TLS when configured, hello, each stopped by cancel (may be NULL).
+ * *connect_errno: the connect's errno (0 when the connection was made and a later step failed). */
 static int dial_once(struct sc_peer_pool *pool, struct sc_keyring *ring, struct sc_peer_conn *c,
-		     const char *host, uint16_t port, uint64_t deadline_mono_ms, int *connect_errno,
+		     const char *host, uint16_t port, uint64_t deadline_mono_ms,
+		     const atomic_bool *cancel, int *connect_errno,
 		     struct sc_err *err)
 {
 	const char *endpoint = c->endpoint;
@@ -182,11 +191,14 @@ static int dial_once(struct sc_peer_pool *pool, struct sc_keyring *ring, struct 
 		until = deadline_mono_ms;
 	int last_errno = ECONNREFUSED;
 	for (struct addrinfo *ai = res; ai && c->fd < 0; ai = ai->ai_next) {
-		c->fd = connect_addr(ai, until);
+		c->fd = connect_addr(ai, until, cancel);
 		if (c->fd < 0)
 			last_errno = errno;
 	}
 	freeaddrinfo(res);
+	if (c->fd < 0 && last_errno == ECANCELED)
+		return sc_err_set(err, SC_CANCELLED, "cancelled while connecting to peer sidecar at %s",
+				  endpoint);
 	if (c->fd < 0) {
 		*connect_errno = last_errno;
 		if (last_errno == ETIMEDOUT && deadline_first)
@@ -201,7 +213,8 @@ static int dial_once(struct sc_peer_pool *pool, struct sc_keyring *ring, struct 
 	struct sc_peer_wait w = {.deadline_mono_ms = deadline_mono_ms && deadline_mono_ms <
 								 hello_until
 							 ? deadline_mono_ms
-							 : hello_until};
+							 : hello_until,
+				 .cancel = cancel};
 	int rc = 0;
 	if (pool->tls)
 		rc = sc_peer_tls_client(pool->tls, c->fd, &w, c->what, err);
@@ -289,7 +302,8 @@ static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadli
 	for (;;) {
 		int connect_errno;
 		attempts++;
-		if (dial_once(pool, ring, c, host, port, deadline_mono_ms, &connect_errno, err) == 0)
+		if (dial_once(pool, ring, c, host, port, deadline_mono_ms, cancel, &connect_errno,
+			      err) == 0)
 			break;
 		uint64_t now = sc_clock_mono_ms();
 		if (!retryable(err, connect_errno) || now + pause_ms >= give_up)
