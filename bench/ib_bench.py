@@ -7,9 +7,11 @@ on the device (ibverbs only), then for each size and direction:
 
   perftest  ib_<op>_bw -d DEV -x GID -s SIZE -n ITERS (via bench/vm-perftest.sh), one QP;
   sidecar   ITERS operations one after another: CreateReadable/CreateWritable on the passive
-            sidecar (not timed), then BeginRead/BeginWrite + WaitOperation on the active one,
-            timed by the client (perf_counter around BeginX..WaitOperation return) and by the
-            operation (completed_unix_ms - created_unix_ms, millisecond resolution);
+            sidecar (not timed), then one BeginRead/BeginWrite call with `wait` set on the
+            active one (--two-calls: BeginX, then WaitOperation), timed by the client
+            (perf_counter around the call(s)) and by the operation (completed_unix_ms -
+            created_unix_ms, millisecond resolution); then, untimed, the passive operation is
+            awaited (it must be COMPLETE) and both are released;
   sidecar/qD the same with D operations in flight (D client threads, own regions each), for
             sizes up to --depth-max-size.
 
@@ -20,7 +22,8 @@ that moves wrong bytes is meaningless). Prints a table; --json writes every figu
 
 Usage: ib_bench.py [--sizes 1M:64,64M:5] [--ops read,write] [--depth 4] [--depth-max-size 8M]
                    [--rounds N] [--dev rxe0] [--gid 1] [--ip 10.99.0.1] [--backends ibverbs]
-                   [--no-perftest] [--log-level info] [--log-dir DIR] [--json FILE]
+                   [--no-perftest] [--two-calls] [--log-level info] [--log-dir DIR]
+                   [--json FILE]
 Environment: SC_BINARY, SC_PYTHON_STUBS (as for the integration tests), SC_SOURCE_DIR.
 """
 import argparse
@@ -109,11 +112,12 @@ class Bench:
         create = self.p.stub.CreateReadable if op == "read" else self.p.stub.CreateWritable
         begin = self.a.stub.BeginRead if op == "read" else self.a.stub.BeginWrite
         po = create(pb.CreatePassiveRequest(descriptors=[desc(rp, 0, size)], timeout_ms=600000), timeout=60)
+        one_call = not self.args.two_calls
         t0 = time.perf_counter()
         ao = begin(pb.BeginTransferRequest(metadata=po.metadata, descriptors=[desc(ra, 0, size)],
-                                           timeout_ms=600000), timeout=60)
-        done = self.a.stub.WaitOperation(pb.WaitOperationRequest(operation_id=ao.operation_id, timeout_ms=600000),
-                                         timeout=620)
+                                           timeout_ms=600000, wait=one_call), timeout=620)
+        done = ao if one_call else self.a.stub.WaitOperation(
+            pb.WaitOperationRequest(operation_id=ao.operation_id, timeout_ms=600000), timeout=620)
         t1 = time.perf_counter()
         if done.status != pb.OPERATION_STATUS_COMPLETE:
             raise SystemExit("ib_bench: %s of %d bytes ended %s: %s" % (
@@ -121,6 +125,13 @@ class Bench:
         if done.backend != self.expect_backend():
             raise SystemExit("ib_bench: %s used %s, not %s: %s" % (
                 op, pb.Backend.Name(done.backend), pb.Backend.Name(self.expect_backend()), done.backend_reason))
+        # The passive side completes from the active side's completion notice (or DONE): wait for
+        # it (untimed) before releasing, so a release never cancels a transfer still finishing.
+        pdone = self.p.stub.WaitOperation(pb.WaitOperationRequest(operation_id=po.operation_id, timeout_ms=60000),
+                                          timeout=70)
+        if pdone.status != pb.OPERATION_STATUS_COMPLETE:
+            raise SystemExit("ib_bench: passive side of the %s of %d bytes ended %s: %s" % (
+                op, size, pb.OperationStatus.Name(pdone.status), pdone.error.message))
         for s, oid in ((self.a, ao.operation_id), (self.p, po.operation_id)):
             s.stub.ReleaseOperation(pb.ReleaseOperationRequest(operation_id=oid), timeout=60)
         return t1 - t0, done.completed_unix_ms - done.created_unix_ms
@@ -268,6 +279,8 @@ def main():
     ap.add_argument("--backends", default="ibverbs", help="sidecar --backends (tcp: compare the TCP data plane)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat everything; the summary gives median ratios")
     ap.add_argument("--no-perftest", action="store_true")
+    ap.add_argument("--two-calls", action="store_true",
+                    help="BeginX then WaitOperation (the old way) instead of one BeginX with wait")
     ap.add_argument("--log-level", default="info", help="the sidecars' --log-level (debug: per-transfer timings)")
     ap.add_argument("--log-dir", help="copy the sidecars' logs here at the end")
     ap.add_argument("--json", help="write every figure here")
@@ -301,7 +314,7 @@ def main():
     finally:
         bench.close()
     print("# sidecar (--backends %s) vs perftest on %s gid %s, %s; GB/s = 1e9 bytes/s; "
-          "p50/p99: client BeginX..Wait return; op_p50: operation created..completed (ms); "
+          "p50/p99: client BeginX call(s) until the answer; op_p50: operation created..completed (ms); "
           "ratio: sidecar / perftest, same size and direction" % (args.backends, args.dev, args.gid,
                                                                     time.strftime("%Y-%m-%d %H:%M:%S")))
     print(table(results))
