@@ -48,9 +48,14 @@ struct ib_xfer;
 #define IB_QP_MIN_RNR_TIMER 12
 #define IB_MAX_RD_ATOMIC 16		/* capped to the device's limits */
 #define IB_SQ_DEPTH 128			/* send queue of an outgoing QP (capped to max_qp_wr) */
-#define IB_CHUNK_MAX (1u << 20)		/* one work request moves at most this (and max_msg_sz) */
-#define IB_XFER_WINDOW 32		/* work requests one transfer keeps in flight... */
+/* Overridable at build time (-DIB_CHUNK_MAX=...) for the Soft-RoCE bench's A/B runs. */
+#ifndef IB_CHUNK_MAX
+#define IB_CHUNK_MAX (1u << 20) /* one work request moves at most this (and max_msg_sz) */
+#endif
+#define IB_XFER_WINDOW 32 /* work requests one transfer keeps in flight... */
+#ifndef IB_XFER_WINDOW_BYTES
 #define IB_XFER_WINDOW_BYTES (8u << 20) /* ...and bytes */
+#endif
 #define IB_TOMBSTONE_MS 2000		/* a peer whose QP failed is refused this long */
 #define IB_VERIFY_IDLE_MS 5000 /* a cached QP idle this long is checked with the peer first */
 #define IB_MAX_OUT_QPS 256     /* outgoing QPs (one per peer sidecar) */

@@ -284,7 +284,8 @@ void ib_notice_deliver(struct ib_backend *ib)
 		if (sc_peer_server_claim_ib_done(ib->srv, n->peer, n->xfer_id, token) != 0) {
 			SC_WARN("ibverbs",
 				"ignored a completion notice from peer %s for transfer %016" PRIx64
-				": that peer has no such transfer open via ibverbs here",
+				": that peer has no such transfer open via ibverbs here (never "
+				"opened by it, or already ended by a DONE)",
 				n->peer, n->xfer_id);
 			continue;
 		}
@@ -308,6 +309,10 @@ void ib_notice_deliver(struct ib_backend *ib)
 
 void ib_notice_stop(struct ib_backend *ib)
 {
+	SC_INFO("ibverbs",
+		"completion notices: %" PRIu64 " sent and acknowledged, %" PRIu64
+		" received and applied",
+		(uint64_t)atomic_load(&ib->n_notice_sent), (uint64_t)atomic_load(&ib->n_notice_done));
 	free(ib->notes);
 	ib->notes = NULL;
 	ib->n_notes = ib->cap_notes = 0;
