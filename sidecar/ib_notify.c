@@ -13,6 +13,10 @@
  * still sends DONE {status} on its control connection (ib_xfer.c finish()); so does every
  * transfer to a peer whose QP_CONNECT reply does not say "notices" (an older sidecar). The
  * control connection still carries OPEN and stays the liveness signal of a running transfer.
+ * A cancel (or the deadline) that lands after the notice was posted still ends the active
+ * operation as the engine decided and sends DONE; the passive side may already have completed
+ * from the notice by then (every byte had landed), and then refuses that DONE (logged). A notice
+ * that fails (its QP failed) fails the transfer like any work request, and DONE says so.
  *
  * Wire format of a notice (NOTICE_LEN bytes, little-endian): u8 version (1), u8 type (1: done),
  * u16 status (an sc_status), u32 0, u64 xfer_id, then a NUL-padded text (the status message).
@@ -46,8 +50,11 @@
 #define NOTICE_VERSION 1
 #define NOTICE_DONE 1
 #define NOTICE_TEXT 16
-/* Receives posted per incoming QP (capped by the device and the CQ). */
+/* Receives posted per incoming QP (capped by the device and the CQ; -DNOTICE_RECVS=0 builds a
+ * sidecar that takes no notices, for A/B runs). */
+#ifndef NOTICE_RECVS
 #define NOTICE_RECVS 32
+#endif
 #define NOTICE_MIN_RECVS 4
 #define RECV_MARK (1ull << 63)
 
@@ -81,7 +88,8 @@ static uint64_t get_le(const uint8_t *p, size_t width)
 uint32_t ib_notice_cq_reserve(struct ib_backend *ib, uint32_t max_cqe, uint32_t send_cqe)
 {
 	uint32_t room = max_cqe > send_cqe ? (max_cqe - send_cqe) / IB_MAX_IN_QPS : 0;
-	uint32_t n = room < NOTICE_RECVS ? room : NOTICE_RECVS;
+	uint32_t want = NOTICE_RECVS;
+	uint32_t n = room < want ? room : want;
 	if (n > ib->max_qp_wr)
 		n = ib->max_qp_wr;
 	ib->notice_recvs = n >= NOTICE_MIN_RECVS ? n : 0;
@@ -108,8 +116,8 @@ void ib_notice_qp_init(struct ib_backend *ib, struct ib_qp *q)
 	if (r)
 		r->buf = calloc(slots, NOTICE_LEN);
 	if (r && r->buf)
-		r->mr = ibv_reg_mr(ib->pd, r->buf, (size_t)slots * NOTICE_LEN,
-				   IBV_ACCESS_LOCAL_WRITE);
+		r->mr =
+		    ibv_reg_mr(ib->pd, r->buf, (size_t)slots * NOTICE_LEN, IBV_ACCESS_LOCAL_WRITE);
 	if (!r || !r->buf || !r->mr) {
 		SC_WARN("ibverbs",
 			"QP %u (peer %s): no completion-notice buffers (%s): DONE goes on the "
@@ -162,9 +170,10 @@ bool ib_notice_post_recvs(struct ib_backend *ib, struct ib_qp *q)
 		if (rc != 0) {
 			/* Those posted stay posted (freed after the QP is destroyed); without the
 			 * whole ring the peer is not told to send notices. */
-			SC_WARN("ibverbs",
-				"incoming QP %u (peer %s): ibv_post_recv: %s: no completion notices",
-				q->qp->qp_num, q->peer, strerror(rc));
+			SC_WARN(
+			    "ibverbs",
+			    "incoming QP %u (peer %s): ibv_post_recv: %s: no completion notices",
+			    q->qp->qp_num, q->peer, strerror(rc));
 			return false;
 		}
 	}
@@ -253,9 +262,10 @@ bool ib_notice_wc_locked(struct ib_backend *ib, const struct ibv_wc *wc)
 		}
 	}
 	if (!ok) {
-		SC_WARN("ibverbs",
-			"incoming QP %u (peer %s): ignored a malformed completion notice (%u bytes)",
-			q->qp->qp_num, q->peer, wc->byte_len);
+		SC_WARN(
+		    "ibverbs",
+		    "incoming QP %u (peer %s): ignored a malformed completion notice (%u bytes)",
+		    q->qp->qp_num, q->peer, wc->byte_len);
 	} else if (ib->n_notes == ib->cap_notes) {
 		/* Out of memory: the transfer's control connection ends it when it closes. */
 		SC_ERROR("ibverbs", "out of memory: dropped a completion notice from peer %s",
@@ -312,7 +322,8 @@ void ib_notice_stop(struct ib_backend *ib)
 	SC_INFO("ibverbs",
 		"completion notices: %" PRIu64 " sent and acknowledged, %" PRIu64
 		" received and applied",
-		(uint64_t)atomic_load(&ib->n_notice_sent), (uint64_t)atomic_load(&ib->n_notice_done));
+		(uint64_t)atomic_load(&ib->n_notice_sent),
+		(uint64_t)atomic_load(&ib->n_notice_done));
 	free(ib->notes);
 	ib->notes = NULL;
 	ib->n_notes = ib->cap_notes = 0;

@@ -26,9 +26,9 @@
  * Wire format of the QP_CONNECT body (little-endian): u8 version (1), u8 op (1 request, 2 reply,
  * 3 verify, 4 verify reply), u16 status (verify reply: 1 alive, 0 unknown; else 0), u32 qpn,
  * u32 psn, gid[16], u16 lid, u8 link_layer, u8 flags (QPC_F_NOTICE: the sender posts receives
- * for completion notices, ib_notify.c; older releases send 0), u32 mtu (bytes), u32 max_rd_atomic (initiator
- * depth), u32 max_dest_rd_atomic (responder resources), u32 prev_qpn (verify: the responder's
- * qpn asked about), u16 id length + id (requester or responder sidecar id).
+ * for completion notices, ib_notify.c; older releases send 0), u32 mtu (bytes), u32
+ * max_rd_atomic (initiator depth), u32 max_dest_rd_atomic (responder resources), u32 prev_qpn
+ * (verify: the responder's qpn asked about), u16 id length + id (requester or responder id).
  */
 #include "ib_internal.h"
 

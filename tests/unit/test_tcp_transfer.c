@@ -554,7 +554,8 @@ TEST(forged_requests_get_errors_and_touch_nothing)
 
 /* The ibverbs completion notice's check (peer_server.c, used by ib_notify.c): a notice received
  * on a QP of peer P for transfer X ends X only if a connection authenticated as P OPENed X flagged
- * "via ibverbs", and only once. Needs no RDMA device: the claim is the peer server's bookkeeping. */
+ * "via ibverbs", and only once. Needs no RDMA device: the claim is the peer server's bookkeeping.
+ */
 TEST(ib_completion_notice_claim_checks_peer_and_flag)
 {
 	struct pair p;
