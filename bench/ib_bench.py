@@ -7,11 +7,18 @@ on the device (ibverbs only), then for each size and direction:
 
   perftest  ib_<op>_bw -d DEV -x GID -s SIZE -n ITERS (via bench/vm-perftest.sh), one QP;
   sidecar   ITERS operations one after another: CreateReadable/CreateWritable on the passive
-            sidecar (not timed), then BeginRead/BeginWrite + WaitOperation on the active one,
-            timed by the client (perf_counter around BeginX..WaitOperation return) and by the
-            operation (completed_unix_ms - created_unix_ms, millisecond resolution);
+            sidecar (not timed), then one BeginRead/BeginWrite call with `wait` set on the
+            active one (--two-calls: BeginX, then WaitOperation), timed by the client
+            (perf_counter around the call(s)) and by the operation (completed_unix_ms -
+            created_unix_ms, millisecond resolution); then, untimed, the passive operation is
+            awaited (it must be COMPLETE) and both are released;
   sidecar/qD the same with D operations in flight (D client threads, own regions each), for
             sizes up to --depth-max-size.
+  sc-bench  (and sc-bench/qD) the same transfers driven by the C client (bench/c_bench.c, one
+            rsc_read/rsc_write call per transfer, the passive metadata made ahead with max_uses
+            64), when $SC_BUILD_DIR/client/sc-bench exists (--no-c-bench: skip): what a C
+            worker sees, without the Python client's CPU (which, on 2 emulated vCPUs, is taken
+            from Soft-RoCE itself).
 
 Throughput is bytes / wall time (serial: the sum of client latencies, so gRPC round trips count);
 GB/s = 1e9 bytes/s as vm-perftest.sh prints; ratio = sidecar GB/s / perftest GB/s of the same size
@@ -20,7 +27,8 @@ that moves wrong bytes is meaningless). Prints a table; --json writes every figu
 
 Usage: ib_bench.py [--sizes 1M:64,64M:5] [--ops read,write] [--depth 4] [--depth-max-size 8M]
                    [--rounds N] [--dev rxe0] [--gid 1] [--ip 10.99.0.1] [--backends ibverbs]
-                   [--no-perftest] [--log-level info] [--log-dir DIR] [--json FILE]
+                   [--no-perftest] [--two-calls] [--log-level info] [--log-dir DIR]
+                   [--json FILE]
 Environment: SC_BINARY, SC_PYTHON_STUBS (as for the integration tests), SC_SOURCE_DIR.
 """
 import argparse
@@ -104,16 +112,17 @@ class Bench:
         self.a.fill(ra, 0, data[::-1])
         return rp, ra
 
-    def one(self, op, size, rp, ra):
+    def one(self, op, size, rp, ra, wait_passive=True):
         """One timed operation; returns (client seconds, operation ms)."""
         create = self.p.stub.CreateReadable if op == "read" else self.p.stub.CreateWritable
         begin = self.a.stub.BeginRead if op == "read" else self.a.stub.BeginWrite
         po = create(pb.CreatePassiveRequest(descriptors=[desc(rp, 0, size)], timeout_ms=600000), timeout=60)
+        one_call = not self.args.two_calls
         t0 = time.perf_counter()
         ao = begin(pb.BeginTransferRequest(metadata=po.metadata, descriptors=[desc(ra, 0, size)],
-                                           timeout_ms=600000), timeout=60)
-        done = self.a.stub.WaitOperation(pb.WaitOperationRequest(operation_id=ao.operation_id, timeout_ms=600000),
-                                         timeout=620)
+                                           timeout_ms=600000, wait=one_call), timeout=620)
+        done = ao if one_call else self.a.stub.WaitOperation(
+            pb.WaitOperationRequest(operation_id=ao.operation_id, timeout_ms=600000), timeout=620)
         t1 = time.perf_counter()
         if done.status != pb.OPERATION_STATUS_COMPLETE:
             raise SystemExit("ib_bench: %s of %d bytes ended %s: %s" % (
@@ -121,6 +130,14 @@ class Bench:
         if done.backend != self.expect_backend():
             raise SystemExit("ib_bench: %s used %s, not %s: %s" % (
                 op, pb.Backend.Name(done.backend), pb.Backend.Name(self.expect_backend()), done.backend_reason))
+        # The passive side completes from the active side's completion notice (or DONE): wait for
+        # it (untimed) before releasing, so a release never cancels a transfer still finishing.
+        # Not in the pipelined run, whose wall time counts every call (as it did before).
+        pdone = self.p.stub.WaitOperation(pb.WaitOperationRequest(operation_id=po.operation_id, timeout_ms=60000),
+                                          timeout=70) if wait_passive else None
+        if pdone and pdone.status != pb.OPERATION_STATUS_COMPLETE:
+            raise SystemExit("ib_bench: passive side of the %s of %d bytes ended %s: %s" % (
+                op, size, pb.OperationStatus.Name(pdone.status), pdone.error.message))
         for s, oid in ((self.a, ao.operation_id), (self.p, po.operation_id)):
             s.stub.ReleaseOperation(pb.ReleaseOperationRequest(operation_id=oid), timeout=60)
         return t1 - t0, done.completed_unix_ms - done.created_unix_ms
@@ -181,7 +198,7 @@ class Bench:
                     with lock:
                         if next(counter, None) is None:
                             return
-                    c, _ = self.one(op, size, rp, ra)
+                    c, _ = self.one(op, size, rp, ra, wait_passive=False)
                     with lock:
                         client.append(c)
             except BaseException as e:  # noqa: BLE001
@@ -200,6 +217,23 @@ class Bench:
         return {"tool": "sidecar/q%d" % depth, "op": op, "size": size, "iters": iters, "depth": depth,
                 "gbps": size * iters / wall / 1e9, "msg_rate": iters / wall,
                 "p50_ms": pct(client, 50) * 1e3, "p99_ms": pct(client, 99) * 1e3}
+
+    def c_bench(self, op, size, iters, clients):
+        """sc-bench between the two sidecars; None when it is not built."""
+        exe = self.args.c_bench
+        if not exe or not os.access(exe, os.X_OK):
+            return None
+        cmd = [exe, "--passive", "unix:" + self.p.sock, "--active", "unix:" + self.a.sock, "--direction", op,
+               "--size", str(size), "--clients", str(clients), "--iters", str(max(1, iters // clients))]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            raise SystemExit("ib_bench: sc-bench failed (%s):\n%s%s" % (" ".join(cmd), out.stdout, out.stderr))
+        r = json.loads(out.stdout)
+        if r["backend"] != ("ibverbs" if self.expect_backend() == pb.BACKEND_IBVERBS else "tcp"):
+            raise SystemExit("ib_bench: sc-bench used %s" % r["backend"])
+        return {"tool": "sc-bench" if clients == 1 else "sc-bench/q%d" % clients, "op": op, "size": size,
+                "iters": r["ops"], "depth": clients, "gbps": r["gb_per_s"], "msg_rate": r["ops_per_s"],
+                "p50_ms": r["p50_us"] / 1e3, "p99_ms": r["p99_us"] / 1e3}
 
     def drop(self, rp, ra):
         self.p.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=rp.region_id, force=True), timeout=60)
@@ -268,6 +302,12 @@ def main():
     ap.add_argument("--backends", default="ibverbs", help="sidecar --backends (tcp: compare the TCP data plane)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat everything; the summary gives median ratios")
     ap.add_argument("--no-perftest", action="store_true")
+    ap.add_argument("--two-calls", action="store_true",
+                    help="BeginX then WaitOperation (the old way) instead of one BeginX with wait")
+    build = os.environ.get("SC_BUILD_DIR", os.path.join(SRC, "build"))
+    ap.add_argument("--c-bench", default=os.path.join(build, "client", "sc-bench"),
+                    help="the sc-bench binary (default $SC_BUILD_DIR/client/sc-bench)")
+    ap.add_argument("--no-c-bench", dest="c_bench", action="store_const", const=None)
     ap.add_argument("--log-level", default="info", help="the sidecars' --log-level (debug: per-transfer timings)")
     ap.add_argument("--log-dir", help="copy the sidecars' logs here at the end")
     ap.add_argument("--json", help="write every figure here")
@@ -293,6 +333,9 @@ def main():
                     row.append(bench.serial(op, size, iters))
                     if args.depth > 1 and size <= parse_size(args.depth_max_size):
                         row.append(bench.pipelined(op, size, max(iters, args.depth), args.depth))
+                    row.append(bench.c_bench(op, size, iters, 1))
+                    if args.depth > 1 and size <= parse_size(args.depth_max_size):
+                        row.append(bench.c_bench(op, size, max(iters, args.depth), args.depth))
                     for r in row:
                         if r:
                             r["round"] = rnd
@@ -301,7 +344,7 @@ def main():
     finally:
         bench.close()
     print("# sidecar (--backends %s) vs perftest on %s gid %s, %s; GB/s = 1e9 bytes/s; "
-          "p50/p99: client BeginX..Wait return; op_p50: operation created..completed (ms); "
+          "p50/p99: client BeginX call(s) until the answer; op_p50: operation created..completed (ms); "
           "ratio: sidecar / perftest, same size and direction" % (args.backends, args.dev, args.gid,
                                                                     time.strftime("%Y-%m-%d %H:%M:%S")))
     print(table(results))

@@ -10,6 +10,8 @@
  *   ib_xfer.c     transfers: setup/finish on worker threads, RDMA READ/WRITE posting and the
  *                 completion thread (CQ, async events, deadlines, cancel)
  *   ib_retry.c    moving a transfer to a fresh QP when its shared QP failed for another's reason
+ *   ib_notify.c   the completion notice: a SEND behind a transfer's last work request, the
+ *                 receive buffers of incoming QPs, and what their receive completions complete
  *
  * Locking: one mutex, ib->mu, guards everything mutable here (peer table, QP lists and credits,
  * transfer list and states, task queue). It is never held while calling the engine (on_progress,
@@ -47,9 +49,14 @@ struct ib_xfer;
 #define IB_QP_MIN_RNR_TIMER 12
 #define IB_MAX_RD_ATOMIC 16		/* capped to the device's limits */
 #define IB_SQ_DEPTH 128			/* send queue of an outgoing QP (capped to max_qp_wr) */
-#define IB_CHUNK_MAX (1u << 20)		/* one work request moves at most this (and max_msg_sz) */
-#define IB_XFER_WINDOW 32		/* work requests one transfer keeps in flight... */
+/* Overridable at build time (-DIB_CHUNK_MAX=...) for the Soft-RoCE bench's A/B runs. */
+#ifndef IB_CHUNK_MAX
+#define IB_CHUNK_MAX (1u << 20) /* one work request moves at most this (and max_msg_sz) */
+#endif
+#define IB_XFER_WINDOW 32 /* work requests one transfer keeps in flight... */
+#ifndef IB_XFER_WINDOW_BYTES
 #define IB_XFER_WINDOW_BYTES (8u << 20) /* ...and bytes */
+#endif
 #define IB_TOMBSTONE_MS 2000		/* a peer whose QP failed is refused this long */
 #define IB_XFER_MOVES 2 /* a transfer moves to a fresh QP at most this often (ib_retry.c) */
 #define IB_VERIFY_IDLE_MS 5000 /* a cached QP idle this long is checked with the peer first */
@@ -63,8 +70,11 @@ struct ib_wr {
 	struct ib_xfer *xf;
 	uint32_t len;
 	bool read;
+	bool notice; /* the completion notice (ib_notify.c), len 0 */
 	struct ib_wr *next_free;
 };
+
+struct ib_notice_ring;
 
 struct ib_qp {
 	struct ib_backend *ib;
@@ -86,6 +96,11 @@ struct ib_qp {
 	bool broken;   /* failed or flushed: never used for new work */
 	bool flushing; /* moved to ERR to flush its work requests */
 	char why[SC_ERR_MSG_MAX / 2];
+	/* The completion notice (ib_notify.c): outgoing, send buffers, one per ib_wr; incoming,
+	 * posted receive buffers. NULL: this QP carries no notices. */
+	struct ib_notice_ring *nr;
+	uint32_t gen;	  /* names the QP in receive wr_ids (never reused) */
+	bool peer_notice; /* outgoing: the peer's QP_CONNECT reply said it takes notices */
 	struct ib_qp *prev, *next; /* ib->out_qps or ib->in_qps */
 };
 
@@ -107,6 +122,13 @@ enum ib_task {
 	IB_TASK_PING,	/* keep the control connection (which holds the OPEN) alive */
 	IB_TASK_FINISH, /* DONE to the passive side, then on_complete */
 	IB_TASK_MOVE,	/* its QP failed under it, its work requests are back: a fresh QP */
+};
+
+/* A transfer's completion notice (ib_notify.c). */
+enum ib_notice {
+	IB_NOTICE_NONE = 0, /* not posted yet */
+	IB_NOTICE_POSTED,   /* posted behind the last data work request */
+	IB_NOTICE_UNUSED,   /* the QP or peer takes none: DONE goes on the control connection */
 };
 
 enum ib_xstate {
@@ -138,6 +160,7 @@ struct ib_xfer {
 	enum ib_task task; /* queued or running on a worker */
 	bool task_running;
 	bool want_finish; /* finish once the running task returns */
+	enum ib_notice notice;
 	uint64_t last_ping_mono_ms;
 	bool moving;		 /* its QP failed under it: drain, then move (ib_retry.c) */
 	unsigned moves;		 /* moves to a fresh QP so far */
@@ -191,6 +214,13 @@ struct ib_backend {
 	size_t n_xfers;
 	struct ib_xfer *qhead, *qtail; /* task queue */
 	atomic_uint_fast64_t n_grants; /* live exposures, for the destroy check */
+
+	/* The completion notice (ib_notify.c). */
+	uint32_t notice_recvs;		/* receives posted per incoming QP (0: notices off) */
+	atomic_uint_fast32_t notice_gen; /* the last ib_qp.gen handed out */
+	struct ib_notice_msg *notes;	/* received, to deliver outside ib->mu (CQ thread) */
+	size_t n_notes, cap_notes;
+	atomic_uint_fast64_t n_notice_sent, n_notice_done; /* acked by the peer / completed here */
 };
 
 static inline struct ib_backend *to_ib(struct sc_backend *b)
@@ -241,6 +271,13 @@ void ib_qp_drop_all(struct ib_backend *ib);
 
 /* ib_xfer.c */
 int ib_xfer_start(struct ib_backend *ib, struct sc_err *err);
+/* Whether every chunk of the transfer has been posted. Under ib->mu. */
+static inline bool ib_xfer_all_posted(const struct ib_xfer *xf)
+{
+	const struct sc_xfer *x = xf->x;
+	return xf->seg >= x->n_segs ||
+	       (xf->seg == x->n_segs - 1 && xf->off >= x->segs[xf->seg].len);
+}
 void ib_xfer_stop(struct ib_backend *ib);
 int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
 void ib_xfer_cancel(struct sc_backend *b, struct sc_xfer *x);
@@ -255,5 +292,28 @@ int ib_retry_fresh_qp(struct ib_xfer *xf, struct ib_qp **out, struct sc_err *err
 /* Put xf on the fresh QP and rewind it to its first byte not known complete; *old receives the
  * failed QP's reference (put it after unlocking). Under ib->mu. */
 void ib_retry_resume_locked(struct ib_xfer *xf, struct ib_qp *fresh, struct ib_qp **old);
+/* ib_notify.c */
+/* CQ entries to reserve for the receives of incoming QPs; sets ib->notice_recvs (0 when the
+ * device's max_cqe leaves no room: notices off). Called once before the CQ is created. */
+uint32_t ib_notice_cq_reserve(struct ib_backend *ib, uint32_t max_cqe, uint32_t send_cqe);
+/* max_recv_wr for a new QP (incoming: ib->notice_recvs). */
+uint32_t ib_notice_recv_wr(const struct ib_backend *ib, bool incoming);
+/* A new QP: its notice buffers (registered). Failing leaves q->nr NULL (no notices), logged. */
+void ib_notice_qp_init(struct ib_backend *ib, struct ib_qp *q);
+/* After ibv_destroy_qp: deregister and free the buffers. */
+void ib_notice_qp_fini(struct ib_qp *q);
+/* Incoming QP in INIT or later: post every receive buffer. True when the QP takes notices (the
+ * QP_CONNECT reply says so). Before the QP is linked into ib->in_qps. */
+bool ib_notice_post_recvs(struct ib_backend *ib, struct ib_qp *q);
+/* Active side, after posting data: when every chunk is out, post the notice (or mark it
+ * unused). Under ib->mu. */
+void ib_notice_maybe_post_locked(struct ib_backend *ib, struct ib_xfer *xf);
+/* A work completion that is a receive (a notice arrived, or a flushed receive): handled here,
+ * true. Anything else: false. Under ib->mu, completion thread. */
+bool ib_notice_wc_locked(struct ib_backend *ib, const struct ibv_wc *wc);
+/* Hand the notices received to the engine. Completion thread, not under ib->mu. */
+void ib_notice_deliver(struct ib_backend *ib);
+/* Free what the completion thread kept (after it ended). */
+void ib_notice_stop(struct ib_backend *ib);
 
 #endif

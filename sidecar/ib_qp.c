@@ -28,9 +28,10 @@
  *
  * Wire format of the QP_CONNECT body (little-endian): u8 version (1), u8 op (1 request, 2 reply,
  * 3 verify, 4 verify reply), u16 status (verify reply: 1 alive, 0 unknown; else 0), u32 qpn,
- * u32 psn, gid[16], u16 lid, u8 link_layer, u8 0, u32 mtu (bytes), u32 max_rd_atomic (initiator
- * depth), u32 max_dest_rd_atomic (responder resources), u32 prev_qpn (verify: the responder's
- * qpn asked about), u16 id length + id (requester or responder sidecar id).
+ * u32 psn, gid[16], u16 lid, u8 link_layer, u8 flags (QPC_F_NOTICE: the sender posts receives
+ * for completion notices, ib_notify.c; older releases send 0), u32 mtu (bytes), u32
+ * max_rd_atomic (initiator depth), u32 max_dest_rd_atomic (responder resources), u32 prev_qpn
+ * (verify: the responder's qpn asked about), u16 id length + id (requester or responder id).
  */
 #include "ib_internal.h"
 
@@ -54,6 +55,7 @@
 #define QPC_REPLY 2
 #define QPC_VERIFY 3
 #define QPC_VERIFY_REPLY 4
+#define QPC_F_NOTICE 1
 #define QPC_FIXED 48
 #define QPC_MAX (QPC_FIXED + 2 + SC_NAME_MAX)
 /* The rendezvous gives up after this long even when the transfer's deadline is later. */
@@ -66,6 +68,7 @@ struct qpc {
 	uint8_t gid[16];
 	uint16_t lid;
 	uint8_t link_layer;
+	uint8_t flags;
 	uint32_t mtu;
 	uint32_t max_rd, max_dest_rd;
 	uint32_t prev_qpn;
@@ -100,6 +103,7 @@ static size_t qpc_encode(const struct qpc *m, uint8_t *out, size_t cap)
 	memcpy(out + 12, m->gid, 16);
 	put_le(out + 28, m->lid, 2);
 	out[30] = m->link_layer;
+	out[31] = m->flags;
 	put_le(out + 32, m->mtu, 4);
 	put_le(out + 36, m->max_rd, 4);
 	put_le(out + 40, m->max_dest_rd, 4);
@@ -131,6 +135,7 @@ static int qpc_decode(const uint8_t *in, size_t len, uint8_t want_op, struct qpc
 	memcpy(m->gid, in + 12, 16);
 	m->lid = (uint16_t)get_le(in + 28, 2);
 	m->link_layer = in[30];
+	m->flags = in[31];
 	m->mtu = (uint32_t)get_le(in + 32, 4);
 	m->max_rd = (uint32_t)get_le(in + 36, 4);
 	m->max_dest_rd = (uint32_t)get_le(in + 40, 4);
@@ -164,6 +169,7 @@ static void qp_free(struct ib_qp *q)
 		return;
 	if (q->qp && ibv_destroy_qp(q->qp) != 0)
 		SC_WARN("ibverbs", "ibv_destroy_qp (peer %s): %s", q->peer, strerror(errno));
+	ib_notice_qp_fini(q);
 	free(q->wrs);
 	free(q);
 }
@@ -203,7 +209,7 @@ static struct ib_qp *qp_create(struct ib_backend *ib, struct ibv_cq *cq, uint32_
 	    .send_cq = cq,
 	    .recv_cq = cq,
 	    .cap = {.max_send_wr = sq_depth ? sq_depth : 1,
-		    .max_recv_wr = 1,
+		    .max_recv_wr = ib_notice_recv_wr(ib, sq_depth == 0),
 		    .max_send_sge = 1,
 		    .max_recv_sge = 1},
 	    .qp_type = IBV_QPT_RC,
@@ -216,6 +222,7 @@ static struct ib_qp *qp_create(struct ib_backend *ib, struct ibv_cq *cq, uint32_
 		qp_free(q);
 		return NULL;
 	}
+	ib_notice_qp_init(ib, q);
 	return q;
 }
 
@@ -333,6 +340,7 @@ static int rendezvous(struct ib_backend *ib, struct ib_qp *q, struct sc_peer_con
 		return sc_err_set(err, SC_UNAVAILABLE,
 				  "QP_CONNECT reply from sidecar \"%s\", expected \"%s\"", rep.id,
 				  q->peer);
+	q->peer_notice = (rep.flags & QPC_F_NOTICE) != 0;
 	return qp_to_rts(ib, q, psn, &rep, err);
 }
 
@@ -932,7 +940,13 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 
 	struct ib_qp *q = qp_create(ib, ib->cq, 0, peer_id, err);
 	uint32_t psn = random_psn();
-	if (!q || qp_to_init(ib, q, err) != 0 || qp_to_rts(ib, q, psn, &req, err) != 0) {
+	bool notice = false; /* receives posted before the reply: the requester never meets RNR */
+	int rc = !q || qp_to_init(ib, q, err) != 0 ? -1 : 0;
+	if (rc == 0) {
+		notice = ib_notice_post_recvs(ib, q);
+		rc = qp_to_rts(ib, q, psn, &req, err);
+	}
+	if (rc != 0) {
 		qp_free(q);
 		pthread_mutex_lock(&ib->mu);
 		ib->n_in--;
@@ -941,6 +955,7 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 	}
 	struct qpc rep;
 	qpc_fill_local(ib, q, QPC_REPLY, psn, &rep);
+	rep.flags = notice ? QPC_F_NOTICE : 0;
 	*reply_len = qpc_encode(&rep, reply, reply_cap);
 	if (*reply_len == 0) {
 		qp_free(q);

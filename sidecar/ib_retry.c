@@ -73,6 +73,7 @@ void ib_retry_resume_locked(struct ib_xfer *xf, struct ib_qp *fresh, struct ib_q
 	}
 	xf->seg = seg;
 	xf->off = seg < x->n_segs ? left : 0;
+	xf->notice = IB_NOTICE_NONE; /* posted again behind the last chunk, on the fresh QP */
 	SC_INFO("ibverbs",
 		"transfer %016" PRIx64 ": QP %u to peer %s failed under it (%s); continuing at "
 		"byte %" PRIu64 " of %" PRIu64 " on QP %u (move %u of %d, %" PRIu64 " ms)",

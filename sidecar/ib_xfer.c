@@ -19,8 +19,10 @@
  *      posting; the transfer then waits until every posted work request has completed or been
  *      flushed (after FLUSH_AFTER_MS the QP is moved to ERR to flush them), since region memory
  *      must not be released while the NIC may still touch it.
- *   3. finish (a worker thread): DONE {status} to the passive side on the control connection,
- *      then on_complete, exactly once.
+ *   3. finish (a worker thread): on_complete, exactly once. A transfer whose every chunk
+ *      completed told the passive side already with the completion notice (ib_notify.c: a SEND
+ *      posted behind its last chunk, whose completion ends step 2); any other ending, or a peer
+ *      that takes no notices, sends DONE {status} on the control connection first.
  *
  * A work-completion error ends the transfer ERRORED with ibv_wc_status_str in the message and
  * takes the QP out (ib_qp_fail_locked; transport errors also tombstone the peer). The other
@@ -168,7 +170,12 @@ static void finish(struct ib_xfer *xf)
 
 	struct sc_peer_conn *c = xf->conn;
 	xf->conn = NULL;
-	if (xf->opened) {
+	/* The notice completed (RC: the peer's NIC has it) and nothing failed: the passive side
+	 * completes from it, no DONE round trip. */
+	bool noticed = xf->notice == IB_NOTICE_POSTED && status == SC_OK;
+	if (noticed)
+		atomic_fetch_add(&ib->n_notice_sent, 1);
+	if (xf->opened && !noticed) {
 		sc_peer_tell_verdict(ib->pool, &c, x->meta->endpoints[xf->endpoint], x->meta->token,
 				     x->xfer_id, x->deadline_mono_ms, &status, msg, sizeof(msg),
 				     "ibverbs");
@@ -180,10 +187,11 @@ static void finish(struct ib_xfer *xf)
 		SC_DEBUG("ibverbs",
 			 "transfer %016" PRIx64 ": %" PRIu64 " bytes; setup+OPEN %" PRIu64
 			 " us, to first post %" PRIu64 " us, data %" PRIu64 " us, DONE %" PRIu64
-			 " us",
+			 " us%s",
 			 x->xfer_id, x->total, xf->t_opened_us - xf->t_submit_us,
 			 xf->t_posted_us - xf->t_opened_us, xf->t_acked_us - xf->t_posted_us,
-			 now_us() - xf->t_acked_us);
+			 now_us() - xf->t_acked_us,
+			 noticed ? " (completion notice acknowledged)" : "");
 	if (status != SC_OK && status != SC_CANCELLED)
 		SC_INFO("ibverbs", "transfer %016" PRIx64 " with %s ended %s: %s", x->xfer_id,
 			x->meta->issuer, sc_status_name(status), msg);
@@ -389,6 +397,7 @@ static void post_more(struct ib_backend *ib, struct ib_xfer *xf)
 		w->xf = xf;
 		w->len = len;
 		w->read = read;
+		w->notice = false;
 		sges[n] = (struct ibv_sge){
 		    .addr = (uintptr_t)(s->local + xf->off), .length = len, .lkey = mr->lkey};
 		wrs[n] = (struct ibv_send_wr){
@@ -409,15 +418,19 @@ static void post_more(struct ib_backend *ib, struct ib_xfer *xf)
 		ib->cq_out++;
 		n++;
 	}
-	if (n == 0)
+	if (n == 0) {
+		ib_notice_maybe_post_locked(ib, xf);
 		return;
+	}
 	if (!xf->t_posted_us)
 		xf->t_posted_us = now_us();
 	qp->last_used_mono_ms = sc_clock_mono_ms();
 	struct ibv_send_wr *bad = NULL;
 	int rc = ibv_post_send(qp->qp, wrs, &bad);
-	if (rc == 0)
+	if (rc == 0) {
+		ib_notice_maybe_post_locked(ib, xf);
 		return;
+	}
 	/* Take back what was not posted (bad and after); the transfer ends. */
 	for (struct ibv_send_wr *wr = bad; wr; wr = wr->next) {
 		struct ib_wr *w = (struct ib_wr *)(uintptr_t)wr->wr_id;
@@ -457,10 +470,14 @@ static void wc_error_locked(struct ib_backend *ib, const struct ibv_wc *wc, stru
 {
 	struct ib_xfer *xf = w->xf;
 	struct ib_qp *qp = w->qp;
-	const char *op = w->read ? "READ" : "WRITE";
+	const char *op = w->notice ? "SEND (completion notice)" : w->read ? "READ" : "WRITE";
 	const char *peer = qp->peer;
 	if (wc->status == IBV_WC_WR_FLUSH_ERR) {
 		fail_qp_locked(ib, qp, false, "work requests flushed");
+		/* A flushed notice told nothing: DONE tells the verdict instead, unless the move
+		 * below re-posts the notice on the fresh QP (ib_retry_resume_locked). */
+		if (w->notice)
+			xf->notice = IB_NOTICE_UNUSED;
 		/* Not this transfer's fault: it moves to a fresh QP, up to IB_XFER_MOVES times. */
 		if (ib_retry_begin_locked(xf) < 0)
 			xfer_fail_locked(xf, SC_UNAVAILABLE,
@@ -510,6 +527,8 @@ static void drain_cq(struct ib_backend *ib, struct progress **prog, size_t *prog
 		if (n < 0)
 			SC_ERROR("ibverbs", "ibv_poll_cq on %s failed (%d)", ib->dev_name, n);
 		for (int i = 0; i < n; i++) {
+			if (ib_notice_wc_locked(ib, &wc[i]))
+				continue; /* a receive on an incoming QP */
 			struct ib_wr *w = (struct ib_wr *)(uintptr_t)wc[i].wr_id;
 			struct ib_qp *qp = w->qp;
 			struct ib_xfer *xf = w->xf;
@@ -549,6 +568,7 @@ static void drain_cq(struct ib_backend *ib, struct progress **prog, size_t *prog
 			}
 		}
 		pthread_mutex_unlock(&ib->mu);
+		ib_notice_deliver(ib);
 		/* Transfers cannot finish meanwhile: only this thread queues their FINISH. */
 		for (size_t i = 0; i < n_prog; i++)
 			(*prog)[i].xf->x->on_progress((*prog)[i].xf->x, (*prog)[i].delta);
@@ -591,8 +611,8 @@ static void tick(struct ib_backend *ib)
 		}
 		if (!xf->stop && !xf->qp->broken)
 			post_more(ib, xf);
-		bool all_posted = xf->seg >= x->n_segs ||
-				  (xf->seg == x->n_segs - 1 && xf->off >= x->segs[xf->seg].len);
+		/* All posted, the completion notice included when the QP takes one. */
+		bool all_posted = ib_xfer_all_posted(xf) && xf->notice != IB_NOTICE_NONE;
 		if (xf->outstanding == 0 && (xf->stop || all_posted)) {
 			xf->state = IB_XS_FINISHING;
 			xf->t_acked_us = now_us();
@@ -851,8 +871,10 @@ int ib_xfer_start(struct ib_backend *ib, struct sc_err *err)
 	ib->cq_cap = da.max_cqe > 0 && da.max_cqe < CQ_ENTRIES ? (uint32_t)da.max_cqe : CQ_ENTRIES;
 	if (!(ib->chan = ibv_create_comp_channel(ib->ctx)))
 		return sc_err_set(err, SC_INTERNAL, "ibv_create_comp_channel: %s", strerror(errno));
-	if (!(ib->cq = ibv_create_cq(ib->ctx, (int)ib->cq_cap, ib, ib->chan, 0)))
-		return sc_err_set(err, SC_INTERNAL, "ibv_create_cq of %u entries: %s", ib->cq_cap,
+	/* Plus room for the completion-notice receives of every incoming QP. */
+	uint32_t cqe = ib->cq_cap + ib_notice_cq_reserve(ib, (uint32_t)da.max_cqe, ib->cq_cap);
+	if (!(ib->cq = ibv_create_cq(ib->ctx, (int)cqe, ib, ib->chan, 0)))
+		return sc_err_set(err, SC_INTERNAL, "ibv_create_cq of %u entries: %s", cqe,
 				  strerror(errno));
 	int fl1 = fcntl(ib->chan->fd, F_GETFL), fl2 = fcntl(ib->ctx->async_fd, F_GETFL);
 	if (fl1 < 0 || fcntl(ib->chan->fd, F_SETFL, fl1 | O_NONBLOCK) != 0 || fl2 < 0 ||
@@ -941,6 +963,7 @@ void ib_xfer_stop(struct ib_backend *ib)
 		pthread_join(ib->cq_thread, NULL);
 		ib->cq_thread_running = false;
 	}
+	ib_notice_stop(ib);
 	pthread_mutex_lock(&ib->mu);
 	ib->started = false;
 	pthread_mutex_unlock(&ib->mu);

@@ -61,10 +61,12 @@ struct xref {
 	uint8_t token[SC_TOKEN_LEN];
 	uint64_t xfer_id;
 	enum sc_op_kind kind; /* what the peer OPENed it for: SC_OP_READ or SC_OP_WRITE */
+	bool via_ib;	      /* OPENed with SC_PEER_FLAG_VIA_IBVERBS */
 };
 
 struct orphan {
 	struct xref ref;
+	char peer_id[SC_NAME_MAX]; /* who opened it */
 	uint64_t due_mono_ms;
 	char why[SC_ERR_MSG_MAX];
 	struct orphan *next;
@@ -160,7 +162,7 @@ static void orphan_forget_locked(struct sc_peer_server *srv, const uint8_t token
 
 /* Track a transfer this connection opened. Returns -1 when out of memory. */
 static int track(struct conn *c, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
-		 enum sc_op_kind kind)
+		 enum sc_op_kind kind, bool via_ib)
 {
 	struct sc_peer_server *srv = c->srv;
 	int rc = 0;
@@ -181,6 +183,7 @@ static int track(struct conn *c, const uint8_t token[SC_TOKEN_LEN], uint64_t xfe
 	}
 	memcpy(c->opened[c->n_opened].token, token, SC_TOKEN_LEN);
 	c->opened[c->n_opened].xfer_id = xfer_id;
+	c->opened[c->n_opened].via_ib = via_ib;
 	c->opened[c->n_opened++].kind = kind;
 out:
 	pthread_mutex_unlock(&srv->mu);
@@ -229,6 +232,34 @@ static void untrack_everywhere(struct sc_peer_server *srv, const uint8_t token[S
 		}
 	}
 	pthread_mutex_unlock(&srv->mu);
+}
+
+int sc_peer_server_claim_ib_done(struct sc_peer_server *srv, const char *peer_id,
+				 uint64_t xfer_id, uint8_t token[SC_TOKEN_LEN])
+{
+	bool found = false;
+	pthread_mutex_lock(&srv->mu);
+	for (struct conn *c = srv->live; c && !found; c = c->next) {
+		if (!c->authed || strcmp(c->peer_id, peer_id) != 0)
+			continue;
+		for (size_t i = 0; i < c->n_opened && !found; i++) {
+			if (c->opened[i].xfer_id == xfer_id && c->opened[i].via_ib) {
+				memcpy(token, c->opened[i].token, SC_TOKEN_LEN);
+				found = true;
+			}
+		}
+	}
+	for (struct orphan *o = srv->orphans; o && !found; o = o->next) {
+		if (o->ref.xfer_id == xfer_id && o->ref.via_ib && strcmp(o->peer_id, peer_id) == 0) {
+			memcpy(token, o->ref.token, SC_TOKEN_LEN);
+			found = true;
+		}
+	}
+	pthread_mutex_unlock(&srv->mu);
+	if (!found)
+		return -1;
+	untrack_everywhere(srv, token, xfer_id);
+	return 0;
 }
 
 static bool tracked_by_other_locked(struct sc_peer_server *srv, const struct conn *self,
@@ -349,7 +380,8 @@ static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, si
 	if (sc_passive_open(c->srv->eng, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
 			    c->peer_id, m->total, &err) != 0)
 		return reply_error(c, &err, why, why_cap);
-	if (track(c, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind) != 0) {
+	if (track(c, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
+		  (m->flags & SC_PEER_FLAG_VIA_IBVERBS) != 0) != 0) {
 		sc_passive_abandon(c->srv->eng, m->token, m->xfer_id,
 				   "peer server out of memory");
 		sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "sidecar out of memory");
@@ -639,6 +671,7 @@ static void conn_finish(struct conn *c, const char *why)
 			continue;
 		}
 		o->ref = c->opened[i];
+		snprintf(o->peer_id, sizeof(o->peer_id), "%s", c->peer_id);
 		o->due_mono_ms = due;
 		snprintf(o->why, sizeof(o->why), "%.480s, before DONE", why);
 		o->next = srv->orphans;

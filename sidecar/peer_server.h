@@ -65,4 +65,14 @@ typedef int (*sc_peer_handler_fn)(void *ctx, const char *peer_id, const uint8_t 
 int sc_peer_server_set_handler(struct sc_peer_server *srv, enum sc_frame_type type,
 			       sc_peer_handler_fn fn, void *ctx);
 
+/*
+ * The ibverbs completion notice (ib_notify.c): peer peer_id says, on one of its RC QPs, that its
+ * transfer xfer_id ended. Succeeds only when a connection authenticated as peer_id OPENed that
+ * transfer flagged "via ibverbs" (and no DONE came yet); then *token receives its token and the
+ * transfer is no longer tracked (as after a DONE), so the caller tells the engine. -1 otherwise.
+ * Any thread.
+ */
+int sc_peer_server_claim_ib_done(struct sc_peer_server *srv, const char *peer_id,
+				 uint64_t xfer_id, uint8_t token[SC_TOKEN_LEN]);
+
 #endif

@@ -301,6 +301,34 @@ class IbverbsTest(SidecarTest):
         # and without a requirement the same pair uses ibverbs
         self.move(a, b, 4099, 2, "write")
 
+    def test_completion_notice(self):
+        """A transfer that moved every byte completes the passive side through the completion
+        notice (a SEND behind the last RDMA work request on the same QP), not DONE on the control
+        connection: the passive sidecar logs each transfer it completed that way, the active one
+        each notice the peer acknowledged, and every byte is compared (move)."""
+        a, b = self.pair()
+        moves = (((1 << 20) + 7, 5, "read"), (4095, 3, "write"), (1, 1, "read"), ((3 << 20) + 1, 2, "write"))
+        for total, ndesc, direction in moves:
+            self.move(a, b, total, ndesc, direction)
+        # the other way round too: b passive, a active
+        self.move(b, a, 70000, 2, "read")
+        self.move(b, a, 70001, 2, "write")
+
+        def count(side, text):
+            return side.read_log().count(text)
+        done = "completed by its completion notice"
+        acked = "(completion notice acknowledged)"
+        # The passive side may log a moment after the active side completed.
+        wait_until(lambda: count(a, done) >= len(moves) and count(b, done) >= 2, 10 * SLOW,
+                   "the passive sides to log their notices")
+        self.assertEqual(count(a, done), len(moves), "passive a: notices")
+        self.assertEqual(count(b, done), 2, "passive b: notices")
+        self.assertEqual(count(b, acked), len(moves), "active b: notices acknowledged")
+        self.assertEqual(count(a, acked), 2, "active a: notices acknowledged")
+        for side in (a, b):
+            self.assertNotIn("ignored a completion notice", side.read_log())
+            self.assertNotIn("not applied", side.read_log())
+
     # ---- cancel, deadline, peer killed mid-transfer ---------------------------------------------
 
     def start_big(self, a, b, direction="read", timeout_ms=180000):

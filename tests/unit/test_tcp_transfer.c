@@ -602,6 +602,66 @@ TEST(done_pipelined_behind_the_last_request)
 	pair_down(&p);
 }
 
+/* The ibverbs completion notice's check (peer_server.c, used by ib_notify.c): a notice received
+ * on a QP of peer P for transfer X ends X only if a connection authenticated as P OPENed X flagged
+ * "via ibverbs", and only once. Needs no RDMA device: the claim is the peer server's bookkeeping.
+ */
+TEST(ib_completion_notice_claim_checks_peer_and_flag)
+{
+	struct pair p;
+	CHECK_INT_EQ(pair_up(&p, NULL), 0);
+	struct exposed plain, viaib, later;
+	CHECK_INT_EQ(expose(&p.a, SC_OP_READABLE, 4096, &plain), 0);
+	CHECK_INT_EQ(expose(&p.a, SC_OP_WRITABLE, 4096, &viaib), 0);
+	CHECK_INT_EQ(expose(&p.a, SC_OP_READABLE, 4096, &later), 0);
+	struct sc_peer_server *srv = sc_engine_peer_server(p.a.eng);
+	struct sc_peer_pool *pool = sc_engine_peer_pool(p.b.eng);
+	struct sc_peer_conn *c;
+	struct sc_err err;
+	uint64_t dl = sc_clock_mono_ms() + 5000;
+	uint8_t tok[SC_TOKEN_LEN];
+	CHECK_INT_EQ(sc_peer_pool_get(pool, endpoint_of(&p.a), dl, &c, &err), 0);
+	/* never opened: refused */
+	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-b", 7, tok), -1);
+	/* opened over TCP (no ibverbs flag): a notice cannot end it */
+	CHECK_INT_EQ(sc_peer_open(c, plain.md.token, 7, SC_OP_READ, 4096, dl, NULL, &err), 0);
+	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-b", 7, tok), -1);
+	/* opened via ibverbs by sidecar-b: another peer's notice, or another transfer id, cannot */
+	CHECK_INT_EQ(sc_peer_open_flags(c, viaib.md.token, 8, SC_OP_WRITE, 4096,
+					SC_PEER_FLAG_VIA_IBVERBS, dl, NULL, &err),
+		     0);
+	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-c", 8, tok), -1);
+	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-b", 9, tok), -1);
+	/* its own peer's notice ends it, once, and hands back the token */
+	memset(tok, 0, sizeof(tok));
+	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-b", 8, tok), 0);
+	CHECK(memcmp(tok, viaib.md.token, SC_TOKEN_LEN) == 0);
+	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-b", 8, tok), -1);
+	CHECK_INT_EQ(sc_passive_done(p.a.eng, tok, 8, SC_OK, "", &err), 0);
+	struct sc_op_info info;
+	CHECK_INT_EQ(wait_op(p.a.eng, viaib.op.id, 2000, &info), 0);
+	CHECK_STR_EQ(sc_op_status_name(info.status), "COMPLETE");
+	sc_op_info_free(&info);
+	/* the refused claims left the TCP-opened transfer alone */
+	CHECK_INT_EQ(sc_op_get(p.a.eng, plain.op.id, &info, &err), 0);
+	CHECK_STR_EQ(sc_op_status_name(info.status), "IN_PROGRESS");
+	sc_op_info_free(&info);
+	/* a transfer whose control connection closed (an orphan, within its grace) is still
+	 * claimed by its own peer only */
+	CHECK_INT_EQ(sc_peer_open_flags(c, later.md.token, 10, SC_OP_READ, 4096,
+					SC_PEER_FLAG_VIA_IBVERBS, dl, NULL, &err),
+		     0);
+	sc_peer_pool_put(pool, c, false);
+	usleep(100 * 1000);
+	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-c", 10, tok), -1);
+	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-b", 10, tok), 0);
+	CHECK(memcmp(tok, later.md.token, SC_TOKEN_LEN) == 0);
+	unexpose(&p.a, &plain);
+	unexpose(&p.a, &viaib);
+	unexpose(&p.a, &later);
+	pair_down(&p);
+}
+
 static int echo_handler(void *ctx, const char *peer_id, const uint8_t *body, size_t len,
 			uint8_t *reply, size_t cap, size_t *reply_len, struct sc_err *err)
 {
@@ -983,4 +1043,5 @@ RUN_TESTS(T(read_many_descriptors_odd_offsets), T(write_many_descriptors_odd_off
 	  T(sidecar_without_keys_is_refused_clearly), T(unreachable_endpoint_is_unavailable),
 	  T(data_port_in_use_fails_at_start),
 	  T(garbage_on_the_data_port_is_rejected_and_a_still_serves),
-	  T(endpoint_is_advertised_or_derived), T(bench))
+	  T(endpoint_is_advertised_or_derived), T(ib_completion_notice_claim_checks_peer_and_flag),
+	  T(bench))
