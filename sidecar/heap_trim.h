@@ -26,6 +26,15 @@ void sc_heap_trim_set_period(uint64_t period_ms);
 /* Trim once, now (any thread). True when glibc gave memory back. */
 bool sc_heap_trim_now(void);
 
+/* glibc malloc's own figures (mallinfo2), summed over every arena. */
+struct sc_heap_stats {
+	uint64_t in_use;  /* bytes in allocated chunks (uordblks + hblkhd; includes thread caches) */
+	uint64_t free;    /* bytes in free chunks (fordblks): reusable, resident or trimmed */
+	uint64_t arena;   /* bytes malloc has from the system outside mmap'd chunks (arena) */
+	uint64_t mmapped; /* bytes in chunks mmap'd on their own (hblkhd) */
+};
+void sc_heap_stats(struct sc_heap_stats *out);
+
 /* Trims done so far (periodic and sc_heap_trim_now), for tests. */
 uint64_t sc_heap_trim_count(void);
 
