@@ -28,9 +28,9 @@ bool sc_heap_trim_now(void);
 
 /* glibc malloc's own figures (mallinfo2), summed over every arena. */
 struct sc_heap_stats {
-	uint64_t in_use;  /* bytes in allocated chunks (uordblks + hblkhd; includes thread caches) */
-	uint64_t free;    /* bytes in free chunks (fordblks): reusable, resident or trimmed */
-	uint64_t arena;   /* bytes malloc has from the system outside mmap'd chunks (arena) */
+	uint64_t in_use; /* bytes in allocated chunks (uordblks + hblkhd; includes thread caches) */
+	uint64_t free;	 /* bytes in free chunks (fordblks): reusable, resident or trimmed */
+	uint64_t arena;	 /* bytes malloc has from the system outside mmap'd chunks (arena) */
 	uint64_t mmapped; /* bytes in chunks mmap'd on their own (hblkhd) */
 };
 void sc_heap_stats(struct sc_heap_stats *out);

@@ -59,7 +59,8 @@ TEST(untuned_abseil_detects_lock_order_inversion)
 	int st = in_child(probe_untuned);
 	CHECK(st != -1);
 	if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-		printf("  note: this Abseil has the Mutex deadlock detector off already (NDEBUG build)\n");
+		printf("  note: this Abseil has the Mutex deadlock detector off already (NDEBUG "
+		       "build)\n");
 		return;
 	}
 	CHECK(WIFSIGNALED(st));
@@ -73,7 +74,8 @@ TEST(tuned_abseil_ignores_lock_order)
 	int st = in_child(probe_tuned);
 	CHECK(st != -1);
 	if (WIFSIGNALED(st))
-		CHECK_FAIL_("child died of signal %d: the deadlock detector is still on", WTERMSIG(st));
+		CHECK_FAIL_("child died of signal %d: the deadlock detector is still on",
+			    WTERMSIG(st));
 	CHECK(WIFEXITED(st));
 	CHECK_INT_EQ(WEXITSTATUS(st), 0);
 }
