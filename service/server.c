@@ -23,6 +23,7 @@
  * Threads: workers run handlers and batch completions; engine/NATS/timer threads send on calls
  * they hold a reference to. Owns the servers, the queue, the worker threads and every call.
  */
+#include "absl_tune.h"
 #include "api_listen.h"
 #include "call.h"
 #include "handlers.h"
@@ -846,6 +847,7 @@ int sc_service_create(struct sc_engine *eng, const struct sc_config *cfg,
 	svc->cfg = cfg;
 	pthread_rwlock_init(&svc->batch_lock, NULL);
 	svc->health = sc_health_create();
+	sc_absl_tune(); /* before gRPC locks its first absl::Mutex: see absl_tune.h */
 	grpc_init();
 	if (cfg->grpc_token_file && sc_token_store_create(cfg->grpc_token_file, &svc->tokens, err))
 		goto fail;

@@ -8,6 +8,7 @@
  */
 #include "engine_internal.h"
 #include "fault_guard.h"
+#include "heap_trim.h"
 #include "ib_test.h"
 #include "log.h"
 #include "path_guard.h"
@@ -204,6 +205,8 @@ int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
 {
 	if (sc_timers_create(&eng->timers) != 0)
 		return sc_err_set(err, SC_INTERNAL, "cannot start the timer thread");
+	if (!sc_heap_trim_start(eng->timers))
+		SC_WARN("engine", "cannot arm the periodic heap trim (out of memory)");
 	if (eng->peer_server && sc_peer_server_start(eng->peer_server, err) != 0)
 		return -1;
 	for (int b = 1; b < SC_NUM_BACKENDS; b++) {

@@ -16,6 +16,7 @@
 #include "build_config.h"
 #include "config.h"
 #include "engine_internal.h"
+#include "heap_trim.h"
 #include "listen.h"
 #include "log.h"
 
@@ -401,6 +402,19 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 	family(f, "rdma_sidecar_inflight_bytes", "gauge",
 	       "Bytes of the transfers holding a slot (budget --max-inflight-bytes).");
 	fprintf(f, "rdma_sidecar_inflight_bytes %llu\n", (unsigned long long)g.inflight_bytes);
+
+	/* malloc's own figures, read now (mallinfo2 visits every arena under its lock). */
+	struct sc_heap_stats hs;
+	sc_heap_stats(&hs);
+	family(f, "rdma_sidecar_heap_bytes", "gauge",
+	       "glibc malloc summed over its arenas, by state: in_use (allocated chunks, incl. "
+	       "thread caches), free (free chunks), arena (obtained from the system outside "
+	       "mmapped chunks), mmapped (chunks mmapped on their own).");
+	fprintf(f, "rdma_sidecar_heap_bytes{state=\"in_use\"} %llu\n", (unsigned long long)hs.in_use);
+	fprintf(f, "rdma_sidecar_heap_bytes{state=\"free\"} %llu\n", (unsigned long long)hs.free);
+	fprintf(f, "rdma_sidecar_heap_bytes{state=\"arena\"} %llu\n", (unsigned long long)hs.arena);
+	fprintf(f, "rdma_sidecar_heap_bytes{state=\"mmapped\"} %llu\n",
+		(unsigned long long)hs.mmapped);
 
 	bool failed = ferror(f) != 0;
 	if (fclose(f) != 0 || failed) {
