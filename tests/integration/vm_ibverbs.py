@@ -673,6 +673,87 @@ class IbverbsTest(SidecarTest):
         m = cli and re.search(r"^\s*1048576\s+5\s+[\d.]+\s+([\d.]+)", cli.stdout, re.M)
         return float(m.group(1)) if m else None
 
+    def partition_when_moving(self, side, seconds, out):
+        """A thread: once side has an active operation IN_PROGRESS with bytes moved, drop every
+        packet on both veth ends (netem loss 100%: RoCE and the control connection alike) for
+        seconds (None: until the test heals it); out gets the time it started."""
+        import threading
+
+        def run():
+            end = time.monotonic() + 60 * SLOW
+            while time.monotonic() < end:
+                ops = side.stub.ListOperations(pb.ListOperationsRequest(), timeout=10).operations
+                if any(o.status == pb.OPERATION_STATUS_IN_PROGRESS and o.bytes_done > 0 and
+                       o.kind in (pb.OPERATION_KIND_READ, pb.OPERATION_KIND_WRITE) for o in ops):
+                    break
+                time.sleep(0.02)
+            self.cut(True)
+            out.append(time.monotonic())
+            if seconds is not None:
+                time.sleep(seconds)
+                self.cut(False)
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
+
+    def cut(self, on):
+        for dev in ("v0", "v1"):
+            if on:
+                subprocess.run(["tc", "qdisc", "replace", "dev", dev, "root", "netem", "loss", "100%"],
+                               check=True, timeout=30)
+            else:
+                subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], timeout=30,
+                               stderr=subprocess.DEVNULL)
+
+    def test_partition_roce(self):
+        """A partition between rxe0 (a) and rxe1 (b), across the veth pair (netem loss 100% on both
+        ends: RoCE and the control connection alike): for 2 s in the middle of a READ with a 60 s
+        deadline, RC retransmission carries it over and it completes with every byte correct on
+        both sides (5-6 s after the cut here); one that never heals ends both sides ERRORED at the
+        transfer's 30 s deadline (rxe on the 6.1 kernel keeps retransmitting instead of reporting
+        retry-exceeded), and once it heals the next transfers complete at once."""
+        gid2 = self.second_device()
+        self.addCleanup(self.cut, False)
+        keys = self.key_file()
+        a = self.side("a", keys)
+        b = self.sidecar("b", key_file=keys, extra=["--ib-device", "rxe1", "--ib-gid-index", gid2,
+                                                    "--data-listen", IP2 + ":0", "--advertise", IP2,
+                                                    "--backends", "ibverbs,tcp"])
+        self.move(a, b, 4097, 1, "read")  # the QP
+        size = (24 << 20) + 4097
+        t_cut = []
+        th = self.partition_when_moving(b, 2.0, t_cut)
+        t0 = time.monotonic()
+        done, p = self.move(a, b, size, 3, "read", timeout_ms=60000)
+        th.join(30)
+        self.assertTrue(t_cut, "the transfer ended before the partition began")
+        print("  2 s partition mid-READ: COMPLETE on both sides %.1f s after the cut (%.1f s in all)"
+              % (time.monotonic() - t_cut[0], time.monotonic() - t0))
+        # never heals: both sides ERRORED within the deadline plus a bounded margin
+        ra, rb = a.create_region(size), b.create_region(size)
+        po = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(ra, 0, size)], timeout_ms=30000),
+                                   timeout=30 * SLOW)
+        t_cut = []
+        th = self.partition_when_moving(b, None, t_cut)
+        op = b.stub.BeginRead(pb.BeginTransferRequest(metadata=po.metadata, descriptors=[desc(rb, 0, size)],
+                                                      timeout_ms=30000), timeout=30 * SLOW)
+        w = b.wait(op.operation_id, 60000)
+        th.join(30)
+        self.assertTrue(t_cut, "the transfer ended before the partition began")
+        t_active = time.monotonic() - t_cut[0]
+        self.assertEqual(w.status, pb.OPERATION_STATUS_ERRORED, "active: %s %s" % (sname(w.status), w.error.message))
+        pw = a.wait(po.operation_id, 60000)
+        t_passive = time.monotonic() - t_cut[0]
+        self.assertEqual(pw.status, pb.OPERATION_STATUS_ERRORED, "passive: %s %s" % (sname(pw.status), pw.error.message))
+        self.assertLess(max(t_active, t_passive), 30 + 10 * SLOW)
+        print("  partition that never heals: active ERRORED after %.1f s (%s), passive after %.1f s (%s)"
+              % (t_active, w.error.message, t_passive, pw.error.message))
+        self.cut(False)
+        t0 = time.monotonic()
+        self.move(a, b, (1 << 20) + 5, 2, "read", timeout_ms=30000)
+        self.move(a, b, 7777, 1, "write", timeout_ms=30000)
+        print("  healed: the next READ and WRITE completed in %.1f s" % (time.monotonic() - t0))
+
     def test_netem_roce(self):
         """netem acts on RoCE traffic between rxe0 (a) and rxe1 (b) across the veth pair: 1% loss,
         and 20 ms delay, on both veth ends; a READ and a WRITE complete with every byte correct
