@@ -754,6 +754,34 @@ class IbverbsTest(SidecarTest):
         self.move(a, b, 7777, 1, "write", timeout_ms=30000)
         print("  healed: the next READ and WRITE completed in %.1f s" % (time.monotonic() - t0))
 
+    def test_cancel_while_dialling_roce(self):
+        """b's first transfer to a starts while the link is cut (no QP yet, its control connection's
+        SYNs lost): a cancel ends it at once, and a never heard of it."""
+        gid2 = self.second_device()
+        self.addCleanup(self.cut, False)
+        keys = self.key_file()
+        a = self.side("a", keys)
+        b = self.sidecar("b", key_file=keys, extra=["--ib-device", "rxe1", "--ib-gid-index", gid2,
+                                                    "--data-listen", IP2 + ":0", "--advertise", IP2,
+                                                    "--backends", "ibverbs,tcp"])
+        ra, rb = a.create_region(4096), b.create_region(4096)
+        po = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(ra, 0, 4096)], timeout_ms=60000),
+                                   timeout=30 * SLOW)
+        self.cut(True)
+        op = b.stub.BeginRead(pb.BeginTransferRequest(metadata=po.metadata, descriptors=[desc(rb, 0, 4096)],
+                                                      timeout_ms=60000), timeout=30 * SLOW)
+        time.sleep(1.0)
+        self.assertEqual(self.get(b, op.operation_id).status, pb.OPERATION_STATUS_IN_PROGRESS)
+        t0 = time.monotonic()
+        c = b.stub.CancelOperation(pb.CancelOperationRequest(operation_id=op.operation_id), timeout=30 * SLOW)
+        took = time.monotonic() - t0
+        self.assertEqual(c.status, pb.OPERATION_STATUS_CANCELLED, c.error.message)
+        self.assertLess(took, 2 * SLOW, "a cancel while dialling took %.1f s" % took)
+        self.assertEqual(a.wait(po.operation_id, 100).status, pb.OPERATION_STATUS_INITIALIZED)
+        print("  cancel while dialling over ibverbs: CANCELLED after %.2f s" % took)
+        self.cut(False)
+        self.move(a, b, 5000, 1, "read", timeout_ms=30000)
+
     def test_netem_roce(self):
         """netem acts on RoCE traffic between rxe0 (a) and rxe1 (b) across the veth pair: 1% loss,
         and 20 ms delay, on both veth ends; a READ and a WRITE complete with every byte correct
