@@ -316,4 +316,19 @@ void ib_notice_deliver(struct ib_backend *ib);
 /* Free what the completion thread kept (after it ended). */
 void ib_notice_stop(struct ib_backend *ib);
 
+/* Little-endian fields of the QP_CONNECT message and the completion notice. */
+static inline void ib_put_le(uint8_t *p, uint64_t v, size_t width)
+{
+	for (size_t i = 0; i < width; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint64_t ib_get_le(const uint8_t *p, size_t width)
+{
+	uint64_t v = 0;
+	for (size_t i = 0; i < width; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
+
 #endif

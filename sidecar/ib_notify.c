@@ -71,20 +71,6 @@ struct ib_notice_msg {
 	char text[NOTICE_LEN - NOTICE_TEXT + 1];
 };
 
-static void put_le(uint8_t *p, uint64_t v, size_t width)
-{
-	for (size_t i = 0; i < width; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, size_t width)
-{
-	uint64_t v = 0;
-	for (size_t i = 0; i < width; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
-
 uint32_t ib_notice_cq_reserve(struct ib_backend *ib, uint32_t max_cqe, uint32_t send_cqe)
 {
 	uint32_t room = max_cqe > send_cqe ? (max_cqe - send_cqe) / IB_MAX_IN_QPS : 0;
@@ -199,8 +185,8 @@ void ib_notice_maybe_post_locked(struct ib_backend *ib, struct ib_xfer *xf)
 	memset(m, 0, NOTICE_LEN);
 	m[0] = NOTICE_VERSION;
 	m[1] = NOTICE_DONE;
-	put_le(m + 2, SC_OK, 2);
-	put_le(m + 8, x->xfer_id, 8);
+	ib_put_le(m + 2, SC_OK, 2);
+	ib_put_le(m + 8, x->xfer_id, 8);
 	bool read = x->kind == SC_OP_READ;
 	struct ibv_sge sge = {.addr = (uintptr_t)m, .length = NOTICE_LEN, .lkey = qp->nr->mr->lkey};
 	struct ibv_send_wr wr = {
@@ -273,8 +259,8 @@ bool ib_notice_wc_locked(struct ib_backend *ib, const struct ibv_wc *wc)
 	} else {
 		struct ib_notice_msg *n = &ib->notes[ib->n_notes++];
 		snprintf(n->peer, sizeof(n->peer), "%s", q->peer);
-		n->status = (uint32_t)get_le(m + 2, 2);
-		n->xfer_id = get_le(m + 8, 8);
+		n->status = (uint32_t)ib_get_le(m + 2, 2);
+		n->xfer_id = ib_get_le(m + 8, 8);
 		memcpy(n->text, m + NOTICE_TEXT, NOTICE_LEN - NOTICE_TEXT);
 		n->text[NOTICE_LEN - NOTICE_TEXT] = '\0';
 	}

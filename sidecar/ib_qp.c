@@ -75,20 +75,6 @@ struct qpc {
 	char id[SC_NAME_MAX];
 };
 
-static void put_le(uint8_t *p, uint64_t v, size_t width)
-{
-	for (size_t i = 0; i < width; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, size_t width)
-{
-	uint64_t v = 0;
-	for (size_t i = 0; i < width; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
-
 static size_t qpc_encode(const struct qpc *m, uint8_t *out, size_t cap)
 {
 	size_t idlen = strlen(m->id);
@@ -97,18 +83,18 @@ static size_t qpc_encode(const struct qpc *m, uint8_t *out, size_t cap)
 	memset(out, 0, QPC_FIXED);
 	out[0] = QPC_VERSION;
 	out[1] = m->op;
-	put_le(out + 2, m->status, 2);
-	put_le(out + 4, m->qpn, 4);
-	put_le(out + 8, m->psn, 4);
+	ib_put_le(out + 2, m->status, 2);
+	ib_put_le(out + 4, m->qpn, 4);
+	ib_put_le(out + 8, m->psn, 4);
 	memcpy(out + 12, m->gid, 16);
-	put_le(out + 28, m->lid, 2);
+	ib_put_le(out + 28, m->lid, 2);
 	out[30] = m->link_layer;
 	out[31] = m->flags;
-	put_le(out + 32, m->mtu, 4);
-	put_le(out + 36, m->max_rd, 4);
-	put_le(out + 40, m->max_dest_rd, 4);
-	put_le(out + 44, m->prev_qpn, 4);
-	put_le(out + 48, idlen, 2);
+	ib_put_le(out + 32, m->mtu, 4);
+	ib_put_le(out + 36, m->max_rd, 4);
+	ib_put_le(out + 40, m->max_dest_rd, 4);
+	ib_put_le(out + 44, m->prev_qpn, 4);
+	ib_put_le(out + 48, idlen, 2);
 	memcpy(out + 50, m->id, idlen);
 	return QPC_FIXED + 2 + idlen;
 }
@@ -129,18 +115,18 @@ static int qpc_decode(const uint8_t *in, size_t len, uint8_t want_op, struct qpc
 				  want_op);
 	memset(m, 0, sizeof(*m));
 	m->op = in[1];
-	m->status = (uint16_t)get_le(in + 2, 2);
-	m->qpn = (uint32_t)get_le(in + 4, 4);
-	m->psn = (uint32_t)get_le(in + 8, 4);
+	m->status = (uint16_t)ib_get_le(in + 2, 2);
+	m->qpn = (uint32_t)ib_get_le(in + 4, 4);
+	m->psn = (uint32_t)ib_get_le(in + 8, 4);
 	memcpy(m->gid, in + 12, 16);
-	m->lid = (uint16_t)get_le(in + 28, 2);
+	m->lid = (uint16_t)ib_get_le(in + 28, 2);
 	m->link_layer = in[30];
 	m->flags = in[31];
-	m->mtu = (uint32_t)get_le(in + 32, 4);
-	m->max_rd = (uint32_t)get_le(in + 36, 4);
-	m->max_dest_rd = (uint32_t)get_le(in + 40, 4);
-	m->prev_qpn = (uint32_t)get_le(in + 44, 4);
-	size_t idlen = (size_t)get_le(in + 48, 2);
+	m->mtu = (uint32_t)ib_get_le(in + 32, 4);
+	m->max_rd = (uint32_t)ib_get_le(in + 36, 4);
+	m->max_dest_rd = (uint32_t)ib_get_le(in + 40, 4);
+	m->prev_qpn = (uint32_t)ib_get_le(in + 44, 4);
+	size_t idlen = (size_t)ib_get_le(in + 48, 2);
 	if (idlen >= SC_NAME_MAX || len != QPC_FIXED + 2 + idlen || memchr(in + 50, 0, idlen))
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "QP_CONNECT: bad sidecar id");
 	memcpy(m->id, in + 50, idlen);

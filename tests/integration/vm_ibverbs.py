@@ -705,13 +705,9 @@ class IbverbsTest(SidecarTest):
                 subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], timeout=30,
                                stderr=subprocess.DEVNULL)
 
-    def test_partition_roce(self):
-        """A partition between rxe0 (a) and rxe1 (b), across the veth pair (netem loss 100% on both
-        ends: RoCE and the control connection alike): for 2 s in the middle of a READ with a 60 s
-        deadline, RC retransmission carries it over and it completes with every byte correct on
-        both sides (5-6 s after the cut here); one that never heals ends both sides ERRORED at the
-        transfer's 30 s deadline (rxe on the 6.1 kernel keeps retransmitting instead of reporting
-        retry-exceeded), and once it heals the next transfers complete at once."""
+    def roce_pair(self):
+        """a on rxe0 (IP), b on rxe1 (IP2): their RoCE and control traffic crosses the veth pair,
+        where the test can cut it (the cut is healed at cleanup)."""
         gid2 = self.second_device()
         self.addCleanup(self.cut, False)
         keys = self.key_file()
@@ -719,6 +715,16 @@ class IbverbsTest(SidecarTest):
         b = self.sidecar("b", key_file=keys, extra=["--ib-device", "rxe1", "--ib-gid-index", gid2,
                                                     "--data-listen", IP2 + ":0", "--advertise", IP2,
                                                     "--backends", "ibverbs,tcp"])
+        return a, b
+
+    def test_partition_roce(self):
+        """A partition between rxe0 (a) and rxe1 (b), across the veth pair (netem loss 100% on both
+        ends: RoCE and the control connection alike): for 2 s in the middle of a READ with a 60 s
+        deadline, RC retransmission carries it over and it completes with every byte correct on
+        both sides (5-6 s after the cut here); one that never heals ends both sides ERRORED at the
+        transfer's 30 s deadline (rxe on the 6.1 kernel keeps retransmitting instead of reporting
+        retry-exceeded), and once it heals the next transfers complete at once."""
+        a, b = self.roce_pair()
         self.move(a, b, 4097, 1, "read")  # the QP
         size = (24 << 20) + 4097
         t_cut = []
@@ -757,13 +763,7 @@ class IbverbsTest(SidecarTest):
     def test_cancel_while_dialling_roce(self):
         """b's first transfer to a starts while the link is cut (no QP yet, its control connection's
         SYNs lost): a cancel ends it at once, and a never heard of it."""
-        gid2 = self.second_device()
-        self.addCleanup(self.cut, False)
-        keys = self.key_file()
-        a = self.side("a", keys)
-        b = self.sidecar("b", key_file=keys, extra=["--ib-device", "rxe1", "--ib-gid-index", gid2,
-                                                    "--data-listen", IP2 + ":0", "--advertise", IP2,
-                                                    "--backends", "ibverbs,tcp"])
+        a, b = self.roce_pair()
         ra, rb = a.create_region(4096), b.create_region(4096)
         po = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(ra, 0, 4096)], timeout_ms=60000),
                                    timeout=30 * SLOW)
