@@ -291,6 +291,9 @@ int rsc_operation_wait(rsc_client *c, const char *operation_id, uint64_t timeout
 typedef int (*rsc_operation_cb)(const rsc_operation *op, void *user);
 int rsc_operation_watch(rsc_client *c, const char *operation_id, rsc_operation_cb cb, void *user,
 			uint64_t timeout_ms, rsc_status *st);
+/* CancelOperation: answers once the operation is terminal (within 30 s), i.e. once the sidecar no
+ * longer touches its memory; *out is then its final state (COMPLETE when the cancel came too
+ * late). */
 int rsc_operation_cancel(rsc_client *c, const char *operation_id, rsc_operation *out,
 			 rsc_status *st);
 int rsc_operation_release(rsc_client *c, const char *operation_id, rsc_status *st);

@@ -195,7 +195,8 @@ class Operation:
         return self.status
 
     async def cancel(self) -> OperationStatus:
-        """CancelOperation (the peer's operation ends too); cancelling a terminal one changes nothing."""
+        """CancelOperation (the peer's operation ends too); cancelling a terminal one changes nothing.
+        Returns once the operation is terminal: the sidecar no longer touches its memory."""
         return self._update(await self._connector._call("CancelOperation",
                                                         pb.CancelOperationRequest(operation_id=self.id)))
 

@@ -78,7 +78,8 @@ class Operation:
         return _drive(self.aio.wait_for_completion(timeout))
 
     def cancel(self) -> OperationStatus:
-        """Cancels the operation (the peer's ends too)."""
+        """Cancels the operation (the peer's ends too); returns once it is terminal and the sidecar
+        no longer touches its memory."""
         return _drive(self.aio.cancel())
 
     def refresh(self) -> OperationStatus:
