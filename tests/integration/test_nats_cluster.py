@@ -105,6 +105,13 @@ class NatsClusterTest(SidecarTest):
         self.nodes = [Node(self.workdir, i, ports[0:3], ports[3:6], ports[6:9]) for i in range(3)]
         self._procs.extend(self.nodes)
         wait_until(lambda: all(n.routes() == 2 for n in self.nodes), 20, "the three routes to form")
+        # About 1 s after start each node dials the routes it learned by gossip again and closes
+        # the duplicates ("Router connection closed: Duplicate Route"); interest registered over a
+        # duplicate is dropped with it, so a subscription made in that second may never reach
+        # another node (seen once in CI: a queue group got none of 20 messages published on the
+        # other node). Subscriptions start after that settles.
+        time.sleep(2.0)
+        wait_until(lambda: all(n.routes() == 2 for n in self.nodes), 20, "the three routes to settle")
         self.urls = ",".join(n.url for n in self.nodes)
         self.keys = self.key_file()
         self.subject = "cluster.%d" % os.getpid()
