@@ -122,10 +122,9 @@ struct sc_op {
 	struct sc_xfer xfer;
 	struct sc_backend *be;
 	bool xfer_in_flight;
-	/* A cancel, deadline or release ended the operation while bytes were moving (active: its
-	 * transfer in flight; passive: spans pinned by the peer server): the status it ends with
-	 * (err_code/err_msg hold the reason) once that has stopped touching region memory
-	 * (xfer_complete, sc_passive_span_release). SC_OPS_UNSPECIFIED: none. */
+	/* A cancel, deadline or release ended the active operation while its transfer was in
+	 * flight: the status it ends with (err_code/err_msg hold the reason) once the backend has
+	 * stopped touching region memory (xfer_complete). SC_OPS_UNSPECIFIED: none. */
 	enum sc_op_status finish_pending;
 	bool slot_held;
 	struct sc_requirement req;

@@ -308,16 +308,6 @@ void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_sta
 		}
 		return;
 	}
-	if (is_passive(op) && op->pins > 0 && status != SC_OPS_COMPLETE) {
-		/* The peer server is moving bytes in or out of a pinned span: no new access from
-		 * now, and the end once the last span is released (sc_passive_span_release). */
-		if (op->finish_pending == SC_OPS_UNSPECIFIED) {
-			op->finish_pending = status;
-			set_error(op, code, msg);
-			passive_close_locked(eng, op);
-		}
-		return;
-	}
 	enum sc_op_status was = op->status;
 	if (status == SC_OPS_COMPLETE && op->backend == SC_BACKEND_IBVERBS &&
 	    (op->kind == SC_OP_READ || op->kind == SC_OP_WRITABLE)) {
@@ -1308,11 +1298,6 @@ void sc_passive_span_release(struct sc_engine *eng, struct sc_span *span, uint64
 	    sc_clock_mono_ms() - op->last_notify_mono_ms >= PROGRESS_NOTIFY_MS)
 		op_notify(eng, op);
 	op->pins--;
-	if (op->pins == 0 && op->finish_pending != SC_OPS_UNSPECIFIED) {
-		char why[SC_ERR_MSG_MAX];
-		snprintf(why, sizeof(why), "%s", op->err_msg);
-		sc_op_finish_locked(eng, op, op->finish_pending, op->err_code, why);
-	}
 	op_release_regions(eng, op);
 	sc_op_unref(eng, op);
 	pthread_mutex_unlock(&eng->mu);
