@@ -10,17 +10,17 @@ ratio after/before. Both pairs see the same machine at the same minutes.
     /usr/bin/python3 bench/ab_builds.py --before /tmp/build-old --after build [--rounds 4] [--seconds 2]
 """
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+sys.path.insert(0, HERE)
+from latency_bench import sc_bench  # noqa: E402
 
 
 def main():
@@ -54,13 +54,7 @@ def main():
                     for k in (("old", "new") if rnd % 2 == 0 else ("new", "old")):
                         a, b = pairs[k]
                         exe = os.path.join(builds[k], "client", "sc-bench")
-                        cmd = [exe, "--passive", "unix:" + a.sock, "--active", "unix:" + b.sock, "--direction", d,
-                               "--size", str(args.size), "--clients", str(c), "--iters", "1000000",
-                               "--seconds", str(args.seconds)]
-                        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-                        if out.returncode != 0:
-                            raise SystemExit("sc-bench failed: %s%s" % (out.stdout, out.stderr))
-                        res[(k, d, c)].append(json.loads(out.stdout))
+                        res[(k, d, c)].append(sc_bench(exe, a, b, d, args.size, c, 1000000, args.seconds))
         print("before: %s\nafter:  %s\n%d rounds of %.0f s, medians\n" % (builds["old"], builds["new"], args.rounds,
                                                                           args.seconds))
         print("| %d B | clients | before p50 us | before transfers/s | after p50 us | after transfers/s | "

@@ -103,16 +103,23 @@ struct piece {
 	uint64_t len;
 };
 
+/* Move the cursor past segments it has used up; true when a piece is left. Under cursor_mu. */
+static bool cursor_at_piece_locked(struct tcp_xfer *tx)
+{
+	const struct sc_xfer *x = tx->x;
+	while (tx->cur_seg < x->n_segs && tx->cur_off >= x->segs[tx->cur_seg].len) {
+		tx->cur_seg++;
+		tx->cur_off = 0;
+	}
+	return tx->cur_seg < x->n_segs;
+}
+
 static bool next_piece(struct tcp_xfer *tx, struct piece *p)
 {
 	const struct sc_xfer *x = tx->x;
 	bool ok = false;
 	pthread_mutex_lock(&tx->cursor_mu);
-	while (tx->cur_seg < x->n_segs && tx->cur_off >= x->segs[tx->cur_seg].len) {
-		tx->cur_seg++;
-		tx->cur_off = 0;
-	}
-	if (tx->cur_seg < x->n_segs) {
+	if (cursor_at_piece_locked(tx)) {
 		const struct sc_xfer_seg *s = &x->segs[tx->cur_seg];
 		uint64_t left = s->len - tx->cur_off;
 		p->seg = s;
@@ -129,16 +136,10 @@ static bool next_piece(struct tcp_xfer *tx, struct piece *p)
  * it). */
 static bool pieces_left(struct tcp_xfer *tx)
 {
-	const struct sc_xfer *x = tx->x;
 	pthread_mutex_lock(&tx->cursor_mu);
-	size_t seg = tx->cur_seg;
-	uint64_t off = tx->cur_off;
-	while (seg < x->n_segs && off >= x->segs[seg].len) {
-		seg++;
-		off = 0;
-	}
+	bool left = cursor_at_piece_locked(tx);
 	pthread_mutex_unlock(&tx->cursor_mu);
-	return seg < x->n_segs;
+	return left;
 }
 
 static uint64_t count_chunks(const struct sc_xfer *x, uint64_t chunk)
@@ -264,7 +265,7 @@ static struct sc_peer_conn *open_stream(struct tcp_xfer *tx, int slot, bool pipe
 }
 
 /* How long a stream's I/O may wait, and what stops it: the transfer's deadline and cancel flag,
- * or after commit_done its deadline bounded by SC_PEER_VERDICT_OK_WAIT_MS and no cancel. */
+ * or after commit_done sc_peer_verdict_ok_deadline and no cancel. */
 struct io_bound {
 	uint64_t deadline_mono_ms;
 	const atomic_bool *cancel;
@@ -321,8 +322,7 @@ static int take_open_reply(struct sc_peer_conn *c, int *open_pending, const stru
  * connection's frames are served in order; a DONE {OK} after a refused request is refused). Its
  * reply arrives right behind the last data reply. From here the transfer commits: the passive
  * side may complete as soon as the bytes are out, so a cancel no longer cuts the stream, and the
- * replies are awaited until the deadline, at most SC_PEER_VERDICT_OK_WAIT_MS (the same bound as a
- * confirmed DONE). False when the transfer is already stopping (nothing sent: the verdict is told
+ * replies are awaited until sc_peer_verdict_ok_deadline (the same bound as a confirmed DONE). False when the transfer is already stopping (nothing sent: the verdict is told
  * the usual way) or the send failed (err says why).
  */
 static bool commit_done(struct tcp_xfer *tx, struct sc_peer_conn *c, struct io_bound *b,
@@ -335,9 +335,7 @@ static bool commit_done(struct tcp_xfer *tx, struct sc_peer_conn *c, struct io_b
 	pthread_mutex_unlock(&tx->tb->mu);
 	if (!go)
 		return false;
-	b->deadline_mono_ms = sc_clock_mono_ms() + SC_PEER_VERDICT_OK_WAIT_MS;
-	if (x->deadline_mono_ms && x->deadline_mono_ms < b->deadline_mono_ms)
-		b->deadline_mono_ms = x->deadline_mono_ms;
+	b->deadline_mono_ms = sc_peer_verdict_ok_deadline(x->deadline_mono_ms);
 	b->cancel = NULL;
 	if (sc_peer_done_send(c, x->meta->token, x->xfer_id, SC_OK, NULL, b->deadline_mono_ms, NULL,
 			      err) != 0)
@@ -347,8 +345,7 @@ static bool commit_done(struct tcp_xfer *tx, struct sc_peer_conn *c, struct io_b
 }
 
 /* The reply to the DONE commit_done sent, after every data reply. */
-static int take_done_reply(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct io_bound *b,
-			   struct sc_err *err)
+static int take_done_reply(struct sc_peer_conn *c, const struct io_bound *b, struct sc_err *err)
 {
 	if (sc_peer_done_recv(c, b->deadline_mono_ms, b->cancel, err) == 0)
 		return 0;
@@ -405,7 +402,7 @@ static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, i
 		cur = next;
 	}
 	if (tx->done_sent && err.code == SC_OK)
-		take_done_reply(tx, c, &b, &err);
+		take_done_reply(c, &b, &err);
 out:
 	if (*open_pending == 1 && err.code == SC_OK && sc_peer_conn_usable(c)) {
 		sc_peer_conn_flush(c); /* no piece went out on this stream to carry the OPEN */

@@ -531,11 +531,9 @@ static struct sc_peer_wait client_wait(uint64_t deadline_mono_ms, const atomic_b
 
 static int open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
 		     uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
-		     uint64_t deadline_mono_ms, const atomic_bool *cancel, bool hold,
-		     struct sc_err *err)
+		     uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
 	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
-	w.more = hold;
 	struct sc_peer_msg m;
 	fill_ref(&m, SC_FRAME_OPEN, token, xfer_id);
 	m.flags = flags;
@@ -548,8 +546,9 @@ int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LE
 		      uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
 		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
+	sc_peer_conn_hold_next(conn);
 	return open_send(conn, token, xfer_id, peer_kind, total, flags, deadline_mono_ms, cancel,
-			 true, err);
+			 err);
 }
 
 void sc_peer_conn_hold_next(struct sc_peer_conn *conn)
@@ -584,7 +583,7 @@ int sc_peer_open_flags(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
 		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
 	if (open_send(conn, token, xfer_id, peer_kind, total, flags, deadline_mono_ms, cancel,
-		      false, err) != 0)
+		      err) != 0)
 		return -1;
 	return sc_peer_open_recv(conn, deadline_mono_ms, cancel, NULL, err);
 }
@@ -831,6 +830,14 @@ int sc_peer_call(struct sc_peer_conn *conn, unsigned type, const void *body, siz
 }
 
 #define VERDICT_FAIL_WAIT_MS 1000
+#define VERDICT_OK_WAIT_MS 30000
+
+uint64_t sc_peer_verdict_ok_deadline(uint64_t xfer_deadline_mono_ms)
+{
+	uint64_t deadline = sc_clock_mono_ms() + VERDICT_OK_WAIT_MS;
+	return xfer_deadline_mono_ms && xfer_deadline_mono_ms < deadline ? xfer_deadline_mono_ms
+									  : deadline;
+}
 
 void sc_peer_tell_verdict(struct sc_peer_pool *pool, struct sc_peer_conn **conn,
 			  const char *endpoint, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
@@ -838,9 +845,8 @@ void sc_peer_tell_verdict(struct sc_peer_pool *pool, struct sc_peer_conn **conn,
 			  size_t msg_cap, const char *area)
 {
 	bool ok = *status == SC_OK;
-	uint64_t deadline = sc_clock_mono_ms() + (ok ? SC_PEER_VERDICT_OK_WAIT_MS : VERDICT_FAIL_WAIT_MS);
-	if (ok && xfer_deadline_mono_ms && xfer_deadline_mono_ms < deadline)
-		deadline = xfer_deadline_mono_ms;
+	uint64_t deadline = ok ? sc_peer_verdict_ok_deadline(xfer_deadline_mono_ms)
+			       : sc_clock_mono_ms() + VERDICT_FAIL_WAIT_MS;
 	struct sc_err err;
 	sc_err_clear(&err);
 	if (!*conn || !sc_peer_conn_usable(*conn)) {

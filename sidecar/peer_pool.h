@@ -90,13 +90,15 @@ int sc_peer_open_flags(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
 /* OPEN in halves, to pipeline the first data request behind it (no round trip of its own): the
  * server handles a connection's frames in order, so a READ or WRITE sent after an OPEN is judged
  * after it; a refused OPEN refuses what follows too (and a refused WRITE ends the connection).
- * The OPEN is held back (MSG_MORE) and leaves in one segment with the next request sent on the
- * connection: when none follows, call sc_peer_conn_flush before waiting for its reply. */
+ * The OPEN is held back (sc_peer_conn_hold_next) and leaves in one segment with the next request
+ * sent on the connection: when none follows, call sc_peer_conn_flush before waiting for its
+ * reply. */
 int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
 		      uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
 		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
-/* The next request sent on the connection is held back the same way (for a data request that
- * DONE follows at once). */
+/* The next request sent on the connection is held back (MSG_MORE) until the one after it, so
+ * both leave in one segment (an OPEN before its first data request, a data request before its
+ * DONE). */
 void sc_peer_conn_hold_next(struct sc_peer_conn *conn);
 /* Send whatever sc_peer_open_send or sc_peer_conn_hold_next held back. */
 void sc_peer_conn_flush(struct sc_peer_conn *conn);
@@ -146,9 +148,9 @@ int sc_peer_write_send_gpu(struct sc_peer_conn *conn, const uint8_t token[SC_TOK
 int sc_peer_done(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		 enum sc_status status, const char *msg, uint64_t deadline_mono_ms,
 		 const atomic_bool *cancel, struct sc_err *err);
-/* How long a successful transfer waits for the passive side to confirm its DONE (bounded by the
- * transfer's deadline). */
-#define SC_PEER_VERDICT_OK_WAIT_MS 30000
+/* Until when a successful transfer waits for the passive side to confirm its DONE: 30 s from
+ * now, or the transfer's deadline when that comes first (0: none). */
+uint64_t sc_peer_verdict_ok_deadline(uint64_t xfer_deadline_mono_ms);
 /* DONE in halves, to pipeline a success behind the last data request of a single-stream transfer
  * (no round trip of its own): the server judges the DONE after every request before it on the
  * connection, and refuses a successful DONE for a transfer one of whose requests it refused. */
