@@ -44,18 +44,21 @@ def log(msg):
     print(msg, flush=True)
 
 
-def import_package(prog):
+def import_package(prog, stubs=DEFAULT_STUBS):
     """The rdma_sidecar package: installed (pip install ./clients/python) or this checkout's
-    clients/python, whose generated modules the CMake build writes. Exits with a hint, prefixed
-    `prog: `, when it cannot be imported."""
+    clients/python with its generated half under the build directory (`stubs`, build/python: the
+    CMake build writes it there, never into clients/python). Exits with a hint, prefixed `prog: `,
+    when it cannot be imported."""
     sys.path.append(os.path.join(HERE, "..", "clients", "python"))
+    sys.path.append(stubs)
     try:
         import rdma_sidecar
         import rdma_sidecar.sync  # noqa: F401
     except ImportError as e:
-        sys.exit("%s: cannot import the rdma_sidecar package (%s): build the checkout (`cmake --build build`) "
-                 "or pip install --no-build-isolation ./clients/python; the grpc module comes with "
-                 "apt-get install python3-grpcio" % (prog, e))
+        sys.exit("%s: cannot import the rdma_sidecar package (%s): build the checkout (`cmake --build build`, "
+                 "which generates its modules under build/python; --stubs names another build) "
+                 "or /usr/bin/python3 -m pip install --no-build-isolation ./clients/python; the grpc module "
+                 "comes with apt-get install python3-grpcio" % (prog, e))
     return rdma_sidecar
 
 
@@ -351,7 +354,7 @@ def run(worker_class, args):
     """A worker's main(): import the package, connect, run steps(), give everything back, write --report.
 
     Exits non-zero with `name: reason` on a gRPC error, a failed step or SIGTERM; prints "done" last."""
-    rs = import_package(worker_class.name)
+    rs = import_package(worker_class.name, args.stubs)
     # SIGTERM (e.g. the pod stopping): unwind through `finally`, which gives everything back.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("%s: terminated" % worker_class.name))
     w = worker_class(args, rs)

@@ -11,6 +11,12 @@
 The peer: `op = await c.begin_read(event.metadata, rs.Descriptor(dst)); await op.wait_for_completion()`.
 rdma_sidecar.sync has the same API, blocking. Errors are SidecarError (.code, .message) subclasses.
 """
+import pkgutil as _pkgutil
+
+# The generated modules (v1/, _health/) ship inside an installed package. In a source checkout they
+# live under the build directory instead (build/python/rdma_sidecar/, made by the CMake build, never
+# written into the source tree): with that directory on sys.path too, this finds them there.
+__path__ = _pkgutil.extend_path(__path__, __name__)
 from .connector import (Backend, Connector, MetadataEvent, Operation, OperationKind, OperationState,  # noqa: F401
                         OperationStatus, PassiveOperation, ReadableOperation, ReadOperation, Subscription,
                         TransferRequirement, WritableOperation, WriteOperation)

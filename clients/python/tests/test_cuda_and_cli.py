@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import rdma_sidecar as rs
+import harness
 from conftest import SLOW, addr
 
 FAKE = os.environ.get("SC_FAKE_CUDA", "")
@@ -77,7 +78,8 @@ def test_cuda_tensor_by_ipc_handle(cluster):
 
 
 def cli(*args, env=None):
-    e = dict(os.environ, PYTHONPATH=PKG, **(env or {}))
+    # The package's directory and, in a checkout, the build's generated half (harness.STUBS).
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG, harness.STUBS]), **(env or {}))
     return subprocess.run([sys.executable, "-m", "rdma_sidecar", *args], capture_output=True, text=True,
                           timeout=60 * SLOW, env=e)
 
