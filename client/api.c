@@ -437,7 +437,7 @@ int rsc_region_read(rsc_client *c, const char *region_id, uint64_t offset, void 
 	int stopped;
 	int rc = rsc_call_server_stream(c, M("ReadRegion"), PBM(&req),
 					&rdma_sidecar__v1__read_region_response__descriptor,
-					read_chunk, &r, 300000, &stopped, st);
+					read_chunk, NULL, &r, 300000, &stopped, st);
 	if (got)
 		*got = r.got;
 	if (rc == RSC_OK && r.bad)
@@ -693,7 +693,7 @@ int rsc_operation_watch(rsc_client *c, const char *id, rsc_operation_cb cb, void
 	struct watch_ctx w = {.cb = cb, .user = user};
 	int stopped;
 	int rc = rsc_call_server_stream(c, M("WatchOperation"), PBM(&req),
-					&rdma_sidecar__v1__operation__descriptor, watch_msg, &w,
+					&rdma_sidecar__v1__operation__descriptor, watch_msg, NULL, &w,
 					timeout_ms, &stopped, st);
 	if (rc == RSC_OK && stopped)
 		return rsc_fail(st, RSC_CANCELLED, "watch: stopped by the callback");
@@ -848,6 +848,7 @@ int rsc_publish_metadata(rsc_client *c, const char *subject, const char *metadat
 
 struct sub_ctx {
 	rsc_metadata_cb cb;
+	void (*ready)(void *user);
 	void *user;
 };
 
@@ -867,8 +868,21 @@ static int sub_msg(const ProtobufCMessage *msg, void *user)
 	return s->cb(&ev, s->user);
 }
 
+static void sub_ready(void *user)
+{
+	struct sub_ctx *s = user;
+	s->ready(s->user);
+}
+
 int rsc_subscribe(rsc_client *c, const char *subject, const char *queue_group, rsc_metadata_cb cb,
 		  void *user, uint64_t timeout_ms, rsc_status *st)
+{
+	return rsc_subscribe_ready(c, subject, queue_group, NULL, cb, user, timeout_ms, st);
+}
+
+int rsc_subscribe_ready(rsc_client *c, const char *subject, const char *queue_group,
+			void (*ready)(void *user), rsc_metadata_cb cb, void *user,
+			uint64_t timeout_ms, rsc_status *st)
 {
 	if (!cb || !subject || !subject[0])
 		return rsc_fail(st, RSC_INVALID_ARGUMENT,
@@ -877,11 +891,11 @@ int rsc_subscribe(rsc_client *c, const char *subject, const char *queue_group, r
 	    RDMA_SIDECAR__V1__SUBSCRIBE_METADATA_REQUEST__INIT;
 	req.subject = (char *)subject;
 	req.queue_group = pbs(queue_group);
-	struct sub_ctx s = {.cb = cb, .user = user};
+	struct sub_ctx s = {.cb = cb, .ready = ready, .user = user};
 	int stopped;
 	return rsc_call_server_stream(c, M("SubscribeMetadata"), PBM(&req),
-				      &rdma_sidecar__v1__metadata_event__descriptor, sub_msg, &s,
-				      timeout_ms, &stopped, st);
+				      &rdma_sidecar__v1__metadata_event__descriptor, sub_msg,
+				      ready ? sub_ready : NULL, &s, timeout_ms, &stopped, st);
 }
 
 int rsc_report_progress(rsc_client *c, const char *request_id, uint64_t iteration, int has_layer,

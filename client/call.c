@@ -353,7 +353,8 @@ out:
 
 int rsc_call_server_stream(rsc_client *c, const char *method, const ProtobufCMessage *req,
 			   const ProtobufCMessageDescriptor *resp_desc, rsc_stream_cb on_msg,
-			   void *user, uint64_t timeout_ms, int *stopped, rsc_status *st)
+			   void (*on_ready)(void *user), void *user, uint64_t timeout_ms,
+			   int *stopped, rsc_status *st)
 {
 	struct call k;
 	*stopped = 0;
@@ -378,6 +379,16 @@ int rsc_call_server_stream(rsc_client *c, const char *method, const ProtobufCMes
 		goto refused;
 	}
 	pluck(&k, &tag_start);
+	/* The server's "ready" header (SubscribeMetadata sends it once its NATS subscription is in
+	 * place); a failed call's empty headers do not carry it. */
+	if (on_ready) {
+		for (size_t i = 0; i < k.initial.count; i++) {
+			if (grpc_slice_str_cmp(k.initial.metadata[i].key, "rdma-sidecar-ready") == 0) {
+				on_ready(user);
+				break;
+			}
+		}
+	}
 	for (;;) {
 		grpc_byte_buffer *in = NULL;
 		memset(ops, 0, sizeof(ops));

@@ -21,12 +21,14 @@ int rsc_call_unary(rsc_client *c, const char *method, const ProtobufCMessage *re
 		   uint64_t timeout_ms, rsc_status *st);
 
 /* A server-streaming call: on_msg gets each unpacked message (freed after it returns) and returns
- * non-zero to stop, which cancels the call and returns RSC_OK with *stopped = 1.
+ * non-zero to stop, which cancels the call and returns RSC_OK with *stopped = 1. on_ready (may be
+ * NULL) runs once when the server's response headers arrive, before any message.
  * timeout_ms 0 = no deadline. */
 typedef int (*rsc_stream_cb)(const ProtobufCMessage *msg, void *user);
 int rsc_call_server_stream(rsc_client *c, const char *method, const ProtobufCMessage *req,
 			   const ProtobufCMessageDescriptor *resp_desc, rsc_stream_cb on_msg,
-			   void *user, uint64_t timeout_ms, int *stopped, rsc_status *st);
+			   void (*on_ready)(void *user), void *user, uint64_t timeout_ms,
+			   int *stopped, rsc_status *st);
 
 /* A client-streaming call: next(user, &msg) fills the next request (returns 1) or says the stream
  * ended (0) or failed (-1 with st filled); msg stays valid until the next call of next(). */

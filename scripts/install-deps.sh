@@ -14,6 +14,7 @@ build=(build-essential cmake pkg-config git
        libgrpc-dev protobuf-c-compiler libprotobuf-c-dev libssl-dev libnats-dev libmicrohttpd-dev
        libibverbs-dev rdma-core ibverbs-providers ibverbs-utils
        nats-server python3 python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc
+       protoc-gen-go protoc-gen-go-grpc   # test_proto_contract.py: Go code from the proto, no flags
        python3-setuptools python3-pip python3-wheel python3-venv python3-numpy python3-torch python3-pytest
        iproute2 iptables procps psmisc valgrind clang libclang-rt-14-dev
        openssl   # the openssl CLI: test_security_listen.py makes its CA and certificates

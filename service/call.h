@@ -44,6 +44,8 @@ void sc_call_fail_err(struct sc_call *c, const struct sc_err *err);
 
 /* Streams: send the response headers now, so the client knows the stream is live before the
  * first message (e.g. a subscription is in place). */
+/* The header (initial metadata key, value "1") that sc_call_send_headers sends. */
+#define SC_READY_HEADER "rdma-sidecar-ready"
 void sc_call_send_headers(struct sc_call *c);
 /* Streams: queue a message; end with a status. Returns false if the call has ended. */
 bool sc_call_send(struct sc_call *c, const ProtobufCMessage *msg);

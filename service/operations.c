@@ -12,6 +12,7 @@
 #include "handlers.h"
 #include "paging.h"
 
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,7 +80,9 @@ void sc_h_create_writable(struct sc_call *c, ProtobufCMessage *req)
 	create_passive(c, req, SC_OP_WRITABLE);
 }
 
-static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout_ms, bool stream);
+static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout_ms, bool stream,
+			  bool cancel);
+static void cancel_not_yet(struct sc_call *c, const struct sc_op_info *info);
 
 static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind)
 {
@@ -133,7 +136,7 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 	uint64_t now = sc_now_unix_ms();
 	uint64_t left = info.deadline_unix_ms > now ? info.deadline_unix_ms - now : 0;
 	sc_op_info_free(&info);
-	wait_or_watch(c, id, left + 1000, false);
+	wait_or_watch(c, id, left + 1000, false, false);
 }
 
 void sc_h_begin_read(struct sc_call *c, ProtobufCMessage *req)
@@ -156,10 +159,6 @@ void sc_h_get_operation(struct sc_call *c, ProtobufCMessage *req)
 	answer(c, rc, &info, &err);
 }
 
-/* How long CancelOperation waits for a transfer to stop (backends stop within a second or two;
- * a transfer already confirming its last round trip finishes instead, within its deadline). */
-#define CANCEL_WAIT_MS 30000
-
 void sc_h_cancel_operation(struct sc_call *c, ProtobufCMessage *req)
 {
 	RdmaSidecar__V1__CancelOperationRequest *r = (RdmaSidecar__V1__CancelOperationRequest *)req;
@@ -172,11 +171,18 @@ void sc_h_cancel_operation(struct sc_call *c, ProtobufCMessage *req)
 		return;
 	}
 	/* An active operation whose transfer is in flight ends once its backend has stopped
-	 * touching the worker's memory: answer then, so CANCELLED means the memory is quiet. */
+	 * touching the worker's memory: answer then, so CANCELLED means the memory is quiet. A
+	 * committed transfer cannot be cut: say so at once. Otherwise wait at most --cancel-wait
+	 * (backends stop well within it), then answer FAILED_PRECONDITION saying how it ends. */
+	if (info.committed || sc_call_config(c)->cancel_wait_ms == 0) {
+		cancel_not_yet(c, &info);
+		sc_op_info_free(&info);
+		return;
+	}
 	char id[SC_ID_MAX];
 	memcpy(id, info.id, sizeof(id));
 	sc_op_info_free(&info);
-	wait_or_watch(c, id, CANCEL_WAIT_MS, false);
+	wait_or_watch(c, id, sc_call_config(c)->cancel_wait_ms, false, true);
 }
 
 void sc_h_release_operation(struct sc_call *c, ProtobufCMessage *req)
@@ -265,6 +271,7 @@ struct waiter {
 	 * it runs) drops it. Atomic: the watcher reads it while the handler may still store it. */
 	atomic_uint_fast64_t timer_id;
 	bool stream; /* Watch (stream every change) rather than Wait */
+	bool cancel; /* CancelOperation: a timeout is answered FAILED_PRECONDITION, saying why */
 };
 
 /* Drop the call reference that the watch or the timer held; may free w. */
@@ -313,6 +320,31 @@ static bool waiter_on_change(void *ctx, const struct sc_op_info *info)
 	return false;
 }
 
+/* CancelOperation's answer when the operation is still not terminal after --cancel-wait: the
+ * cancel stays under way (or, committed, cannot cut the transfer); say which and how it ends. */
+static void cancel_not_yet(struct sc_call *c, const struct sc_op_info *info)
+{
+	uint64_t now = sc_now_unix_ms();
+	uint64_t left = info->deadline_unix_ms > now ? info->deadline_unix_ms - now : 0;
+	struct sc_err err;
+	if (info->committed)
+		sc_err_set(&err, SC_FAILED_PRECONDITION,
+			     "operation %s cannot be cut: its transfer is committed (peer %s was told it "
+			     "succeeded, so stopping now would leave the two sides disagreeing); it ends "
+			     "COMPLETE, or ERRORED by its deadline (unix ms %" PRIu64 ", in %" PRIu64
+			     " ms), and the worker's memory may be touched until then: WaitOperation "
+			     "tells how it ended",
+			     info->id, info->peer[0] ? info->peer : "?", info->deadline_unix_ms, left);
+	else
+		sc_err_set(&err, SC_FAILED_PRECONDITION,
+			     "operation %s is being cancelled but its transfer (%s) has not stopped "
+			     "touching the worker's memory yet; it ends CANCELLED (or ERRORED) by its "
+			     "deadline at the latest (unix ms %" PRIu64 ", in %" PRIu64
+			     " ms): WaitOperation tells when the memory is quiet",
+			     info->id, sc_backend_name(info->backend), info->deadline_unix_ms, left);
+	sc_call_fail_err(c, &err);
+}
+
 /* WaitOperation's timeout: answer with the current, unchanged state. Timer thread. */
 static void waiter_on_timeout(void *ctx)
 {
@@ -324,7 +356,12 @@ static void waiter_on_timeout(void *ctx)
 		struct sc_err err;
 		sc_err_clear(&err);
 		int rc = sc_op_get(w->eng, w->op_id, &info, &err);
-		answer(w->call, rc, &info, &err);
+		if (rc == 0 && w->cancel && !sc_op_status_terminal(info.status)) {
+			cancel_not_yet(w->call, &info);
+			sc_op_info_free(&info);
+		} else {
+			answer(w->call, rc, &info, &err);
+		}
 	}
 	waiter_release(w); /* the timer's reference */
 }
@@ -354,7 +391,8 @@ static void waiter_free(void *p)
 }
 
 /* Runs with the arrival's reference to c held, so w (c's state) lives through this function. */
-static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout_ms, bool stream)
+static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout_ms, bool stream,
+			  bool cancel)
 {
 	struct sc_engine *eng = sc_call_engine(c);
 	if (!op_id || strlen(op_id) >= SC_ID_MAX) {
@@ -370,6 +408,7 @@ static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout
 	w->call = c;
 	w->eng = eng;
 	w->stream = stream;
+	w->cancel = cancel;
 	sc_call_set_state(c, w, waiter_free);
 
 	struct sc_op_info first;
@@ -416,11 +455,11 @@ static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout
 void sc_h_wait_operation(struct sc_call *c, ProtobufCMessage *req)
 {
 	RdmaSidecar__V1__WaitOperationRequest *r = (RdmaSidecar__V1__WaitOperationRequest *)req;
-	wait_or_watch(c, r->operation_id, r->timeout_ms, false);
+	wait_or_watch(c, r->operation_id, r->timeout_ms, false, false);
 }
 
 void sc_h_watch_operation(struct sc_call *c, ProtobufCMessage *req)
 {
 	RdmaSidecar__V1__WatchOperationRequest *r = (RdmaSidecar__V1__WatchOperationRequest *)req;
-	wait_or_watch(c, r->operation_id, 0, true);
+	wait_or_watch(c, r->operation_id, 0, true, false);
 }

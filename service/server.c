@@ -292,9 +292,14 @@ static void pump_locked(struct sc_call *c)
 	grpc_op ops[3];
 	memset(ops, 0, sizeof(ops));
 	size_t n = 0;
+	/* Headers sent on purpose (sc_call_send_headers: "ready", e.g. a subscription in place)
+	 * carry one entry, so a client can tell them from the empty headers of a failed call. */
+	grpc_metadata ready = {.key = grpc_slice_from_static_string(SC_READY_HEADER),
+			       .value = grpc_slice_from_static_string("1")};
 	if (!c->initial_md_sent) {
 		ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-		ops[n].data.send_initial_metadata.count = 0;
+		ops[n].data.send_initial_metadata.count = m->md_only ? 1 : 0;
+		ops[n].data.send_initial_metadata.metadata = m->md_only ? &ready : NULL;
 		n++;
 		c->initial_md_sent = true;
 	}

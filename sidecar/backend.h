@@ -63,6 +63,10 @@ struct sc_xfer {
 	uint64_t total;
 	uint64_t deadline_mono_ms;
 	atomic_bool cancel_requested;
+	/* Set by the backend once the transfer can no longer be cut: the peer was told it succeeded
+	 * (TCP's pipelined DONE), so stopping now would make the two sides disagree. Cleared if the
+	 * transfer starts over. CancelOperation reports it instead of waiting. */
+	atomic_bool committed;
 	/* Called from backend threads. on_progress may run concurrently from several threads. */
 	void (*on_progress)(struct sc_xfer *x, uint64_t delta);
 	void (*on_complete)(struct sc_xfer *x, enum sc_status status, const char *msg);

@@ -332,6 +332,7 @@ static bool commit_done(struct tcp_xfer *tx, struct sc_peer_conn *c, struct io_b
 	pthread_mutex_lock(&tx->tb->mu);
 	bool go = !should_stop(tx);
 	tx->committing = go;
+	atomic_store(&x->committed, go);
 	pthread_mutex_unlock(&tx->tb->mu);
 	if (!go)
 		return false;
@@ -527,6 +528,7 @@ static bool restart_after_stale(struct tcp_xfer *tx, struct sc_peer_conn *c, int
 		tx->status = SC_OK;
 		tx->msg[0] = '\0';
 		tx->committing = false;
+		atomic_store(&x->committed, false);
 		tx->done_sent = false;
 		atomic_store(&tx->stop, false);
 	}

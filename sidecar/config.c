@@ -73,6 +73,7 @@ enum opt_id {
 	OPT_IB_GID_INDEX,
 	OPT_DEFAULT_TIMEOUT,
 	OPT_RETENTION,
+	OPT_CANCEL_WAIT,
 	OPT_GRACE_PERIOD,
 	OPT_MAX_CONCURRENT_TRANSFERS,
 	OPT_MAX_INFLIGHT_BYTES,
@@ -237,6 +238,11 @@ static const struct sc_option sc_options[] = {
 	 .help = "operation deadline when a request gives none", .def = "60s"},
 	{.id = OPT_RETENTION, .name = "retention", .arg = ARG_REQUIRED, .value = "DURATION",
 	 .group = "Limits", .help = "how long finished operations stay queryable", .def = "5m"},
+	{.id = OPT_CANCEL_WAIT, .name = "cancel-wait", .arg = ARG_REQUIRED, .value = "DURATION",
+	 .group = "Limits",
+	 .help = "how long CancelOperation waits for a moving transfer to stop before it answers "
+		 "FAILED_PRECONDITION (the cancel stays under way), 0-30s",
+	 .def = "1s"},
 	{.id = OPT_GRACE_PERIOD, .name = "grace-period", .arg = ARG_REQUIRED, .value = "DURATION",
 	 .group = "Limits", .help = "on SIGTERM, how long live transfers may finish", .def = "10s"},
 	{.id = OPT_MAX_CONCURRENT_TRANSFERS, .name = "max-concurrent-transfers",
@@ -1108,6 +1114,14 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 	case OPT_RETENTION:
 		rc = sc_parse_duration_ms(v, &cfg->retention_ms, err);
 		break;
+	case OPT_CANCEL_WAIT:
+		rc = sc_parse_duration_ms(v, &cfg->cancel_wait_ms, err);
+		if (rc == 0 && cfg->cancel_wait_ms > 30 * 1000)
+			rc = sc_err_set(err, SC_INVALID_ARGUMENT,
+					"\"%.*s\": at most 30s (CancelOperation answers promptly; "
+					"WaitOperation waits as long as asked)",
+					VALUE_SHOWN, v);
+		break;
 	case OPT_GRACE_PERIOD:
 		rc = sc_parse_duration_ms(v, &cfg->grace_ms, err);
 		break;
@@ -1196,6 +1210,7 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->default_timeout_ms = 60 * 1000;
 	cfg->retention_ms = 300 * 1000;
 	cfg->grace_ms = 10 * 1000;
+	cfg->cancel_wait_ms = 1000;
 	cfg->max_concurrent_transfers = 64;
 	cfg->max_inflight_bytes = 4 * GIB;
 	cfg->max_message_bytes = 64 * MIB;

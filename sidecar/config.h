@@ -54,6 +54,7 @@ struct sc_config {
 	uint64_t default_timeout_ms;                  /* --default-timeout, 60000 */
 	uint64_t retention_ms;                        /* --retention, 300000 */
 	uint64_t grace_ms;                            /* --grace-period, 10000 */
+	uint64_t cancel_wait_ms;                      /* --cancel-wait, 1000 */
 	uint32_t max_concurrent_transfers;            /* --max-concurrent-transfers, 64 */
 	uint64_t max_inflight_bytes;                  /* --max-inflight-bytes, 4 GiB */
 	uint64_t max_message_bytes;                   /* --max-message-size, 64 MiB (gRPC) */

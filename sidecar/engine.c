@@ -120,7 +120,8 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 	eng->regions = sc_idmap_create();
 	eng->ops = sc_idmap_create();
 	eng->tokens = sc_idmap_create();
-	if (!eng->regions || !eng->ops || !eng->tokens) {
+	eng->spent_tokens = sc_idmap_create();
+	if (!eng->regions || !eng->ops || !eng->tokens || !eng->spent_tokens) {
 		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 		goto fail;
 	}
@@ -320,6 +321,7 @@ void sc_engine_destroy(struct sc_engine *eng)
 	sc_idmap_destroy(eng->regions);
 	sc_idmap_destroy(eng->ops);
 	sc_idmap_destroy(eng->tokens);
+	sc_idmap_destroy(eng->spent_tokens);
 	sc_metrics_destroy(eng->metrics);
 	sc_keyring_release(eng->keys);
 	pthread_cond_destroy(&eng->idle_cv);

@@ -158,6 +158,9 @@ struct sc_op_info {
 	size_t n_descs;
 	char backend_reason[256];
 	uint32_t uses_left;
+	/* Active and moving: the backend committed the transfer (struct sc_xfer.committed), so a
+	 * cancel no longer cuts it; it ends COMPLETE, or ERRORED by its deadline. */
+	bool committed;
 };
 void sc_op_info_free(struct sc_op_info *info);
 /* Deep copy; returns -1 on allocation failure. */

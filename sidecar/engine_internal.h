@@ -111,6 +111,7 @@ struct sc_op {
 	/* passive */
 	uint8_t token[SC_TOKEN_LEN];
 	bool token_in_table;
+	bool token_spent; /* in eng->spent_tokens */
 	uint32_t max_uses;
 	uint32_t n_uses;
 	struct sc_use *uses;
@@ -151,6 +152,10 @@ struct sc_engine {
 	struct sc_idmap *regions;
 	struct sc_idmap *ops;
 	struct sc_idmap *tokens;
+	/* token -> terminal passive operation until it is forgotten (retention, release): an OPEN
+	 * with such a token is a replay and gets FAILED_PRECONDITION naming how the operation
+	 * ended, not NOT_FOUND (which stays for tokens this sidecar never held or forgot). */
+	struct sc_idmap *spent_tokens;
 	struct sc_timers *timers;
 	struct sc_keyring *keys; /* swapped on SIGHUP under mu */
 	struct sc_backend *backends[SC_NUM_BACKENDS];

@@ -141,6 +141,8 @@ static int op_fill_info(const struct sc_op *op, struct sc_op_info *info)
 	memcpy(info->backend_reason, op->backend_reason, sizeof(info->backend_reason));
 	info->uses_left = (op->kind == SC_OP_READABLE || op->kind == SC_OP_WRITABLE) ? uses_left(op)
 										    : 0;
+	info->committed = !sc_op_status_terminal(op->status) && op->xfer_in_flight &&
+			  atomic_load(&op->xfer.committed);
 	int rc = 0;
 	if (op->metadata && !(info->metadata = strdup(op->metadata)))
 		rc = -1;
@@ -220,10 +222,19 @@ static void op_release_regions(struct sc_engine *eng, struct sc_op *op)
 	}
 }
 
+static void op_forget_spent_token(struct sc_engine *eng, struct sc_op *op)
+{
+	if (op->token_spent) {
+		sc_idmap_del(eng->spent_tokens, op->token, SC_TOKEN_LEN);
+		op->token_spent = false;
+	}
+}
+
 static void op_forget_locked(struct sc_engine *eng, struct sc_op *op)
 {
 	if (!op->in_table)
 		return;
+	op_forget_spent_token(eng, op);
 	sc_idmap_del(eng->ops, op->id, strlen(op->id));
 	op->in_table = false;
 	sc_op_unref(eng, op);
@@ -282,6 +293,10 @@ static void passive_close_locked(struct sc_engine *eng, struct sc_op *op)
 	if (op->token_in_table) {
 		sc_idmap_del(eng->tokens, op->token, SC_TOKEN_LEN);
 		op->token_in_table = false;
+		/* Remembered while the operation is (so a replay is told what happened); a failed
+		 * put only makes a replay's answer NOT_FOUND. */
+		if (op->in_table && sc_idmap_put(eng->spent_tokens, op->token, SC_TOKEN_LEN, op) == 0)
+			op->token_spent = true;
 	}
 	for (int b = 0; b < SC_NUM_BACKENDS; b++) {
 		if (op->exposure[b] && eng->backends[b]) {
@@ -1101,6 +1116,7 @@ static void forget_one(void *ctx, void *value)
 	op_timer_drop(eng, op, &op->retention_timer);
 	op_timer_drop(eng, op, &op->deadline_timer);
 	op->in_table = false;
+	op->token_spent = false; /* the whole map goes below */
 	sc_op_unref(eng, op);
 }
 
@@ -1110,6 +1126,8 @@ void sc_op_forget_all(struct sc_engine *eng)
 	sc_idmap_each(eng->ops, forget_one, eng);
 	sc_idmap_destroy(eng->ops);
 	eng->ops = sc_idmap_create();
+	sc_idmap_destroy(eng->spent_tokens);
+	eng->spent_tokens = sc_idmap_create();
 	pthread_mutex_unlock(&eng->mu);
 }
 
@@ -1153,6 +1171,40 @@ static struct sc_op *token_lookup(struct sc_engine *eng, const uint8_t *token, s
 	return op;
 }
 
+/* An OPEN's lookup: a live operation, or why not. A token of an operation that ended (and is
+ * still remembered) is a replay: FAILED_PRECONDITION, saying how it ended, so the active side's
+ * operation ends with the code the proto documents for used, cancelled and expired metadata. */
+static struct sc_op *open_lookup(struct sc_engine *eng, const uint8_t *token, struct sc_err *err)
+{
+	struct sc_op *op = sc_idmap_get(eng->tokens, token, SC_TOKEN_LEN);
+	if (op)
+		return op;
+	const struct sc_op *spent = sc_idmap_get(eng->spent_tokens, token, SC_TOKEN_LEN);
+	if (!spent)
+		return token_lookup(eng, token, err);
+	if (spent->status == SC_OPS_COMPLETE)
+		sc_err_set(err, SC_FAILED_PRECONDITION,
+			   "metadata already used: operation %s on sidecar %s completed (%u of %u "
+			   "use(s)); a passive operation serves each use once: ask for fresh metadata",
+			   spent->id, eng->id, spent->n_uses, spent->max_uses);
+	else if (spent->status == SC_OPS_CANCELLED)
+		sc_err_set(err, SC_FAILED_PRECONDITION,
+			   "metadata of a cancelled operation: %s on sidecar %s was cancelled (%s): ask "
+			   "for fresh metadata",
+			   spent->id, eng->id, spent->err_msg);
+	else if (spent->err_code == SC_DEADLINE_EXCEEDED)
+		sc_err_set(err, SC_FAILED_PRECONDITION,
+			   "expired metadata: operation %s on sidecar %s reached its deadline: ask for "
+			   "fresh metadata",
+			   spent->id, eng->id);
+	else
+		sc_err_set(err, SC_FAILED_PRECONDITION,
+			   "metadata of an operation that ended: %s on sidecar %s is %s (%s): ask for "
+			   "fresh metadata",
+			   spent->id, eng->id, sc_op_status_name(spent->status), spent->err_msg);
+	return NULL;
+}
+
 static struct sc_use *find_use(struct sc_op *op, uint64_t xfer_id)
 {
 	for (uint32_t i = 0; i < op->n_uses; i++)
@@ -1167,7 +1219,7 @@ int sc_passive_open(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], ui
 {
 	int rc = -1;
 	pthread_mutex_lock(&eng->mu);
-	struct sc_op *op = token_lookup(eng, token, err);
+	struct sc_op *op = open_lookup(eng, token, err);
 	if (!op)
 		goto out;
 	enum sc_op_kind need = peer_kind == SC_OP_READ ? SC_OP_READABLE : SC_OP_WRITABLE;

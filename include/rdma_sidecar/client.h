@@ -291,9 +291,11 @@ int rsc_operation_wait(rsc_client *c, const char *operation_id, uint64_t timeout
 typedef int (*rsc_operation_cb)(const rsc_operation *op, void *user);
 int rsc_operation_watch(rsc_client *c, const char *operation_id, rsc_operation_cb cb, void *user,
 			uint64_t timeout_ms, rsc_status *st);
-/* CancelOperation: answers once the operation is terminal (within 30 s), i.e. once the sidecar no
- * longer touches its memory; *out is then its final state (COMPLETE when the cancel came too
- * late). */
+/* CancelOperation: answers once the operation is terminal, i.e. once the sidecar no longer touches
+ * its memory; *out is then its final state (COMPLETE when the cancel came too late). Answers
+ * within the sidecar's --cancel-wait (1 s): a committed transfer (the peer was told it succeeded),
+ * or one whose backend has not stopped by then, gives RSC_FAILED_PRECONDITION with a message
+ * saying how and by when it ends (rsc_operation_wait tells when). */
 int rsc_operation_cancel(rsc_client *c, const char *operation_id, rsc_operation *out,
 			 rsc_status *st);
 int rsc_operation_release(rsc_client *c, const char *operation_id, rsc_status *st);
@@ -339,6 +341,12 @@ typedef struct rsc_metadata_event {
 typedef int (*rsc_metadata_cb)(const rsc_metadata_event *ev, void *user);
 int rsc_subscribe(rsc_client *c, const char *subject, const char *queue_group, rsc_metadata_cb cb,
 		  void *user, uint64_t timeout_ms, rsc_status *st);
+/* rsc_subscribe, and ready(user) runs once (on this thread, before any event) when the sidecar's
+ * NATS subscription is in place: from then on, a publish on the subject is delivered. It does not
+ * run when the subscription fails. ready may be NULL. */
+int rsc_subscribe_ready(rsc_client *c, const char *subject, const char *queue_group,
+			void (*ready)(void *user), rsc_metadata_cb cb, void *user,
+			uint64_t timeout_ms, rsc_status *st);
 
 /* ReportProgress; *released (may be NULL) = scheduled operations released. */
 int rsc_report_progress(rsc_client *c, const char *request_id, uint64_t iteration, int has_layer,

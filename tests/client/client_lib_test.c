@@ -63,31 +63,59 @@ static int on_op(const rsc_operation *op, void *user)
 	return w->stop_after && w->n >= w->stop_after;
 }
 
+/* Publishes the operation's metadata exactly once, as soon as the subscriber says its
+ * subscription is in place (rsc_subscribe_ready's ready callback): proves the signal means it. */
 struct publisher {
 	const char *addr, *op_id;
-	volatile int stop;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int ready, published, readies;
 };
 
-static void *publish_loop(void *arg)
+static void *publish_once(void *arg)
 {
 	struct publisher *p = arg;
 	rsc_client *c = NULL;
 	rsc_status st;
 	if (rsc_client_create(&(rsc_options){.target = p->addr}, &c, &st) != RSC_OK)
 		return NULL;
-	for (int i = 0; i < 400 && !p->stop; i++) {
-		rsc_publish(c, "lib.test", p->op_id, &st);
-		usleep(50000);
-	}
+	pthread_mutex_lock(&p->mu);
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 20;
+	while (!p->ready && pthread_cond_timedwait(&p->cv, &p->mu, &until) == 0)
+		;
+	int go = p->ready;
+	pthread_mutex_unlock(&p->mu);
+	if (go && rsc_publish(c, "lib.test", p->op_id, &st) == RSC_OK)
+		p->published = 1;
 	rsc_client_destroy(c);
 	return NULL;
+}
+
+static void on_ready(void *user)
+{
+	struct publisher *p = user;
+	pthread_mutex_lock(&p->mu);
+	p->ready = 1;
+	p->readies++;
+	pthread_cond_signal(&p->cv);
+	pthread_mutex_unlock(&p->mu);
 }
 
 struct sub_log {
 	int n;
 	char metadata[4096];
 	uint64_t len0;
+	struct publisher *pub; /* told when the subscription is in place */
 };
+
+/* rsc_subscribe_ready's ready callback: the same user pointer as the event callback's. */
+static void sub_log_ready(void *user)
+{
+	struct sub_log *s = user;
+	on_ready(s->pub);
+}
 
 static int on_event(const rsc_metadata_event *ev, void *user)
 {
@@ -274,15 +302,23 @@ int main(int argc, char **argv)
 	OK(rsc_create_readable(
 	    a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 1, .timeout_ms = 60000},
 	    &op, &st));
-	struct publisher pub = {.addr = argv[1], .op_id = op.operation_id};
+	struct publisher pub = {.addr = argv[1], .op_id = op.operation_id,
+				.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 	pthread_t th;
-	pthread_create(&th, NULL, publish_loop, &pub);
-	struct sub_log sl = {0};
-	OK(rsc_subscribe(b, "lib.>", NULL, on_event, &sl, 20000, &st));
-	pub.stop = 1;
+	pthread_create(&th, NULL, publish_once, &pub);
+	struct sub_log sl = {.pub = &pub};
+	OK(rsc_subscribe_ready(b, "lib.>", NULL, sub_log_ready, on_event, &sl, 20000, &st));
+	on_ready(&pub); /* let the publisher go if ready never came (the checks below then fail) */
 	pthread_join(th, NULL);
+	CHECK(pub.readies == 2 && pub.published, "ready ran %d time(s), published %d",
+	      pub.readies - 1, pub.published);
 	CHECK(sl.n == 1 && strcmp(sl.metadata, op.metadata) == 0 && sl.len0 == 300000,
 	      "subscribe got %d", sl.n);
+	/* A subscription the sidecar refuses never says ready. */
+	pub.readies = 0;
+	CODE(rsc_subscribe_ready(b, "bad subject", NULL, sub_log_ready, on_event, &sl, 3000, &st),
+	     RSC_INVALID_ARGUMENT, "");
+	CHECK(pub.readies == 0, "ready ran for a refused subscription");
 	CODE(rsc_subscribe(b, "nobody.here", NULL, on_event, &sl, 300, &st), RSC_DEADLINE_EXCEEDED,
 	     "");
 	CODE(rsc_publish(a, "lib.x", "op-nope", &st), RSC_NOT_FOUND, "op-nope");

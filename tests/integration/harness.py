@@ -78,6 +78,8 @@ class Sidecar:
                 "--shm-dir", self.shm, "--data-listen", data_listen, "--log-level", "debug"]
         if tcp:
             args += ["--grpc-listen", "127.0.0.1:0"]
+        if SLOW > 1:  # sanitizers, valgrind: backends stop slower, so CancelOperation may wait longer
+            args += ["--cancel-wait", "%dms" % min(30000, 1000 * SLOW)]
         if key_file:
             args += ["--key-file", key_file]
         if nats_url:

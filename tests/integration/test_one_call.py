@@ -59,7 +59,8 @@ class OneCallTest(SidecarTest):
         b.fill(r, 0, b"\x55" * 4096)
         replay = b.stub.BeginRead(req, timeout=30)  # the single use is spent
         self.assertEqual(replay.status, pb.OPERATION_STATUS_ERRORED)
-        self.assertTrue(replay.error.message)
+        self.assertEqual(replay.error.code, grpc.StatusCode.FAILED_PRECONDITION.value[0], replay.error.message)
+        self.assertIn("already used", replay.error.message)
         self.assertEqual(b.peek(r, 0, 4096), b"\x55" * 4096)
         # Errors found before an operation exists stay the call's status.
         self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, b.stub.BeginRead,

@@ -542,7 +542,8 @@ TEST(forged_requests_get_errors_and_touch_nothing)
 					  "requests (INVALID_ARGUMENT)");
 	sc_op_info_free(&after);
 	CHECK_INT_EQ(sc_peer_open(c, e.md.token, 8, SC_OP_READ, 4096, dl, NULL, &err), -1);
-	CHECK_INT_EQ(err.code, SC_NOT_FOUND);
+	CHECK_INT_EQ(err.code, SC_FAILED_PRECONDITION); /* the ended operation's token: a replay */
+	CHECK_STR_CONTAINS(err.msg, "ERRORED");
 	CHECK_INT_EQ(sc_peer_ping(c, dl, NULL, &err), 0);
 	/* no ibverbs handler registered: QP_CONNECT is UNIMPLEMENTED, the connection lives on */
 	uint8_t reply[64];
@@ -779,12 +780,13 @@ TEST(cancel_mid_transfer_ends_both_sides)
 	sc_op_info_free(&pa);
 	sc_op_info_free(&aa);
 
-	/* the used metadata cannot be replayed */
+	/* the metadata of the cancelled operation cannot be used again: FAILED_PRECONDITION */
 	sc_op_info_free(&ainfo);
 	CHECK_INT_EQ(sc_op_begin(p.b.eng, SC_OP_READ, &areq, &ainfo, &err), 0);
 	CHECK_INT_EQ(wait_op(p.b.eng, ainfo.id, 5000, &aa), 0);
 	CHECK_STR_EQ(sc_op_status_name(aa.status), "ERRORED");
-	CHECK_INT_EQ(aa.err_code, SC_NOT_FOUND);
+	CHECK_INT_EQ(aa.err_code, SC_FAILED_PRECONDITION);
+	CHECK(strstr(aa.err_msg, "cancelled") != NULL);
 	CHECK_U64_EQ(aa.bytes_done, 0);
 	sc_op_info_free(&aa);
 	sc_op_info_free(&ainfo);
