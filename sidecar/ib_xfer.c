@@ -62,8 +62,10 @@
 /* The control connection of a long transfer is pinged this often (the peer server closes idle
  * connections after SC_PEER_SERVER_IDLE_MS). */
 #define KEEPALIVE_MS 30000
-/* A stopped transfer whose work requests are still out after this long gets its QP flushed. */
-#define FLUSH_AFTER_MS 2000
+/* A stopped transfer whose work requests are still out after this long gets its QP flushed:
+ * well inside CancelOperation's default --cancel-wait (1 s), so a cancel ends with the memory
+ * quiet even when the link drains slowly (the QP's other transfers move to a fresh one). */
+#define FLUSH_AFTER_MS 500
 /* stop() waits this long for transfers to end before flushing every QP. */
 #define STOP_WAIT_MS 20000
 #define CQ_ENTRIES 4096

@@ -45,6 +45,7 @@ IB_FLAGS = ["--ib-device", DEV, "--ib-gid-index", GID_INDEX,
 
 # Transfers big enough to be interrupted: several seconds at emulated Soft-RoCE speed.
 BIG = 64 << 20
+THROTTLE = "40mbit"  # throttled_pair's netem rate: 5 MB/s, so BIG takes at least 13 s
 
 
 def code(c):
@@ -374,7 +375,7 @@ class IbverbsTest(SidecarTest):
         self.move(b, a, 4095, 2, "write")
 
     def test_active_cancelled_during(self):
-        a, b = self.pair()
+        a, b = self.throttled_pair()
         po, op = self.start_big(a, b, "read")
         self.wait_moving(a, po, b, op)
         t0 = time.monotonic()
@@ -391,7 +392,7 @@ class IbverbsTest(SidecarTest):
         self.assert_pair_serves(a, b)
 
     def test_passive_cancelled_during(self):
-        a, b = self.pair()
+        a, b = self.throttled_pair()
         po, op = self.start_big(a, b, "write")
         self.wait_moving(a, po, b, op)
         t0 = time.monotonic()
@@ -407,8 +408,9 @@ class IbverbsTest(SidecarTest):
         self.assert_pair_serves(a, b)
 
     def test_deadline_mid_transfer(self):
-        a, b = self.pair()
-        # The warm-up in start_big sets up the QPs; 64 MiB then takes seconds, the deadline is 1 s.
+        # Throttled to 5 MB/s (netem rate on the veth pair the RoCE traffic crosses): the 64 MiB
+        # READ needs over 13 s by construction, the deadline is 1 s, whatever the emulator's speed.
+        a, b = self.throttled_pair()
         po, op = self.start_big(a, b, "read", timeout_ms=1000)
         t0 = time.monotonic()
         w = b.wait(op.operation_id, 20000)
@@ -428,8 +430,8 @@ class IbverbsTest(SidecarTest):
         self.move(c, survivor, 5000, 1, "write")
 
     def test_passive_peer_killed(self):
-        keys = self.key_file()
-        a, b = self.side("a", keys), self.side("b", keys)
+        a, b = self.throttled_pair()
+        keys = self.pair_keys
         a.expect_nonzero = True
         po, op = self.start_big(a, b, "read")
         self.wait_moving(a, po, b, op)
@@ -444,8 +446,8 @@ class IbverbsTest(SidecarTest):
         self.survivor_serves(b, keys)
 
     def test_active_peer_killed(self):
-        keys = self.key_file()
-        a, b = self.side("a", keys), self.side("b", keys)
+        a, b = self.throttled_pair()
+        keys = self.pair_keys
         b.expect_nonzero = True
         po, op = self.start_big(a, b, "write")
         self.wait_moving(a, po, b, op)
@@ -710,11 +712,22 @@ class IbverbsTest(SidecarTest):
         where the test can cut it (the cut is healed at cleanup)."""
         gid2 = self.second_device()
         self.addCleanup(self.cut, False)
-        keys = self.key_file()
+        keys = self.pair_keys = self.key_file()
         a = self.side("a", keys)
         b = self.sidecar("b", key_file=keys, extra=["--ib-device", "rxe1", "--ib-gid-index", gid2,
                                                     "--data-listen", IP2 + ":0", "--advertise", IP2,
                                                     "--backends", "ibverbs,tcp"])
+        return a, b
+
+    def throttled_pair(self, rate=THROTTLE):
+        """roce_pair with every packet between them (RoCE and control alike) held to `rate` by
+        netem on both veth ends: a BIG transfer then takes BIG / rate whatever the emulator's or
+        the host's speed (64 MiB at 40 Mbit/s: over 13 s), so a fault injected while it moves
+        finds it moving by construction, not by a guess about how fast this machine is."""
+        a, b = self.roce_pair()
+        for dev in ("v0", "v1"):
+            subprocess.run(["tc", "qdisc", "replace", "dev", dev, "root", "netem", "rate", rate,
+                            "limit", "100000"], check=True, timeout=30)
         return a, b
 
     def test_partition_roce(self):
@@ -781,6 +794,72 @@ class IbverbsTest(SidecarTest):
         print("  cancel while dialling over ibverbs: CANCELLED after %.2f s" % took)
         self.cut(False)
         self.move(a, b, 5000, 1, "read", timeout_ms=30000)
+
+    def test_cancel_bound_stopped_peer(self):
+        """CancelOperation answers within about a second (--cancel-wait, 1 s) in every state of an
+        ibverbs READ whose passive sidecar is stopped (SIGSTOP): queued (SCHEDULED), dialling (no
+        QP yet: the stopped peer never answers the control channel's hello), and moving (throttled,
+        so it is mid-way by construction; the kernel's rxe keeps serving RDMA for the stopped
+        process, so the cancel must stop the posting and flush what is in flight itself). Each
+        answer is CANCELLED, and the memory is quiet after it."""
+        bound = 1.0 * SLOW + 1.5
+        a, b = self.throttled_pair()
+        stopped = []
+
+        def resume():
+            for p in stopped:
+                if p.proc.poll() is None:
+                    p.proc.send_signal(signal.SIGCONT)
+        self.addCleanup(resume)
+
+        def cancel(op_id):
+            t0 = time.monotonic()
+            c = b.stub.CancelOperation(pb.CancelOperationRequest(operation_id=op_id), timeout=30 * SLOW)
+            took = time.monotonic() - t0
+            self.assertEqual(c.status, pb.OPERATION_STATUS_CANCELLED, c.error.message)
+            self.assertLess(took, bound, "CancelOperation took %.2f s" % took)
+            return c, took
+        ra, rb = a.create_region(BIG), b.create_region(BIG)
+        a.fill(ra, 0, rand_bytes(BIG))
+        b.fill(rb, 0, rand_bytes(BIG))
+
+        def passive(size):
+            return a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(ra, 0, size)], timeout_ms=120000),
+                                         timeout=30 * SLOW)
+
+        def begin(po, size, **kw):
+            return b.stub.BeginRead(pb.BeginTransferRequest(metadata=po.metadata, descriptors=[desc(rb, 0, size)],
+                                                            timeout_ms=120000, **kw), timeout=30 * SLOW)
+        # dialling: b has no QP and no connection to a yet
+        po = passive(4096)
+        a.proc.send_signal(signal.SIGSTOP)
+        stopped.append(a)
+        op = begin(po, 4096)
+        time.sleep(0.5)
+        self.assertEqual(self.get(b, op.operation_id).status, pb.OPERATION_STATUS_IN_PROGRESS)
+        _, took = cancel(op.operation_id)
+        print("  dialling a stopped peer: CANCELLED in %.2f s" % took)
+        # queued
+        op = begin(po, 4096, requirement=pb.TransferRequirement(request_id="r", iteration=9))
+        self.assertEqual(op.status, pb.OPERATION_STATUS_SCHEDULED)
+        _, took = cancel(op.operation_id)
+        print("  queued: CANCELLED in %.2f s" % took)
+        # moving: the QP exists (a warm-up while a runs), then a stops mid-transfer
+        a.proc.send_signal(signal.SIGCONT)
+        self.move(a, b, 4096, 1, "read")
+        po = passive(BIG)
+        op = begin(po, BIG)
+        self.assertEqual(op.backend, IB, op.backend_reason)
+        wait_until(lambda: self.get(b, op.operation_id).bytes_done > 0, 60, "the READ to move bytes")
+        a.proc.send_signal(signal.SIGSTOP)
+        c, took = cancel(op.operation_id)
+        self.assertLess(c.bytes_done, BIG)
+        first = b.peek(rb, 0, BIG)
+        time.sleep(0.5)
+        self.assertTrue(b.peek(rb, 0, BIG) == first, "bytes landed after CANCELLED")
+        print("  moving, peer stopped: CANCELLED in %.2f s at %d of %d bytes" % (took, c.bytes_done, BIG))
+        a.proc.send_signal(signal.SIGCONT)
+        self.assert_pair_serves(a, b)
 
     def test_netem_roce(self):
         """netem acts on RoCE traffic between rxe0 (a) and rxe1 (b) across the veth pair: 1% loss,

@@ -107,6 +107,7 @@ TEST(defaults)
 	CHECK_U64_EQ(c.default_timeout_ms, 60000);
 	CHECK_U64_EQ(c.retention_ms, 300000);
 	CHECK_U64_EQ(c.grace_ms, 10000);
+	CHECK_U64_EQ(c.cancel_wait_ms, 1000);
 	CHECK_U64_EQ(c.max_concurrent_transfers, 64);
 	CHECK_U64_EQ(c.max_inflight_bytes, UINT64_C(4) << 30);
 	CHECK_U64_EQ(c.max_message_bytes, UINT64_C(64) << 20);
@@ -151,7 +152,7 @@ TEST(every_flag_space_form)
 		  "0.0.0.0:9100", "--default-timeout", "30s", "--retention", "2m", "--grace-period",
 		  "1500", "--max-concurrent-transfers", "7", "--max-inflight-bytes", "1GiB",
 		  "--max-message-size", "4M", "--grpc-threads", "8", "--tcp-streams", "4",
-		  "--tcp-chunk-size", "1MiB", "--max-region-size", "2T");
+		  "--tcp-chunk-size", "1MiB", "--max-region-size", "2T", "--cancel-wait", "250ms");
 	CHECK_STR_EQ(c.id, "node-1.a_b");
 	CHECK_INT_EQ(c.n_grpc_listen, 1);
 	CHECK_STR_EQ(c.grpc_listen[0], "unix:/run/s.sock");
@@ -178,6 +179,7 @@ TEST(every_flag_space_form)
 	CHECK_U64_EQ(c.tcp_streams, 4);
 	CHECK_U64_EQ(c.tcp_chunk_bytes, UINT64_C(1) << 20);
 	CHECK_U64_EQ(c.max_region_bytes, UINT64_C(2) << 40);
+	CHECK_U64_EQ(c.cancel_wait_ms, 250);
 	sc_config_free(&c);
 }
 
@@ -191,7 +193,7 @@ TEST(every_flag_equals_form)
 		  "--metrics-listen=127.0.0.1:0", "--default-timeout=1h", "--retention=0",
 		  "--grace-period=0s", "--max-concurrent-transfers=4294967295",
 		  "--max-inflight-bytes=100", "--max-message-size=1KiB", "--grpc-threads=64",
-		  "--tcp-streams=16", "--tcp-chunk-size=64k", "--max-region-size=1");
+		  "--tcp-streams=16", "--tcp-chunk-size=64k", "--max-region-size=1", "--cancel-wait=30s");
 	CHECK_STR_EQ(c.id, "n2");
 	CHECK_INT_EQ(c.n_grpc_listen, 1);
 	CHECK_STR_EQ(c.grpc_listen[0], "[::1]:50052");
@@ -217,6 +219,7 @@ TEST(every_flag_equals_form)
 	CHECK_U64_EQ(c.tcp_streams, 16);
 	CHECK_U64_EQ(c.tcp_chunk_bytes, 65536);
 	CHECK_U64_EQ(c.max_region_bytes, 1);
+	CHECK_U64_EQ(c.cancel_wait_ms, 30000);
 	sc_config_free(&c);
 }
 
@@ -935,7 +938,7 @@ TEST(usage_documents_every_option)
 		line = nl ? nl + 1 : NULL;
 	}
 	free(text);
-	CHECK_INT_EQ(options, 48); /* 47 + --reflection */
+	CHECK_INT_EQ(options, 49); /* 47 + --reflection + --cancel-wait */
 }
 
 /* ---- free ---- */
