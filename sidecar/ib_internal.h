@@ -251,9 +251,12 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 	      const atomic_bool *cancel, struct ib_qp **out, struct sc_peer_conn **conn,
 	      int *endpoint, struct sc_err *err);
 /* An authenticated control connection to the issuer of md (the first of its endpoints that
- * answers as the issuer); *endpoint receives its index. NULL with err on failure. */
+ * answers as the issuer); *endpoint receives its index. cancel (NULL: none) ends a dial or a
+ * hello in progress with CANCELLED (a stopped peer never answers the hello). NULL with err on
+ * failure. */
 struct sc_peer_conn *ib_control_conn(struct ib_backend *ib, const struct sc_metadata *md,
-				     uint64_t deadline_mono_ms, int *endpoint, struct sc_err *err);
+				     uint64_t deadline_mono_ms, const atomic_bool *cancel,
+				     int *endpoint, struct sc_err *err);
 /* Drop a reference; the last one destroys the QP. Never under ib->mu. */
 void ib_qp_put(struct ib_backend *ib, struct ib_qp *qp);
 /* The QP failed (a work completion error, an async event, a post failure): no new work goes to

@@ -427,7 +427,8 @@ void ib_qp_flush(struct ib_qp *q)
 }
 
 struct sc_peer_conn *ib_control_conn(struct ib_backend *ib, const struct sc_metadata *md,
-				     uint64_t deadline_mono_ms, int *endpoint, struct sc_err *err)
+				     uint64_t deadline_mono_ms, const atomic_bool *cancel,
+				     int *endpoint, struct sc_err *err)
 {
 	if (md->n_endpoints == 0) {
 		sc_err_set(err, SC_FAILED_PRECONDITION,
@@ -436,8 +437,9 @@ struct sc_peer_conn *ib_control_conn(struct ib_backend *ib, const struct sc_meta
 	}
 	for (size_t i = 0; i < md->n_endpoints; i++) {
 		struct sc_peer_conn *c;
-		if (sc_peer_pool_get(ib->pool, md->endpoints[i], deadline_mono_ms, &c, err) != 0) {
-			if (err->code == SC_DEADLINE_EXCEEDED)
+		if (sc_peer_pool_get_cancellable(ib->pool, md->endpoints[i], deadline_mono_ms, cancel,
+						 &c, err) != 0) {
+			if (err->code == SC_DEADLINE_EXCEEDED || err->code == SC_CANCELLED)
 				break;
 			continue;
 		}
@@ -464,7 +466,7 @@ static int connect_peer(struct ib_backend *ib, const struct sc_metadata *md, uin
 			struct sc_err *err)
 {
 	*failed_qpn = 0;
-	struct sc_peer_conn *c = ib_control_conn(ib, md, deadline_mono_ms, endpoint, err);
+	struct sc_peer_conn *c = ib_control_conn(ib, md, deadline_mono_ms, cancel, endpoint, err);
 	if (!c) {
 		if (err->code == SC_OK)
 			sc_err_set(err, SC_UNAVAILABLE, "cannot reach sidecar %s", md->issuer);
@@ -609,7 +611,7 @@ static int verify_cached(struct ib_backend *ib, struct ib_peer *p, struct ib_qp 
 			 struct sc_err *err)
 {
 	int ep = -1;
-	struct sc_peer_conn *c = ib_control_conn(ib, md, deadline_mono_ms, &ep, err);
+	struct sc_peer_conn *c = ib_control_conn(ib, md, deadline_mono_ms, cancel, &ep, err);
 	int rc = c ? verify_peer(ib, q, c, deadline_mono_ms, cancel, err) : -1;
 	struct ib_qp *drop = NULL;
 	pthread_mutex_lock(&ib->mu);
@@ -764,7 +766,7 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 		 */
 		struct ib_qp *q = *out;
 		int ep = -1;
-		struct sc_peer_conn *c = ib_control_conn(ib, md, deadline_mono_ms, &ep, err);
+		struct sc_peer_conn *c = ib_control_conn(ib, md, deadline_mono_ms, cancel, &ep, err);
 		int rc = !c ? -1 : sc_peer_conn_reused(c) ? 1
 							   : verify_peer(ib, q, c, deadline_mono_ms,
 									 cancel, err);

@@ -229,7 +229,8 @@ static void setup(struct ib_xfer *xf)
 	if (ib_qp_get(ib, x->meta, x->deadline_mono_ms, &x->cancel_requested, &xf->qp, &c,
 		      &xf->endpoint, &err) != 0)
 		goto fail;
-	if (!c && !(c = ib_control_conn(ib, x->meta, x->deadline_mono_ms, &xf->endpoint, &err)))
+	if (!c && !(c = ib_control_conn(ib, x->meta, x->deadline_mono_ms, &x->cancel_requested,
+						   &xf->endpoint, &err)))
 		goto fail;
 	enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
 	if (sc_peer_open_flags(c, x->meta->token, x->xfer_id, peer_kind, x->total,

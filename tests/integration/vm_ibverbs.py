@@ -99,9 +99,9 @@ def decode_metadata(text):
     return pb.RdmaMetadata.FromString(signed.payload)
 
 
-def rxe_gid():
-    """The 16-byte GID the harness configured: RoCEv2, IPv4-mapped RXE_IP."""
-    return b"\0" * 10 + b"\xff\xff" + socket.inet_aton(IP)
+def rxe_gid(ip=IP):
+    """The 16-byte GID of a device on ip (the harness's: RXE_IP): RoCEv2, IPv4-mapped."""
+    return b"\0" * 10 + b"\xff\xff" + socket.inet_aton(ip)
 
 
 class IbverbsTest(SidecarTest):
@@ -120,13 +120,15 @@ class IbverbsTest(SidecarTest):
         keys = self.key_file()
         return self.side("a", keys, a_backends, extra), self.side("b", keys, b_backends, extra)
 
-    def assert_ib_metadata(self, text, lengths):
-        """The metadata offers ibverbs: the issuer's endpoint on rxe0 and an rkey per descriptor."""
+    def assert_ib_metadata(self, text, lengths, issuer=None):
+        """The metadata offers ibverbs: the issuer's endpoint on its device (rxe0, or rxe1 for the
+        second side of roce_pair) and an rkey per descriptor."""
         md = decode_metadata(text)
         self.assertIn(IB, list(md.backends), "metadata does not offer ibverbs (backends %s)"
                       % [bname(b) for b in md.backends])
-        self.assertEqual(md.ibverbs.gid, rxe_gid(), "metadata GID is not RoCEv2 %s" % IP)
-        self.assertEqual(md.ibverbs.device, DEV)
+        ip, dev = getattr(issuer, "rxe_ip", IP), getattr(issuer, "rxe_dev", DEV)
+        self.assertEqual(md.ibverbs.gid, rxe_gid(ip), "metadata GID is not RoCEv2 %s" % ip)
+        self.assertEqual(md.ibverbs.device, dev)
         self.assertEqual([d.length for d in md.descriptors], list(lengths))
         for i, d in enumerate(md.descriptors):
             self.assertNotEqual(d.rkey, 0, "descriptor %d has no rkey" % i)
@@ -183,7 +185,7 @@ class IbverbsTest(SidecarTest):
         passive = create(pb.CreatePassiveRequest(descriptors=src_descs, timeout_ms=timeout_ms), timeout=30 * SLOW)
         self.assertEqual(passive.status, pb.OPERATION_STATUS_INITIALIZED)
         if passive_backend == IB or require == TCP:
-            self.assert_ib_metadata(passive.metadata, lengths)
+            self.assert_ib_metadata(passive.metadata, lengths, src)
         begin = dst.stub.BeginRead if direction == "read" else dst.stub.BeginWrite
         op = begin(pb.BeginTransferRequest(metadata=passive.metadata, descriptors=dst_descs, timeout_ms=timeout_ms,
                                            backend=require), timeout=30 * SLOW)
@@ -640,6 +642,14 @@ class IbverbsTest(SidecarTest):
             sh("ip", "route", "replace", dst, "dev", dev, "src", src, "table", str(table))
             sh("ip", "rule", "add", "pref", str(table), "iif", "lo", "from", src, "to", dst, "lookup", str(table))
             self.addCleanup(sh, "ip", "rule", "del", "pref", str(table), check=False)
+        # Static neighbours across the pair: a cut (netem loss 100%) then cannot leave a FAILED ARP
+        # entry behind, which made the first QP set-up after healing fail (ibv_modify_qp to RTR:
+        # Connection timed out) until the kernel tried ARP again.
+        for addr, dev, peer in ((IP2, "v0", "v1"), (IP, "v1", "v0")):
+            with open("/sys/class/net/%s/address" % peer) as f:
+                mac = f.read().strip()
+            sh("ip", "neigh", "replace", addr, "lladdr", mac, "dev", dev, "nud", "permanent")
+            self.addCleanup(sh, "ip", "neigh", "del", addr, "dev", dev, check=False)
         sh("ip", "rule", "add", "pref", "1000", "lookup", "local")
         sh("ip", "rule", "del", "pref", "0")
         self.addCleanup(sh, "ip", "rule", "del", "pref", "1000", check=False)
@@ -717,6 +727,7 @@ class IbverbsTest(SidecarTest):
         b = self.sidecar("b", key_file=keys, extra=["--ib-device", "rxe1", "--ib-gid-index", gid2,
                                                     "--data-listen", IP2 + ":0", "--advertise", IP2,
                                                     "--backends", "ibverbs,tcp"])
+        b.rxe_ip, b.rxe_dev = IP2, "rxe1"
         return a, b
 
     def throttled_pair(self, rate=THROTTLE):
@@ -802,15 +813,15 @@ class IbverbsTest(SidecarTest):
         so it is mid-way by construction; the kernel's rxe keeps serving RDMA for the stopped
         process, so the cancel must stop the posting and flush what is in flight itself). Each
         answer is CANCELLED, and the memory is quiet after it."""
-        bound = 1.0 * SLOW + 1.5
         a, b = self.throttled_pair()
-        stopped = []
+        try:
+            self.cancel_bound_stopped_peer(a, b)
+        finally:  # before tearDown stops the sidecars: a stopped process ignores SIGTERM
+            if a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGCONT)
 
-        def resume():
-            for p in stopped:
-                if p.proc.poll() is None:
-                    p.proc.send_signal(signal.SIGCONT)
-        self.addCleanup(resume)
+    def cancel_bound_stopped_peer(self, a, b):
+        bound = 1.0 * SLOW + 1.5
 
         def cancel(op_id):
             t0 = time.monotonic()
@@ -833,7 +844,6 @@ class IbverbsTest(SidecarTest):
         # dialling: b has no QP and no connection to a yet
         po = passive(4096)
         a.proc.send_signal(signal.SIGSTOP)
-        stopped.append(a)
         op = begin(po, 4096)
         time.sleep(0.5)
         self.assertEqual(self.get(b, op.operation_id).status, pb.OPERATION_STATUS_IN_PROGRESS)
