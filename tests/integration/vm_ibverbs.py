@@ -724,6 +724,14 @@ class IbverbsTest(SidecarTest):
         self.addCleanup(self.cut, False)
         keys = self.pair_keys = self.key_file()
         a = self.side("a", keys)
+        # b dials a's control endpoint on IP, a local address: without this rule that TCP
+        # connection would take lo (source IP too) and never cross the veth pair, so a cut or a
+        # shaper would miss it. Locally generated traffic to a's data port goes out by v1 with
+        # source IP2 (table 11) and comes back by v0 (rule 10).
+        port = a.info().data_endpoints[0].rsplit(":", 1)[1]
+        subprocess.run(["ip", "rule", "add", "pref", "9", "iif", "lo", "to", IP, "ipproto", "tcp",
+                        "dport", port, "lookup", "11"], check=True, timeout=30)
+        self.addCleanup(subprocess.run, ["ip", "rule", "del", "pref", "9"], timeout=30)
         b = self.sidecar("b", key_file=keys, extra=["--ib-device", "rxe1", "--ib-gid-index", gid2,
                                                     "--data-listen", IP2 + ":0", "--advertise", IP2,
                                                     "--backends", "ibverbs,tcp"])
