@@ -486,7 +486,7 @@ class IbverbsTest(SidecarTest):
         fails, which takes the QP to the error state. The other transfer (its work requests only
         flushed) moves to a fresh QP and completes with every byte correct; the victim still ends
         with its own error. Survivor read, then survivor write, on the same pair."""
-        a, b = self.pair()
+        a, b = self.throttled_pair()  # moving for seconds by construction, not by BIG
         self.move(a, b, 4096, 1, "read")  # the QP b -> a, cached
         rv, rs = a.create_region(BIG), a.create_region(BIG)
         bv, bs = b.create_region(BIG), b.create_region(BIG)
@@ -550,7 +550,7 @@ class IbverbsTest(SidecarTest):
         """A transfer whose shared QP fails under it a third time (after two moves to a fresh QP)
         ends ERRORED and says the limit was reached; its passive side is told the same (the DONE
         frame carries the whole message)."""
-        a, b = self.pair()
+        a, b = self.throttled_pair()  # moving for seconds by construction, not by BIG
         self.move(a, b, 4096, 1, "read")
         size, vsize = 3 * BIG, BIG // 2
         ra, rb = a.create_region(size), b.create_region(size)
