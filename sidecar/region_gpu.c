@@ -69,16 +69,51 @@ int sc_region_create_gpu(struct sc_engine *eng, uint64_t size, uint32_t device,
 	return 0;
 }
 
+/*
+ * PyTorch >= 2.5 hands out `untyped_storage()._share_cuda_()[1]` as a shareable handle of its
+ * caching allocator: a version byte (1 or 2 so far), a type byte, then the payload. Type 'c' (a
+ * cudaMalloc block) carries the 64-byte cudaIpcMemHandle_t: take it. Type 'e' (an expandable
+ * segment, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) carries a pid and file descriptors of
+ * cuMemCreate memory, not an IPC handle: refuse with what to do instead.
+ */
+#define SC_TORCH_HANDLE_LEN (2 + SC_GPU_IPC_HANDLE_LEN)
+
+static int torch_handle(const uint8_t **handle, size_t *len, struct sc_err *err)
+{
+	const uint8_t *h = *handle;
+	if (*len == SC_GPU_IPC_HANDLE_LEN)
+		return 0;
+	if (*len >= 2 && h[1] == 'e' && h[0] >= 1 && h[0] <= 2)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "cuda_ipc.handle is a PyTorch expandable-segment handle (type 'e'): "
+				  "it holds cuMemCreate file descriptors, not a CUDA IPC handle. Turn "
+				  "expandable segments off for memory the sidecar moves "
+				  "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False), or register "
+				  "cuMemCreate memory with cuda_fd");
+	if (*len == SC_TORCH_HANDLE_LEN && h[1] == 'c') {
+		if (h[0] < 1 || h[0] > 2)
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "cuda_ipc.handle looks like a PyTorch shareable handle of "
+					  "unknown version %u (known: 1, 2): send the 64-byte "
+					  "cudaIpcMemHandle_t (cuIpcGetMemHandle of the block base)",
+					  h[0]);
+		*handle = h + 2;
+		*len = SC_GPU_IPC_HANDLE_LEN;
+		return 0;
+	}
+	return sc_err_set(err, SC_INVALID_ARGUMENT,
+			  "cuda_ipc.handle must be the %d bytes of a cudaIpcMemHandle_t (or PyTorch's "
+			  "%d-byte shareable handle: version, type 'c', then those 64 bytes), got %zu",
+			  SC_GPU_IPC_HANDLE_LEN, SC_TORCH_HANDLE_LEN, *len);
+}
+
 int sc_region_register_cuda_ipc(struct sc_engine *eng, uint32_t device_index,
 				const uint8_t *handle, size_t handle_len, uint64_t offset,
 				uint64_t size, const char *name, struct sc_region_info *out,
 				struct sc_err *err)
 {
-	if (handle_len != SC_GPU_IPC_HANDLE_LEN)
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "cuda_ipc.handle must be the %d bytes of a cudaIpcMemHandle_t, "
-				  "got %zu",
-				  SC_GPU_IPC_HANDLE_LEN, handle_len);
+	if (torch_handle(&handle, &handle_len, err) != 0)
+		return -1;
 	if (check(eng, device_index, size, name, err) != 0)
 		return -1;
 	struct sc_gpu_mem m;

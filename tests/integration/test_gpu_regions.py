@@ -245,6 +245,36 @@ class GpuRegionTest(SidecarTest):
         self.assertEqual(len(a.stub.ListRegions(pb.ListRegionsRequest(), timeout=10).regions), 0)
         cu.free(base)
 
+    def test_register_pytorch_shareable_handle(self):
+        # PyTorch >= 2.5: untyped_storage()._share_cuda_()[1] is a version byte, a type byte 'c',
+        # then the 64-byte cudaIpcMemHandle of the caching allocator's block.
+        a = self.gpu_sidecar("a")
+        cu.init(0)
+        base = cu.alloc(4 * MiB)
+        secret = os.urandom(4 * MiB)
+        cu.htod(base, secret)
+        h = cu.ipc_handle(base)
+        for version, off, size in ((2, 777, MiB + 3), (1, 2 * MiB + 1, 5000)):
+            r = a.stub.RegisterRegion(pb.RegisterRegionRequest(cuda_ipc=pb.CudaIpcSource(
+                device_index=0, handle=bytes([version]) + b"c" + h, offset=off, size=size)), timeout=30)
+            self.assertEqual(r.size, size)
+            got = b"".join(x.data for x in a.stub.ReadRegion(
+                pb.ReadRegionRequest(region_id=r.region_id, offset=0, length=size), timeout=30))
+            self.assertEqual(got, secret[off:off + size])
+            a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=r.region_id), timeout=10)
+
+        def reg(handle):
+            return a.stub.RegisterRegion(pb.RegisterRegionRequest(cuda_ipc=pb.CudaIpcSource(
+                device_index=0, handle=handle, size=10)), timeout=10)
+        # An expandable segment's handle holds fds of cuMemCreate memory, not an IPC handle.
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, b"\x02e" + os.urandom(40),
+                            contains="expandable_segments:False")
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, b"\x07c" + h, contains="unknown version 7")
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, b"\x02x" + h, contains="66-byte")
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, b"\x02c" + h + b"!", contains="got 67")
+        self.assertEqual(len(a.stub.ListRegions(pb.ListRegionsRequest(), timeout=10).regions), 0)
+        cu.free(base)
+
     def test_register_cuda_fd_through_pidfd(self):
         a, b = self.pair()
         cu.init(0)
