@@ -114,6 +114,10 @@ int sc_region_register_host(struct sc_engine *eng, const char *path, uint64_t of
 			    struct sc_err *err);
 /* GPU memory of a worker: a CUDA IPC handle (the allocation block; [offset, offset+size) of it
  * becomes the region), or a cuMemCreate file descriptor taken from process pid (pidfd_getfd). */
+/* device_uuid non-empty: *device_index <- the index of that GPU here (INVALID_ARGUMENT when none
+ * has it); empty: *device_index stays. */
+int sc_region_gpu_by_uuid(struct sc_engine *eng, const char *device_uuid, uint32_t *device_index,
+			  struct sc_err *err);
 int sc_region_register_cuda_ipc(struct sc_engine *eng, uint32_t device_index,
 				const uint8_t *handle, size_t handle_len, uint64_t offset,
 				uint64_t size, const char *name, struct sc_region_info *out,

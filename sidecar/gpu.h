@@ -51,6 +51,11 @@ struct sc_gpu_device_info {
 	char nearest_rdma[64];
 	char nearest_detail[160];
 	char rdma_path[200];
+	char uuid[48];	/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" as nvidia-smi prints it; "" unknown */
+	/* false once a sticky error (CUDA_ERROR_ILLEGAL_ADDRESS...) poisoned the device's context:
+	 * every later call on it fails until the process restarts. health_detail says which. */
+	bool healthy;
+	char health_detail[200];
 };
 
 enum sc_gpu_mem_source { SC_GPU_MEM_OWNED = 1, SC_GPU_MEM_IPC = 2, SC_GPU_MEM_VMM = 3 };
@@ -75,8 +80,13 @@ struct sc_gpu *sc_gpu_open(char *detail, size_t cap);
 void sc_gpu_close(struct sc_gpu *g);
 int sc_gpu_count(const struct sc_gpu *g); /* 0 for NULL */
 const struct sc_gpu_device_info *sc_gpu_device(const struct sc_gpu *g, int index);
+/* Devices whose context a sticky error poisoned (0 without CUDA). */
+int sc_gpu_unhealthy_count(const struct sc_gpu *g);
 /* INVALID_ARGUMENT when the index is not a device here (or FAILED_PRECONDITION without CUDA). */
 int sc_gpu_check_device(const struct sc_gpu *g, uint32_t index, struct sc_err *err);
+/* The index of the GPU with this UUID ("GPU-..." or the bare hex form, any case);
+ * INVALID_ARGUMENT naming the UUIDs this sidecar sees when there is none. */
+int sc_gpu_find_uuid(const struct sc_gpu *g, const char *uuid, int *index, struct sc_err *err);
 
 /* Allocate size bytes on device (cuMemAlloc, rounded up to 2 MiB so that the block can be shared
  * by IPC and exported as dma-buf without exposing neighbours) and return its IPC handle. */

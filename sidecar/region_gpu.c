@@ -69,6 +69,18 @@ int sc_region_create_gpu(struct sc_engine *eng, uint64_t size, uint32_t device,
 	return 0;
 }
 
+int sc_region_gpu_by_uuid(struct sc_engine *eng, const char *device_uuid, uint32_t *device_index,
+			  struct sc_err *err)
+{
+	if (!device_uuid || !device_uuid[0])
+		return 0;
+	int index = -1;
+	if (sc_gpu_find_uuid(eng->gpu, device_uuid, &index, err) != 0)
+		return -1;
+	*device_index = (uint32_t)index;
+	return 0;
+}
+
 /*
  * PyTorch >= 2.5 hands out `untyped_storage()._share_cuda_()[1]` as a shareable handle of its
  * caching allocator: a version byte (1 or 2 so far), a type byte, then the payload. Type 'c' (a

@@ -67,7 +67,9 @@ struct fc_map {
 	enum fc_kind kind;
 	int dev;
 	bool accessible;      /* VMM: cuMemSetAccess done */
-	char name[40];	      /* FC_DEV_ALLOC: backing file, unlinked at cuMemFree */
+	char name[40];	      /* FC_DEV_ALLOC: backing file, unlinked at cuMemFree; FC_DEV_IPC: the handle's */
+	int ipc_refs;	      /* FC_DEV_IPC: opens of the same handle in this context */
+	int ipc_ctx_dev;      /* FC_DEV_IPC: the device of the context that opened it */
 	struct fc_phys *phys; /* FC_DEV_VMM */
 	struct fc_map *next;
 };
@@ -81,6 +83,7 @@ struct fc_phys {
 	int refs; /* the handle (until cuMemRelease) + one per cuMemMap */
 	bool released;
 	CUmemAllocationHandleType types;
+	bool gdr; /* allocFlags.gpuDirectRDMACapable */
 	struct fc_phys *next;
 };
 
@@ -145,6 +148,11 @@ static long g_fail_at;
 static int g_fail_dir;
 static unsigned g_delay_us;
 static char g_dir[256] = "/dev/shm";
+static bool g_sticky_on = true;		     /* FAKE_CUDA_STICKY */
+static CUresult g_fail_err = CUDA_ERROR_ILLEGAL_ADDRESS; /* FAKE_CUDA_FAIL_COPY_ERROR */
+static CUresult g_sticky[FC_MAX_DEV];	     /* a device's context is poisoned by this error */
+static bool g_dmabuf;			     /* FAKE_CUDA_DMA_BUF */
+static bool g_gdr;			     /* FAKE_CUDA_GDR */
 
 static _Thread_local struct CUctx_st *tl_stack[FC_CTX_STACK];
 static _Thread_local int tl_depth;
@@ -175,6 +183,8 @@ static CUresult need_ctx(struct CUctx_st **out)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!c || c->refs <= 0)
 		return CUDA_ERROR_INVALID_CONTEXT;
+	if (g_sticky[c->dev])
+		return g_sticky[c->dev]; /* a poisoned context: every call fails until the process ends */
 	if (out)
 		*out = c;
 	return CUDA_SUCCESS;
@@ -270,6 +280,14 @@ static bool copy_fails(enum fc_dir dir)
 	return g_fail_at > 0 && g_copies == (unsigned long)g_fail_at;
 }
 
+/* An illegal address poisons the context of that device (the real driver's sticky errors). */
+static void poison(int dev)
+{
+	if (g_sticky_on && g_fail_err == CUDA_ERROR_ILLEGAL_ADDRESS && dev >= 0 && dev < FC_MAX_DEV &&
+	    !g_sticky[dev])
+		g_sticky[dev] = CUDA_ERROR_ILLEGAL_ADDRESS;
+}
+
 static bool sync_stream(CUstream s)
 {
 	return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
@@ -360,7 +378,9 @@ static void *stream_main(void *arg)
 			}
 			pthread_mutex_lock(&g_mu);
 			if (t->fail && s->err == CUDA_SUCCESS)
-				s->err = CUDA_ERROR_ILLEGAL_ADDRESS;
+				s->err = g_fail_err;
+			if (t->fail)
+				poison(s->ctx->dev);
 			break;
 		}
 		if (t->ev && --t->ev->pending == 0 && t->ev->destroyed)
@@ -421,9 +441,11 @@ static CUresult submit_copy(uintptr_t dst, int dst_kind, uintptr_t src, int src_
 	 * (in stream order), so the caller may reuse its buffer at once. Pinned memory: asynchronous. */
 	bool pageable = (!dd && !host_pinned(d, n)) || (!sd && !host_pinned(sp, n));
 	if (!async || sync_stream(s)) {
+		if (fail)
+			poison(cur_ctx()->dev);
 		pthread_mutex_unlock(&g_mu);
 		if (fail)
-			return CUDA_ERROR_ILLEGAL_ADDRESS;
+			return g_fail_err;
 		memmove(d, sp, n);
 		return CUDA_SUCCESS;
 	}
@@ -577,6 +599,10 @@ CUresult cuInit(unsigned int Flags)
 	const char *dir = getenv("FAKE_CUDA_FAIL_COPY_DIR");
 	g_fail_dir = !dir ? 0 : !strcmp(dir, "HtoD") ? FC_HTOD : !strcmp(dir, "DtoH") ? FC_DTOH
 			       : !strcmp(dir, "DtoD") ? FC_DTOD : 0;
+	g_sticky_on = env_long("FAKE_CUDA_STICKY", 1) != 0;
+	g_fail_err = (CUresult)env_long("FAKE_CUDA_FAIL_COPY_ERROR", CUDA_ERROR_ILLEGAL_ADDRESS);
+	g_dmabuf = env_long("FAKE_CUDA_DMA_BUF", 0) != 0;
+	g_gdr = env_long("FAKE_CUDA_GDR", 0) != 0;
 	const char *shm = getenv("FAKE_CUDA_SHM_DIR");
 	if (shm && *shm)
 		snprintf(g_dir, sizeof(g_dir), "%s", shm);
@@ -668,6 +694,23 @@ CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 	return CUDA_SUCCESS;
 }
 
+/* "GPU-5c0ffee0-0000-4000-8000-0000000000NN": stable per device number, as a real GPU's UUID is
+ * per board (a test can tell devices apart whatever index a process gives them). */
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+	static const unsigned char head[10] = {0x5c, 0x0f, 0xfe, 0xe0, 0, 0, 0x40, 0, 0x80, 0};
+	CUresult r = check_dev(dev);
+
+	if (r)
+		return r;
+	if (!uuid)
+		return CUDA_ERROR_INVALID_VALUE;
+	memset(uuid->bytes, 0, sizeof(uuid->bytes));
+	memcpy(uuid->bytes, head, sizeof(head));
+	uuid->bytes[15] = (char)dev;
+	return CUDA_SUCCESS;
+}
+
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
 	CUresult r = check_dev(dev);
@@ -699,6 +742,13 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 		break;
 	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
 		*pi = dev + 1;
+		break;
+	case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED:
+		*pi = g_dmabuf;
+		break;
+	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+		*pi = g_gdr;
 		break;
 	default: /* COMPUTE_CAPABILITY_MINOR, DMA_BUF_SUPPORTED, GPU_DIRECT_RDMA_SUPPORTED, the rest */
 		*pi = 0;
@@ -1024,6 +1074,9 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
 	case CU_POINTER_ATTRIBUTE_IS_MANAGED:
 		*(unsigned int *)data = 0;
 		break;
+	case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+		*(int *)data = is_dev(m) && g_gdr && (m->kind != FC_DEV_VMM || (m->phys && m->phys->gdr));
+		break;
 	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
 		*(CUdeviceptr *)data = (CUdeviceptr)m->addr;
 		break;
@@ -1052,9 +1105,49 @@ CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUst
 CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size, CUmemRangeHandleType handleType,
 				       unsigned long long flags)
 {
-	CUresult r = ready();
+	uintptr_t a = (uintptr_t)dptr, pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	char name[48];
+	struct fc_map *m;
+	int fd;
+	CUresult r;
 
-	return r ? r : CUDA_ERROR_NOT_SUPPORTED; /* no dma-buf: the stand-in has no GPU to export */
+	pthread_mutex_lock(&g_mu);
+	r = need_ctx(NULL);
+	if (r)
+		goto out;
+	if (!g_dmabuf) {
+		r = CUDA_ERROR_NOT_SUPPORTED; /* DMA_BUF_SUPPORTED is 0 */
+		goto out;
+	}
+	/* Host-page-aligned address and size, inside one allocation (its size rounded up to a page). */
+	if (!handle || handleType != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD ||
+	    (flags != 0 && flags != CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE) || size == 0 || a % pg ||
+	    size % pg) {
+		r = CUDA_ERROR_INVALID_VALUE;
+		goto out;
+	}
+	m = find_map(a);
+	if (!m || !is_dev(m) || a + size > m->addr + round_up(m->size, pg)) {
+		r = CUDA_ERROR_INVALID_VALUE;
+		goto out;
+	}
+	/* Documented for cuMemAlloc memory and fully mapped (accessible) cuMemCreate ranges only. */
+	if (m->kind == FC_DEV_IPC || (m->kind == FC_DEV_VMM && !m->accessible)) {
+		r = CUDA_ERROR_INVALID_VALUE;
+		goto out;
+	}
+	snprintf(name, sizeof(name), "sc-fakecuda-dmabuf-dev%d", m->dev);
+	fd = memfd_create(name, MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+		if (fd >= 0)
+			close(fd);
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto out;
+	}
+	*(int *)handle = fd;
+out:
+	pthread_mutex_unlock(&g_mu);
+	return r;
 }
 
 CUresult cuFlushGPUDirectRDMAWrites(CUflushGPUDirectRDMAWritesTarget target, CUflushGPUDirectRDMAWritesScope scope)
@@ -1615,10 +1708,21 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsign
 		r = CUDA_ERROR_INVALID_VALUE;
 		goto out;
 	}
-	if (h.dev != c->dev) {
-		r = CUDA_ERROR_INVALID_DEVICE;
+	if (h.pid == (uint32_t)getpid()) {
+		r = CUDA_ERROR_INVALID_CONTEXT; /* "exported from another process" only */
 		goto out;
 	}
+	if (h.dev != c->dev && !(Flags & CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) {
+		r = CUDA_ERROR_INVALID_DEVICE; /* another device's memory needs peer access */
+		goto out;
+	}
+	/* Already open in this context: the same pointer, one more reference. */
+	for (struct fc_map *o = g_maps; o; o = o->next)
+		if (o->kind == FC_DEV_IPC && o->ipc_ctx_dev == c->dev && !strcmp(o->name, h.name)) {
+			o->ipc_refs++;
+			*pdptr = (CUdeviceptr)o->addr;
+			goto out;
+		}
 	snprintf(path, sizeof(path), "%s/%s", g_dir, h.name);
 	fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0 || fstat(fd, &st) != 0 || (uint64_t)st.st_size < h.size) {
@@ -1644,7 +1748,10 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsign
 	}
 	m->size = h.size;
 	m->kind = FC_DEV_IPC;
-	m->dev = h.dev;
+	m->dev = h.dev; /* the memory's device: another one's is reached through peer access */
+	m->ipc_ctx_dev = c->dev;
+	m->ipc_refs = 1;
+	snprintf(m->name, sizeof(m->name), "%s", h.name);
 	m->accessible = true;
 	m->next = g_maps;
 	g_maps = m;
@@ -1673,6 +1780,8 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 		r = CUDA_ERROR_INVALID_VALUE;
 		goto out;
 	}
+	if (--m->ipc_refs > 0)
+		goto out; /* other opens of the same handle still use the mapping */
 	unlink_map(m);
 	munmap(m->host, m->map_len);
 	free(m);
@@ -1756,15 +1865,22 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
 		r = CUDA_ERROR_INVALID_DEVICE;
 		goto out;
 	}
-	snprintf(name, sizeof(name), FC_MEMFD_PREFIX "%d", prop->location.id);
+	if (prop->allocFlags.gpuDirectRDMACapable && !g_gdr) {
+		r = CUDA_ERROR_INVALID_VALUE; /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0 */
+		goto out;
+	}
+	snprintf(name, sizeof(name), FC_MEMFD_PREFIX "%d%s", prop->location.id,
+		 prop->allocFlags.gpuDirectRDMACapable ? "-gdr" : "");
 	fd = memfd_create(name, MFD_CLOEXEC);
 	if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto out;
 	}
 	r = phys_add(fd, size, prop->location.id, prop->requestedHandleTypes, handle);
-	if (!r)
+	if (!r) {
 		fd = -1;
+		find_phys(*handle)->gdr = prop->allocFlags.gpuDirectRDMACapable != 0;
+	}
 out:
 	if (fd >= 0)
 		close(fd);
@@ -1840,8 +1956,10 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
 		goto out;
 	}
 	r = phys_add(dup_fd, (size_t)st.st_size, dev, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, handle);
-	if (!r)
+	if (!r) {
 		dup_fd = -1;
+		find_phys(*handle)->gdr = strstr(target, "-gdr") != NULL; /* carried in the memfd's name */
+	}
 out:
 	if (dup_fd >= 0)
 		close(dup_fd);
@@ -2084,6 +2202,7 @@ out:
 
 /* Plain (unversioned) names: the same implementations. The real driver's plain names are older ABIs
  * (32-bit sizes); a program that links them against the stand-in gets today's signatures. */
+#undef cuDeviceGetUuid
 #undef cuDeviceTotalMem
 #undef cuMemGetInfo
 #undef cuCtxPushCurrent
@@ -2108,6 +2227,7 @@ out:
 
 #define FC_ALIAS(ret, plain, impl, args) ret plain args __attribute__((alias(#impl)))
 FC_ALIAS(CUresult, cuDeviceTotalMem, cuDeviceTotalMem_v2, (size_t *, CUdevice));
+FC_ALIAS(CUresult, cuDeviceGetUuid, cuDeviceGetUuid_v2, (CUuuid *, CUdevice));
 FC_ALIAS(CUresult, cuMemGetInfo, cuMemGetInfo_v2, (size_t *, size_t *));
 FC_ALIAS(CUresult, cuCtxPushCurrent, cuCtxPushCurrent_v2, (CUcontext));
 FC_ALIAS(CUresult, cuCtxPopCurrent, cuCtxPopCurrent_v2, (CUcontext *));
@@ -2140,6 +2260,7 @@ static const struct fc_sym fc_syms[] = {
 	FC_SYM(cuDeviceGetCount, cuDeviceGetCount),
 	FC_SYM(cuDeviceGet, cuDeviceGet),
 	FC_SYM(cuDeviceGetName, cuDeviceGetName),
+	FC_SYM(cuDeviceGetUuid, cuDeviceGetUuid_v2),
 	FC_SYM(cuDeviceGetPCIBusId, cuDeviceGetPCIBusId),
 	FC_SYM(cuDeviceTotalMem, cuDeviceTotalMem_v2),
 	FC_SYM(cuDeviceGetAttribute, cuDeviceGetAttribute),

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 
 # tests/gpu/test_gpu_real.py runs these same tests on the real driver (SC_GPU_REAL=1).
 REAL = os.environ.get("SC_GPU_REAL") == "1"
@@ -39,7 +40,7 @@ else:
     atexit.register(shutil.rmtree, FAKE_SHM, True)
 
 import grpc  # noqa: E402
-from harness import SLOW, SidecarTest, desc, main, pb, wait_until  # noqa: E402 (also puts examples/ on the path)
+from harness import SLOW, SidecarTest, desc, free_port, main, pb, wait_until  # noqa: E402 (also puts examples/ on the path)
 import cudadrv as cu  # noqa: E402
 
 try:
@@ -162,12 +163,14 @@ class GpuRegionTest(SidecarTest):
             self.assertGreater(g.total_memory, 0)
             self.assertRegex(g.compute_capability, r"^\d+\.\d+$")
             self.assertTrue(g.rdma_path)
+            self.assertRegex(g.uuid, r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
             self.assertTrue(g.nearest_rdma_detail)
             if not REAL:
                 self.assertIn("Stand-in GPU", g.name)
                 self.assertEqual(g.compute_capability, "9.0")
                 self.assertFalse(g.dma_buf_supported)
                 self.assertIn("staged through pinned host memory", g.rdma_path)
+        self.assertEqual(len({g.uuid for g in info.gpus}), len(info.gpus))
 
     @stand_in_only
     def test_no_driver_says_why(self):
@@ -239,10 +242,33 @@ class GpuRegionTest(SidecarTest):
                             offset=2 * MiB - 5, size=10, contains="outside the allocation")
         self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=0, handle=h, size=0,
                             contains="size must be > 0")
-        if not REAL and NDEV > 1:  # the stand-in refuses a handle opened on another device
+        if NDEV > 1:
+            # The driver opens another GPU's handle through peer access (so does the stand-in):
+            # the sidecar's own check of the pointer's device refuses it.
             self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=1, handle=h, size=10,
-                                contains="cuIpcOpenMemHandle")
+                                contains="is memory of GPU 0")
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=0, handle=h, size=10,
+                            device_uuid="GPU-00000000-1111-2222-3333-444444444444", contains="no GPU with uuid")
         self.assertEqual(len(a.stub.ListRegions(pb.ListRegionsRequest(), timeout=10).regions), 0)
+        cu.free(base)
+
+    def test_register_by_device_uuid(self):
+        # The worker names the GPU by UUID; the index it sends is ignored (a worker that sees only
+        # the sidecar's GPU 1 calls it 0, as CUDA_VISIBLE_DEVICES does).
+        a = self.gpu_sidecar("a")
+        uuids = [g.uuid for g in a.info().gpus]
+        cu.init(DEV1)
+        base = cu.alloc(2 * MiB)
+        data = os.urandom(2 * MiB)
+        cu.htod(base, data)
+        r = a.stub.RegisterRegion(pb.RegisterRegionRequest(cuda_ipc=pb.CudaIpcSource(
+            device_index=0, device_uuid=uuids[DEV1].upper()[4:], handle=cu.ipc_handle(base), offset=5, size=MiB)),
+            timeout=30)
+        self.assertEqual(r.device_index, DEV1)
+        got = b"".join(x.data for x in a.stub.ReadRegion(
+            pb.ReadRegionRequest(region_id=r.region_id, offset=0, length=MiB), timeout=30))
+        self.assertEqual(got, data[5:5 + MiB])
+        a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=r.region_id), timeout=10)
         cu.free(base)
 
     def test_register_pytorch_shareable_handle(self):
@@ -351,15 +377,50 @@ class GpuRegionTest(SidecarTest):
     def test_copy_failure_mid_transfer_errors_both_sides(self):
         # The active sidecar's 3rd driver copy fails: a piece in the middle of the transfer (the
         # stand-in counts copies per process, so each direction gets a fresh pair).
+        # A failure that does not poison the context (CUDA_ERROR_UNKNOWN; test_sticky_error_* has
+        # the sticky kind).
         for direction in ("read", "write"):
-            a, b = self.pair(env_b={"FAKE_CUDA_FAIL_COPY_AT": "3"}, suffix=direction[0])
+            a, b = self.pair(env_b={"FAKE_CUDA_FAIL_COPY_AT": "3", "FAKE_CUDA_FAIL_COPY_ERROR": "999"},
+                             suffix=direction[0])
             done, pdone = self.transfer(a, [GpuMem(a, 20 * MiB)], b, [GpuMem(b, 20 * MiB)], [20 * MiB],
                                         direction, expect=pb.OPERATION_STATUS_ERRORED)
-            self.assertIn("CUDA_ERROR_ILLEGAL_ADDRESS", done.error.message)
-            self.assertIn("CUDA_ERROR_ILLEGAL_ADDRESS", pdone.error.message)
+            self.assertIn("CUDA_ERROR_UNKNOWN", done.error.message)
+            self.assertIn("CUDA_ERROR_UNKNOWN", pdone.error.message)
+            self.assertTrue(all(g.healthy for g in b.info().gpus))
             # Both sidecars keep serving: GPU and host transfers still work.
             self.transfer(a, [GpuMem(a, 3 * MiB)], b, [GpuMem(b, 3 * MiB)], [3 * MiB - 1], direction)
             self.transfer(a, [HostMem(a, 5000)], b, [HostMem(b, 5000)], [4321], direction)
+
+    @stand_in_only
+    def test_sticky_error_marks_the_gpu_unhealthy(self):
+        # As on a real GPU, CUDA_ERROR_ILLEGAL_ADDRESS poisons the context: b says so in GetInfo and
+        # metrics and refuses new work on that GPU with UNAVAILABLE; host memory and its other GPU
+        # keep working.
+        keys = self.key_file()
+        a = self.gpu_sidecar("a", keys)
+        port = free_port()
+        b = self.sidecar("b", key_file=keys, extra=["--metrics-listen", "127.0.0.1:%d" % port],
+                         env=dict(ENV, FAKE_CUDA_FAIL_COPY_AT="3"))
+        self.assertTrue(all(g.healthy and not g.health_detail for g in b.info().gpus))
+        done, pdone = self.transfer(a, [GpuMem(a, 20 * MiB)], b, [GpuMem(b, 20 * MiB)], [20 * MiB], "read",
+                                    expect=pb.OPERATION_STATUS_ERRORED)
+        self.assertIn("CUDA_ERROR_ILLEGAL_ADDRESS", done.error.message)
+        gpus = b.info().gpus
+        self.assertFalse(gpus[0].healthy)
+        self.assertIn("CUDA_ERROR_ILLEGAL_ADDRESS", gpus[0].health_detail)
+        self.assertIn("restarts", gpus[0].health_detail)
+        self.assertTrue(all(g.healthy for g in gpus[1:]))
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10 * SLOW) as r:
+            metrics = r.read().decode()
+        self.assertIn('rdma_sidecar_gpu_healthy{gpu="0",uuid="%s"} 0\n' % gpus[0].uuid, metrics)
+        self.assertIn('rdma_sidecar_gpu_healthy{gpu="1",uuid="%s"} 1\n' % gpus[1].uuid, metrics)
+        self.assertRpcError(grpc.StatusCode.UNAVAILABLE, GpuMem, b, MiB, contains="GPU 0 is unhealthy")
+        self.assertRpcError(grpc.StatusCode.UNAVAILABLE, b.stub.CreateRegion,
+                            pb.CreateRegionRequest(size=MiB, device_kind=pb.DEVICE_KIND_CUDA, device_index=0),
+                            contains="restart the sidecar", timeout=10)
+        self.transfer(a, [HostMem(a, 5000)], b, [HostMem(b, 5000)], [4321], "read")
+        if NDEV > 1:
+            self.transfer(a, [GpuMem(a, MiB)], b, [GpuMem(b, MiB, device=1)], [MiB - 3], "write")
 
     @stand_in_only
     def test_cancel_answers_when_the_memory_is_quiet(self):

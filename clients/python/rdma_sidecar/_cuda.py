@@ -48,6 +48,7 @@ def _load():
             lib.cuCtxPushCurrent_v2.argtypes = [vp]
             lib.cuCtxPopCurrent_v2.argtypes = [P(vp)]
             lib.cuGetErrorName.argtypes = [ctypes.c_int, P(ctypes.c_char_p)]
+            lib.cuDeviceGetUuid_v2.argtypes = [ctypes.c_char_p, ctypes.c_int]
             rc = lib.cuInit(0)
             if rc != 0:
                 raise RuntimeError("rdma_sidecar: cuInit failed with %s: no usable GPU in this process"
@@ -101,6 +102,23 @@ class _DeviceContext:
             self.lib.cuCtxPopCurrent_v2(ctypes.byref(popped))
             self.lib.cuDevicePrimaryCtxRelease_v2(self.pushed)
         return False
+
+
+def device_uuid(device: int) -> str:
+    """The UUID of this process's CUDA device `device` as nvidia-smi prints it ("GPU-..."): what
+    names the GPU to the sidecar, whose device numbering may differ (CUDA_VISIBLE_DEVICES)."""
+    lib = _load()
+    dev = ctypes.c_int()
+    rc = lib.cuDeviceGet(ctypes.byref(dev), device)
+    if rc != 0:
+        raise ValueError("rdma_sidecar: CUDA device %d does not exist in this process (cuDeviceGet: %s)"
+                         % (device, _name(lib, rc)))
+    u = ctypes.create_string_buffer(16)
+    rc = lib.cuDeviceGetUuid_v2(u, dev.value)
+    if rc != 0:
+        raise ValueError("rdma_sidecar: cuDeviceGetUuid(%d) failed with %s" % (device, _name(lib, rc)))
+    h = u.raw.hex()
+    return "GPU-%s-%s-%s-%s-%s" % (h[0:8], h[8:12], h[12:16], h[16:20], h[20:32])
 
 
 def ipc_range(dptr: int, device=None) -> Tuple[bytes, int, int]:

@@ -586,7 +586,8 @@ class Connector:
         region = self._cuda_regions.get(key)
         if region is None:
             proto = await self._call("RegisterRegion", pb.RegisterRegionRequest(
-                cuda_ipc=pb.CudaIpcSource(device_index=device, handle=handle, offset=offset, size=size),
+                cuda_ipc=pb.CudaIpcSource(device_index=device, handle=handle, offset=offset, size=size,
+                                          device_uuid=getattr(d, "device_uuid", "")),
                 name=name or "cuda:%d" % device))
             region = self._cuda_regions[key] = Region(proto, None, "cuda:%d" % device)
             self._regions[region.region_id] = region

@@ -181,6 +181,7 @@ class Descriptor:
     def _pointer_ipc(self) -> Tuple[int, bytes, int, int]:
         from . import _cuda
         handle, base, size = _cuda.ipc_range(self.addr, self.device)
+        self.device_uuid = _cuda.device_uuid(self.device)
         if self.addr + self.length > base + size:
             raise ValueError("(dptr, size, device): 0x%x + %d runs past its allocation (%d bytes at 0x%x)"
                              % (self.addr, self.length, size, base))
