@@ -276,10 +276,16 @@ def ipc_close(dptr):
     check("cuIpcCloseMemHandle", dptr)
 
 
-def htod(dptr, data):
+def htod(dptr, data, sync=True):
+    """Copies data (pageable host memory) to dptr. The driver may return before the bytes reach
+    device memory ("the DMA to final destination may not have completed"); later work of this
+    context sees them, another process (the sidecar) may not: sync=True (the default) waits with
+    cuCtxSynchronize, as a worker must before it hands the memory to the sidecar."""
     data = bytes(data)
     buf = ctypes.create_string_buffer(data, len(data))
     check("cuMemcpyHtoD", dptr, buf, len(data))
+    if sync:
+        check("cuCtxSynchronize")
 
 
 def dtoh(dptr, n):

@@ -102,6 +102,7 @@ struct fc_task {
 	size_t n;
 	int val;
 	bool fail;
+	bool free_src; /* src is the stand-in's own staging copy (a late pageable copy) */
 	struct CUevent_st *ev;
 	unsigned long seq;
 	struct fc_task *next;
@@ -139,6 +140,7 @@ static struct fc_map *g_maps;
 static struct fc_phys *g_phys;
 static struct fc_resv *g_resv;
 static struct CUstream_st *g_streams;
+static struct CUstream_st *g_legacy[FC_MAX_DEV]; /* hidden: the DMA of pageable HtoD copies */
 static struct CUevent_st *g_events;
 static unsigned long g_inflight; /* queued stream tasks, all streams */
 static unsigned long g_counter;
@@ -376,6 +378,8 @@ static void *stream_main(void *arg)
 				else
 					memset(t->dst, t->val, t->n);
 			}
+			if (t->free_src)
+				free((void *)t->src);
 			pthread_mutex_lock(&g_mu);
 			if (t->fail && s->err == CUDA_SUCCESS)
 				s->err = g_fail_err;
@@ -395,6 +399,40 @@ static void *stream_main(void *arg)
 	}
 	pthread_mutex_unlock(&g_mu);
 	return NULL;
+}
+
+static void *stream_main(void *arg);
+
+/* The legacy stream's DMA queue of a context: where a synchronous HtoD copy from pageable memory
+ * finishes after the call returned. Created on first use; lives until the process ends. */
+static struct CUstream_st *legacy_queue(struct CUctx_st *c)
+{
+	struct CUstream_st *s = g_legacy[c->dev];
+
+	if (s)
+		return s;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->ctx = c;
+	if (pthread_create(&s->th, NULL, stream_main, s) != 0) {
+		free(s);
+		return NULL;
+	}
+	pthread_detach(s->th);
+	s->next = g_streams;
+	g_streams = s;
+	g_legacy[c->dev] = s;
+	return s;
+}
+
+/* Later work on the legacy stream (every synchronous call) waits for the late copies before it. */
+static void legacy_drain(struct CUctx_st *c)
+{
+	struct CUstream_st *s = c ? g_legacy[c->dev] : NULL;
+
+	while (s && s->done < s->queued)
+		pthread_cond_wait(&g_cv, &g_mu);
 }
 
 /* One copy, sync or async. dst_kind/src_kind: 1 device, 0 host, -1 either (unified). */
@@ -441,6 +479,27 @@ static CUresult submit_copy(uintptr_t dst, int dst_kind, uintptr_t src, int src_
 	 * (in stream order), so the caller may reuse its buffer at once. Pinned memory: asynchronous. */
 	bool pageable = (!dd && !host_pinned(d, n)) || (!sd && !host_pinned(sp, n));
 	if (!async || sync_stream(s)) {
+		legacy_drain(cur_ctx());
+		/* The driver's documented synchronous behaviour: "for transfers from pageable host
+		 * memory to device memory, ... the function returns once the pageable buffer has been
+		 * copied to the staging memory for DMA transfer to device memory, but the DMA to final
+		 * destination may not have completed". So: stage, return, land later. */
+		struct CUstream_st *q = dd && !sd && pageable && n ? legacy_queue(cur_ctx()) : NULL;
+		char *stage = q ? malloc(n) : NULL;
+		struct fc_task *lt = stage ? calloc(1, sizeof(*lt)) : NULL;
+		if (lt) {
+			memcpy(stage, sp, n);
+			lt->kind = FC_T_COPY;
+			lt->dst = d;
+			lt->src = stage;
+			lt->free_src = true;
+			lt->n = n;
+			lt->fail = fail;
+			enqueue(q, lt);
+			pthread_mutex_unlock(&g_mu);
+			return CUDA_SUCCESS; /* a failure shows at the next synchronisation */
+		}
+		free(stage);
 		if (fail)
 			poison(cur_ctx()->dev);
 		pthread_mutex_unlock(&g_mu);

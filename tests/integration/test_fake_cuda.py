@@ -456,6 +456,32 @@ print(a, b)
         r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "1", "FAKE_CUDA_STICKY": "0"})
         self.assertEqual(self.assertChildOk(r).split(), ["700", "0"])  # reported once, then cleared
 
+    def test_pageable_htod_lands_late(self):
+        # The driver's synchronous cuMemcpyHtoD from pageable memory returns once the bytes are
+        # staged; the DMA may land later. Here it lands FAKE_CUDA_COPY_DELAY_US (1 s) later: another
+        # process (the backing file) sees old bytes; this context's later work waits for it
+        # (stream order); cuCtxSynchronize makes it visible to everyone.
+        code = r"""
+cu.init(0)
+p = cu.alloc(4096)
+name = [f for f in os.listdir(os.environ["FAKE_CUDA_SHM_DIR"]) if f.startswith("sc-fakecuda-%d-" % os.getpid())]
+path = os.path.join(os.environ["FAKE_CUDA_SHM_DIR"], name[0])
+def seen():
+    with open(path, "rb") as f:
+        return f.read(4096)
+cu.htod(p, b"A" * 4096, sync=False)
+other = seen()
+mine = cu.dtoh(p, 4096)
+cu.htod(p, b"B" * 4096, sync=False)
+before = seen()
+cu.check("cuCtxSynchronize")
+after = seen()
+cu.free(p)
+print(other == bytes(4096), mine == b"A" * 4096, before == b"A" * 4096, after == b"B" * 4096)
+"""
+        r = child(code, env={"FAKE_CUDA_COPY_DELAY_US": "1000000"})
+        self.assertEqual(self.assertChildOk(r).split(), ["True"] * 4)
+
     def test_sticky_error_poisons_the_device(self):
         # As the real driver: after an illegal address every call needing that device's context
         # fails with it until the process ends; another device's context and context-free calls

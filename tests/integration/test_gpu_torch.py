@@ -17,6 +17,7 @@ allocator (torch.cuda.memory_allocated() returns to where it started).
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import types
@@ -38,7 +39,7 @@ else:
     import atexit
     atexit.register(shutil.rmtree, FAKE_SHM, True)
 
-from harness import SidecarTest, main  # noqa: E402
+from harness import SLOW, SidecarTest, main  # noqa: E402
 import cudadrv as cu  # noqa: E402
 
 MiB = 1 << 20
@@ -61,40 +62,7 @@ else:
         print("SKIP: python3-torch is not installed (the stand-in CUDA tensor is a torch.Tensor subclass)")
         sys.exit(77)
 
-    class _StandInStorage:
-        def __init__(self, t):
-            self.t = t
-
-        def _share_cuda_(self):
-            # As PyTorch >= 2.5: pins the storage until a PyTorch receiver lets go (here: never),
-            # and hands out (device, 66-byte handle, storage bytes, offset in block, ...).
-            StandInCudaTensor.pinned += 1
-            return (self.t.index, bytes([2]) + b"c" + cu.ipc_handle(self.t.block), self.t.nbytes,
-                    self.t.offset, None, None, None, None)
-
-    class StandInCudaTensor(torch.Tensor):
-        """STAND-IN for a contiguous uint8 PyTorch CUDA tensor (Debian's torch has no CUDA): a real
-        torch.Tensor subclass on device cuda:N with no storage of its own, whose bytes are `nbytes`
-        at `offset` of the stand-in cuMemAlloc block `block`. Any torch operation on it raises."""
-        pinned = 0
-
-        @staticmethod
-        def __new__(cls, block, offset, nbytes, index=0):
-            t = torch.Tensor._make_wrapper_subclass(cls, (nbytes,), dtype=torch.uint8, device="cuda:%d" % index)
-            t.block, t.offset, t.nbytes, t.index = block, offset, nbytes, index
-            return t
-
-        @classmethod
-        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-            raise RuntimeError("stand-in CUDA tensor: %s is not available" % func)
-
-        def data_ptr(self):
-            return self.block + self.offset
-
-        def untyped_storage(self):
-            return _StandInStorage(self)
-
-        storage = untyped_storage
+    from standin_torch import StandInCudaTensor  # noqa: E402
 
 import numpy as np  # noqa: E402
 import rdma_sidecar as rs  # noqa: E402
@@ -200,6 +168,43 @@ class TorchTensorTest(SidecarTest):
                                  "freed tensors stayed allocated: storage pinned by _share_cuda_()")
         if not REAL:
             self.assertEqual(StandInCudaTensor.pinned, 0, "the package called _share_cuda_(), which pins storage")
+
+    def test_worker_writes_land_before_the_sidecar_reads(self):
+        # The worker's last write is a pageable cuMemcpyHtoD whose DMA lands 2 s after the call
+        # returned (FAKE_CUDA_COPY_DELAY_US in the worker process only; the driver documents that
+        # the DMA "may not have completed"). The package must synchronize the device before the
+        # sidecar reads the tensor, or the reader gets the bytes from before the write.
+        if REAL:
+            self.skipTest("stand-in timing (late DMA) only")
+        a = self.gpu_sidecar()
+        code = r"""
+import os, sys
+import numpy as np
+import cudadrv as cu
+import rdma_sidecar as rs
+import rdma_sidecar.sync
+from standin_torch import StandInCudaTensor
+cu.init(0)
+base = cu.alloc(2 << 20)
+t = StandInCudaTensor(base, 4096, 100003)
+payload = os.urandom(100003)
+cu.htod(base + 4096, payload, sync=False)
+with rs.sync.Connector(sys.argv[1]) as c:
+    host = c.zeros(100003, np.uint8)
+    with c.create_readable(rs.Descriptor(t)) as r, c.begin_read(r, rs.Descriptor(host)) as op:
+        op.wait_for_completion(60)
+    print("same" if host.tobytes() == payload else "STALE")
+    c.free(t)
+    c.free(host)
+cu.free(base)
+"""
+        path = os.pathsep.join([HERE, os.path.join(HERE, "..", "..", "clients", "python"),
+                                os.path.join(HERE, "..", "..", "examples"), os.environ.get("SC_PYTHON_STUBS", "")])
+        env = dict(os.environ, PYTHONPATH=path, FAKE_CUDA_COPY_DELAY_US="2000000")
+        r = subprocess.run([sys.executable, "-c", code, "unix:" + a.sock], env=env, capture_output=True,
+                           timeout=120 * SLOW)
+        self.assertEqual(r.returncode, 0, r.stderr.decode()[-3000:])
+        self.assertEqual(r.stdout.decode().strip(), "same")
 
     def test_wrong_device_and_foreign_memory_are_refused(self):
         if REAL:

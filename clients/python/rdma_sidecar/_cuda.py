@@ -49,6 +49,7 @@ def _load():
             lib.cuCtxPopCurrent_v2.argtypes = [P(vp)]
             lib.cuGetErrorName.argtypes = [ctypes.c_int, P(ctypes.c_char_p)]
             lib.cuDeviceGetUuid_v2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+            lib.cuCtxSynchronize.argtypes = []
             rc = lib.cuInit(0)
             if rc != 0:
                 raise RuntimeError("rdma_sidecar: cuInit failed with %s: no usable GPU in this process"
@@ -102,6 +103,18 @@ class _DeviceContext:
             self.lib.cuCtxPopCurrent_v2(ctypes.byref(popped))
             self.lib.cuDevicePrimaryCtxRelease_v2(self.pushed)
         return False
+
+
+def synchronize(device: int) -> None:
+    """Waits until every stream of `device`'s primary context (PyTorch's, the CUDA runtime's) has
+    finished, so that the sidecar, another process, sees what they wrote: kernels, async copies,
+    and synchronous copies from pageable memory, whose DMA may land after the call returned."""
+    lib = _load()
+    with _DeviceContext(lib, device):
+        rc = lib.cuCtxSynchronize()
+    if rc != 0:
+        raise RuntimeError("rdma_sidecar: cuCtxSynchronize on CUDA device %d failed with %s: the GPU work that "
+                           "produced this memory failed" % (device, _name(lib, rc)))
 
 
 def device_uuid(device: int) -> str:
