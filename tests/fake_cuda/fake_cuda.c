@@ -30,6 +30,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -124,6 +125,7 @@ struct CUevent_st {
 	struct CUstream_st *stream; /* where last recorded; cleared when it is destroyed */
 	int pending;		    /* queued tasks naming this event */
 	bool destroyed;
+	unsigned flags; /* CU_EVENT_BLOCKING_SYNC: cuEventSynchronize sleeps; else it spins */
 	struct CUevent_st *next;
 };
 
@@ -1536,6 +1538,7 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto out;
 	}
+	e->flags = Flags;
 	e->next = g_events;
 	g_events = e;
 	*phEvent = e;
@@ -1644,8 +1647,17 @@ CUresult cuEventSynchronize(CUevent hEvent)
 	}
 	unsigned long target = hEvent->recorded;
 	hEvent->pending++; /* keep it alive while we wait */
-	while (hEvent->reached < target)
-		pthread_cond_wait(&g_cv, &g_mu);
+	/* As the driver under its default scheduling: without CU_EVENT_BLOCKING_SYNC the waiting
+	 * thread spins (a core busy for as long as it waits); with it, the thread sleeps. */
+	while (hEvent->reached < target) {
+		if (hEvent->flags & CU_EVENT_BLOCKING_SYNC) {
+			pthread_cond_wait(&g_cv, &g_mu);
+			continue;
+		}
+		pthread_mutex_unlock(&g_mu);
+		sched_yield();
+		pthread_mutex_lock(&g_mu);
+	}
 	hEvent->pending--;
 	r = event_result(hEvent);
 	if (hEvent->destroyed && hEvent->pending == 0)

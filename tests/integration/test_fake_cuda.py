@@ -456,6 +456,35 @@ print(a, b)
         r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "1", "FAKE_CUDA_STICKY": "0"})
         self.assertEqual(self.assertChildOk(r).split(), ["700", "0"])  # reported once, then cleared
 
+    def test_event_sync_spins_without_blocking_sync(self):
+        # The driver's default scheduling: a thread in cuEventSynchronize spins (burns a core)
+        # unless the event was created with CU_EVENT_BLOCKING_SYNC. Each wait here is 1 s (a
+        # delayed copy); CPU time is compared with what a sleeping wait costs.
+        code = r"""
+import time
+cu.init(0)
+a, b = cu.alloc(4096), cu.alloc(4096)
+s = ctypes.c_void_p()
+cu.check("cuStreamCreate", ctypes.byref(s), 1)
+out = []
+for flags in (0, 1):  # 1: CU_EVENT_BLOCKING_SYNC
+    e = ctypes.c_void_p()
+    cu.check("cuEventCreate", ctypes.byref(e), flags)
+    cu.check("cuMemcpyDtoDAsync", b, a, 4096, s)
+    cu.check("cuEventRecord", e, s)
+    t0, c0 = time.monotonic(), time.process_time()
+    cu.check("cuEventSynchronize", e)
+    out.append((time.process_time() - c0, time.monotonic() - t0))
+    cu.check("cuEventDestroy", e)
+cu.check("cuStreamDestroy", s)
+print(out)
+"""
+        r = child(code, env={"FAKE_CUDA_COPY_DELAY_US": "1000000"})
+        (spin_cpu, spin_wall), (sleep_cpu, sleep_wall) = eval(self.assertChildOk(r))
+        self.assertGreaterEqual(min(spin_wall, sleep_wall), 0.9)
+        self.assertGreater(spin_cpu, 0.1, "a default event's wait should spin")
+        self.assertLess(sleep_cpu, 0.1, "a BLOCKING_SYNC event's wait should sleep")
+
     def test_pageable_htod_lands_late(self):
         # The driver's synchronous cuMemcpyHtoD from pageable memory returns once the bytes are
         # staged; the DMA may land later. Here it lands FAKE_CUDA_COPY_DELAY_US (1 s) later: another

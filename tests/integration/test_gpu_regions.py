@@ -392,6 +392,30 @@ class GpuRegionTest(SidecarTest):
             self.transfer(a, [HostMem(a, 5000)], b, [HostMem(b, 5000)], [4321], direction)
 
     @stand_in_only
+    def test_staging_waits_sleep(self):
+        # Every copy into b's GPU takes 250 ms: b's stagers spend the transfer waiting on their
+        # events. The stand-in spins a waiting thread as the driver does unless the event has
+        # CU_EVENT_BLOCKING_SYNC; b's CPU time over the transfer shows which.
+        keys = self.key_file()
+        a = self.gpu_sidecar("a", keys)
+        b = self.gpu_sidecar("b", keys, env={"FAKE_CUDA_COPY_DELAY_US": "250000"})
+
+        def cpu():
+            with open("/proc/%d/stat" % b.proc.pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        src, dst = HostMem(a, 12 * MiB), GpuMem(b, 12 * MiB)
+        c0, t0 = cpu(), time.monotonic()
+        for local in (False, True):  # staged over TCP, then a LOCAL device-to-device copy
+            if local:
+                src = GpuMem(b, 12 * MiB)
+            self.transfer(b if local else a, [src], b, [dst], [12 * MiB - 7], "read")
+        used, wall = cpu() - c0, time.monotonic() - t0
+        print("sidecar b: %.2f s CPU over %.2f s of transfers" % (used, wall))
+        self.assertGreater(wall, 1.0)
+        self.assertLess(used, 0.25 * wall, "b's GPU waits spin instead of sleeping")
+
+    @stand_in_only
     def test_sticky_error_marks_the_gpu_unhealthy(self):
         # As on a real GPU, CUDA_ERROR_ILLEGAL_ADDRESS poisons the context: b says so in GetInfo and
         # metrics and refuses new work on that GPU with UNAVAILABLE; host memory and its other GPU
