@@ -2393,13 +2393,14 @@ static const struct fc_sym fc_syms[] = {
 	FC_SYM(cuMemSetAccess, cuMemSetAccess),
 	FC_SYM(cuMemRelease, cuMemRelease),
 	FC_SYM(cuMemGetAllocationPropertiesFromHandle, cuMemGetAllocationPropertiesFromHandle),
+#ifndef FC_LEGACY_DRIVER
 	FC_SYM(cuGetProcAddress, cuGetProcAddress_v2),
+#endif
 };
 
 /* Base name -> implementation, whatever cudaVersion and flags (per-thread default stream variants
  * are the same functions here). Needs no cuInit, like the real one. */
-CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
-			     CUdriverProcAddressQueryResult *symbolStatus)
+static CUresult get_proc(const char *symbol, void **pfn, CUdriverProcAddressQueryResult *symbolStatus)
 {
 	if (!symbol || !pfn)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -2416,9 +2417,19 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
 	return CUDA_ERROR_NOT_FOUND;
 }
 
+/* FC_LEGACY_DRIVER (libsc_fake_cuda_legacy.so): a driver before CUDA 12.0, which has no
+ * cuGetProcAddress_v2. */
+#ifndef FC_LEGACY_DRIVER
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+			     CUdriverProcAddressQueryResult *symbolStatus)
+{
+	return get_proc(symbol, pfn, symbolStatus);
+}
+#endif
+
 /* The CUDA 11 signature, without symbolStatus. */
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
 {
-	return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+	return get_proc(symbol, pfn, NULL);
 }

@@ -183,6 +183,18 @@ class GpuRegionTest(SidecarTest):
                             pb.CreateRegionRequest(size=MiB, device_kind=pb.DEVICE_KIND_CUDA),
                             contains="no usable CUDA driver", timeout=10)
 
+    @stand_in_only
+    def test_driver_without_get_proc_address_v2_is_refused(self):
+        # Before CUDA 12.0 dlsym gives the legacy entry points: GPU support stays off, saying why.
+        legacy = os.environ.get("SC_FAKE_CUDA_LEGACY", "")
+        if not legacy or not os.path.exists(legacy):
+            self.skipTest("SC_FAKE_CUDA_LEGACY (the stand-in built as a pre-12.0 driver) is not set")
+        a = self.sidecar("a", env={"SC_TEST_CUDA_DRIVER": legacy})
+        info = a.info()
+        self.assertFalse(info.cuda_available)
+        self.assertIn("no cuGetProcAddress_v2", info.cuda_detail)
+        self.assertEqual(len(info.gpus), 0)
+
     def test_create_region_ipc_handle_and_region_io(self):
         a = self.gpu_sidecar("a")
         r = a.stub.CreateRegion(pb.CreateRegionRequest(size=3 * MiB + 5, device_kind=pb.DEVICE_KIND_CUDA,
