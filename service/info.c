@@ -66,6 +66,7 @@ void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req)
 		g[i].uuid = (char *)d->uuid;
 		g[i].healthy = d->healthy;
 		g[i].health_detail = (char *)d->health_detail;
+		g[i].vmm_gpudirect_rdma_supported = d->vmm_gdr;
 		gp[i] = &g[i];
 	}
 	m.n_gpus = info.n_gpus;

@@ -104,6 +104,9 @@ struct sc_region_info {
 	/* CUDA regions the sidecar allocated: the IPC handle for the worker to open. */
 	bool has_cuda_ipc_handle;
 	uint8_t cuda_ipc_handle[SC_GPU_IPC_HANDLE_LEN];
+	/* CUDA regions: GPUDirect RDMA capable memory, and the path ibverbs transfers of it take. */
+	bool gdr_capable;
+	char gpu_path[320];
 };
 
 int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind kind,

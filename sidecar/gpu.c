@@ -261,6 +261,11 @@ static void describe_device(struct sc_gpu *g, int i)
 						   d->dev) == CUDA_SUCCESS &&
 			v != 0;
 	v = 0;
+	info->vmm_gdr = g->cu.cuDeviceGetAttribute(
+				&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+				d->dev) == CUDA_SUCCESS &&
+			v != 0;
+	v = 0;
 	info->gdr = g->cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED,
 					       d->dev) == CUDA_SUCCESS &&
 		    v != 0;
@@ -416,6 +421,21 @@ int sc_gpu_find_uuid(const struct sc_gpu *g, const char *uuid, int *index, struc
 
 /* ---- memory ------------------------------------------------------------------------------------- */
 
+/* CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE of device memory (false when unknown). */
+static bool rdma_capable(struct sc_gpu *g, uint64_t addr)
+{
+	int v = 0;
+	return g->cu.cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE,
+					   (CUdeviceptr)addr) == CUDA_SUCCESS &&
+	       v != 0;
+}
+
+bool sc_gpu_rdma_capable(struct sc_gpu *g, int device, uint64_t addr)
+{
+	struct sc_err err;
+	return sc_gpu_use(g, device, &err) == 0 && rdma_capable(g, addr);
+}
+
 int sc_gpu_alloc(struct sc_gpu *g, int device, uint64_t size, struct sc_gpu_mem *out,
 		 uint8_t ipc_handle[SC_GPU_IPC_HANDLE_LEN], struct sc_err *err)
 {
@@ -435,6 +455,7 @@ int sc_gpu_alloc(struct sc_gpu *g, int device, uint64_t size, struct sc_gpu_mem 
 	memcpy(ipc_handle, h.reserved, SC_GPU_IPC_HANDLE_LEN);
 	*out = (struct sc_gpu_mem){.device = device, .source = SC_GPU_MEM_OWNED, .addr = p,
 				   .size = size, .map_base = p, .map_size = rounded};
+	out->gdr_capable = rdma_capable(g, out->addr);
 	return 0;
 }
 
@@ -500,6 +521,7 @@ int sc_gpu_open_ipc(struct sc_gpu *g, int device, const uint8_t handle[SC_GPU_IP
 	}
 	*out = (struct sc_gpu_mem){.device = device, .source = SC_GPU_MEM_IPC, .addr = p + offset,
 				   .size = size, .map_base = p, .map_size = usable};
+	out->gdr_capable = rdma_capable(g, out->addr);
 	return 0;
 }
 
@@ -586,6 +608,7 @@ int sc_gpu_import_fd(struct sc_gpu *g, int device, int pid, int fd, uint64_t off
 	*out = (struct sc_gpu_mem){.device = device, .source = SC_GPU_MEM_VMM, .addr = va + offset,
 				   .size = size, .map_base = va, .map_size = alloc_size,
 				   .vmm_handle = h};
+	out->gdr_capable = rdma_capable(g, out->addr);
 	return 0;
 unmap:
 	g->cu.cuMemUnmap(va, alloc_size);
@@ -711,6 +734,11 @@ int sc_gpu_unhealthy_count(const struct sc_gpu *g)
 {
 	(void)g;
 	return 0;
+}
+bool sc_gpu_rdma_capable(struct sc_gpu *g, int device, uint64_t addr)
+{
+	(void)g, (void)device, (void)addr;
+	return false;
 }
 int sc_gpu_find_uuid(const struct sc_gpu *g, const char *uuid, int *index, struct sc_err *err)
 {

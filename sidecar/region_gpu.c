@@ -41,6 +41,7 @@ static int add(struct sc_engine *eng, const struct sc_gpu_mem *m, const char *na
 	r->device_index = (uint32_t)m->device;
 	r->gpu = m->device;
 	r->gmem = *m;
+	r->gpu_info = sc_gpu_device(eng->gpu, m->device);
 	r->size = m->size;
 	r->base = (uint8_t *)(uintptr_t)m->addr;
 	snprintf(r->name, sizeof(r->name), "%s", name ? name : "");
@@ -67,6 +68,34 @@ int sc_region_create_gpu(struct sc_engine *eng, uint64_t size, uint32_t device,
 	SC_INFO("region", "created %s: %" PRIu64 " bytes on GPU %u%s%s", out->id, size, device,
 		out->name[0] ? " name=" : "", out->name);
 	return 0;
+}
+
+void sc_region_gpu_path(const struct sc_region *r, struct sc_region_info *out)
+{
+	const struct sc_gpu_device_info *d = r->gpu_info;
+	const char *ib_note = r->backend_note[SC_BACKEND_IBVERBS];
+	out->gdr_capable = r->gmem.gdr_capable;
+	if (r->backend_handle[SC_BACKEND_IBVERBS])
+		snprintf(out->gpu_path, sizeof(out->gpu_path),
+			 "GPUDirect RDMA: registered with ibverbs (%s)", d ? d->rdma_path : "?");
+	else if (ib_note[0])
+		snprintf(out->gpu_path, sizeof(out->gpu_path),
+			 "staged through pinned host memory: ibverbs cannot reach it (%s)", ib_note);
+	else if (!r->gmem.gdr_capable && r->gmem.source == SC_GPU_MEM_VMM && d && d->gdr)
+		snprintf(out->gpu_path, sizeof(out->gpu_path),
+			 "staged through pinned host memory: cuMemCreate memory allocated without "
+			 "allocFlags.gpuDirectRDMACapable = 1%s",
+			 d->vmm_gdr ? " (this GPU supports it: set it in the worker)"
+				    : " (this GPU/driver cannot: "
+				      "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0)");
+	else if (!r->gmem.gdr_capable)
+		snprintf(out->gpu_path, sizeof(out->gpu_path),
+			 "staged through pinned host memory: not GPUDirect RDMA capable (%s)",
+			 d ? d->rdma_path : "unknown GPU");
+	else
+		snprintf(out->gpu_path, sizeof(out->gpu_path),
+			 "GPUDirect RDMA capable; no ibverbs backend here, so tcp transfers stage "
+			 "through pinned host memory");
 }
 
 int sc_region_gpu_by_uuid(struct sc_engine *eng, const char *device_uuid, uint32_t *device_index,

@@ -37,6 +37,9 @@ else:
     # alike, as IPC needs), removed at exit, so crashed processes leave nothing in /dev/shm.
     FAKE_SHM = tempfile.mkdtemp(prefix="sc-gpu-test-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     os.environ["FAKE_CUDA_SHM_DIR"] = FAKE_SHM
+    # A GPU that supports GPUDirect RDMA, for cuMemCreate memory too (as an H100 does): the
+    # stand-in then answers IS_GPU_DIRECT_RDMA_CAPABLE by how the memory was allocated.
+    os.environ["FAKE_CUDA_GDR"] = "1"
     atexit.register(shutil.rmtree, FAKE_SHM, True)
 
 import grpc  # noqa: E402
@@ -51,7 +54,8 @@ except Exception as e:  # noqa: BLE001
     sys.exit(77)
 DEV1 = 1 if NDEV > 1 else 0  # a second GPU where there is one
 MiB = 1 << 20
-ENV = {} if REAL else {"SC_TEST_CUDA_DRIVER": FAKE, "FAKE_CUDA_SHM_DIR": os.environ["FAKE_CUDA_SHM_DIR"]}
+ENV = {} if REAL else {"SC_TEST_CUDA_DRIVER": FAKE, "FAKE_CUDA_SHM_DIR": os.environ["FAKE_CUDA_SHM_DIR"],
+                       "FAKE_CUDA_GDR": "1"}
 stand_in_only = unittest.skipIf(REAL, "needs the stand-in driver (fault injection, delays)")
 
 
@@ -263,6 +267,46 @@ class GpuRegionTest(SidecarTest):
                             device_uuid="GPU-00000000-1111-2222-3333-444444444444", contains="no GPU with uuid")
         self.assertEqual(len(a.stub.ListRegions(pb.ListRegionsRequest(), timeout=10).regions), 0)
         cu.free(base)
+
+    def test_gpudirect_capability_reported(self):
+        # Item: cuMemCreate memory takes GPUDirect RDMA only when allocated with
+        # allocFlags.gpuDirectRDMACapable; the region says what path its memory gets.
+        a = self.gpu_sidecar("a")
+        info = a.info()
+        for g in info.gpus:
+            self.assertEqual(g.vmm_gpudirect_rdma_supported, g.gpudirect_rdma_supported)
+        cu.init(0)
+        regions = []
+        for gdr in (False, True):
+            dptr, fd, asize = cu.vmm_alloc(2 * MiB, gdr=gdr)
+            r = a.stub.RegisterRegion(pb.RegisterRegionRequest(cuda_fd=pb.CudaFdSource(
+                device_index=0, pid=os.getpid(), fd=fd, size=MiB)), timeout=30)
+            regions.append((r, dptr, fd))
+            print("cuMemCreate gdr=%s: %s / %s" % (gdr, r.gpudirect_rdma_capable, r.gpu_path))
+            if REAL and not info.gpus[0].gpudirect_rdma_supported:
+                continue
+            self.assertEqual(r.gpudirect_rdma_capable, gdr)
+            if gdr:
+                self.assertNotIn("allocFlags", r.gpu_path)
+            else:
+                self.assertIn("staged through pinned host memory", r.gpu_path)
+                self.assertIn("allocFlags.gpuDirectRDMACapable = 1", r.gpu_path)
+        m = GpuMem(a, 4096)
+        listed = {x.region_id: x for x in a.stub.ListRegions(pb.ListRegionsRequest(), timeout=10).regions}
+        self.assertEqual(listed[m.region.region_id].gpudirect_rdma_capable, m.region.gpudirect_rdma_capable)
+        self.assertEqual(listed[regions[0][0].region_id].gpu_path, regions[0][0].gpu_path)
+        if not REAL:
+            self.assertTrue(m.region.gpudirect_rdma_capable, m.region.gpu_path)
+            self.assertIn("no ibverbs backend here", m.region.gpu_path)
+            # A GPU without GPUDirect RDMA: nothing is capable, and the region says why.
+            b = self.gpu_sidecar("b", env={"FAKE_CUDA_GDR": "0"})
+            mb = GpuMem(b, 4096)
+            self.assertFalse(mb.region.gpudirect_rdma_capable)
+            self.assertIn("the GPU does not support GPUDirect RDMA", mb.region.gpu_path)
+            self.assertFalse(b.info().gpus[0].vmm_gpudirect_rdma_supported)
+        for r, dptr, fd in regions:
+            a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=r.region_id), timeout=10)
+            cu.vmm_free(dptr, fd)
 
     def test_register_by_device_uuid(self):
         # The worker names the GPU by UUID; the index it sends is ignored (a worker that sees only
