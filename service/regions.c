@@ -28,6 +28,11 @@ void sc_h_create_region(struct sc_call *c, ProtobufCMessage *req)
 	struct sc_region_info info;
 	struct sc_err err;
 	sc_err_clear(&err);
+	if (r->device_kind == RDMA_SIDECAR__V1__DEVICE_KIND__DEVICE_KIND_CUDA &&
+	    sc_region_gpu_by_uuid(sc_call_engine(c), r->device_uuid, &r->device_index, &err) != 0) {
+		sc_call_fail_err(c, &err);
+		return;
+	}
 	if (sc_region_create(sc_call_engine(c), r->size, (enum sc_device_kind)r->device_kind,
 			     r->device_index, r->name, &info, &err) != 0)
 		sc_call_fail_err(c, &err);

@@ -326,6 +326,13 @@ class GpuRegionTest(SidecarTest):
         self.assertEqual(got, data[5:5 + MiB])
         a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=r.region_id), timeout=10)
         cu.free(base)
+        c = a.stub.CreateRegion(pb.CreateRegionRequest(size=MiB, device_kind=pb.DEVICE_KIND_CUDA, device_index=0,
+                                                       device_uuid=uuids[DEV1]), timeout=30)
+        self.assertEqual(c.device_index, DEV1)
+        a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=c.region_id), timeout=10)
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, a.stub.CreateRegion,
+                            pb.CreateRegionRequest(size=MiB, device_kind=pb.DEVICE_KIND_CUDA, device_uuid="GPU-nope"),
+                            contains="no GPU with uuid GPU-nope here (this sidecar sees 0=GPU-", timeout=10)
 
     def test_register_pytorch_shareable_handle(self):
         # PyTorch >= 2.5: untyped_storage()._share_cuda_()[1] is a version byte, a type byte 'c',
