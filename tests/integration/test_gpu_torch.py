@@ -218,6 +218,11 @@ cu.free(base)
                 rs.Descriptor(StandInCudaTensor(base, 2 * MiB - 10, 100))
             with self.assertRaisesRegex(ValueError, "is not CUDA device memory of device 0"):
                 rs.Descriptor(StandInCudaTensor(1 << 12, 0, 100))
+            # PyTorch's expandable segments are cuMemCreate memory: no IPC handle, say what to do.
+            dptr, fd, asize = cu.vmm_alloc(2 * MiB)
+            with self.assertRaisesRegex(ValueError, "expandable_segments:True.*turn expandable segments off"):
+                rs.Descriptor(StandInCudaTensor(dptr, 4096, 100))
+            cu.vmm_free(dptr, fd)
             self.assertEqual(len(c.list_regions()), 0)
 
 
