@@ -119,6 +119,8 @@ int sc_region_register_host(struct sc_engine *eng, const char *path, uint64_t of
  * becomes the region), or a cuMemCreate file descriptor taken from process pid (pidfd_getfd). */
 /* device_uuid non-empty: *device_index <- the index of that GPU here (INVALID_ARGUMENT when none
  * has it); empty: *device_index stays. */
+/* Readiness for GPU work: CUDA is usable, with at least one GPU, none of them unhealthy. */
+bool sc_region_gpus_healthy(struct sc_engine *eng);
 int sc_region_gpu_by_uuid(struct sc_engine *eng, const char *device_uuid, uint32_t *device_index,
 			  struct sc_err *err);
 int sc_region_register_cuda_ipc(struct sc_engine *eng, uint32_t device_index,

@@ -98,6 +98,11 @@ void sc_region_gpu_path(const struct sc_region *r, struct sc_region_info *out)
 			 "through pinned host memory");
 }
 
+bool sc_region_gpus_healthy(struct sc_engine *eng)
+{
+	return sc_gpu_count(eng->gpu) > 0 && sc_gpu_unhealthy_count(eng->gpu) == 0;
+}
+
 int sc_region_gpu_by_uuid(struct sc_engine *eng, const char *device_uuid, uint32_t *device_index,
 			  struct sc_err *err)
 {

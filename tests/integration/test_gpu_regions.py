@@ -43,7 +43,7 @@ else:
     atexit.register(shutil.rmtree, FAKE_SHM, True)
 
 import grpc  # noqa: E402
-from harness import SLOW, SidecarTest, desc, free_port, main, pb, wait_until  # noqa: E402 (also puts examples/ on the path)
+from harness import SLOW, SidecarTest, desc, free_port, health_pb2, main, pb, wait_until  # noqa: E402 (also puts examples/ on the path)
 import cudadrv as cu  # noqa: E402
 
 try:
@@ -183,6 +183,8 @@ class GpuRegionTest(SidecarTest):
         self.assertFalse(info.cuda_available)
         self.assertIn("CUDA driver not found", info.cuda_detail)
         self.assertEqual(len(info.gpus), 0)
+        self.assertEqual(a.health.Check(health_pb2.HealthCheckRequest(service="rdma_sidecar.v1.Sidecar/gpu"),
+                                        timeout=10).status, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.assertRpcError(grpc.StatusCode.FAILED_PRECONDITION, a.stub.CreateRegion,
                             pb.CreateRegionRequest(size=MiB, device_kind=pb.DEVICE_KIND_CUDA),
                             contains="no usable CUDA driver", timeout=10)
@@ -489,6 +491,11 @@ class GpuRegionTest(SidecarTest):
         b = self.sidecar("b", key_file=keys, extra=["--metrics-listen", "127.0.0.1:%d" % port],
                          env=dict(ENV, FAKE_CUDA_FAIL_COPY_AT="3"))
         self.assertTrue(all(g.healthy and not g.health_detail for g in b.info().gpus))
+
+        def gpu_ready(sc):
+            return sc.health.Check(health_pb2.HealthCheckRequest(service="rdma_sidecar.v1.Sidecar/gpu"),
+                                   timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+        self.assertTrue(gpu_ready(b))
         done, pdone = self.transfer(a, [GpuMem(a, 20 * MiB)], b, [GpuMem(b, 20 * MiB)], [20 * MiB], "read",
                                     expect=pb.OPERATION_STATUS_ERRORED)
         self.assertIn("CUDA_ERROR_ILLEGAL_ADDRESS", done.error.message)
@@ -497,6 +504,10 @@ class GpuRegionTest(SidecarTest):
         self.assertIn("CUDA_ERROR_ILLEGAL_ADDRESS", gpus[0].health_detail)
         self.assertIn("restarts", gpus[0].health_detail)
         self.assertTrue(all(g.healthy for g in gpus[1:]))
+        self.assertFalse(gpu_ready(b))  # readiness for GPU work fails; the server as a whole serves
+        self.assertEqual(b.health.Check(health_pb2.HealthCheckRequest(), timeout=10).status,
+                         health_pb2.HealthCheckResponse.SERVING)
+        self.assertTrue(gpu_ready(a))
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10 * SLOW) as r:
             metrics = r.read().decode()
         self.assertIn('rdma_sidecar_gpu_healthy{gpu="0",uuid="%s"} 0\n' % gpus[0].uuid, metrics)
