@@ -44,6 +44,8 @@ CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116
 CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124
+CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110
+CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 15
 
 c_ptr = ctypes.c_uint64  # CUdeviceptr
 c_handle = ctypes.c_void_p  # CUcontext, CUstream, CUevent
@@ -274,10 +276,16 @@ def ipc_close(dptr):
     check("cuIpcCloseMemHandle", dptr)
 
 
-def htod(dptr, data):
+def htod(dptr, data, sync=True):
+    """Copies data (pageable host memory) to dptr. The driver may return before the bytes reach
+    device memory ("the DMA to final destination may not have completed"); later work of this
+    context sees them, another process (the sidecar) may not: sync=True (the default) waits with
+    cuCtxSynchronize, as a worker must before it hands the memory to the sidecar."""
     data = bytes(data)
     buf = ctypes.create_string_buffer(data, len(data))
     check("cuMemcpyHtoD", dptr, buf, len(data))
+    if sync:
+        check("cuCtxSynchronize")
 
 
 def dtoh(dptr, n):
@@ -313,9 +321,17 @@ def _map(handle, size, device):
     return p.value
 
 
-def vmm_alloc(size, device=0):
-    """cuMemCreate (POSIX fd shareable) + map: (dptr, fd, alloc_size). The fd is the caller's."""
+def vmm_alloc(size, device=0, gdr=None):
+    """cuMemCreate (POSIX fd shareable) + map: (dptr, fd, alloc_size). The fd is the caller's.
+    gdr: allocate with allocFlags.gpuDirectRDMACapable (without it a NIC cannot reach the memory by
+    GPUDirect RDMA and the sidecar stages it); None: whenever the device supports it
+    (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)."""
     prop = _prop(device)
+    if gdr is None:
+        v = ctypes.c_int(0)
+        gdr = raw("cuDeviceGetAttribute", ctypes.byref(v), CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                  device) == 0 and v.value == 1
+    prop.allocFlags.gpuDirectRDMACapable = 1 if gdr else 0
     gran = ctypes.c_size_t()
     check("cuMemGetAllocationGranularity", ctypes.byref(gran), ctypes.byref(prop), 0)
     asize = (size + gran.value - 1) // gran.value * gran.value

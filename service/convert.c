@@ -81,6 +81,8 @@ void sc_pb_region_fill(RdmaSidecar__V1__Region *m, const struct sc_region_info *
 		m->cuda_ipc_handle.data = (uint8_t *)info->cuda_ipc_handle;
 		m->cuda_ipc_handle.len = sizeof(info->cuda_ipc_handle);
 	}
+	m->gpudirect_rdma_capable = info->gdr_capable;
+	m->gpu_path = s(info->gpu_path);
 }
 
 int sc_pb_descs(RdmaSidecar__V1__Descriptor **in, size_t n, struct sc_desc **out,

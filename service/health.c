@@ -3,7 +3,9 @@
  * health.c: grpc.health.v1.Health, so Kubernetes' native gRPC probes work. SERVING once the
  * service started, NOT_SERVING while draining. Known service names: "" (the whole server) and
  * "rdma_sidecar.v1.Sidecar". Watch streams the current status, then every change, until the client
- * cancels. Handlers run on gRPC worker threads; sc_health_set on the main thread. Owns the list of
+ * cancels. Check also knows "rdma_sidecar.v1.Sidecar/gpu", readiness for GPU work: SERVING only
+ * while serving with at least one GPU and none poisoned by a sticky CUDA error (Check only: Watch
+ * answers SERVICE_UNKNOWN for it). Handlers run on gRPC worker threads; sc_health_set on the main thread. Owns the list of
  * watching calls (each holding a call reference), under its own mutex.
  */
 #include "handlers.h"
@@ -78,11 +80,14 @@ void sc_health_set(struct sc_health *h, bool serving)
 	pthread_mutex_unlock(&h->mu);
 }
 
+#define SC_HEALTH_GPU "rdma_sidecar.v1.Sidecar/gpu"
+
 void sc_h_health_check(struct sc_call *c, ProtobufCMessage *req)
 {
 	Grpc__Health__V1__HealthCheckRequest *r = (Grpc__Health__V1__HealthCheckRequest *)req;
 	struct sc_health *h = sc_service_health(sc_call_service(c));
-	if (!known_service(r->service)) {
+	bool gpu = r->service && strcmp(r->service, SC_HEALTH_GPU) == 0;
+	if (!gpu && !known_service(r->service)) {
 		sc_call_fail(c, SC_NOT_FOUND, "unknown service name: use \"\" or "
 					     "\"rdma_sidecar.v1.Sidecar\"");
 		return;
@@ -90,6 +95,8 @@ void sc_h_health_check(struct sc_call *c, ProtobufCMessage *req)
 	pthread_mutex_lock(&h->mu);
 	bool serving = h->serving;
 	pthread_mutex_unlock(&h->mu);
+	if (gpu && serving)
+		serving = sc_region_gpus_healthy(sc_call_engine(c));
 	Grpc__Health__V1__HealthCheckResponse m = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
 	m.status = status_of(serving, true);
 	sc_call_reply(c, &m.base);

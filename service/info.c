@@ -63,6 +63,10 @@ void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req)
 		g[i].nearest_rdma_device = (char *)d->nearest_rdma;
 		g[i].nearest_rdma_detail = (char *)d->nearest_detail;
 		g[i].rdma_path = (char *)d->rdma_path;
+		g[i].uuid = (char *)d->uuid;
+		g[i].healthy = d->healthy;
+		g[i].health_detail = (char *)d->health_detail;
+		g[i].vmm_gpudirect_rdma_supported = d->vmm_gdr;
 		gp[i] = &g[i];
 	}
 	m.n_gpus = info.n_gpus;

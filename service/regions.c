@@ -28,6 +28,11 @@ void sc_h_create_region(struct sc_call *c, ProtobufCMessage *req)
 	struct sc_region_info info;
 	struct sc_err err;
 	sc_err_clear(&err);
+	if (r->device_kind == RDMA_SIDECAR__V1__DEVICE_KIND__DEVICE_KIND_CUDA &&
+	    sc_region_gpu_by_uuid(sc_call_engine(c), r->device_uuid, &r->device_index, &err) != 0) {
+		sc_call_fail_err(c, &err);
+		return;
+	}
 	if (sc_region_create(sc_call_engine(c), r->size, (enum sc_device_kind)r->device_kind,
 			     r->device_index, r->name, &info, &err) != 0)
 		sc_call_fail_err(c, &err);
@@ -52,6 +57,11 @@ void sc_h_register_region(struct sc_call *c, ProtobufCMessage *req)
 		return;
 	case RDMA_SIDECAR__V1__REGISTER_REGION_REQUEST__SOURCE_CUDA_IPC: {
 		RdmaSidecar__V1__CudaIpcSource *src = r->cuda_ipc;
+		if (sc_region_gpu_by_uuid(sc_call_engine(c), src->device_uuid, &src->device_index,
+					  &err) != 0) {
+			sc_call_fail_err(c, &err);
+			return;
+		}
 		if (sc_region_register_cuda_ipc(sc_call_engine(c), src->device_index,
 						src->handle.data, src->handle.len, src->offset,
 						src->size, r->name, &info, &err) != 0)
@@ -62,6 +72,11 @@ void sc_h_register_region(struct sc_call *c, ProtobufCMessage *req)
 	}
 	case RDMA_SIDECAR__V1__REGISTER_REGION_REQUEST__SOURCE_CUDA_FD: {
 		RdmaSidecar__V1__CudaFdSource *src = r->cuda_fd;
+		if (sc_region_gpu_by_uuid(sc_call_engine(c), src->device_uuid, &src->device_index,
+					  &err) != 0) {
+			sc_call_fail_err(c, &err);
+			return;
+		}
 		if (sc_region_register_cuda_fd(sc_call_engine(c), src->device_index, src->pid,
 					       src->fd, src->offset, src->size,
 					       src->allocation_size, r->name, &info, &err) != 0)

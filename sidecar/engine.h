@@ -104,6 +104,9 @@ struct sc_region_info {
 	/* CUDA regions the sidecar allocated: the IPC handle for the worker to open. */
 	bool has_cuda_ipc_handle;
 	uint8_t cuda_ipc_handle[SC_GPU_IPC_HANDLE_LEN];
+	/* CUDA regions: GPUDirect RDMA capable memory, and the path ibverbs transfers of it take. */
+	bool gdr_capable;
+	char gpu_path[320];
 };
 
 int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind kind,
@@ -114,6 +117,12 @@ int sc_region_register_host(struct sc_engine *eng, const char *path, uint64_t of
 			    struct sc_err *err);
 /* GPU memory of a worker: a CUDA IPC handle (the allocation block; [offset, offset+size) of it
  * becomes the region), or a cuMemCreate file descriptor taken from process pid (pidfd_getfd). */
+/* device_uuid non-empty: *device_index <- the index of that GPU here (INVALID_ARGUMENT when none
+ * has it); empty: *device_index stays. */
+/* Readiness for GPU work: CUDA is usable, with at least one GPU, none of them unhealthy. */
+bool sc_region_gpus_healthy(struct sc_engine *eng);
+int sc_region_gpu_by_uuid(struct sc_engine *eng, const char *device_uuid, uint32_t *device_index,
+			  struct sc_err *err);
 int sc_region_register_cuda_ipc(struct sc_engine *eng, uint32_t device_index,
 				const uint8_t *handle, size_t handle_len, uint64_t offset,
 				uint64_t size, const char *name, struct sc_region_info *out,

@@ -46,6 +46,7 @@ struct sc_region {
 			  * dereference it: see gpu.h) */
 	int gpu;         /* SC_GPU_HOST, or the CUDA device index of a GPU region */
 	struct sc_gpu_mem gmem; /* GPU regions: the memory and how to give it back */
+	const struct sc_gpu_device_info *gpu_info; /* GPU regions: their device (GetInfo's view) */
 	uint8_t ipc_handle[SC_GPU_IPC_HANDLE_LEN]; /* sidecar-allocated GPU regions */
 	bool has_ipc_handle;
 	void *map_addr;  /* what mmap returned (page aligned) */
@@ -190,6 +191,8 @@ void sc_region_ref(struct sc_region *r);
 void sc_region_unref(struct sc_engine *eng, struct sc_region *r); /* under mu */
 struct sc_region *sc_region_lookup(struct sc_engine *eng, const char *id);
 void sc_region_release_all(struct sc_engine *eng);
+/* CUDA regions: out->gdr_capable and out->gpu_path (region_gpu.c). */
+void sc_region_gpu_path(const struct sc_region *r, struct sc_region_info *out);
 void sc_region_fill_info(const struct sc_region *r, struct sc_region_info *out);
 /* Resolve a descriptor against the region table: bounds-checked, host memory only. */
 int sc_region_resolve(struct sc_engine *eng, const struct sc_desc *d, struct sc_region **out,

@@ -36,6 +36,58 @@
 
 #define ALLOC_ALIGN (2ull << 20)
 
+/* Errors after which the context is unusable until the process ends (cuda.h: "the process must
+ * be terminated and relaunched"). */
+static bool sticky(CUresult rc)
+{
+	switch (rc) {
+	case CUDA_ERROR_ILLEGAL_ADDRESS:
+	case CUDA_ERROR_HARDWARE_STACK_ERROR:
+	case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+	case CUDA_ERROR_MISALIGNED_ADDRESS:
+	case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+	case CUDA_ERROR_INVALID_PC:
+	case CUDA_ERROR_LAUNCH_FAILED:
+	case CUDA_ERROR_ECC_UNCORRECTABLE:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* A sticky error poisoned the current context: mark its device unhealthy (once). */
+static void mark_unhealthy(struct sc_gpu *g, CUresult rc, const char *call, const char *name)
+{
+	CUcontext cur = NULL;
+	if (g->cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
+		return;
+	for (int i = 0; i < g->n; i++) {
+		struct sc_gpu_dev *d = &g->dev[i];
+		if (d->ctx != cur)
+			continue;
+		pthread_mutex_lock(&g->mu);
+		if (!atomic_load(&d->unhealthy)) {
+			snprintf(d->info.health_detail, sizeof(d->info.health_detail),
+				 "%s returned %s (%d), a sticky error: the GPU context is unusable "
+				 "until the sidecar restarts",
+				 call, name, (int)rc);
+			d->info.healthy = false;
+			atomic_store(&d->unhealthy, true);
+			SC_ERROR("gpu", "GPU %d (%s) is now unhealthy: %s", i, d->info.uuid,
+				 d->info.health_detail);
+		}
+		pthread_mutex_unlock(&g->mu);
+	}
+}
+
+int sc_gpu_unhealthy_count(const struct sc_gpu *g)
+{
+	int n = 0;
+	for (int i = 0; g && i < g->n; i++)
+		n += atomic_load(&g->dev[i].unhealthy) ? 1 : 0;
+	return n;
+}
+
 int sc_gpu_fail(struct sc_gpu *g, CUresult rc, const char *call, struct sc_err *err)
 {
 	const char *name = NULL, *text = NULL;
@@ -51,6 +103,8 @@ int sc_gpu_fail(struct sc_gpu *g, CUresult rc, const char *call, struct sc_err *
 		code = SC_INVALID_ARGUMENT;
 	else if (rc == CUDA_ERROR_NOT_SUPPORTED)
 		code = SC_FAILED_PRECONDITION;
+	if (sticky(rc))
+		mark_unhealthy(g, rc, call, name);
 	return sc_err_set(err, code, "%s: %s (%s)", call, name, text);
 }
 
@@ -58,6 +112,9 @@ int sc_gpu_use(struct sc_gpu *g, int device, struct sc_err *err)
 {
 	if (!g || device < 0 || device >= g->n)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "no GPU %d here", device);
+	if (atomic_load(&g->dev[device].unhealthy))
+		return sc_err_set(err, SC_UNAVAILABLE, "GPU %d is unhealthy (%s): restart the sidecar",
+				  device, g->dev[device].info.health_detail);
 	CUresult rc = g->cu.cuCtxSetCurrent(g->dev[device].ctx);
 	return rc == CUDA_SUCCESS ? 0 : sc_gpu_fail(g, rc, "cuCtxSetCurrent", err);
 }
@@ -84,6 +141,14 @@ static int resolve(void *lib, get_proc_fn get_proc, const char *name, void **out
 static int load_entry_points(struct sc_gpu *g, char *detail, size_t cap)
 {
 	get_proc_fn get_proc = (get_proc_fn)dlsym(g->lib, "cuGetProcAddress_v2");
+	/* Without it (drivers before CUDA 12.0) dlsym hands out the legacy entry points (32-bit
+	 * sizes, old semantics) under the plain names: refuse rather than call them wrongly. */
+	if (!get_proc) {
+		snprintf(detail, cap,
+			 "the CUDA driver has no cuGetProcAddress_v2 (a driver older than CUDA 12.0): "
+			 "GPU support needs driver 525 or newer");
+		return -1;
+	}
 #define SC_CU_LOAD_REQ(name, params)                                                               \
 	if (resolve(g->lib, get_proc, #name, (void **)&g->cu.name) != 0) {                         \
 		snprintf(detail, cap, "the CUDA driver lacks %s (driver too old?)", #name);        \
@@ -174,6 +239,7 @@ static void describe_device(struct sc_gpu *g, int i)
 	struct sc_gpu_dev *d = &g->dev[i];
 	struct sc_gpu_device_info *info = &d->info;
 	info->index = i;
+	info->healthy = true;
 	if (g->cu.cuDeviceGetName(info->name, sizeof(info->name), d->dev) != CUDA_SUCCESS)
 		snprintf(info->name, sizeof(info->name), "GPU %d", i);
 	if (g->cu.cuDeviceGetPCIBusId(info->pci_bus_id, sizeof(info->pci_bus_id), d->dev) !=
@@ -195,10 +261,23 @@ static void describe_device(struct sc_gpu *g, int i)
 						   d->dev) == CUDA_SUCCESS &&
 			v != 0;
 	v = 0;
+	info->vmm_gdr = g->cu.cuDeviceGetAttribute(
+				&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+				d->dev) == CUDA_SUCCESS &&
+			v != 0;
+	v = 0;
 	info->gdr = g->cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED,
 					       d->dev) == CUDA_SUCCESS &&
 		    v != 0;
 	info->peermem = access("/sys/module/nvidia_peermem", F_OK) == 0;
+	CUuuid u;
+	if (g->cu.cuDeviceGetUuid && g->cu.cuDeviceGetUuid(&u, d->dev) == CUDA_SUCCESS) {
+		const unsigned char *b = (const unsigned char *)u.bytes;
+		snprintf(info->uuid, sizeof(info->uuid),
+			 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+			 b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+			 b[12], b[13], b[14], b[15]);
+	}
 	nearest_rdma(info);
 	if (info->dma_buf)
 		snprintf(info->rdma_path, sizeof(info->rdma_path),
@@ -317,7 +396,45 @@ int sc_gpu_check_device(const struct sc_gpu *g, uint32_t index, struct sc_err *e
 	return 0;
 }
 
+int sc_gpu_find_uuid(const struct sc_gpu *g, const char *uuid, int *index, struct sc_err *err)
+{
+	if (!g)
+		return sc_err_set(err, SC_FAILED_PRECONDITION,
+				  "this sidecar has no usable CUDA driver (see GetInfo cuda_detail)");
+	const char *want = strncasecmp(uuid, "GPU-", 4) == 0 ? uuid + 4 : uuid;
+	char seen[SC_GPU_MAX_DEVICES * 50] = "";
+	for (int i = 0; i < g->n; i++) {
+		const char *have = g->dev[i].info.uuid;
+		if (have[0] && strcasecmp(have + 4, want) == 0) {
+			*index = i;
+			return 0;
+		}
+		size_t at = strlen(seen);
+		snprintf(seen + at, sizeof(seen) - at, "%s%d=%s", i ? ", " : "", i,
+			 have[0] ? have : "(unknown)");
+	}
+	return sc_err_set(err, SC_INVALID_ARGUMENT,
+			  "no GPU with uuid %s here (this sidecar sees %s): is that GPU visible in "
+			  "the sidecar's container?",
+			  uuid, seen);
+}
+
 /* ---- memory ------------------------------------------------------------------------------------- */
+
+/* CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE of device memory (false when unknown). */
+static bool rdma_capable(struct sc_gpu *g, uint64_t addr)
+{
+	int v = 0;
+	return g->cu.cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE,
+					   (CUdeviceptr)addr) == CUDA_SUCCESS &&
+	       v != 0;
+}
+
+bool sc_gpu_rdma_capable(struct sc_gpu *g, int device, uint64_t addr)
+{
+	struct sc_err err;
+	return sc_gpu_use(g, device, &err) == 0 && rdma_capable(g, addr);
+}
 
 int sc_gpu_alloc(struct sc_gpu *g, int device, uint64_t size, struct sc_gpu_mem *out,
 		 uint8_t ipc_handle[SC_GPU_IPC_HANDLE_LEN], struct sc_err *err)
@@ -338,6 +455,7 @@ int sc_gpu_alloc(struct sc_gpu *g, int device, uint64_t size, struct sc_gpu_mem 
 	memcpy(ipc_handle, h.reserved, SC_GPU_IPC_HANDLE_LEN);
 	*out = (struct sc_gpu_mem){.device = device, .source = SC_GPU_MEM_OWNED, .addr = p,
 				   .size = size, .map_base = p, .map_size = rounded};
+	out->gdr_capable = rdma_capable(g, out->addr);
 	return 0;
 }
 
@@ -371,6 +489,24 @@ int sc_gpu_open_ipc(struct sc_gpu *g, int device, const uint8_t handle[SC_GPU_IP
 			      device);
 		return -1;
 	}
+	/* With CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS the driver opens another GPU's memory through
+	 * peer access: a worker that numbers GPUs differently (CUDA_VISIBLE_DEVICES, device
+	 * plugins) would silently get every copy across the bus. Refuse it. */
+	int ordinal = -1;
+	rc = g->cu.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p);
+	if (rc != CUDA_SUCCESS || ordinal != device) {
+		g->cu.cuIpcCloseMemHandle(p);
+		if (rc != CUDA_SUCCESS)
+			return sc_gpu_fail(g, rc, "cuPointerGetAttribute(DEVICE_ORDINAL)", err);
+		const struct sc_gpu_device_info *o = sc_gpu_device(g, ordinal);
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "the CUDA IPC handle is memory of GPU %d (%s) as this sidecar "
+				  "numbers them, not of GPU %d (%s): worker and sidecar number GPUs "
+				  "differently (CUDA_VISIBLE_DEVICES, device plugins); name the GPU "
+				  "by device_uuid",
+				  ordinal, o && o->uuid[0] ? o->uuid : "?", device,
+				  g->dev[device].info.uuid[0] ? g->dev[device].info.uuid : "?");
+	}
 	CUdeviceptr base = 0;
 	size_t block = 0;
 	rc = g->cu.cuMemGetAddressRange(&base, &block, p);
@@ -385,6 +521,7 @@ int sc_gpu_open_ipc(struct sc_gpu *g, int device, const uint8_t handle[SC_GPU_IP
 	}
 	*out = (struct sc_gpu_mem){.device = device, .source = SC_GPU_MEM_IPC, .addr = p + offset,
 				   .size = size, .map_base = p, .map_size = usable};
+	out->gdr_capable = rdma_capable(g, out->addr);
 	return 0;
 }
 
@@ -471,6 +608,7 @@ int sc_gpu_import_fd(struct sc_gpu *g, int device, int pid, int fd, uint64_t off
 	*out = (struct sc_gpu_mem){.device = device, .source = SC_GPU_MEM_VMM, .addr = va + offset,
 				   .size = size, .map_base = va, .map_size = alloc_size,
 				   .vmm_handle = h};
+	out->gdr_capable = rdma_capable(g, out->addr);
 	return 0;
 unmap:
 	g->cu.cuMemUnmap(va, alloc_size);
@@ -531,13 +669,23 @@ int sc_gpu_dmabuf(struct sc_gpu *g, int device, uint64_t addr, uint64_t len, int
 		return sc_gpu_fail(g, rc, "cuMemGetAddressRange", err);
 	if (addr + len > base + block)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "range crosses its allocation's end");
+	/* The driver wants a host-page-aligned address and size: export the page-rounded range that
+	 * covers what is registered (not the whole block: BAR1 space is scarce), and the offset of
+	 * addr inside it. An odd-sized cuMemAlloc block may be rounded up to its last page. */
+	uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t start = addr & ~(pg - 1), end = (addr + len + pg - 1) & ~(pg - 1);
+	if (start < base)
+		start = base;
 	int dfd = -1;
-	rc = g->cu.cuMemGetHandleForAddressRange(&dfd, base, block,
+	rc = g->cu.cuMemGetHandleForAddressRange(&dfd, start, (size_t)(end - start),
 						 CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
-	if (rc != CUDA_SUCCESS)
-		return sc_gpu_fail(g, rc, "cuMemGetHandleForAddressRange(DMA_BUF_FD)", err);
+	if (rc != CUDA_SUCCESS) {
+		sc_gpu_fail(g, rc, "cuMemGetHandleForAddressRange(DMA_BUF_FD)", err);
+		return sc_err_prefix(err, "exporting [0x%" PRIx64 ", +%" PRIu64 ") of GPU %d",
+				     start, end - start, device);
+	}
 	*fd = dfd;
-	*offset = addr - base;
+	*offset = addr - start;
 	return 0;
 }
 
@@ -546,8 +694,10 @@ void sc_gpu_flush_rdma_writes(struct sc_gpu *g, int device)
 	struct sc_err err;
 	if (!g || !g->cu.cuFlushGPUDirectRDMAWrites || sc_gpu_use(g, device, &err) != 0)
 		return;
+	/* TO_ALL_DEVICES: the reader is the worker, another process (another context), not only
+	 * this context (TO_OWNER). */
 	g->cu.cuFlushGPUDirectRDMAWrites(CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
-					 CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER);
+					 CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_ALL_DEVICES);
 }
 
 #else /* !SC_HAVE_CUDA_H: built without the CUDA toolkit */
@@ -578,6 +728,21 @@ int sc_gpu_check_device(const struct sc_gpu *g, uint32_t index, struct sc_err *e
 {
 	(void)g;
 	(void)index;
+	return sc_err_set(err, SC_FAILED_PRECONDITION, NO_CUDA);
+}
+int sc_gpu_unhealthy_count(const struct sc_gpu *g)
+{
+	(void)g;
+	return 0;
+}
+bool sc_gpu_rdma_capable(struct sc_gpu *g, int device, uint64_t addr)
+{
+	(void)g, (void)device, (void)addr;
+	return false;
+}
+int sc_gpu_find_uuid(const struct sc_gpu *g, const char *uuid, int *index, struct sc_err *err)
+{
+	(void)g, (void)uuid, (void)index;
 	return sc_err_set(err, SC_FAILED_PRECONDITION, NO_CUDA);
 }
 int sc_gpu_alloc(struct sc_gpu *g, int device, uint64_t size, struct sc_gpu_mem *out,

@@ -47,10 +47,16 @@ struct sc_gpu_device_info {
 	int cc_major, cc_minor;
 	bool dma_buf;	/* CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED */
 	bool gdr;	/* CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED */
+	bool vmm_gdr;	/* ..._GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: cuMemCreate memory can be */
 	bool peermem;	/* /sys/module/nvidia_peermem */
 	char nearest_rdma[64];
 	char nearest_detail[160];
 	char rdma_path[200];
+	char uuid[48];	/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" as nvidia-smi prints it; "" unknown */
+	/* false once a sticky error (CUDA_ERROR_ILLEGAL_ADDRESS...) poisoned the device's context:
+	 * every later call on it fails until the process restarts. health_detail says which. */
+	bool healthy;
+	char health_detail[200];
 };
 
 enum sc_gpu_mem_source { SC_GPU_MEM_OWNED = 1, SC_GPU_MEM_IPC = 2, SC_GPU_MEM_VMM = 3 };
@@ -64,6 +70,9 @@ struct sc_gpu_mem {
 	uint64_t map_base;   /* what was allocated / opened / mapped */
 	uint64_t map_size;
 	uint64_t vmm_handle; /* CUmemGenericAllocationHandle (VMM) */
+	/* CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: a NIC may reach it (cuMemCreate memory
+	 * only when allocated with allocFlags.gpuDirectRDMACapable) */
+	bool gdr_capable;
 };
 
 /* Loads the driver and enumerates devices. Returns NULL when CUDA is unusable here, with `detail`
@@ -75,8 +84,13 @@ struct sc_gpu *sc_gpu_open(char *detail, size_t cap);
 void sc_gpu_close(struct sc_gpu *g);
 int sc_gpu_count(const struct sc_gpu *g); /* 0 for NULL */
 const struct sc_gpu_device_info *sc_gpu_device(const struct sc_gpu *g, int index);
+/* Devices whose context a sticky error poisoned (0 without CUDA). */
+int sc_gpu_unhealthy_count(const struct sc_gpu *g);
 /* INVALID_ARGUMENT when the index is not a device here (or FAILED_PRECONDITION without CUDA). */
 int sc_gpu_check_device(const struct sc_gpu *g, uint32_t index, struct sc_err *err);
+/* The index of the GPU with this UUID ("GPU-..." or the bare hex form, any case);
+ * INVALID_ARGUMENT naming the UUIDs this sidecar sees when there is none. */
+int sc_gpu_find_uuid(const struct sc_gpu *g, const char *uuid, int *index, struct sc_err *err);
 
 /* Allocate size bytes on device (cuMemAlloc, rounded up to 2 MiB so that the block can be shared
  * by IPC and exported as dma-buf without exposing neighbours) and return its IPC handle. */
@@ -94,8 +108,11 @@ int sc_gpu_import_fd(struct sc_gpu *g, int device, int pid, int fd, uint64_t off
 /* Give the memory back (free / close the IPC mapping / unmap). Logs failures. */
 void sc_gpu_release(struct sc_gpu *g, struct sc_gpu_mem *m);
 
-/* dma-buf for [addr, addr+len) on device (GPUDirect RDMA): *fd covers the whole allocation block,
- * *offset is addr's offset inside it. The caller closes *fd. FAILED_PRECONDITION when the device
+/* Whether device memory at addr is GPUDirect RDMA capable (CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_
+ * RDMA_CAPABLE); false when unknown. */
+bool sc_gpu_rdma_capable(struct sc_gpu *g, int device, uint64_t addr);
+/* dma-buf for [addr, addr+len) on device (GPUDirect RDMA): *fd covers the host-page-rounded range
+ * around it (the driver's alignment rule; not the whole block), *offset is addr's offset inside it. The caller closes *fd. FAILED_PRECONDITION when the device
  * or driver has no dma-buf support. */
 int sc_gpu_dmabuf(struct sc_gpu *g, int device, uint64_t addr, uint64_t len, int *fd,
 		  uint64_t *offset, struct sc_err *err);

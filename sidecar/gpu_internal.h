@@ -9,6 +9,8 @@
 
 #include "gpu.h"
 
+#include <stdatomic.h>
+
 #include <cuda.h>
 #include <pthread.h>
 
@@ -45,10 +47,13 @@
 	X(cuMemcpyDtoHAsync, (void *, CUdeviceptr, size_t, CUstream))                              \
 	X(cuMemcpyDtoDAsync, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                         \
 	X(cuMemcpyPeerAsync, (CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream))   \
+	X(cuPointerGetAttribute, (void *, CUpointer_attribute, CUdeviceptr))                       \
+	X(cuCtxGetCurrent, (CUcontext *))                                                          \
 	X(cuGetErrorName, (CUresult, const char **))                                               \
 	X(cuGetErrorString, (CUresult, const char **))
 
 #define SC_CU_OPTIONAL(X)                                                                          \
+	X(cuDeviceGetUuid, (CUuuid *, CUdevice))                                                   \
 	X(cuMemGetHandleForAddressRange,                                                           \
 	  (void *, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long))                 \
 	X(cuMemImportFromShareableHandle,                                                          \
@@ -87,6 +92,7 @@ struct sc_gpu_dev {
 	struct sc_gpu_device_info info;
 	struct sc_stager *free_stagers;
 	int n_stagers;
+	atomic_bool unhealthy; /* info.healthy is false and info.health_detail set before this */
 };
 
 struct sc_gpu {

@@ -54,7 +54,10 @@ static int stager_new(struct sc_gpu *g, int device, struct sc_stager **out, stru
 		rc = g->cu.cuMemHostAlloc((void **)&s->buf[b], SC_GPU_STAGE_BYTES, 0);
 		if (rc == CUDA_SUCCESS) {
 			call = "cuEventCreate";
-			rc = g->cu.cuEventCreate(&s->done[b], CU_EVENT_DISABLE_TIMING);
+			/* BLOCKING_SYNC: a waiting thread sleeps instead of spinning a core (up
+			 * to 64 stagers per GPU wait at once). */
+			rc = g->cu.cuEventCreate(&s->done[b],
+						 CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC);
 		}
 	}
 	if (rc != CUDA_SUCCESS) {
@@ -252,8 +255,12 @@ int sc_gpu_copy(struct sc_gpu *g, uint8_t *dst, int dst_gpu, const uint8_t *src,
 						     g->dev[src_gpu].ctx, n, s->stream);
 		}
 		if (cr == CUDA_SUCCESS) {
-			call = "cuStreamSynchronize";
-			cr = g->cu.cuStreamSynchronize(s->stream);
+			call = "cuEventRecord";
+			cr = g->cu.cuEventRecord(s->done[0], s->stream);
+		}
+		if (cr == CUDA_SUCCESS) {
+			call = "cuEventSynchronize"; /* a blocking-sync event: sleeps, no spinning */
+			cr = g->cu.cuEventSynchronize(s->done[0]);
 		}
 		rc = cr == CUDA_SUCCESS ? 0 : sc_gpu_fail(g, cr, call, err);
 	}

@@ -336,29 +336,45 @@ static struct ibv_mr *reg_any(struct ib_backend *ib, void *addr, uint64_t len, i
 		sc_err_set(err, SC_FAILED_PRECONDITION, "GPU %d is not usable here", gpu);
 		return NULL;
 	}
+	/* cuMemCreate memory without allocFlags.gpuDirectRDMACapable: no NIC may touch it. */
+	if (d->gdr && !sc_gpu_rdma_capable(ib->base.env.gpu, gpu, (uint64_t)(uintptr_t)addr)) {
+		sc_err_set(err, SC_FAILED_PRECONDITION,
+			   "GPU %d memory is not GPUDirect RDMA capable (cuMemCreate memory needs "
+			   "allocFlags.gpuDirectRDMACapable = 1)",
+			   gpu);
+		return NULL;
+	}
+	char dmabuf_err[SC_ERR_MSG_MAX] = "";
 	if (d->dma_buf) {
 		int fd = -1;
 		uint64_t off = 0;
+		mr = NULL;
 		if (sc_gpu_dmabuf(ib->base.env.gpu, gpu, (uint64_t)(uintptr_t)addr, len, &fd, &off,
-				  err) != 0)
-			return NULL;
-		mr = ibv_reg_dmabuf_mr(ib->pd, off, (size_t)len, (uint64_t)(uintptr_t)addr, fd,
-				       access);
-		int e = errno;
-		close(fd);
-		if (!mr)
-			sc_err_set(err, SC_FAILED_PRECONDITION,
-				   "ibv_reg_dmabuf_mr of %" PRIu64 " bytes of GPU %d (%s) failed: %s "
-				   "(the NIC driver needs dma-buf support: mlx5 has it, rxe does not)",
-				   len, gpu, what, strerror(e));
-		return mr;
+				  err) == 0) {
+			mr = ibv_reg_dmabuf_mr(ib->pd, off, (size_t)len,
+					       (uint64_t)(uintptr_t)addr, fd, access);
+			int e = errno;
+			close(fd);
+			if (!mr)
+				sc_err_set(err, SC_FAILED_PRECONDITION,
+					   "ibv_reg_dmabuf_mr of %" PRIu64 " bytes of GPU %d (%s) "
+					   "failed: %s (the NIC driver needs dma-buf support: mlx5 "
+					   "has it, rxe does not)",
+					   len, gpu, what, strerror(e));
+		}
+		if (mr || !(d->peermem && d->gdr))
+			return mr;
+		/* dma-buf failed but nvidia_peermem is loaded: try it, and say both. */
+		snprintf(dmabuf_err, sizeof(dmabuf_err), "%s", err->msg);
+		SC_INFO("ibverbs", "GPU %d: %s; trying nvidia_peermem", gpu, dmabuf_err);
 	}
 	if (d->peermem && d->gdr) {
 		if (!(mr = ibv_reg_mr(ib->pd, addr, (size_t)len, access)))
 			sc_err_set(err, SC_FAILED_PRECONDITION,
 				   "ibv_reg_mr of %" PRIu64 " bytes of GPU %d memory through "
-				   "nvidia_peermem (%s) failed: %s",
-				   len, gpu, what, strerror(errno));
+				   "nvidia_peermem (%s) failed: %s%s%s",
+				   len, gpu, what, strerror(errno), dmabuf_err[0] ? "; before: " : "",
+				   dmabuf_err);
 		return mr;
 	}
 	sc_err_set(err, SC_FAILED_PRECONDITION, "the NIC cannot reach GPU %d memory: %s", gpu,

@@ -326,6 +326,15 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 		fprintf(f, "rdma_sidecar_backend_available{backend=\"%s\"} %d\n",
 			sc_backend_name(real_backends[i]), g.available[real_backends[i]] ? 1 : 0);
 
+	family(f, "rdma_sidecar_gpu_healthy", "gauge",
+	       "0 once a sticky CUDA error poisoned the GPU's context (see GetInfo gpus).");
+	for (int i = 0; i < sc_gpu_count(m->eng->gpu); i++) {
+		const struct sc_gpu_device_info *gi = sc_gpu_device(m->eng->gpu, i);
+		fprintf(f, "rdma_sidecar_gpu_healthy{gpu=\"%d\",uuid=\"", i);
+		label_value(f, gi->uuid);
+		fprintf(f, "\"} %d\n", gi->healthy ? 1 : 0);
+	}
+
 	family(f, "rdma_sidecar_draining", "gauge",
 	       "1 once the sidecar is shutting down and refuses new work.");
 	fprintf(f, "rdma_sidecar_draining %d\n", g.draining ? 1 : 0);

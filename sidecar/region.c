@@ -72,6 +72,8 @@ void sc_region_fill_info(const struct sc_region *r, struct sc_region_info *out)
 	out->has_cuda_ipc_handle = r->has_ipc_handle;
 	if (r->has_ipc_handle)
 		memcpy(out->cuda_ipc_handle, r->ipc_handle, sizeof(out->cuda_ipc_handle));
+	if (r->kind == SC_DEVICE_CUDA)
+		sc_region_gpu_path(r, out);
 }
 
 static void new_id(const char *prefix, char out[SC_ID_MAX])

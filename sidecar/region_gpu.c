@@ -41,6 +41,7 @@ static int add(struct sc_engine *eng, const struct sc_gpu_mem *m, const char *na
 	r->device_index = (uint32_t)m->device;
 	r->gpu = m->device;
 	r->gmem = *m;
+	r->gpu_info = sc_gpu_device(eng->gpu, m->device);
 	r->size = m->size;
 	r->base = (uint8_t *)(uintptr_t)m->addr;
 	snprintf(r->name, sizeof(r->name), "%s", name ? name : "");
@@ -69,16 +70,96 @@ int sc_region_create_gpu(struct sc_engine *eng, uint64_t size, uint32_t device,
 	return 0;
 }
 
+void sc_region_gpu_path(const struct sc_region *r, struct sc_region_info *out)
+{
+	const struct sc_gpu_device_info *d = r->gpu_info;
+	const char *ib_note = r->backend_note[SC_BACKEND_IBVERBS];
+	out->gdr_capable = r->gmem.gdr_capable;
+	if (r->backend_handle[SC_BACKEND_IBVERBS])
+		snprintf(out->gpu_path, sizeof(out->gpu_path),
+			 "GPUDirect RDMA: registered with ibverbs (%s)", d ? d->rdma_path : "?");
+	else if (ib_note[0])
+		snprintf(out->gpu_path, sizeof(out->gpu_path),
+			 "staged through pinned host memory: ibverbs cannot reach it (%s)", ib_note);
+	else if (!r->gmem.gdr_capable && r->gmem.source == SC_GPU_MEM_VMM && d && d->gdr)
+		snprintf(out->gpu_path, sizeof(out->gpu_path),
+			 "staged through pinned host memory: cuMemCreate memory allocated without "
+			 "allocFlags.gpuDirectRDMACapable = 1%s",
+			 d->vmm_gdr ? " (this GPU supports it: set it in the worker)"
+				    : " (this GPU/driver cannot: "
+				      "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0)");
+	else if (!r->gmem.gdr_capable)
+		snprintf(out->gpu_path, sizeof(out->gpu_path),
+			 "staged through pinned host memory: not GPUDirect RDMA capable (%s)",
+			 d ? d->rdma_path : "unknown GPU");
+	else
+		snprintf(out->gpu_path, sizeof(out->gpu_path),
+			 "GPUDirect RDMA capable; no ibverbs backend here, so tcp transfers stage "
+			 "through pinned host memory");
+}
+
+bool sc_region_gpus_healthy(struct sc_engine *eng)
+{
+	return sc_gpu_count(eng->gpu) > 0 && sc_gpu_unhealthy_count(eng->gpu) == 0;
+}
+
+int sc_region_gpu_by_uuid(struct sc_engine *eng, const char *device_uuid, uint32_t *device_index,
+			  struct sc_err *err)
+{
+	if (!device_uuid || !device_uuid[0])
+		return 0;
+	int index = -1;
+	if (sc_gpu_find_uuid(eng->gpu, device_uuid, &index, err) != 0)
+		return -1;
+	*device_index = (uint32_t)index;
+	return 0;
+}
+
+/*
+ * PyTorch >= 2.5 hands out `untyped_storage()._share_cuda_()[1]` as a shareable handle of its
+ * caching allocator: a version byte (1 or 2 so far), a type byte, then the payload. Type 'c' (a
+ * cudaMalloc block) carries the 64-byte cudaIpcMemHandle_t: take it. Type 'e' (an expandable
+ * segment, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) carries a pid and file descriptors of
+ * cuMemCreate memory, not an IPC handle: refuse with what to do instead.
+ */
+#define SC_TORCH_HANDLE_LEN (2 + SC_GPU_IPC_HANDLE_LEN)
+
+static int torch_handle(const uint8_t **handle, size_t *len, struct sc_err *err)
+{
+	const uint8_t *h = *handle;
+	if (*len == SC_GPU_IPC_HANDLE_LEN)
+		return 0;
+	if (*len >= 2 && h[1] == 'e' && h[0] >= 1 && h[0] <= 2)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "cuda_ipc.handle is a PyTorch expandable-segment handle (type 'e'): "
+				  "it holds cuMemCreate file descriptors, not a CUDA IPC handle. Turn "
+				  "expandable segments off for memory the sidecar moves "
+				  "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False), or register "
+				  "cuMemCreate memory with cuda_fd");
+	if (*len == SC_TORCH_HANDLE_LEN && h[1] == 'c') {
+		if (h[0] < 1 || h[0] > 2)
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "cuda_ipc.handle looks like a PyTorch shareable handle of "
+					  "unknown version %u (known: 1, 2): send the 64-byte "
+					  "cudaIpcMemHandle_t (cuIpcGetMemHandle of the block base)",
+					  h[0]);
+		*handle = h + 2;
+		*len = SC_GPU_IPC_HANDLE_LEN;
+		return 0;
+	}
+	return sc_err_set(err, SC_INVALID_ARGUMENT,
+			  "cuda_ipc.handle must be the %d bytes of a cudaIpcMemHandle_t (or PyTorch's "
+			  "%d-byte shareable handle: version, type 'c', then those 64 bytes), got %zu",
+			  SC_GPU_IPC_HANDLE_LEN, SC_TORCH_HANDLE_LEN, *len);
+}
+
 int sc_region_register_cuda_ipc(struct sc_engine *eng, uint32_t device_index,
 				const uint8_t *handle, size_t handle_len, uint64_t offset,
 				uint64_t size, const char *name, struct sc_region_info *out,
 				struct sc_err *err)
 {
-	if (handle_len != SC_GPU_IPC_HANDLE_LEN)
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "cuda_ipc.handle must be the %d bytes of a cudaIpcMemHandle_t, "
-				  "got %zu",
-				  SC_GPU_IPC_HANDLE_LEN, handle_len);
+	if (torch_handle(&handle, &handle_len, err) != 0)
+		return -1;
 	if (check(eng, device_index, size, name, err) != 0)
 		return -1;
 	struct sc_gpu_mem m;

@@ -30,6 +30,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -67,7 +68,9 @@ struct fc_map {
 	enum fc_kind kind;
 	int dev;
 	bool accessible;      /* VMM: cuMemSetAccess done */
-	char name[40];	      /* FC_DEV_ALLOC: backing file, unlinked at cuMemFree */
+	char name[40];	      /* FC_DEV_ALLOC: backing file, unlinked at cuMemFree; FC_DEV_IPC: the handle's */
+	int ipc_refs;	      /* FC_DEV_IPC: opens of the same handle in this context */
+	int ipc_ctx_dev;      /* FC_DEV_IPC: the device of the context that opened it */
 	struct fc_phys *phys; /* FC_DEV_VMM */
 	struct fc_map *next;
 };
@@ -81,6 +84,7 @@ struct fc_phys {
 	int refs; /* the handle (until cuMemRelease) + one per cuMemMap */
 	bool released;
 	CUmemAllocationHandleType types;
+	bool gdr; /* allocFlags.gpuDirectRDMACapable */
 	struct fc_phys *next;
 };
 
@@ -99,6 +103,7 @@ struct fc_task {
 	size_t n;
 	int val;
 	bool fail;
+	bool free_src; /* src is the stand-in's own staging copy (a late pageable copy) */
 	struct CUevent_st *ev;
 	unsigned long seq;
 	struct fc_task *next;
@@ -120,6 +125,7 @@ struct CUevent_st {
 	struct CUstream_st *stream; /* where last recorded; cleared when it is destroyed */
 	int pending;		    /* queued tasks naming this event */
 	bool destroyed;
+	unsigned flags; /* CU_EVENT_BLOCKING_SYNC: cuEventSynchronize sleeps; else it spins */
 	struct CUevent_st *next;
 };
 
@@ -136,6 +142,7 @@ static struct fc_map *g_maps;
 static struct fc_phys *g_phys;
 static struct fc_resv *g_resv;
 static struct CUstream_st *g_streams;
+static struct CUstream_st *g_legacy[FC_MAX_DEV]; /* hidden: the DMA of pageable HtoD copies */
 static struct CUevent_st *g_events;
 static unsigned long g_inflight; /* queued stream tasks, all streams */
 static unsigned long g_counter;
@@ -145,6 +152,11 @@ static long g_fail_at;
 static int g_fail_dir;
 static unsigned g_delay_us;
 static char g_dir[256] = "/dev/shm";
+static bool g_sticky_on = true;		     /* FAKE_CUDA_STICKY */
+static CUresult g_fail_err = CUDA_ERROR_ILLEGAL_ADDRESS; /* FAKE_CUDA_FAIL_COPY_ERROR */
+static CUresult g_sticky[FC_MAX_DEV];	     /* a device's context is poisoned by this error */
+static bool g_dmabuf;			     /* FAKE_CUDA_DMA_BUF */
+static bool g_gdr;			     /* FAKE_CUDA_GDR */
 
 static _Thread_local struct CUctx_st *tl_stack[FC_CTX_STACK];
 static _Thread_local int tl_depth;
@@ -175,6 +187,8 @@ static CUresult need_ctx(struct CUctx_st **out)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!c || c->refs <= 0)
 		return CUDA_ERROR_INVALID_CONTEXT;
+	if (g_sticky[c->dev])
+		return g_sticky[c->dev]; /* a poisoned context: every call fails until the process ends */
 	if (out)
 		*out = c;
 	return CUDA_SUCCESS;
@@ -270,6 +284,14 @@ static bool copy_fails(enum fc_dir dir)
 	return g_fail_at > 0 && g_copies == (unsigned long)g_fail_at;
 }
 
+/* An illegal address poisons the context of that device (the real driver's sticky errors). */
+static void poison(int dev)
+{
+	if (g_sticky_on && g_fail_err == CUDA_ERROR_ILLEGAL_ADDRESS && dev >= 0 && dev < FC_MAX_DEV &&
+	    !g_sticky[dev])
+		g_sticky[dev] = CUDA_ERROR_ILLEGAL_ADDRESS;
+}
+
 static bool sync_stream(CUstream s)
 {
 	return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
@@ -358,9 +380,13 @@ static void *stream_main(void *arg)
 				else
 					memset(t->dst, t->val, t->n);
 			}
+			if (t->free_src)
+				free((void *)t->src);
 			pthread_mutex_lock(&g_mu);
 			if (t->fail && s->err == CUDA_SUCCESS)
-				s->err = CUDA_ERROR_ILLEGAL_ADDRESS;
+				s->err = g_fail_err;
+			if (t->fail)
+				poison(s->ctx->dev);
 			break;
 		}
 		if (t->ev && --t->ev->pending == 0 && t->ev->destroyed)
@@ -375,6 +401,40 @@ static void *stream_main(void *arg)
 	}
 	pthread_mutex_unlock(&g_mu);
 	return NULL;
+}
+
+static void *stream_main(void *arg);
+
+/* The legacy stream's DMA queue of a context: where a synchronous HtoD copy from pageable memory
+ * finishes after the call returned. Created on first use; lives until the process ends. */
+static struct CUstream_st *legacy_queue(struct CUctx_st *c)
+{
+	struct CUstream_st *s = g_legacy[c->dev];
+
+	if (s)
+		return s;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->ctx = c;
+	if (pthread_create(&s->th, NULL, stream_main, s) != 0) {
+		free(s);
+		return NULL;
+	}
+	pthread_detach(s->th);
+	s->next = g_streams;
+	g_streams = s;
+	g_legacy[c->dev] = s;
+	return s;
+}
+
+/* Later work on the legacy stream (every synchronous call) waits for the late copies before it. */
+static void legacy_drain(struct CUctx_st *c)
+{
+	struct CUstream_st *s = c ? g_legacy[c->dev] : NULL;
+
+	while (s && s->done < s->queued)
+		pthread_cond_wait(&g_cv, &g_mu);
 }
 
 /* One copy, sync or async. dst_kind/src_kind: 1 device, 0 host, -1 either (unified). */
@@ -421,9 +481,32 @@ static CUresult submit_copy(uintptr_t dst, int dst_kind, uintptr_t src, int src_
 	 * (in stream order), so the caller may reuse its buffer at once. Pinned memory: asynchronous. */
 	bool pageable = (!dd && !host_pinned(d, n)) || (!sd && !host_pinned(sp, n));
 	if (!async || sync_stream(s)) {
+		legacy_drain(cur_ctx());
+		/* The driver's documented synchronous behaviour: "for transfers from pageable host
+		 * memory to device memory, ... the function returns once the pageable buffer has been
+		 * copied to the staging memory for DMA transfer to device memory, but the DMA to final
+		 * destination may not have completed". So: stage, return, land later. */
+		struct CUstream_st *q = dd && !sd && pageable && n ? legacy_queue(cur_ctx()) : NULL;
+		char *stage = q ? malloc(n) : NULL;
+		struct fc_task *lt = stage ? calloc(1, sizeof(*lt)) : NULL;
+		if (lt) {
+			memcpy(stage, sp, n);
+			lt->kind = FC_T_COPY;
+			lt->dst = d;
+			lt->src = stage;
+			lt->free_src = true;
+			lt->n = n;
+			lt->fail = fail;
+			enqueue(q, lt);
+			pthread_mutex_unlock(&g_mu);
+			return CUDA_SUCCESS; /* a failure shows at the next synchronisation */
+		}
+		free(stage);
+		if (fail)
+			poison(cur_ctx()->dev);
 		pthread_mutex_unlock(&g_mu);
 		if (fail)
-			return CUDA_ERROR_ILLEGAL_ADDRESS;
+			return g_fail_err;
 		memmove(d, sp, n);
 		return CUDA_SUCCESS;
 	}
@@ -577,6 +660,10 @@ CUresult cuInit(unsigned int Flags)
 	const char *dir = getenv("FAKE_CUDA_FAIL_COPY_DIR");
 	g_fail_dir = !dir ? 0 : !strcmp(dir, "HtoD") ? FC_HTOD : !strcmp(dir, "DtoH") ? FC_DTOH
 			       : !strcmp(dir, "DtoD") ? FC_DTOD : 0;
+	g_sticky_on = env_long("FAKE_CUDA_STICKY", 1) != 0;
+	g_fail_err = (CUresult)env_long("FAKE_CUDA_FAIL_COPY_ERROR", CUDA_ERROR_ILLEGAL_ADDRESS);
+	g_dmabuf = env_long("FAKE_CUDA_DMA_BUF", 0) != 0;
+	g_gdr = env_long("FAKE_CUDA_GDR", 0) != 0;
 	const char *shm = getenv("FAKE_CUDA_SHM_DIR");
 	if (shm && *shm)
 		snprintf(g_dir, sizeof(g_dir), "%s", shm);
@@ -668,6 +755,23 @@ CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 	return CUDA_SUCCESS;
 }
 
+/* "GPU-5c0ffee0-0000-4000-8000-0000000000NN": stable per device number, as a real GPU's UUID is
+ * per board (a test can tell devices apart whatever index a process gives them). */
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+	static const unsigned char head[10] = {0x5c, 0x0f, 0xfe, 0xe0, 0, 0, 0x40, 0, 0x80, 0};
+	CUresult r = check_dev(dev);
+
+	if (r)
+		return r;
+	if (!uuid)
+		return CUDA_ERROR_INVALID_VALUE;
+	memset(uuid->bytes, 0, sizeof(uuid->bytes));
+	memcpy(uuid->bytes, head, sizeof(head));
+	uuid->bytes[15] = (char)dev;
+	return CUDA_SUCCESS;
+}
+
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
 	CUresult r = check_dev(dev);
@@ -699,6 +803,13 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 		break;
 	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
 		*pi = dev + 1;
+		break;
+	case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED:
+		*pi = g_dmabuf;
+		break;
+	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+		*pi = g_gdr;
 		break;
 	default: /* COMPUTE_CAPABILITY_MINOR, DMA_BUF_SUPPORTED, GPU_DIRECT_RDMA_SUPPORTED, the rest */
 		*pi = 0;
@@ -1024,6 +1135,9 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
 	case CU_POINTER_ATTRIBUTE_IS_MANAGED:
 		*(unsigned int *)data = 0;
 		break;
+	case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+		*(int *)data = is_dev(m) && g_gdr && (m->kind != FC_DEV_VMM || (m->phys && m->phys->gdr));
+		break;
 	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
 		*(CUdeviceptr *)data = (CUdeviceptr)m->addr;
 		break;
@@ -1052,9 +1166,49 @@ CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUst
 CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size, CUmemRangeHandleType handleType,
 				       unsigned long long flags)
 {
-	CUresult r = ready();
+	uintptr_t a = (uintptr_t)dptr, pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	char name[48];
+	struct fc_map *m;
+	int fd;
+	CUresult r;
 
-	return r ? r : CUDA_ERROR_NOT_SUPPORTED; /* no dma-buf: the stand-in has no GPU to export */
+	pthread_mutex_lock(&g_mu);
+	r = need_ctx(NULL);
+	if (r)
+		goto out;
+	if (!g_dmabuf) {
+		r = CUDA_ERROR_NOT_SUPPORTED; /* DMA_BUF_SUPPORTED is 0 */
+		goto out;
+	}
+	/* Host-page-aligned address and size, inside one allocation (its size rounded up to a page). */
+	if (!handle || handleType != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD ||
+	    (flags != 0 && flags != CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE) || size == 0 || a % pg ||
+	    size % pg) {
+		r = CUDA_ERROR_INVALID_VALUE;
+		goto out;
+	}
+	m = find_map(a);
+	if (!m || !is_dev(m) || a + size > m->addr + round_up(m->size, pg)) {
+		r = CUDA_ERROR_INVALID_VALUE;
+		goto out;
+	}
+	/* Documented for cuMemAlloc memory and fully mapped (accessible) cuMemCreate ranges only. */
+	if (m->kind == FC_DEV_IPC || (m->kind == FC_DEV_VMM && !m->accessible)) {
+		r = CUDA_ERROR_INVALID_VALUE;
+		goto out;
+	}
+	snprintf(name, sizeof(name), "sc-fakecuda-dmabuf-dev%d", m->dev);
+	fd = memfd_create(name, MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+		if (fd >= 0)
+			close(fd);
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto out;
+	}
+	*(int *)handle = fd;
+out:
+	pthread_mutex_unlock(&g_mu);
+	return r;
 }
 
 CUresult cuFlushGPUDirectRDMAWrites(CUflushGPUDirectRDMAWritesTarget target, CUflushGPUDirectRDMAWritesScope scope)
@@ -1384,6 +1538,7 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto out;
 	}
+	e->flags = Flags;
 	e->next = g_events;
 	g_events = e;
 	*phEvent = e;
@@ -1492,8 +1647,17 @@ CUresult cuEventSynchronize(CUevent hEvent)
 	}
 	unsigned long target = hEvent->recorded;
 	hEvent->pending++; /* keep it alive while we wait */
-	while (hEvent->reached < target)
-		pthread_cond_wait(&g_cv, &g_mu);
+	/* As the driver under its default scheduling: without CU_EVENT_BLOCKING_SYNC the waiting
+	 * thread spins (a core busy for as long as it waits); with it, the thread sleeps. */
+	while (hEvent->reached < target) {
+		if (hEvent->flags & CU_EVENT_BLOCKING_SYNC) {
+			pthread_cond_wait(&g_cv, &g_mu);
+			continue;
+		}
+		pthread_mutex_unlock(&g_mu);
+		sched_yield();
+		pthread_mutex_lock(&g_mu);
+	}
 	hEvent->pending--;
 	r = event_result(hEvent);
 	if (hEvent->destroyed && hEvent->pending == 0)
@@ -1615,10 +1779,21 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsign
 		r = CUDA_ERROR_INVALID_VALUE;
 		goto out;
 	}
-	if (h.dev != c->dev) {
-		r = CUDA_ERROR_INVALID_DEVICE;
+	if (h.pid == (uint32_t)getpid()) {
+		r = CUDA_ERROR_INVALID_CONTEXT; /* "exported from another process" only */
 		goto out;
 	}
+	if (h.dev != c->dev && !(Flags & CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) {
+		r = CUDA_ERROR_INVALID_DEVICE; /* another device's memory needs peer access */
+		goto out;
+	}
+	/* Already open in this context: the same pointer, one more reference. */
+	for (struct fc_map *o = g_maps; o; o = o->next)
+		if (o->kind == FC_DEV_IPC && o->ipc_ctx_dev == c->dev && !strcmp(o->name, h.name)) {
+			o->ipc_refs++;
+			*pdptr = (CUdeviceptr)o->addr;
+			goto out;
+		}
 	snprintf(path, sizeof(path), "%s/%s", g_dir, h.name);
 	fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0 || fstat(fd, &st) != 0 || (uint64_t)st.st_size < h.size) {
@@ -1644,7 +1819,10 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsign
 	}
 	m->size = h.size;
 	m->kind = FC_DEV_IPC;
-	m->dev = h.dev;
+	m->dev = h.dev; /* the memory's device: another one's is reached through peer access */
+	m->ipc_ctx_dev = c->dev;
+	m->ipc_refs = 1;
+	snprintf(m->name, sizeof(m->name), "%s", h.name);
 	m->accessible = true;
 	m->next = g_maps;
 	g_maps = m;
@@ -1673,6 +1851,8 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 		r = CUDA_ERROR_INVALID_VALUE;
 		goto out;
 	}
+	if (--m->ipc_refs > 0)
+		goto out; /* other opens of the same handle still use the mapping */
 	unlink_map(m);
 	munmap(m->host, m->map_len);
 	free(m);
@@ -1756,15 +1936,22 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
 		r = CUDA_ERROR_INVALID_DEVICE;
 		goto out;
 	}
-	snprintf(name, sizeof(name), FC_MEMFD_PREFIX "%d", prop->location.id);
+	if (prop->allocFlags.gpuDirectRDMACapable && !g_gdr) {
+		r = CUDA_ERROR_INVALID_VALUE; /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0 */
+		goto out;
+	}
+	snprintf(name, sizeof(name), FC_MEMFD_PREFIX "%d%s", prop->location.id,
+		 prop->allocFlags.gpuDirectRDMACapable ? "-gdr" : "");
 	fd = memfd_create(name, MFD_CLOEXEC);
 	if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto out;
 	}
 	r = phys_add(fd, size, prop->location.id, prop->requestedHandleTypes, handle);
-	if (!r)
+	if (!r) {
 		fd = -1;
+		find_phys(*handle)->gdr = prop->allocFlags.gpuDirectRDMACapable != 0;
+	}
 out:
 	if (fd >= 0)
 		close(fd);
@@ -1840,8 +2027,10 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
 		goto out;
 	}
 	r = phys_add(dup_fd, (size_t)st.st_size, dev, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, handle);
-	if (!r)
+	if (!r) {
 		dup_fd = -1;
+		find_phys(*handle)->gdr = strstr(target, "-gdr") != NULL; /* carried in the memfd's name */
+	}
 out:
 	if (dup_fd >= 0)
 		close(dup_fd);
@@ -2084,6 +2273,7 @@ out:
 
 /* Plain (unversioned) names: the same implementations. The real driver's plain names are older ABIs
  * (32-bit sizes); a program that links them against the stand-in gets today's signatures. */
+#undef cuDeviceGetUuid
 #undef cuDeviceTotalMem
 #undef cuMemGetInfo
 #undef cuCtxPushCurrent
@@ -2108,6 +2298,7 @@ out:
 
 #define FC_ALIAS(ret, plain, impl, args) ret plain args __attribute__((alias(#impl)))
 FC_ALIAS(CUresult, cuDeviceTotalMem, cuDeviceTotalMem_v2, (size_t *, CUdevice));
+FC_ALIAS(CUresult, cuDeviceGetUuid, cuDeviceGetUuid_v2, (CUuuid *, CUdevice));
 FC_ALIAS(CUresult, cuMemGetInfo, cuMemGetInfo_v2, (size_t *, size_t *));
 FC_ALIAS(CUresult, cuCtxPushCurrent, cuCtxPushCurrent_v2, (CUcontext));
 FC_ALIAS(CUresult, cuCtxPopCurrent, cuCtxPopCurrent_v2, (CUcontext *));
@@ -2140,6 +2331,7 @@ static const struct fc_sym fc_syms[] = {
 	FC_SYM(cuDeviceGetCount, cuDeviceGetCount),
 	FC_SYM(cuDeviceGet, cuDeviceGet),
 	FC_SYM(cuDeviceGetName, cuDeviceGetName),
+	FC_SYM(cuDeviceGetUuid, cuDeviceGetUuid_v2),
 	FC_SYM(cuDeviceGetPCIBusId, cuDeviceGetPCIBusId),
 	FC_SYM(cuDeviceTotalMem, cuDeviceTotalMem_v2),
 	FC_SYM(cuDeviceGetAttribute, cuDeviceGetAttribute),
@@ -2201,13 +2393,14 @@ static const struct fc_sym fc_syms[] = {
 	FC_SYM(cuMemSetAccess, cuMemSetAccess),
 	FC_SYM(cuMemRelease, cuMemRelease),
 	FC_SYM(cuMemGetAllocationPropertiesFromHandle, cuMemGetAllocationPropertiesFromHandle),
+#ifndef FC_LEGACY_DRIVER
 	FC_SYM(cuGetProcAddress, cuGetProcAddress_v2),
+#endif
 };
 
 /* Base name -> implementation, whatever cudaVersion and flags (per-thread default stream variants
  * are the same functions here). Needs no cuInit, like the real one. */
-CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
-			     CUdriverProcAddressQueryResult *symbolStatus)
+static CUresult get_proc(const char *symbol, void **pfn, CUdriverProcAddressQueryResult *symbolStatus)
 {
 	if (!symbol || !pfn)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -2224,9 +2417,19 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
 	return CUDA_ERROR_NOT_FOUND;
 }
 
+/* FC_LEGACY_DRIVER (libsc_fake_cuda_legacy.so): a driver before CUDA 12.0, which has no
+ * cuGetProcAddress_v2. */
+#ifndef FC_LEGACY_DRIVER
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+			     CUdriverProcAddressQueryResult *symbolStatus)
+{
+	return get_proc(symbol, pfn, symbolStatus);
+}
+#endif
+
 /* The CUDA 11 signature, without symbolStatus. */
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
 {
-	return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+	return get_proc(symbol, pfn, NULL);
 }

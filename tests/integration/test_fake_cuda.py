@@ -31,7 +31,8 @@ if __name__ == "__main__" and not LIB:
 os.environ["SC_TEST_CUDA_DRIVER"] = LIB
 SHM = tempfile.mkdtemp(prefix="sc-fakecuda-test-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 os.environ["FAKE_CUDA_SHM_DIR"] = SHM
-for k in ("FAKE_CUDA_DEVICES", "FAKE_CUDA_FAIL_COPY_AT", "FAKE_CUDA_FAIL_COPY_DIR", "FAKE_CUDA_COPY_DELAY_US"):
+for k in ("FAKE_CUDA_DEVICES", "FAKE_CUDA_FAIL_COPY_AT", "FAKE_CUDA_FAIL_COPY_DIR", "FAKE_CUDA_COPY_DELAY_US",
+          "FAKE_CUDA_STICKY", "FAKE_CUDA_DMA_BUF", "FAKE_CUDA_GDR", "FAKE_CUDA_FAIL_COPY_ERROR"):
     os.environ.pop(k, None)
 EXAMPLES = os.path.abspath(os.path.join(HERE, "..", "..", "examples"))  # cudadrv.py lives there
 sys.path.insert(0, EXAMPLES)
@@ -226,6 +227,87 @@ class FakeCudaTest(unittest.TestCase):
         self.assertEqual(fd.value, -1)
         cu.free(a)
 
+    def test_dma_buf_export_rules(self):
+        # FAKE_CUDA_DMA_BUF=1: DMA_BUF_SUPPORTED is 1 and cuMemGetHandleForAddressRange returns a memfd
+        # standing for the dma-buf, under the driver's rules: host-page-aligned address and size,
+        # inside one cuMemAlloc allocation (or a mapped cuMemCreate range), flags 0 or PCIE mapping.
+        code = r"""
+cu.init(0)
+PG = os.sysconf("SC_PAGESIZE")
+def exp(p, n, flags=0):
+    fd = ctypes.c_int(-1)
+    rc = cu.raw("cuMemGetHandleForAddressRange", ctypes.byref(fd), p, n, 1, flags)
+    if rc == 0:
+        what = os.readlink("/proc/self/fd/%d" % fd.value).split(" ")[0], os.fstat(fd.value).st_size
+        os.close(fd.value)
+        return what
+    return rc
+v = ctypes.c_int()
+cu.check("cuDeviceGetAttribute", ctypes.byref(v), cu.CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, 0)
+a = cu.alloc(8 << 20)
+s = cu.alloc(5000)
+print([v.value,
+       exp(a, 8 << 20), exp(a + 65536, 1 << 20), exp(a + 65536, 1 << 20, 1),
+       exp(a + 100, 1 << 20), exp(a, 5000), exp(a, (8 << 20) + PG), exp(a, 1 << 20, 2),
+       exp(s, 5000), exp(s, 2 * PG), exp(s, 3 * PG)])
+"""
+        r = child(code, env={"FAKE_CUDA_DMA_BUF": "1"})
+        out = eval(self.assertChildOk(r))
+        pg = os.sysconf("SC_PAGESIZE")
+        dmabuf = "/memfd:sc-fakecuda-dmabuf-dev0"
+        self.assertEqual(out, [1, (dmabuf, 8 << 20), (dmabuf, 1 << 20), (dmabuf, 1 << 20),
+                               1, 1, 1, 1,
+                               1, (dmabuf, 2 * pg), 1])
+        # An IPC-imported mapping is not in the list of what the driver exports: refused.
+        a = cu.alloc(2 << 20)
+        code = r"""
+cu.init(0)
+p = cu.ipc_open(sys.stdin.buffer.read(64))
+fd = ctypes.c_int(-1)
+print(cu.raw("cuMemGetHandleForAddressRange", ctypes.byref(fd), p, 2 << 20, 1, 0))
+cu.ipc_close(p)
+"""
+        r = child(code, env={"FAKE_CUDA_DMA_BUF": "1"}, stdin=cu.ipc_handle(a))
+        self.assertEqual(self.assertChildOk(r).strip(), str(cu.CUDA_ERROR_INVALID_VALUE))
+        cu.free(a)
+
+    def test_gpu_direct_rdma_capable(self):
+        # FAKE_CUDA_GDR=1: GPU_DIRECT_RDMA_SUPPORTED and ..._WITH_CUDA_VMM_SUPPORTED are 1;
+        # IS_GPU_DIRECT_RDMA_CAPABLE is 1 for cuMemAlloc memory and for cuMemCreate memory only
+        # when allocated with allocFlags.gpuDirectRDMACapable (also after export and import).
+        code = r"""
+cu.init(0)
+def attr(a):
+    v = ctypes.c_int(-1)
+    cu.check("cuDeviceGetAttribute", ctypes.byref(v), a, 0)
+    return v.value
+def cap(p):
+    v = ctypes.c_int(-1)
+    rc = cu.raw("cuPointerGetAttribute", ctypes.byref(v), cu.CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, p)
+    return v.value if rc == 0 else -rc
+out = [attr(cu.CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED), attr(cu.CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)]
+a = cu.alloc(4096)
+out.append(cap(a))
+for gdr in (False, True):
+    try:
+        p, fd, n = cu.vmm_alloc(2 << 20, gdr=gdr)
+    except cu.CudaError as e:
+        out.append(e.name)
+        continue
+    q = cu.vmm_import(fd, n)
+    out += [cap(p), cap(q)]
+    cu.vmm_free(q)
+    cu.vmm_free(p, fd)
+p, fd, n = cu.vmm_alloc(2 << 20)  # gdr=None: set where the device supports it
+out.append(cap(p))
+cu.vmm_free(p, fd)
+print(out)
+"""
+        r = child(code, env={"FAKE_CUDA_GDR": "1"})
+        self.assertEqual(eval(self.assertChildOk(r)), [1, 1, 1, 0, 0, 1, 1, 1])
+        r = child(code)
+        self.assertEqual(eval(self.assertChildOk(r)), [0, 0, 0, 0, 0, "CUDA_ERROR_INVALID_VALUE", 0])
+
     def test_device_pointer_is_not_host_memory(self):
         code = "cu.init(0)\np = cu.alloc(4096)\ncu.htod(p, b'x' * 4096)\nprint('read', ctypes.string_at(p, 16))\n"
         crash_dir = tempfile.mkdtemp(prefix="sc-fakecuda-crash-", dir=os.path.dirname(SHM))
@@ -316,11 +398,11 @@ except cu.CudaError as e:
 print(res, buf.raw[:4])
 cu.free(d)
 """
-        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "3"})
+        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "3", "FAKE_CUDA_STICKY": "0"})
         out = self.assertChildOk(r)
         self.assertIn("[0, 0, 700, 0]", out)
         self.assertNotIn("raised", out)
-        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "5"})
+        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "5", "FAKE_CUDA_STICKY": "0"})
         out = self.assertChildOk(r)
         self.assertIn("raised CUDA_ERROR_ILLEGAL_ADDRESS an illegal memory access was encountered", out)
 
@@ -350,7 +432,8 @@ cu.check("cuStreamDestroy", s)
 cu.free(d)
 print(first, second, untouched, third, copied)
 """
-        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "2", "FAKE_CUDA_FAIL_COPY_DIR": "DtoH"})
+        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "2", "FAKE_CUDA_FAIL_COPY_DIR": "DtoH",
+                                 "FAKE_CUDA_STICKY": "0"})
         self.assertEqual(self.assertChildOk(r).split(), ["700", "0", "True", "0", "True"])
 
     def test_fail_copy_reported_by_event(self):
@@ -370,8 +453,126 @@ cu.check("cuStreamDestroy", s)
 cu.free(d)
 print(a, b)
 """
-        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "1"})
+        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "1", "FAKE_CUDA_STICKY": "0"})
         self.assertEqual(self.assertChildOk(r).split(), ["700", "0"])  # reported once, then cleared
+
+    def test_event_sync_spins_without_blocking_sync(self):
+        # The driver's default scheduling: a thread in cuEventSynchronize spins (burns a core)
+        # unless the event was created with CU_EVENT_BLOCKING_SYNC. Each wait here is 1 s (a
+        # delayed copy); CPU time is compared with what a sleeping wait costs.
+        code = r"""
+import time
+cu.init(0)
+a, b = cu.alloc(4096), cu.alloc(4096)
+s = ctypes.c_void_p()
+cu.check("cuStreamCreate", ctypes.byref(s), 1)
+out = []
+for flags in (0, 1):  # 1: CU_EVENT_BLOCKING_SYNC
+    e = ctypes.c_void_p()
+    cu.check("cuEventCreate", ctypes.byref(e), flags)
+    cu.check("cuMemcpyDtoDAsync", b, a, 4096, s)
+    cu.check("cuEventRecord", e, s)
+    t0, c0 = time.monotonic(), time.process_time()
+    cu.check("cuEventSynchronize", e)
+    out.append((time.process_time() - c0, time.monotonic() - t0))
+    cu.check("cuEventDestroy", e)
+cu.check("cuStreamDestroy", s)
+print(out)
+"""
+        r = child(code, env={"FAKE_CUDA_COPY_DELAY_US": "1000000"})
+        (spin_cpu, spin_wall), (sleep_cpu, sleep_wall) = eval(self.assertChildOk(r))
+        self.assertGreaterEqual(min(spin_wall, sleep_wall), 0.9)
+        self.assertGreater(spin_cpu, 0.1, "a default event's wait should spin")
+        self.assertLess(sleep_cpu, 0.1, "a BLOCKING_SYNC event's wait should sleep")
+
+    def test_pageable_htod_lands_late(self):
+        # The driver's synchronous cuMemcpyHtoD from pageable memory returns once the bytes are
+        # staged; the DMA may land later. Here it lands FAKE_CUDA_COPY_DELAY_US (1 s) later: another
+        # process (the backing file) sees old bytes; this context's later work waits for it
+        # (stream order); cuCtxSynchronize makes it visible to everyone.
+        code = r"""
+cu.init(0)
+p = cu.alloc(4096)
+name = [f for f in os.listdir(os.environ["FAKE_CUDA_SHM_DIR"]) if f.startswith("sc-fakecuda-%d-" % os.getpid())]
+path = os.path.join(os.environ["FAKE_CUDA_SHM_DIR"], name[0])
+def seen():
+    with open(path, "rb") as f:
+        return f.read(4096)
+cu.htod(p, b"A" * 4096, sync=False)
+other = seen()
+mine = cu.dtoh(p, 4096)
+cu.htod(p, b"B" * 4096, sync=False)
+before = seen()
+cu.check("cuCtxSynchronize")
+after = seen()
+cu.free(p)
+print(other == bytes(4096), mine == b"A" * 4096, before == b"A" * 4096, after == b"B" * 4096)
+"""
+        r = child(code, env={"FAKE_CUDA_COPY_DELAY_US": "1000000"})
+        self.assertEqual(self.assertChildOk(r).split(), ["True"] * 4)
+
+    def test_sticky_error_poisons_the_device(self):
+        # As the real driver: after an illegal address every call needing that device's context
+        # fails with it until the process ends; another device's context and context-free calls
+        # still answer. FAKE_CUDA_STICKY=0 turns this off (the fault-injection tests above).
+        code = r"""
+cu.init(0)
+d = cu.alloc(4096)
+buf = ctypes.create_string_buffer(64)
+first = cu.raw("cuMemcpyDtoH", buf, d, 64)
+p = cu.c_ptr()
+after = [cu.raw("cuMemcpyDtoH", buf, d, 64), cu.raw("cuMemAlloc", ctypes.byref(p), 4096),
+         cu.raw("cuCtxSynchronize"), cu.raw("cuMemFree", d)]
+v = ctypes.c_int()
+attr = cu.raw("cuDeviceGetAttribute", ctypes.byref(v), cu.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0)
+cu.init(1)
+e = cu.alloc(4096)
+cu.htod(e, b"dev1 fine")
+print(first, after, attr, cu.dtoh(e, 9))
+cu.free(e)
+"""
+        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "1"})
+        self.assertEqual(self.assertChildOk(r).strip(), "700 [700, 700, 700, 700] 0 b'dev1 fine'")
+        # Another injected error (FAKE_CUDA_FAIL_COPY_ERROR) is not sticky; neither is 700 with
+        # FAKE_CUDA_STICKY=0.
+        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "1", "FAKE_CUDA_FAIL_COPY_ERROR": "999"})
+        self.assertEqual(self.assertChildOk(r).strip(), "999 [0, 0, 0, 0] 0 b'dev1 fine'")
+        r = child(code, env={"FAKE_CUDA_FAIL_COPY_AT": "1", "FAKE_CUDA_STICKY": "0"})
+        self.assertEqual(self.assertChildOk(r).strip(), "700 [0, 0, 0, 0] 0 b'dev1 fine'")
+
+    def test_ipc_driver_rules(self):
+        n = 3 << 20
+        a = cu.alloc(n)
+        data = os.urandom(n)
+        cu.htod(a, data)
+        handle = cu.ipc_handle(a)
+        # The exporting process cannot open its own handle ("exported from another process").
+        p = cu.c_ptr()
+        self.assertCuda(cu.CUDA_ERROR_INVALID_CONTEXT, "cuIpcOpenMemHandle", ctypes.byref(p),
+                        cu.IpcHandle.from_buffer_copy(handle), 1)
+        # A second open in the same context: the same pointer, reference counted.
+        code = r"""
+cu.init(0)
+h = sys.stdin.buffer.read(64)
+p1 = cu.ipc_open(h)
+p2 = cu.ipc_open(h)
+cu.ipc_close(p1)
+still = cu.dtoh(p2 + 5, 10)
+cu.ipc_close(p2)
+again = cu.raw("cuIpcCloseMemHandle", p2)
+# Device 1's context opens device 0's handle through peer access: the pointer's device is 0.
+cu.init(1)
+q = cu.ipc_open(h)
+v = ctypes.c_int(-1)
+cu.check("cuPointerGetAttribute", ctypes.byref(v), cu.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, q)
+peer = cu.dtoh(q + 7, 10)
+cu.ipc_close(q)
+print(p1 == p2, still.hex(), again, v.value, peer.hex())
+"""
+        r = child(code, stdin=handle)
+        self.assertEqual(self.assertChildOk(r).split(),
+                         ["True", data[5:15].hex(), str(cu.CUDA_ERROR_INVALID_VALUE), "0", data[7:17].hex()])
+        cu.free(a)
 
     # ---- IPC between processes -------------------------------------------------------------------
 
@@ -409,8 +610,12 @@ print(bad)
         self.assertEqual(self.assertChildOk(r).strip(), str(cu.CUDA_ERROR_INVALID_VALUE))
         r = child(opener, env={"DEV": "0"}, stdin=os.urandom(64))
         self.assertEqual(self.assertChildOk(r).strip(), str(cu.CUDA_ERROR_INVALID_VALUE))
-        r = child(opener, env={"DEV": "1"}, stdin=handle)
+        # Another device's handle: refused without CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, mapped through
+        # peer access with it (the opener must check the device itself: see test_ipc_driver_rules).
+        r = child(opener.replace("), 1))", "), 0))"), env={"DEV": "1"}, stdin=handle)
         self.assertEqual(self.assertChildOk(r).strip(), str(cu.CUDA_ERROR_INVALID_DEVICE))
+        r = child(opener, env={"DEV": "1"}, stdin=handle)
+        self.assertEqual(self.assertChildOk(r).strip(), "0")
         cu.free(a)
         r = child(opener, env={"DEV": "0"}, stdin=handle)  # freed by its owner
         self.assertEqual(self.assertChildOk(r).strip(), str(cu.CUDA_ERROR_INVALID_VALUE))

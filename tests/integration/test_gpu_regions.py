@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 
 # tests/gpu/test_gpu_real.py runs these same tests on the real driver (SC_GPU_REAL=1).
 REAL = os.environ.get("SC_GPU_REAL") == "1"
@@ -36,10 +37,13 @@ else:
     # alike, as IPC needs), removed at exit, so crashed processes leave nothing in /dev/shm.
     FAKE_SHM = tempfile.mkdtemp(prefix="sc-gpu-test-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     os.environ["FAKE_CUDA_SHM_DIR"] = FAKE_SHM
+    # A GPU that supports GPUDirect RDMA, for cuMemCreate memory too (as an H100 does): the
+    # stand-in then answers IS_GPU_DIRECT_RDMA_CAPABLE by how the memory was allocated.
+    os.environ["FAKE_CUDA_GDR"] = "1"
     atexit.register(shutil.rmtree, FAKE_SHM, True)
 
 import grpc  # noqa: E402
-from harness import SLOW, SidecarTest, desc, main, pb, wait_until  # noqa: E402 (also puts examples/ on the path)
+from harness import SLOW, SidecarTest, desc, free_port, health_pb2, main, pb, wait_until  # noqa: E402 (also puts examples/ on the path)
 import cudadrv as cu  # noqa: E402
 
 try:
@@ -50,7 +54,8 @@ except Exception as e:  # noqa: BLE001
     sys.exit(77)
 DEV1 = 1 if NDEV > 1 else 0  # a second GPU where there is one
 MiB = 1 << 20
-ENV = {} if REAL else {"SC_TEST_CUDA_DRIVER": FAKE, "FAKE_CUDA_SHM_DIR": os.environ["FAKE_CUDA_SHM_DIR"]}
+ENV = {} if REAL else {"SC_TEST_CUDA_DRIVER": FAKE, "FAKE_CUDA_SHM_DIR": os.environ["FAKE_CUDA_SHM_DIR"],
+                       "FAKE_CUDA_GDR": "1"}
 stand_in_only = unittest.skipIf(REAL, "needs the stand-in driver (fault injection, delays)")
 
 
@@ -162,12 +167,14 @@ class GpuRegionTest(SidecarTest):
             self.assertGreater(g.total_memory, 0)
             self.assertRegex(g.compute_capability, r"^\d+\.\d+$")
             self.assertTrue(g.rdma_path)
+            self.assertRegex(g.uuid, r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
             self.assertTrue(g.nearest_rdma_detail)
             if not REAL:
                 self.assertIn("Stand-in GPU", g.name)
                 self.assertEqual(g.compute_capability, "9.0")
                 self.assertFalse(g.dma_buf_supported)
                 self.assertIn("staged through pinned host memory", g.rdma_path)
+        self.assertEqual(len({g.uuid for g in info.gpus}), len(info.gpus))
 
     @stand_in_only
     def test_no_driver_says_why(self):
@@ -176,9 +183,23 @@ class GpuRegionTest(SidecarTest):
         self.assertFalse(info.cuda_available)
         self.assertIn("CUDA driver not found", info.cuda_detail)
         self.assertEqual(len(info.gpus), 0)
+        self.assertEqual(a.health.Check(health_pb2.HealthCheckRequest(service="rdma_sidecar.v1.Sidecar/gpu"),
+                                        timeout=10).status, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.assertRpcError(grpc.StatusCode.FAILED_PRECONDITION, a.stub.CreateRegion,
                             pb.CreateRegionRequest(size=MiB, device_kind=pb.DEVICE_KIND_CUDA),
                             contains="no usable CUDA driver", timeout=10)
+
+    @stand_in_only
+    def test_driver_without_get_proc_address_v2_is_refused(self):
+        # Before CUDA 12.0 dlsym gives the legacy entry points: GPU support stays off, saying why.
+        legacy = os.environ.get("SC_FAKE_CUDA_LEGACY", "")
+        if not legacy or not os.path.exists(legacy):
+            self.skipTest("SC_FAKE_CUDA_LEGACY (the stand-in built as a pre-12.0 driver) is not set")
+        a = self.sidecar("a", env={"SC_TEST_CUDA_DRIVER": legacy})
+        info = a.info()
+        self.assertFalse(info.cuda_available)
+        self.assertIn("no cuGetProcAddress_v2", info.cuda_detail)
+        self.assertEqual(len(info.gpus), 0)
 
     def test_create_region_ipc_handle_and_region_io(self):
         a = self.gpu_sidecar("a")
@@ -239,9 +260,109 @@ class GpuRegionTest(SidecarTest):
                             offset=2 * MiB - 5, size=10, contains="outside the allocation")
         self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=0, handle=h, size=0,
                             contains="size must be > 0")
-        if not REAL and NDEV > 1:  # the stand-in refuses a handle opened on another device
+        if NDEV > 1:
+            # The driver opens another GPU's handle through peer access (so does the stand-in):
+            # the sidecar's own check of the pointer's device refuses it.
             self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=1, handle=h, size=10,
-                                contains="cuIpcOpenMemHandle")
+                                contains="is memory of GPU 0")
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, device_index=0, handle=h, size=10,
+                            device_uuid="GPU-00000000-1111-2222-3333-444444444444", contains="no GPU with uuid")
+        self.assertEqual(len(a.stub.ListRegions(pb.ListRegionsRequest(), timeout=10).regions), 0)
+        cu.free(base)
+
+    def test_gpudirect_capability_reported(self):
+        # Item: cuMemCreate memory takes GPUDirect RDMA only when allocated with
+        # allocFlags.gpuDirectRDMACapable; the region says what path its memory gets.
+        a = self.gpu_sidecar("a")
+        info = a.info()
+        for g in info.gpus:
+            self.assertEqual(g.vmm_gpudirect_rdma_supported, g.gpudirect_rdma_supported)
+        cu.init(0)
+        regions = []
+        for gdr in (False, True):
+            dptr, fd, asize = cu.vmm_alloc(2 * MiB, gdr=gdr)
+            r = a.stub.RegisterRegion(pb.RegisterRegionRequest(cuda_fd=pb.CudaFdSource(
+                device_index=0, pid=os.getpid(), fd=fd, size=MiB)), timeout=30)
+            regions.append((r, dptr, fd))
+            print("cuMemCreate gdr=%s: %s / %s" % (gdr, r.gpudirect_rdma_capable, r.gpu_path))
+            if REAL and not info.gpus[0].gpudirect_rdma_supported:
+                continue
+            self.assertEqual(r.gpudirect_rdma_capable, gdr)
+            if gdr:
+                self.assertNotIn("allocFlags", r.gpu_path)
+            else:
+                self.assertIn("staged through pinned host memory", r.gpu_path)
+                self.assertIn("allocFlags.gpuDirectRDMACapable = 1", r.gpu_path)
+        m = GpuMem(a, 4096)
+        listed = {x.region_id: x for x in a.stub.ListRegions(pb.ListRegionsRequest(), timeout=10).regions}
+        self.assertEqual(listed[m.region.region_id].gpudirect_rdma_capable, m.region.gpudirect_rdma_capable)
+        self.assertEqual(listed[regions[0][0].region_id].gpu_path, regions[0][0].gpu_path)
+        if not REAL:
+            self.assertTrue(m.region.gpudirect_rdma_capable, m.region.gpu_path)
+            self.assertIn("no ibverbs backend here", m.region.gpu_path)
+            # A GPU without GPUDirect RDMA: nothing is capable, and the region says why.
+            b = self.gpu_sidecar("b", env={"FAKE_CUDA_GDR": "0"})
+            mb = GpuMem(b, 4096)
+            self.assertFalse(mb.region.gpudirect_rdma_capable)
+            self.assertIn("the GPU does not support GPUDirect RDMA", mb.region.gpu_path)
+            self.assertFalse(b.info().gpus[0].vmm_gpudirect_rdma_supported)
+        for r, dptr, fd in regions:
+            a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=r.region_id), timeout=10)
+            cu.vmm_free(dptr, fd)
+
+    def test_register_by_device_uuid(self):
+        # The worker names the GPU by UUID; the index it sends is ignored (a worker that sees only
+        # the sidecar's GPU 1 calls it 0, as CUDA_VISIBLE_DEVICES does).
+        a = self.gpu_sidecar("a")
+        uuids = [g.uuid for g in a.info().gpus]
+        cu.init(DEV1)
+        base = cu.alloc(2 * MiB)
+        data = os.urandom(2 * MiB)
+        cu.htod(base, data)
+        r = a.stub.RegisterRegion(pb.RegisterRegionRequest(cuda_ipc=pb.CudaIpcSource(
+            device_index=0, device_uuid=uuids[DEV1].upper()[4:], handle=cu.ipc_handle(base), offset=5, size=MiB)),
+            timeout=30)
+        self.assertEqual(r.device_index, DEV1)
+        got = b"".join(x.data for x in a.stub.ReadRegion(
+            pb.ReadRegionRequest(region_id=r.region_id, offset=0, length=MiB), timeout=30))
+        self.assertEqual(got, data[5:5 + MiB])
+        a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=r.region_id), timeout=10)
+        cu.free(base)
+        c = a.stub.CreateRegion(pb.CreateRegionRequest(size=MiB, device_kind=pb.DEVICE_KIND_CUDA, device_index=0,
+                                                       device_uuid=uuids[DEV1]), timeout=30)
+        self.assertEqual(c.device_index, DEV1)
+        a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=c.region_id), timeout=10)
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, a.stub.CreateRegion,
+                            pb.CreateRegionRequest(size=MiB, device_kind=pb.DEVICE_KIND_CUDA, device_uuid="GPU-nope"),
+                            contains="no GPU with uuid GPU-nope here (this sidecar sees 0=GPU-", timeout=10)
+
+    def test_register_pytorch_shareable_handle(self):
+        # PyTorch >= 2.5: untyped_storage()._share_cuda_()[1] is a version byte, a type byte 'c',
+        # then the 64-byte cudaIpcMemHandle of the caching allocator's block.
+        a = self.gpu_sidecar("a")
+        cu.init(0)
+        base = cu.alloc(4 * MiB)
+        secret = os.urandom(4 * MiB)
+        cu.htod(base, secret)
+        h = cu.ipc_handle(base)
+        for version, off, size in ((2, 777, MiB + 3), (1, 2 * MiB + 1, 5000)):
+            r = a.stub.RegisterRegion(pb.RegisterRegionRequest(cuda_ipc=pb.CudaIpcSource(
+                device_index=0, handle=bytes([version]) + b"c" + h, offset=off, size=size)), timeout=30)
+            self.assertEqual(r.size, size)
+            got = b"".join(x.data for x in a.stub.ReadRegion(
+                pb.ReadRegionRequest(region_id=r.region_id, offset=0, length=size), timeout=30))
+            self.assertEqual(got, secret[off:off + size])
+            a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=r.region_id), timeout=10)
+
+        def reg(handle):
+            return a.stub.RegisterRegion(pb.RegisterRegionRequest(cuda_ipc=pb.CudaIpcSource(
+                device_index=0, handle=handle, size=10)), timeout=10)
+        # An expandable segment's handle holds fds of cuMemCreate memory, not an IPC handle.
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, b"\x02e" + os.urandom(40),
+                            contains="expandable_segments:False")
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, b"\x07c" + h, contains="unknown version 7")
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, b"\x02x" + h, contains="66-byte")
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, reg, b"\x02c" + h + b"!", contains="got 67")
         self.assertEqual(len(a.stub.ListRegions(pb.ListRegionsRequest(), timeout=10).regions), 0)
         cu.free(base)
 
@@ -321,15 +442,83 @@ class GpuRegionTest(SidecarTest):
     def test_copy_failure_mid_transfer_errors_both_sides(self):
         # The active sidecar's 3rd driver copy fails: a piece in the middle of the transfer (the
         # stand-in counts copies per process, so each direction gets a fresh pair).
+        # A failure that does not poison the context (CUDA_ERROR_UNKNOWN; test_sticky_error_* has
+        # the sticky kind).
         for direction in ("read", "write"):
-            a, b = self.pair(env_b={"FAKE_CUDA_FAIL_COPY_AT": "3"}, suffix=direction[0])
+            a, b = self.pair(env_b={"FAKE_CUDA_FAIL_COPY_AT": "3", "FAKE_CUDA_FAIL_COPY_ERROR": "999"},
+                             suffix=direction[0])
             done, pdone = self.transfer(a, [GpuMem(a, 20 * MiB)], b, [GpuMem(b, 20 * MiB)], [20 * MiB],
                                         direction, expect=pb.OPERATION_STATUS_ERRORED)
-            self.assertIn("CUDA_ERROR_ILLEGAL_ADDRESS", done.error.message)
-            self.assertIn("CUDA_ERROR_ILLEGAL_ADDRESS", pdone.error.message)
+            self.assertIn("CUDA_ERROR_UNKNOWN", done.error.message)
+            self.assertIn("CUDA_ERROR_UNKNOWN", pdone.error.message)
+            self.assertTrue(all(g.healthy for g in b.info().gpus))
             # Both sidecars keep serving: GPU and host transfers still work.
             self.transfer(a, [GpuMem(a, 3 * MiB)], b, [GpuMem(b, 3 * MiB)], [3 * MiB - 1], direction)
             self.transfer(a, [HostMem(a, 5000)], b, [HostMem(b, 5000)], [4321], direction)
+
+    @stand_in_only
+    def test_staging_waits_sleep(self):
+        # Every copy into b's GPU takes 250 ms: b's stagers spend the transfer waiting on their
+        # events. The stand-in spins a waiting thread as the driver does unless the event has
+        # CU_EVENT_BLOCKING_SYNC; b's CPU time over the transfer shows which.
+        keys = self.key_file()
+        a = self.gpu_sidecar("a", keys)
+        b = self.gpu_sidecar("b", keys, env={"FAKE_CUDA_COPY_DELAY_US": "250000"})
+
+        def cpu():
+            with open("/proc/%d/stat" % b.proc.pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        src, dst = HostMem(a, 12 * MiB), GpuMem(b, 12 * MiB)
+        c0, t0 = cpu(), time.monotonic()
+        for local in (False, True):  # staged over TCP, then a LOCAL device-to-device copy
+            if local:
+                src = GpuMem(b, 12 * MiB)
+            self.transfer(b if local else a, [src], b, [dst], [12 * MiB - 7], "read")
+        used, wall = cpu() - c0, time.monotonic() - t0
+        print("sidecar b: %.2f s CPU over %.2f s of transfers" % (used, wall))
+        self.assertGreater(wall, 1.0)
+        self.assertLess(used, 0.25 * wall, "b's GPU waits spin instead of sleeping")
+
+    @stand_in_only
+    def test_sticky_error_marks_the_gpu_unhealthy(self):
+        # As on a real GPU, CUDA_ERROR_ILLEGAL_ADDRESS poisons the context: b says so in GetInfo and
+        # metrics and refuses new work on that GPU with UNAVAILABLE; host memory and its other GPU
+        # keep working.
+        keys = self.key_file()
+        a = self.gpu_sidecar("a", keys)
+        port = free_port()
+        b = self.sidecar("b", key_file=keys, extra=["--metrics-listen", "127.0.0.1:%d" % port],
+                         env=dict(ENV, FAKE_CUDA_FAIL_COPY_AT="3"))
+        self.assertTrue(all(g.healthy and not g.health_detail for g in b.info().gpus))
+
+        def gpu_ready(sc):
+            return sc.health.Check(health_pb2.HealthCheckRequest(service="rdma_sidecar.v1.Sidecar/gpu"),
+                                   timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+        self.assertTrue(gpu_ready(b))
+        done, pdone = self.transfer(a, [GpuMem(a, 20 * MiB)], b, [GpuMem(b, 20 * MiB)], [20 * MiB], "read",
+                                    expect=pb.OPERATION_STATUS_ERRORED)
+        self.assertIn("CUDA_ERROR_ILLEGAL_ADDRESS", done.error.message)
+        gpus = b.info().gpus
+        self.assertFalse(gpus[0].healthy)
+        self.assertIn("CUDA_ERROR_ILLEGAL_ADDRESS", gpus[0].health_detail)
+        self.assertIn("restarts", gpus[0].health_detail)
+        self.assertTrue(all(g.healthy for g in gpus[1:]))
+        self.assertFalse(gpu_ready(b))  # readiness for GPU work fails; the server as a whole serves
+        self.assertEqual(b.health.Check(health_pb2.HealthCheckRequest(), timeout=10).status,
+                         health_pb2.HealthCheckResponse.SERVING)
+        self.assertTrue(gpu_ready(a))
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10 * SLOW) as r:
+            metrics = r.read().decode()
+        self.assertIn('rdma_sidecar_gpu_healthy{gpu="0",uuid="%s"} 0\n' % gpus[0].uuid, metrics)
+        self.assertIn('rdma_sidecar_gpu_healthy{gpu="1",uuid="%s"} 1\n' % gpus[1].uuid, metrics)
+        self.assertRpcError(grpc.StatusCode.UNAVAILABLE, GpuMem, b, MiB, contains="GPU 0 is unhealthy")
+        self.assertRpcError(grpc.StatusCode.UNAVAILABLE, b.stub.CreateRegion,
+                            pb.CreateRegionRequest(size=MiB, device_kind=pb.DEVICE_KIND_CUDA, device_index=0),
+                            contains="restart the sidecar", timeout=10)
+        self.transfer(a, [HostMem(a, 5000)], b, [HostMem(b, 5000)], [4321], "read")
+        if NDEV > 1:
+            self.transfer(a, [GpuMem(a, MiB)], b, [GpuMem(b, MiB, device=1)], [MiB - 3], "write")
 
     @stand_in_only
     def test_cancel_answers_when_the_memory_is_quiet(self):

@@ -589,7 +589,8 @@ class Connector:
         region = self._cuda_regions.get(key)
         if region is None:
             proto = await self._call("RegisterRegion", pb.RegisterRegionRequest(
-                cuda_ipc=pb.CudaIpcSource(device_index=device, handle=handle, offset=offset, size=size),
+                cuda_ipc=pb.CudaIpcSource(device_index=device, handle=handle, offset=offset, size=size,
+                                          device_uuid=getattr(d, "device_uuid", "")),
                 name=name or "cuda:%d" % device))
             region = self._cuda_regions[key] = Region(proto, None, "cuda:%d" % device)
             self._regions[region.region_id] = region
@@ -599,6 +600,15 @@ class Connector:
         """Descriptors -> (list of Descriptor, list of pb.Descriptor)."""
         ds = as_descriptors(descs)
         out = []
+        # GPU work that wrote (or still reads) this memory must be finished before the sidecar
+        # touches it: synchronize each device's primary context (PyTorch's streams, pageable copies
+        # still landing) once per operation. Raw pointers of another context: the caller's job.
+        settled = set()
+        for d in ds:
+            if d.kind in ("cuda_tensor", "cuda_ptr") and d.device not in settled:
+                from . import _cuda
+                _cuda.synchronize(d.device)  # on the caller's thread (the sync client has no loop)
+                settled.add(d.device)
         for d in ds:
             if d.kind == "region":
                 out.append(pb.Descriptor(region_id=d.region_id, offset=d.offset, length=d.length))

@@ -6,7 +6,8 @@ A host Region is a file the sidecar allocated under its --shm-dir and this proce
 mapping, so a transfer lands in them with no copy. A Descriptor names a contiguous range of memory
 the sidecar knows: a region-backed array, tensor, slice or memoryview (found by address among the
 connector's regions), an explicit (region, offset, length), a CUDA tensor (registered with the
-sidecar by its CUDA IPC handle when first used) or a raw CUDA pointer (dptr, size, device).
+sidecar by the CUDA IPC handle of its allocation block, which the driver gives, when first used) or
+a raw CUDA pointer (dptr, size, device).
 NumPy and PyTorch are optional: each is imported only when an object of its kind shows up.
 """
 import ctypes
@@ -159,6 +160,12 @@ class Descriptor:
             self.kind = "cuda_tensor"
             self.device = obj.device.index or 0
             self.length = obj.numel() * obj.element_size()
+            if self.length == 0:
+                raise ValueError("an empty CUDA tensor cannot be a descriptor")
+            self.addr = obj.data_ptr()
+            # From the driver, not from untyped_storage()._share_cuda_(): that call pins the
+            # storage in this process until a PyTorch receiver lets go, which the sidecar never is.
+            self._ipc = self._pointer_ipc()
             return
         self.kind = "host"
         self.addr, self.length = buffer_address(obj)
@@ -166,19 +173,15 @@ class Descriptor:
             raise ValueError("an empty buffer cannot be a descriptor")
 
     def cuda_ipc(self) -> Tuple[int, bytes, int, int]:
-        """(device, IPC handle of the allocation block, offset in the block, size) of CUDA memory."""
-        if self.kind == "cuda_tensor":
-            t = self.obj
-            storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()._untyped()
-            shared = storage._share_cuda_()
-            # (device, handle, storage size, storage offset in the block, ...)
-            handle, storage_offset = shared[1], shared[3]
-            return self.device, bytes(handle), storage_offset + t.storage_offset() * t.element_size(), self.length
+        """(device, 64-byte IPC handle of the allocation block, offset in the block, size) of CUDA
+        memory, as the driver gives them (cuMemGetAddressRange + cuIpcGetMemHandle on the block's
+        base), looked up when the descriptor was made."""
         return self._ipc
 
     def _pointer_ipc(self) -> Tuple[int, bytes, int, int]:
         from . import _cuda
-        handle, base, size = _cuda.ipc_range(self.addr)
+        handle, base, size = _cuda.ipc_range(self.addr, self.device)
+        self.device_uuid = _cuda.device_uuid(self.device)
         if self.addr + self.length > base + size:
             raise ValueError("(dptr, size, device): 0x%x + %d runs past its allocation (%d bytes at 0x%x)"
                              % (self.addr, self.length, size, base))

@@ -64,7 +64,7 @@ def test_cuda_tensor_by_ipc_handle(cluster):
     torch = pytest.importorskip("torch", reason="python3-torch is not installed")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device here (Debian's python3-torch is CPU-only); CUDA tensors "
-                    "are registered by IPC handle (untyped_storage()._share_cuda_()) where one exists")
+                    "are registered by the IPC handle of their allocation block (from the driver) where one exists")
     with rs.sync.Connector(addr(cluster.a)) as c:
         if not c.info().cuda_available:
             pytest.skip("the sidecar has no CUDA driver")
