@@ -301,7 +301,8 @@ def blocks_bench(bench, n, block, iters, ops):
             if ao.status != pb.OPERATION_STATUS_COMPLETE:
                 raise SystemExit("ib_bench: %s %s of %d x %d: %s %s" % (shape, op, n, block,
                                  pb.OperationStatus.Name(ao.status), ao.error.message))
-            if ao.backend != pb.BACKEND_IBVERBS:
+            want = pb.BACKEND_TCP if bench.args.backends == "tcp" else pb.BACKEND_IBVERBS
+            if ao.backend != want:
                 raise SystemExit("ib_bench: %s used %s: %s" % (op, pb.Backend.Name(ao.backend), ao.backend_reason))
             p.wait(po.operation_id, 60000)
             if shape == "scattered":
