@@ -204,7 +204,7 @@ struct ib_backend {
 	/* Remote access (ib_access.c), fixed after create except the bind QP. */
 	bool grant_mw;	      /* type-1 memory windows; else an MR per (operation, region) */
 	bool mw_unbounded;    /* tests only: windows used although the device does not bound them */
-	char grant_why[160];  /* which, and why: part of GetInfo's detail */
+	char grant_why[200];  /* which, and why: part of GetInfo's detail */
 	pthread_mutex_t bind_mu; /* the bind QP */
 	bool bind_mu_init;
 	struct ibv_cq *bind_cq;
