@@ -13,8 +13,10 @@
  * operation's bytes, one grant per (operation, region) over the operation's span inside that
  * region (lowest descriptor start to highest descriptor end); every descriptor of that region in
  * that operation carries the same rkey, and remote_addr is the descriptor's virtual address.
- *   - type-1 memory windows (the device has IBV_DEVICE_MEM_WINDOW and a type-1 window could be
- *     allocated): one window per (operation, region), bound with ibv_bind_mw on the region's MR
+ *   - type-1 memory windows (the device has IBV_DEVICE_MEM_WINDOW, a type-1 window could be
+ *     allocated, and a start-up self-test shows that the device keeps a window's rkey inside the
+ *     window: rxe on Linux 6.1 does not, it checks window accesses against the MR only): one
+ *     window per (operation, region), bound with ibv_bind_mw on the region's MR
  *     through a private RC QP connected to itself (binding is a work request, and a type-1 window
  *     is not tied to that QP: every QP of the protection domain honours it). revoke deallocates
  *     the windows, after which their rkeys fail with IBV_WC_REM_ACCESS_ERR. Type-2 windows are
