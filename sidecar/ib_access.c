@@ -302,6 +302,11 @@ void ib_access_init(struct ib_backend *ib, const struct ibv_device_attr *da)
 void ib_access_fini(struct ib_backend *ib)
 {
 	bind_qp_destroy(ib);
+	while (ib->nobind) { /* regions outlived the backend: their MRs die with the PD */
+		struct ib_nobind *n = ib->nobind;
+		ib->nobind = n->next;
+		free(n);
+	}
 	if (ib->bind_mu_init)
 		pthread_mutex_destroy(&ib->bind_mu);
 	ib->bind_mu_init = false;
@@ -382,6 +387,15 @@ static struct ibv_mr *reg_any(struct ib_backend *ib, void *addr, uint64_t len, i
 	return NULL;
 }
 
+/* Is mr one of the GPU region MRs registered without window binding? Under bind_mu. */
+static bool nobind_has(const struct ib_backend *ib, const struct ibv_mr *mr)
+{
+	for (const struct ib_nobind *n = ib->nobind; n; n = n->next)
+		if (n->mr == mr)
+			return true;
+	return false;
+}
+
 int ib_register(struct sc_backend *b, void *addr, uint64_t len, int gpu, void **handle,
 		struct sc_err *err)
 {
@@ -390,15 +404,51 @@ int ib_register(struct sc_backend *b, void *addr, uint64_t len, int gpu, void **
 	*handle = reg_any(
 	    ib, addr, len, gpu, access,
 	    ib->grant_mw ? "region, local access and window binding" : "region, local access", err);
-	return *handle ? 0 : -1;
+	if (*handle || gpu == SC_GPU_HOST || !ib->grant_mw)
+		return *handle ? 0 : -1;
+	/* A NIC driver may refuse window binding on GPU memory: register it without, and give its
+	 * operations an MR per span instead of a window. */
+	struct ib_nobind *n = calloc(1, sizeof(*n));
+	struct sc_err err2;
+	sc_err_clear(&err2);
+	struct ibv_mr *mr =
+	    n ? reg_any(ib, addr, len, gpu, IBV_ACCESS_LOCAL_WRITE, "region, local access", &err2)
+	      : NULL;
+	if (!mr) {
+		free(n);
+		return -1; /* err: the first attempt's reason */
+	}
+	SC_INFO("ibverbs",
+		"GPU %d region: no window binding on it (%s): its operations get an MR per span",
+		gpu, err->msg);
+	sc_err_clear(err);
+	n->mr = mr;
+	pthread_mutex_lock(&ib->bind_mu);
+	n->next = ib->nobind;
+	ib->nobind = n;
+	pthread_mutex_unlock(&ib->bind_mu);
+	*handle = mr;
+	return 0;
 }
 
 void ib_deregister(struct sc_backend *b, void *handle)
 {
+	struct ib_backend *ib = to_ib(b);
 	struct ibv_mr *mr = handle;
-	(void)b;
 	if (!mr)
 		return;
+	if (ib->bind_mu_init) {
+		pthread_mutex_lock(&ib->bind_mu);
+		for (struct ib_nobind **pp = &ib->nobind; *pp; pp = &(*pp)->next) {
+			if ((*pp)->mr == mr) {
+				struct ib_nobind *n = *pp;
+				*pp = n->next;
+				free(n);
+				break;
+			}
+		}
+		pthread_mutex_unlock(&ib->bind_mu);
+	}
 	int rc = ibv_dereg_mr(mr);
 	if (rc != 0)
 		SC_WARN("ibverbs", "ibv_dereg_mr of a region failed: %s", strerror(rc));
@@ -607,23 +657,56 @@ int ib_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addr
 		hi[s] = e > hi[s] ? e : hi[s];
 	}
 	first[ns] = nd;
+	/* Windows where the region's MR takes them, else an MR over the span. */
 	int rc = 0;
-	if (ib->grant_mw) {
-		rc = bind_all(ib, g->spans, mrs, lo, hi, ns,
-			      readable ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE, err);
-	} else {
-		int access = readable ? IBV_ACCESS_REMOTE_READ
-				      : IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
-		for (s = 0; s < ns && rc == 0; s++) {
-			int gpu = gpus[ord[first[s]].index];
-			g->spans[s].mr =
-			    reg_any(ib, (void *)(uintptr_t)lo[s], hi[s] - lo[s], gpu, access,
-				    readable ? "operation span, remote read"
-					     : "operation span, remote write",
-				    err);
-			rc = g->spans[s].mr ? 0 : -1;
-		}
+	size_t nw = 0;
+	struct ib_span *wsp = calloc(ns ? ns : 1, sizeof(*wsp));
+	size_t *widx = calloc(ns ? ns : 1, sizeof(*widx));
+	if (!wsp || !widx) {
+		rc = sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+		goto spans_done;
 	}
+	if (ib->grant_mw) {
+		pthread_mutex_lock(&ib->bind_mu);
+		for (s = 0; s < ns; s++) {
+			if (!nobind_has(ib, mrs[s])) {
+				mrs[nw] = mrs[s]; /* compacted in place: nw <= s */
+				lo[nw] = lo[s];
+				hi[nw] = hi[s];
+				widx[nw++] = s;
+			}
+		}
+		pthread_mutex_unlock(&ib->bind_mu);
+		if (nw)
+			rc = bind_all(ib, wsp, mrs, lo, hi, nw,
+				      readable ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE,
+				      err);
+		for (size_t k = 0; k < nw; k++)
+			g->spans[widx[k]].mw =
+			    wsp[k].mw; /* freed with the grant, also on failure */
+	}
+	int access =
+	    readable ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
+	for (s = 0; s < ns && rc == 0; s++) {
+		if (g->spans[s].mw)
+			continue;
+		/* lo/hi were compacted for the windows: recompute this span */
+		uint64_t a = UINT64_MAX, e = 0;
+		for (size_t k = first[s]; k < first[s + 1]; k++) {
+			size_t i = ord[k].index;
+			uint64_t da = (uint64_t)(uintptr_t)addrs[i];
+			a = da < a ? da : a;
+			e = da + md->descs[i].length > e ? da + md->descs[i].length : e;
+		}
+		int gpu = gpus[ord[first[s]].index];
+		g->spans[s].mr = reg_any(
+		    ib, (void *)(uintptr_t)a, e - a, gpu, access,
+		    readable ? "operation span, remote read" : "operation span, remote write", err);
+		rc = g->spans[s].mr ? 0 : -1;
+	}
+spans_done:
+	free(wsp);
+	free(widx);
 	if (rc != 0) {
 		grant_free(ib, g);
 		g = NULL;

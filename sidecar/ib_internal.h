@@ -80,6 +80,12 @@ struct ib_wr {
 
 struct ib_notice_ring;
 
+/* A GPU region's MR that the NIC driver would not register with window binding (ib_access.c). */
+struct ib_nobind {
+	const struct ibv_mr *mr;
+	struct ib_nobind *next;
+};
+
 struct ib_qp {
 	struct ib_backend *ib;
 	struct ibv_qp *qp;
@@ -209,6 +215,7 @@ struct ib_backend {
 	bool bind_mu_init;
 	struct ibv_cq *bind_cq;
 	struct ibv_qp *bind_qp; /* RC, connected to itself; NULL after a failed bind */
+	struct ib_nobind *nobind; /* GPU region MRs without window binding (under bind_mu) */
 
 	/* Started by start(). */
 	struct ibv_comp_channel *chan;
