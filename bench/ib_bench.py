@@ -25,6 +25,10 @@ GB/s = 1e9 bytes/s as vm-perftest.sh prints; ratio = sidecar GB/s / perftest GB/
 and direction in this run. The bytes of each size and direction are compared once (a benchmark
 that moves wrong bytes is meaningless). Prints a table; --json writes every figure.
 
+Many blocks (issue 16): --blocks 1024,4096 [--block-size 4K] times CreateReadable for N scattered
+descriptors and moves N blocks as one READ and one WRITE beside one contiguous descriptor of the
+same bytes (ratio), every block compared; the table replaces the perftest one.
+
 Usage: ib_bench.py [--sizes 1M:64,64M:5] [--ops read,write] [--depth 4] [--depth-max-size 8M]
                    [--rounds N] [--dev rxe0] [--gid 1] [--ip 10.99.0.1] [--backends ibverbs]
                    [--no-perftest] [--two-calls] [--log-level info] [--log-dir DIR]
@@ -240,6 +244,105 @@ class Bench:
         self.a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=ra.region_id, force=True), timeout=60)
 
 
+def blocks_bench(bench, n, block, iters, ops):
+    """Issue 16's shape: n descriptors of `block` bytes, scattered on both sides (random gaps of
+    up to one block), as ONE operation. Times CreateReadable (median of iters, each cancelled),
+    the metadata's size, then one READ and one WRITE of all n blocks, beside one contiguous
+    descriptor of the same bytes in the same run; every byte of the receiving ranges compared."""
+    import random
+    rnd = random.Random(n)
+    p, a = bench.p, bench.a
+
+    def lay():
+        offs, cur = [], 0
+        for _ in range(n):
+            offs.append(cur)
+            cur += block + rnd.randrange(0, block + 1)
+        return offs, cur
+    po_offs, psize = lay()
+    pa_offs, asize = lay()
+    rp, ra = p.create_region(psize), a.create_region(asize)
+    pd = [desc(rp, o, block) for o in po_offs]
+    ad = [desc(ra, o, block) for o in pa_offs]
+    out = []
+    times = []
+    md_bytes = 0
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        po = p.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=pd, timeout_ms=60000), timeout=120)
+        times.append(time.perf_counter() - t0)
+        md_bytes = len(po.metadata)
+        p.stub.CancelOperation(pb.CancelOperationRequest(operation_id=po.operation_id), timeout=60)
+    # the ibverbs share of it, from the passive sidecar's debug log (absent: tcp only, or older)
+    exp = [int(m) for m in re.findall(r"exposed %d descriptor\(s\) in \d+ region\(s\) with [A-Za-z ]+ in (\d+) us" % n,
+                                      p.read_log())][-iters:]
+    out.append({"what": "create", "n": n, "block": block, "ms_p50": statistics.median(times) * 1e3,
+                "ms_min": min(times) * 1e3, "us_per_desc": statistics.median(times) * 1e6 / n,
+                "metadata_bytes": md_bytes, "expose_ms_p50": statistics.median(exp) / 1e3 if exp else None})
+    log("%s" % out[-1])
+    pdata = os.urandom(psize)
+    adata = os.urandom(asize)
+    for op in ops:
+        # the sender's region holds pdata/adata, the receiver's other noise, refreshed per op
+        send, srg, sdata, sdescs, recv, rrg, rdescs = (
+            (p, rp, pdata, pd, a, ra, ad) if op == "read" else (a, ra, adata, ad, p, rp, pd))
+        send.fill(srg, 0, sdata)
+        recv.fill(rrg, 0, os.urandom(rrg.size))
+        for shape in ("scattered", "contiguous"):
+            total = n * block
+            if shape == "scattered":
+                cd, cs = pd, ad
+            else:
+                cd, cs = [desc(rp, 0, total)], [desc(ra, 0, total)]
+            create = p.stub.CreateReadable if op == "read" else p.stub.CreateWritable
+            begin = a.stub.BeginRead if op == "read" else a.stub.BeginWrite
+            po = create(pb.CreatePassiveRequest(descriptors=cd, timeout_ms=600000), timeout=120)
+            t0 = time.perf_counter()
+            ao = begin(pb.BeginTransferRequest(metadata=po.metadata, descriptors=cs, timeout_ms=600000,
+                                               wait=True), timeout=600)
+            secs = time.perf_counter() - t0
+            if ao.status != pb.OPERATION_STATUS_COMPLETE:
+                raise SystemExit("ib_bench: %s %s of %d x %d: %s %s" % (shape, op, n, block,
+                                 pb.OperationStatus.Name(ao.status), ao.error.message))
+            want = pb.BACKEND_TCP if bench.args.backends == "tcp" else pb.BACKEND_IBVERBS
+            if ao.backend != want:
+                raise SystemExit("ib_bench: %s used %s: %s" % (op, pb.Backend.Name(ao.backend), ao.backend_reason))
+            p.wait(po.operation_id, 60000)
+            if shape == "scattered":
+                got = recv.peek(rrg, 0, rrg.size)
+                for s_, r_ in zip(sdescs, rdescs):
+                    if got[r_.offset:r_.offset + block] != sdata[s_.offset:s_.offset + block]:
+                        raise SystemExit("ib_bench: %s of %d x %d: block at %d differs" % (op, n, block, r_.offset))
+                del got
+            out.append({"what": op, "shape": shape, "n": n if shape == "scattered" else 1, "block": block,
+                        "bytes": total, "s": secs, "GBps": total / secs / 1e9})
+            log("%s" % out[-1])
+    bench.drop(rp, ra)
+    return out
+
+
+def blocks_table(rows):
+    lines = ["| what | descriptors | block | CreateReadable p50 ms | us/descriptor | ibverbs expose p50 ms | metadata bytes |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r["what"] == "create":
+            e = r.get("expose_ms_p50")
+            lines.append("| create | %d | %d | %.1f | %.1f | %s | %d |" % (
+                r["n"], r["block"], r["ms_p50"], r["us_per_desc"], "-" if e is None else "%.2f" % e,
+                r["metadata_bytes"]))
+    lines += ["", "| op | descriptors x block | scattered s | scattered GB/s | contiguous s | contiguous GB/s | ratio |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    sc = {(r["what"], r["block"], r["bytes"]): r for r in rows if r.get("shape") == "scattered"}
+    for r in rows:
+        if r.get("shape") == "contiguous":
+            s_ = sc.get((r["what"], r["block"], r["bytes"]))
+            if s_:
+                lines.append("| %s | %d x %d | %.2f | %.4f | %.2f | %.4f | %.2f |" % (
+                    r["what"], s_["n"], r["block"], s_["s"], s_["GBps"], r["s"], r["GBps"],
+                    s_["GBps"] / r["GBps"]))
+    return "\n".join(lines)
+
+
 def perftest(args, op, size, iters):
     """One ib_<op>_bw pair through bench/vm-perftest.sh; None if it failed."""
     cmd = ["bash", os.path.join(HERE, "vm-perftest.sh"), "-d", args.dev, "-x", str(args.gid), "-a", args.ip,
@@ -311,7 +414,31 @@ def main():
     ap.add_argument("--log-level", default="info", help="the sidecars' --log-level (debug: per-transfer timings)")
     ap.add_argument("--log-dir", help="copy the sidecars' logs here at the end")
     ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--blocks", help="N[,N...]: instead of --sizes, issue 16's many-block runs: CreateReadable "
+                    "time for N scattered descriptors, then one READ and one WRITE of N blocks as one "
+                    "operation beside one contiguous descriptor (e.g. 1024,4096)")
+    ap.add_argument("--block-size", default="4K", help="bytes per block for --blocks (default 4K)")
+    ap.add_argument("--block-iters", type=int, default=5, help="CreateReadable calls timed per N (median)")
     args = ap.parse_args()
+    if args.blocks:
+        if args.log_level == "info":
+            args.log_level = "debug"  # the passive side logs what exposing each operation took
+        t0 = time.monotonic()
+        bench = Bench(args)
+        rows = []
+        try:
+            for n in (int(x) for x in args.blocks.split(",")):
+                rows += blocks_bench(bench, n, parse_size(args.block_size), args.block_iters, args.ops.split(","))
+        finally:
+            bench.close()
+        print("# many blocks, one operation, --backends %s on %s, %s" % (args.backends, args.dev,
+                                                                     time.strftime("%Y-%m-%d %H:%M:%S")))
+        print(blocks_table(rows))
+        print("# %.0fs" % (time.monotonic() - t0))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"dev": args.dev, "blocks": rows}, f, indent=1)
+        return
     specs = []
     for spec in args.sizes.split(","):
         size, _, iters = spec.partition(":")

@@ -4,12 +4,8 @@
  * thread, before the engine starts) it picks a device, port and GID (--ib-device / --ib-port /
  * --ib-gid-index, or the first ACTIVE port and its first RoCE v2 GID with an IPv4 address),
  * opens the device and allocates the protection domain; `detail` says exactly what was chosen or
- * why nothing is usable. Regions get a local-only MR each (register_region, engine threads under
- * the engine lock). A passive operation gets remote access to exactly its ranges: one MR per
- * descriptor with REMOTE_READ (READABLE) or REMOTE_WRITE (WRITABLE), whose rkeys go into the
- * metadata, deregistered by revoke() when the operation ends, after which the old rkeys fail with
- * a remote access error. (Memory windows would avoid the second pinning, but a type-2 window is
- * bound to one QP, which does not exist yet when the metadata is issued: MRs per operation it is.)
+ * why nothing is usable. Region MRs and per-operation remote access (memory windows, or MRs
+ * where the device has none) live in ib_access.c.
  *
  * Owns: the device context, the PD (and through ib_qp.c / ib_xfer.c, the CQ, QPs and threads).
  */
@@ -276,12 +272,20 @@ static void choose_device(struct ib_backend *ib, const struct sc_config *cfg)
 		    da.max_qp_init_rd_atom > 0 ? (uint32_t)da.max_qp_init_rd_atom : 1;
 		uint32_t dest_rd = da.max_qp_rd_atom > 0 ? (uint32_t)da.max_qp_rd_atom : 1;
 		ib->max_init_rd = init_rd < IB_MAX_RD_ATOMIC ? init_rd : IB_MAX_RD_ATOMIC;
+		ib->max_sge = da.max_sge > 0 ? (uint32_t)da.max_sge : 1;
+		if (ib->max_sge > IB_MAX_SGE)
+			ib->max_sge = IB_MAX_SGE;
+		ib->max_sge_rd = da.max_sge_rd > 0 ? (uint32_t)da.max_sge_rd : 1;
+		if (ib->max_sge_rd > ib->max_sge)
+			ib->max_sge_rd = ib->max_sge;
 		ib->max_dest_rd = dest_rd < IB_MAX_RD_ATOMIC ? dest_rd : IB_MAX_RD_ATOMIC;
+		ib_access_init(ib, &da);
 		char gid[64];
 		ib_gid_text(&p.gid, gid, sizeof(gid));
-		snprintf(b->detail, sizeof(b->detail), "%s port %u ACTIVE, %s gid[%d] %s, mtu %u",
-			 name, p.port, gid_type_name(p.gid_type), p.gid_index, gid,
-			 ib_mtu_bytes(p.pa.active_mtu));
+		snprintf(b->detail, sizeof(b->detail),
+			 "%s port %u ACTIVE, %s gid[%d] %s, mtu %u; remote access: %s", name, p.port,
+			 gid_type_name(p.gid_type), p.gid_index, gid, ib_mtu_bytes(p.pa.active_mtu),
+			 ib->grant_why);
 	}
 	if (!found) {
 		if (cfg->ib_device && cfg->ib_device[0] && !why[0])
@@ -291,175 +295,6 @@ static void choose_device(struct ib_backend *ib, const struct sc_config *cfg)
 			snprintf(b->detail, sizeof(b->detail), "%s", why);
 	}
 	ibv_free_device_list(list);
-}
-
-/* ---- regions and exposure -------------------------------------------------------------------- */
-
-static int reg_error(struct sc_err *err, int e, uint64_t len, const char *what)
-{
-	if (e == ENOMEM || e == EPERM || e == EAGAIN) {
-		struct rlimit rl;
-		char lim[48] = "unknown";
-		if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
-			if (rl.rlim_cur == RLIM_INFINITY)
-				snprintf(lim, sizeof(lim), "unlimited");
-			else
-				snprintf(lim, sizeof(lim), "%llu KiB",
-					 (unsigned long long)rl.rlim_cur / 1024);
-		}
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
-				  "ibv_reg_mr of %" PRIu64 " bytes (%s) failed: %s; the memlock "
-				  "limit is %s: raise it (ulimit -l unlimited; in containers the "
-				  "IPC_LOCK capability and a memlock ulimit)",
-				  len, what, strerror(e), lim);
-	}
-	return sc_err_set(err, SC_INTERNAL, "ibv_reg_mr of %" PRIu64 " bytes (%s) failed: %s", len,
-			  what, strerror(e));
-}
-
-/*
- * One MR over host or GPU memory. GPU memory: a dma-buf MR when the GPU exports dma-buf (the NIC
- * reads and writes GPU memory directly: GPUDirect RDMA), else ibv_reg_mr on the device address
- * when nvidia_peermem is loaded, else FAILED_PRECONDITION saying why (the caller stages).
- */
-static struct ibv_mr *reg_any(struct ib_backend *ib, void *addr, uint64_t len, int gpu, int access,
-			      const char *what, struct sc_err *err)
-{
-	struct ibv_mr *mr;
-	if (gpu == SC_GPU_HOST) {
-		if (!(mr = ibv_reg_mr(ib->pd, addr, (size_t)len, access)))
-			reg_error(err, errno, len, what);
-		return mr;
-	}
-	const struct sc_gpu_device_info *d = sc_gpu_device(ib->base.env.gpu, gpu);
-	if (!d) {
-		sc_err_set(err, SC_FAILED_PRECONDITION, "GPU %d is not usable here", gpu);
-		return NULL;
-	}
-	/* cuMemCreate memory without allocFlags.gpuDirectRDMACapable: no NIC may touch it. */
-	if (d->gdr && !sc_gpu_rdma_capable(ib->base.env.gpu, gpu, (uint64_t)(uintptr_t)addr)) {
-		sc_err_set(err, SC_FAILED_PRECONDITION,
-			   "GPU %d memory is not GPUDirect RDMA capable (cuMemCreate memory needs "
-			   "allocFlags.gpuDirectRDMACapable = 1)",
-			   gpu);
-		return NULL;
-	}
-	char dmabuf_err[SC_ERR_MSG_MAX] = "";
-	if (d->dma_buf) {
-		int fd = -1;
-		uint64_t off = 0;
-		mr = NULL;
-		if (sc_gpu_dmabuf(ib->base.env.gpu, gpu, (uint64_t)(uintptr_t)addr, len, &fd, &off,
-				  err) == 0) {
-			mr = ibv_reg_dmabuf_mr(ib->pd, off, (size_t)len,
-					       (uint64_t)(uintptr_t)addr, fd, access);
-			int e = errno;
-			close(fd);
-			if (!mr)
-				sc_err_set(err, SC_FAILED_PRECONDITION,
-					   "ibv_reg_dmabuf_mr of %" PRIu64 " bytes of GPU %d (%s) "
-					   "failed: %s (the NIC driver needs dma-buf support: mlx5 "
-					   "has it, rxe does not)",
-					   len, gpu, what, strerror(e));
-		}
-		if (mr || !(d->peermem && d->gdr))
-			return mr;
-		/* dma-buf failed but nvidia_peermem is loaded: try it, and say both. */
-		snprintf(dmabuf_err, sizeof(dmabuf_err), "%s", err->msg);
-		SC_INFO("ibverbs", "GPU %d: %s; trying nvidia_peermem", gpu, dmabuf_err);
-	}
-	if (d->peermem && d->gdr) {
-		if (!(mr = ibv_reg_mr(ib->pd, addr, (size_t)len, access)))
-			sc_err_set(err, SC_FAILED_PRECONDITION,
-				   "ibv_reg_mr of %" PRIu64 " bytes of GPU %d memory through "
-				   "nvidia_peermem (%s) failed: %s%s%s",
-				   len, gpu, what, strerror(errno), dmabuf_err[0] ? "; before: " : "",
-				   dmabuf_err);
-		return mr;
-	}
-	sc_err_set(err, SC_FAILED_PRECONDITION, "the NIC cannot reach GPU %d memory: %s", gpu,
-		   d->rdma_path);
-	return NULL;
-}
-
-static int ib_register(struct sc_backend *b, void *addr, uint64_t len, int gpu, void **handle,
-		       struct sc_err *err)
-{
-	struct ib_backend *ib = to_ib(b);
-	*handle = reg_any(ib, addr, len, gpu, IBV_ACCESS_LOCAL_WRITE, "region, local access", err);
-	return *handle ? 0 : -1;
-}
-
-static void ib_deregister(struct sc_backend *b, void *handle)
-{
-	struct ibv_mr *mr = handle;
-	if (!mr)
-		return;
-	int rc = ibv_dereg_mr(mr);
-	if (rc != 0)
-		SC_WARN("ibverbs", "ibv_dereg_mr of a region failed: %s", strerror(rc));
-}
-
-/* One passive operation's remote access: an MR per descriptor. */
-struct ib_grant {
-	size_t n;
-	struct ibv_mr *mrs[];
-};
-
-static void grant_free(struct ib_backend *ib, struct ib_grant *g)
-{
-	for (size_t i = 0; i < g->n; i++) {
-		int rc = ibv_dereg_mr(g->mrs[i]);
-		if (rc != 0)
-			SC_WARN("ibverbs", "revoking remote access (ibv_dereg_mr rkey 0x%x): %s",
-				g->mrs[i]->rkey, strerror(rc));
-	}
-	free(g);
-	atomic_fetch_sub(&ib->n_grants, 1);
-}
-
-static int ib_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs,
-		     const int *gpus, void *const *region_handles, void **handle,
-		     struct sc_err *err)
-{
-	struct ib_backend *ib = to_ib(b);
-	*handle = NULL;
-	if (md->kind != SC_OP_READABLE && md->kind != SC_OP_WRITABLE)
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "ibverbs expose: not a passive kind");
-	int access = md->kind == SC_OP_READABLE ? IBV_ACCESS_REMOTE_READ
-						: IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
-	struct ib_grant *g = calloc(1, sizeof(*g) + md->n_descs * sizeof(g->mrs[0]));
-	if (!g)
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
-	atomic_fetch_add(&ib->n_grants, 1);
-	for (size_t i = 0; i < md->n_descs; i++) {
-		char what[64];
-		snprintf(what, sizeof(what), "descriptor %zu, remote %s", i,
-			 md->kind == SC_OP_READABLE ? "read" : "write");
-		struct ibv_mr *mr = reg_any(ib, addrs[i], md->descs[i].length, gpus[i], access, what,
-					    err);
-		if (!mr) {
-			grant_free(ib, g);
-			return -1;
-		}
-		g->mrs[g->n++] = mr;
-		md->descs[i].remote_addr = (uint64_t)(uintptr_t)addrs[i];
-		md->descs[i].rkey = mr->rkey;
-	}
-	md->ib.present = true;
-	memcpy(md->ib.gid, ib->gid.raw, sizeof(md->ib.gid));
-	md->ib.lid = ib->lid;
-	md->ib.port = ib->port;
-	md->ib.mtu = ib_mtu_bytes(ib->active_mtu);
-	snprintf(md->ib.device, sizeof(md->ib.device), "%s", ib->dev_name);
-	*handle = g;
-	return 0;
-}
-
-static void ib_revoke(struct sc_backend *b, void *handle)
-{
-	if (handle)
-		grant_free(to_ib(b), handle);
 }
 
 /* ---- lifecycle ------------------------------------------------------------------------------- */
@@ -502,6 +337,7 @@ static void ib_destroy(struct sc_backend *b)
 	if (atomic_load(&ib->n_grants))
 		SC_WARN("ibverbs", "%" PRIu64 " operation grant(s) still registered at destroy",
 			(uint64_t)atomic_load(&ib->n_grants));
+	ib_access_fini(ib);
 	if (ib->pd) {
 		int rc = ibv_dealloc_pd(ib->pd);
 		if (rc != 0)

@@ -3,8 +3,10 @@
  * ib_internal.h: the ibverbs backend's private structures, shared by its three files and nothing
  * else (built only when libibverbs is found):
  *
- *   ib_backend.c  the ops table, device/port/GID selection, the protection domain, region MRs,
- *                 per-operation remote access (expose/revoke), start/stop/destroy
+ *   ib_backend.c  the ops table, device/port/GID selection, the protection domain,
+ *                 start/stop/destroy
+ *   ib_access.c   region MRs (one per region) and per-operation remote access (expose/revoke):
+ *                 type-1 memory windows, one per (operation, region), or MRs where there are none
  *   ib_qp.c       RC queue pairs per peer sidecar: the QP_CONNECT rendezvous on the peer control
  *                 channel (both sides), the cache of outgoing QPs, tombstones, incoming QPs
  *   ib_xfer.c     transfers: setup/finish on worker threads, RDMA READ/WRITE posting and the
@@ -48,6 +50,7 @@ struct ib_xfer;
 #define IB_QP_RNR_RETRY 7
 #define IB_QP_MIN_RNR_TIMER 12
 #define IB_MAX_RD_ATOMIC 16		/* capped to the device's limits */
+#define IB_MAX_SGE 16			/* gathered local pieces per work request (capped) */
 #define IB_SQ_DEPTH 128			/* send queue of an outgoing QP (capped to max_qp_wr) */
 /* Overridable at build time (-DIB_CHUNK_MAX=...) for the Soft-RoCE bench's A/B runs. */
 #ifndef IB_CHUNK_MAX
@@ -72,9 +75,16 @@ struct ib_wr {
 	bool read;
 	bool notice; /* the completion notice (ib_notify.c), len 0 */
 	struct ib_wr *next_free;
+	struct ib_wr *posted_next; /* the QP's posted list, in posting order */
 };
 
 struct ib_notice_ring;
+
+/* A GPU region's MR that the NIC driver would not register with window binding (ib_access.c). */
+struct ib_nobind {
+	const struct ibv_mr *mr;
+	struct ib_nobind *next;
+};
 
 struct ib_qp {
 	struct ib_backend *ib;
@@ -93,6 +103,10 @@ struct ib_qp {
 	uint32_t outstanding, reads_out;
 	struct ib_wr *wrs; /* sq_depth records */
 	struct ib_wr *free_wrs;
+	/* Posted, not yet retired, in posting order. Only some work requests are signalled: a
+	 * signalled completion retires every earlier one on the QP too (an RC send queue completes
+	 * in order); a failed or flushed one has its own completion, signalled or not. */
+	struct ib_wr *posted_head, *posted_tail;
 	bool broken;   /* failed or flushed: never used for new work */
 	bool flushing; /* moved to ERR to flush its work requests */
 	char why[SC_ERR_MSG_MAX / 2];
@@ -190,6 +204,18 @@ struct ib_backend {
 	uint32_t max_qp_wr;
 	uint32_t max_init_rd; /* min(IB_MAX_RD_ATOMIC, max_qp_init_rd_atom) */
 	uint32_t max_dest_rd; /* min(IB_MAX_RD_ATOMIC, max_qp_rd_atom) */
+	uint32_t max_sge;     /* scatter/gather entries per work request (capped) */
+	uint32_t max_sge_rd;  /* ... per RDMA READ */
+
+	/* Remote access (ib_access.c), fixed after create except the bind QP. */
+	bool grant_mw;	      /* type-1 memory windows; else an MR per (operation, region) */
+	bool mw_unbounded;    /* tests only: windows used although the device does not bound them */
+	char grant_why[200];  /* which, and why: part of GetInfo's detail */
+	pthread_mutex_t bind_mu; /* the bind QP */
+	bool bind_mu_init;
+	struct ibv_cq *bind_cq;
+	struct ibv_qp *bind_qp; /* RC, connected to itself; NULL after a failed bind */
+	struct ib_nobind *nobind; /* GPU region MRs without window binding (under bind_mu) */
 
 	/* Started by start(). */
 	struct ibv_comp_channel *chan;
@@ -232,6 +258,19 @@ static inline struct ib_backend *to_ib(struct sc_backend *b)
 uint32_t ib_mtu_bytes(enum ibv_mtu m);
 enum ibv_mtu ib_mtu_from_bytes(uint32_t bytes);
 void ib_gid_text(const union ibv_gid *gid, char *out, size_t cap);
+
+/* ib_access.c */
+/* Choose how passive operations get remote access (sets grant_mw, grant_why; makes the bind QP).
+ * After the PD and port are chosen. */
+void ib_access_init(struct ib_backend *ib, const struct ibv_device_attr *da);
+/* Destroy the bind QP (every grant revoked before). */
+void ib_access_fini(struct ib_backend *ib);
+int ib_register(struct sc_backend *b, void *addr, uint64_t len, int gpu, void **handle,
+		struct sc_err *err);
+void ib_deregister(struct sc_backend *b, void *handle);
+int ib_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs,
+	      const int *gpus, void *const *region_handles, void **handle, struct sc_err *err);
+void ib_revoke(struct sc_backend *b, void *handle);
 
 /* ib_qp.c */
 /* Register / remove the QP_CONNECT handler on the engine's peer server. */
@@ -295,6 +334,17 @@ int ib_retry_fresh_qp(struct ib_xfer *xf, struct ib_qp **out, struct sc_err *err
 /* Put xf on the fresh QP and rewind it to its first byte not known complete; *old receives the
  * failed QP's reference (put it after unlocking). Under ib->mu. */
 void ib_retry_resume_locked(struct ib_xfer *xf, struct ib_qp *fresh, struct ib_qp **old);
+/* A work request was posted on its QP: append it to the QP's posted list. Under ib->mu. */
+static inline void ib_wr_posted_locked(struct ib_qp *qp, struct ib_wr *w)
+{
+	w->posted_next = NULL;
+	if (qp->posted_tail)
+		qp->posted_tail->posted_next = w;
+	else
+		qp->posted_head = w;
+	qp->posted_tail = w;
+}
+
 /* ib_notify.c */
 /* CQ entries to reserve for the receives of incoming QPs; sets ib->notice_recvs (0 when the
  * device's max_cqe leaves no room: notices off). Called once before the CQ is created. */

@@ -212,6 +212,7 @@ void ib_notice_maybe_post_locked(struct ib_backend *ib, struct ib_xfer *xf)
 	w->len = 0;
 	w->read = false;
 	w->notice = true;
+	ib_wr_posted_locked(qp, w);
 	xf->outstanding++;
 	qp->outstanding++;
 	ib->cq_out++;

@@ -196,7 +196,7 @@ static struct ib_qp *qp_create(struct ib_backend *ib, struct ibv_cq *cq, uint32_
 	    .recv_cq = cq,
 	    .cap = {.max_send_wr = sq_depth ? sq_depth : 1,
 		    .max_recv_wr = ib_notice_recv_wr(ib, sq_depth == 0),
-		    .max_send_sge = 1,
+		    .max_send_sge = ib->max_sge,
 		    .max_recv_sge = 1},
 	    .qp_type = IBV_QPT_RC,
 	    .sq_sig_all = 0,

@@ -59,6 +59,7 @@
 #define POLL_MS 100
 #define WC_BATCH 32
 #define POST_BATCH 16
+#define IB_SIGNAL_EVERY 4 /* of a batch's work requests, every 4th (and its last) is signalled */
 /* The control connection of a long transfer is pinged this often (the peer server closes idle
  * connections after SC_PEER_SERVER_IDLE_MS). */
 #define KEEPALIVE_MS 30000
@@ -372,14 +373,57 @@ static void *worker_main(void *arg)
 
 /* ---- posting and completions (completion thread) --------------------------------------------- */
 
-/* Post as many chunks of xf as the window and the QP allow. Under ib->mu. */
+/*
+ * The next work request of xf from its cursor: one chunk of the current segment, then, while the
+ * remote run goes on (the next segment's remote range starts where this one ends, under the same
+ * rkey: one window per region makes that common) and the request has room, pieces of the following
+ * segments as more scatter/gather entries, wherever their local memory lies. Fills sge[] and
+ * returns the entry count; *len, *raddr and *rkey receive the request's bytes and remote start.
+ * Under ib->mu.
+ */
+static int next_wr(struct ib_backend *ib, struct ib_xfer *xf, bool read, struct ibv_sge *sge,
+		   uint32_t *len, uint64_t *raddr, uint32_t *rkey)
+{
+	struct sc_xfer *x = xf->x;
+	uint32_t max_sge = read ? ib->max_sge_rd : ib->max_sge;
+	uint32_t total = 0;
+	int n = 0;
+	const struct sc_xfer_seg *s = &x->segs[xf->seg];
+	*raddr = s->remote_addr + xf->off;
+	*rkey = s->rkey;
+	for (;;) {
+		const struct ibv_mr *mr = s->local_mr;
+		uint64_t left = s->len - xf->off;
+		uint32_t room = ib->max_msg - total;
+		uint32_t l = left < room ? (uint32_t)left : room;
+		sge[n++] = (struct ibv_sge){
+		    .addr = (uintptr_t)(s->local + xf->off), .length = l, .lkey = mr->lkey};
+		total += l;
+		xf->off += l;
+		if (xf->off < s->len || total >= ib->max_msg || (uint32_t)n >= max_sge ||
+		    xf->seg + 1 >= x->n_segs)
+			break;
+		const struct sc_xfer_seg *next = &x->segs[xf->seg + 1];
+		if (next->rkey != s->rkey || next->remote_addr != s->remote_addr + s->len ||
+		    next->len == 0)
+			break;
+		xf->seg++;
+		xf->off = 0;
+		s = next;
+	}
+	*len = total;
+	return n;
+}
+
+/* Post as many work requests of xf as the window and the QP allow, chained: one doorbell per
+ * batch. Under ib->mu. */
 static void post_more(struct ib_backend *ib, struct ib_xfer *xf)
 {
 	struct ib_qp *qp = xf->qp;
 	struct sc_xfer *x = xf->x;
 	bool read = x->kind == SC_OP_READ;
 	struct ibv_send_wr wrs[POST_BATCH];
-	struct ibv_sge sges[POST_BATCH];
+	struct ibv_sge sges[POST_BATCH][IB_MAX_SGE];
 	int n = 0;
 	while (n < POST_BATCH && xf->outstanding < IB_XFER_WINDOW &&
 	       xf->bytes_out < IB_XFER_WINDOW_BYTES && qp->free_wrs &&
@@ -391,29 +435,26 @@ static void post_more(struct ib_backend *ib, struct ib_xfer *xf)
 		}
 		if (xf->seg >= x->n_segs)
 			break;
-		const struct sc_xfer_seg *s = &x->segs[xf->seg];
-		const struct ibv_mr *mr = s->local_mr;
-		uint64_t left = s->len - xf->off;
-		uint32_t len = left < ib->max_msg ? (uint32_t)left : ib->max_msg;
+		uint32_t len, rkey;
+		uint64_t raddr;
+		int nsge = next_wr(ib, xf, read, sges[n], &len, &raddr, &rkey);
 		struct ib_wr *w = qp->free_wrs;
 		qp->free_wrs = w->next_free;
 		w->xf = xf;
 		w->len = len;
 		w->read = read;
 		w->notice = false;
-		sges[n] = (struct ibv_sge){
-		    .addr = (uintptr_t)(s->local + xf->off), .length = len, .lkey = mr->lkey};
 		wrs[n] = (struct ibv_send_wr){
 		    .wr_id = (uintptr_t)w,
-		    .sg_list = &sges[n],
-		    .num_sge = 1,
+		    .sg_list = sges[n],
+		    .num_sge = nsge,
 		    .opcode = read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE,
-		    .send_flags = IBV_SEND_SIGNALED,
-		    .wr.rdma = {.remote_addr = s->remote_addr + xf->off, .rkey = s->rkey},
+		    /* Selective signalling: every IB_SIGNAL_EVERY-th and the batch's last. */
+		    .send_flags = (n + 1) % IB_SIGNAL_EVERY == 0 ? IBV_SEND_SIGNALED : 0,
+		    .wr.rdma = {.remote_addr = raddr, .rkey = rkey},
 		};
 		if (n > 0)
 			wrs[n - 1].next = &wrs[n];
-		xf->off += len;
 		xf->outstanding++;
 		xf->bytes_out += len;
 		qp->outstanding++;
@@ -428,8 +469,11 @@ static void post_more(struct ib_backend *ib, struct ib_xfer *xf)
 	if (!xf->t_posted_us)
 		xf->t_posted_us = now_us();
 	qp->last_used_mono_ms = sc_clock_mono_ms();
+	wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
 	struct ibv_send_wr *bad = NULL;
 	int rc = ibv_post_send(qp->qp, wrs, &bad);
+	for (int i = 0; i < n && (rc == 0 || &wrs[i] != bad); i++)
+		ib_wr_posted_locked(qp, (struct ib_wr *)(uintptr_t)wrs[i].wr_id);
 	if (rc == 0) {
 		ib_notice_maybe_post_locked(ib, xf);
 		return;
@@ -514,6 +558,49 @@ static void wc_error_locked(struct ib_backend *ib, const struct ibv_wc *wc, stru
 	}
 }
 
+/* Retire the first work request of qp's posted list: with its completion wc, or, NULL, as
+ * completed by a later signalled one. Under ib->mu, completion thread. */
+static void wr_retire_locked(struct ib_backend *ib, struct ib_qp *qp, const struct ibv_wc *wc)
+{
+	struct ib_wr *w = qp->posted_head;
+	if (!w || (wc && (struct ib_wr *)(uintptr_t)wc->wr_id != w)) {
+		/* Cannot be: completions come in posting order. Retire it alone. */
+		SC_ERROR("ibverbs", "QP %u: a completion out of posting order", qp->qp->qp_num);
+		w = (struct ib_wr *)(uintptr_t)wc->wr_id;
+		struct ib_wr **pp = &qp->posted_head;
+		struct ib_wr *prev = NULL;
+		while (*pp && *pp != w) {
+			prev = *pp;
+			pp = &(*pp)->posted_next;
+		}
+		if (*pp)
+			*pp = w->posted_next;
+		if (qp->posted_tail == w)
+			qp->posted_tail = prev;
+	} else {
+		qp->posted_head = w->posted_next;
+		if (!qp->posted_head)
+			qp->posted_tail = NULL;
+	}
+	struct ib_xfer *xf = w->xf;
+	qp->outstanding--;
+	qp->reads_out -= w->read;
+	ib->cq_out--;
+	xf->outstanding--;
+	xf->bytes_out -= w->len;
+	if (!wc || wc->status == IBV_WC_SUCCESS) {
+		qp->last_ok_mono_ms = sc_clock_mono_ms();
+		xf->bytes_acked += w->len;
+		xf->progress += w->len;
+	} else {
+		wc_error_locked(ib, wc, w);
+	}
+	w->xf = NULL;
+	w->posted_next = NULL;
+	w->next_free = qp->free_wrs;
+	qp->free_wrs = w;
+}
+
 struct progress {
 	struct ib_xfer *xf;
 	uint64_t delta;
@@ -534,22 +621,10 @@ static void drain_cq(struct ib_backend *ib, struct progress **prog, size_t *prog
 				continue; /* a receive on an incoming QP */
 			struct ib_wr *w = (struct ib_wr *)(uintptr_t)wc[i].wr_id;
 			struct ib_qp *qp = w->qp;
-			struct ib_xfer *xf = w->xf;
-			qp->outstanding--;
-			qp->reads_out -= w->read;
-			ib->cq_out--;
-			xf->outstanding--;
-			xf->bytes_out -= w->len;
-			if (wc[i].status == IBV_WC_SUCCESS) {
-				qp->last_ok_mono_ms = sc_clock_mono_ms();
-				xf->bytes_acked += w->len;
-				xf->progress += w->len;
-			} else {
-				wc_error_locked(ib, &wc[i], w);
-			}
-			w->xf = NULL;
-			w->next_free = qp->free_wrs;
-			qp->free_wrs = w;
+			/* The unsignalled ones posted before it on this QP completed too. */
+			while (qp->posted_head && qp->posted_head != w)
+				wr_retire_locked(ib, qp, NULL);
+			wr_retire_locked(ib, qp, &wc[i]);
 		}
 		/* Progress to report: one entry per transfer with news. */
 		if (n > 0) {
