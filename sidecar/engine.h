@@ -106,7 +106,7 @@ struct sc_region_info {
 	uint8_t cuda_ipc_handle[SC_GPU_IPC_HANDLE_LEN];
 	/* CUDA regions: GPUDirect RDMA capable memory, and the path ibverbs transfers of it take. */
 	bool gdr_capable;
-	char gpu_path[320];
+	char gpu_path[400]; /* backend_note (256) and the words around it */
 };
 
 int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind kind,

@@ -58,7 +58,7 @@ struct sc_region {
 	uint32_t live_ops;                      /* non-terminal operations using it */
 	void *backend_handle[SC_NUM_BACKENDS]; /* e.g. the ibverbs MR */
 	/* GPU regions a backend could not register (e.g. ibverbs without dma-buf): why. */
-	char backend_note[SC_NUM_BACKENDS][160];
+	char backend_note[SC_NUM_BACKENDS][256];
 };
 
 struct sc_watch {

@@ -23,6 +23,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import sys
 import time
 import unittest
@@ -1014,6 +1015,66 @@ class IbverbsTest(SidecarTest):
         print("  moving, peer stopped: CANCELLED in %.2f s at %d of %d bytes" % (took, c.bytes_done, BIG))
         a.proc.send_signal(signal.SIGCONT)
         self.assert_pair_serves(a, b)
+
+    def test_gpu_region_dmabuf_on_rxe(self):
+        """GPU memory on the stand-in CUDA driver, which exports dma-bufs (a memfd under the
+        driver's page-alignment rules: FAKE_CUDA_DMA_BUF=1) for GPUDirect-capable memory
+        (FAKE_CUDA_GDR=1), reaches ibv_reg_dmabuf_mr on the real rxe device, which has no dma-buf
+        support and refuses it. No silent fallback: the region says it is staged and why, the
+        passive operation says why its peers use tcp, and a READ and a WRITE of it complete over
+        tcp with every byte compared (the stand-in keeps device memory where host code cannot
+        touch it, so only the staging path could have moved these bytes)."""
+        build = os.environ.get("SC_BUILD_DIR") or os.path.dirname(os.environ.get("SC_BINARY", ""))
+        fake = os.path.join(build, "tests", "libsc_fake_cuda.so")
+        if not os.path.exists(fake):
+            self.skipTest("the stand-in CUDA driver was not built (%s)" % fake)
+        shm = tempfile.mkdtemp(prefix="sc-vm-gpu-", dir="/dev/shm")
+        self.addCleanup(shutil.rmtree, shm, True)
+        env = {"SC_TEST_CUDA_DRIVER": fake, "FAKE_CUDA_SHM_DIR": shm, "FAKE_CUDA_GDR": "1",
+               "FAKE_CUDA_DMA_BUF": "1"}
+        keys = self.key_file()
+        a = self.sidecar("a", key_file=keys, env=env, extra=IB_FLAGS + ["--backends", "ibverbs,tcp"])
+        b = self.side("b", keys)
+        self.assertTrue(a.info().cuda_available, a.info().cuda_detail)
+        n = (1 << 20) + 4099
+        ra = a.stub.CreateRegion(pb.CreateRegionRequest(size=n + 8192, device_kind=pb.DEVICE_KIND_CUDA),
+                                 timeout=30 * SLOW)
+        self.assertIn("staged through pinned host memory", ra.gpu_path)
+        self.assertIn("ibv_reg_dmabuf_mr", ra.gpu_path)
+        self.assertIn("Operation not supported (the NIC driver needs dma-buf support: mlx5 has it, rxe does not)",
+                      ra.gpu_path)
+        print("  GPU region on rxe: %s" % ra.gpu_path)
+        data = os.urandom(n)
+        w = a.stub.WriteRegion(iter([pb.WriteRegionRequest(region_id=ra.region_id, offset=4097 + i,
+                                                           data=data[i:i + (1 << 20)])
+                                     for i in range(0, n, 1 << 20)]), timeout=60 * SLOW)
+        self.assertEqual(w.bytes_written, n)
+        # READ: b pulls the GPU bytes
+        po = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(ra, 4097, n)], timeout_ms=60000),
+                                   timeout=30 * SLOW)
+        rb = b.create_region(n + 100)
+        op = b.stub.BeginRead(pb.BeginTransferRequest(metadata=po.metadata, descriptors=[desc(rb, 33, n)],
+                                                      timeout_ms=60000, wait=True), timeout=90 * SLOW)
+        self.assertEqual(op.status, pb.OPERATION_STATUS_COMPLETE, op.error.message)
+        self.assertEqual(op.backend, TCP, op.backend_reason)
+        self.assertEqual(b.peek(rb, 33, n), data)
+        p = a.wait(po.operation_id, 30000)
+        self.assertEqual(p.status, pb.OPERATION_STATUS_COMPLETE, p.error.message)
+        self.assertIn("staged", p.backend_reason)
+        self.assertIn("ibverbs", p.backend_reason)
+        # WRITE: b pushes fresh bytes into the GPU region
+        fresh = os.urandom(n)
+        b.fill(rb, 33, fresh)
+        pw = a.stub.CreateWritable(pb.CreatePassiveRequest(descriptors=[desc(ra, 4097, n)], timeout_ms=60000),
+                                   timeout=30 * SLOW)
+        op = b.stub.BeginWrite(pb.BeginTransferRequest(metadata=pw.metadata, descriptors=[desc(rb, 33, n)],
+                                                       timeout_ms=60000, wait=True), timeout=90 * SLOW)
+        self.assertEqual(op.status, pb.OPERATION_STATUS_COMPLETE, op.error.message)
+        self.assertEqual(a.wait(pw.operation_id, 30000).status, pb.OPERATION_STATUS_COMPLETE)
+        got = b"".join(m.data for m in a.stub.ReadRegion(pb.ReadRegionRequest(region_id=ra.region_id, offset=4097,
+                                                                              length=n), timeout=60 * SLOW))
+        self.assertTrue(got == fresh, "the GPU region does not hold the written bytes")
+        print("  READ and WRITE of GPU memory over tcp, staged: %s" % p.backend_reason)
 
     def test_netem_roce(self):
         """netem acts on RoCE traffic between rxe0 (a) and rxe1 (b) across the veth pair: 1% loss,
