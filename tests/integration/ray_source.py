@@ -61,6 +61,20 @@ for line in sys.stdin:
         keep[req["obj"]] = tensors
         meta = transport.extract_tensor_transport_metadata(req["obj"], tensors)
         ans = {"meta": base64.b64encode(pickle.dumps(meta)).decode(), "sha": [sha(t) for t in tensors]}
+    elif req["cmd"] == "extract_cuda":
+        # A STAND-IN CUDA tensor (tests/integration/standin_torch.py) in a larger stand-in block,
+        # as PyTorch's caching allocator sub-allocates; its bytes written through the driver.
+        import cudadrv as cu
+        from standin_torch import StandInCudaTensor
+        cu.init(0)
+        n, off = req["nbytes"], 4096 + 512
+        block = cu.alloc(n + 2 * 4096)
+        data = os.urandom(n)
+        cu.htod(block + off, data)
+        t = StandInCudaTensor(block, off, n)
+        keep[req["obj"]] = [t]
+        meta = transport.extract_tensor_transport_metadata(req["obj"], [t])
+        ans = {"meta": base64.b64encode(pickle.dumps(meta)).decode(), "sha": [hashlib.sha256(data).hexdigest()]}
     elif req["cmd"] == "gc":
         transport.garbage_collect(req["obj"], None, keep.pop(req["obj"], []))
         c = transport.connector()

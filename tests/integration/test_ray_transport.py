@@ -23,6 +23,16 @@ import grpc
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.environ.get("SC_SOURCE_DIR", os.path.join(HERE, "..", ".."))
 STANDIN = os.path.join(HERE, "ray_standin")
+# CUDA tensors run on the stand-in driver (tests/fake_cuda) when it was built: both sidecars, the
+# source process and this one use it (Debian's torch has no CUDA).
+FAKE = os.environ.get("SC_FAKE_CUDA", "")
+if FAKE and os.path.exists(FAKE):
+    import atexit
+    import shutil
+    import tempfile
+    os.environ["SC_TEST_CUDA_DRIVER"] = FAKE
+    os.environ["FAKE_CUDA_SHM_DIR"] = tempfile.mkdtemp(prefix="sc-ray-gpu-", dir="/dev/shm")
+    atexit.register(shutil.rmtree, os.environ["FAKE_CUDA_SHM_DIR"], True)
 # The package before harness (which imports the generated half from build/python), the stand-in first.
 sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
 sys.path.insert(0, STANDIN)
@@ -51,7 +61,8 @@ class Source:
 
     def __init__(self, side):
         env = dict(os.environ, RAY_SOURCE_SIDECAR="unix:" + side.sock, PYTHONDONTWRITEBYTECODE="1",
-                   PYTHONPATH=os.pathsep.join([STANDIN, os.path.join(ROOT, "clients", "python"), harness.STUBS]))
+                   PYTHONPATH=os.pathsep.join([STANDIN, os.path.join(ROOT, "clients", "python"), harness.STUBS,
+                                               HERE, os.path.join(ROOT, "examples")]))
         self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "ray_source.py")], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
 
@@ -197,6 +208,27 @@ class RayTransportTest(SidecarTest):
         with self.assertRaises(rdma_sidecar.SidecarError) as e:
             self.dst.wait_fetch_complete(req, 10 * SLOW)
         self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND, e.exception.message)
+
+
+    def test_cuda_tensors_on_the_stand_in_driver(self):
+        if "SC_TEST_CUDA_DRIVER" not in os.environ:
+            self.skipTest("the stand-in CUDA driver was not built (no cuda.h at build time)")
+        sys.path.insert(0, os.path.join(ROOT, "examples"))
+        import cudadrv as cu
+        from standin_torch import StandInCudaTensor  # a LABELLED STAND-IN for a PyTorch CUDA tensor
+        n = (1 << 20) + 4093
+        ans = self.src.ask(cmd="extract_cuda", obj="obj-7", nbytes=n)
+        meta = pickle.loads(base64.b64decode(ans["meta"]))
+        self.assertEqual(meta.tensor_device, "cuda")
+        cu.init(0)
+        block = cu.alloc(n + 8192)
+        self.addCleanup(cu.free, block)
+        target = StandInCudaTensor(block, 777, n)
+        got = self.dst.recv_multiple_tensors("obj-7", meta, None, target_buffers=[target])
+        self.assertIs(got[0], target)
+        self.assertEqual(hashlib.sha256(cu.dtoh(block + 777, n)).hexdigest(), ans["sha"][0])
+        # garbage collection drops the source's IPC registration too: nothing is left there
+        self.assertEqual(self.src.ask(cmd="gc", obj="obj-7"), {"regions": 0, "operations": 0})
 
 
 if __name__ == "__main__":

@@ -113,7 +113,8 @@ class SidecarTensorTransport(TensorTransportManager):
         self._address = address or type(self).address
         self._lock = threading.RLock()
         self._conn: Optional[Connector] = None
-        self._sources: Dict[str, Tuple[Any, List[Any]]] = {}   # obj_id -> (readable, tensors we allocated)
+        # obj_id -> (readable, CPU copies we allocated, CUDA tensors we registered by IPC handle)
+        self._sources: Dict[str, Tuple[Any, List[Any], List[Any]]] = {}
         self._inflight: Dict[str, List[Any]] = {}              # obj_id -> active reads
 
     # ---- plumbing -----------------------------------------------------------------------------
@@ -181,7 +182,7 @@ class SidecarTensorTransport(TensorTransportManager):
                 for t in allocated:
                     c.free(t, force=True)
                 raise
-            self._sources[obj_id] = (op, allocated)
+            self._sources[obj_id] = (op, allocated, [t for t in exposed if t.is_cuda])
         return SidecarTransportMetadata(
             tensor_meta=[(tuple(t.shape), t.dtype) for t in tensors], tensor_device=device,
             metadata=op.metadata if op else "", issuer=c.info().sidecar_id,
@@ -267,9 +268,10 @@ class SidecarTensorTransport(TensorTransportManager):
         raise NotImplementedError("rdma_sidecar.ray is one-sided: the destination reads, the source sends nothing")
 
     def garbage_collect(self, obj_id: str, tensor_transport_meta: Any = None, tensors: Optional[List[Any]] = None) -> None:
-        """Releases the object's readable and frees the region copies the transport made."""
+        """Releases the object's readable, frees the region copies the transport made, and drops the
+        CUDA IPC registrations of its tensors (unless another live object shares the allocation)."""
         with self._lock:
-            op, allocated = self._sources.pop(obj_id, (None, []))
+            op, allocated, cuda = self._sources.pop(obj_id, (None, [], []))
             c = self._conn
         if c is None:
             return
@@ -280,6 +282,13 @@ class SidecarTensorTransport(TensorTransportManager):
                 pass
         for t in allocated:
             c.free(t, force=True)
+        for t in cuda:
+            try:
+                c.free(t)
+            except errors.FailedPreconditionError:
+                pass  # another object's readable still uses this allocation block
+            except errors.NotFoundError:
+                pass  # an earlier object of the same block dropped it already
 
     def abort_transport(self, obj_id: str, communicator_metadata: Any = None) -> None:
         """Cancels what is in flight for obj_id on this side: the source's readable (its peers'
@@ -287,7 +296,7 @@ class SidecarTensorTransport(TensorTransportManager):
         the sidecar's --cancel-wait)."""
         with self._lock:
             ops = list(self._inflight.get(obj_id, []))
-            src = self._sources.get(obj_id, (None, []))[0]
+            src = self._sources.get(obj_id, (None, [], []))[0]
         for op in ops + ([src] if src is not None else []):
             try:
                 op.cancel()
