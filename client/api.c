@@ -792,14 +792,28 @@ int rsc_metadata_lengths(const char *metadata, uint64_t **lengths, size_t *n, in
 			      "metadata does not decode (truncated or not rsm1 text)");
 		goto out;
 	}
-	*lengths = calloc(md->n_descriptors ? md->n_descriptors : 1, sizeof(**lengths));
+	/* Version 1 lists descriptors; version 2 runs of `count` descriptors of one length. */
+	size_t total = md->n_descriptors;
+	for (size_t r = 0; r < md->n_runs; r++) {
+		total += md->runs[r]->count;
+		if (total > (1u << 20)) {
+			rc = rsc_fail(st, RSC_INVALID_ARGUMENT,
+				      "metadata lists more than 1048576 descriptors");
+			goto out;
+		}
+	}
+	*lengths = calloc(total ? total : 1, sizeof(**lengths));
 	if (!*lengths) {
 		rc = rsc_fail(st, RSC_RESOURCE_EXHAUSTED, "out of memory");
 		goto out;
 	}
 	for (size_t i = 0; i < md->n_descriptors; i++)
 		(*lengths)[i] = md->descriptors[i]->length;
-	*n = md->n_descriptors;
+	size_t at = md->n_descriptors;
+	for (size_t r = 0; r < md->n_runs; r++)
+		for (uint32_t k = 0; k < md->runs[r]->count; k++)
+			(*lengths)[at++] = md->runs[r]->length;
+	*n = total;
 	if (kind)
 		*kind = md->kind;
 	rsc_ok(st);
