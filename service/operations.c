@@ -65,6 +65,7 @@ static void create_passive(struct sc_call *c, ProtobufCMessage *req, enum sc_op_
 		.audience = r->audience,
 		.max_uses = r->max_uses,
 		.request_id = r->request_id,
+		.omit_descs = r->n_descriptor_sets > 0,
 	};
 	struct sc_op_info info;
 	int rc = sc_op_create_passive(sc_call_engine(c), kind, &pr, &info, &err);
@@ -104,6 +105,7 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 		.timeout_ms = r->timeout_ms,
 		.backend = (enum sc_backend_kind)r->backend,
 		.request_id = r->request_id,
+		.omit_descs = r->n_descriptor_sets > 0,
 	};
 	if (r->requirement) {
 		const char *rid = r->requirement->request_id ? r->requirement->request_id : "";

@@ -144,7 +144,8 @@ static int op_fill_info(const struct sc_op *op, struct sc_op_info *info)
 	int rc = 0;
 	if (op->metadata && !(info->metadata = strdup(op->metadata)))
 		rc = -1;
-	if (op->n_descs) {
+	info->desc_count = op->n_descs;
+	if (op->n_descs && !op->omit_descs) {
 		info->descs = malloc(op->n_descs * sizeof(*info->descs));
 		if (info->descs) {
 			memcpy(info->descs, op->descs, op->n_descs * sizeof(*info->descs));
@@ -507,6 +508,7 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 		goto fail_unlocked_op;
 	if (copy_str(op->audience, sizeof(op->audience), req->audience, "audience", err) != 0)
 		goto fail;
+	op->omit_descs = req->omit_descs;
 	op->max_uses = req->max_uses ? req->max_uses : 1;
 	op->uses = calloc(op->max_uses, sizeof(*op->uses));
 	if (!op->uses) {
@@ -891,6 +893,7 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 		sc_metadata_free(&md);
 		return -1;
 	}
+	op->omit_descs = req->omit_descs;
 	op->meta = md;
 	op->meta_valid = true;
 	snprintf(op->peer, sizeof(op->peer), "%s", md.issuer);

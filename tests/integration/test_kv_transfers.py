@@ -123,9 +123,13 @@ class KvTransferTest(SidecarTest):
                     strided(q.regions[0], 11 + 100 * 1100, 1100, n - 101, blk),
                     pb.DescriptorSet(descriptor=desc(q.regions[1], 333, blk))])
             pop, done = self.run_pair(direction, p, p_req, q, a_req, blk * len(p.expanded))
-            # Operation.descriptors is the expanded list, in order
-            self.assertEqual([(d.region_id, d.offset, d.length) for d in pop.descriptors],
-                             [(p.regions[ri].region_id, off, ln) for ri, off, ln in p.expanded])
+            # created from compact lists: the count, not the expanded list, in every reply
+            self.assertEqual(pop.descriptor_count, len(p.expanded))
+            self.assertEqual(len(pop.descriptors), 0)
+            if direction == "read":  # plain on the active side: echoed as given
+                self.assertEqual([(d.region_id, d.offset, d.length) for d in done.descriptors],
+                                 [(q.regions[ri].region_id, off, ln) for ri, off, ln in q.expanded])
+            self.assertEqual(done.descriptor_count, len(q.expanded))
 
     def test_offsets_and_plain_prefix(self):
         """Plain descriptors come first, then the sets in order; a block list with byte offsets."""
@@ -162,7 +166,10 @@ class KvTransferTest(SidecarTest):
                     desc(p.regions[ri], off, ln) for ri, off, ln in p.expanded])
                 a_req = pb.BeginTransferRequest(descriptor_sets=[strided(q.regions[0], 0, blk, n, blk)])
             pop, done = self.run_pair(direction, p, p_req, q, a_req, n * blk)
-            self.assertEqual(len(done.descriptors), n)
+            self.assertEqual((pop.descriptor_count, done.descriptor_count), (n, n))
+            # the plain side echoes its list, the compact side only the count
+            self.assertEqual(len(done.descriptors), n if compact_passive else 0)
+            self.assertEqual(len(pop.descriptors), 0 if compact_passive else n)
             if compact_passive:
                 # 64 x 256 descriptors over TCP: the signed metadata stays small
                 self.assertLess(len(pop.metadata), 1024, len(pop.metadata))
