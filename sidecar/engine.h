@@ -168,6 +168,9 @@ int sc_op_info_copy(struct sc_op_info *dst, const struct sc_op_info *src);
  * operation lives at most 7 days, and a client's 2^64-1 ("forever") means that. */
 #define SC_OP_TIMEOUT_MAX_MS (7ull * 24 * 3600 * 1000)
 
+/* ListOperations: a page ends before its operations list more descriptors than this. */
+#define SC_LIST_PAGE_DESCS 131072
+
 struct sc_passive_req {
 	const struct sc_desc *descs;
 	size_t n_descs;

@@ -1387,6 +1387,19 @@ int sc_op_list_page(struct sc_engine *eng, const char *after, size_t limit,
 		return -1;
 	}
 	size_t take = found < limit ? found : limit;
+	/* A page also ends before its operations' descriptors pass SC_LIST_PAGE_DESCS (each is ~35
+	 * bytes on the wire: pages stay well under --max-message-size with 65,536-descriptor
+	 * operations); it always holds at least one operation. */
+	size_t descs = 0;
+	for (size_t i = 0; i < take; i++) {
+		const struct sc_op *o = items[i];
+		size_t d = o->omit_descs ? 0 : o->n_descs;
+		if (i > 0 && descs + d > SC_LIST_PAGE_DESCS) {
+			take = i;
+			break;
+		}
+		descs += d;
+	}
 	struct sc_op_info *infos = calloc(take ? take : 1, sizeof(*infos));
 	for (size_t i = 0; infos && i < take; i++)
 		(void)op_fill_info(items[i], &infos[i]); /* -1: usable, without metadata */

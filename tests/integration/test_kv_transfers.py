@@ -174,6 +174,30 @@ class KvTransferTest(SidecarTest):
                 # 64 x 256 descriptors over TCP: the signed metadata stays small
                 self.assertLess(len(pop.metadata), 1024, len(pop.metadata))
 
+    def test_list_pages_end_before_too_many_descriptors(self):
+        """ListOperations pages stop at 131,072 listed descriptors (never empty); compact
+        operations list none, so they do not count."""
+        r = self.a.create_region(65536)
+        plain = [desc(r, i, 1) for i in range(65536)]
+        ids = [self.a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=plain), timeout=60).operation_id
+               for _ in range(3)]
+        ids += [self.a.stub.CreateReadable(pb.CreatePassiveRequest(
+            descriptor_sets=[strided(r, 0, 1, 65536, 1)]), timeout=60).operation_id for _ in range(2)]
+        seen, token, pages = [], "", []
+        while True:
+            resp = self.a.stub.ListOperations(pb.ListOperationsRequest(page_token=token), timeout=60)
+            pages.append([(len(o.descriptors), o.descriptor_count) for o in resp.operations])
+            seen += [o.operation_id for o in resp.operations]
+            token = resp.next_page_token
+            if not token:
+                break
+        self.assertEqual(sorted(seen), sorted(ids))
+        for page in pages:
+            self.assertGreater(len(page), 0)
+            self.assertLessEqual(sum(n for n, _ in page), 131072)
+        self.assertGreaterEqual(len(pages), 2)
+        self.assertEqual(sorted(c for page in pages for _, c in page), [65536] * 5)
+
     def test_bad_compact_forms(self):
         r = self.a.create_region(1 << 20)
         rid = r.region_id
