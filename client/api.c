@@ -568,9 +568,9 @@ static int sets_to_pb(const rsc_descriptor_set *in, size_t n, struct pb_sets *p,
 			if ((b->n_region_ids && !b->region_ids) || (b->n_offsets && !b->offsets) ||
 			    (b->n_block_ids && !b->block_ids)) {
 				sets_free(p);
-				return rsc_fail(st, RSC_INVALID_ARGUMENT,
-						"sets[%zu]: a block list array is NULL with a count",
-						i);
+				return rsc_fail(
+				    st, RSC_INVALID_ARGUMENT,
+				    "sets[%zu]: a block list array is NULL with a count", i);
 			}
 			rdma_sidecar__v1__block_list__init(&p->blocks[i]);
 			p->blocks[i].region_ids = (char **)b->region_ids;
@@ -607,7 +607,8 @@ static int sets_to_pb(const rsc_descriptor_set *in, size_t n, struct pb_sets *p,
 }
 
 static int passive(rsc_client *c, const char *method, const rsc_passive_args *a,
-		   const rsc_descriptor_set *sets, size_t n_sets, rsc_operation *out, rsc_status *st)
+		   const rsc_descriptor_set *sets, size_t n_sets, rsc_operation *out,
+		   rsc_status *st)
 {
 	if (!a)
 		return rsc_fail(st, RSC_INVALID_ARGUMENT, "%s: no arguments", method);
@@ -722,9 +723,8 @@ int rsc_begin_read_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_des
 	return begin_sets(c, M("BeginRead"), a, sets, n_sets, 0, 0, out, st);
 }
 
-int rsc_begin_write_sets(rsc_client *c, const rsc_transfer_args *a,
-			 const rsc_descriptor_set *sets, size_t n_sets, rsc_operation *out,
-			 rsc_status *st)
+int rsc_begin_write_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+			 size_t n_sets, rsc_operation *out, rsc_status *st)
 {
 	return begin_sets(c, M("BeginWrite"), a, sets, n_sets, 0, 0, out, st);
 }

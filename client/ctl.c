@@ -564,9 +564,10 @@ static int transfer(struct ctl *x, char **argv, int write)
 		size_t j = i + 1;
 		while (j < n && lengths[j] == lengths[i] && j - i < UINT32_MAX)
 			j++;
-		sets[n_sets++] = (rsc_descriptor_set){
-		    .kind = RSC_SET_STRIDED_RUN,
-		    .strided_run = {region.region_id, off, lengths[i], (uint32_t)(j - i), lengths[i]}};
+		sets[n_sets++] =
+		    (rsc_descriptor_set){.kind = RSC_SET_STRIDED_RUN,
+					 .strided_run = {region.region_id, off, lengths[i],
+							 (uint32_t)(j - i), lengths[i]}};
 		off += lengths[i] * (j - i);
 		i = j;
 	}

@@ -41,7 +41,8 @@ static int set_count(const pb_set *s, size_t i, uint64_t *count, struct sc_err *
 		const pb_blocks *b = s->block_list;
 		if (b->n_region_ids == 0)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "descriptor_sets[%zu]: block_list names no region_ids", i);
+					  "descriptor_sets[%zu]: block_list names no region_ids",
+					  i);
 		for (size_t r = 0; r < b->n_region_ids; r++) {
 			if (region_ok(b->region_ids[r], "block_list.region_ids[]", i, err) != 0)
 				return -1;
@@ -55,10 +56,11 @@ static int set_count(const pb_set *s, size_t i, uint64_t *count, struct sc_err *
 					  "offsets and block_ids (it has %s)",
 					  i, b->n_offsets ? "both" : "neither");
 		if (b->n_offsets && (b->block_stride || b->base_offset))
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "descriptor_sets[%zu]: block_stride and base_offset go with "
-					  "block_ids, not offsets",
-					  i);
+			return sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "descriptor_sets[%zu]: block_stride and base_offset go with "
+			    "block_ids, not offsets",
+			    i);
 		size_t per = b->n_offsets ? b->n_offsets : b->n_block_ids;
 		if (per > UINT64_MAX / b->n_region_ids)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
@@ -77,14 +79,15 @@ static int set_count(const pb_set *s, size_t i, uint64_t *count, struct sc_err *
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
 					  "descriptor_sets[%zu]: strided_run.length is 0", i);
 		if (r->count > 1 && r->stride == 0)
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "descriptor_sets[%zu]: strided_run.stride is 0 with count "
-					  "%u: give a stride, or one descriptor",
-					  i, r->count);
+			return sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "descriptor_sets[%zu]: strided_run.stride is 0 with count "
+			    "%u: give a stride, or one descriptor",
+			    i, r->count);
 		if (r->count > 1 && r->stride > (UINT64_MAX - r->offset) / (r->count - 1))
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "descriptor_sets[%zu]: strided_run offsets overflow 64 bits",
-					  i);
+			return sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "descriptor_sets[%zu]: strided_run offsets overflow 64 bits", i);
 		*count = r->count;
 		return 0;
 	}
@@ -144,10 +147,11 @@ int sc_pb_desc_list(RdmaSidecar__V1__Descriptor **plain, size_t n_plain,
 		total += c;
 	}
 	if (total > max)
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
-				  "%" PRIu64 " descriptors: at most %u per operation "
-				  "(--max-descriptors); merge adjacent ranges or split the transfer",
-				  total, max);
+		return sc_err_set(
+		    err, SC_RESOURCE_EXHAUSTED,
+		    "%" PRIu64 " descriptors: at most %u per operation "
+		    "(--max-descriptors); merge adjacent ranges or split the transfer",
+		    total, max);
 	struct sc_desc *d = NULL;
 	if (sc_pb_descs(plain, n_plain, &d, err) != 0)
 		return -1;

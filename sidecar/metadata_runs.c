@@ -99,9 +99,10 @@ int sc_meta_runs_encode(const struct sc_meta_desc *d, size_t n, struct sc_meta_r
 			continue;
 		}
 		if (last_explicit != SIZE_MAX && out->runs[last_explicit].count == cnt) {
-			size_t at = (size_t)(out->ptrs[last_explicit]->indices
-						 ? out->ptrs[last_explicit]->indices - out->k
-						 : out->ptrs[last_explicit]->index_deltas - out->deltas);
+			size_t at =
+			    (size_t)(out->ptrs[last_explicit]->indices
+					 ? out->ptrs[last_explicit]->indices - out->k
+					 : out->ptrs[last_explicit]->index_deltas - out->deltas);
 			if (memcmp(&out->k[at], k, cnt * sizeof(*k)) == 0) {
 				run->same_indices_as = (uint32_t)(last_explicit + 1);
 				i = j;
@@ -145,15 +146,15 @@ int sc_meta_runs_decode(RdmaSidecar__V1__RemoteRun *const *runs, size_t n, size_
 			return sc_err_set(err, SC_INVALID_ARGUMENT, "metadata run %zu has count 0",
 					  r);
 		if (run->length == 0)
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "metadata run %zu has length 0", r);
+			return sc_err_set(err, SC_INVALID_ARGUMENT, "metadata run %zu has length 0",
+					  r);
 		if ((int)run->device_kind < SC_DEVICE_UNSPECIFIED ||
 		    (int)run->device_kind > SC_DEVICE_CUDA)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
 					  "metadata run %zu has unknown device kind %d", r,
 					  (int)run->device_kind);
-		int forms = (run->n_indices > 0) + (run->n_index_deltas > 0) +
-			    (run->same_indices_as > 0);
+		int forms =
+		    (run->n_indices > 0) + (run->n_index_deltas > 0) + (run->same_indices_as > 0);
 		if (forms > 1)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
 					  "metadata run %zu sets more than one of indices, "
@@ -165,17 +166,18 @@ int sc_meta_runs_decode(RdmaSidecar__V1__RemoteRun *const *runs, size_t n, size_
 					  "metadata run %zu has %zu indices for count %u", r,
 					  run->n_indices ? run->n_indices : run->n_index_deltas,
 					  run->count);
-		if (run->same_indices_as &&
-		    (run->same_indices_as > r ||
-		     runs[run->same_indices_as - 1]->count != run->count))
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "metadata run %zu: same_indices_as %u is not an earlier run "
-					  "of the same count",
-					  r, run->same_indices_as);
+		if (run->same_indices_as && (run->same_indices_as > r ||
+					     runs[run->same_indices_as - 1]->count != run->count))
+			return sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "metadata run %zu: same_indices_as %u is not an earlier run "
+			    "of the same count",
+			    r, run->same_indices_as);
 		if (run->length > UINT64_MAX / run->count ||
 		    run->length * run->count > UINT64_MAX - bytes)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "metadata descriptor lengths overflow 64 bits at run %zu", r);
+					  "metadata descriptor lengths overflow 64 bits at run %zu",
+					  r);
 		bytes += run->length * run->count;
 		total += run->count;
 		if (total > max)
@@ -210,7 +212,8 @@ int sc_meta_runs_decode(RdmaSidecar__V1__RemoteRun *const *runs, size_t n, size_
 				if ((dl < 0 && (uint64_t)(-(dl + 1)) >= sum) ||
 				    (dl > 0 && (uint64_t)dl > UINT64_MAX - sum)) {
 					sc_err_set(err, SC_INVALID_ARGUMENT,
-						   "metadata run %zu: index_deltas leave 0..2^64", r);
+						   "metadata run %zu: index_deltas leave 0..2^64",
+						   r);
 					goto fail;
 				}
 				sum += (uint64_t)dl;
@@ -220,8 +223,8 @@ int sc_meta_runs_decode(RdmaSidecar__V1__RemoteRun *const *runs, size_t n, size_
 			}
 			if (run->stride && kt > (UINT64_MAX - run->base_addr) / run->stride) {
 				sc_err_set(err, SC_INVALID_ARGUMENT,
-					   "metadata run %zu: address of descriptor %zu overflows", r,
-					   t);
+					   "metadata run %zu: address of descriptor %zu overflows",
+					   r, t);
 				goto fail;
 			}
 			k[at] = kt;

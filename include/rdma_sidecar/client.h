@@ -325,9 +325,8 @@ int rsc_create_writable_sets(rsc_client *c, const rsc_passive_args *a,
 			     rsc_status *st);
 int rsc_begin_read_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
 			size_t n_sets, rsc_operation *out, rsc_status *st);
-int rsc_begin_write_sets(rsc_client *c, const rsc_transfer_args *a,
-			 const rsc_descriptor_set *sets, size_t n_sets, rsc_operation *out,
-			 rsc_status *st);
+int rsc_begin_write_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+			 size_t n_sets, rsc_operation *out, rsc_status *st);
 /* One round trip to the final state (as rsc_read / rsc_write), with sets. */
 int rsc_read_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
 		  size_t n_sets, uint64_t timeout_ms, rsc_operation *out, rsc_status *st);

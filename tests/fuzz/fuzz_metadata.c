@@ -217,12 +217,12 @@ int main(int argc, char **argv)
 		struct sc_metadata md = {0};
 		md.version = v == 4 ? 1 : SC_METADATA_VERSION;
 		for (size_t i = 0; v >= 5 && i < 16; i++)
-			kv[i] = (struct sc_meta_desc){
-			    .length = 32768,
-			    .device_kind = SC_DEVICE_HOST,
-			    .remote_addr = 0x7f0000000000ull + (i / 4) * 0x10000000 +
-					   ids[v - 5][i % 4] * 32768,
-			    .rkey = (uint32_t)(0x2000 + i / 4)};
+			kv[i] = (struct sc_meta_desc){.length = 32768,
+						      .device_kind = SC_DEVICE_HOST,
+						      .remote_addr = 0x7f0000000000ull +
+								     (i / 4) * 0x10000000 +
+								     ids[v - 5][i % 4] * 32768,
+						      .rkey = (uint32_t)(0x2000 + i / 4)};
 		snprintf(md.issuer, sizeof(md.issuer), "issuer-%d", v);
 		if (v == 1)
 			snprintf(md.audience, sizeof(md.audience), FUZZ_SELF);

@@ -859,7 +859,8 @@ static int runs_round_trip(const struct sc_meta_desc *d, size_t n, size_t *text_
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		int rc = sc_metadata_verify(ring_a, text, "x", NOW, &out, &err);
 		clock_gettime(CLOCK_MONOTONIC, &t1);
-		double t = (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
+		double t =
+		    (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
 		*us = t < *us ? t : *us;
 		if (rc != 0) {
 			fprintf(stderr, "  verify: %s\n", err.msg);
@@ -871,8 +872,10 @@ static int runs_round_trip(const struct sc_meta_desc *d, size_t n, size_t *text_
 		for (size_t i = 0; !bad && i < n; i++) {
 			if (out.descs[i].length != d[i].length ||
 			    out.descs[i].device_kind != d[i].device_kind ||
-			    out.descs[i].remote_addr != d[i].remote_addr || out.descs[i].rkey != d[i].rkey) {
-				fprintf(stderr, "  descriptor %zu differs after the round trip\n", i);
+			    out.descs[i].remote_addr != d[i].remote_addr ||
+			    out.descs[i].rkey != d[i].rkey) {
+				fprintf(stderr, "  descriptor %zu differs after the round trip\n",
+					i);
 				bad = 1;
 			}
 		}
@@ -1033,7 +1036,8 @@ TEST(runs_malformed)
 	EXPECT_RUNS(SC_INVALID_ARGUMENT, "same_indices_as 2 is not an earlier run");
 	r[1].same_indices_as = 1;
 	r[0].count = 2;
-	EXPECT_RUNS(SC_INVALID_ARGUMENT, "same_indices_as 1 is not an earlier run of the same count");
+	EXPECT_RUNS(SC_INVALID_ARGUMENT,
+		    "same_indices_as 1 is not an earlier run of the same count");
 	RUNS_RESET();
 	r[0].index_deltas = dl; /* 2, 1, -4: below zero */
 	r[0].n_index_deltas = 3;
@@ -1230,7 +1234,7 @@ RUN_TESTS(T(base64url_round_trip_matches_openssl), T(base64url_rejects_bad_input
 	  T(tamper_every_position), T(truncation_every_length), T(garbage),
 	  T(wrong_prefix_and_empty), T(oversized_text_capped_before_decoding), T(envelope_checks),
 	  T(expiry_with_skew), T(audience), T(reject_reasons), T(descriptor_sanity),
-	  T(version_and_kind), T(verification_order), T(raw_payload_limits), T(runs_kv_shared_block_ids),
-	  T(runs_arbitrary_offsets), T(runs_malformed),
+	  T(version_and_kind), T(verification_order), T(raw_payload_limits),
+	  T(runs_kv_shared_block_ids), T(runs_arbitrary_offsets), T(runs_malformed),
 	  T(out_untouched_on_failure), T(sign_rejects_unreadable_struct), T(random_bytes),
 	  T(teardown))
