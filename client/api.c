@@ -516,16 +516,115 @@ static int descs_to_pb(const rsc_descriptor *d, size_t n, RdmaSidecar__V1__Descr
 	return RSC_OK;
 }
 
-static int passive(rsc_client *c, const char *method, const rsc_passive_args *a, rsc_operation *out,
+/* Compact sets as DescriptorSet messages: every array here freed with sets_free. */
+struct pb_sets {
+	RdmaSidecar__V1__DescriptorSet *sets;
+	RdmaSidecar__V1__DescriptorSet **ptrs;
+	RdmaSidecar__V1__Descriptor *descs;
+	RdmaSidecar__V1__BlockList *blocks;
+	RdmaSidecar__V1__StridedRun *runs;
+};
+
+static void sets_free(struct pb_sets *p)
+{
+	free(p->sets);
+	free(p->ptrs);
+	free(p->descs);
+	free(p->blocks);
+	free(p->runs);
+}
+
+static int sets_to_pb(const rsc_descriptor_set *in, size_t n, struct pb_sets *p, rsc_status *st)
+{
+	memset(p, 0, sizeof(*p));
+	if (n && !in)
+		return rsc_fail(st, RSC_INVALID_ARGUMENT, "sets missing (NULL with a count of %zu)",
+				n);
+	size_t k = n ? n : 1;
+	p->sets = calloc(k, sizeof(*p->sets));
+	p->ptrs = calloc(k, sizeof(*p->ptrs));
+	p->descs = calloc(k, sizeof(*p->descs));
+	p->blocks = calloc(k, sizeof(*p->blocks));
+	p->runs = calloc(k, sizeof(*p->runs));
+	if (!p->sets || !p->ptrs || !p->descs || !p->blocks || !p->runs) {
+		sets_free(p);
+		return rsc_fail(st, RSC_RESOURCE_EXHAUSTED, "out of memory");
+	}
+	for (size_t i = 0; i < n; i++) {
+		RdmaSidecar__V1__DescriptorSet *m = &p->sets[i];
+		rdma_sidecar__v1__descriptor_set__init(m);
+		p->ptrs[i] = m;
+		const rsc_block_list *b = &in[i].block_list;
+		switch (in[i].kind) {
+		case RSC_SET_DESCRIPTOR:
+			rdma_sidecar__v1__descriptor__init(&p->descs[i]);
+			p->descs[i].region_id = pbs(in[i].descriptor.region_id);
+			p->descs[i].offset = in[i].descriptor.offset;
+			p->descs[i].length = in[i].descriptor.length;
+			m->set_case = RDMA_SIDECAR__V1__DESCRIPTOR_SET__SET_DESCRIPTOR;
+			m->descriptor = &p->descs[i];
+			break;
+		case RSC_SET_BLOCK_LIST:
+			if ((b->n_region_ids && !b->region_ids) || (b->n_offsets && !b->offsets) ||
+			    (b->n_block_ids && !b->block_ids)) {
+				sets_free(p);
+				return rsc_fail(
+				    st, RSC_INVALID_ARGUMENT,
+				    "sets[%zu]: a block list array is NULL with a count", i);
+			}
+			rdma_sidecar__v1__block_list__init(&p->blocks[i]);
+			p->blocks[i].region_ids = (char **)b->region_ids;
+			p->blocks[i].n_region_ids = b->n_region_ids;
+			p->blocks[i].block_length = b->block_length;
+			p->blocks[i].offsets = (uint64_t *)b->offsets;
+			p->blocks[i].n_offsets = b->n_offsets;
+			p->blocks[i].block_ids = (uint64_t *)b->block_ids;
+			p->blocks[i].n_block_ids = b->n_block_ids;
+			p->blocks[i].block_stride = b->block_stride;
+			p->blocks[i].base_offset = b->base_offset;
+			m->set_case = RDMA_SIDECAR__V1__DESCRIPTOR_SET__SET_BLOCK_LIST;
+			m->block_list = &p->blocks[i];
+			break;
+		case RSC_SET_STRIDED_RUN:
+			rdma_sidecar__v1__strided_run__init(&p->runs[i]);
+			p->runs[i].region_id = pbs(in[i].strided_run.region_id);
+			p->runs[i].offset = in[i].strided_run.offset;
+			p->runs[i].stride = in[i].strided_run.stride;
+			p->runs[i].count = in[i].strided_run.count;
+			p->runs[i].length = in[i].strided_run.length;
+			m->set_case = RDMA_SIDECAR__V1__DESCRIPTOR_SET__SET_STRIDED_RUN;
+			m->strided_run = &p->runs[i];
+			break;
+		default:
+			sets_free(p);
+			return rsc_fail(st, RSC_INVALID_ARGUMENT,
+					"sets[%zu]: kind %d is not RSC_SET_DESCRIPTOR, "
+					"RSC_SET_BLOCK_LIST or RSC_SET_STRIDED_RUN",
+					i, in[i].kind);
+		}
+	}
+	return RSC_OK;
+}
+
+static int passive(rsc_client *c, const char *method, const rsc_passive_args *a,
+		   const rsc_descriptor_set *sets, size_t n_sets, rsc_operation *out,
 		   rsc_status *st)
 {
 	if (!a)
 		return rsc_fail(st, RSC_INVALID_ARGUMENT, "%s: no arguments", method);
 	RdmaSidecar__V1__CreatePassiveRequest req = RDMA_SIDECAR__V1__CREATE_PASSIVE_REQUEST__INIT;
 	RdmaSidecar__V1__Descriptor *msgs, **ptrs;
-	int rc = descs_to_pb(a->descriptors, a->n_descriptors, &msgs, &ptrs, st);
+	struct pb_sets ps;
+	int rc = sets_to_pb(sets, n_sets, &ps, st);
 	if (rc != RSC_OK)
 		return rc;
+	rc = descs_to_pb(a->descriptors, a->n_descriptors, &msgs, &ptrs, st);
+	if (rc != RSC_OK) {
+		sets_free(&ps);
+		return rc;
+	}
+	req.n_descriptor_sets = n_sets;
+	req.descriptor_sets = ps.ptrs;
 	req.n_descriptors = a->n_descriptors;
 	req.descriptors = ptrs;
 	req.timeout_ms = a->timeout_ms;
@@ -537,24 +636,40 @@ static int passive(rsc_client *c, const char *method, const rsc_passive_args *a,
 			    0, st);
 	free(msgs);
 	free(ptrs);
+	sets_free(&ps);
 	return op_answer(rc, resp, out);
 }
 
 int rsc_create_readable(rsc_client *c, const rsc_passive_args *a, rsc_operation *out,
 			rsc_status *st)
 {
-	return passive(c, M("CreateReadable"), a, out, st);
+	return passive(c, M("CreateReadable"), a, NULL, 0, out, st);
 }
 
 int rsc_create_writable(rsc_client *c, const rsc_passive_args *a, rsc_operation *out,
 			rsc_status *st)
 {
-	return passive(c, M("CreateWritable"), a, out, st);
+	return passive(c, M("CreateWritable"), a, NULL, 0, out, st);
+}
+
+int rsc_create_readable_sets(rsc_client *c, const rsc_passive_args *a,
+			     const rsc_descriptor_set *sets, size_t n_sets, rsc_operation *out,
+			     rsc_status *st)
+{
+	return passive(c, M("CreateReadable"), a, sets, n_sets, out, st);
+}
+
+int rsc_create_writable_sets(rsc_client *c, const rsc_passive_args *a,
+			     const rsc_descriptor_set *sets, size_t n_sets, rsc_operation *out,
+			     rsc_status *st)
+{
+	return passive(c, M("CreateWritable"), a, sets, n_sets, out, st);
 }
 
 /* wait: one call to the final state (BeginTransferRequest.wait), bounded by call_timeout_ms. */
-static int begin(rsc_client *c, const char *method, const rsc_transfer_args *a, int wait,
-		 uint64_t call_timeout_ms, rsc_operation *out, rsc_status *st)
+static int begin_sets(rsc_client *c, const char *method, const rsc_transfer_args *a,
+		      const rsc_descriptor_set *sets, size_t n_sets, int wait,
+		      uint64_t call_timeout_ms, rsc_operation *out, rsc_status *st)
 {
 	if (!a || !a->metadata || !a->metadata[0])
 		return rsc_fail(st, RSC_INVALID_ARGUMENT,
@@ -562,9 +677,17 @@ static int begin(rsc_client *c, const char *method, const rsc_transfer_args *a, 
 	RdmaSidecar__V1__BeginTransferRequest req = RDMA_SIDECAR__V1__BEGIN_TRANSFER_REQUEST__INIT;
 	RdmaSidecar__V1__TransferRequirement reqm = RDMA_SIDECAR__V1__TRANSFER_REQUIREMENT__INIT;
 	RdmaSidecar__V1__Descriptor *msgs, **ptrs;
-	int rc = descs_to_pb(a->descriptors, a->n_descriptors, &msgs, &ptrs, st);
+	struct pb_sets ps;
+	int rc = sets_to_pb(sets, n_sets, &ps, st);
 	if (rc != RSC_OK)
 		return rc;
+	rc = descs_to_pb(a->descriptors, a->n_descriptors, &msgs, &ptrs, st);
+	if (rc != RSC_OK) {
+		sets_free(&ps);
+		return rc;
+	}
+	req.n_descriptor_sets = n_sets;
+	req.descriptor_sets = ps.ptrs;
 	req.metadata = (char *)a->metadata;
 	req.n_descriptors = a->n_descriptors;
 	req.descriptors = ptrs;
@@ -584,7 +707,40 @@ static int begin(rsc_client *c, const char *method, const rsc_transfer_args *a, 
 			    call_timeout_ms, st);
 	free(msgs);
 	free(ptrs);
+	sets_free(&ps);
 	return op_answer(rc, resp, out);
+}
+
+static int begin(rsc_client *c, const char *method, const rsc_transfer_args *a, int wait,
+		 uint64_t call_timeout_ms, rsc_operation *out, rsc_status *st)
+{
+	return begin_sets(c, method, a, NULL, 0, wait, call_timeout_ms, out, st);
+}
+
+int rsc_begin_read_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+			size_t n_sets, rsc_operation *out, rsc_status *st)
+{
+	return begin_sets(c, M("BeginRead"), a, sets, n_sets, 0, 0, out, st);
+}
+
+int rsc_begin_write_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+			 size_t n_sets, rsc_operation *out, rsc_status *st)
+{
+	return begin_sets(c, M("BeginWrite"), a, sets, n_sets, 0, 0, out, st);
+}
+
+int rsc_read_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+		  size_t n_sets, uint64_t timeout_ms, rsc_operation *out, rsc_status *st)
+{
+	return begin_sets(c, M("BeginRead"), a, sets, n_sets, 1, timeout_ms ? timeout_ms : 30000,
+			  out, st);
+}
+
+int rsc_write_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+		   size_t n_sets, uint64_t timeout_ms, rsc_operation *out, rsc_status *st)
+{
+	return begin_sets(c, M("BeginWrite"), a, sets, n_sets, 1, timeout_ms ? timeout_ms : 30000,
+			  out, st);
 }
 
 int rsc_begin_read(rsc_client *c, const rsc_transfer_args *a, rsc_operation *out, rsc_status *st)
@@ -792,14 +948,28 @@ int rsc_metadata_lengths(const char *metadata, uint64_t **lengths, size_t *n, in
 			      "metadata does not decode (truncated or not rsm1 text)");
 		goto out;
 	}
-	*lengths = calloc(md->n_descriptors ? md->n_descriptors : 1, sizeof(**lengths));
+	/* Version 1 lists descriptors; version 2 runs of `count` descriptors of one length. */
+	size_t total = md->n_descriptors;
+	for (size_t r = 0; r < md->n_runs; r++) {
+		total += md->runs[r]->count;
+		if (total > (1u << 20)) {
+			rc = rsc_fail(st, RSC_INVALID_ARGUMENT,
+				      "metadata lists more than 1048576 descriptors");
+			goto out;
+		}
+	}
+	*lengths = calloc(total ? total : 1, sizeof(**lengths));
 	if (!*lengths) {
 		rc = rsc_fail(st, RSC_RESOURCE_EXHAUSTED, "out of memory");
 		goto out;
 	}
 	for (size_t i = 0; i < md->n_descriptors; i++)
 		(*lengths)[i] = md->descriptors[i]->length;
-	*n = md->n_descriptors;
+	size_t at = md->n_descriptors;
+	for (size_t r = 0; r < md->n_runs; r++)
+		for (uint32_t k = 0; k < md->runs[r]->count; k++)
+			(*lengths)[at++] = md->runs[r]->length;
+	*n = total;
 	if (kind)
 		*kind = md->kind;
 	rsc_ok(st);

@@ -493,7 +493,7 @@ static int transfer(struct ctl *x, char **argv, int write)
 	rsc_status st;
 	rsc_region region = {0};
 	rsc_operation op = {0};
-	rsc_descriptor *d = NULL;
+	rsc_descriptor_set *sets = NULL;
 	uint64_t *lengths = NULL, total = 0;
 	size_t n = 0;
 	int kind = 0, rc = EXIT_FAILED;
@@ -554,17 +554,28 @@ static int transfer(struct ctl *x, char **argv, int write)
 			goto out;
 		}
 	}
-	d = calloc(n, sizeof(*d));
-	if (!d)
+	/* The local side back to back in the fresh region, as compact strided runs: one per stretch
+	 * of equal lengths (a KV-cache list of 16,384 blocks is one run). */
+	sets = calloc(n ? n : 1, sizeof(*sets));
+	if (!sets)
 		goto out;
-	for (size_t i = 0, off = 0; i < n; off += lengths[i], i++)
-		d[i] = (rsc_descriptor){
-		    .region_id = region.region_id, .offset = off, .length = lengths[i]};
+	size_t n_sets = 0;
+	for (size_t i = 0, off = 0; i < n;) {
+		size_t j = i + 1;
+		while (j < n && lengths[j] == lengths[i] && j - i < UINT32_MAX)
+			j++;
+		sets[n_sets++] =
+		    (rsc_descriptor_set){.kind = RSC_SET_STRIDED_RUN,
+					 .strided_run = {region.region_id, off, lengths[i],
+							 (uint32_t)(j - i), lengths[i]}};
+		off += lengths[i] * (j - i);
+		i = j;
+	}
 	uint64_t t = timeout_ms(x, 60);
-	rsc_transfer_args a = {
-	    .metadata = md, .descriptors = d, .n_descriptors = n, .timeout_ms = t};
+	rsc_transfer_args a = {.metadata = md, .timeout_ms = t};
 	double t0 = now_s();
-	int r = write ? rsc_write(x->c, &a, t, &op, &st) : rsc_read(x->c, &a, t, &op, &st);
+	int r = write ? rsc_write_sets(x->c, &a, sets, n_sets, t, &op, &st)
+		      : rsc_read_sets(x->c, &a, sets, n_sets, t, &op, &st);
 	double secs = now_s() - t0;
 	if (r != RSC_OK) {
 		fail(&st, what);
@@ -626,7 +637,7 @@ out:
 	rsc_operation_clear(&op);
 	rsc_region_clear(&region);
 	free(lengths);
-	free(d);
+	free(sets);
 	free(md);
 	return rc;
 }

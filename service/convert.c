@@ -35,6 +35,7 @@ void sc_pb_op_fill(struct sc_pb_op *p, const struct sc_op_info *info)
 	m->backend_reason = s(info->backend_reason);
 	m->uses_left = info->uses_left;
 	m->committed = info->committed;
+	m->descriptor_count = (uint32_t)info->desc_count;
 	if (info->err_code != SC_OK || info->err_msg[0]) {
 		rdma_sidecar__v1__operation_error__init(&p->error);
 		p->error.code = (int32_t)info->err_code;

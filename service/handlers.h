@@ -86,5 +86,11 @@ void sc_pb_region_fill(RdmaSidecar__V1__Region *m, const struct sc_region_info *
 /* Copy descriptors out of a request; *out malloc'd (free it). INVALID_ARGUMENT on bad ids. */
 int sc_pb_descs(RdmaSidecar__V1__Descriptor **in, size_t n, struct sc_desc **out,
 		struct sc_err *err);
+/* desc_lists.c: `plain` then every compact set, expanded in order; *out malloc'd (free it).
+ * RESOURCE_EXHAUSTED above `max` descriptors (checked before expanding), INVALID_ARGUMENT on a
+ * malformed set. */
+int sc_pb_desc_list(RdmaSidecar__V1__Descriptor **plain, size_t n_plain,
+		    RdmaSidecar__V1__DescriptorSet **sets, size_t n_sets, uint32_t max,
+		    struct sc_desc **out, size_t *n_out, struct sc_err *err);
 
 #endif

@@ -52,17 +52,21 @@ static void create_passive(struct sc_call *c, ProtobufCMessage *req, enum sc_op_
 	struct sc_err err;
 	sc_err_clear(&err);
 	struct sc_desc *descs;
-	if (sc_pb_descs(r->descriptors, r->n_descriptors, &descs, &err) != 0) {
+	size_t n_descs;
+	if (sc_pb_desc_list(r->descriptors, r->n_descriptors, r->descriptor_sets,
+			    r->n_descriptor_sets, sc_call_config(c)->max_descriptors, &descs,
+			    &n_descs, &err) != 0) {
 		sc_call_fail_err(c, &err);
 		return;
 	}
 	struct sc_passive_req pr = {
 		.descs = descs,
-		.n_descs = r->n_descriptors,
+		.n_descs = n_descs,
 		.timeout_ms = r->timeout_ms,
 		.audience = r->audience,
 		.max_uses = r->max_uses,
 		.request_id = r->request_id,
+		.omit_descs = r->n_descriptor_sets > 0,
 	};
 	struct sc_op_info info;
 	int rc = sc_op_create_passive(sc_call_engine(c), kind, &pr, &info, &err);
@@ -90,17 +94,21 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 	struct sc_err err;
 	sc_err_clear(&err);
 	struct sc_desc *descs;
-	if (sc_pb_descs(r->descriptors, r->n_descriptors, &descs, &err) != 0) {
+	size_t n_descs;
+	if (sc_pb_desc_list(r->descriptors, r->n_descriptors, r->descriptor_sets,
+			    r->n_descriptor_sets, sc_call_config(c)->max_descriptors, &descs,
+			    &n_descs, &err) != 0) {
 		sc_call_fail_err(c, &err);
 		return;
 	}
 	struct sc_active_req ar = {
 		.metadata = r->metadata,
 		.descs = descs,
-		.n_descs = r->n_descriptors,
+		.n_descs = n_descs,
 		.timeout_ms = r->timeout_ms,
 		.backend = (enum sc_backend_kind)r->backend,
 		.request_id = r->request_id,
+		.omit_descs = r->n_descriptor_sets > 0,
 	};
 	if (r->requirement) {
 		const char *rid = r->requirement->request_id ? r->requirement->request_id : "";

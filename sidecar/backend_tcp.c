@@ -69,6 +69,9 @@ struct tcp_xfer {
 	struct tcp_xfer *prev, *next; /* tb->live */
 	int endpoint; /* index into x->meta->endpoints of the one that answered; -1 before */
 
+	/* Pieces travel many per request (READV/WRITEV): the peer reads them (metadata version 2)
+	 * and every segment is host memory on both ends. Set at submit, read-only after. */
+	bool batch;
 	pthread_mutex_t cursor_mu; /* the next chunk: segment and offset in it */
 	size_t cur_seg;
 	uint64_t cur_off;
@@ -100,7 +103,12 @@ static inline struct tcp_backend *to_tcp(struct sc_backend *b)
 struct piece {
 	const struct sc_xfer_seg *seg;
 	uint64_t off; /* within the segment, which is also the offset in its remote descriptor */
-	uint64_t len;
+	uint64_t len; /* a batch: the pieces' total */
+	/* A batch (tx->batch): n pieces, each a (remote descriptor, offset, length) on the wire and
+	 * an iovec of local memory; both arrays belong to the stream (SC_PEER_MAX_PIECES each). */
+	uint32_t n;
+	struct sc_peer_piece *pp;
+	struct iovec *iov;
 };
 
 /* Move the cursor past segments it has used up; true when a piece is left. Under cursor_mu. */
@@ -119,7 +127,25 @@ static bool next_piece(struct tcp_xfer *tx, struct piece *p)
 	const struct sc_xfer *x = tx->x;
 	bool ok = false;
 	pthread_mutex_lock(&tx->cursor_mu);
-	if (cursor_at_piece_locked(tx)) {
+	if (tx->batch) {
+		/* Up to SC_PEER_MAX_PIECES pieces and --tcp-chunk-size bytes, in list order. */
+		uint64_t chunk = tx->tb->chunk;
+		p->n = 0;
+		p->len = 0;
+		while (p->n < SC_PEER_MAX_PIECES && p->len < chunk && cursor_at_piece_locked(tx)) {
+			const struct sc_xfer_seg *s = &x->segs[tx->cur_seg];
+			uint64_t left = s->len - tx->cur_off;
+			uint64_t take = left < chunk - p->len ? left : chunk - p->len;
+			p->pp[p->n] = (struct sc_peer_piece){
+			    .desc = s->remote_desc, .offset = tx->cur_off, .len = take};
+			p->iov[p->n] = (struct iovec){.iov_base = s->local + tx->cur_off,
+						      .iov_len = (size_t)take};
+			p->n++;
+			p->len += take;
+			tx->cur_off += take;
+		}
+		ok = p->n > 0;
+	} else if (cursor_at_piece_locked(tx)) {
 		const struct sc_xfer_seg *s = &x->segs[tx->cur_seg];
 		uint64_t left = s->len - tx->cur_off;
 		p->seg = s;
@@ -142,8 +168,14 @@ static bool pieces_left(struct tcp_xfer *tx)
 	return left;
 }
 
-static uint64_t count_chunks(const struct sc_xfer *x, uint64_t chunk)
+static uint64_t count_chunks(const struct tcp_xfer *tx, uint64_t chunk)
 {
+	const struct sc_xfer *x = tx->x;
+	if (tx->batch) { /* requests: by bytes, and by pieces */
+		uint64_t by_bytes = (x->total + chunk - 1) / chunk;
+		uint64_t by_pieces = (x->n_segs + SC_PEER_MAX_PIECES - 1) / SC_PEER_MAX_PIECES;
+		return by_bytes > by_pieces ? by_bytes : by_pieces;
+	}
 	uint64_t n = 0;
 	for (size_t i = 0; i < x->n_segs; i++)
 		n += (x->segs[i].len + chunk - 1) / chunk;
@@ -276,6 +308,12 @@ static int piece_send(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct 
 {
 	struct sc_xfer *x = tx->x;
 	const uint8_t *token = x->meta->token;
+	if (p->n && x->kind == SC_OP_READ)
+		return sc_peer_readv_send(c, token, x->xfer_id, p->pp, p->n, x->deadline_mono_ms,
+					  &x->cancel_requested, err);
+	if (p->n)
+		return sc_peer_writev_send(c, token, x->xfer_id, p->pp, p->n, p->iov,
+					   x->deadline_mono_ms, &x->cancel_requested, err);
 	if (x->kind == SC_OP_READ)
 		return sc_peer_read_send(c, token, x->xfer_id, p->seg->remote_desc, p->off, p->len,
 					 x->deadline_mono_ms, &x->cancel_requested, err);
@@ -293,6 +331,11 @@ static int piece_recv(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct 
 		      const struct io_bound *b, struct sc_err *err)
 {
 	struct sc_xfer *x = tx->x;
+	if (p->n && x->kind == SC_OP_READ)
+		return sc_peer_readv_recv(c, p->len, p->iov, p->n, b->deadline_mono_ms, b->cancel,
+					  err);
+	if (p->n)
+		return sc_peer_write_recv(c, b->deadline_mono_ms, b->cancel, err);
 	if (x->kind == SC_OP_READ && p->seg->local_gpu != SC_GPU_HOST)
 		return sc_peer_read_recv_gpu(c, p->len, p->seg->local + p->off, tx->tb->base.env.gpu,
 					     p->seg->local_gpu, b->deadline_mono_ms, b->cancel, err);
@@ -368,7 +411,21 @@ static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, i
 	struct sc_err err;
 	sc_err_clear(&err);
 	struct io_bound b = {.deadline_mono_ms = x->deadline_mono_ms, .cancel = &x->cancel_requested};
-	struct piece cur, next;
+	struct piece cur = {0}, next = {0};
+	void *arrays = NULL;
+	if (tx->batch) {
+		/* two batches' piece lists and iovecs: the one in flight and the next */
+		size_t one = SC_PEER_MAX_PIECES * (sizeof(struct sc_peer_piece) + sizeof(struct iovec));
+		arrays = malloc(2 * one);
+		if (!arrays) {
+			sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "out of memory");
+			goto out;
+		}
+		cur.pp = arrays;
+		cur.iov = (struct iovec *)(cur.pp + SC_PEER_MAX_PIECES);
+		next.pp = (struct sc_peer_piece *)((uint8_t *)arrays + one);
+		next.iov = (struct iovec *)(next.pp + SC_PEER_MAX_PIECES);
+	}
 	/* With DONE going early, the last data request waits for it: both leave in one segment. */
 	if (!next_piece(tx, &cur))
 		goto out;
@@ -400,7 +457,10 @@ static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, i
 		x->on_progress(x, cur.len);
 		if (!more)
 			break;
+		struct piece done_one = cur; /* its arrays take the next batch after this one */
 		cur = next;
+		next.pp = done_one.pp;
+		next.iov = done_one.iov;
 	}
 	if (tx->done_sent && err.code == SC_OK)
 		take_done_reply(c, &b, &err);
@@ -414,6 +474,7 @@ out:
 	if (err.code != SC_OK)
 		fail_xfer(tx, &err);
 	set_conn(tx, slot, NULL);
+	free(arrays);
 }
 
 /* ---- leading a transfer ---------------------------------------------------------------------- */
@@ -559,7 +620,7 @@ static void lead(struct tcp_xfer *tx)
 	struct tcp_backend *tb = tx->tb;
 	struct sc_err err;
 	sc_err_clear(&err);
-	uint64_t chunks = count_chunks(tx->x, tb->chunk);
+	uint64_t chunks = count_chunks(tx, tb->chunk);
 	uint32_t streams = chunks < tb->streams ? (uint32_t)chunks : tb->streams;
 	int open_pending = 0;
 	bool done_early = streams == 1 && done_can_go_early(tx->x);
@@ -662,6 +723,9 @@ static int tcp_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *er
 	tx->tb = tb;
 	tx->x = x;
 	tx->endpoint = -1;
+	tx->batch = x->meta->version >= 2;
+	for (size_t i = 0; tx->batch && i < x->n_segs; i++)
+		tx->batch = x->segs[i].local_gpu == SC_GPU_HOST && !x->segs[i].remote_gpu;
 	pthread_mutex_init(&tx->cursor_mu, NULL);
 	pthread_cond_init(&tx->helpers_cv, NULL);
 	atomic_init(&tx->bytes_moved, 0);

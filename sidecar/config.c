@@ -259,7 +259,9 @@ static const struct sc_option sc_options[] = {
 	{.id = OPT_MAX_OPERATIONS, .name = "max-operations", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "Limits", .help = "operations kept at once, live and retained", .def = "16384"},
 	{.id = OPT_MAX_DESCRIPTORS, .name = "max-descriptors", .arg = ARG_REQUIRED, .value = "N",
-	 .group = "Limits", .help = "descriptors per operation, 1-4096", .def = "4096"},
+	 .group = "Limits", .help = "descriptors per operation (plain or expanded from compact lists), "
+		 "1-1048576; each costs about 64 bytes while its operation lives",
+	 .def = "65536"},
 	{.id = OPT_MAX_TOTAL_REGION_BYTES, .name = "max-total-region-bytes", .arg = ARG_REQUIRED,
 	 .value = "SIZE", .group = "Limits",
 	 .help = "bytes of all regions together; 0 = unlimited (CreateRegion is still bounded "
@@ -1152,7 +1154,7 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 			cfg->max_operations = (uint32_t)n;
 		break;
 	case OPT_MAX_DESCRIPTORS:
-		rc = parse_int_range(v, 1, 4096, &n, err);
+		rc = parse_int_range(v, 1, SC_MAX_DESCRIPTORS, &n, err);
 		if (rc == 0)
 			cfg->max_descriptors = (uint32_t)n;
 		break;
@@ -1222,7 +1224,7 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->max_region_bytes = 64 * GIB;
 	cfg->max_regions = 4096;
 	cfg->max_operations = 16384;
-	cfg->max_descriptors = 4096;
+	cfg->max_descriptors = 65536;
 	cfg->max_total_region_bytes = 0;
 	cfg->unix_socket_mode = 0660;
 	return 0;

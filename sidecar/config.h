@@ -23,6 +23,8 @@ enum {
 };
 
 #define SC_MAX_GRPC_LISTENERS 8
+/* The largest --max-descriptors (descriptors per operation, plain or expanded). */
+#define SC_MAX_DESCRIPTORS 1048576
 #define SC_MAX_REGISTER_DIRS 16
 #define SC_MAX_ALLOWED_UIDS 32
 
@@ -66,7 +68,7 @@ struct sc_config {
 	size_t n_register_dirs;                       /* default: none (only --shm-dir) */
 	uint32_t max_regions;                         /* --max-regions, 4096 */
 	uint32_t max_operations;                      /* --max-operations (live + retained), 16384 */
-	uint32_t max_descriptors;                     /* --max-descriptors per operation, 4096 */
+	uint32_t max_descriptors;                     /* --max-descriptors per operation, 65536 */
 	uint64_t max_total_region_bytes;              /* --max-total-region-bytes; 0 = unlimited */
 	char *nats_subject_prefix;                    /* --nats-subject-prefix; NULL = any */
 	char *peer_tls_cert;                          /* --peer-tls-cert; NULL = no peer TLS */

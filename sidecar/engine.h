@@ -163,13 +163,14 @@ struct sc_op_info {
 	uint64_t deadline_unix_ms;
 	uint64_t completed_unix_ms;
 	char request_id[SC_NAME_MAX];
-	struct sc_desc *descs; /* owned */
+	struct sc_desc *descs; /* owned; none for an operation created with omit_descs */
 	size_t n_descs;
 	char backend_reason[256];
 	uint32_t uses_left;
 	/* Active and moving: the backend committed the transfer (struct sc_xfer.committed), so a
 	 * cancel no longer cuts it; it ends COMPLETE, or ERRORED by its deadline. */
 	bool committed;
+	size_t desc_count; /* the operation's (expanded) descriptors, also when descs is omitted */
 };
 void sc_op_info_free(struct sc_op_info *info);
 /* Deep copy; returns -1 on allocation failure. */
@@ -179,6 +180,9 @@ int sc_op_info_copy(struct sc_op_info *dst, const struct sc_op_info *src);
  * operation lives at most 7 days, and a client's 2^64-1 ("forever") means that. */
 #define SC_OP_TIMEOUT_MAX_MS (7ull * 24 * 3600 * 1000)
 
+/* ListOperations: a page ends before its operations list more descriptors than this. */
+#define SC_LIST_PAGE_DESCS 131072
+
 struct sc_passive_req {
 	const struct sc_desc *descs;
 	size_t n_descs;
@@ -186,6 +190,9 @@ struct sc_passive_req {
 	const char *audience;
 	uint32_t max_uses; /* 0 = 1 */
 	const char *request_id;
+	/* Created from compact lists: snapshots (GetOperation, Wait, Watch, List) carry desc_count
+	 * but not the expanded descriptors, which would repeat in every reply and progress update. */
+	bool omit_descs;
 };
 
 struct sc_requirement {
@@ -204,6 +211,7 @@ struct sc_active_req {
 	struct sc_requirement requirement;
 	enum sc_backend_kind backend; /* NONE = fastest both sides have */
 	const char *request_id;
+	bool omit_descs; /* as in sc_passive_req */
 };
 
 /* kind: SC_OP_READABLE or SC_OP_WRITABLE. */

@@ -8,6 +8,7 @@
  * error messages.
  */
 #include "metadata.h"
+#include "metadata_runs.h"
 
 #include "rdma_sidecar/v1/sidecar.pb-c.h"
 
@@ -96,6 +97,7 @@ int sc_metadata_sign(const struct sc_keyring *ring, const struct sc_metadata *md
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "too many descriptors");
 
 	int rc = -1;
+	struct sc_meta_runs runs = {0};
 	pb_desc *descs = NULL;
 	pb_desc **desc_ptrs = NULL;
 	uint8_t *payload = NULL, *envelope = NULL;
@@ -129,7 +131,13 @@ int sc_metadata_sign(const struct sc_keyring *ring, const struct sc_metadata *md
 		ib.device = (char *)md->ib.device;
 		m.ibverbs = &ib;
 	}
-	if (md->n_descs) {
+	if (m.version != 1) {
+		/* version 2 and later: runs (metadata_runs.c) */
+		if (sc_meta_runs_encode(md->descs, md->n_descs, &runs, err) != 0)
+			goto out;
+		m.n_runs = runs.n;
+		m.runs = runs.ptrs;
+	} else if (md->n_descs) {
 		descs = calloc(md->n_descs, sizeof(*descs));
 		desc_ptrs = calloc(md->n_descs, sizeof(*desc_ptrs));
 		if (!descs || !desc_ptrs) {
@@ -146,8 +154,10 @@ int sc_metadata_sign(const struct sc_keyring *ring, const struct sc_metadata *md
 			desc_ptrs[i] = &descs[i];
 		}
 	}
-	m.n_descriptors = md->n_descs;
-	m.descriptors = desc_ptrs;
+	if (m.version == 1) {
+		m.n_descriptors = md->n_descs;
+		m.descriptors = desc_ptrs;
+	}
 	m.issued_unix_ms = md->issued_unix_ms;
 	m.expires_unix_ms = md->expires_unix_ms;
 	m.nonce.data = (uint8_t *)md->nonce;
@@ -215,6 +225,7 @@ int sc_metadata_sign(const struct sc_keyring *ring, const struct sc_metadata *md
 	*text = t;
 	rc = 0;
 out:
+	sc_meta_runs_free(&runs);
 	free(envelope);
 	free(payload);
 	free(desc_ptrs);
@@ -262,7 +273,14 @@ static int metadata_from_pb(const pb_metadata *m, const char *key_id, struct sc_
 				  m->nonce.len, SC_TOKEN_LEN);
 	if (m->nonce.len)
 		memcpy(out->nonce, m->nonce.data, SC_TOKEN_LEN);
-	if (m->n_descriptors == 0)
+	if (m->version >= 2 && m->n_descriptors)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "metadata version %u has plain descriptors: it carries runs",
+				  m->version);
+	if (m->version == 1 && m->n_runs)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "metadata version 1 has runs: they need version 2");
+	if (m->version == 1 && m->n_descriptors == 0)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "metadata has no descriptors: nothing to transfer");
 	if (m->n_descriptors > SC_METADATA_MAX_DESCS)
@@ -331,6 +349,9 @@ static int metadata_from_pb(const pb_metadata *m, const char *key_id, struct sc_
 	out->max_uses = m->max_uses;
 	memcpy(out->key_id, key_id, strlen(key_id) + 1); /* sc_key_id_valid: fits */
 
+	if (m->version >= 2)
+		return sc_meta_runs_decode(m->runs, m->n_runs, SC_METADATA_MAX_DESCS, &out->descs,
+					   &out->n_descs, err);
 	out->descs = calloc(m->n_descriptors, sizeof(*out->descs));
 	if (!out->descs)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory verifying metadata");
@@ -445,11 +466,11 @@ static int verify(const struct sc_keyring *ring, const char *text, const char *s
 			   "incompatible with this one");
 		goto out;
 	}
-	if (m->version != SC_METADATA_VERSION) {
+	if (m->version < 1 || m->version > SC_METADATA_VERSION) {
 		*why = SC_MD_UNSUPPORTED_VERSION;
 		sc_err_set(err, SC_INVALID_ARGUMENT,
-			   "metadata version %u is not supported (this sidecar reads version %d): "
-			   "run the same sidecar version on both ends",
+			   "metadata version %u is not supported (this sidecar reads versions 1 to "
+			   "%d): run the same sidecar version on both ends",
 			   m->version, SC_METADATA_VERSION);
 		goto out;
 	}

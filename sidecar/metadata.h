@@ -25,10 +25,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SC_METADATA_VERSION 1
+/* Written: 2 (descriptors as runs); read: 1 and 2. md->version 1 writes the plain form. */
+#define SC_METADATA_VERSION 2
 #define SC_METADATA_PREFIX "rsm1."
 #define SC_METADATA_MAX_TEXT (256 * 1024)
-#define SC_METADATA_MAX_DESCS 4096
+#define SC_METADATA_MAX_DESCS 1048576 /* = SC_MAX_DESCRIPTORS */
 #define SC_METADATA_SKEW_MS 5000
 #define SC_TOKEN_LEN 16
 #define SC_MAX_ENDPOINTS 4

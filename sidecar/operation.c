@@ -146,7 +146,8 @@ static int op_fill_info(const struct sc_op *op, struct sc_op_info *info)
 	int rc = 0;
 	if (op->metadata && !(info->metadata = strdup(op->metadata)))
 		rc = -1;
-	if (op->n_descs) {
+	info->desc_count = op->n_descs;
+	if (op->n_descs && !op->omit_descs) {
 		info->descs = malloc(op->n_descs * sizeof(*info->descs));
 		if (info->descs) {
 			memcpy(info->descs, op->descs, op->n_descs * sizeof(*info->descs));
@@ -522,6 +523,7 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 		goto fail_unlocked_op;
 	if (copy_str(op->audience, sizeof(op->audience), req->audience, "audience", err) != 0)
 		goto fail;
+	op->omit_descs = req->omit_descs;
 	op->max_uses = req->max_uses ? req->max_uses : 1;
 	op->uses = calloc(op->max_uses, sizeof(*op->uses));
 	if (!op->uses) {
@@ -906,6 +908,7 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 		sc_metadata_free(&md);
 		return -1;
 	}
+	op->omit_descs = req->omit_descs;
 	op->meta = md;
 	op->meta_valid = true;
 	snprintf(op->peer, sizeof(op->peer), "%s", md.issuer);
@@ -1436,6 +1439,19 @@ int sc_op_list_page(struct sc_engine *eng, const char *after, size_t limit,
 		return -1;
 	}
 	size_t take = found < limit ? found : limit;
+	/* A page also ends before its operations' descriptors pass SC_LIST_PAGE_DESCS (each is ~35
+	 * bytes on the wire: pages stay well under --max-message-size with 65,536-descriptor
+	 * operations); it always holds at least one operation. */
+	size_t descs = 0;
+	for (size_t i = 0; i < take; i++) {
+		const struct sc_op *o = items[i];
+		size_t d = o->omit_descs ? 0 : o->n_descs;
+		if (i > 0 && descs + d > SC_LIST_PAGE_DESCS) {
+			take = i;
+			break;
+		}
+		descs += d;
+	}
 	struct sc_op_info *infos = calloc(take ? take : 1, sizeof(*infos));
 	for (size_t i = 0; infos && i < take; i++)
 		(void)op_fill_info(items[i], &infos[i]); /* -1: usable, without metadata */

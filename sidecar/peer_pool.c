@@ -721,6 +721,89 @@ int sc_peer_read_into(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LE
 	return sc_peer_read_recv(conn, len, dst, deadline_mono_ms, cancel, err);
 }
 
+/* READV / WRITEV: the frame (header and piece list, up to ~20 KiB) and, for WRITEV, the pieces'
+ * bytes gathered straight from local memory in the same sendmsg calls. */
+static int send_pieces(struct sc_peer_conn *c, enum sc_frame_type type,
+		       const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+		       const struct sc_peer_piece *pieces, uint32_t n, const struct iovec *src,
+		       const struct sc_peer_wait *w, struct sc_err *err)
+{
+	if (n == 0 || n > SC_PEER_MAX_PIECES)
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "%s of %u pieces: 1..%d",
+				  sc_frame_type_name(type), n, SC_PEER_MAX_PIECES);
+	struct sc_peer_msg m;
+	fill_ref(&m, type, token, xfer_id);
+	m.piece_list = pieces;
+	m.n_pieces = n;
+	size_t cap = SC_PEER_HDR_LEN + 32 + (size_t)n * SC_PEER_PIECE_WIRE;
+	uint8_t *frame = malloc(cap);
+	struct iovec *iov = malloc(sizeof(*iov) * (src ? n + 1 : 1));
+	if (!frame || !iov) {
+		free(frame);
+		free(iov);
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	}
+	size_t len = sc_peer_encode(&m, frame, cap);
+	if (len == 0) {
+		free(frame);
+		free(iov);
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "%s request does not encode",
+				  sc_frame_type_name(type));
+	}
+	iov[0] = (struct iovec){.iov_base = frame, .iov_len = len};
+	if (src)
+		memcpy(&iov[1], src, sizeof(*iov) * n);
+	struct sc_peer_wait held = *w;
+	held.more = w->more || c->hold_next;
+	c->hold_next = false;
+	c->held = held.more;
+	int e;
+	enum sc_peer_io rc = sc_peer_sendv_all(c->fd, iov, src ? (int)n + 1 : 1, &held, NULL, &e);
+	free(frame);
+	free(iov);
+	if (rc != SC_PEER_IO_OK) {
+		sc_peer_io_err(rc, e, c->what, err);
+		return io_fail(c, rc, err);
+	}
+	c->outstanding++;
+	return 0;
+}
+
+int sc_peer_readv_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		       uint64_t xfer_id, const struct sc_peer_piece *pieces, uint32_t n,
+		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	return send_pieces(conn, SC_FRAME_READV, token, xfer_id, pieces, n, NULL, &w, err);
+}
+
+int sc_peer_readv_recv(struct sc_peer_conn *conn, uint64_t total, struct iovec *iov, uint32_t n,
+		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	if (recv_data_header(conn, total, &w, err) != 0)
+		return -1;
+	int e;
+	enum sc_peer_io rc = sc_peer_recvv_all(conn->fd, iov, (int)n, &w, NULL, &e);
+	if (rc != SC_PEER_IO_OK) {
+		sc_peer_io_err(rc, e, conn->what, err);
+		return io_fail(conn, rc, err);
+	}
+	return 0;
+}
+
+int sc_peer_writev_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+			uint64_t xfer_id, const struct sc_peer_piece *pieces, uint32_t n,
+			const struct iovec *iov, uint64_t deadline_mono_ms,
+			const atomic_bool *cancel, struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	if (send_pieces(conn, SC_FRAME_WRITEV, token, xfer_id, pieces, n, iov, &w, err) == 0)
+		return 0;
+	refused_write_reason(conn, cancel, err);
+	return -1;
+}
+
 int sc_peer_write_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
 		       uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len,
 		       const uint8_t *src, uint64_t deadline_mono_ms, const atomic_bool *cancel,

@@ -21,12 +21,14 @@
 
 #include "engine.h"
 #include "metadata.h"
+#include "peer_proto.h"
 #include "status.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 struct sc_peer_pool;
 struct sc_peer_conn;
@@ -132,6 +134,21 @@ int sc_peer_write_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
 		       struct sc_err *err);
 int sc_peer_write_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
 		       const atomic_bool *cancel, struct sc_err *err);
+/*
+ * Many pieces per request (READV / WRITEV; only to a sidecar whose metadata is version 2 or later,
+ * host memory on both ends). readv: the reply's bytes are scattered straight into iov (the
+ * pieces' local memory, in order, total bytes); writev: iov (n entries) is gathered straight from
+ * local memory behind the request. Replies as sc_peer_read_recv / sc_peer_write_recv.
+ */
+int sc_peer_readv_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		       uint64_t xfer_id, const struct sc_peer_piece *pieces, uint32_t n,
+		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
+int sc_peer_readv_recv(struct sc_peer_conn *conn, uint64_t total, struct iovec *iov, uint32_t n,
+		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
+int sc_peer_writev_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+			uint64_t xfer_id, const struct sc_peer_piece *pieces, uint32_t n,
+			const struct iovec *iov, uint64_t deadline_mono_ms,
+			const atomic_bool *cancel, struct sc_err *err);
 /* sc_peer_read_recv / sc_peer_write_send for GPU memory (device dev): the bytes go through
  * pinned host buffers (peer_stage.h); a READ returns once they are all in GPU memory. Any failure
  * leaves the connection broken. */

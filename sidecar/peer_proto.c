@@ -12,6 +12,7 @@
 #include "timer.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,8 @@ static const char *const frame_names[] = {
 	[SC_FRAME_READ] = "READ",	    [SC_FRAME_DATA] = "DATA",
 	[SC_FRAME_WRITE] = "WRITE",	    [SC_FRAME_DONE] = "DONE",
 	[SC_FRAME_PING] = "PING",	    [SC_FRAME_PONG] = "PONG",
-	[SC_FRAME_QP_CONNECT] = "QP_CONNECT",
+	[SC_FRAME_QP_CONNECT] = "QP_CONNECT", [SC_FRAME_READV] = "READV",
+	[SC_FRAME_WRITEV] = "WRITEV",
 };
 
 const char *sc_frame_type_name(unsigned type)
@@ -121,6 +123,21 @@ size_t sc_peer_encode(const struct sc_peer_msg *m, uint8_t *buf, size_t cap)
 		put_uint(&b, m->desc, 4);
 		put_uint(&b, m->offset, 8);
 		put_uint(&b, m->len, 8);
+		break;
+	case SC_FRAME_READV:
+	case SC_FRAME_WRITEV:
+		if (m->n_pieces == 0 || m->n_pieces > SC_PEER_MAX_PIECES ||
+		    (!m->piece_list && !m->pieces_wire))
+			return 0;
+		put_xfer_ref(&b, m);
+		put_uint(&b, m->n_pieces, 4);
+		if (!m->piece_list) /* a decoded message: its pieces as they came */
+			put_bytes(&b, m->pieces_wire, (size_t)m->n_pieces * SC_PEER_PIECE_WIRE);
+		for (uint32_t i = 0; m->piece_list && i < m->n_pieces; i++) {
+			put_uint(&b, m->piece_list[i].desc, 4);
+			put_uint(&b, m->piece_list[i].offset, 8);
+			put_uint(&b, m->piece_list[i].len, 8);
+		}
 		break;
 	case SC_FRAME_DATA:
 		put_uint(&b, m->len, 8);
@@ -291,6 +308,26 @@ int sc_peer_decode_body(unsigned type, const uint8_t *body, size_t len, struct s
 		if (!b.bad && (m->len == 0 || m->len > SC_PEER_MAX_BULK))
 			b.bad = "length (must be 1 byte .. 1 GiB)";
 		break;
+	case SC_FRAME_READV:
+	case SC_FRAME_WRITEV: {
+		get_xfer_ref(&b, m);
+		m->n_pieces = (uint32_t)get_uint(&b, 4, "piece count");
+		if (!b.bad && (m->n_pieces == 0 || m->n_pieces > SC_PEER_MAX_PIECES)) {
+			b.bad = "piece count (must be 1 .. 1024)";
+			break;
+		}
+		m->pieces_wire = get_bytes(&b, (size_t)m->n_pieces * SC_PEER_PIECE_WIRE, "pieces");
+		m->len = 0;
+		for (uint32_t i = 0; !b.bad && i < m->n_pieces; i++) {
+			struct sc_peer_piece p = sc_peer_piece_at(m, i);
+			if (p.len == 0 || p.len > SC_PEER_MAX_BULK - m->len)
+				b.bad = "piece length (each at least 1 byte, all together at most "
+					"1 GiB)";
+			else
+				m->len += p.len;
+		}
+		break;
+	}
 	case SC_FRAME_DATA:
 		m->len = get_uint(&b, 8, "length");
 		if (!b.bad && m->len > SC_PEER_MAX_BULK)
@@ -322,6 +359,17 @@ int sc_peer_decode_body(unsigned type, const uint8_t *body, size_t len, struct s
 				  "protocol error: %s frame: %zu unexpected trailing bytes",
 				  sc_frame_type_name(type), b.len - b.off);
 	return 0;
+}
+
+struct sc_peer_piece sc_peer_piece_at(const struct sc_peer_msg *m, uint32_t i)
+{
+	struct rbuf b = {.p = m->pieces_wire + (size_t)i * SC_PEER_PIECE_WIRE,
+			 .len = SC_PEER_PIECE_WIRE};
+	struct sc_peer_piece p;
+	p.desc = (uint32_t)get_uint(&b, 4, "descriptor");
+	p.offset = get_uint(&b, 8, "offset");
+	p.len = get_uint(&b, 8, "length");
+	return p;
 }
 
 enum sc_status sc_peer_status_from_wire(uint32_t code)
@@ -426,6 +474,59 @@ out:
 	return rc;
 }
 
+enum sc_peer_io sc_peer_recvv_all(int fd, struct iovec *iov, int iovcnt,
+				  const struct sc_peer_wait *w, size_t *got, int *errno_out)
+{
+	size_t done = 0;
+	uint64_t progress_ms = (w && w->stall_ms) ? sc_clock_mono_ms() : 0;
+	enum sc_peer_io rc = SC_PEER_IO_OK;
+	*errno_out = 0;
+	if ((rc = wait_check(w, progress_ms)) != SC_PEER_IO_OK)
+		goto out;
+	bool tls = sc_peer_tls_user_rx(fd); /* TLS without kernel offload for receiving */
+	while (iovcnt > 0) {
+		if (iov->iov_len == 0) {
+			iov++;
+			iovcnt--;
+			continue;
+		}
+		struct msghdr mh = {.msg_iov = iov,
+				    .msg_iovlen = (size_t)(iovcnt < IOV_MAX ? iovcnt : IOV_MAX)};
+		ssize_t n = tls ? sc_peer_tls_recv(fd, iov->iov_base, iov->iov_len)
+				: recvmsg(fd, &mh, MSG_WAITALL);
+		if (n > 0) {
+			done += (size_t)n;
+			size_t left = (size_t)n;
+			while (iovcnt > 0 && left >= iov->iov_len) {
+				left -= iov->iov_len;
+				iov->iov_len = 0;
+				iov++;
+				iovcnt--;
+			}
+			if (iovcnt == 0)
+				break;
+			iov->iov_base = (uint8_t *)iov->iov_base + left;
+			iov->iov_len -= left;
+			if (w && w->stall_ms)
+				progress_ms = sc_clock_mono_ms();
+		} else if (n == 0) {
+			rc = SC_PEER_IO_EOF;
+			goto out;
+		} else if (errno == EINTR) {
+			continue;
+		} else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+			rc = classify_errno(errno, errno_out);
+			goto out;
+		}
+		if ((rc = wait_check(w, progress_ms)) != SC_PEER_IO_OK)
+			goto out;
+	}
+out:
+	if (got)
+		*got = done;
+	return rc;
+}
+
 enum sc_peer_io sc_peer_sendv_all(int fd, struct iovec *iov, int iovcnt,
 				  const struct sc_peer_wait *w, size_t *sent, int *errno_out)
 {
@@ -442,7 +543,8 @@ enum sc_peer_io sc_peer_sendv_all(int fd, struct iovec *iov, int iovcnt,
 			iovcnt--;
 			continue;
 		}
-		struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
+		struct msghdr mh = {.msg_iov = iov,
+				    .msg_iovlen = (size_t)(iovcnt < IOV_MAX ? iovcnt : IOV_MAX)};
 		ssize_t n = tls ? sc_peer_tls_send(fd, iov->iov_base, iov->iov_len)
 				: sendmsg(fd, &mh, MSG_NOSIGNAL | (w && w->more ? MSG_MORE : 0));
 		if (n > 0) {

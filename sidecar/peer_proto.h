@@ -25,6 +25,15 @@
  *   DONE        token[16], xfer_id u64, status u32, msg                  OK | ERROR
  *   PING        cookie u64                                               PONG (same cookie)
  *   QP_CONNECT  opaque (the ibverbs backend's rendezvous)                QP_CONNECT | ERROR
+ *   READV       token[16], xfer_id u64, n u32, n x {desc u32, offset u64, len u64}
+ *                                                                        DATA + bulk | ERROR
+ *   WRITEV      as READV, + the pieces' bytes in order as one bulk       OK | ERROR (then closed)
+ *
+ * READV/WRITEV (many pieces per request, 1..SC_PEER_MAX_PIECES, host memory on both ends, the
+ * bulk being every piece's bytes back to back, at most SC_PEER_MAX_BULK) are sent only to a
+ * sidecar whose metadata is version 2 or later: the serving side is always the metadata's
+ * issuer, so its metadata version says it reads them. An older sidecar issues version 1
+ * metadata and is sent single-piece READ/WRITE as before; the frame version stays 1.
  *
  * Hello proofs (HMAC-SHA256 with the key named by the client's key_id; ids NUL-terminated in the
  * transcript so no two (client_id, server_id) pairs share one):
@@ -74,7 +83,19 @@ enum sc_frame_type {
 	SC_FRAME_PING = 11,
 	SC_FRAME_PONG = 12,
 	SC_FRAME_QP_CONNECT = 13,
-	SC_FRAME_TYPE_MAX = SC_FRAME_QP_CONNECT,
+	SC_FRAME_READV = 14,
+	SC_FRAME_WRITEV = 15,
+	SC_FRAME_TYPE_MAX = SC_FRAME_WRITEV,
+};
+
+/* Pieces per READV/WRITEV: one iovec each, plus the frame header, within IOV_MAX calls. */
+#define SC_PEER_MAX_PIECES 1024
+#define SC_PEER_PIECE_WIRE 20 /* desc u32, offset u64, len u64 */
+
+struct sc_peer_piece {
+	uint32_t desc;
+	uint64_t offset;
+	uint64_t len;
 };
 
 /* "READ", "QP_CONNECT"; "UNKNOWN" otherwise. */
@@ -109,7 +130,15 @@ struct sc_peer_msg {
 	uint64_t cookie;           /* PING, PONG */
 	const uint8_t *opaque;     /* QP_CONNECT: points into the encoded/decoded buffer */
 	size_t opaque_len;
+	/* READV, WRITEV: encode reads piece_list (or, when NULL, pieces_wire as is); decode sets
+	 * pieces_wire (into the body: read each with sc_peer_piece_at) and len = the total. */
+	const struct sc_peer_piece *piece_list;
+	const uint8_t *pieces_wire;
+	uint32_t n_pieces;
 };
+
+/* Piece i of a decoded READV/WRITEV. */
+struct sc_peer_piece sc_peer_piece_at(const struct sc_peer_msg *m, uint32_t i);
 
 /* Encode header + body of m into buf. Returns the frame length, or 0 when it does not fit (cap)
  * or a field is out of range (string too long, body over SC_PEER_MAX_BODY). */
@@ -155,7 +184,11 @@ int sc_peer_tune_socket(int fd);
 /* Receive exactly len bytes. */
 enum sc_peer_io sc_peer_recv_all(int fd, void *buf, size_t len, const struct sc_peer_wait *w,
 				 size_t *got, int *errno_out);
-/* Send every byte of the iovecs (modified: advanced past what was sent). MSG_NOSIGNAL. */
+/* Receive exactly the iovecs' bytes, scattered (recvmsg; modified: advanced past what came). */
+enum sc_peer_io sc_peer_recvv_all(int fd, struct iovec *iov, int iovcnt,
+				  const struct sc_peer_wait *w, size_t *got, int *errno_out);
+/* Send every byte of the iovecs (modified: advanced past what was sent). MSG_NOSIGNAL. Any
+ * iovcnt: sendmsg is given at most IOV_MAX at a time. */
 enum sc_peer_io sc_peer_sendv_all(int fd, struct iovec *iov, int iovcnt,
 				  const struct sc_peer_wait *w, size_t *sent, int *errno_out);
 /* Fill err for a failed I/O: EOF/ERRNO -> UNAVAILABLE, DEADLINE -> DEADLINE_EXCEEDED,

@@ -329,7 +329,8 @@ static bool next_request_prompt(const struct conn *c)
 	ssize_t n = recv(c->fd, peek, sizeof(peek), MSG_PEEK | MSG_DONTWAIT);
 	if (n < 2 || peek[0] != SC_PEER_VERSION)
 		return false;
-	if (peek[1] == SC_FRAME_OPEN || peek[1] == SC_FRAME_READ || peek[1] == SC_FRAME_DONE)
+	if (peek[1] == SC_FRAME_OPEN || peek[1] == SC_FRAME_READ || peek[1] == SC_FRAME_READV ||
+	    peek[1] == SC_FRAME_DONE)
 		return true;
 	struct sc_frame_hdr h;
 	struct sc_peer_msg m;
@@ -520,6 +521,145 @@ static int serve_write(struct conn *c, const struct sc_peer_msg *m, char *why, s
 	return reply_ok(c, why, why_cap);
 }
 
+/* ---- many pieces per request (READV, WRITEV) ------------------------------------------------- */
+
+static void release_spans(struct sc_engine *eng, struct sc_span *spans, size_t n, uint64_t moved)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint64_t k = moved < spans[i].len ? moved : spans[i].len;
+		moved -= k;
+		sc_passive_span_release(eng, &spans[i], k);
+	}
+}
+
+/* Pin every piece of a READV/WRITEV (host memory only) into *spans / *iov, in order. */
+static int pin_pieces(struct conn *c, const struct sc_peer_msg *m, enum sc_op_kind kind,
+		      struct sc_span **spans_out, struct iovec **iov_out, size_t *n_out,
+		      struct sc_err *err)
+{
+	struct sc_engine *eng = c->srv->eng;
+	size_t cap = m->n_pieces, n = 0;
+	struct sc_span *spans = malloc(cap * sizeof(*spans));
+	if (!spans)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "sidecar out of memory");
+	for (uint32_t i = 0; i < m->n_pieces; i++) {
+		struct sc_peer_piece p = sc_peer_piece_at(m, i);
+		for (uint64_t done = 0; done < p.len;) {
+			if (n == cap) {
+				struct sc_span *more = realloc(spans, 2 * cap * sizeof(*spans));
+				if (!more) {
+					sc_err_set(err, SC_RESOURCE_EXHAUSTED, "sidecar out of memory");
+					goto fail;
+				}
+				spans = more;
+				cap *= 2;
+			}
+			struct sc_span *sp = &spans[n];
+			if (sc_passive_span(eng, m->token, m->xfer_id, kind, p.desc, p.offset + done,
+					    p.len - done, sp, err) != 0) {
+				sc_err_prefix(err, "piece %u", i);
+				goto fail;
+			}
+			n++;
+			if (sp->gpu != SC_GPU_HOST) {
+				sc_err_set(err, SC_INVALID_ARGUMENT,
+					   "piece %u: %s of GPU memory: send READ/WRITE per piece", i,
+					   sc_frame_type_name(m->type));
+				goto fail;
+			}
+			if (sp->len == 0 || sp->len > p.len - done) {
+				sc_err_set(err, SC_INTERNAL, "engine returned a span of %" PRIu64
+					   " bytes for %" PRIu64, sp->len, p.len - done);
+				goto fail;
+			}
+			done += sp->len;
+		}
+	}
+	struct iovec *iov = malloc((n ? n : 1) * sizeof(*iov));
+	if (!iov) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "sidecar out of memory");
+		goto fail;
+	}
+	for (size_t i = 0; i < n; i++)
+		iov[i] = (struct iovec){.iov_base = spans[i].addr, .iov_len = spans[i].len};
+	*spans_out = spans;
+	*iov_out = iov;
+	*n_out = n;
+	return 0;
+fail:
+	release_spans(eng, spans, n, 0);
+	free(spans);
+	return -1;
+}
+
+/* READV: the DATA header, then every piece gathered straight from region memory (sendmsg with
+ * up to IOV_MAX iovecs per call). */
+static int serve_readv(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
+{
+	struct sc_err err;
+	sc_err_clear(&err);
+	struct sc_span *spans = NULL;
+	struct iovec *iov = NULL;
+	size_t n = 0;
+	if (!opened_here(c, m, SC_OP_READ, &err) ||
+	    pin_pieces(c, m, SC_OP_READ, &spans, &iov, &n, &err) != 0)
+		return reply_error(c, &err, why, why_cap);
+	struct sc_peer_msg data = {.type = SC_FRAME_DATA, .len = m->len};
+	uint8_t hdr[32];
+	size_t hdr_len = sc_peer_encode(&data, hdr, sizeof(hdr));
+	struct sc_peer_wait w;
+	busy_wait(c, &w);
+	w.more = next_request_prompt(c);
+	struct iovec first = {.iov_base = hdr, .iov_len = hdr_len};
+	size_t sent = 0;
+	int e = 0;
+	enum sc_peer_io rc = sc_peer_sendv_all(c->fd, &first, 1, &w, &sent, &e);
+	if (rc == SC_PEER_IO_OK)
+		rc = sc_peer_sendv_all(c->fd, iov, (int)n, &w, &sent, &e);
+	else
+		sent = 0;
+	release_spans(c->srv->eng, spans, n, sent);
+	free(spans);
+	free(iov);
+	if (rc != SC_PEER_IO_OK) {
+		sc_peer_io_err(rc, e, c->what, &err);
+		snprintf(why, why_cap, "sending READV data failed: %s", err.msg);
+		return -1;
+	}
+	return 0;
+}
+
+/* WRITEV: the bulk scattered straight into region memory (recvmsg), then OK. */
+static int serve_writev(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
+{
+	struct sc_err err;
+	sc_err_clear(&err);
+	struct sc_span *spans = NULL;
+	struct iovec *iov = NULL;
+	size_t n = 0;
+	if (!opened_here(c, m, SC_OP_WRITE, &err) ||
+	    pin_pieces(c, m, SC_OP_WRITE, &spans, &iov, &n, &err) != 0) {
+		/* Refused: the bulk bytes that follow are not read; the connection ends. */
+		reply_error(c, &err, why, why_cap);
+		snprintf(why, why_cap, "refused a WRITEV: %s", err.msg);
+		return -1;
+	}
+	struct sc_peer_wait w;
+	busy_wait(c, &w);
+	size_t got = 0;
+	int e = 0;
+	enum sc_peer_io rc = sc_peer_recvv_all(c->fd, iov, (int)n, &w, &got, &e);
+	release_spans(c->srv->eng, spans, n, got);
+	free(spans);
+	free(iov);
+	if (rc != SC_PEER_IO_OK) {
+		sc_peer_io_err(rc, e, c->what, &err);
+		snprintf(why, why_cap, "receiving WRITEV data failed: %s", err.msg);
+		return -1;
+	}
+	return reply_ok(c, why, why_cap);
+}
+
 static int serve_done(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
 {
 	struct sc_err err;
@@ -613,6 +753,12 @@ static void serve(struct conn *c, char *why, size_t why_cap)
 			break;
 		case SC_FRAME_WRITE:
 			rc = serve_write(c, &m, why, why_cap);
+			break;
+		case SC_FRAME_READV:
+			rc = serve_readv(c, &m, why, why_cap);
+			break;
+		case SC_FRAME_WRITEV:
+			rc = serve_writev(c, &m, why, why_cap);
 			break;
 		case SC_FRAME_DONE:
 			rc = serve_done(c, &m, why, why_cap);

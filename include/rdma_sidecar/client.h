@@ -279,6 +279,60 @@ int rsc_create_writable(rsc_client *c, const rsc_passive_args *a, rsc_operation 
 int rsc_begin_read(rsc_client *c, const rsc_transfer_args *a, rsc_operation *out, rsc_status *st);
 int rsc_begin_write(rsc_client *c, const rsc_transfer_args *a, rsc_operation *out, rsc_status *st);
 
+/*
+ * Compact descriptor lists (KV-cache layouts; sidecar.proto BlockList / StridedRun). The *_sets
+ * calls take the same arguments plus `sets`, expanded in order after a->descriptors (which may be
+ * empty); the two sides of a transfer may use different forms as long as the expanded counts and
+ * lengths match. An operation created with sets reports no descriptors (n_descriptors 0): its list
+ * is what the sets expand to.
+ */
+typedef struct rsc_block_list {
+	const char *const *region_ids; /* one per layer tensor, in order */
+	size_t n_region_ids;
+	uint64_t block_length;
+	/* Exactly one of: byte offsets in each region, or block ids with
+	 * offset = base_offset + id * block_stride (block_stride 0 = block_length). */
+	const uint64_t *offsets;
+	size_t n_offsets;
+	const uint64_t *block_ids;
+	size_t n_block_ids;
+	uint64_t block_stride;
+	uint64_t base_offset;
+} rsc_block_list;
+
+typedef struct rsc_strided_run {
+	const char *region_id;
+	uint64_t offset;
+	uint64_t stride;
+	uint32_t count;
+	uint64_t length;
+} rsc_strided_run;
+
+enum rsc_set_kind { RSC_SET_DESCRIPTOR = 1, RSC_SET_BLOCK_LIST = 2, RSC_SET_STRIDED_RUN = 3 };
+
+typedef struct rsc_descriptor_set {
+	int kind; /* enum rsc_set_kind: which member is used */
+	rsc_descriptor descriptor;
+	rsc_block_list block_list;
+	rsc_strided_run strided_run;
+} rsc_descriptor_set;
+
+int rsc_create_readable_sets(rsc_client *c, const rsc_passive_args *a,
+			     const rsc_descriptor_set *sets, size_t n_sets, rsc_operation *out,
+			     rsc_status *st);
+int rsc_create_writable_sets(rsc_client *c, const rsc_passive_args *a,
+			     const rsc_descriptor_set *sets, size_t n_sets, rsc_operation *out,
+			     rsc_status *st);
+int rsc_begin_read_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+			size_t n_sets, rsc_operation *out, rsc_status *st);
+int rsc_begin_write_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+			 size_t n_sets, rsc_operation *out, rsc_status *st);
+/* One round trip to the final state (as rsc_read / rsc_write), with sets. */
+int rsc_read_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+		  size_t n_sets, uint64_t timeout_ms, rsc_operation *out, rsc_status *st);
+int rsc_write_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+		   size_t n_sets, uint64_t timeout_ms, rsc_operation *out, rsc_status *st);
+
 int rsc_operation_get(rsc_client *c, const char *operation_id, rsc_operation *out, rsc_status *st);
 /* Returns when the operation is terminal or after timeout_ms (then still RSC_OK: compare status).
  */

@@ -259,6 +259,47 @@ int main(int argc, char **argv)
 	rsc_operation_clear(&act);
 	rsc_operation_clear(&op);
 
+	/* Compact lists: a block list (block ids 9, 2, 5 of 1,000 bytes, 4,096 apart, from offset
+	 * 11) on a, read with one strided run on b; then bad sets refused with the set's index. */
+	fill((unsigned char *)ma, MIB, 3);
+	memset(mb, 0, MIB);
+	const char *rids[] = {ra.region_id};
+	const uint64_t ids[] = {9, 2, 5};
+	rsc_descriptor_set bl = {.kind = RSC_SET_BLOCK_LIST,
+				 .block_list = {.region_ids = rids,
+						.n_region_ids = 1,
+						.block_length = 1000,
+						.block_ids = ids,
+						.n_block_ids = 3,
+						.block_stride = 4096,
+						.base_offset = 11}};
+	OK(rsc_create_readable_sets(a, &(rsc_passive_args){.timeout_ms = 30000}, &bl, 1, &op, &st));
+	CHECK(op.n_descriptors == 0 && op.bytes_total == 3000, "compact op: %zu descriptors, %llu",
+	      op.n_descriptors, (unsigned long long)op.bytes_total);
+	OK(rsc_metadata_lengths(op.metadata, &lens, &nlens, &kind, &st));
+	CHECK(nlens == 3 && lens[0] == 1000 && lens[2] == 1000, "compact lengths %zu", nlens);
+	free(lens);
+	rsc_descriptor_set run = {.kind = RSC_SET_STRIDED_RUN,
+				  .strided_run = {rb.region_id, 5, 1001, 3, 1000}};
+	ta = (rsc_transfer_args){.metadata = op.metadata, .timeout_ms = 30000};
+	OK(rsc_read_sets(b, &ta, &run, 1, 30000, &act, &st));
+	CHECK(act.status == RSC_STATUS_COMPLETE && act.bytes_done == 3000, "compact read %s %s",
+	      rsc_op_status_name(act.status), act.error_message);
+	for (int k = 0; k < 3; k++)
+		CHECK(memcmp((char *)mb + 5 + 1001 * k, (char *)ma + 11 + ids[k] * 4096, 1000) == 0,
+		      "compact read: block %d differs", k);
+	CHECK(((char *)mb)[4] == 0 && ((char *)mb)[1005] == 0, "bytes between the blocks changed");
+	rsc_operation_clear(&act);
+	rsc_operation_clear(&op);
+	rsc_descriptor_set bad[2] = {run, {.kind = 7}};
+	CODE(rsc_create_readable_sets(a, &(rsc_passive_args){0}, bad, 2, &op, &st),
+	     RSC_INVALID_ARGUMENT, "sets[1]: kind 7");
+	bad[1] = (rsc_descriptor_set){.kind = RSC_SET_STRIDED_RUN,
+				      .strided_run = {ra.region_id, 0, 8, 0, 8}};
+	bad[0].strided_run.region_id = ra.region_id;
+	CODE(rsc_create_readable_sets(a, &(rsc_passive_args){0}, bad, 2, &op, &st),
+	     RSC_INVALID_ARGUMENT, "descriptor_sets[1]: strided_run.count is 0");
+
 	/* Cancel, a deregister refused while an operation is live, and forced. */
 	OK(rsc_create_readable(a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 1}, &op,
 			       &st));

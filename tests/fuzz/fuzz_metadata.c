@@ -83,7 +83,7 @@ static char *sign_payload(const char *key_id, const uint8_t *payload, size_t len
 
 static void check_invariants(const struct sc_metadata *md)
 {
-	if (md->version != SC_METADATA_VERSION)
+	if (md->version < 1 || md->version > SC_METADATA_VERSION)
 		abort();
 	if (md->kind != SC_OP_READABLE && md->kind != SC_OP_WRITABLE)
 		abort();
@@ -209,9 +209,20 @@ int main(int argc, char **argv)
 					  .device_kind = i % 3 ? SC_DEVICE_HOST : SC_DEVICE_CUDA,
 					  .remote_addr = 0x7f0000000000ull + i * 0x100000,
 					  .rkey = (uint32_t)(0x1000 + i)};
-	for (int v = 0; v < 4; v++) {
+	/* KV-cache shaped (seed 5): 4 layer tensors (rkeys) x the same 4 block ids, version 2 runs
+	 * with shared indices; seed 6 has ascending ids (deltas). Seed 4 is version 1 (plain). */
+	struct sc_meta_desc kv[16];
+	static const uint64_t ids[2][4] = {{7, 2, 9, 3}, {1, 2, 4, 40}};
+	for (int v = 0; v < 7; v++) {
 		struct sc_metadata md = {0};
-		md.version = SC_METADATA_VERSION;
+		md.version = v == 4 ? 1 : SC_METADATA_VERSION;
+		for (size_t i = 0; v >= 5 && i < 16; i++)
+			kv[i] = (struct sc_meta_desc){.length = 32768,
+						      .device_kind = SC_DEVICE_HOST,
+						      .remote_addr = 0x7f0000000000ull +
+								     (i / 4) * 0x10000000 +
+								     ids[v - 5][i % 4] * 32768,
+						      .rkey = (uint32_t)(0x2000 + i / 4)};
 		snprintf(md.issuer, sizeof(md.issuer), "issuer-%d", v);
 		if (v == 1)
 			snprintf(md.audience, sizeof(md.audience), FUZZ_SELF);
@@ -239,8 +250,8 @@ int main(int argc, char **argv)
 			md.ib.mtu = 4096;
 			snprintf(md.ib.device, sizeof(md.ib.device), "mlx5_%d", v);
 		}
-		md.descs = descs;
-		md.n_descs = v == 3 ? 16 : (size_t)v + 1;
+		md.descs = v >= 5 ? kv : descs;
+		md.n_descs = v == 3 || v >= 5 ? 16 : (size_t)v + 1;
 		md.issued_unix_ms = FUZZ_NOW - 1000;
 		md.expires_unix_ms = FUZZ_NOW + 60000;
 		md.max_uses = (uint32_t)v;

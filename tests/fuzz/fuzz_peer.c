@@ -281,6 +281,13 @@ int main(int argc, char **argv)
 		m.cookie = 42;
 		m.opaque = opaque;
 		m.opaque_len = sizeof(opaque);
+		/* READV / WRITEV: three pieces, as a KV-cache batch sends them */
+		static const struct sc_peer_piece pieces[3] = {
+		    {.desc = 0, .offset = 0, .len = 32768},
+		    {.desc = 63, .offset = 1u << 20, .len = 32768},
+		    {.desc = 16383, .offset = 5, .len = 4093}};
+		m.piece_list = pieces;
+		m.n_pieces = 3;
 		if (type == SC_FRAME_OPEN)
 			m.flags = SC_PEER_FLAG_VIA_IBVERBS;
 		size_t n = sc_peer_encode(&m, buf, sizeof(buf));

@@ -173,6 +173,26 @@ class CtlTest(SidecarTest):
         self.assertEqual(r.returncode, 1)
         self.assertIn("NOT_FOUND", r.stderr)
 
+    def test_read_compact_kv_metadata(self):
+        """A readable made from a compact block list (8 layer regions x 512 random block ids of
+        509 bytes): ctl reads it with one strided run into a file, byte for byte."""
+        import random
+        a, b = self.pair()
+        regions = [a.create_region(1024 * 512) for _ in range(8)]
+        noise = [os.urandom(r.size) for r in regions]
+        for r, n in zip(regions, noise):
+            a.fill(r, 0, n)
+        ids = random.sample(range(1024), 512)
+        ro = a.stub.CreateReadable(pb.CreatePassiveRequest(timeout_ms=60000, descriptor_sets=[pb.DescriptorSet(
+            block_list=pb.BlockList(region_ids=[r.region_id for r in regions], block_length=509,
+                                    block_ids=ids, block_stride=512))]), timeout=10)
+        self.assertEqual(ro.descriptor_count, 4096)
+        out = os.path.join(self.workdir, "kv.bin")
+        res = self.ok_json(b, "read", ro.metadata, out)
+        self.assertEqual((res["bytes"], res["descriptors"]), (4096 * 509, 4096))
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(), b"".join(n[i * 512:i * 512 + 509] for n in noise for i in ids))
+
     def test_read_and_write_files(self):
         a, b = self.pair()
         # READ: three ranges at odd offsets of a region full of noise on a; ctl read on b.

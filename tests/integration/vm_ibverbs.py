@@ -97,7 +97,27 @@ def decode_metadata(text):
     assert text.startswith("rsm1."), text[:16]
     body = text[5:]
     signed = pb.SignedMetadata.FromString(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-    return pb.RdmaMetadata.FromString(signed.payload)
+    md = pb.RdmaMetadata.FromString(signed.payload)
+    # Version 2 carries runs: expand them to the descriptors they stand for (sidecar.proto).
+    ks = []
+    for run in md.runs:
+        if run.indices:
+            k = list(run.indices)
+        elif run.index_deltas:
+            k, s = [], 0
+            for d in run.index_deltas:
+                s += d
+                k.append(s)
+        elif run.same_indices_as:
+            k = ks[run.same_indices_as - 1]
+        else:
+            k = list(range(run.count))
+        ks.append(k)
+        for i in range(run.count):
+            md.descriptors.add(length=run.length, device_kind=run.device_kind,
+                               remote_addr=run.base_addr + run.stride * k[i], rkey=run.rkey)
+    del md.runs[:]
+    return md
 
 
 def rxe_gid(ip=IP):

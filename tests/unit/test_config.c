@@ -1150,7 +1150,7 @@ TEST(security_limits_and_register_dirs)
 	CHECK_INT_EQ(c.n_register_dirs, 0);
 	CHECK_U64_EQ(c.max_regions, 4096);
 	CHECK_U64_EQ(c.max_operations, 16384);
-	CHECK_U64_EQ(c.max_descriptors, 4096);
+	CHECK_U64_EQ(c.max_descriptors, 65536);
 	CHECK_U64_EQ(c.max_total_region_bytes, 0);
 	CHECK(c.nats_subject_prefix == NULL);
 	sc_config_free(&c);
@@ -1197,8 +1197,8 @@ TEST(security_limits_and_register_dirs)
 		     "--max-regions", "0");
 	EXPECT_ERROR(no_env, "--max-operations \"x\": expected an integer", "--max-operations",
 		     "x");
-	EXPECT_ERROR(no_env, "--max-descriptors \"4097\": expected an integer from 1 to 4096",
-		     "--max-descriptors", "4097");
+	EXPECT_ERROR(no_env, "--max-descriptors \"1048577\": expected an integer from 1 to 1048576",
+		     "--max-descriptors", "1048577");
 	EXPECT_ERROR(no_env, "--max-total-region-bytes \"-1\": a size cannot be negative",
 		     "--max-total-region-bytes", "-1");
 	EXPECT_ERROR(no_env, "--nats-subject-prefix \"a.>\": a subject prefix has no wildcards",

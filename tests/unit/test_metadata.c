@@ -11,6 +11,8 @@
 
 #include "rdma_sidecar/v1/sidecar.pb-c.h"
 
+#include <time.h>
+
 #include <openssl/evp.h>
 
 #define NOW 1700000000000ull /* a fixed clock for every test */
@@ -306,7 +308,7 @@ TEST(round_trip_full)
 	free(text);
 	if (rc != 0)
 		CHECK_FAIL_("verify: %s %s", sc_status_name(err.code), err.msg);
-	CHECK_INT_EQ(out.version, 1);
+	CHECK_INT_EQ(out.version, SC_METADATA_VERSION);
 	CHECK_STR_EQ(out.issuer, "sidecar-a");
 	CHECK_STR_EQ(out.audience, "");
 	CHECK_INT_EQ(out.kind, SC_OP_READABLE);
@@ -745,7 +747,11 @@ TEST(descriptor_sanity)
 
 	sample(&md, descs);
 	descs[1].length = 0;
+	CHECK_INT_EQ(expect_crafted(&md, SC_INVALID_ARGUMENT, "run 1 has length 0"), 0);
+	md.version = 1; /* the plain form still reads, with its own checks */
 	CHECK_INT_EQ(expect_crafted(&md, SC_INVALID_ARGUMENT, "descriptor 1 has length 0"), 0);
+	descs[1].length = 77;
+	CHECK_INT_EQ(expect_crafted(&md, SC_OK, NULL), 0);
 
 	sample(&md, descs);
 	descs[0].length = UINT64_MAX;
@@ -766,13 +772,13 @@ TEST(descriptor_sanity)
 	for (size_t i = 0; i <= SC_METADATA_MAX_DESCS; i++) {
 		many[i].length = UINT64_MAX / (SC_METADATA_MAX_DESCS + 1);
 		many[i].device_kind = SC_DEVICE_CUDA;
-		many[i].remote_addr = UINT64_MAX - i;
+		many[i].remote_addr = UINT64_MAX - SC_METADATA_MAX_DESCS + i; /* one strided run */
 		many[i].rkey = UINT32_MAX;
 	}
 	sample(&md, descs);
 	md.descs = many;
 	md.n_descs = SC_METADATA_MAX_DESCS + 1;
-	CHECK_INT_EQ(expect_crafted(&md, SC_INVALID_ARGUMENT, "at most 4096"), 0);
+	CHECK_INT_EQ(expect_crafted(&md, SC_INVALID_ARGUMENT, "at most 1048576"), 0);
 	md.n_descs = SC_METADATA_MAX_DESCS; /* the largest allowed metadata fits under the cap */
 	CHECK_INT_EQ(expect_crafted(&md, SC_OK, NULL), 0);
 	free(many);
@@ -784,8 +790,8 @@ TEST(version_and_kind)
 	struct sc_metadata md;
 	struct sc_meta_desc descs[3];
 	sample(&md, descs);
-	md.version = 2;
-	CHECK_INT_EQ(expect_crafted(&md, SC_INVALID_ARGUMENT, "version 2 is not supported"), 0);
+	md.version = 3;
+	CHECK_INT_EQ(expect_crafted(&md, SC_INVALID_ARGUMENT, "version 3 is not supported"), 0);
 	sample(&md, descs);
 	enum sc_op_kind bad[] = {SC_OP_NONE, SC_OP_READ, SC_OP_WRITE, (enum sc_op_kind)99};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -804,7 +810,7 @@ TEST(verification_order)
 	sample(&md, descs);
 	snprintf(md.audience, sizeof(md.audience), "other");
 	md.n_descs = 0;
-	md.version = 2;
+	md.version = 3;
 	md.expires_unix_ms = NOW - 60000;
 	char *text = sign_or_die(ring_a, &md);
 	char msg[SC_ERR_MSG_MAX];
@@ -831,6 +837,241 @@ TEST(verification_order)
 }
 
 /* Limits that sc_metadata_sign cannot violate, built by hand and signed with a valid key. */
+/* ---- version 2: runs ------------------------------------------------------------------------- */
+
+/* Sign descs as version 2, verify, compare every field of every descriptor; *text_len and the
+ * verification time (best of 5) reported. */
+static int runs_round_trip(const struct sc_meta_desc *d, size_t n, size_t *text_len, double *us)
+{
+	struct sc_metadata md;
+	struct sc_meta_desc dummy[3];
+	sample(&md, dummy);
+	md.descs = (struct sc_meta_desc *)d;
+	md.n_descs = n;
+	char *text = sign_or_die(ring_a, &md);
+	*text_len = strlen(text);
+	*us = 1e30;
+	int bad = 0;
+	for (int rep = 0; rep < 5 && !bad; rep++) {
+		struct timespec t0, t1;
+		struct sc_metadata out;
+		struct sc_err err = {0};
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		int rc = sc_metadata_verify(ring_a, text, "x", NOW, &out, &err);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		double t =
+		    (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
+		*us = t < *us ? t : *us;
+		if (rc != 0) {
+			fprintf(stderr, "  verify: %s\n", err.msg);
+			bad = 1;
+			break;
+		}
+		if (out.n_descs != n)
+			bad = 1;
+		for (size_t i = 0; !bad && i < n; i++) {
+			if (out.descs[i].length != d[i].length ||
+			    out.descs[i].device_kind != d[i].device_kind ||
+			    out.descs[i].remote_addr != d[i].remote_addr ||
+			    out.descs[i].rkey != d[i].rkey) {
+				fprintf(stderr, "  descriptor %zu differs after the round trip\n",
+					i);
+				bad = 1;
+			}
+		}
+		sc_metadata_free(&out);
+	}
+	free(text);
+	return bad ? -1 : 0;
+}
+
+static uint64_t rnd64(void)
+{
+	uint64_t v;
+	sc_random_bytes(&v, sizeof(v));
+	return v;
+}
+
+/* vLLM's layout: 64 layer tensors (one rkey each, as with one memory window per region) x the same
+ * 256 random block ids of 32 KiB: at most 8 KiB of text. */
+TEST(runs_kv_shared_block_ids)
+{
+	rings_setup();
+	enum { L = 64, B = 256 };
+	struct sc_meta_desc *d = calloc(L * B, sizeof(*d));
+	uint64_t ids[B];
+	for (size_t b = 0; b < B; b++)
+		ids[b] = rnd64() % 8192; /* a cache of 8,192 blocks per tensor, any order */
+	for (size_t l = 0; l < L; l++) {
+		uint64_t base = 0x7f0000000000ull + l * (8192ull * 32768 + 4096 * (l + 1));
+		for (size_t b = 0; b < B; b++)
+			d[l * B + b] = (struct sc_meta_desc){.length = 32768,
+							     .device_kind = SC_DEVICE_CUDA,
+							     .remote_addr = base + ids[b] * 32768,
+							     .rkey = (uint32_t)(0x100 + l * 7)};
+	}
+	size_t len = 0;
+	double us = 0;
+	CHECK_INT_EQ(runs_round_trip(d, L * B, &len, &us), 0);
+	printf("  64 x 256 shared ids, ibverbs: %zu bytes of text, verify %.0f us\n", len, us);
+	CHECK(len <= 8192);
+	/* TCP: no addresses, one run */
+	for (size_t i = 0; i < L * B; i++)
+		d[i].remote_addr = d[i].rkey = 0;
+	CHECK_INT_EQ(runs_round_trip(d, L * B, &len, &us), 0);
+	printf("  64 x 256, tcp: %zu bytes of text, verify %.0f us\n", len, us);
+	CHECK(len < 400);
+	free(d);
+}
+
+/* 16,384 arbitrary block offsets (a random permutation) in one region: at most 64 KiB; ascending
+ * random ones (deltas); per-descriptor rkeys (one MR each) still round-trip exactly. */
+TEST(runs_arbitrary_offsets)
+{
+	rings_setup();
+	enum { N = 16384 };
+	struct sc_meta_desc *d = calloc(N, sizeof(*d));
+	uint64_t *perm = calloc(N, sizeof(*perm));
+	for (size_t i = 0; i < N; i++)
+		perm[i] = i;
+	for (size_t i = N - 1; i > 0; i--) {
+		size_t j = rnd64() % (i + 1);
+		uint64_t t = perm[i];
+		perm[i] = perm[j];
+		perm[j] = t;
+	}
+	for (size_t i = 0; i < N; i++)
+		d[i] = (struct sc_meta_desc){.length = 32768,
+					     .device_kind = SC_DEVICE_HOST,
+					     .remote_addr = 0x7f1234560000ull + perm[i] * 32768,
+					     .rkey = 0xabcdef};
+	size_t len = 0;
+	double us = 0;
+	CHECK_INT_EQ(runs_round_trip(d, N, &len, &us), 0);
+	printf("  16384 permuted offsets, one rkey: %zu bytes of text, verify %.0f us\n", len, us);
+	CHECK(len <= 65536);
+	uint64_t at = 0x7f0000000000ull;
+	for (size_t i = 0; i < N; i++) {
+		at += 4096 * (1 + rnd64() % 8);
+		d[i].remote_addr = at;
+		d[i].length = 4096;
+	}
+	CHECK_INT_EQ(runs_round_trip(d, N, &len, &us), 0);
+	printf("  16384 ascending offsets: %zu bytes of text, verify %.0f us\n", len, us);
+	CHECK(len <= 32768);
+	/* one MR per descriptor (no windows): every address and rkey its own */
+	for (size_t i = 0; i < 2048; i++) {
+		d[i].remote_addr = rnd64();
+		d[i].rkey = (uint32_t)rnd64();
+		d[i].length = 1 + rnd64() % 100000;
+		d[i].device_kind = i % 3 ? SC_DEVICE_HOST : SC_DEVICE_CUDA;
+	}
+	CHECK_INT_EQ(runs_round_trip(d, 2048, &len, &us), 0);
+	/* a strided run, and every address equal */
+	for (size_t i = 0; i < 100; i++)
+		d[i] = (struct sc_meta_desc){.length = 5, .remote_addr = 1000 + 7 * i, .rkey = 3};
+	CHECK_INT_EQ(runs_round_trip(d, 100, &len, &us), 0);
+	for (size_t i = 0; i < 100; i++)
+		d[i].remote_addr = 99;
+	CHECK_INT_EQ(runs_round_trip(d, 100, &len, &us), 0);
+	free(perm);
+	free(d);
+}
+
+/* Hand-built runs that a key holder could sign: each refused with its own message. */
+TEST(runs_malformed)
+{
+	rings_setup();
+	struct raw_md st;
+	char msg[SC_ERR_MSG_MAX];
+	RdmaSidecar__V1__RemoteRun r[2];
+	RdmaSidecar__V1__RemoteRun *rp[2] = {&r[0], &r[1]};
+	uint64_t idx[3] = {4, 1, 2};
+	int64_t dl[3] = {2, -1, -5};
+#define RUNS_RESET()                                                                               \
+	do {                                                                                       \
+		raw_sample(&st);                                                                   \
+		st.m.version = 2;                                                                  \
+		st.m.n_descriptors = 0;                                                            \
+		st.m.descriptors = NULL;                                                           \
+		for (int i_ = 0; i_ < 2; i_++) {                                                   \
+			rdma_sidecar__v1__remote_run__init(&r[i_]);                                \
+			r[i_].length = 64;                                                         \
+			r[i_].count = 3;                                                           \
+			r[i_].base_addr = 0x1000;                                                  \
+			r[i_].stride = 64;                                                         \
+		}                                                                                  \
+		st.m.runs = rp;                                                                    \
+		st.m.n_runs = 2;                                                                   \
+	} while (0)
+#define EXPECT_RUNS(code, want)                                                                    \
+	do {                                                                                       \
+		char *t_ = sign_raw(ring_a, &st.m);                                                \
+		enum sc_status c_ = verify_code(ring_a, t_, NULL, NOW, msg, sizeof(msg));          \
+		free(t_);                                                                          \
+		CHECK_STR_EQ(sc_status_name(c_), sc_status_name(code));                            \
+		if (want)                                                                          \
+			CHECK_STR_CONTAINS(msg, (const char *)want);                               \
+	} while (0)
+	RUNS_RESET();
+	EXPECT_RUNS(SC_OK, NULL);
+	r[1].indices = idx;
+	r[1].n_indices = 3;
+	EXPECT_RUNS(SC_OK, NULL);
+	r[1].n_indices = 2;
+	EXPECT_RUNS(SC_INVALID_ARGUMENT, "run 1 has 2 indices for count 3");
+	RUNS_RESET();
+	r[1].count = 0;
+	EXPECT_RUNS(SC_INVALID_ARGUMENT, "run 1 has count 0");
+	RUNS_RESET();
+	r[0].length = 0;
+	EXPECT_RUNS(SC_INVALID_ARGUMENT, "run 0 has length 0");
+	RUNS_RESET();
+	st.m.n_runs = 0;
+	EXPECT_RUNS(SC_INVALID_ARGUMENT, "no descriptors");
+	RUNS_RESET();
+	r[1].same_indices_as = 1;
+	EXPECT_RUNS(SC_OK, NULL);
+	r[1].same_indices_as = 2; /* itself */
+	EXPECT_RUNS(SC_INVALID_ARGUMENT, "same_indices_as 2 is not an earlier run");
+	r[1].same_indices_as = 1;
+	r[0].count = 2;
+	EXPECT_RUNS(SC_INVALID_ARGUMENT,
+		    "same_indices_as 1 is not an earlier run of the same count");
+	RUNS_RESET();
+	r[0].index_deltas = dl; /* 2, 1, -4: below zero */
+	r[0].n_index_deltas = 3;
+	EXPECT_RUNS(SC_INVALID_ARGUMENT, "index_deltas leave 0..2^64");
+	dl[2] = -1;
+	EXPECT_RUNS(SC_OK, NULL);
+	r[0].indices = idx;
+	r[0].n_indices = 3;
+	EXPECT_RUNS(SC_INVALID_ARGUMENT, "more than one of indices");
+	RUNS_RESET();
+	r[0].base_addr = UINT64_MAX - 100;
+	EXPECT_RUNS(SC_INVALID_ARGUMENT, "run 0: address of descriptor 2 overflows");
+	RUNS_RESET();
+	r[0].length = UINT64_MAX / 2;
+	EXPECT_RUNS(SC_INVALID_ARGUMENT, "lengths overflow");
+	RUNS_RESET();
+	r[0].device_kind = (RdmaSidecar__V1__DeviceKind)9;
+	EXPECT_RUNS(SC_INVALID_ARGUMENT, "run 0 has unknown device kind 9");
+	RUNS_RESET();
+	r[0].count = UINT32_MAX;
+	r[1].count = UINT32_MAX; /* 2^33 descriptors: refused before anything is allocated */
+	EXPECT_RUNS(SC_INVALID_ARGUMENT, "at most 1048576");
+	RUNS_RESET();
+	st.m.n_descriptors = 1; /* v2 with plain descriptors */
+	st.m.descriptors = st.dp;
+	EXPECT_RUNS(SC_INVALID_ARGUMENT, "version 2 has plain descriptors");
+	raw_sample(&st);
+	st.m.runs = rp;
+	st.m.n_runs = 1;
+	EXPECT_RUNS(SC_INVALID_ARGUMENT, "version 1 has runs");
+#undef RUNS_RESET
+#undef EXPECT_RUNS
+}
+
 TEST(raw_payload_limits)
 {
 	rings_setup();
@@ -994,5 +1235,6 @@ RUN_TESTS(T(base64url_round_trip_matches_openssl), T(base64url_rejects_bad_input
 	  T(wrong_prefix_and_empty), T(oversized_text_capped_before_decoding), T(envelope_checks),
 	  T(expiry_with_skew), T(audience), T(reject_reasons), T(descriptor_sanity),
 	  T(version_and_kind), T(verification_order), T(raw_payload_limits),
+	  T(runs_kv_shared_block_ids), T(runs_arbitrary_offsets), T(runs_malformed),
 	  T(out_untouched_on_failure), T(sign_rejects_unreadable_struct), T(random_bytes),
 	  T(teardown))

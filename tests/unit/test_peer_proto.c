@@ -129,6 +129,10 @@ static size_t encode_sample(enum sc_frame_type type, uint8_t *buf, size_t cap,
 			    struct sc_peer_msg *m)
 {
 	static const uint8_t opaque[5] = {1, 2, 3, 4, 5};
+	static const struct sc_peer_piece pieces[3] = {
+	    {.desc = 0, .offset = 0, .len = 1},
+	    {.desc = 1048575, .offset = 0xffffffffffull, .len = 32768},
+	    {.desc = 7, .offset = 3, .len = (1ull << 30) - 32769}};
 	memset(m, 0, sizeof(*m));
 	m->type = type;
 	for (int i = 0; i < 16; i++) {
@@ -150,6 +154,8 @@ static size_t encode_sample(enum sc_frame_type type, uint8_t *buf, size_t cap,
 	m->cookie = 0xdeadbeefcafef00dull;
 	m->opaque = opaque;
 	m->opaque_len = sizeof(opaque);
+	m->piece_list = pieces;
+	m->n_pieces = 3;
 	return sc_peer_encode(m, buf, cap);
 }
 
@@ -219,6 +225,19 @@ TEST(codec_round_trip_every_type)
 		case SC_FRAME_QP_CONNECT:
 			CHECK_U64_EQ(out.opaque_len, in.opaque_len);
 			CHECK(memcmp(out.opaque, in.opaque, in.opaque_len) == 0);
+			break;
+		case SC_FRAME_READV:
+		case SC_FRAME_WRITEV:
+			CHECK(memcmp(out.token, in.token, 16) == 0);
+			CHECK_U64_EQ(out.xfer_id, in.xfer_id);
+			CHECK_U64_EQ(out.n_pieces, 3);
+			CHECK_U64_EQ(out.len, 1ull << 30); /* the pieces' total */
+			for (uint32_t i = 0; i < 3; i++) {
+				struct sc_peer_piece p = sc_peer_piece_at(&out, i);
+				CHECK_U64_EQ(p.desc, in.piece_list[i].desc);
+				CHECK_U64_EQ(p.offset, in.piece_list[i].offset);
+				CHECK_U64_EQ(p.len, in.piece_list[i].len);
+			}
 			break;
 		default:
 			break;
@@ -372,6 +391,51 @@ TEST(decode_rejects_bad_fields)
 			CHECK_STR_CONTAINS(err.msg, "length");
 		}
 	}
+	/* READV / WRITEV: 0 or more than 1,024 pieces, a piece of 0 bytes, more than 1 GiB in all;
+	 * 1,024 pieces is the most and encodes within the body limit */
+	static struct sc_peer_piece many[SC_PEER_MAX_PIECES + 1];
+	static uint8_t big[SC_PEER_HDR_LEN + 64 + (SC_PEER_MAX_PIECES + 1) * SC_PEER_PIECE_WIRE];
+	for (size_t i = 0; i <= SC_PEER_MAX_PIECES; i++)
+		many[i] = (struct sc_peer_piece){.desc = (uint32_t)i, .offset = i * 4096, .len = 4096};
+	for (size_t i = 0; i < 2; i++) {
+		unsigned t = i ? SC_FRAME_WRITEV : SC_FRAME_READV;
+		encode_sample((enum sc_frame_type)t, big, sizeof(big), &m);
+		m.piece_list = many;
+		m.n_pieces = SC_PEER_MAX_PIECES;
+		n = sc_peer_encode(&m, big, sizeof(big));
+		CHECK(n > 0 && n - 8 <= SC_PEER_MAX_BODY);
+		CHECK_INT_EQ(sc_peer_decode_body(t, big + 8, n - 8, &out, &err), 0);
+		CHECK_U64_EQ(out.len, SC_PEER_MAX_PIECES * 4096ull);
+		m.n_pieces = 0;
+		CHECK_U64_EQ(sc_peer_encode(&m, big, sizeof(big)), 0);
+		/* the count field says 1,025: refused (whatever follows) */
+		m.n_pieces = SC_PEER_MAX_PIECES;
+		n = sc_peer_encode(&m, big, sizeof(big));
+		big[8 + 24] = (SC_PEER_MAX_PIECES + 1) & 0xff;
+		big[8 + 25] = (SC_PEER_MAX_PIECES + 1) >> 8;
+		CHECK(sc_peer_decode_body(t, big + 8, n - 8, &out, &err) != 0);
+		CHECK_STR_CONTAINS(err.msg, "piece count");
+		big[8 + 24] = big[8 + 25] = 0; /* 0 pieces */
+		CHECK(sc_peer_decode_body(t, big + 8, 28, &out, &err) != 0);
+		CHECK_STR_CONTAINS(err.msg, "piece count");
+		many[5].len = 0;
+		n = sc_peer_encode(&m, big, sizeof(big));
+		CHECK(sc_peer_decode_body(t, big + 8, n - 8, &out, &err) != 0);
+		CHECK_STR_CONTAINS(err.msg, "piece length");
+		many[5].len = SC_PEER_MAX_BULK - 4096 * 5; /* with the 5 before it: exactly 1 GiB */
+		m.n_pieces = 6;
+		n = sc_peer_encode(&m, big, sizeof(big));
+		CHECK_INT_EQ(sc_peer_decode_body(t, big + 8, n - 8, &out, &err), 0);
+		m.n_pieces = 7; /* one more byte of pieces: over */
+		n = sc_peer_encode(&m, big, sizeof(big));
+		CHECK(sc_peer_decode_body(t, big + 8, n - 8, &out, &err) != 0);
+		CHECK_STR_CONTAINS(err.msg, "at most 1 GiB");
+		many[5].len = UINT64_MAX; /* no wrap-around */
+		n = sc_peer_encode(&m, big, sizeof(big));
+		CHECK(sc_peer_decode_body(t, big + 8, n - 8, &out, &err) != 0);
+		many[5].len = 4096;
+	}
+
 	m = (struct sc_peer_msg){.type = SC_FRAME_DATA, .len = SC_PEER_MAX_BULK + 1};
 	n = sc_peer_encode(&m, buf, sizeof(buf));
 	CHECK(sc_peer_decode_body(SC_FRAME_DATA, buf + 8, n - 8, &out, &err) != 0);

@@ -558,6 +558,70 @@ TEST(forged_requests_get_errors_and_touch_nothing)
 	pair_down(&p);
 }
 
+/* READV / WRITEV from a forged client: pieces out of bounds or on a descriptor the operation
+ * lacks are refused (naming the piece) with nothing sent; scattered pieces come back in order; a
+ * WRITEV into a READABLE is refused and touches nothing. */
+TEST(forged_multi_piece_requests)
+{
+	struct pair p;
+	CHECK_INT_EQ(pair_up(&p, NULL), 0);
+	struct exposed e;
+	CHECK_INT_EQ(expose(&p.a, SC_OP_READABLE, 4096, &e), 0);
+	struct sc_peer_pool *pool = sc_engine_peer_pool(p.b.eng);
+	struct sc_peer_conn *c;
+	struct sc_err err;
+	uint64_t dl = sc_clock_mono_ms() + 5000;
+	CHECK_INT_EQ(sc_peer_pool_get(pool, endpoint_of(&p.a), dl, &c, &err), 0);
+	struct sc_peer_piece bad[2] = {{0, 0, 10}, {0, 4090, 7}};
+	CHECK_INT_EQ(sc_peer_readv_send(c, e.md.token, 9, bad, 2, dl, NULL, &err), 0);
+	uint8_t buf[4096];
+	struct iovec iov[3] = {{buf, 10}, {buf + 10, 7}};
+	CHECK_INT_EQ(sc_peer_readv_recv(c, 17, iov, 2, dl, NULL, &err), -1);
+	CHECK_INT_EQ(err.code, SC_FAILED_PRECONDITION); /* not opened yet */
+	CHECK_INT_EQ(sc_peer_open(c, e.md.token, 9, SC_OP_READ, 4096, dl, NULL, &err), 0);
+	CHECK_INT_EQ(sc_peer_readv_send(c, e.md.token, 9, bad, 2, dl, NULL, &err), 0);
+	CHECK_INT_EQ(sc_peer_readv_recv(c, 17, iov, 2, dl, NULL, &err), -1);
+	CHECK_INT_EQ(err.code, SC_INVALID_ARGUMENT);
+	CHECK_STR_CONTAINS(err.msg, "piece 1");
+	CHECK(sc_peer_conn_usable(c));
+	bad[1] = (struct sc_peer_piece){1, 0, 1}; /* descriptor 1 does not exist */
+	CHECK_INT_EQ(sc_peer_readv_send(c, e.md.token, 9, bad, 2, dl, NULL, &err), 0);
+	CHECK_INT_EQ(sc_peer_readv_recv(c, 11, iov, 2, dl, NULL, &err), -1);
+	CHECK_INT_EQ(err.code, SC_INVALID_ARGUMENT);
+	CHECK(sc_peer_conn_usable(c));
+	/* three scattered pieces, out of order, into three places of buf */
+	struct sc_peer_piece good[3] = {{0, 4000, 96}, {0, 1, 333}, {0, 2048, 1}};
+	iov[0] = (struct iovec){buf + 1000, 96};
+	iov[1] = (struct iovec){buf + 7, 333};
+	iov[2] = (struct iovec){buf + 3000, 1};
+	memset(buf, 0, sizeof(buf));
+	CHECK_INT_EQ(sc_peer_readv_send(c, e.md.token, 9, good, 3, dl, NULL, &err), 0);
+	CHECK_INT_EQ(sc_peer_readv_recv(c, 430, iov, 3, dl, NULL, &err), 0);
+	uint8_t want[4096];
+	CHECK_INT_EQ(sc_region_read(p.a.eng, e.region, 0, want, sizeof(want), &err), 0);
+	CHECK(memcmp(buf + 1000, want + 4000, 96) == 0);
+	CHECK(memcmp(buf + 7, want + 1, 333) == 0);
+	CHECK(buf[3000] == want[2048] && buf[6] == 0 && buf[340] == 0);
+	/* WRITEV into the READABLE: refused, the server closes, the memory is untouched */
+	uint8_t junk[100];
+	sc_random_bytes(junk, sizeof(junk));
+	struct iovec src[1] = {{junk, 100}};
+	struct sc_peer_piece w[1] = {{0, 0, 100}};
+	int rc = sc_peer_writev_send(c, e.md.token, 9, w, 1, src, dl, NULL, &err);
+	if (rc == 0)
+		rc = sc_peer_write_recv(c, dl, NULL, &err);
+	CHECK_INT_EQ(rc, -1);
+	CHECK_INT_EQ(err.code, SC_FAILED_PRECONDITION);
+	CHECK_STR_CONTAINS(err.msg, "opened for READ");
+	CHECK(!sc_peer_conn_usable(c));
+	sc_peer_pool_put(pool, c, true);
+	uint8_t after[4096];
+	CHECK_INT_EQ(sc_region_read(p.a.eng, e.region, 0, after, sizeof(after), &err), 0);
+	CHECK(memcmp(want, after, sizeof(after)) == 0);
+	unexpose(&p.a, &e);
+	pair_down(&p);
+}
+
 /* OPEN, READ and DONE {OK} sent back to back, as a single-stream transfer does: the server judges
  * them in order; the bytes arrive and the operation is COMPLETE. The same with an out-of-bounds
  * READ: the DONE is refused and the operation ends ERRORED, never COMPLETE. */
@@ -1039,7 +1103,8 @@ TEST(bench)
 RUN_TESTS(T(read_many_descriptors_odd_offsets), T(write_many_descriptors_odd_offsets),
 	  T(each_size_alone_both_directions_and_stream_counts),
 	  T(concurrent_transfers_share_workers_and_connections),
-	  T(forged_requests_get_errors_and_touch_nothing), T(done_pipelined_behind_the_last_request),
+	  T(forged_requests_get_errors_and_touch_nothing), T(forged_multi_piece_requests),
+	  T(done_pipelined_behind_the_last_request),
 	  T(qp_connect_handler_round_trip),
 	  T(dropped_connection_errors_the_passive_side), T(cancel_mid_transfer_ends_both_sides),
 	  T(sidecar_without_keys_is_refused_clearly), T(unreachable_endpoint_is_unavailable),

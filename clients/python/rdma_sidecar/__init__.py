@@ -23,10 +23,12 @@ from .connector import (Backend, Connector, MetadataEvent, Operation, OperationK
 from .errors import (CancelledError, DeadlineExceededError, FailedPreconditionError, InvalidArgumentError,  # noqa: F401
                      NotFoundError, PermissionDeniedError, ResourceExhaustedError, SidecarError, UnavailableError)
 from .memory import Descriptor, NotInRegionError, Region  # noqa: F401
+from .kv import KVBlocks, StridedRun, metadata_descriptor_lengths  # noqa: F401
 
 __version__ = "0.1.0"
 __all__ = ["Backend", "Connector", "MetadataEvent", "Operation", "OperationKind", "OperationState",
            "OperationStatus", "PassiveOperation", "ReadableOperation", "ReadOperation", "Subscription",
            "TransferRequirement", "WritableOperation", "WriteOperation", "CancelledError", "DeadlineExceededError",
            "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "PermissionDeniedError",
-           "ResourceExhaustedError", "SidecarError", "UnavailableError", "Descriptor", "NotInRegionError", "Region"]
+           "ResourceExhaustedError", "SidecarError", "UnavailableError", "Descriptor", "NotInRegionError", "Region",
+           "KVBlocks", "StridedRun", "metadata_descriptor_lengths"]

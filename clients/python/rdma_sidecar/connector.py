@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Union
 import grpc
 import grpc.aio
 
-from . import errors
+from . import errors, kv
 from ._pb import pb, pb_grpc
 from .memory import (Descriptor, NotInRegionError, Region, as_descriptors, buffer_address, is_numpy_array,
                      is_torch_tensor)
@@ -620,6 +620,25 @@ class Connector:
                 out.append(pb.Descriptor(region_id=r.region_id, offset=d.addr - r.base, length=d.length))
         return ds, out
 
+    async def _wire_sets(self, descs: Any) -> tuple:
+        """As _wire, plus compact forms (kv.KVBlocks, kv.StridedRun): (objects to keep alive,
+        plain pb.Descriptors, pb.DescriptorSets). With any compact form everything goes, in order,
+        as DescriptorSets."""
+        items = [descs] if kv.is_compact(descs) else descs if isinstance(descs, list) else None
+        if items is None or not any(kv.is_compact(d) for d in items):
+            ds, wire = await self._wire(descs)
+            return ds, wire, []
+        keep, sets = [], []
+        for d in items:
+            if kv.is_compact(d):
+                keep.append(d)
+                sets.extend(await d._sets(self))
+            else:
+                ds, wire = await self._wire([d])
+                keep.extend(ds)
+                sets.extend(pb.DescriptorSet(descriptor=w) for w in wire)
+        return keep, [], sets
+
     # ---- operations ----
     def _track(self, cls: type, proto: Any, ds: list) -> Any:
         op = cls(self, proto, ds)
@@ -628,9 +647,9 @@ class Connector:
 
     async def _passive(self, method: str, cls: type, descs: Any, timeout: Optional[float], audience: str,
                        uses: int, request_id: str) -> Any:
-        ds, wire = await self._wire(descs)
+        ds, wire, sets = await self._wire_sets(descs)
         proto = await self._call(method, pb.CreatePassiveRequest(
-            descriptors=wire, timeout_ms=int((timeout or 0) * 1000), audience=audience or "", max_uses=uses,
+            descriptors=wire, descriptor_sets=sets, timeout_ms=int((timeout or 0) * 1000), audience=audience or "", max_uses=uses,
             request_id=request_id or ""))
         return self._track(cls, proto, ds)
 
@@ -649,8 +668,8 @@ class Connector:
     async def _active(self, method: str, cls: type, metadata: MetadataLike, descs: Any,
                       requirement: Optional[TransferRequirement], timeout: Optional[float],
                       backend: Optional[Backend], request_id: str) -> Any:
-        ds, wire = await self._wire(descs)
-        req = pb.BeginTransferRequest(metadata=_metadata_text(metadata), descriptors=wire,
+        ds, wire, sets = await self._wire_sets(descs)
+        req = pb.BeginTransferRequest(metadata=_metadata_text(metadata), descriptors=wire, descriptor_sets=sets,
                                       timeout_ms=int((timeout or 0) * 1000), backend=int(backend or 0),
                                       request_id=request_id or "")
         if requirement is not None:
