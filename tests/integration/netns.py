@@ -33,8 +33,11 @@ def can_run(iptables=True):
 class Net:
     """Two namespaces and a veth pair between them, qdisc on both ends; removed by close()."""
 
-    def __init__(self, rate):
-        qdisc = ("tbf", "rate", rate, "burst", "256kb", "latency", "100ms") if rate else None
+    def __init__(self, rate=None, qdisc=None):
+        """rate: a tbf token bucket on both ends (e.g. "100mbit"); or qdisc: any qdisc argument
+        list (vm_netem.py's netem); neither: no qdisc."""
+        if rate and not qdisc:
+            qdisc = ("tbf", "rate", rate, "burst", "256kb", "latency", "100ms")
         tag = "%d" % (os.getpid() % 100000)
         self.ns = ["scpa%s" % tag, "scpb%s" % tag]
         self.dev = ["scva%s" % tag, "scvb%s" % tag]

@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import Sidecar, desc, pb, write_key_file  # noqa: E402
-from test_partition import Net, can_run, sh  # noqa: E402
+from netns import Net, can_run, sh  # noqa: E402
 
 SIZE = int(os.environ.get("SC_NETEM_MIB", "256")) << 20
 IPERF_S = int(os.environ.get("SC_NETEM_IPERF_S", "5"))
