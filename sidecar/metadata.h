@@ -39,6 +39,9 @@ struct sc_meta_desc {
 	enum sc_device_kind device_kind;
 	uint64_t remote_addr; /* ibverbs only */
 	uint32_t rkey;        /* ibverbs only */
+	/* Version 2: a run starts here (set by verify, honoured by sign, so that a list keeps the
+	 * runs it was read with; otherwise runs follow the addresses alone). */
+	bool run_start;
 };
 
 struct sc_ib_endpoint {

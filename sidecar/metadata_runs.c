@@ -50,30 +50,122 @@ void sc_meta_runs_free(struct sc_meta_runs *r)
 	memset(r, 0, sizeof(*r));
 }
 
+/* Descriptors [i, j) that one run will carry. */
+struct seg {
+	size_t i, j;
+};
+
+struct segs {
+	struct seg *v;
+	size_t n, cap;
+};
+
+static int seg_push(struct segs *s, size_t i, size_t j)
+{
+	if (s->n == s->cap) {
+		size_t cap = s->cap ? s->cap * 2 : 64;
+		struct seg *v = realloc(s->v, cap * sizeof(*v));
+		if (!v)
+			return -1;
+		s->v = v;
+		s->cap = cap;
+	}
+	s->v[s->n++] = (struct seg){i, j};
+	return 0;
+}
+
+/* How many descriptors from p (before j) have addresses base + stride * t for one stride
+ * (strictly increasing, or all equal): the stretch an implicit run can carry. */
+static size_t ap_len(const struct sc_meta_desc *d, size_t p, size_t j)
+{
+	if (p + 1 >= j || d[p + 1].remote_addr < d[p].remote_addr)
+		return 1;
+	uint64_t step = d[p + 1].remote_addr - d[p].remote_addr;
+	size_t t = p + 1;
+	while (t + 1 < j && t + 1 - p < UINT32_MAX &&
+	       d[t + 1].remote_addr >= d[t].remote_addr &&
+	       d[t + 1].remote_addr - d[t].remote_addr == step)
+		t++;
+	return t + 1 - p;
+}
+
+/* Cut a group of descriptors with one length, device kind and rkey into runs: every stretch of
+ * at least MIN_STRIDED equally spaced addresses is a run of its own (written with no indices),
+ * and what lies between such stretches is one run with indices. */
+#define MIN_STRIDED 32
+static int segment_group(const struct sc_meta_desc *d, size_t i, size_t j, struct segs *out)
+{
+	size_t p = i, pending = i; /* [pending, p): indices run under way */
+	while (p < j) {
+		size_t len = ap_len(d, p, j);
+		if (len >= MIN_STRIDED || (p == i && len == j - i)) {
+			if (pending < p && seg_push(out, pending, p) != 0)
+				return -1;
+			if (seg_push(out, p, p + len) != 0)
+				return -1;
+			p += len;
+			pending = p;
+		} else if (p + len >= j) {
+			p = j; /* a shorter stretch from any later p ends at j too */
+		} else {
+			/* Stretches from p + 1 .. p + len - 2 end where this one does: skip them. */
+			p += len > 2 ? len - 1 : 1;
+		}
+		if (p - pending >= UINT32_MAX - MIN_STRIDED) {
+			if (seg_push(out, pending, p) != 0)
+				return -1;
+			pending = p;
+		}
+	}
+	if (pending < j && seg_push(out, pending, j) != 0)
+		return -1;
+	return 0;
+}
+
+/* Earlier runs with written indices, found by (count, hash of the indices). */
+struct kindex {
+	size_t *slot; /* run index + 1; 0 is empty */
+	uint64_t *hash;
+	size_t mask;
+};
+
+static uint64_t hash_k(const uint64_t *k, size_t n)
+{
+	uint64_t h = 0xcbf29ce484222325ull ^ n;
+	for (size_t t = 0; t < n; t++)
+		h = (h ^ k[t]) * 0x100000001b3ull;
+	return h ^ (h >> 29);
+}
+
 int sc_meta_runs_encode(const struct sc_meta_desc *d, size_t n, struct sc_meta_runs *out,
 			struct sc_err *err)
 {
 	memset(out, 0, sizeof(*out));
-	size_t n_runs = 0;
-	for (size_t i = 0; i < n; n_runs++) {
+	struct segs segs = {0};
+	struct kindex ix = {0};
+	int rc = -1;
+	for (size_t i = 0; i < n;) {
 		size_t j = i + 1;
-		while (j < n && j - i < UINT32_MAX && same_run(&d[i], &d[j]))
+		while (j < n && !d[j].run_start && same_run(&d[i], &d[j]))
 			j++;
+		if (segment_group(d, i, j, &segs) != 0)
+			goto oom;
 		i = j;
 	}
-	out->runs = calloc(n_runs ? n_runs : 1, sizeof(*out->runs));
-	out->ptrs = calloc(n_runs ? n_runs : 1, sizeof(*out->ptrs));
+	size_t cap = 16;
+	while (cap < 2 * segs.n)
+		cap *= 2;
+	ix.slot = calloc(cap, sizeof(*ix.slot));
+	ix.hash = calloc(cap, sizeof(*ix.hash));
+	ix.mask = cap - 1;
+	out->runs = calloc(segs.n ? segs.n : 1, sizeof(*out->runs));
+	out->ptrs = calloc(segs.n ? segs.n : 1, sizeof(*out->ptrs));
 	out->k = calloc(n ? n : 1, sizeof(*out->k));
 	out->deltas = calloc(n ? n : 1, sizeof(*out->deltas));
-	if (!out->runs || !out->ptrs || !out->k || !out->deltas)
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory signing metadata");
-	size_t last_explicit = SIZE_MAX; /* the last run whose k is written out */
-	size_t r = 0;
-	for (size_t i = 0; i < n; r++) {
-		size_t j = i + 1;
-		while (j < n && j - i < UINT32_MAX && same_run(&d[i], &d[j]))
-			j++;
-		size_t cnt = j - i;
+	if (!ix.slot || !ix.hash || !out->runs || !out->ptrs || !out->k || !out->deltas)
+		goto oom;
+	for (size_t r = 0; r < segs.n; r++) {
+		size_t i = segs.v[r].i, j = segs.v[r].j, cnt = j - i;
 		pb_run *run = &out->runs[r];
 		rdma_sidecar__v1__remote_run__init(run);
 		out->ptrs[r] = run;
@@ -94,21 +186,23 @@ int sc_meta_runs_encode(const struct sc_meta_desc *d, size_t n, struct sc_meta_r
 			k[t] = g ? (d[i + t].remote_addr - base) / g : 0;
 			implicit &= g ? k[t] == t : true;
 		}
-		if (implicit) { /* k = i, or all addresses equal (stride 0) */
-			i = j;
+		if (implicit) /* k = i, or all addresses equal (stride 0) */
+			continue;
+		uint64_t h = hash_k(k, cnt);
+		size_t at = h & ix.mask;
+		for (; ix.slot[at]; at = (at + 1) & ix.mask) {
+			const pb_run *e = out->ptrs[ix.slot[at] - 1];
+			const uint64_t *ek = e->indices ? e->indices : &out->k[e->index_deltas - out->deltas];
+			if (ix.hash[at] == h && e->count == cnt &&
+			    memcmp(ek, k, cnt * sizeof(*k)) == 0)
+				break;
+		}
+		if (ix.slot[at]) {
+			run->same_indices_as = (uint32_t)ix.slot[at];
 			continue;
 		}
-		if (last_explicit != SIZE_MAX && out->runs[last_explicit].count == cnt) {
-			size_t at =
-			    (size_t)(out->ptrs[last_explicit]->indices
-					 ? out->ptrs[last_explicit]->indices - out->k
-					 : out->ptrs[last_explicit]->index_deltas - out->deltas);
-			if (memcmp(&out->k[at], k, cnt * sizeof(*k)) == 0) {
-				run->same_indices_as = (uint32_t)(last_explicit + 1);
-				i = j;
-				continue;
-			}
-		}
+		ix.slot[at] = r + 1;
+		ix.hash[at] = h;
 		size_t plain = 0, delta = 0;
 		int64_t *dl = &out->deltas[i];
 		bool small = true; /* deltas fit int64 */
@@ -127,11 +221,17 @@ int sc_meta_runs_encode(const struct sc_meta_desc *d, size_t n, struct sc_meta_r
 			run->indices = k;
 			run->n_indices = cnt;
 		}
-		last_explicit = r;
-		i = j;
 	}
-	out->n = n_runs;
-	return 0;
+	out->n = segs.n;
+	rc = 0;
+	goto out;
+oom:
+	sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory signing metadata");
+out:
+	free(segs.v);
+	free(ix.slot);
+	free(ix.hash);
+	return rc;
 }
 
 int sc_meta_runs_decode(RdmaSidecar__V1__RemoteRun *const *runs, size_t n, size_t max,
@@ -232,6 +332,7 @@ int sc_meta_runs_decode(RdmaSidecar__V1__RemoteRun *const *runs, size_t n, size_
 			d[at].device_kind = (enum sc_device_kind)run->device_kind;
 			d[at].remote_addr = run->base_addr + run->stride * kt;
 			d[at].rkey = run->rkey;
+			d[at].run_start = t == 0;
 			at++;
 		}
 	}

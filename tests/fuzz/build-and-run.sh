@@ -8,7 +8,8 @@
 # build_config.h the version (built here with `cmake --build BUILD_DIR --target sc_proto` when
 # missing). Output goes to BUILD_DIR/fuzz/: seeds/<target>/ (generated first by the target's seed
 # generator, from real encoders, a real hello and the --help text), corpus/<target>/ (what the
-# fuzzer found), artifacts/ (crashing inputs: rerun one with BUILD_DIR/fuzz/fuzz_<target> FILE).
+# fuzzer found), artifacts/ (crashing inputs: rerun one with BUILD_DIR/fuzz/fuzz_<target> FILE;
+# once fixed, keep it in tests/fuzz/regressions/<target>/, which every run reads first).
 # Exit status: 0 when no target crashed, 1 otherwise. Extra libFuzzer flags in FUZZ_FLAGS.
 # scripts/test.sh runs every target for 20 s (SC_SKIP_FUZZ=1 skips); longer by hand, e.g.
 #   tests/fuzz/build-and-run.sh build 600 peer
@@ -68,12 +69,15 @@ for t in $TARGETS; do
 		$SOURCES "$SRC/tests/fuzz/fuzz_$t.c" $LIBS -o "$OUT/fuzz_${t}_seeds"
 	echo "== generating $t seeds"
 	"$OUT/fuzz_${t}_seeds" "$OUT/seeds/$t"
+	# Inputs that once crashed a target (tests/fuzz/regressions/<target>/) run first, every time.
+	REGRESSIONS=
+	[ -d "$SRC/tests/fuzz/regressions/$t" ] && REGRESSIONS="$SRC/tests/fuzz/regressions/$t"
 	echo "== fuzzing $t for ${SECONDS_TO_RUN} s"
 	rc=0
 	# shellcheck disable=SC2086
 	"$OUT/fuzz_$t" -max_total_time="$SECONDS_TO_RUN" -max_len=16384 -timeout=10 \
 		-rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$OUT/artifacts/$t-" \
-		${FUZZ_FLAGS:-} "$OUT/corpus/$t" "$OUT/seeds/$t" >"$OUT/$t.log" 2>&1 || rc=$?
+		${FUZZ_FLAGS:-} "$OUT/corpus/$t" "$OUT/seeds/$t" $REGRESSIONS >"$OUT/$t.log" 2>&1 || rc=$?
 	grep -E '^stat::number_of_executed_units|^stat::new_units_added' "$OUT/$t.log" | sed "s/^/$t: /" || true
 	if [ "$rc" != 0 ]; then
 		echo "fuzz_$t FAILED (exit $rc): see $OUT/$t.log and $OUT/artifacts/"

@@ -113,13 +113,20 @@ static void check_invariants(const struct sc_metadata *md)
 		abort();
 }
 
-/* Accepted metadata re-signed must verify to the same struct. */
-static void check_resign(const struct sc_metadata *md)
+/* Accepted metadata re-signed must verify to the same struct. The signer keeps the runs it was
+ * read with (run_start), and within a run writes no more indices than it read (it may cut out a
+ * strided stretch of 32 or more as a run of its own), so only text already near the size limit
+ * may come out too large to sign. */
+static void check_resign(const struct sc_metadata *md, size_t in_len)
 {
 	char *text = NULL;
 	struct sc_err err = {0};
-	if (sc_metadata_sign(ring, md, &text, &err) != 0)
+	if (sc_metadata_sign(ring, md, &text, &err) != 0) {
+		if (in_len > SC_METADATA_MAX_TEXT / 2 && strstr(err.msg, "would be larger"))
+			return;
+		fprintf(stderr, "re-sign failed: %s (%zu descriptors)\n", err.msg, md->n_descs);
 		abort();
+	}
 	struct sc_metadata again;
 	if (sc_metadata_verify(ring, text, FUZZ_SELF, FUZZ_NOW, &again, &err) != 0)
 		abort();
@@ -160,7 +167,7 @@ static void verify_one(const char *text)
 		return;
 	}
 	check_invariants(&md);
-	check_resign(&md);
+	check_resign(&md, strlen(text));
 	sc_metadata_free(&md);
 }
 

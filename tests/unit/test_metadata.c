@@ -978,6 +978,43 @@ TEST(runs_arbitrary_offsets)
 	free(d);
 }
 
+/* Strided stretches stay runs of their own when they share an rkey with their neighbours: one
+ * stray descriptor before 98,304 strided ones (what fuzz_metadata found), two interleaved strided
+ * runs in one region, and 64 layers of 256 consecutive blocks in one region (one MR). */
+TEST(runs_adjacent_strided)
+{
+	rings_setup();
+	enum { N = 98305 };
+	struct sc_meta_desc *d = calloc(N, sizeof(*d));
+	d[0] = (struct sc_meta_desc){.length = 32768, .remote_addr = 130, .rkey = 32};
+	for (size_t i = 1; i < N; i++)
+		d[i] = (struct sc_meta_desc){
+		    .length = 32768, .remote_addr = (i - 1) * 32768, .rkey = 32};
+	size_t len = 0;
+	double us = 0;
+	CHECK_INT_EQ(runs_round_trip(d, N, &len, &us), 0);
+	printf("  1 + 98304 strided, one rkey: %zu bytes of text\n", len);
+	CHECK(len < 600);
+	for (size_t i = 0; i < 32768; i++)
+		d[i] = (struct sc_meta_desc){.length = 4096,
+					     .remote_addr = 0x7f0000000000ull + (i % 16384) * 65536 +
+							    (i / 16384) * 32768,
+					     .rkey = 9};
+	CHECK_INT_EQ(runs_round_trip(d, 32768, &len, &us), 0);
+	printf("  2 interleaved strided runs of 16384, one rkey: %zu bytes of text\n", len);
+	CHECK(len < 600);
+	for (size_t l = 0; l < 64; l++)
+		for (size_t b = 0; b < 256; b++)
+			d[l * 256 + b] = (struct sc_meta_desc){
+			    .length = 32768,
+			    .remote_addr = 0x7f0000000000ull + l * (8192ull * 32768) + (b + 17) * 32768,
+			    .rkey = 9};
+	CHECK_INT_EQ(runs_round_trip(d, 64 * 256, &len, &us), 0);
+	printf("  64 layers x 256 consecutive blocks, one rkey: %zu bytes of text\n", len);
+	CHECK(len < 4096);
+	free(d);
+}
+
 /* Hand-built runs that a key holder could sign: each refused with its own message. */
 TEST(runs_malformed)
 {
@@ -1235,6 +1272,6 @@ RUN_TESTS(T(base64url_round_trip_matches_openssl), T(base64url_rejects_bad_input
 	  T(wrong_prefix_and_empty), T(oversized_text_capped_before_decoding), T(envelope_checks),
 	  T(expiry_with_skew), T(audience), T(reject_reasons), T(descriptor_sanity),
 	  T(version_and_kind), T(verification_order), T(raw_payload_limits),
-	  T(runs_kv_shared_block_ids), T(runs_arbitrary_offsets), T(runs_malformed),
+	  T(runs_kv_shared_block_ids), T(runs_arbitrary_offsets), T(runs_adjacent_strided), T(runs_malformed),
 	  T(out_untouched_on_failure), T(sign_rejects_unreadable_struct), T(random_bytes),
 	  T(teardown))
