@@ -69,8 +69,9 @@ struct tcp_xfer {
 	struct tcp_xfer *prev, *next; /* tb->live */
 	int endpoint; /* index into x->meta->endpoints of the one that answered; -1 before */
 
-	/* Pieces travel many per request (READV/WRITEV): the peer reads them (metadata version 2)
-	 * and every segment is host memory on both ends. Set at submit, read-only after. */
+	/* Pieces travel many per request (READV/WRITEV): the peer reads them (metadata version 2).
+	 * A request's local pieces are all host memory or all one GPU's (staged, packed). Set at
+	 * submit, read-only after. */
 	bool batch;
 	pthread_mutex_t cursor_mu; /* the next chunk: segment and offset in it */
 	size_t cur_seg;
@@ -109,6 +110,7 @@ struct piece {
 	uint32_t n;
 	struct sc_peer_piece *pp;
 	struct iovec *iov;
+	int gpu; /* a batch: where its local pieces are (SC_GPU_HOST or one device) */
 };
 
 /* Move the cursor past segments it has used up; true when a piece is left. Under cursor_mu. */
@@ -134,6 +136,10 @@ static bool next_piece(struct tcp_xfer *tx, struct piece *p)
 		p->len = 0;
 		while (p->n < SC_PEER_MAX_PIECES && p->len < chunk && cursor_at_piece_locked(tx)) {
 			const struct sc_xfer_seg *s = &x->segs[tx->cur_seg];
+			if (p->n == 0)
+				p->gpu = s->local_gpu;
+			else if (s->local_gpu != p->gpu)
+				break; /* one request, one kind of local memory */
 			uint64_t left = s->len - tx->cur_off;
 			uint64_t take = left < chunk - p->len ? left : chunk - p->len;
 			p->pp[p->n] = (struct sc_peer_piece){
@@ -311,6 +317,10 @@ static int piece_send(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct 
 	if (p->n && x->kind == SC_OP_READ)
 		return sc_peer_readv_send(c, token, x->xfer_id, p->pp, p->n, x->deadline_mono_ms,
 					  &x->cancel_requested, err);
+	if (p->n && p->gpu != SC_GPU_HOST)
+		return sc_peer_writev_send_gpu(c, token, x->xfer_id, p->pp, p->n, p->iov,
+					       tx->tb->base.env.gpu, p->gpu, x->deadline_mono_ms,
+					       &x->cancel_requested, err);
 	if (p->n)
 		return sc_peer_writev_send(c, token, x->xfer_id, p->pp, p->n, p->iov,
 					   x->deadline_mono_ms, &x->cancel_requested, err);
@@ -331,6 +341,9 @@ static int piece_recv(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct 
 		      const struct io_bound *b, struct sc_err *err)
 {
 	struct sc_xfer *x = tx->x;
+	if (p->n && x->kind == SC_OP_READ && p->gpu != SC_GPU_HOST)
+		return sc_peer_readv_recv_gpu(c, p->len, p->iov, p->n, tx->tb->base.env.gpu, p->gpu,
+					      b->deadline_mono_ms, b->cancel, err);
 	if (p->n && x->kind == SC_OP_READ)
 		return sc_peer_readv_recv(c, p->len, p->iov, p->n, b->deadline_mono_ms, b->cancel,
 					  err);
@@ -724,8 +737,6 @@ static int tcp_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *er
 	tx->x = x;
 	tx->endpoint = -1;
 	tx->batch = x->meta->version >= 2;
-	for (size_t i = 0; tx->batch && i < x->n_segs; i++)
-		tx->batch = x->segs[i].local_gpu == SC_GPU_HOST && !x->segs[i].remote_gpu;
 	pthread_mutex_init(&tx->cursor_mu, NULL);
 	pthread_cond_init(&tx->helpers_cv, NULL);
 	atomic_init(&tx->bytes_moved, 0);

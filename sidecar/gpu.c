@@ -159,6 +159,19 @@ static int load_entry_points(struct sc_gpu *g, char *detail, size_t cap)
 	SC_CU_OPTIONAL(SC_CU_LOAD_OPT)
 #undef SC_CU_LOAD_REQ
 #undef SC_CU_LOAD_OPT
+	/* cuMemcpyBatchAsync changed its signature in CUDA 13.0 (no failIdx): ask for the version
+	 * the driver implements, so the pointer always matches the signature it is called with. */
+	int version = 0;
+	CUdriverProcAddressQueryResult st;
+	g->cu.cuDriverGetVersion(&version);
+	if (version >= 13000 &&
+	    get_proc("cuMemcpyBatchAsync", (void **)&g->cu.memcpy_batch_13, 13000,
+		     CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS)
+		g->cu.memcpy_batch_13 = NULL;
+	if (version >= 12080 && version < 13000 &&
+	    get_proc("cuMemcpyBatchAsync", (void **)&g->cu.memcpy_batch_12, 12080,
+		     CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS)
+		g->cu.memcpy_batch_12 = NULL;
 	return 0;
 }
 
@@ -797,6 +810,18 @@ int sc_stager_recv(struct sc_stager *s, uint8_t *dst, uint64_t len, sc_stage_io_
 		   struct sc_err *err)
 {
 	(void)s, (void)dst, (void)len, (void)fn, (void)ctx;
+	return sc_err_set(err, SC_FAILED_PRECONDITION, NO_CUDA);
+}
+int sc_stager_send_pieces(struct sc_stager *s, const struct sc_stage_piece *p, size_t n,
+			  sc_stage_io_fn fn, void *ctx, struct sc_err *err)
+{
+	(void)s, (void)p, (void)n, (void)fn, (void)ctx;
+	return sc_err_set(err, SC_FAILED_PRECONDITION, NO_CUDA);
+}
+int sc_stager_recv_pieces(struct sc_stager *s, const struct sc_stage_piece *p, size_t n,
+			  sc_stage_io_fn fn, void *ctx, struct sc_err *err)
+{
+	(void)s, (void)p, (void)n, (void)fn, (void)ctx;
 	return sc_err_set(err, SC_FAILED_PRECONDITION, NO_CUDA);
 }
 int sc_gpu_copy(struct sc_gpu *g, uint8_t *dst, int dst_gpu, const uint8_t *src, int src_gpu,

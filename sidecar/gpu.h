@@ -142,6 +142,20 @@ int sc_stager_send(struct sc_stager *s, const uint8_t *src, uint64_t len, sc_sta
  * other. Returns only when every copy has finished (the bytes are in GPU memory). */
 int sc_stager_recv(struct sc_stager *s, uint8_t *dst, uint64_t len, sc_stage_io_fn fn, void *ctx,
 		   struct sc_err *err);
+/* One piece of a list: memory on the host (gpu SC_GPU_HOST) or on the stager's GPU. */
+struct sc_stage_piece {
+	uint8_t *addr;
+	uint64_t len;
+	int gpu;
+};
+/* As sc_stager_send / sc_stager_recv for a list of pieces taken as one stream of bytes in order:
+ * each pinned buffer carries as many pieces as fit, GPU pieces copied in one batch per buffer
+ * (cuMemcpyBatchAsync where the driver has it, else one async copy each), host pieces with memcpy.
+ * A GPU piece on another device than the stager's is INVALID_ARGUMENT. */
+int sc_stager_send_pieces(struct sc_stager *s, const struct sc_stage_piece *p, size_t n,
+			  sc_stage_io_fn fn, void *ctx, struct sc_err *err);
+int sc_stager_recv_pieces(struct sc_stager *s, const struct sc_stage_piece *p, size_t n,
+			  sc_stage_io_fn fn, void *ctx, struct sc_err *err);
 /* Any copy that involves GPU memory: device to device on the same GPU (cuMemcpyDtoDAsync), across
  * GPUs (cuMemcpyPeerAsync), host to device and device to host (through pinned buffers, pipelined).
  * Returns when the bytes are in place. Host to host is a plain memcpy. */

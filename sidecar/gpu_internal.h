@@ -74,6 +74,12 @@ struct sc_cu {
 	SC_CU_REQUIRED(SC_CU_MEMBER)
 	SC_CU_OPTIONAL(SC_CU_MEMBER)
 #undef SC_CU_MEMBER
+	/* cuMemcpyBatchAsync: CUDA 13's signature (driver 13.0 and later), or CUDA 12.8's, which
+	 * also reports the failing copy's index; NULL when the driver has neither (gpu.c). */
+	CUresult (*memcpy_batch_13)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
+				    CUmemcpyAttributes *, size_t *, size_t, CUstream);
+	CUresult (*memcpy_batch_12)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
+				    CUmemcpyAttributes *, size_t *, size_t, size_t *, CUstream);
 };
 
 struct sc_stager {
@@ -84,6 +90,9 @@ struct sc_stager {
 	uint8_t *buf[2];   /* pinned host memory, SC_GPU_STAGE_BYTES each */
 	CUevent done[2];   /* the last copy from/into buf[i] finished */
 	bool pending[2];   /* done[i] recorded and not yet waited for */
+	/* One batch of copies between a pinned buffer and many GPU pieces (gpu_stage.c). */
+	CUdeviceptr *bdst, *bsrc;
+	size_t *bsize, bn, bcap;
 };
 
 struct sc_gpu_dev {

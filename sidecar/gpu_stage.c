@@ -11,6 +11,11 @@
  * returns, so a caller reports COMPLETE (or acknowledges a WRITE) only once the bytes are in GPU
  * memory. The sidecar never synchronises with the worker's own streams (see README, GPU memory).
  *
+ * Lists of pieces (sc_stager_send_pieces / sc_stager_recv_pieces) are packed: each pinned buffer
+ * carries as many pieces as fit, copied with one cuMemcpyBatchAsync where the driver has it (CUDA
+ * 12.8 and later) and one event per buffer, so a 4 KiB piece costs a slot in a batch, not a
+ * driver call and a synchronisation of its own.
+ *
  * Threads: any thread; a stager belongs to one thread between get and put. The pools (one per
  * device, under g->mu) keep stagers for reuse until sc_gpu_close.
  */
@@ -37,6 +42,9 @@ void sc_stager_free(struct sc_gpu *g, struct sc_stager *s)
 	}
 	if (s->stream)
 		g->cu.cuStreamDestroy(s->stream);
+	free(s->bdst);
+	free(s->bsrc);
+	free(s->bsize);
 	free(s);
 }
 
@@ -197,6 +205,176 @@ int sc_stager_recv(struct sc_stager *s, uint8_t *dst, uint64_t len, sc_stage_io_
 		if (record(s, b, rc, "cuMemcpyHtoDAsync", err) != 0)
 			return stop(s);
 		off += n;
+	}
+	if (wait_buf(s, 0, err) != 0 || wait_buf(s, 1, err) != 0)
+		return stop(s);
+	return 0;
+}
+
+/* ---- lists of pieces ------------------------------------------------------------------------- */
+
+static int batch_add(struct sc_stager *s, CUdeviceptr dst, CUdeviceptr src, size_t n,
+		     struct sc_err *err)
+{
+	if (s->bn == s->bcap) {
+		size_t cap = s->bcap ? 2 * s->bcap : 256;
+		CUdeviceptr *d = realloc(s->bdst, cap * sizeof(*d));
+		if (d)
+			s->bdst = d;
+		CUdeviceptr *sr = d ? realloc(s->bsrc, cap * sizeof(*sr)) : NULL;
+		if (sr)
+			s->bsrc = sr;
+		size_t *z = sr ? realloc(s->bsize, cap * sizeof(*z)) : NULL;
+		if (!z)
+			return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory staging pieces");
+		s->bsize = z;
+		s->bcap = cap;
+	}
+	/* A piece that continues the previous one on both sides joins it. */
+	if (s->bn && s->bdst[s->bn - 1] + s->bsize[s->bn - 1] == dst &&
+	    s->bsrc[s->bn - 1] + s->bsize[s->bn - 1] == src) {
+		s->bsize[s->bn - 1] += n;
+		return 0;
+	}
+	s->bdst[s->bn] = dst;
+	s->bsrc[s->bn] = src;
+	s->bsize[s->bn] = n;
+	s->bn++;
+	return 0;
+}
+
+/* Issue the batched copies into or out of buffer b (one driver call where the driver batches)
+ * and record b's event behind them. to_dev: host-to-device. */
+static int batch_flush(struct sc_stager *s, int b, bool to_dev, struct sc_err *err)
+{
+	struct sc_cu *cu = &s->g->cu;
+	CUresult rc = CUDA_SUCCESS;
+	const char *call = "cuMemcpyBatchAsync";
+	if (s->bn > 1 && (cu->memcpy_batch_13 || cu->memcpy_batch_12)) {
+		/* Sources are read in stream order: the pinned buffer was filled before the call,
+		 * device memory belongs to the region. */
+		CUmemcpyAttributes attr;
+		memset(&attr, 0, sizeof(attr));
+		attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+		attr.srcLocHint.type = to_dev ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
+		attr.srcLocHint.id = to_dev ? 0 : s->device;
+		attr.dstLocHint.type = to_dev ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
+		attr.dstLocHint.id = to_dev ? s->device : 0;
+		size_t idx = 0, fail_idx = SIZE_MAX;
+		rc = cu->memcpy_batch_13
+			 ? cu->memcpy_batch_13(s->bdst, s->bsrc, s->bsize, s->bn, &attr, &idx, 1,
+					       s->stream)
+			 : cu->memcpy_batch_12(s->bdst, s->bsrc, s->bsize, s->bn, &attr, &idx, 1,
+					       &fail_idx, s->stream);
+	} else {
+		call = to_dev ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync";
+		for (size_t i = 0; rc == CUDA_SUCCESS && i < s->bn; i++)
+			rc = to_dev ? cu->cuMemcpyHtoDAsync(s->bdst[i],
+							    (const void *)(uintptr_t)s->bsrc[i],
+							    s->bsize[i], s->stream)
+				    : cu->cuMemcpyDtoHAsync((void *)(uintptr_t)s->bdst[i],
+							    s->bsrc[i], s->bsize[i], s->stream);
+	}
+	s->bn = 0;
+	return record(s, b, rc, call, err);
+}
+
+struct cursor {
+	const struct sc_stage_piece *p;
+	size_t n, i;
+	uint64_t off;
+};
+
+/* Walk the next `want` bytes of the list between buffer b at `at` and the pieces: GPU pieces
+ * into the batch, host pieces copied at once (guarded: a region file a worker truncated). */
+static int walk(struct sc_stager *s, struct cursor *c, int b, size_t want, bool to_dev,
+		struct sc_err *err)
+{
+	size_t at = 0;
+	while (at < want && c->i < c->n) {
+		const struct sc_stage_piece *p = &c->p[c->i];
+		uint64_t left = p->len - c->off;
+		size_t take = left < want - at ? (size_t)left : want - at;
+		uint8_t *mem = p->addr + c->off, *buf = s->buf[b] + at;
+		int rc;
+		if (p->gpu == SC_GPU_HOST)
+			rc = to_dev ? sc_guarded_memcpy(mem, buf, take, err)
+				    : sc_guarded_memcpy(buf, mem, take, err);
+		else if (p->gpu != s->device)
+			rc = sc_err_set(err, SC_INVALID_ARGUMENT,
+					"piece %zu is on GPU %d, the stager on GPU %d", c->i,
+					p->gpu, s->device);
+		else
+			rc = to_dev ? batch_add(s, (CUdeviceptr)(uintptr_t)mem,
+						(CUdeviceptr)(uintptr_t)buf, take, err)
+				    : batch_add(s, (CUdeviceptr)(uintptr_t)buf,
+						(CUdeviceptr)(uintptr_t)mem, take, err);
+		if (rc != 0) {
+			s->bn = 0;
+			return -1;
+		}
+		at += take;
+		c->off += take;
+		if (c->off == p->len) {
+			c->i++;
+			c->off = 0;
+		}
+	}
+	return batch_flush(s, b, to_dev, err);
+}
+
+static uint64_t pieces_total(const struct sc_stage_piece *p, size_t n)
+{
+	uint64_t t = 0;
+	for (size_t i = 0; i < n; i++)
+		t += p[i].len;
+	return t;
+}
+
+int sc_stager_send_pieces(struct sc_stager *s, const struct sc_stage_piece *p, size_t n,
+			  sc_stage_io_fn fn, void *ctx, struct sc_err *err)
+{
+	uint64_t len = pieces_total(p, n);
+	if (len == 0)
+		return 0;
+	if (sc_gpu_use(s->g, s->device, err) != 0)
+		return -1;
+	struct cursor c = {.p = p, .n = n};
+	size_t fill[2] = {len < SC_GPU_STAGE_BYTES ? (size_t)len : SC_GPU_STAGE_BYTES, 0};
+	if (walk(s, &c, 0, fill[0], false, err) != 0)
+		return stop(s);
+	int b = 0;
+	for (uint64_t off = 0; off < len; b ^= 1) {
+		uint64_t next = off + fill[b];
+		if (wait_buf(s, b, err) != 0)
+			return stop(s);
+		if (next < len) {
+			fill[b ^ 1] = len - next < SC_GPU_STAGE_BYTES ? (size_t)(len - next)
+								       : SC_GPU_STAGE_BYTES;
+			if (walk(s, &c, b ^ 1, fill[b ^ 1], false, err) != 0)
+				return stop(s);
+		}
+		if (fn(ctx, s->buf[b], fill[b], err) != 0)
+			return stop(s);
+		off = next;
+	}
+	return 0;
+}
+
+int sc_stager_recv_pieces(struct sc_stager *s, const struct sc_stage_piece *p, size_t n,
+			  sc_stage_io_fn fn, void *ctx, struct sc_err *err)
+{
+	uint64_t len = pieces_total(p, n);
+	if (sc_gpu_use(s->g, s->device, err) != 0)
+		return -1;
+	struct cursor c = {.p = p, .n = n};
+	int b = 0;
+	for (uint64_t off = 0; off < len; b ^= 1) {
+		size_t k = len - off < SC_GPU_STAGE_BYTES ? (size_t)(len - off) : SC_GPU_STAGE_BYTES;
+		if (wait_buf(s, b, err) != 0 || fn(ctx, s->buf[b], k, err) != 0 ||
+		    walk(s, &c, b, k, true, err) != 0)
+			return stop(s);
+		off += k;
 	}
 	if (wait_buf(s, 0, err) != 0 || wait_buf(s, 1, err) != 0)
 		return stop(s);

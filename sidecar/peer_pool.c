@@ -804,6 +804,61 @@ int sc_peer_writev_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_
 	return -1;
 }
 
+/* iov (GPU memory of dev) as stager pieces; NULL when out of memory. */
+static struct sc_stage_piece *gpu_pieces(const struct iovec *iov, uint32_t n, int dev)
+{
+	struct sc_stage_piece *p = malloc((n ? n : 1) * sizeof(*p));
+	for (uint32_t i = 0; p && i < n; i++)
+		p[i] = (struct sc_stage_piece){
+		    .addr = iov[i].iov_base, .len = iov[i].iov_len, .gpu = dev};
+	return p;
+}
+
+int sc_peer_readv_recv_gpu(struct sc_peer_conn *conn, uint64_t total, const struct iovec *iov,
+			   uint32_t n, struct sc_gpu *g, int dev, uint64_t deadline_mono_ms,
+			   const atomic_bool *cancel, struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	if (recv_data_header(conn, total, &w, err) != 0)
+		return -1;
+	struct sc_stage_piece *p = gpu_pieces(iov, n, dev);
+	if (!p) {
+		atomic_store(&conn->broken, true);
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	}
+	enum sc_peer_io io;
+	int rc = sc_peer_recv_pieces_gpu(g, dev, conn->fd, p, n, &w, conn->what, &io, err);
+	free(p);
+	if (rc != 0)
+		atomic_store(&conn->broken, true); /* the rest of the DATA is still on the wire */
+	return rc;
+}
+
+int sc_peer_writev_send_gpu(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+			    uint64_t xfer_id, const struct sc_peer_piece *pieces, uint32_t n,
+			    const struct iovec *iov, struct sc_gpu *g, int dev,
+			    uint64_t deadline_mono_ms, const atomic_bool *cancel,
+			    struct sc_err *err)
+{
+	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_stage_piece *p = gpu_pieces(iov, n, dev);
+	if (!p)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	/* The WRITEV frame promises the pieces' bytes; they follow, staged. */
+	int rc = send_pieces(conn, SC_FRAME_WRITEV, token, xfer_id, pieces, n, NULL, &w, err);
+	enum sc_peer_io io = SC_PEER_IO_OK;
+	if (rc == 0 &&
+	    (rc = sc_peer_send_pieces_gpu(g, dev, conn->fd, p, n, &w, conn->what, &io, err)) != 0) {
+		atomic_store(&conn->broken, true);
+		if (io != SC_PEER_IO_OK)
+			refused_write_reason(conn, cancel, err);
+	} else if (rc != 0) {
+		refused_write_reason(conn, cancel, err);
+	}
+	free(p);
+	return rc;
+}
+
 int sc_peer_write_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
 		       uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len,
 		       const uint8_t *src, uint64_t deadline_mono_ms, const atomic_bool *cancel,

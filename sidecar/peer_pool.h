@@ -161,6 +161,16 @@ int sc_peer_write_send_gpu(struct sc_peer_conn *conn, const uint8_t token[SC_TOK
 			   const uint8_t *src, struct sc_gpu *g, int dev,
 			   uint64_t deadline_mono_ms, const atomic_bool *cancel,
 			   struct sc_err *err);
+/* sc_peer_readv_recv / sc_peer_writev_send for pieces that are all GPU memory of device dev,
+ * packed many per pinned buffer (peer_stage.h). */
+int sc_peer_readv_recv_gpu(struct sc_peer_conn *conn, uint64_t total, const struct iovec *iov,
+			   uint32_t n, struct sc_gpu *g, int dev, uint64_t deadline_mono_ms,
+			   const atomic_bool *cancel, struct sc_err *err);
+int sc_peer_writev_send_gpu(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+			    uint64_t xfer_id, const struct sc_peer_piece *pieces, uint32_t n,
+			    const struct iovec *iov, struct sc_gpu *g, int dev,
+			    uint64_t deadline_mono_ms, const atomic_bool *cancel,
+			    struct sc_err *err);
 /* DONE: this side's verdict for the use (SC_OK, or the error / SC_CANCELLED and its message). */
 int sc_peer_done(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		 enum sc_status status, const char *msg, uint64_t deadline_mono_ms,

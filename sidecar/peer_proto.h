@@ -29,8 +29,9 @@
  *                                                                        DATA + bulk | ERROR
  *   WRITEV      as READV, + the pieces' bytes in order as one bulk       OK | ERROR (then closed)
  *
- * READV/WRITEV (many pieces per request, 1..SC_PEER_MAX_PIECES, host memory on both ends, the
- * bulk being every piece's bytes back to back, at most SC_PEER_MAX_BULK) are sent only to a
+ * READV/WRITEV (many pieces per request, 1..SC_PEER_MAX_PIECES, the bulk being every piece's
+ * bytes back to back, at most SC_PEER_MAX_BULK; GPU pieces are staged on either end, packed many
+ * per pinned buffer, and one request's GPU pieces are on one GPU) are sent only to a
  * sidecar whose metadata is version 2 or later: the serving side is always the metadata's
  * issuer, so its metadata version says it reads them. An older sidecar issues version 1
  * metadata and is sent single-piece READ/WRITE as before; the frame version stays 1.

@@ -532,13 +532,15 @@ static void release_spans(struct sc_engine *eng, struct sc_span *spans, size_t n
 	}
 }
 
-/* Pin every piece of a READV/WRITEV (host memory only) into *spans / *iov, in order. */
+/* Pin every piece of a READV/WRITEV into *spans / *iov, in order; *gpu_out: SC_GPU_HOST when
+ * every piece is host memory, else a GPU that holds one. */
 static int pin_pieces(struct conn *c, const struct sc_peer_msg *m, enum sc_op_kind kind,
 		      struct sc_span **spans_out, struct iovec **iov_out, size_t *n_out,
-		      struct sc_err *err)
+		      int *gpu_out, struct sc_err *err)
 {
 	struct sc_engine *eng = c->srv->eng;
 	size_t cap = m->n_pieces, n = 0;
+	int gpu = SC_GPU_HOST;
 	struct sc_span *spans = malloc(cap * sizeof(*spans));
 	if (!spans)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "sidecar out of memory");
@@ -561,12 +563,8 @@ static int pin_pieces(struct conn *c, const struct sc_peer_msg *m, enum sc_op_ki
 				goto fail;
 			}
 			n++;
-			if (sp->gpu != SC_GPU_HOST) {
-				sc_err_set(err, SC_INVALID_ARGUMENT,
-					   "piece %u: %s of GPU memory: send READ/WRITE per piece", i,
-					   sc_frame_type_name(m->type));
-				goto fail;
-			}
+			if (sp->gpu != SC_GPU_HOST) /* staged: see staged_pieces */
+				gpu = sp->gpu;
 			if (sp->len == 0 || sp->len > p.len - done) {
 				sc_err_set(err, SC_INTERNAL, "engine returned a span of %" PRIu64
 					   " bytes for %" PRIu64, sp->len, p.len - done);
@@ -585,11 +583,42 @@ static int pin_pieces(struct conn *c, const struct sc_peer_msg *m, enum sc_op_ki
 	*spans_out = spans;
 	*iov_out = iov;
 	*n_out = n;
+	*gpu_out = gpu;
 	return 0;
 fail:
 	release_spans(eng, spans, n, 0);
 	free(spans);
 	return -1;
+}
+
+/* The pieces of a READV/WRITEV that has GPU memory in it, in order, packed through pinned buffers:
+ * each stretch whose GPU pieces are on one device (host pieces join the stretch they are in) goes
+ * through that device's stager (every stretch has a GPU piece: the list has one, and a stretch
+ * ends only at a GPU piece of another device). */
+static int staged_pieces(struct conn *c, const struct sc_span *spans, size_t n, bool send,
+			 const struct sc_peer_wait *w, enum sc_peer_io *io, struct sc_err *err)
+{
+	*io = SC_PEER_IO_OK;
+	struct sc_stage_piece *p = malloc((n ? n : 1) * sizeof(*p));
+	if (!p)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "sidecar out of memory");
+	for (size_t i = 0; i < n; i++)
+		p[i] = (struct sc_stage_piece){
+		    .addr = spans[i].addr, .len = spans[i].len, .gpu = spans[i].gpu};
+	struct sc_gpu *g = sc_engine_gpu(c->srv->eng);
+	int rc = 0;
+	for (size_t i = 0; rc == 0 && i < n;) {
+		int dev = SC_GPU_HOST;
+		size_t j = i;
+		for (; j < n && (p[j].gpu == SC_GPU_HOST || dev == SC_GPU_HOST || p[j].gpu == dev);
+		     j++)
+			dev = p[j].gpu != SC_GPU_HOST ? p[j].gpu : dev;
+		rc = send ? sc_peer_send_pieces_gpu(g, dev, c->fd, p + i, j - i, w, c->what, io, err)
+			  : sc_peer_recv_pieces_gpu(g, dev, c->fd, p + i, j - i, w, c->what, io, err);
+		i = j;
+	}
+	free(p);
+	return rc;
 }
 
 /* READV: the DATA header, then every piece gathered straight from region memory (sendmsg with
@@ -601,8 +630,9 @@ static int serve_readv(struct conn *c, const struct sc_peer_msg *m, char *why, s
 	struct sc_span *spans = NULL;
 	struct iovec *iov = NULL;
 	size_t n = 0;
+	int gpu = SC_GPU_HOST;
 	if (!opened_here(c, m, SC_OP_READ, &err) ||
-	    pin_pieces(c, m, SC_OP_READ, &spans, &iov, &n, &err) != 0)
+	    pin_pieces(c, m, SC_OP_READ, &spans, &iov, &n, &gpu, &err) != 0)
 		return reply_error(c, &err, why, why_cap);
 	struct sc_peer_msg data = {.type = SC_FRAME_DATA, .len = m->len};
 	uint8_t hdr[32];
@@ -614,10 +644,20 @@ static int serve_readv(struct conn *c, const struct sc_peer_msg *m, char *why, s
 	size_t sent = 0;
 	int e = 0;
 	enum sc_peer_io rc = sc_peer_sendv_all(c->fd, &first, 1, &w, &sent, &e);
-	if (rc == SC_PEER_IO_OK)
+	if (rc == SC_PEER_IO_OK && gpu != SC_GPU_HOST) {
+		if (staged_pieces(c, spans, n, true, &w, &rc, &err) != 0) {
+			release_spans(c->srv->eng, spans, n, 0);
+			free(spans);
+			free(iov);
+			snprintf(why, why_cap, "sending READV data (GPU memory) failed: %s", err.msg);
+			return -1;
+		}
+		sent = (size_t)m->len;
+	} else if (rc == SC_PEER_IO_OK) {
 		rc = sc_peer_sendv_all(c->fd, iov, (int)n, &w, &sent, &e);
-	else
+	} else {
 		sent = 0;
+	}
 	release_spans(c->srv->eng, spans, n, sent);
 	free(spans);
 	free(iov);
@@ -637,8 +677,9 @@ static int serve_writev(struct conn *c, const struct sc_peer_msg *m, char *why, 
 	struct sc_span *spans = NULL;
 	struct iovec *iov = NULL;
 	size_t n = 0;
+	int gpu = SC_GPU_HOST;
 	if (!opened_here(c, m, SC_OP_WRITE, &err) ||
-	    pin_pieces(c, m, SC_OP_WRITE, &spans, &iov, &n, &err) != 0) {
+	    pin_pieces(c, m, SC_OP_WRITE, &spans, &iov, &n, &gpu, &err) != 0) {
 		/* Refused: the bulk bytes that follow are not read; the connection ends. */
 		reply_error(c, &err, why, why_cap);
 		snprintf(why, why_cap, "refused a WRITEV: %s", err.msg);
@@ -648,7 +689,23 @@ static int serve_writev(struct conn *c, const struct sc_peer_msg *m, char *why, 
 	busy_wait(c, &w);
 	size_t got = 0;
 	int e = 0;
-	enum sc_peer_io rc = sc_peer_recvv_all(c->fd, iov, (int)n, &w, &got, &e);
+	enum sc_peer_io rc;
+	if (gpu != SC_GPU_HOST) {
+		/* Staged: acknowledged (OK below) only once the bytes are in GPU memory. */
+		if (staged_pieces(c, spans, n, false, &w, &rc, &err) != 0) {
+			release_spans(c->srv->eng, spans, n, 0);
+			free(spans);
+			free(iov);
+			if (rc == SC_PEER_IO_OK) /* the driver failed: tell the peer why */
+				reply_error(c, &err, why, why_cap);
+			snprintf(why, why_cap, "receiving WRITEV data (GPU memory) failed: %s",
+				 err.msg);
+			return -1;
+		}
+		got = (size_t)m->len;
+	} else {
+		rc = sc_peer_recvv_all(c->fd, iov, (int)n, &w, &got, &e);
+	}
 	release_spans(c->srv->eng, spans, n, got);
 	free(spans);
 	free(iov);

@@ -62,3 +62,35 @@ int sc_peer_recv_gpu(struct sc_gpu *g, int dev, int fd, uint8_t *dst, uint64_t l
 {
 	return run(g, dev, fd, dst, len, false, w, what, io, err);
 }
+
+/* A list of pieces (host memory, or GPU dev's), packed into the pinned buffers (gpu.h). */
+static int run_pieces(struct sc_gpu *g, int dev, int fd, const struct sc_stage_piece *p, size_t n,
+		      bool send, const struct sc_peer_wait *w, const char *what,
+		      enum sc_peer_io *io_out, struct sc_err *err)
+{
+	struct stage_io io = {.fd = fd, .w = w, .what = what, .rc = SC_PEER_IO_OK};
+	struct sc_stager *s;
+	int rc = sc_stager_get(g, dev, &s, err);
+	if (rc == 0) {
+		rc = send ? sc_stager_send_pieces(s, p, n, stage_send, &io, err)
+			  : sc_stager_recv_pieces(s, p, n, stage_recv, &io, err);
+		sc_stager_put(g, s);
+	}
+	if (io_out)
+		*io_out = io.rc;
+	return rc;
+}
+
+int sc_peer_send_pieces_gpu(struct sc_gpu *g, int dev, int fd, const struct sc_stage_piece *p,
+			    size_t n, const struct sc_peer_wait *w, const char *what,
+			    enum sc_peer_io *io, struct sc_err *err)
+{
+	return run_pieces(g, dev, fd, p, n, true, w, what, io, err);
+}
+
+int sc_peer_recv_pieces_gpu(struct sc_gpu *g, int dev, int fd, const struct sc_stage_piece *p,
+			    size_t n, const struct sc_peer_wait *w, const char *what,
+			    enum sc_peer_io *io, struct sc_err *err)
+{
+	return run_pieces(g, dev, fd, p, n, false, w, what, io, err);
+}

@@ -157,6 +157,8 @@ static CUresult g_fail_err = CUDA_ERROR_ILLEGAL_ADDRESS; /* FAKE_CUDA_FAIL_COPY_
 static CUresult g_sticky[FC_MAX_DEV];	     /* a device's context is poisoned by this error */
 static bool g_dmabuf;			     /* FAKE_CUDA_DMA_BUF */
 static bool g_gdr;			     /* FAKE_CUDA_GDR */
+static unsigned long g_batch_calls;	     /* cuMemcpyBatchAsync calls: see FAKE_CUDA_STATS */
+static unsigned long g_copy_calls;	     /* cuMemcpyHtoDAsync / cuMemcpyDtoHAsync calls */
 
 static _Thread_local struct CUctx_st *tl_stack[FC_CTX_STACK];
 static _Thread_local int tl_depth;
@@ -992,10 +994,23 @@ static void backing_unlink(const char *name)
 }
 
 /* At exit the real driver frees a process's device memory: unlink the backing files this process
- * still owns (not those of a parent it was forked from). A crash leaves them behind. */
+ * still owns (not those of a parent it was forked from). A crash leaves them behind.
+ * FAKE_CUDA_STATS=FILE: append "copy_calls=N batch_calls=N" (host<->device async copy calls and
+ * cuMemcpyBatchAsync calls of this process), so a test can see how many driver calls a transfer
+ * took. */
 __attribute__((destructor)) static void fc_at_exit(void)
 {
 	char own[24];
+	const char *stats = getenv("FAKE_CUDA_STATS");
+	if (stats && *stats) {
+		FILE *f = fopen(stats, "a");
+		if (f) {
+			fprintf(f, "copy_calls=%lu batch_calls=%lu\n",
+				__atomic_load_n(&g_copy_calls, __ATOMIC_RELAXED),
+				__atomic_load_n(&g_batch_calls, __ATOMIC_RELAXED));
+			fclose(f);
+		}
+	}
 	bool locked = pthread_mutex_trylock(&g_mu) == 0;
 
 	snprintf(own, sizeof(own), FC_NAME_PREFIX "%d-", (int)getpid());
@@ -1382,11 +1397,13 @@ CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr s
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
 {
+	__atomic_add_fetch(&g_copy_calls, 1, __ATOMIC_RELAXED);
 	return submit_copy(dstDevice, 1, (uintptr_t)srcHost, 0, ByteCount, hStream, true);
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
 {
+	__atomic_add_fetch(&g_copy_calls, 1, __ATOMIC_RELAXED);
 	return submit_copy((uintptr_t)dstHost, 0, srcDevice, 1, ByteCount, hStream, true);
 }
 
@@ -1406,6 +1423,55 @@ CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdevice
 	if (!dstContext || !srcContext)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	return submit_copy(dstDevice, 1, srcDevice, 1, ByteCount, hStream, true);
+}
+
+/* cuMemcpyBatchAsync, as documented: every copy in stream order on a stream other than the legacy
+ * default one, attributes indexed from 0 in ascending order, a valid source access order. The
+ * CUDA 12.8 form reports the failing copy's index. FAKE_CUDA_NO_BATCH=1 hides it (an older
+ * driver). */
+static CUresult batch_copy(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+			   CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs,
+			   size_t *failIdx, CUstream s)
+{
+	if (failIdx)
+		*failIdx = SIZE_MAX;
+	if (!dsts || !srcs || !sizes || count == 0 || !attrs || !attrsIdxs || numAttrs == 0 ||
+	    numAttrs > count || attrsIdxs[0] != 0 || sync_stream(s))
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t a = 0; a < numAttrs; a++) {
+		if ((a && attrsIdxs[a] <= attrsIdxs[a - 1]) || attrsIdxs[a] >= count)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (attrs[a].srcAccessOrder < CU_MEMCPY_SRC_ACCESS_ORDER_STREAM ||
+		    attrs[a].srcAccessOrder > CU_MEMCPY_SRC_ACCESS_ORDER_ANY)
+			return CUDA_ERROR_INVALID_VALUE;
+	}
+	for (size_t i = 0; i < count; i++)
+		if (sizes[i] == 0)
+			return CUDA_ERROR_INVALID_VALUE;
+	__atomic_add_fetch(&g_batch_calls, 1, __ATOMIC_RELAXED);
+	for (size_t i = 0; i < count; i++) {
+		CUresult r = submit_copy(dsts[i], -1, srcs[i], -1, sizes[i], s, true);
+		if (r) {
+			if (failIdx)
+				*failIdx = i;
+			return r;
+		}
+	}
+	return CUDA_SUCCESS;
+}
+
+static CUresult cuMemcpyBatchAsync_13(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+				      size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs,
+				      size_t numAttrs, CUstream s)
+{
+	return batch_copy(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, NULL, s);
+}
+
+static CUresult cuMemcpyBatchAsync_12(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+				      size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs,
+				      size_t numAttrs, size_t *failIdx, CUstream s)
+{
+	return batch_copy(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, s);
 }
 
 /* ---- streams and events ---------------------------------------------------------------------- */
@@ -2400,10 +2466,21 @@ static const struct fc_sym fc_syms[] = {
 
 /* Base name -> implementation, whatever cudaVersion and flags (per-thread default stream variants
  * are the same functions here). Needs no cuInit, like the real one. */
-static CUresult get_proc(const char *symbol, void **pfn, CUdriverProcAddressQueryResult *symbolStatus)
+static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion,
+			 CUdriverProcAddressQueryResult *symbolStatus)
 {
 	if (!symbol || !pfn)
 		return CUDA_ERROR_INVALID_VALUE;
+	/* The one versioned entry point the sidecar asks for by version: CUDA 13 changed its
+	 * signature. */
+	if (!strcmp(symbol, "cuMemcpyBatchAsync") && cudaVersion >= 12080 &&
+	    getenv("FAKE_CUDA_NO_BATCH") == NULL) {
+		*pfn = cudaVersion >= 13000 ? (void *)cuMemcpyBatchAsync_13
+					    : (void *)cuMemcpyBatchAsync_12;
+		if (symbolStatus)
+			*symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
+		return CUDA_SUCCESS;
+	}
 	for (size_t i = 0; i < sizeof(fc_syms) / sizeof(fc_syms[0]); i++)
 		if (!strcmp(fc_syms[i].name, symbol)) {
 			*pfn = fc_syms[i].fn;
@@ -2423,7 +2500,7 @@ static CUresult get_proc(const char *symbol, void **pfn, CUdriverProcAddressQuer
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
 			     CUdriverProcAddressQueryResult *symbolStatus)
 {
-	return get_proc(symbol, pfn, symbolStatus);
+	return get_proc(symbol, pfn, cudaVersion, symbolStatus);
 }
 #endif
 
@@ -2431,5 +2508,5 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
 {
-	return get_proc(symbol, pfn, NULL);
+	return get_proc(symbol, pfn, cudaVersion, NULL);
 }

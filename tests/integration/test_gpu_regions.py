@@ -414,6 +414,88 @@ class GpuRegionTest(SidecarTest):
         self.assertIn("at the peer", done.backend_reason)
         self.assertIn("GPU memory", pdone.backend_reason)
 
+    def kv_round(self, a, b, layers, per, blk, stride, host_side=False):
+        """vLLM's layout over TCP: `layers` GPU layer tensors on a, the same `per` block ids (random
+        order, odd block size) in each, against one strided run on b (GPU, or host memory with
+        host_side); READ then WRITE, every byte of every region compared."""
+        nblocks = per + 40
+        ids = self.rnd.sample(range(nblocks), per)
+        n = layers * per
+        for direction in ("read", "write"):
+            src = [GpuMem(a, nblocks * stride + 7) for _ in range(layers)]
+            dst = HostMem(b, n * blk + 5) if host_side else GpuMem(b, n * blk + 5)
+            noise = {}
+            for m in src + [dst]:
+                noise[id(m)] = bytearray(os.urandom(m.size))
+                m.write(0, bytes(noise[id(m)]))
+            payload = os.urandom(n * blk)
+            src_ranges = [(m, 7 + i * stride) for m in src for i in ids]
+            dst_ranges = [(dst, 5 + k * blk) for k in range(n)]
+            holder = src_ranges if direction == "read" else dst_ranges
+            for k, (m, off) in enumerate(holder):
+                noise[id(m)][off:off + blk] = payload[k * blk:(k + 1) * blk]
+            for m in set(m for m, _ in holder):
+                m.write(0, bytes(noise[id(m)]))
+            receiver = dst_ranges if direction == "read" else src_ranges
+            for k, (m, off) in enumerate(receiver):
+                noise[id(m)][off:off + blk] = payload[k * blk:(k + 1) * blk]
+            bl = pb.BlockList(region_ids=[m.region.region_id for m in src], block_length=blk,
+                              block_ids=ids, block_stride=stride, base_offset=7)
+            passive = (a.stub.CreateReadable if direction == "read" else a.stub.CreateWritable)(
+                pb.CreatePassiveRequest(descriptor_sets=[pb.DescriptorSet(block_list=bl)],
+                                        timeout_ms=60000), timeout=30)
+            self.assertEqual(passive.descriptor_count, n)
+            run = pb.StridedRun(region_id=dst.region.region_id, offset=5, stride=blk, count=n,
+                                length=blk)
+            begin = b.stub.BeginRead if direction == "read" else b.stub.BeginWrite
+            op = begin(pb.BeginTransferRequest(metadata=passive.metadata,
+                                               descriptor_sets=[pb.DescriptorSet(strided_run=run)],
+                                               timeout_ms=60000), timeout=30)
+            done = b.wait(op.operation_id, 60000)
+            self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, done.error.message)
+            self.assertEqual(done.backend, pb.BACKEND_TCP, done.backend_reason)
+            self.assertEqual(a.wait(passive.operation_id, 10000).status, pb.OPERATION_STATUS_COMPLETE)
+            for m in src + [dst]:
+                got = m.read(0, m.size)
+                if got != bytes(noise[id(m)]):
+                    first = next(i for i in range(m.size) if got[i] != noise[id(m)][i])
+                    self.fail("%s %s: first wrong byte at %d of %d"
+                              % (direction, m.region.region_id, first, m.size))
+
+    @stand_in_only
+    def test_tcp_kv_blocks_packed_into_few_driver_calls(self):
+        """8 GPU layer tensors x 128 shared block ids of 4,099 bytes (1,024 pieces) in one READ
+        and one WRITE against one GPU strided run: the pieces travel many per request and many
+        per pinned buffer, so both sidecars make a handful of cuMemcpyBatchAsync calls, not one
+        copy call per piece. Then the same with a driver that has no batched copy (one async copy
+        per piece, still one synchronisation per buffer) and with host memory on one side."""
+        stats = {}
+        for tag, env in (("batched", {}), ("unbatched", {"FAKE_CUDA_NO_BATCH": "1"})):
+            sa, sb = (os.path.join(self.workdir, "%s-%s.stats" % (tag, side)) for side in "ab")
+            keys = self.key_file("keys-" + tag)
+            a = self.gpu_sidecar("a-" + tag, keys, env=dict(env, FAKE_CUDA_STATS=sa))
+            b = self.gpu_sidecar("b-" + tag, keys, env=dict(env, FAKE_CUDA_STATS=sb))
+            self.kv_round(a, b, layers=8, per=128, blk=4099, stride=4352)
+            for sc in (a, b):
+                self.assertEqual(sc.stop(), 0)
+            stats[tag] = []
+            for path in (sa, sb):
+                with open(path) as f:
+                    stats[tag].append(dict(kv.split("=") for kv in f.read().split()))
+        pieces = 2 * 8 * 128  # per sidecar: a READ and a WRITE
+        calls = [int(s["batch_calls"]) + int(s["copy_calls"]) for s in stats["batched"]]
+        # a's pieces are scattered: batched; b's are back to back: one copy per pinned buffer
+        self.assertGreater(int(stats["batched"][0]["batch_calls"]), 0, stats)
+        self.assertLess(max(calls), pieces // 16, stats)
+        self.assertEqual([s["batch_calls"] for s in stats["unbatched"]], ["0", "0"], stats)
+        self.assertGreaterEqual(int(stats["unbatched"][0]["copy_calls"]), pieces, stats)
+        print("driver calls for %d pieces per sidecar: batched a=%d b=%d, without "
+              "cuMemcpyBatchAsync a=%s b=%s" % (pieces, calls[0], calls[1],
+                                                stats["unbatched"][0]["copy_calls"],
+                                                stats["unbatched"][1]["copy_calls"]))
+        a, b = self.pair(suffix="-host")
+        self.kv_round(a, b, layers=3, per=50, blk=777, stride=800, host_side=True)
+
     def test_local_device_copies(self):
         keys = self.key_file()
         a = self.gpu_sidecar("a", keys)
