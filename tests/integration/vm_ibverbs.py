@@ -459,6 +459,85 @@ class IbverbsTest(SidecarTest):
         self.move_blocks(a, b, 4096, 4099, "read", 3000, 1, nregions=4)
         self.move_blocks(a, b, 4096, 4099, "write", 1, 3000, nregions=4)
 
+    def test_kv_prompt_16384_blocks_one_operation(self):
+        """A whole 4K-token prompt of Llama-3.1-8B as ONE operation each way over ibverbs:
+        64 layer tensors x the same 256 random block ids x 32 KiB (16,384 descriptors, 512 MiB).
+        READ: a compact BlockList on the passive side against one StridedRun; WRITE: the same
+        16,384 ranges as plain descriptors on the passive side against the StridedRun. Region
+        files are filled with random bytes in chunks and every block compared through mmap (the
+        VM has room for both sides' 1.1 GiB, not for copies of it)."""
+        import mmap
+        a, b = self.pair()
+        layers, per, slots, blk = 64, 256, 300, 32768
+        ids = random.Random(self.seed).sample(range(slots), per)
+        n = layers * per
+
+        def fill(sc, r):
+            with open(r.path, "r+b") as f:
+                for off in range(0, r.size, 16 << 20):
+                    f.write(os.urandom(min(16 << 20, r.size - off)))
+
+        def compare(what, src, dst):
+            """src/dst: lists of (region, offset) in transfer order."""
+            maps = {}
+            try:
+                for r, _ in src + dst:
+                    if r.region_id not in maps:
+                        with open(r.path, "r+b") as f:
+                            maps[r.region_id] = mmap.mmap(f.fileno(), r.size)
+                for k, ((sr, so), (dr, do)) in enumerate(zip(src, dst)):
+                    if maps[sr.region_id][so:so + blk] != maps[dr.region_id][do:do + blk]:
+                        self.fail("%s: block %d differs (seed %d)" % (what, k, self.seed))
+            finally:
+                for m in maps.values():
+                    m.close()
+
+        for direction in ("read", "write"):
+            layer_regions = [a.create_region(slots * blk) for _ in range(layers)]
+            flat = b.create_region(n * blk + 4096)
+            for r in layer_regions + [flat]:
+                fill(None, r)
+            p_ranges = [(r, i * blk) for r in layer_regions for i in ids]
+            a_ranges = [(flat, 4096 + k * blk) for k in range(n)]
+            if direction == "read":
+                p_req = pb.CreatePassiveRequest(descriptor_sets=[pb.DescriptorSet(block_list=pb.BlockList(
+                    region_ids=[r.region_id for r in layer_regions], block_length=blk, block_ids=ids))],
+                    timeout_ms=600000)
+            else:
+                p_req = pb.CreatePassiveRequest(descriptors=[desc(r, o, blk) for r, o in p_ranges],
+                                                timeout_ms=600000)
+            create = a.stub.CreateReadable if direction == "read" else a.stub.CreateWritable
+            t0 = time.monotonic()
+            po = create(p_req, timeout=120 * SLOW)
+            t_create = time.monotonic() - t0
+            self.assertEqual(po.descriptor_count, n)
+            begin = b.stub.BeginRead if direction == "read" else b.stub.BeginWrite
+            t1 = time.monotonic()
+            op = begin(pb.BeginTransferRequest(
+                metadata=po.metadata, timeout_ms=600000, descriptor_sets=[pb.DescriptorSet(
+                    strided_run=pb.StridedRun(region_id=flat.region_id, offset=4096, stride=blk,
+                                              count=n, length=blk))]), timeout=120 * SLOW)
+            done = b.wait(op.operation_id, 600000)
+            t_move = time.monotonic() - t1
+            self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, "%s: %s" % (direction, done.error.message))
+            self.assertEqual(done.backend, IB, done.backend_reason)
+            self.assertEqual(done.bytes_done, n * blk)
+            self.assertEqual(a.wait(po.operation_id, 60000).status, pb.OPERATION_STATUS_COMPLETE)
+            if direction == "read":
+                compare("read", p_ranges, a_ranges)
+            else:
+                compare("write", a_ranges, p_ranges)
+            print("  %s 16,384 x 32 KiB, one operation (%s passive list): Create%s %.1f ms, "
+                  "metadata %d B, transfer %.2f s (%.2f GB/s)" % (
+                      direction, "compact" if direction == "read" else "plain",
+                      "Readable" if direction == "read" else "Writable", t_create * 1e3,
+                      len(po.metadata), t_move, n * blk / t_move / 1e9))
+            for sc, oid in ((a, po.operation_id), (b, op.operation_id)):
+                sc.stub.ReleaseOperation(pb.ReleaseOperationRequest(operation_id=oid), timeout=30 * SLOW)
+            for r in layer_regions:
+                a.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=r.region_id), timeout=30 * SLOW)
+            b.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=flat.region_id), timeout=30 * SLOW)
+
     def test_mr_fallback_without_windows(self):
         """Where the device has no memory windows (forced here with SC_TEST_IB_NO_MW=1), one
         MR per (operation, region) over the operation's span: GetInfo says so, the metadata still

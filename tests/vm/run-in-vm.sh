@@ -28,7 +28,8 @@
 #                            for paths under /tmp, /var/tmp or /run, which are
 #                            fresh tmpfs there (e.g. an out-of-tree build dir)
 #   RDMA_SIDECAR_VM_CACHE    kernel/initramfs cache (default /var/cache/rdma-sidecar-vm)
-#   RDMA_SIDECAR_VM_MEM, RDMA_SIDECAR_VM_SMP   guest memory (MiB, 2048), CPUs (2)
+#   RDMA_SIDECAR_VM_MEM, RDMA_SIDECAR_VM_SMP   guest memory (MiB, 3584: the 16,384 x 32 KiB test
+#                                              holds 1.1 GiB of regions in tmpfs), CPUs (2)
 #   RDMA_SIDECAR_VM_APPEND   more kernel parameters ("rdma_sidecar.debug"
 #                            times the guest init's stages)
 #   RDMA_SIDECAR_VM_KERNEL   boot this kernel image instead (its modules must
@@ -125,7 +126,7 @@ printf 'VM_OUT_PATH=%s\nVM_CWD=%s\nVM_SHOW="%s"\n' "$out" "$cwd" "${show[*]}" >"
 
 qemu=(qemu-system-x86_64
     -accel "tcg,thread=multi" -cpu max
-    -m "${RDMA_SIDECAR_VM_MEM:-2048}" -smp "${RDMA_SIDECAR_VM_SMP:-2}"
+    -m "${RDMA_SIDECAR_VM_MEM:-3584}" -smp "${RDMA_SIDECAR_VM_SMP:-2}"
     -nographic -no-reboot -nic none
     -fw_cfg "name=etc/sercon-port,string=0" # SeaBIOS: no output, no ESC c
     -kernel "$kernel" -initrd "$initrd"
