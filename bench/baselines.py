@@ -37,8 +37,10 @@ def iperf3(seconds, streams=1):
         srv.wait()
 
 
-def ucx(test, size, iters):
-    """UCX_TLS=tcp ucx_perftest -t test: {'gb_per_s', 'lat_us' (typical), 'rate'}, or None."""
+def ucx(test, size, iters, iov=0):
+    """UCX_TLS=tcp ucx_perftest -t test: {'gb_per_s', 'lat_us' (typical), 'rate'}, or None.
+    iov > 0: each message is a scatter-gather list of iov entries of `size` bytes on both sides
+    (-D iov,iov), the layout that compares with the sidecar's many-piece transfers."""
     if not shutil.which("ucx_perftest"):
         return None
     port = free_port()
@@ -47,8 +49,9 @@ def ucx(test, size, iters):
                            stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.5)
-        out = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size),
-                              "-n", str(iters)], env=env, capture_output=True, text=True, timeout=300)
+        shape = ["-s", str(size)] if not iov else ["-D", "iov,iov", "-s", ",".join([str(size)] * iov)]
+        out = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test] + shape +
+                             ["-n", str(iters)], env=env, capture_output=True, text=True, timeout=300)
         for line in out.stdout.splitlines():
             if line.startswith("Final:"):
                 f = line.split()

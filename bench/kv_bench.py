@@ -9,7 +9,8 @@ operation with a compact BlockList on each side. The contiguous transfer moves t
 one descriptor between one region on each side. READ and WRITE, same run, alternating, medians
 of --reps. The first transfer of each (shape, layout, direction) moves fresh random bytes and is
 compared byte for byte. Also: CreateReadable time (compact list and the same list as plain
-descriptors), the metadata's size, and iperf3 (one stream) as the link's baseline.
+descriptors), the metadata's size, iperf3 (one stream) as the link's baseline, and ucx_perftest
+over TCP with one message of 64 scattered blocks (-D iov,iov) against the same bytes contiguous.
 
     /usr/bin/python3 bench/kv_bench.py [--reps 5] [--shapes 8b,70b,1k] [--build build]
 
@@ -154,8 +155,15 @@ def main():
     b = H.Sidecar(wd, "b", key_file=keys, extra=extra)
     rows, creates = [], []
     try:
-        from baselines import iperf3
+        from baselines import iperf3, ucx
         link = iperf3(3)
+        # UCX over TCP with the same pieces: one message of 64 scattered blocks (-D iov,iov)
+        # against one contiguous message of the same bytes, 32 KiB and 4 KiB blocks.
+        ucx_rows = []
+        for blk in (32768, 4096):
+            c = ucx("tag_bw", 64 * blk, 300)
+            v = ucx("tag_bw", blk, 300, iov=64)
+            ucx_rows.append((blk, c, v))
         for key in args.shapes.split(","):
             name, layers, blocks, blk = SHAPES[key]
             n = layers * blocks
@@ -201,6 +209,14 @@ def main():
         print("| --- | ---: | ---: | ---: | ---: | ---: |")
         for name, n, c_ms, c_meta, p_ms, p_meta in creates:
             print("| %s | %d | %.2f | %d | %.2f | %d |" % (name, n, c_ms, c_meta, p_ms, p_meta))
+        print("\n| ucx_perftest tag_bw, UCX_TLS=tcp | contiguous GB/s | iov GB/s | iov / contiguous |")
+        print("| --- | ---: | ---: | ---: |")
+        for blk, c, v in ucx_rows:
+            if c and v:
+                print("| 64 x %d KiB per message | %.2f | %.2f | %.2f |"
+                      % (blk >> 10, c["gb_per_s"], v["gb_per_s"], v["gb_per_s"] / c["gb_per_s"]))
+            else:
+                print("| 64 x %d KiB per message | n/a (no ucx_perftest, or it failed) | | |" % (blk >> 10))
         print("\n(CreateReadable: client-observed gRPC round trip over the unix socket, median of 9; "
               "every first transfer per row compared byte for byte)")
     finally:
