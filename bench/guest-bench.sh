@@ -4,7 +4,8 @@
 # bench/README.md). In one boot: checks the device, then bench/ib_bench.py runs, interleaved per
 # size and direction, perftest's ib_read_bw / ib_write_bw on $RXE_DEV (-x $RXE_GID_INDEX, through
 # bench/vm-perftest.sh) and two sidecars on $RXE_DEV doing the same READs and WRITEs over gRPC, and
-# prints the table. Arguments go to ib_bench.py (default: --sizes 1M:64,64M:5). Results:
+# prints the table. Arguments go to ib_bench.py (default: --sizes 1M:64,64M:5); a first argument
+# `kv` runs bench/kv_bench.py over ibverbs instead, with the rest of the arguments. Results:
 # $VM_OUT/bench.txt (the table), $VM_OUT/bench.json (every figure), $VM_OUT/logs (sidecar logs).
 set -uo pipefail
 
@@ -24,9 +25,15 @@ echo "guest-bench: $SC_BINARY on $RXE_DEV ($RXE_IP, GID index $RXE_GID_INDEX), $
 
 cd /tmp || exit 1
 budget=$((${VM_TIMEOUT:-1200} - 15))
-timeout -k 10 "$budget" /usr/bin/python3 "$src/bench/ib_bench.py" \
-    --dev "$RXE_DEV" --gid "$RXE_GID_INDEX" --ip "$RXE_IP" --json "$VM_OUT/bench.json" --log-dir "$VM_OUT/logs" "$@" |
-    tee "$VM_OUT/bench.txt"
+if [[ "${1:-}" == kv ]]; then # KV-cache shaped transfers over ibverbs (bench/kv_bench.py)
+    shift
+    timeout -k 10 "$budget" /usr/bin/python3 "$src/bench/kv_bench.py" --build "$build" \
+        --ib-dev "$RXE_DEV" --ib-gid "$RXE_GID_INDEX" --ip "$RXE_IP" "$@" | tee "$VM_OUT/bench.txt"
+else
+    timeout -k 10 "$budget" /usr/bin/python3 "$src/bench/ib_bench.py" \
+        --dev "$RXE_DEV" --gid "$RXE_GID_INDEX" --ip "$RXE_IP" --json "$VM_OUT/bench.json" --log-dir "$VM_OUT/logs" "$@" |
+        tee "$VM_OUT/bench.txt"
+fi
 rc=${PIPESTATUS[0]}
 ((rc != 124 && rc != 137)) || echo "guest-bench: timed out after ${budget}s" >&2
 exit "$rc"

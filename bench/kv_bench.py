@@ -13,6 +13,7 @@ descriptors), the metadata's size, iperf3 (one stream) as the link's baseline, a
 over TCP with one message of 64 scattered blocks (-D iov,iov) against the same bytes contiguous.
 
     /usr/bin/python3 bench/kv_bench.py [--reps 5] [--shapes 8b,70b,1k] [--build build]
+    bench/run-vm-bench.sh kv --shapes 1k,70b --reps 3    (ibverbs on Soft-RoCE in the VM)
 
 Shapes: 8b = Llama-3.1-8B bf16, 16-token blocks: 64 tensors x 256 blocks x 32 KiB (512 MiB, a
 4K-token prompt); 70b = 70B at TP8: 160 tensors x 256 blocks x 4 KiB (160 MiB, 40,960
@@ -140,6 +141,11 @@ def main():
     ap.add_argument("--shapes", default="8b,70b,1k", help="comma-separated: 8b, 70b, 1k")
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"), help="build directory")
     ap.add_argument("--seed", type=int, default=None, help="block ids (default: random)")
+    ap.add_argument("--ib-dev", default=None,
+                    help="move over ibverbs on this RDMA device (e.g. rxe0 in the Soft-RoCE VM: "
+                         "bench/run-vm-bench.sh kv ...); default: loopback TCP")
+    ap.add_argument("--ib-gid", type=int, default=1, help="GID index with --ib-dev (default 1)")
+    ap.add_argument("--ip", default="127.0.0.1", help="the device's address with --ib-dev")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     os.environ.setdefault("SC_PYTHON_STUBS", os.path.join(build, "python"))
@@ -151,8 +157,13 @@ def main():
     wd = tempfile.mkdtemp(prefix="sc-kv-", dir="/tmp")
     keys = H.write_key_file(os.path.join(wd, "keys"))
     extra = ["--log-level", "warn", "--max-descriptors", "1048576"]
-    a = H.Sidecar(wd, "a", key_file=keys, extra=extra)
-    b = H.Sidecar(wd, "b", key_file=keys, extra=extra)
+    wire = "loopback TCP"
+    if args.ib_dev:
+        extra += ["--ib-device", args.ib_dev, "--ib-gid-index", str(args.ib_gid), "--data-listen",
+                  args.ip + ":0", "--advertise", args.ip, "--backends", "ibverbs"]
+        wire = "ibverbs on %s (%s)" % (args.ib_dev, args.ip)
+    a = H.Sidecar(wd, "a", key_file=keys, extra=extra, tcp=not args.ib_dev)
+    b = H.Sidecar(wd, "b", key_file=keys, extra=extra, tcp=not args.ib_dev)
     rows, creates = [], []
     try:
         from baselines import iperf3, ucx
@@ -192,8 +203,8 @@ def main():
                 for side, sc in ((0, a), (1, b)):
                     for r in lay[l][side].regions:
                         sc.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=r.region_id), timeout=60)
-        print("kv_bench: loopback TCP, two sidecars, medians of %d transfers (each ONE operation), seed %d"
-              % (args.reps, seed))
+        print("kv_bench: %s, two sidecars, medians of %d transfers (each ONE operation), seed %d"
+              % (wire, args.reps, seed))
         print("link baseline: iperf3 1 stream %s GB/s\n" % ("%.2f" % link if link else "n/a (no iperf3)"))
         print("| shape | descriptors | block | bytes | dir | contiguous GB/s | scattered GB/s | scattered / "
               "contiguous | target |")
