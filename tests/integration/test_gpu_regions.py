@@ -496,6 +496,13 @@ class GpuRegionTest(SidecarTest):
         a, b = self.pair(suffix="-host")
         self.kv_round(a, b, layers=3, per=50, blk=777, stride=800, host_side=True)
 
+    def test_tcp_kv_prompt_16384_gpu_blocks_one_operation(self):
+        """A 4K-token prompt's shape in GPU memory: 64 GPU layer tensors x the same 256 block ids
+        (16,384 descriptors, 1,031-byte blocks to keep it to 17 MiB) as ONE READ and ONE WRITE
+        against one GPU strided run, staged over TCP, every byte of every region compared."""
+        a, b = self.pair()
+        self.kv_round(a, b, layers=64, per=256, blk=1031, stride=1040)
+
     def test_local_device_copies(self):
         keys = self.key_file()
         a = self.gpu_sidecar("a", keys)
