@@ -84,8 +84,13 @@ void sc_h_create_writable(struct sc_call *c, ProtobufCMessage *req)
 	create_passive(c, req, SC_OP_WRITABLE);
 }
 
-static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout_ms, bool stream,
-			  bool cancel);
+/* What a waiter answers: WaitOperation (the state at the end or at the timeout), WatchOperation
+ * (every change, streamed), or CancelOperation's bounded wait (a timeout answered
+ * FAILED_PRECONDITION, saying why). */
+enum wait_mode { WAIT_ONCE, WAIT_STREAM, WAIT_CANCEL };
+
+static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout_ms,
+			  enum wait_mode mode);
 static void cancel_not_yet(struct sc_call *c, const struct sc_op_info *info);
 
 static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind)
@@ -144,7 +149,7 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 	uint64_t now = sc_now_unix_ms();
 	uint64_t left = info.deadline_unix_ms > now ? info.deadline_unix_ms - now : 0;
 	sc_op_info_free(&info);
-	wait_or_watch(c, id, left + 1000, false, false);
+	wait_or_watch(c, id, left + 1000, WAIT_ONCE);
 }
 
 void sc_h_begin_read(struct sc_call *c, ProtobufCMessage *req)
@@ -190,7 +195,7 @@ void sc_h_cancel_operation(struct sc_call *c, ProtobufCMessage *req)
 	char id[SC_ID_MAX];
 	memcpy(id, info.id, sizeof(id));
 	sc_op_info_free(&info);
-	wait_or_watch(c, id, sc_call_config(c)->cancel_wait_ms, false, true);
+	wait_or_watch(c, id, sc_call_config(c)->cancel_wait_ms, WAIT_CANCEL);
 }
 
 void sc_h_release_operation(struct sc_call *c, ProtobufCMessage *req)
@@ -278,8 +283,7 @@ struct waiter {
 	/* The timer holds a call reference; whoever removes the timer (or the timer callback, when
 	 * it runs) drops it. Atomic: the watcher reads it while the handler may still store it. */
 	atomic_uint_fast64_t timer_id;
-	bool stream; /* Watch (stream every change) rather than Wait */
-	bool cancel; /* CancelOperation: a timeout is answered FAILED_PRECONDITION, saying why */
+	enum wait_mode mode;
 };
 
 /* Drop the call reference that the watch or the timer held; may free w. */
@@ -307,7 +311,7 @@ static bool waiter_on_change(void *ctx, const struct sc_op_info *info)
 {
 	struct waiter *w = ctx;
 	bool terminal = sc_op_status_terminal(info->status);
-	if (w->stream) {
+	if (w->mode == WAIT_STREAM) {
 		if (atomic_load(&w->done))
 			return false;
 		send_op(w->call, info);
@@ -364,7 +368,7 @@ static void waiter_on_timeout(void *ctx)
 		struct sc_err err;
 		sc_err_clear(&err);
 		int rc = sc_op_get(w->eng, w->op_id, &info, &err);
-		if (rc == 0 && w->cancel && !sc_op_status_terminal(info.status)) {
+		if (rc == 0 && w->mode == WAIT_CANCEL && !sc_op_status_terminal(info.status)) {
 			cancel_not_yet(w->call, &info);
 			sc_op_info_free(&info);
 		} else {
@@ -399,9 +403,10 @@ static void waiter_free(void *p)
 }
 
 /* Runs with the arrival's reference to c held, so w (c's state) lives through this function. */
-static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout_ms, bool stream,
-			  bool cancel)
+static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout_ms,
+			  enum wait_mode mode)
 {
+	bool stream = mode == WAIT_STREAM;
 	struct sc_engine *eng = sc_call_engine(c);
 	if (!op_id || strlen(op_id) >= SC_ID_MAX) {
 		sc_call_fail(c, SC_NOT_FOUND, "no such operation");
@@ -415,8 +420,7 @@ static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout
 	strcpy(w->op_id, op_id);
 	w->call = c;
 	w->eng = eng;
-	w->stream = stream;
-	w->cancel = cancel;
+	w->mode = mode;
 	sc_call_set_state(c, w, waiter_free);
 
 	struct sc_op_info first;
@@ -463,11 +467,11 @@ static void wait_or_watch(struct sc_call *c, const char *op_id, uint64_t timeout
 void sc_h_wait_operation(struct sc_call *c, ProtobufCMessage *req)
 {
 	RdmaSidecar__V1__WaitOperationRequest *r = (RdmaSidecar__V1__WaitOperationRequest *)req;
-	wait_or_watch(c, r->operation_id, r->timeout_ms, false, false);
+	wait_or_watch(c, r->operation_id, r->timeout_ms, WAIT_ONCE);
 }
 
 void sc_h_watch_operation(struct sc_call *c, ProtobufCMessage *req)
 {
 	RdmaSidecar__V1__WatchOperationRequest *r = (RdmaSidecar__V1__WatchOperationRequest *)req;
-	wait_or_watch(c, r->operation_id, 0, true, false);
+	wait_or_watch(c, r->operation_id, 0, WAIT_STREAM);
 }
