@@ -800,18 +800,6 @@ void sc_stager_put(struct sc_gpu *g, struct sc_stager *s)
 {
 	(void)g, (void)s;
 }
-int sc_stager_send(struct sc_stager *s, const uint8_t *src, uint64_t len, sc_stage_io_fn fn,
-		   void *ctx, struct sc_err *err)
-{
-	(void)s, (void)src, (void)len, (void)fn, (void)ctx;
-	return sc_err_set(err, SC_FAILED_PRECONDITION, NO_CUDA);
-}
-int sc_stager_recv(struct sc_stager *s, uint8_t *dst, uint64_t len, sc_stage_io_fn fn, void *ctx,
-		   struct sc_err *err)
-{
-	(void)s, (void)dst, (void)len, (void)fn, (void)ctx;
-	return sc_err_set(err, SC_FAILED_PRECONDITION, NO_CUDA);
-}
 int sc_stager_send_pieces(struct sc_stager *s, const struct sc_stage_piece *p, size_t n,
 			  sc_stage_io_fn fn, void *ctx, struct sc_err *err)
 {

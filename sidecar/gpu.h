@@ -134,24 +134,19 @@ typedef int (*sc_stage_io_fn)(void *ctx, uint8_t *buf, size_t n, struct sc_err *
  * RESOURCE_EXHAUSTED beyond). Give it back with sc_stager_put (NULL ok). */
 int sc_stager_get(struct sc_gpu *g, int device, struct sc_stager **out, struct sc_err *err);
 void sc_stager_put(struct sc_gpu *g, struct sc_stager *s);
-/* Device -> out: copies [src, src+len) piece by piece into the pinned buffers and hands each piece
- * to fn, the copy of the next piece running while fn handles the current one. */
-int sc_stager_send(struct sc_stager *s, const uint8_t *src, uint64_t len, sc_stage_io_fn fn,
-		   void *ctx, struct sc_err *err);
-/* In -> device: fn fills a pinned buffer, which is then copied to the device while fn fills the
- * other. Returns only when every copy has finished (the bytes are in GPU memory). */
-int sc_stager_recv(struct sc_stager *s, uint8_t *dst, uint64_t len, sc_stage_io_fn fn, void *ctx,
-		   struct sc_err *err);
 /* One piece of a list: memory on the host (gpu SC_GPU_HOST) or on the stager's GPU. */
 struct sc_stage_piece {
 	uint8_t *addr;
 	uint64_t len;
 	int gpu;
 };
-/* As sc_stager_send / sc_stager_recv for a list of pieces taken as one stream of bytes in order:
- * each pinned buffer carries as many pieces as fit, GPU pieces copied in one batch per buffer
- * (cuMemcpyBatchAsync where the driver has it, else one async copy each), host pieces with memcpy.
- * A GPU piece on another device than the stager's is INVALID_ARGUMENT. */
+/* Move a list of pieces, taken in order as one stream of bytes, through the stager's two pinned
+ * buffers. Send (device -> out): the pieces are copied into a buffer, which is handed to fn while
+ * the next buffer fills. Receive (in -> device): fn fills a buffer, which is copied out to the
+ * pieces while fn fills the other; returns only when every copy has finished (the bytes are in
+ * GPU memory). Each pinned buffer carries as many pieces as fit, GPU pieces copied in one batch
+ * per buffer (cuMemcpyBatchAsync where the driver has it, else one async copy each), host pieces
+ * with memcpy. A GPU piece on another device than the stager's is INVALID_ARGUMENT. */
 int sc_stager_send_pieces(struct sc_stager *s, const struct sc_stage_piece *p, size_t n,
 			  sc_stage_io_fn fn, void *ctx, struct sc_err *err);
 int sc_stager_recv_pieces(struct sc_stager *s, const struct sc_stage_piece *p, size_t n,

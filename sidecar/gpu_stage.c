@@ -146,69 +146,12 @@ static int record(struct sc_stager *s, int b, CUresult rc, const char *call, str
 	return 0;
 }
 
-static int copy_out(struct sc_stager *s, int b, const uint8_t *src, size_t n, struct sc_err *err)
-{
-	CUresult rc = s->g->cu.cuMemcpyDtoHAsync(s->buf[b], (CUdeviceptr)(uintptr_t)src, n,
-						 s->stream);
-	return record(s, b, rc, "cuMemcpyDtoHAsync", err);
-}
-
 /* Drain the stream before an error return, so no copy touches the buffers afterwards. */
 static int stop(struct sc_stager *s)
 {
 	s->g->cu.cuStreamSynchronize(s->stream);
 	s->pending[0] = s->pending[1] = false;
 	return -1;
-}
-
-int sc_stager_send(struct sc_stager *s, const uint8_t *src, uint64_t len, sc_stage_io_fn fn,
-		   void *ctx, struct sc_err *err)
-{
-	if (len == 0)
-		return 0;
-	if (sc_gpu_use(s->g, s->device, err) != 0)
-		return -1;
-	size_t first = len < SC_GPU_STAGE_BYTES ? (size_t)len : SC_GPU_STAGE_BYTES;
-	if (copy_out(s, 0, src, first, err) != 0)
-		return stop(s);
-	int b = 0;
-	for (uint64_t off = 0; off < len; b ^= 1) {
-		size_t n = len - off < SC_GPU_STAGE_BYTES ? (size_t)(len - off) : SC_GPU_STAGE_BYTES;
-		uint64_t next = off + n;
-		if (wait_buf(s, b, err) != 0)
-			return stop(s);
-		if (next < len) {
-			size_t m = len - next < SC_GPU_STAGE_BYTES ? (size_t)(len - next)
-								    : SC_GPU_STAGE_BYTES;
-			if (copy_out(s, b ^ 1, src + next, m, err) != 0)
-				return stop(s);
-		}
-		if (fn(ctx, s->buf[b], n, err) != 0)
-			return stop(s);
-		off = next;
-	}
-	return 0;
-}
-
-int sc_stager_recv(struct sc_stager *s, uint8_t *dst, uint64_t len, sc_stage_io_fn fn, void *ctx,
-		   struct sc_err *err)
-{
-	if (sc_gpu_use(s->g, s->device, err) != 0)
-		return -1;
-	int b = 0;
-	for (uint64_t off = 0; off < len; b ^= 1) {
-		size_t n = len - off < SC_GPU_STAGE_BYTES ? (size_t)(len - off) : SC_GPU_STAGE_BYTES;
-		if (wait_buf(s, b, err) != 0 || fn(ctx, s->buf[b], n, err) != 0)
-			return stop(s);
-		CUresult rc = s->g->cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)(dst + off),
-							 s->buf[b], n, s->stream);
-		if (record(s, b, rc, "cuMemcpyHtoDAsync", err) != 0)
-			return stop(s);
-		off += n;
-	}
-	if (wait_buf(s, 0, err) != 0 || wait_buf(s, 1, err) != 0)
-		return stop(s);
-	return 0;
 }
 
 /* ---- lists of pieces ------------------------------------------------------------------------- */
@@ -414,10 +357,12 @@ int sc_gpu_copy(struct sc_gpu *g, uint8_t *dst, int dst_gpu, const uint8_t *src,
 	int rc;
 	if (dst_gpu == SC_GPU_HOST) {
 		uint8_t *cursor = dst;
-		rc = sc_stager_send(s, src, n, to_host, &cursor, err);
+		struct sc_stage_piece p = {.addr = (uint8_t *)src, .len = n, .gpu = src_gpu};
+		rc = sc_stager_send_pieces(s, &p, 1, to_host, &cursor, err);
 	} else if (src_gpu == SC_GPU_HOST) {
 		const uint8_t *cursor = src;
-		rc = sc_stager_recv(s, dst, n, from_host, &cursor, err);
+		struct sc_stage_piece p = {.addr = dst, .len = n, .gpu = dst_gpu};
+		rc = sc_stager_recv_pieces(s, &p, 1, from_host, &cursor, err);
 	} else {
 		CUresult cr;
 		const char *call;

@@ -32,37 +32,6 @@ static int stage_recv(void *ctx, uint8_t *buf, size_t n, struct sc_err *err)
 	return io->rc == SC_PEER_IO_OK ? 0 : sc_peer_io_err(io->rc, e, io->what, err);
 }
 
-static int run(struct sc_gpu *g, int dev, int fd, uint8_t *mem, uint64_t len, bool send,
-	       const struct sc_peer_wait *w, const char *what, enum sc_peer_io *io_out,
-	       struct sc_err *err)
-{
-	struct stage_io io = {.fd = fd, .w = w, .what = what, .rc = SC_PEER_IO_OK};
-	struct sc_stager *s;
-	int rc = sc_stager_get(g, dev, &s, err);
-	if (rc == 0) {
-		rc = send ? sc_stager_send(s, mem, len, stage_send, &io, err)
-			  : sc_stager_recv(s, mem, len, stage_recv, &io, err);
-		sc_stager_put(g, s);
-	}
-	if (io_out)
-		*io_out = io.rc;
-	return rc;
-}
-
-int sc_peer_send_gpu(struct sc_gpu *g, int dev, int fd, const uint8_t *src, uint64_t len,
-		     const struct sc_peer_wait *w, const char *what, enum sc_peer_io *io,
-		     struct sc_err *err)
-{
-	return run(g, dev, fd, (uint8_t *)src, len, true, w, what, io, err);
-}
-
-int sc_peer_recv_gpu(struct sc_gpu *g, int dev, int fd, uint8_t *dst, uint64_t len,
-		     const struct sc_peer_wait *w, const char *what, enum sc_peer_io *io,
-		     struct sc_err *err)
-{
-	return run(g, dev, fd, dst, len, false, w, what, io, err);
-}
-
 /* A list of pieces (host memory, or GPU dev's), packed into the pinned buffers (gpu.h). */
 static int run_pieces(struct sc_gpu *g, int dev, int fd, const struct sc_stage_piece *p, size_t n,
 		      bool send, const struct sc_peer_wait *w, const char *what,
@@ -79,6 +48,22 @@ static int run_pieces(struct sc_gpu *g, int dev, int fd, const struct sc_stage_p
 	if (io_out)
 		*io_out = io.rc;
 	return rc;
+}
+
+int sc_peer_send_gpu(struct sc_gpu *g, int dev, int fd, const uint8_t *src, uint64_t len,
+		     const struct sc_peer_wait *w, const char *what, enum sc_peer_io *io,
+		     struct sc_err *err)
+{
+	struct sc_stage_piece p = {.addr = (uint8_t *)src, .len = len, .gpu = dev};
+	return run_pieces(g, dev, fd, &p, 1, true, w, what, io, err);
+}
+
+int sc_peer_recv_gpu(struct sc_gpu *g, int dev, int fd, uint8_t *dst, uint64_t len,
+		     const struct sc_peer_wait *w, const char *what, enum sc_peer_io *io,
+		     struct sc_err *err)
+{
+	struct sc_stage_piece p = {.addr = dst, .len = len, .gpu = dev};
+	return run_pieces(g, dev, fd, &p, 1, false, w, what, io, err);
 }
 
 int sc_peer_send_pieces_gpu(struct sc_gpu *g, int dev, int fd, const struct sc_stage_piece *p,
