@@ -146,6 +146,9 @@ def main():
                          "bench/run-vm-bench.sh kv ...); default: loopback TCP")
     ap.add_argument("--ib-gid", type=int, default=1, help="GID index with --ib-dev (default 1)")
     ap.add_argument("--ip", default="127.0.0.1", help="the device's address with --ib-dev")
+    ap.add_argument("--sidecar-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="environment for both sidecars (repeatable), e.g. SC_TEST_IB_MW_UNBOUNDED=1 "
+                         "to time the memory-window path on rxe (a test hook: never in production)")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     os.environ.setdefault("SC_PYTHON_STUBS", os.path.join(build, "python"))
@@ -162,8 +165,11 @@ def main():
         extra += ["--ib-device", args.ib_dev, "--ib-gid-index", str(args.ib_gid), "--data-listen",
                   args.ip + ":0", "--advertise", args.ip, "--backends", "ibverbs"]
         wire = "ibverbs on %s (%s)" % (args.ib_dev, args.ip)
-    a = H.Sidecar(wd, "a", key_file=keys, extra=extra, tcp=not args.ib_dev)
-    b = H.Sidecar(wd, "b", key_file=keys, extra=extra, tcp=not args.ib_dev)
+    env = dict(kv.split("=", 1) for kv in args.sidecar_env)
+    if env:
+        wire += ", sidecar environment %s" % " ".join(args.sidecar_env)
+    a = H.Sidecar(wd, "a", key_file=keys, extra=extra, tcp=not args.ib_dev, env=env)
+    b = H.Sidecar(wd, "b", key_file=keys, extra=extra, tcp=not args.ib_dev, env=env)
     rows, creates = [], []
     try:
         from baselines import iperf3, ucx
