@@ -46,6 +46,21 @@ static void answer(struct sc_call *c, int rc, struct sc_op_info *info, const str
 	sc_op_info_free(info);
 }
 
+/* The request's plain descriptors then its descriptor sets, expanded (free *out); on failure the
+ * call is answered. */
+static int desc_list(struct sc_call *c, RdmaSidecar__V1__Descriptor **plain, size_t n_plain,
+		     RdmaSidecar__V1__DescriptorSet **sets, size_t n_sets, struct sc_desc **out,
+		     size_t *n_out)
+{
+	struct sc_err err;
+	sc_err_clear(&err);
+	if (sc_pb_desc_list(plain, n_plain, sets, n_sets, sc_call_config(c)->max_descriptors, out,
+			    n_out, &err) == 0)
+		return 0;
+	sc_call_fail_err(c, &err);
+	return -1;
+}
+
 static void create_passive(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind)
 {
 	RdmaSidecar__V1__CreatePassiveRequest *r = (RdmaSidecar__V1__CreatePassiveRequest *)req;
@@ -53,12 +68,9 @@ static void create_passive(struct sc_call *c, ProtobufCMessage *req, enum sc_op_
 	sc_err_clear(&err);
 	struct sc_desc *descs;
 	size_t n_descs;
-	if (sc_pb_desc_list(r->descriptors, r->n_descriptors, r->descriptor_sets,
-			    r->n_descriptor_sets, sc_call_config(c)->max_descriptors, &descs,
-			    &n_descs, &err) != 0) {
-		sc_call_fail_err(c, &err);
+	if (desc_list(c, r->descriptors, r->n_descriptors, r->descriptor_sets, r->n_descriptor_sets,
+		      &descs, &n_descs) != 0)
 		return;
-	}
 	struct sc_passive_req pr = {
 		.descs = descs,
 		.n_descs = n_descs,
@@ -100,12 +112,9 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 	sc_err_clear(&err);
 	struct sc_desc *descs;
 	size_t n_descs;
-	if (sc_pb_desc_list(r->descriptors, r->n_descriptors, r->descriptor_sets,
-			    r->n_descriptor_sets, sc_call_config(c)->max_descriptors, &descs,
-			    &n_descs, &err) != 0) {
-		sc_call_fail_err(c, &err);
+	if (desc_list(c, r->descriptors, r->n_descriptors, r->descriptor_sets, r->n_descriptor_sets,
+		      &descs, &n_descs) != 0)
 		return;
-	}
 	struct sc_active_req ar = {
 		.metadata = r->metadata,
 		.descs = descs,
