@@ -87,22 +87,26 @@ class MetadataCodesTest(SidecarTest):
             self.assert_refused(op, FP, "already used", dst, r, noise)
             self.assertEqual(src.peek(pr, 17, SIZE), written, "a refused write moved bytes")
 
-    def test_cancelled(self):
+    def ended_then_used(self, end, code, contains):
+        """The passive operation ended by end(src, operation_id) before anyone used its metadata:
+        the use is refused with code, saying `contains`, and moves no byte either way."""
         for kind, src, dst, _, one_call in self.cases():
             po, pr, pdata = self.passive(src, kind)
-            c = src.stub.CancelOperation(pb.CancelOperationRequest(operation_id=po.operation_id), timeout=10)
-            self.assertEqual(c.status, pb.OPERATION_STATUS_CANCELLED)
+            end(src, po.operation_id)
             op, r, noise = self.active(dst, kind, po.metadata, one_call)
-            self.assert_refused(op, FP, "cancelled", dst, r, noise)
+            self.assert_refused(op, code, contains, dst, r, noise)
             self.assertEqual(src.peek(pr, 17, SIZE), pdata, "a refused write moved bytes")
 
+    def test_cancelled(self):
+        def cancel(side, op_id):
+            c = side.stub.CancelOperation(pb.CancelOperationRequest(operation_id=op_id), timeout=10)
+            self.assertEqual(c.status, pb.OPERATION_STATUS_CANCELLED)
+        self.ended_then_used(cancel, FP, "cancelled")
+
     def test_released_is_not_found(self):
-        for kind, src, dst, _, one_call in self.cases():
-            po, pr, pdata = self.passive(src, kind)
-            src.stub.ReleaseOperation(pb.ReleaseOperationRequest(operation_id=po.operation_id), timeout=10)
-            op, r, noise = self.active(dst, kind, po.metadata, one_call)
-            self.assert_refused(op, NF, "live operation", dst, r, noise)
-            self.assertEqual(src.peek(pr, 17, SIZE), pdata, "a refused write moved bytes")
+        def release(side, op_id):
+            side.stub.ReleaseOperation(pb.ReleaseOperationRequest(operation_id=op_id), timeout=10)
+        self.ended_then_used(release, NF, "live operation")
 
     def test_expired(self):
         # Passive operations with a short deadline; used inside the 5 s skew allowance, then after it.
