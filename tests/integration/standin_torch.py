@@ -25,10 +25,26 @@ class StandInCudaTensor(torch.Tensor):
     pinned = 0
 
     @staticmethod
-    def __new__(cls, block, offset, nbytes, index=0):
-        t = torch.Tensor._make_wrapper_subclass(cls, (nbytes,), dtype=torch.uint8, device="cuda:%d" % index)
-        t.block, t.offset, t.nbytes, t.index = block, offset, nbytes, index
+    def __new__(cls, block, offset, nbytes, index=0, blocks=None):
+        """blocks=(n, stride): an (n, nbytes) tensor whose row i (a KV block, contiguous) starts
+        i * stride bytes after offset, as a vLLM layer tensor's blocks; t[i] is row i."""
+        if blocks:
+            n, stride = blocks
+            t = torch.Tensor._make_wrapper_subclass(cls, (n, nbytes), strides=(stride, 1), dtype=torch.uint8,
+                                                    device="cuda:%d" % index)
+        else:
+            t = torch.Tensor._make_wrapper_subclass(cls, (nbytes,), dtype=torch.uint8, device="cuda:%d" % index)
+        t.block, t.offset, t.nbytes, t.index, t.rows = block, offset, nbytes, index, blocks
         return t
+
+    def __getitem__(self, i):
+        # t[i] of a block tensor: row i, a 1-D stand-in tensor (the only indexing there is)
+        if not self.rows or not isinstance(i, int):
+            raise RuntimeError("stand-in CUDA tensor: only t[i] of a block tensor is available")
+        n, stride = self.rows
+        if not -n <= i < n:
+            raise IndexError("index %d is out of range for %d blocks" % (i, n))
+        return StandInCudaTensor(self.block, self.offset + (i % n) * stride, self.nbytes, self.index)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

@@ -129,6 +129,75 @@ class TorchTensorTest(SidecarTest):
         if not REAL:
             self.assertEqual(StandInCudaTensor.pinned, 0, "the package called _share_cuda_(), which pins storage")
 
+    def layer_tensor(self, nblocks, blk, stride):
+        """A vLLM-style layer tensor on the GPU: nblocks rows of blk bytes, stride bytes apart;
+        (tensor, write_all(bytes of nblocks * stride), read_all())."""
+        if REAL:
+            whole = torch.empty(nblocks * stride, dtype=torch.uint8, device="cuda:0")
+            t = whole.view(nblocks, stride)[:, :blk]
+
+            def write(data):
+                whole.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+                torch.cuda.synchronize()
+
+            return t, write, lambda: bytes(whole.cpu().numpy().tobytes())
+        size = (nblocks * stride + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
+        base = cu.alloc(size)
+        self.addCleanup(cu.free, base)
+        t = StandInCudaTensor(base, 0, blk, blocks=(nblocks, stride))
+        return t, lambda data: cu.htod(base, data), lambda: cu.dtoh(base, nblocks * stride)
+
+    def test_kv_blocks_of_cuda_layer_tensors(self):
+        """vLLM's layout through the package: 6 CUDA layer tensors x the same 40 random block ids
+        (odd block size, rows padded) on one sidecar, KVBlocks with other ids on another: ONE
+        READ, then ONE WRITE back into other blocks; every byte of every tensor compared."""
+        keys = self.key_file()
+        env = {} if REAL else {"SC_TEST_CUDA_DRIVER": FAKE, "FAKE_CUDA_SHM_DIR": FAKE_SHM}
+        a, b = self.sidecar("a", key_file=keys, env=env), self.sidecar("b", key_file=keys, env=env)
+        nblocks, blk, stride, layers = 64, 4099, 4352, 6
+        with self.connector(a) as ca, self.connector(b) as cb:
+            src = [self.layer_tensor(nblocks, blk, stride) for _ in range(layers)]
+            dst = [self.layer_tensor(nblocks, blk, stride) for _ in range(layers)]
+            images = []
+            for t, write, _ in src + dst:
+                img = bytearray(os.urandom(nblocks * stride))
+                write(bytes(img))
+                images.append(img)
+            ids, dst_ids = self.rnd.sample(range(nblocks), 40), self.rnd.sample(range(nblocks), 40)
+
+            def move(images_from, ids_from, images_to, ids_to):
+                for img_f, img_t in zip(images_from, images_to):
+                    for i, j in zip(ids_from, ids_to):
+                        img_t[j * stride:j * stride + blk] = img_f[i * stride:i * stride + blk]
+
+            def check(what):
+                for k, (_, _, read) in enumerate(src + dst):
+                    got = read()
+                    if got != bytes(images[k]):
+                        at = next(i for i in range(len(got)) if got[i] != images[k][i])
+                        self.fail("%s: tensor %d differs first at byte %d" % (what, k, at))
+
+            with ca.create_readable(rs.KVBlocks([t for t, _, _ in src], ids)) as r:
+                self.assertEqual(len(rs.metadata_descriptor_lengths(r.metadata)), layers * 40)
+                with cb.begin_read(r, rs.KVBlocks([t for t, _, _ in dst], dst_ids)) as op:
+                    op.wait_for_completion(60 * SLOW)
+                    self.assertEqual(op.bytes_done, layers * 40 * blk)
+            move(images[:layers], ids, images[layers:], dst_ids)
+            check("read")
+            back = self.rnd.sample(range(nblocks), 40)
+            with ca.create_writable(rs.KVBlocks([t for t, _, _ in src], back)) as w:
+                with cb.begin_write(w, rs.KVBlocks([t for t, _, _ in dst], dst_ids)) as op:
+                    op.wait_for_completion(60 * SLOW)
+                w.wait_for_completion(30 * SLOW)
+            move(images[layers:], dst_ids, images[:layers], back)
+            check("write")
+            for t, _, _ in src:
+                ca.free(t)
+            for t, _, _ in dst:
+                cb.free(t)
+        if not REAL:
+            self.assertEqual(StandInCudaTensor.pinned, 0, "the package called _share_cuda_(), which pins storage")
+
     def test_many_operations_pin_nothing(self):
         # OPS operations over a few tensors; each descriptor is resolved anew by the driver.
         a = self.gpu_sidecar()

@@ -566,7 +566,9 @@ class Connector:
         if isinstance(obj, Region):
             region = obj
         elif is_torch_tensor(obj) and obj.is_cuda:
-            key = Descriptor(obj).cuda_ipc()[:2]
+            # Every registration of the tensor's allocation block (contiguous or not: a KVBlocks
+            # layer tensor may have padded rows), found by the block's IPC handle.
+            key = Descriptor((obj.data_ptr(), 1, obj.device.index or 0)).cuda_ipc()[:2]
             regions = [r for k, r in self._cuda_regions.items() if k[:2] == key]
             for r in regions:
                 await self._deregister(r, force=force)

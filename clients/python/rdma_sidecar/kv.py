@@ -94,9 +94,22 @@ class KVBlocks:
 
     async def _sets(self, conn: Any) -> List[Any]:
         bases = []  # (region_id, offset of the tensor in it)
+        settled = set()
         for t in self.tensors:
             if is_torch_tensor(t) and t.is_cuda:
-                r = await conn._register_cuda(Descriptor(t))
+                device = t.device.index or 0
+                if device not in settled:
+                    # As for plain descriptors: the worker's GPU work on this memory is finished
+                    # before the sidecar touches it.
+                    from . import _cuda
+                    _cuda.synchronize(device)
+                    settled.add(device)
+                # The registration covers the tensor's blocks as laid out (rows may be padded or
+                # strided: a layer tensor need not be contiguous as a whole), by the IPC handle of
+                # its allocation.
+                _, stride, n = _block_geometry(t)
+                span = (n - 1) * stride + self.block_bytes
+                r = await conn._register_cuda(Descriptor((t.data_ptr(), span, device)))
                 bases.append((r.region_id, 0))
             else:
                 r = _host_region(conn, t)
