@@ -8,18 +8,21 @@
  * stream (connections blocked in I/O are aborted); then one DONE tells the passive side the
  * verdict, and on_complete runs exactly once.
  *
+ * The bookkeeping is the shared transfer runner's (xfer_runner.h): its workers, task queue, live
+ * list, stop flag, first failure, verdict and cursor; this file says how pieces go on the wire.
+ *
  * Threads: submit() and cancel() run on engine threads (with the engine lock held: they only
- * queue and flag); a pool of 2 x --tcp-streams worker threads (at least 2), started by start() and
- * joined by stop(), runs the transfers. The worker that picks a transfer up leads it: it connects,
+ * queue and flag); the runner's 2 x --tcp-streams worker threads (at least 2), started by start()
+ * and joined by stop(), run the transfers. The worker that picks a transfer up leads it: it connects,
  * opens, queues helper streams for the other workers when there is more than one chunk, moves
  * chunks itself, reclaims helpers that never started, waits for the running ones, sends DONE and
  * completes. A one-chunk transfer therefore costs one hand-off (submit -> worker).
  *
- * Owns: the worker threads, the task queue and one struct tcp_xfer per transfer in flight. The
- * connections belong to the peer pool; a stream holds one while it runs.
+ * Owns: the runner and one struct tcp_xfer per transfer in flight. The connections belong to the
+ * peer pool; a stream holds one while it runs.
  *
- * Locking: tb->mu guards the queue, the list of transfers in flight and each transfer's stream
- * table and verdict. It is never held while calling the engine (on_progress, on_complete, the
+ * Locking: tb->mu guards the runner (its queue and list of transfers in flight) and each
+ * transfer's stream table and verdict. It is never held while calling the engine (on_progress, on_complete, the
  * pool's keyring look-up) or doing I/O, so the engine lock (held around submit and cancel) always
  * comes first.
  */
@@ -30,6 +33,7 @@
 #include "peer_proto.h"
 #include "peer_server.h"
 #include "timer.h"
+#include "xfer_runner.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -43,7 +47,7 @@
 struct tcp_xfer;
 
 struct task {
-	struct task *next;
+	struct sc_xr_task t;
 	struct tcp_xfer *tx;
 	int slot; /* 0: the leader; 1..: helper streams */
 };
@@ -54,38 +58,28 @@ struct tcp_backend {
 	uint32_t streams;
 	uint64_t chunk;
 
-	pthread_mutex_t mu;
-	pthread_cond_t cv; /* tasks queued, or stopping */
-	struct task *head, *tail;
-	struct tcp_xfer *live; /* submitted, not yet completed */
-	bool started, stopping;
-	pthread_t workers[2 * MAX_STREAMS];
-	size_t n_workers;
+	pthread_mutex_t mu; /* guards xr too */
+	struct sc_xr xr;
 };
 
 struct tcp_xfer {
+	struct sc_xr_xfer xr; /* x, stop flag, first failure; live in tb->xr */
 	struct tcp_backend *tb;
 	struct sc_xfer *x;
-	struct tcp_xfer *prev, *next; /* tb->live */
 	int endpoint; /* index into x->meta->endpoints of the one that answered; -1 before */
 
 	/* Pieces travel many per request (READV/WRITEV): the peer reads them (metadata version 2).
 	 * A request's local pieces are all host memory or all one GPU's (staged, packed). Set at
 	 * submit, read-only after. */
 	bool batch;
-	pthread_mutex_t cursor_mu; /* the next chunk: segment and offset in it */
-	size_t cur_seg;
-	uint64_t cur_off;
+	pthread_mutex_t cursor_mu; /* guards cur: the next chunk */
+	struct sc_xr_cursor cur;
 	atomic_uint_fast64_t bytes_moved;
 
 	/* Under tb->mu. */
 	struct sc_peer_conn *conns[MAX_STREAMS]; /* what each stream has in I/O, for abort */
-	unsigned helpers_running;
+	unsigned helpers; /* helper tasks queued or running: the leader waits for none */
 	pthread_cond_t helpers_cv;
-	bool failed;
-	enum sc_status status;
-	char msg[SC_ERR_MSG_MAX];
-	atomic_bool stop;
 	/* DONE {OK} went out behind the last data request (see commit_done): a cancel no longer
 	 * cuts the stream, and a failure from here on is recorded even when a stop was asked for. */
 	bool committing;
@@ -106,62 +100,50 @@ struct piece {
 	uint64_t off; /* within the segment, which is also the offset in its remote descriptor */
 	uint64_t len; /* a batch: the pieces' total */
 	/* A batch (tx->batch): n pieces, each a (remote descriptor, offset, length) on the wire and
-	 * an iovec of local memory; both arrays belong to the stream (SC_PEER_MAX_PIECES each). */
+	 * an iovec of local memory; the arrays belong to the stream (SC_PEER_MAX_PIECES each). */
 	uint32_t n;
 	struct sc_peer_piece *pp;
 	struct iovec *iov;
+	struct sc_xr_piece *cut; /* what the cursor handed out */
 	int gpu; /* a batch: where its local pieces are (SC_GPU_HOST or one device) */
 };
 
-/* Move the cursor past segments it has used up; true when a piece is left. Under cursor_mu. */
-static bool cursor_at_piece_locked(struct tcp_xfer *tx)
+/* One request, one kind of local memory: host, or one GPU's (staged and packed). */
+static bool same_local_memory(const struct sc_xfer_seg *first, const struct sc_xfer_seg *prev,
+			      const struct sc_xfer_seg *next)
 {
-	const struct sc_xfer *x = tx->x;
-	while (tx->cur_seg < x->n_segs && tx->cur_off >= x->segs[tx->cur_seg].len) {
-		tx->cur_seg++;
-		tx->cur_off = 0;
-	}
-	return tx->cur_seg < x->n_segs;
+	(void)prev;
+	return next->local_gpu == first->local_gpu;
 }
 
 static bool next_piece(struct tcp_xfer *tx, struct piece *p)
 {
-	const struct sc_xfer *x = tx->x;
-	bool ok = false;
+	uint64_t chunk = tx->tb->chunk;
 	pthread_mutex_lock(&tx->cursor_mu);
-	if (tx->batch) {
-		/* Up to SC_PEER_MAX_PIECES pieces and --tcp-chunk-size bytes, in list order. */
-		uint64_t chunk = tx->tb->chunk;
-		p->n = 0;
-		p->len = 0;
-		while (p->n < SC_PEER_MAX_PIECES && p->len < chunk && cursor_at_piece_locked(tx)) {
-			const struct sc_xfer_seg *s = &x->segs[tx->cur_seg];
-			if (p->n == 0)
-				p->gpu = s->local_gpu;
-			else if (s->local_gpu != p->gpu)
-				break; /* one request, one kind of local memory */
-			uint64_t left = s->len - tx->cur_off;
-			uint64_t take = left < chunk - p->len ? left : chunk - p->len;
-			p->pp[p->n] = (struct sc_peer_piece){
-			    .desc = s->remote_desc, .offset = tx->cur_off, .len = take};
-			p->iov[p->n] = (struct iovec){.iov_base = s->local + tx->cur_off,
-						      .iov_len = (size_t)take};
-			p->n++;
-			p->len += take;
-			tx->cur_off += take;
-		}
-		ok = p->n > 0;
-	} else if (cursor_at_piece_locked(tx)) {
-		const struct sc_xfer_seg *s = &x->segs[tx->cur_seg];
-		uint64_t left = s->len - tx->cur_off;
-		p->seg = s;
-		p->off = tx->cur_off;
-		p->len = left < tx->tb->chunk ? left : tx->tb->chunk;
-		tx->cur_off += p->len;
-		ok = true;
-	}
+	/* A batch: up to SC_PEER_MAX_PIECES pieces and --tcp-chunk-size bytes, in list order. */
+	size_t n = tx->batch ? sc_xr_cursor_take(&tx->cur, tx->x, chunk, SC_PEER_MAX_PIECES,
+						 same_local_memory, p->cut)
+			     : sc_xr_cursor_take(&tx->cur, tx->x, chunk, 1, NULL, p->cut);
 	pthread_mutex_unlock(&tx->cursor_mu);
-	return ok;
+	if (n == 0)
+		return false;
+	p->n = 0;
+	p->seg = p->cut[0].seg;
+	p->off = p->cut[0].off;
+	p->len = p->cut[0].len;
+	if (!tx->batch)
+		return true;
+	p->gpu = p->seg->local_gpu;
+	p->len = 0;
+	for (size_t i = 0; i < n; i++) {
+		const struct sc_xr_piece *c = &p->cut[i];
+		p->pp[i] = (struct sc_peer_piece){
+		    .desc = c->seg->remote_desc, .offset = c->off, .len = c->len};
+		p->iov[i] = (struct iovec){.iov_base = c->seg->local + c->off, .iov_len = (size_t)c->len};
+		p->len += c->len;
+	}
+	p->n = (uint32_t)n;
+	return true;
 }
 
 /* Whether the cursor has a piece left (the leader of a single stream owns it: nobody else moves
@@ -169,7 +151,7 @@ static bool next_piece(struct tcp_xfer *tx, struct piece *p)
 static bool pieces_left(struct tcp_xfer *tx)
 {
 	pthread_mutex_lock(&tx->cursor_mu);
-	bool left = cursor_at_piece_locked(tx);
+	bool left = sc_xr_cursor_more(&tx->cur, tx->x);
 	pthread_mutex_unlock(&tx->cursor_mu);
 	return left;
 }
@@ -190,22 +172,17 @@ static uint64_t count_chunks(const struct tcp_xfer *tx, uint64_t chunk)
 
 static bool should_stop(struct tcp_xfer *tx)
 {
-	return atomic_load_explicit(&tx->stop, memory_order_relaxed) ||
-	       atomic_load_explicit(&tx->x->cancel_requested, memory_order_relaxed);
+	return sc_xr_should_stop(&tx->xr);
 }
 
 /* Record the transfer's first failure and stop every stream. A stream that fails because it was
- * stopped records nothing new (the first failure, or the cancel, is the cause). */
+ * stopped records nothing new (the first failure, or the cancel, is the cause), unless the
+ * transfer commits (its DONE went out: the failure is the peer's verdict). */
 static void fail_xfer(struct tcp_xfer *tx, const struct sc_err *err)
 {
 	struct tcp_backend *tb = tx->tb;
 	pthread_mutex_lock(&tb->mu);
-	if (!tx->failed && (!should_stop(tx) || tx->committing)) {
-		tx->failed = true;
-		tx->status = err->code == SC_OK ? SC_INTERNAL : err->code;
-		snprintf(tx->msg, sizeof(tx->msg), "%s", err->msg);
-	}
-	atomic_store(&tx->stop, true);
+	sc_xr_fail_locked(&tx->xr, tx->committing, err->code, "%s", err->msg);
 	for (int i = 0; i < MAX_STREAMS; i++)
 		if (tx->conns[i])
 			sc_peer_conn_abort(tx->conns[i]);
@@ -424,12 +401,14 @@ static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, i
 	struct sc_err err;
 	sc_err_clear(&err);
 	struct io_bound b = {.deadline_mono_ms = x->deadline_mono_ms, .cancel = &x->cancel_requested};
-	struct piece cur = {0}, next = {0};
+	struct sc_xr_piece one_cut;
+	struct piece cur = {.cut = &one_cut}, next = {.cut = &one_cut};
 	void *arrays = NULL;
 	if (tx->batch) {
-		/* two batches' piece lists and iovecs: the one in flight and the next */
+		/* two batches' piece lists and iovecs (the one in flight and the next), and where the
+		 * cursor hands pieces out */
 		size_t one = SC_PEER_MAX_PIECES * (sizeof(struct sc_peer_piece) + sizeof(struct iovec));
-		arrays = malloc(2 * one);
+		arrays = malloc(2 * one + SC_PEER_MAX_PIECES * sizeof(struct sc_xr_piece));
 		if (!arrays) {
 			sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "out of memory");
 			goto out;
@@ -438,6 +417,7 @@ static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, i
 		cur.iov = (struct iovec *)(cur.pp + SC_PEER_MAX_PIECES);
 		next.pp = (struct sc_peer_piece *)((uint8_t *)arrays + one);
 		next.iov = (struct iovec *)(next.pp + SC_PEER_MAX_PIECES);
+		cur.cut = next.cut = (struct sc_xr_piece *)((uint8_t *)arrays + 2 * one);
 	}
 	/* With DONE going early, the last data request waits for it: both leave in one segment. */
 	if (!next_piece(tx, &cur))
@@ -492,34 +472,15 @@ out:
 
 /* ---- leading a transfer ---------------------------------------------------------------------- */
 
-static void queue_task_locked(struct tcp_backend *tb, struct task *t)
+static bool task_of(const struct sc_xr_task *t, void *tx)
 {
-	t->next = NULL;
-	if (tb->tail)
-		tb->tail->next = t;
-	else
-		tb->head = t;
-	tb->tail = t;
+	return container_of(t, struct task, t)->tx == tx;
 }
 
 /* Take back this transfer's helpers that no worker has started. Under tb->mu. */
 static void reclaim_helpers_locked(struct tcp_backend *tb, struct tcp_xfer *tx)
 {
-	struct task *prev = NULL;
-	for (struct task *t = tb->head; t;) {
-		struct task *next = t->next;
-		if (t->tx == tx) {
-			if (prev)
-				prev->next = next;
-			else
-				tb->head = next;
-			if (tb->tail == t)
-				tb->tail = prev;
-		} else {
-			prev = t;
-		}
-		t = next;
-	}
+	tx->helpers -= (unsigned)sc_xr_unqueue_locked(&tb->xr, task_of, tx);
 }
 
 /* The verdict, DONE to the passive side (when `opened`: c is then the leader's connection), and
@@ -528,30 +489,10 @@ static void finish(struct tcp_xfer *tx, struct sc_peer_conn *c, bool opened)
 {
 	struct tcp_backend *tb = tx->tb;
 	struct sc_xfer *x = tx->x;
-	enum sc_status status;
 	char msg[SC_ERR_MSG_MAX];
-	bool all_moved = atomic_load(&tx->bytes_moved) == x->total;
-	if (!tx->failed && all_moved) {
-		status = SC_OK;
-		msg[0] = '\0';
-	} else if (atomic_load(&x->cancel_requested) && x->deadline_mono_ms &&
-		   sc_clock_mono_ms() >= x->deadline_mono_ms) {
-		/* The engine's deadline timer cancels: tell the passive side the real reason. */
-		status = SC_DEADLINE_EXCEEDED;
-		snprintf(msg, sizeof(msg), "deadline passed after %" PRIu64 " of %" PRIu64 " bytes",
-			 (uint64_t)atomic_load(&tx->bytes_moved), x->total);
-	} else if (atomic_load(&x->cancel_requested)) {
-		status = SC_CANCELLED;
-		snprintf(msg, sizeof(msg), "cancelled by the active side after %" PRIu64
-			 " of %" PRIu64 " bytes",
-			 (uint64_t)atomic_load(&tx->bytes_moved), x->total);
-	} else if (tx->failed) {
-		status = tx->status;
-		snprintf(msg, sizeof(msg), "%s", tx->msg);
-	} else {
-		status = SC_INTERNAL;
-		snprintf(msg, sizeof(msg), "tcp transfer stopped without a reason");
-	}
+	/* Bytes the peer was told are complete (a pipelined DONE) stay complete after a cancel. */
+	enum sc_status status = sc_xr_verdict(&tb->xr, &tx->xr, atomic_load(&tx->bytes_moved),
+					      false, msg, sizeof(msg));
 
 	if (opened && !tx->done_sent) {
 		/* The verdict on the passive side. A success must be confirmed (the operation is
@@ -565,18 +506,12 @@ static void finish(struct tcp_xfer *tx, struct sc_peer_conn *c, bool opened)
 	sc_peer_pool_put(tb->pool, c, c && sc_peer_conn_usable(c));
 
 	pthread_mutex_lock(&tb->mu);
-	if (tx->prev)
-		tx->prev->next = tx->next;
-	else
-		tb->live = tx->next;
-	if (tx->next)
-		tx->next->prev = tx->prev;
+	sc_xr_retire_locked(&tb->xr, &tx->xr);
 	pthread_mutex_unlock(&tb->mu);
-	x->priv = NULL;
 	pthread_cond_destroy(&tx->helpers_cv);
 	pthread_mutex_destroy(&tx->cursor_mu);
 	free(tx);
-	x->on_complete(x, status, status == SC_OK ? NULL : msg);
+	sc_xr_complete(x, status, msg);
 }
 
 /* The leader's pipelined OPEN went unanswered on a pooled connection and nothing moved: that
@@ -593,24 +528,20 @@ static bool restart_after_stale(struct tcp_xfer *tx, struct sc_peer_conn *c, int
 	    (x->deadline_mono_ms && sc_clock_mono_ms() >= x->deadline_mono_ms))
 		return false;
 	pthread_mutex_lock(&tb->mu);
-	bool restart = !tb->stopping && tx->failed && tx->status == SC_UNAVAILABLE;
+	bool restart = !tb->xr.stopping && tx->xr.failed && tx->xr.status == SC_UNAVAILABLE;
 	if (restart) {
 		SC_DEBUG("tcp", "transfer %016" PRIx64 ": a pooled connection was dead (%s); starting "
 				"over on another",
-			 x->xfer_id, tx->msg);
-		tx->failed = false;
-		tx->status = SC_OK;
-		tx->msg[0] = '\0';
+			 x->xfer_id, tx->xr.msg);
+		sc_xr_reset_locked(&tx->xr);
 		tx->committing = false;
 		atomic_store(&x->committed, false);
 		tx->done_sent = false;
-		atomic_store(&tx->stop, false);
 	}
 	pthread_mutex_unlock(&tb->mu);
 	if (restart) {
 		pthread_mutex_lock(&tx->cursor_mu);
-		tx->cur_seg = 0;
-		tx->cur_off = 0;
+		sc_xr_cursor_seek(&tx->cur, tx->x, 0);
 		pthread_mutex_unlock(&tx->cursor_mu);
 	}
 	return restart;
@@ -647,8 +578,8 @@ static void lead(struct tcp_xfer *tx)
 	if (streams > 1) {
 		pthread_mutex_lock(&tb->mu);
 		for (uint32_t i = 1; i < streams; i++)
-			queue_task_locked(tb, &tx->tasks[i]);
-		pthread_cond_broadcast(&tb->cv);
+			sc_xr_queue_locked(&tb->xr, &tx->tasks[i].t);
+		tx->helpers += streams - 1;
 		pthread_mutex_unlock(&tb->mu);
 	}
 	move_chunks(tx, 0, c, &open_pending, done_early);
@@ -667,7 +598,7 @@ static void lead(struct tcp_xfer *tx)
 	if (streams > 1) {
 		pthread_mutex_lock(&tb->mu);
 		reclaim_helpers_locked(tb, tx);
-		while (tx->helpers_running)
+		while (tx->helpers)
 			pthread_cond_wait(&tx->helpers_cv, &tb->mu);
 		pthread_mutex_unlock(&tb->mu);
 	}
@@ -692,35 +623,19 @@ static void help(struct tcp_xfer *tx, int slot)
 			 tx->x->xfer_id, slot, err.msg);
 	}
 	pthread_mutex_lock(&tb->mu);
-	tx->helpers_running--;
+	tx->helpers--;
 	pthread_cond_signal(&tx->helpers_cv);
 	pthread_mutex_unlock(&tb->mu);
 }
 
-static void *worker_main(void *arg)
+/* A worker runs a transfer's task: its leader, or one of its helper streams. */
+static void run_task(struct sc_xr_task *t)
 {
-	struct tcp_backend *tb = arg;
-	pthread_mutex_lock(&tb->mu);
-	for (;;) {
-		while (!tb->head && !tb->stopping)
-			pthread_cond_wait(&tb->cv, &tb->mu);
-		struct task *t = tb->head;
-		if (!t)
-			break; /* stopping, queue drained */
-		tb->head = t->next;
-		if (!tb->head)
-			tb->tail = NULL;
-		if (t->slot > 0)
-			t->tx->helpers_running++;
-		pthread_mutex_unlock(&tb->mu);
-		if (t->slot == 0)
-			lead(t->tx);
-		else
-			help(t->tx, t->slot);
-		pthread_mutex_lock(&tb->mu);
-	}
-	pthread_mutex_unlock(&tb->mu);
-	return NULL;
+	struct task *task = container_of(t, struct task, t);
+	if (task->slot == 0)
+		lead(task->tx);
+	else
+		help(task->tx, task->slot);
 }
 
 /* ---- ops ------------------------------------------------------------------------------------- */
@@ -740,34 +655,24 @@ static int tcp_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *er
 	pthread_mutex_init(&tx->cursor_mu, NULL);
 	pthread_cond_init(&tx->helpers_cv, NULL);
 	atomic_init(&tx->bytes_moved, 0);
-	atomic_init(&tx->stop, false);
 	for (int i = 0; i < MAX_STREAMS; i++)
-		tx->tasks[i] = (struct task){.tx = tx, .slot = i};
-
-	pthread_mutex_lock(&tb->mu);
-	if (!tb->started || tb->stopping) {
-		pthread_mutex_unlock(&tb->mu);
+		tx->tasks[i] = (struct task){.t = {.run = run_task}, .tx = tx, .slot = i};
+	x->priv = tx;
+	if (sc_xr_admit(&tb->xr, &tx->xr, x, &tx->tasks[0].t, err) != 0) {
+		x->priv = NULL;
 		pthread_cond_destroy(&tx->helpers_cv);
 		pthread_mutex_destroy(&tx->cursor_mu);
 		free(tx);
-		return sc_err_set(err, SC_UNAVAILABLE, "tcp backend is %s",
-				  tb->stopping ? "shutting down" : "not started");
+		return -1;
 	}
-	x->priv = tx;
-	tx->next = tb->live;
-	if (tb->live)
-		tb->live->prev = tx;
-	tb->live = tx;
-	queue_task_locked(tb, &tx->tasks[0]);
-	pthread_cond_signal(&tb->cv);
-	pthread_mutex_unlock(&tb->mu);
 	return 0;
 }
 
-/* force: also a transfer that commits (its stream is cut only when the backend stops). */
+/* Cut a transfer's I/O. force: also a transfer that commits (its stream is cut only when the
+ * backend stops). Under tb->mu. */
 static void stop_xfer_locked(struct tcp_xfer *tx, bool force)
 {
-	atomic_store(&tx->stop, true);
+	sc_xr_stop_locked(&tx->xr);
 	if (tx->committing && !force)
 		return;
 	for (int i = 0; i < MAX_STREAMS; i++)
@@ -775,14 +680,19 @@ static void stop_xfer_locked(struct tcp_xfer *tx, bool force)
 			sc_peer_conn_abort(tx->conns[i]);
 }
 
+static void stop_for_shutdown(struct sc_xr_xfer *t)
+{
+	stop_xfer_locked(container_of(t, struct tcp_xfer, xr), true);
+}
+
 static void tcp_cancel(struct sc_backend *b, struct sc_xfer *x)
 {
 	struct tcp_backend *tb = to_tcp(b);
 	atomic_store(&x->cancel_requested, true);
 	pthread_mutex_lock(&tb->mu);
-	for (struct tcp_xfer *tx = tb->live; tx; tx = tx->next)
-		if (tx->x == x)
-			stop_xfer_locked(tx, false);
+	for (struct sc_xr_xfer *t = tb->xr.live; t; t = t->next)
+		if (t->x == x)
+			stop_xfer_locked(container_of(t, struct tcp_xfer, xr), false);
 	pthread_mutex_unlock(&tb->mu);
 }
 
@@ -791,49 +701,23 @@ static int tcp_start(struct sc_backend *b, struct sc_err *err)
 	struct tcp_backend *tb = to_tcp(b);
 	if (!tb->pool)
 		return sc_err_set(err, SC_FAILED_PRECONDITION, "no peer connection pool");
-	pthread_mutex_lock(&tb->mu);
 	size_t want = 2 * (size_t)tb->streams;
-	if (want < 2)
-		want = 2;
-	for (; tb->n_workers < want; tb->n_workers++) {
-		int rc = pthread_create(&tb->workers[tb->n_workers], NULL, worker_main, tb);
-		if (rc != 0) {
-			pthread_mutex_unlock(&tb->mu);
-			sc_err_set(err, SC_INTERNAL, "cannot start tcp worker threads: %s",
-				   strerror(rc));
-			return -1; /* stop() joins those that started */
-		}
-	}
-	tb->started = true;
-	pthread_mutex_unlock(&tb->mu);
-	return 0;
+	return sc_xr_start(&tb->xr, want < 2 ? 2 : want, err); /* stop() joins those that started */
 }
 
 static void tcp_stop(struct sc_backend *b)
 {
 	struct tcp_backend *tb = to_tcp(b);
-	pthread_mutex_lock(&tb->mu);
-	tb->stopping = true;
-	for (struct tcp_xfer *tx = tb->live; tx; tx = tx->next) {
-		atomic_store(&tx->x->cancel_requested, true);
-		stop_xfer_locked(tx, true);
-	}
-	pthread_cond_broadcast(&tb->cv);
-	size_t n = tb->n_workers;
-	tb->n_workers = 0;
-	pthread_mutex_unlock(&tb->mu);
-	/* Workers finish what is queued (cancelled, so quickly) and exit. */
-	for (size_t i = 0; i < n; i++)
-		pthread_join(tb->workers[i], NULL);
-	tb->started = false;
+	sc_xr_begin_stop(&tb->xr, stop_for_shutdown);
+	sc_xr_stop_workers(&tb->xr);
 }
 
 static void tcp_destroy(struct sc_backend *b)
 {
 	struct tcp_backend *tb = to_tcp(b);
-	if (tb->n_workers)
+	if (tb->xr.n_workers)
 		tcp_stop(b);
-	pthread_cond_destroy(&tb->cv);
+	sc_xr_destroy(&tb->xr);
 	pthread_mutex_destroy(&tb->mu);
 	free(tb);
 }
@@ -862,7 +746,7 @@ struct sc_backend *sc_backend_tcp_create(const struct sc_backend_env *env)
 	tb->base.ops = &tcp_ops;
 	tb->base.env = *env;
 	pthread_mutex_init(&tb->mu, NULL);
-	pthread_cond_init(&tb->cv, NULL);
+	sc_xr_init(&tb->xr, "tcp", &tb->mu);
 	tb->streams = cfg->tcp_streams ? cfg->tcp_streams : 1;
 	if (tb->streams > MAX_STREAMS)
 		tb->streams = MAX_STREAMS;

@@ -274,13 +274,7 @@ bool sc_engine_wait_idle(struct sc_engine *eng, uint64_t timeout_ms)
 		uint64_t now = sc_clock_mono_ms();
 		if (now >= end)
 			break;
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		uint64_t wait = end - now < 100 ? end - now : 100;
-		ts.tv_nsec += (long)wait * 1000000L;
-		ts.tv_sec += ts.tv_nsec / 1000000000L;
-		ts.tv_nsec %= 1000000000L;
-		pthread_cond_timedwait(&eng->idle_cv, &eng->mu, &ts);
+		sc_cond_wait_ms(&eng->idle_cv, &eng->mu, end - now < 100 ? end - now : 100);
 	}
 	bool idle = !engine_busy(eng);
 	pthread_mutex_unlock(&eng->mu);

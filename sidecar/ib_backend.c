@@ -346,6 +346,7 @@ static void ib_destroy(struct sc_backend *b)
 	}
 	if (ib->ctx)
 		ibv_close_device(ib->ctx);
+	sc_xr_destroy(&ib->xr);
 	pthread_cond_destroy(&ib->cv);
 	pthread_mutex_destroy(&ib->mu);
 	free(ib);
@@ -377,6 +378,7 @@ struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)
 	ib->wake_fd = -1;
 	pthread_mutex_init(&ib->mu, NULL);
 	pthread_cond_init(&ib->cv, NULL);
+	sc_xr_init(&ib->xr, "ibverbs", &ib->mu);
 	atomic_init(&ib->cq_stop, false);
 	atomic_init(&ib->n_grants, 0);
 	snprintf(ib->self_id, sizeof(ib->self_id), "%s", env->self_id);

@@ -33,6 +33,7 @@
 #include "engine.h"
 #include "metadata.h"
 #include "status.h"
+#include "xfer_runner.h"
 
 #include <infiniband/verbs.h>
 #include <pthread.h>
@@ -152,6 +153,8 @@ enum ib_xstate {
 };
 
 struct ib_xfer {
+	struct sc_xr_xfer xr; /* stop flag and first failure (under ib->mu); live in ib->xr */
+	struct sc_xr_task run; /* task is what it runs */
 	struct ib_backend *ib;
 	struct sc_xfer *x;
 	struct ib_qp *qp;	   /* reference held from setup to finish */
@@ -160,19 +163,12 @@ struct ib_xfer {
 	bool opened;
 	enum ib_xstate state;
 	/* Under ib->mu. */
-	size_t seg; /* next chunk to post */
-	uint64_t off;
+	struct sc_xr_cursor cur; /* next chunk to post */
 	uint32_t outstanding;
 	uint64_t bytes_out; /* in flight */
 	uint64_t bytes_acked;
 	uint64_t progress; /* acked but not yet reported */
-	bool stop;	   /* post nothing more */
-	uint64_t stop_mono_ms;
-	bool failed;
-	enum sc_status status;
-	char msg[SC_ERR_MSG_MAX];
-	enum ib_task task; /* queued or running on a worker */
-	bool task_running;
+	enum ib_task task; /* queued or running on a worker (NONE: neither) */
 	bool want_finish; /* finish once the running task returns */
 	enum ib_notice notice;
 	uint64_t last_ping_mono_ms;
@@ -180,8 +176,6 @@ struct ib_xfer {
 	unsigned moves;		 /* moves to a fresh QP so far */
 	uint64_t moving_mono_ms; /* when the current move began */
 	uint64_t t_submit_us, t_opened_us, t_posted_us, t_acked_us; /* for the debug log */
-	struct ib_xfer *prev, *next;				    /* ib->xfers */
-	struct ib_xfer *qnext;					    /* task queue */
 };
 
 struct ib_backend {
@@ -223,22 +217,18 @@ struct ib_backend {
 	int wake_fd; /* eventfd: wakes the completion thread */
 	pthread_t cq_thread;
 	bool cq_thread_running;
-	pthread_t workers[8];
-	size_t n_workers;
 	bool handler_set;
 	uint32_t cq_cap; /* CQ entries: work requests in flight, all QPs together */
 
 	pthread_mutex_t mu;
-	pthread_cond_t cv; /* tasks queued, connects ended, transfers ended, stopping */
-	bool started, stopping, workers_exit;
+	pthread_cond_t cv; /* connects ended */
+	/* The transfer runner (worker threads, task queue, transfers in flight), under mu. */
+	struct sc_xr xr;
 	atomic_bool cq_stop;
 	uint32_t cq_out; /* work requests in flight on the shared CQ */
 	struct ib_peer *peers;
 	struct ib_qp *out_qps, *in_qps;
 	size_t n_out, n_in;
-	struct ib_xfer *xfers; /* submitted, not yet completed */
-	size_t n_xfers;
-	struct ib_xfer *qhead, *qtail; /* task queue */
 	atomic_uint_fast64_t n_grants; /* live exposures, for the destroy check */
 
 	/* The completion notice (ib_notify.c). */
@@ -316,10 +306,17 @@ int ib_xfer_start(struct ib_backend *ib, struct sc_err *err);
 /* Whether every chunk of the transfer has been posted. Under ib->mu. */
 static inline bool ib_xfer_all_posted(const struct ib_xfer *xf)
 {
-	const struct sc_xfer *x = xf->x;
-	return xf->seg >= x->n_segs ||
-	       (xf->seg == x->n_segs - 1 && xf->off >= x->segs[xf->seg].len);
+	return sc_xr_cursor_done(&xf->cur, xf->x);
 }
+/* Post nothing more (cancelled, failed, stopping). Under ib->mu. */
+static inline bool ib_xfer_stopped(const struct ib_xfer *xf)
+{
+	return atomic_load_explicit(&xf->xr.stop, memory_order_relaxed);
+}
+/* The transfers in flight. */
+#define IB_FOR_EACH_XFER(ib, xf)                                                                  \
+	for (struct sc_xr_xfer *xr_ = (ib)->xr.live;                                               \
+	     xr_ && ((xf) = container_of(xr_, struct ib_xfer, xr), 1); xr_ = xr_->next)
 void ib_xfer_stop(struct ib_backend *ib);
 int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
 void ib_xfer_cancel(struct sc_backend *b, struct sc_xfer *x);

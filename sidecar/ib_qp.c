@@ -588,18 +588,6 @@ static int verify_peer(struct ib_backend *ib, struct ib_qp *q, struct sc_peer_co
 	return rep.status == 1 ? 1 : 0;
 }
 
-static void wait_cv_100ms(struct ib_backend *ib)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_nsec += 100 * 1000 * 1000;
-	if (ts.tv_nsec >= 1000000000L) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000L;
-	}
-	pthread_cond_timedwait(&ib->cv, &ib->mu, &ts);
-}
-
 /*
  * The cached QP q of peer p has been idle: check it with the peer (p->connecting is set, a
  * reference on q held, ib->mu not held). Returns 1 (good: *conn holds the control connection),
@@ -653,7 +641,7 @@ static int qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t 
 	pthread_mutex_lock(&ib->mu);
 	struct ib_peer *p;
 	for (;;) {
-		if (ib->stopping) {
+		if (ib->xr.stopping) {
 			pthread_mutex_unlock(&ib->mu);
 			return sc_err_set(err, SC_UNAVAILABLE,
 					  "the ibverbs backend is shutting down");
@@ -735,7 +723,7 @@ static int qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t 
 					  "deadline passed while connecting to peer %s",
 					  md->issuer);
 		}
-		wait_cv_100ms(ib);
+		sc_cond_wait_ms(&ib->cv, &ib->mu, 100);
 	}
 	/* A cached QP, with the caller's reference. */
 	*out = got;
@@ -871,7 +859,7 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 	struct ib_qp *drops[2 * IB_MAX_IN_PER_PEER + 2];
 	size_t n_drops = 0;
 	pthread_mutex_lock(&ib->mu);
-	if (ib->stopping) {
+	if (ib->xr.stopping) {
 		pthread_mutex_unlock(&ib->mu);
 		return sc_err_set(err, SC_UNAVAILABLE,
 				  "sidecar %s is shutting down its ibverbs "
@@ -1061,7 +1049,7 @@ int sc_ib_test_probe_read(struct sc_engine *eng, const char *peer_id, const char
 			  char *status_text, size_t cap, struct sc_err *err)
 {
 	struct ib_backend *ib = engine_ib(eng);
-	if (!ib || !ib->started)
+	if (!ib || !ib->xr.started)
 		return sc_err_set(err, SC_FAILED_PRECONDITION, "ibverbs is not running");
 	int rc = -1;
 	struct ibv_cq *cq = ibv_create_cq(ib->ctx, 4, NULL, NULL, 0);

@@ -27,7 +27,7 @@
 
 int ib_retry_begin_locked(struct ib_xfer *xf)
 {
-	if (xf->stop)
+	if (ib_xfer_stopped(xf))
 		return 0; /* cancelled, expired or failed for its own reason: that stands */
 	if (xf->moving || xf->bytes_acked >= xf->x->total)
 		return 1; /* waiting already, or nothing left to move */
@@ -65,14 +65,7 @@ void ib_retry_resume_locked(struct ib_xfer *xf, struct ib_qp *fresh, struct ib_q
 	xf->moving = false;
 	xf->moves++;
 	/* Rewind to the first byte not known complete (all of its work requests are back). */
-	uint64_t left = xf->bytes_acked;
-	size_t seg = 0;
-	while (seg < x->n_segs && left >= x->segs[seg].len) {
-		left -= x->segs[seg].len;
-		seg++;
-	}
-	xf->seg = seg;
-	xf->off = seg < x->n_segs ? left : 0;
+	sc_xr_cursor_seek(&xf->cur, x, xf->bytes_acked);
 	xf->notice = IB_NOTICE_NONE; /* posted again behind the last chunk, on the fresh QP */
 	SC_INFO("ibverbs",
 		"transfer %016" PRIx64 ": QP %u to peer %s failed under it (%s); continuing at "

@@ -30,8 +30,12 @@
  * the IB_TASK_MOVE task) and go on from their first byte not known complete. The passive side
  * does nothing per chunk: DONE completes it (peer_server.c calls sc_passive_done).
  *
+ * The bookkeeping is the shared transfer runner's (xfer_runner.h): its workers and task queue, the
+ * list of transfers in flight, the stop flag and first failure, the verdict, and the cursor that
+ * cuts segments into work requests; this file says how pieces go on a QP.
+ *
  * Threads: submit() and cancel() run on engine threads under the engine lock (they only queue,
- * flag and wake); IB_WORKERS worker threads run setup, keep-alive pings and finish; one completion
+ * flag and wake); the runner's IB_WORKERS worker threads run setup, keep-alive pings and finish; one completion
  * thread per device polls the CQ (ibv_get_cq_event on a non-blocking channel, poll() with a
  * 100 ms timeout), the async-event fd, a wake-up eventfd and the idle control connections of
  * running transfers (a peer that dies closes them), and posts everything after the first batch.
@@ -81,41 +85,16 @@ static void wake_cq(struct ib_backend *ib)
 static void queue_task_locked(struct ib_backend *ib, struct ib_xfer *xf, enum ib_task task)
 {
 	xf->task = task;
-	xf->qnext = NULL;
-	if (ib->qtail)
-		ib->qtail->qnext = xf;
-	else
-		ib->qhead = xf;
-	ib->qtail = xf;
-	pthread_cond_broadcast(&ib->cv);
+	sc_xr_queue_locked(&ib->xr, &xf->run);
 }
 
 /* Record the transfer's first failure and stop it. A transfer already stopping (cancelled, or
  * failed) keeps its first reason. Under ib->mu. */
-static void xfer_fail_locked(struct ib_xfer *xf, enum sc_status code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void xfer_fail_locked(struct ib_xfer *xf, enum sc_status code, const char *fmt, ...)
-{
-	if (!xf->failed && !xf->stop) {
-		xf->failed = true;
-		xf->status = code;
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(xf->msg, sizeof(xf->msg), fmt, ap);
-		va_end(ap);
-	}
-	if (!xf->stop) {
-		xf->stop = true;
-		xf->stop_mono_ms = sc_clock_mono_ms();
-	}
-}
+#define xfer_fail_locked(xf, ...) sc_xr_fail_locked(&(xf)->xr, false, __VA_ARGS__)
 
 static void xfer_stop_locked(struct ib_xfer *xf)
 {
-	if (!xf->stop) {
-		xf->stop = true;
-		xf->stop_mono_ms = sc_clock_mono_ms();
-	}
+	sc_xr_stop_locked(&xf->xr);
 }
 
 /* Take a QP out of service from the transfer path. The cache's reference is dropped in place:
@@ -135,41 +114,17 @@ static uint64_t now_us(void)
 	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-static bool deadline_passed(const struct sc_xfer *x)
-{
-	return x->deadline_mono_ms && sc_clock_mono_ms() >= x->deadline_mono_ms;
-}
-
 /* ---- finish (worker) ------------------------------------------------------------------------- */
 
 static void finish(struct ib_xfer *xf)
 {
 	struct ib_backend *ib = xf->ib;
 	struct sc_xfer *x = xf->x;
-	enum sc_status status;
 	char msg[SC_ERR_MSG_MAX];
 	/* A cancel wins even when the bytes in flight all landed: the engine has already ended
 	 * the operation CANCELLED, and both sides must agree. */
-	if (atomic_load(&x->cancel_requested) && deadline_passed(x)) {
-		/* The engine's deadline timer cancels: tell the passive side the real reason. */
-		status = SC_DEADLINE_EXCEEDED;
-		snprintf(msg, sizeof(msg), "deadline passed after %" PRIu64 " of %" PRIu64 " bytes",
-			 xf->bytes_acked, x->total);
-	} else if (atomic_load(&x->cancel_requested)) {
-		status = SC_CANCELLED;
-		snprintf(msg, sizeof(msg),
-			 "cancelled by the active side after %" PRIu64 " of %" PRIu64 " bytes",
-			 xf->bytes_acked, x->total);
-	} else if (!xf->failed && xf->bytes_acked == x->total) {
-		status = SC_OK;
-		msg[0] = '\0';
-	} else if (xf->failed) {
-		status = xf->status == SC_OK ? SC_INTERNAL : xf->status;
-		snprintf(msg, sizeof(msg), "%s", xf->msg);
-	} else {
-		status = SC_INTERNAL;
-		snprintf(msg, sizeof(msg), "ibverbs transfer stopped without a reason");
-	}
+	enum sc_status status = sc_xr_verdict(&ib->xr, &xf->xr, xf->bytes_acked, true, msg,
+					      sizeof(msg));
 
 	struct sc_peer_conn *c = xf->conn;
 	xf->conn = NULL;
@@ -200,18 +155,10 @@ static void finish(struct ib_xfer *xf)
 			x->meta->issuer, sc_status_name(status), msg);
 
 	pthread_mutex_lock(&ib->mu);
-	if (xf->prev)
-		xf->prev->next = xf->next;
-	else
-		ib->xfers = xf->next;
-	if (xf->next)
-		xf->next->prev = xf->prev;
-	ib->n_xfers--;
-	pthread_cond_broadcast(&ib->cv);
+	sc_xr_retire_locked(&ib->xr, &xf->xr);
 	pthread_mutex_unlock(&ib->mu);
-	x->priv = NULL;
 	free(xf);
-	x->on_complete(x, status, status == SC_OK ? NULL : msg);
+	sc_xr_complete(x, status, msg);
 }
 
 /* ---- setup and keep-alive (worker) ----------------------------------------------------------- */
@@ -250,13 +197,12 @@ static void setup(struct ib_xfer *xf)
 	xf->conn = c;
 	xf->opened = true;
 	xf->task = IB_TASK_NONE;
-	xf->task_running = false;
 	xf->state = IB_XS_RUNNING;
 	xf->last_ping_mono_ms = sc_clock_mono_ms();
 	xf->t_opened_us = now_us();
 	/* The first work requests go out from here, saving the hand-over to the completion
 	 * thread; it posts the rest as completions come back. */
-	if (!atomic_load(&x->cancel_requested) && !ib->stopping && !xf->qp->broken)
+	if (!atomic_load(&x->cancel_requested) && !ib->xr.stopping && !xf->qp->broken)
 		post_more(ib, xf);
 	pthread_mutex_unlock(&ib->mu);
 	wake_cq(ib);
@@ -268,7 +214,6 @@ fail:
 	xfer_stop_locked(xf);
 	xf->state = IB_XS_FINISHING;
 	xf->task = IB_TASK_NONE;
-	xf->task_running = false;
 	xf->conn = c;
 	pthread_mutex_unlock(&ib->mu);
 	finish(xf);
@@ -282,7 +227,6 @@ static void ping(struct ib_xfer *xf)
 	int rc = sc_peer_ping(xf->conn, sc_clock_mono_ms() + 10000, &xf->x->cancel_requested, &err);
 	pthread_mutex_lock(&ib->mu);
 	xf->task = IB_TASK_NONE;
-	xf->task_running = false;
 	xf->last_ping_mono_ms = sc_clock_mono_ms();
 	if (rc != 0 && err.code != SC_CANCELLED)
 		xfer_fail_locked(xf, SC_UNAVAILABLE, "lost the control connection to peer %s: %s",
@@ -305,7 +249,6 @@ static void move_qp(struct ib_xfer *xf)
 	int rc = ib_retry_fresh_qp(xf, &fresh, &err);
 	pthread_mutex_lock(&ib->mu);
 	xf->task = IB_TASK_NONE;
-	xf->task_running = false;
 	if (rc != 0) {
 		if (err.code != SC_CANCELLED)
 			xfer_fail_locked(xf, err.code,
@@ -316,12 +259,12 @@ static void move_qp(struct ib_xfer *xf)
 					 err.msg);
 		xfer_stop_locked(xf);
 		xf->moving = false;
-	} else if (xf->stop || xf->state != IB_XS_RUNNING) {
+	} else if (ib_xfer_stopped(xf) || xf->state != IB_XS_RUNNING) {
 		old = fresh; /* cancelled or expired meanwhile */
 		xf->moving = false;
 	} else {
 		ib_retry_resume_locked(xf, fresh, &old);
-		if (!ib->stopping)
+		if (!ib->xr.stopping)
 			post_more(ib, xf);
 	}
 	if (xf->want_finish) {
@@ -333,86 +276,68 @@ static void move_qp(struct ib_xfer *xf)
 	wake_cq(ib);
 }
 
-static void *worker_main(void *arg)
+/* A worker runs the task queued for xf (xf->task, set under ib->mu before it was queued). */
+static void run_task(struct sc_xr_task *t)
 {
-	struct ib_backend *ib = arg;
-	pthread_mutex_lock(&ib->mu);
-	for (;;) {
-		while (!ib->qhead && !ib->workers_exit)
-			pthread_cond_wait(&ib->cv, &ib->mu);
-		struct ib_xfer *xf = ib->qhead;
-		if (!xf)
-			break;
-		ib->qhead = xf->qnext;
-		if (!ib->qhead)
-			ib->qtail = NULL;
-		enum ib_task task = xf->task;
-		xf->task_running = true;
-		pthread_mutex_unlock(&ib->mu);
-		switch (task) {
-		case IB_TASK_SETUP:
-			setup(xf);
-			break;
-		case IB_TASK_PING:
-			ping(xf);
-			break;
-		case IB_TASK_FINISH:
-			finish(xf);
-			break;
-		case IB_TASK_MOVE:
-			move_qp(xf);
-			break;
-		case IB_TASK_NONE:
-			break;
-		}
-		pthread_mutex_lock(&ib->mu);
+	struct ib_xfer *xf = container_of(t, struct ib_xfer, run);
+	switch (xf->task) {
+	case IB_TASK_SETUP:
+		setup(xf);
+		break;
+	case IB_TASK_PING:
+		ping(xf);
+		break;
+	case IB_TASK_FINISH:
+		finish(xf);
+		break;
+	case IB_TASK_MOVE:
+		move_qp(xf);
+		break;
+	case IB_TASK_NONE:
+		break;
 	}
-	pthread_mutex_unlock(&ib->mu);
-	return NULL;
 }
 
 /* ---- posting and completions (completion thread) --------------------------------------------- */
 
+/* A work request's pieces go on while the remote run does: the next segment's remote range starts
+ * where this one ends, under the same rkey (one window per region makes that common). */
+static bool remote_run_goes_on(const struct sc_xfer_seg *first, const struct sc_xfer_seg *prev,
+			       const struct sc_xfer_seg *next)
+{
+	(void)first;
+	return next->rkey == prev->rkey && next->remote_addr == prev->remote_addr + prev->len;
+}
+
 /*
  * The next work request of xf from its cursor: one chunk of the current segment, then, while the
- * remote run goes on (the next segment's remote range starts where this one ends, under the same
- * rkey: one window per region makes that common) and the request has room, pieces of the following
- * segments as more scatter/gather entries, wherever their local memory lies. Fills sge[] and
- * returns the entry count; *len, *raddr and *rkey receive the request's bytes and remote start.
+ * remote run goes on and the request has room, pieces of the following segments as more
+ * scatter/gather entries, wherever their local memory lies. Fills sge[] and returns the entry
+ * count (0: nothing left); *len, *raddr and *rkey receive the request's bytes and remote start.
  * Under ib->mu.
  */
 static int next_wr(struct ib_backend *ib, struct ib_xfer *xf, bool read, struct ibv_sge *sge,
 		   uint32_t *len, uint64_t *raddr, uint32_t *rkey)
 {
-	struct sc_xfer *x = xf->x;
+	struct sc_xr_piece pieces[IB_MAX_SGE];
 	uint32_t max_sge = read ? ib->max_sge_rd : ib->max_sge;
+	size_t n = sc_xr_cursor_take(&xf->cur, xf->x, ib->max_msg,
+				     max_sge < IB_MAX_SGE ? max_sge : IB_MAX_SGE, remote_run_goes_on,
+				     pieces);
 	uint32_t total = 0;
-	int n = 0;
-	const struct sc_xfer_seg *s = &x->segs[xf->seg];
-	*raddr = s->remote_addr + xf->off;
-	*rkey = s->rkey;
-	for (;;) {
-		const struct ibv_mr *mr = s->local_mr;
-		uint64_t left = s->len - xf->off;
-		uint32_t room = ib->max_msg - total;
-		uint32_t l = left < room ? (uint32_t)left : room;
-		sge[n++] = (struct ibv_sge){
-		    .addr = (uintptr_t)(s->local + xf->off), .length = l, .lkey = mr->lkey};
-		total += l;
-		xf->off += l;
-		if (xf->off < s->len || total >= ib->max_msg || (uint32_t)n >= max_sge ||
-		    xf->seg + 1 >= x->n_segs)
-			break;
-		const struct sc_xfer_seg *next = &x->segs[xf->seg + 1];
-		if (next->rkey != s->rkey || next->remote_addr != s->remote_addr + s->len ||
-		    next->len == 0)
-			break;
-		xf->seg++;
-		xf->off = 0;
-		s = next;
+	for (size_t i = 0; i < n; i++) {
+		const struct sc_xr_piece *p = &pieces[i];
+		const struct ibv_mr *mr = p->seg->local_mr;
+		sge[i] = (struct ibv_sge){.addr = (uintptr_t)(p->seg->local + p->off),
+					  .length = (uint32_t)p->len, .lkey = mr->lkey};
+		total += (uint32_t)p->len;
+	}
+	if (n) {
+		*raddr = pieces[0].seg->remote_addr + pieces[0].off;
+		*rkey = pieces[0].seg->rkey;
 	}
 	*len = total;
-	return n;
+	return (int)n;
 }
 
 /* Post as many work requests of xf as the window and the QP allow, chained: one doorbell per
@@ -429,15 +354,11 @@ static void post_more(struct ib_backend *ib, struct ib_xfer *xf)
 	       xf->bytes_out < IB_XFER_WINDOW_BYTES && qp->free_wrs &&
 	       qp->outstanding < qp->sq_depth && ib->cq_out < ib->cq_cap &&
 	       (!read || qp->reads_out < qp->max_rd)) {
-		while (xf->seg < x->n_segs && xf->off >= x->segs[xf->seg].len) {
-			xf->seg++;
-			xf->off = 0;
-		}
-		if (xf->seg >= x->n_segs)
-			break;
-		uint32_t len, rkey;
-		uint64_t raddr;
+		uint32_t len, rkey = 0;
+		uint64_t raddr = 0;
 		int nsge = next_wr(ib, xf, read, sges[n], &len, &raddr, &rkey);
+		if (nsge == 0)
+			break;
 		struct ib_wr *w = qp->free_wrs;
 		qp->free_wrs = w->next_free;
 		w->xf = xf;
@@ -628,8 +549,8 @@ static void drain_cq(struct ib_backend *ib, struct progress **prog, size_t *prog
 		}
 		/* Progress to report: one entry per transfer with news. */
 		if (n > 0) {
-			if (*prog_cap < ib->n_xfers) {
-				size_t cap = ib->n_xfers * 2;
+			if (*prog_cap < ib->xr.n_live) {
+				size_t cap = ib->xr.n_live * 2;
 				struct progress *p = realloc(*prog, cap * sizeof(*p));
 				if (p) {
 					*prog = p;
@@ -637,8 +558,10 @@ static void drain_cq(struct ib_backend *ib, struct progress **prog, size_t *prog
 				}
 			}
 			n_prog = 0;
-			for (struct ib_xfer *xf = ib->xfers; xf && n_prog < *prog_cap;
-			     xf = xf->next) {
+			struct ib_xfer *xf;
+			IB_FOR_EACH_XFER(ib, xf) {
+				if (n_prog >= *prog_cap)
+					break;
 				if (xf->progress) {
 					(*prog)[n_prog++] = (struct progress){xf, xf->progress};
 					xf->progress = 0;
@@ -661,12 +584,13 @@ static void tick(struct ib_backend *ib)
 {
 	pthread_mutex_lock(&ib->mu);
 	uint64_t now = sc_clock_mono_ms();
-	for (struct ib_xfer *xf = ib->xfers; xf; xf = xf->next) {
+	struct ib_xfer *xf;
+	IB_FOR_EACH_XFER(ib, xf) {
 		if (xf->state != IB_XS_RUNNING)
 			continue;
 		struct sc_xfer *x = xf->x;
-		if (!xf->stop) {
-			if (atomic_load(&x->cancel_requested) || ib->stopping)
+		if (!ib_xfer_stopped(xf)) {
+			if (atomic_load(&x->cancel_requested) || ib->xr.stopping)
 				xfer_stop_locked(xf);
 			else if (x->deadline_mono_ms && now >= x->deadline_mono_ms)
 				xfer_fail_locked(xf, SC_DEADLINE_EXCEEDED,
@@ -679,38 +603,38 @@ static void tick(struct ib_backend *ib)
 						 "fresh QP, the limit)",
 						 xf->qp->peer, xf->qp->why, IB_XFER_MOVES);
 		}
-		if (xf->moving && xf->stop)
+		if (xf->moving && ib_xfer_stopped(xf))
 			xf->moving = false; /* cancelled or expired while waiting to move */
 		if (xf->moving) {
 			/* Once its work requests are back (and a ping in progress returned). */
-			if (xf->outstanding == 0 && xf->task == IB_TASK_NONE && !xf->task_running)
+			if (xf->outstanding == 0 && xf->task == IB_TASK_NONE)
 				queue_task_locked(ib, xf, IB_TASK_MOVE);
 			continue;
 		}
-		if (!xf->stop && !xf->qp->broken)
+		if (!ib_xfer_stopped(xf) && !xf->qp->broken)
 			post_more(ib, xf);
 		/* All posted, the completion notice included when the QP takes one. */
 		bool all_posted = ib_xfer_all_posted(xf) && xf->notice != IB_NOTICE_NONE;
-		if (xf->outstanding == 0 && (xf->stop || all_posted)) {
+		if (xf->outstanding == 0 && (ib_xfer_stopped(xf) || all_posted)) {
 			xf->state = IB_XS_FINISHING;
 			xf->t_acked_us = now_us();
-			if (xf->task != IB_TASK_NONE || xf->task_running)
+			if (xf->task != IB_TASK_NONE)
 				xf->want_finish = true; /* after the ping in progress */
 			else
 				queue_task_locked(ib, xf, IB_TASK_FINISH);
 			continue;
 		}
-		if (xf->stop && xf->outstanding && now - xf->stop_mono_ms >= FLUSH_AFTER_MS &&
+		if (ib_xfer_stopped(xf) && xf->outstanding && now - xf->xr.stop_mono_ms >= FLUSH_AFTER_MS &&
 		    !xf->qp->flushing) {
 			SC_WARN("ibverbs",
 				"transfer %016" PRIx64 ": %u work request(s) still out %" PRIu64
 				" ms after it stopped: flushing QP %u to peer %s",
-				x->xfer_id, xf->outstanding, now - xf->stop_mono_ms,
+				x->xfer_id, xf->outstanding, now - xf->xr.stop_mono_ms,
 				xf->qp->qp->qp_num, xf->qp->peer);
 			fail_qp_locked(ib, xf->qp, false, "flushed to end a stopped transfer");
 			ib_qp_flush(xf->qp);
 		}
-		if (!xf->stop && xf->task == IB_TASK_NONE && !xf->task_running &&
+		if (!ib_xfer_stopped(xf) && xf->task == IB_TASK_NONE &&
 		    now - xf->last_ping_mono_ms >= KEEPALIVE_MS)
 			queue_task_locked(ib, xf, IB_TASK_PING);
 	}
@@ -773,7 +697,7 @@ struct pollset {
 
 static void pollset_build_locked(struct ib_backend *ib, struct pollset *ps)
 {
-	size_t want = 3 + ib->n_xfers;
+	size_t want = 3 + ib->xr.n_live;
 	if (ps->cap < want) {
 		struct pollfd *f = realloc(ps->fds, want * sizeof(*f));
 		if (f)
@@ -791,9 +715,12 @@ static void pollset_build_locked(struct ib_backend *ib, struct pollset *ps)
 	ps->fds[0] = (struct pollfd){.fd = ib->chan->fd, .events = POLLIN};
 	ps->fds[1] = (struct pollfd){.fd = ib->ctx->async_fd, .events = POLLIN};
 	ps->fds[2] = (struct pollfd){.fd = ib->wake_fd, .events = POLLIN};
-	for (struct ib_xfer *xf = ib->xfers; xf && ps->n < ps->cap; xf = xf->next) {
-		if (xf->state != IB_XS_RUNNING || xf->stop || !xf->conn ||
-		    xf->task != IB_TASK_NONE || xf->task_running)
+	struct ib_xfer *xf;
+	IB_FOR_EACH_XFER(ib, xf) {
+		if (ps->n >= ps->cap)
+			break;
+		if (xf->state != IB_XS_RUNNING || ib_xfer_stopped(xf) || !xf->conn ||
+		    xf->task != IB_TASK_NONE)
 			continue;
 		ps->xfs[ps->n - 3] = xf;
 		ps->fds[ps->n++] =
@@ -809,17 +736,19 @@ static void pollset_check_locked(struct ib_backend *ib, const struct pollset *ps
 			continue;
 		struct ib_xfer *xf = ps->xfs[i - 3];
 		bool live = false;
-		for (struct ib_xfer *it = ib->xfers; it && !live; it = it->next)
-			live = it == xf;
-		if (!live || xf->state != IB_XS_RUNNING || xf->task != IB_TASK_NONE ||
-		    xf->task_running)
+		struct ib_xfer *it;
+		IB_FOR_EACH_XFER(ib, it) {
+			if ((live = it == xf))
+				break;
+		}
+		if (!live || xf->state != IB_XS_RUNNING || xf->task != IB_TASK_NONE)
 			continue;
 		sc_peer_conn_abort(xf->conn); /* its stream state is unknown now */
 		xfer_fail_locked(xf, SC_UNAVAILABLE,
 				 "peer sidecar %s closed the control connection mid-transfer (it "
 				 "stopped or died) after %" PRIu64 " of %" PRIu64 " bytes",
 				 xf->x->meta->issuer, xf->bytes_acked, xf->x->total);
-		SC_WARN("ibverbs", "transfer %016" PRIx64 ": %s", xf->x->xfer_id, xf->msg);
+		SC_WARN("ibverbs", "transfer %016" PRIx64 ": %s", xf->x->xfer_id, xf->xr.msg);
 		/* Its work requests will not complete against a dead peer: flush them now. */
 		fail_qp_locked(ib, xf->qp, false, "the peer closed its control connection");
 		ib_qp_flush(xf->qp);
@@ -911,21 +840,14 @@ int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err)
 	xf->endpoint = -1;
 	xf->state = IB_XS_SETUP;
 	xf->t_submit_us = now_us();
-	pthread_mutex_lock(&ib->mu);
-	if (!ib->started || ib->stopping) {
-		pthread_mutex_unlock(&ib->mu);
-		free(xf);
-		return sc_err_set(err, SC_UNAVAILABLE, "the ibverbs backend is %s",
-				  ib->stopping ? "shutting down" : "not started");
-	}
+	xf->run.run = run_task;
+	xf->task = IB_TASK_SETUP;
 	x->priv = xf;
-	xf->next = ib->xfers;
-	if (ib->xfers)
-		ib->xfers->prev = xf;
-	ib->xfers = xf;
-	ib->n_xfers++;
-	queue_task_locked(ib, xf, IB_TASK_SETUP);
-	pthread_mutex_unlock(&ib->mu);
+	if (sc_xr_admit(&ib->xr, &xf->xr, x, &xf->run, err) != 0) {
+		x->priv = NULL;
+		free(xf);
+		return -1;
+	}
 	return 0;
 }
 
@@ -934,9 +856,11 @@ void ib_xfer_cancel(struct sc_backend *b, struct sc_xfer *x)
 	struct ib_backend *ib = to_ib(b);
 	atomic_store(&x->cancel_requested, true);
 	pthread_mutex_lock(&ib->mu);
-	for (struct ib_xfer *xf = ib->xfers; xf; xf = xf->next)
+	struct ib_xfer *xf;
+	IB_FOR_EACH_XFER(ib, xf) {
 		if (xf->x == x && xf->state == IB_XS_RUNNING)
 			xfer_stop_locked(xf);
+	}
 	pthread_mutex_unlock(&ib->mu);
 	wake_cq(ib);
 }
@@ -967,74 +891,44 @@ int ib_xfer_start(struct ib_backend *ib, struct sc_err *err)
 		return sc_err_set(err, SC_INTERNAL, "cannot start the completion thread: %s",
 				  strerror(rc));
 	ib->cq_thread_running = true;
-	pthread_mutex_lock(&ib->mu);
-	ib->workers_exit = false;
-	for (; ib->n_workers < IB_WORKERS; ib->n_workers++) {
-		rc = pthread_create(&ib->workers[ib->n_workers], NULL, worker_main, ib);
-		if (rc != 0) {
-			pthread_mutex_unlock(&ib->mu);
-			return sc_err_set(err, SC_INTERNAL,
-					  "cannot start ibverbs worker threads: %s", strerror(rc));
-		}
-	}
-	ib->started = true;
-	pthread_mutex_unlock(&ib->mu);
-	return 0;
+	return sc_xr_start(&ib->xr, IB_WORKERS, err);
 }
 
-static bool wait_xfers_locked(struct ib_backend *ib, uint64_t until)
+/* Stop a running transfer for the backend's shutdown (the runner flagged it cancelled). Under
+ * ib->mu. */
+static void stop_for_shutdown(struct sc_xr_xfer *t)
 {
-	while (ib->n_xfers > 0 && sc_clock_mono_ms() < until) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 100 * 1000 * 1000;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&ib->cv, &ib->mu, &ts);
-	}
-	return ib->n_xfers == 0;
+	struct ib_xfer *xf = container_of(t, struct ib_xfer, xr);
+	if (xf->state == IB_XS_RUNNING)
+		xfer_stop_locked(xf);
 }
 
 void ib_xfer_stop(struct ib_backend *ib)
 {
 	pthread_mutex_lock(&ib->mu);
-	if (!ib->cq_thread_running && !ib->n_workers) {
-		pthread_mutex_unlock(&ib->mu);
-		return;
-	}
-	ib->stopping = true;
-	for (struct ib_xfer *xf = ib->xfers; xf; xf = xf->next) {
-		atomic_store(&xf->x->cancel_requested, true);
-		if (xf->state == IB_XS_RUNNING)
-			xfer_stop_locked(xf);
-	}
-	pthread_cond_broadcast(&ib->cv);
+	bool workers = ib->xr.n_workers > 0;
 	pthread_mutex_unlock(&ib->mu);
+	if (!ib->cq_thread_running && !workers)
+		return;
+	sc_xr_begin_stop(&ib->xr, stop_for_shutdown);
 	wake_cq(ib);
 
 	pthread_mutex_lock(&ib->mu);
-	if (ib->cq_thread_running && ib->n_workers &&
-	    !wait_xfers_locked(ib, sc_clock_mono_ms() + STOP_WAIT_MS)) {
+	if (ib->cq_thread_running && workers &&
+	    !sc_xr_wait_idle_locked(&ib->xr, sc_clock_mono_ms() + STOP_WAIT_MS)) {
 		SC_ERROR("ibverbs",
 			 "%zu transfer(s) still running %d s after stop: flushing their QPs",
-			 ib->n_xfers, STOP_WAIT_MS / 1000);
+			 ib->xr.n_live, STOP_WAIT_MS / 1000);
 		for (struct ib_qp *q = ib->out_qps; q; q = q->next)
 			if (q->outstanding)
 				ib_qp_flush(q);
-		if (!wait_xfers_locked(ib, sc_clock_mono_ms() + 5000))
+		if (!sc_xr_wait_idle_locked(&ib->xr, sc_clock_mono_ms() + 5000))
 			SC_ERROR("ibverbs",
 				 "%zu transfer(s) never ended; their memory stays mapped",
-				 ib->n_xfers);
+				 ib->xr.n_live);
 	}
-	ib->workers_exit = true;
-	pthread_cond_broadcast(&ib->cv);
-	size_t n = ib->n_workers;
-	ib->n_workers = 0;
 	pthread_mutex_unlock(&ib->mu);
-	for (size_t i = 0; i < n; i++)
-		pthread_join(ib->workers[i], NULL);
+	sc_xr_stop_workers(&ib->xr);
 	if (ib->cq_thread_running) {
 		atomic_store(&ib->cq_stop, true);
 		wake_cq(ib);
@@ -1042,7 +936,4 @@ void ib_xfer_stop(struct ib_backend *ib)
 		ib->cq_thread_running = false;
 	}
 	ib_notice_stop(ib);
-	pthread_mutex_lock(&ib->mu);
-	ib->started = false;
-	pthread_mutex_unlock(&ib->mu);
 }

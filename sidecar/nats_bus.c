@@ -36,6 +36,7 @@
 #include <nats/nats.h>
 
 #include "log.h"
+#include "timer.h"
 
 #define AREA "nats"
 
@@ -703,11 +704,7 @@ int sc_nats_bus_create_ex(const char *url, const char *name, const struct sc_nat
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
 				  "out of memory creating the NATS bus");
 	}
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&bus->cond, &ca);
-	pthread_condattr_destroy(&ca);
+	sc_cond_init_mono(&bus->cond);
 	pthread_mutex_init(&bus->mu, NULL);
 	pthread_mutex_init(&bus->state_mu, NULL);
 	atomic_init(&bus->state, ST_CONNECTING);
@@ -989,18 +986,11 @@ void sc_nats_bus_unsubscribe(struct sc_nats_bus *bus, uint64_t sub_id)
 /* Wait (bounded) for the closed callback and every on_complete. Returns false on timeout. */
 static bool wait_bus(struct sc_nats_bus *bus, int ms)
 {
-	struct timespec dl;
-	clock_gettime(CLOCK_MONOTONIC, &dl);
-	dl.tv_sec += ms / 1000;
-	dl.tv_nsec += (long)(ms % 1000) * 1000000;
-	if (dl.tv_nsec >= 1000000000) {
-		dl.tv_sec++;
-		dl.tv_nsec -= 1000000000;
-	}
+	uint64_t until = sc_clock_mono_after_ms((uint64_t)ms);
 	bool ok = true;
 	pthread_mutex_lock(&bus->mu);
 	while (bus->nats_live > 0 || !bus->closed_seen) {
-		if (pthread_cond_timedwait(&bus->cond, &bus->mu, &dl) == ETIMEDOUT) {
+		if (sc_cond_wait_until_mono(&bus->cond, &bus->mu, until) == ETIMEDOUT) {
 			ok = bus->nats_live == 0 && bus->closed_seen;
 			break;
 		}

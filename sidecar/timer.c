@@ -68,6 +68,46 @@ uint64_t sc_clock_mono_after_ms(uint64_t delay_ms)
 	return sc_deadline_add_ms(sc_clock_mono_ms(), delay_ms);
 }
 
+/* ---- bounded condition waits ------------------------------------------------------------------ */
+
+static struct timespec clock_plus_ms(clockid_t clock, uint64_t ms)
+{
+	struct timespec ts;
+	clock_gettime(clock, &ts);
+	if (ms > 86400000ull * 365)
+		ms = 86400000ull * 365; /* "never" within any time_t */
+	ts.tv_sec += (time_t)(ms / 1000u);
+	ts.tv_nsec += (long)(ms % 1000u) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	return ts;
+}
+
+int sc_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t ms)
+{
+	struct timespec ts = clock_plus_ms(CLOCK_REALTIME, ms);
+	return pthread_cond_timedwait(cv, mu, &ts);
+}
+
+int sc_cond_init_mono(pthread_cond_t *cv)
+{
+	pthread_condattr_t attr;
+	pthread_condattr_init(&attr);
+	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+	int rc = pthread_cond_init(cv, &attr);
+	pthread_condattr_destroy(&attr);
+	return rc;
+}
+
+int sc_cond_wait_until_mono(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t until_mono_ms)
+{
+	uint64_t now = sc_clock_mono_ms();
+	struct timespec ts = clock_plus_ms(CLOCK_MONOTONIC, until_mono_ms > now ? until_mono_ms - now : 0);
+	return pthread_cond_timedwait(cv, mu, &ts);
+}
+
 /* ---- the heap (caller holds mu) -------------------------------------------------------------- */
 
 static bool earlier(const struct sc_timers *t, uint32_t a, uint32_t b)
@@ -196,15 +236,7 @@ static void *timer_main(void *arg)
 		uint64_t wait_ms = s->deadline - now;
 		if (wait_ms > MAX_SLEEP_MS)
 			wait_ms = MAX_SLEEP_MS;
-		struct timespec ts;
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		ts.tv_sec += (time_t)(wait_ms / 1000u);
-		ts.tv_nsec += (long)(wait_ms % 1000u) * 1000000L;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&t->wake, &t->mu, &ts);
+		sc_cond_wait_until_mono(&t->wake, &t->mu, now + wait_ms);
 	}
 	pthread_mutex_unlock(&t->mu);
 	return NULL;
@@ -216,13 +248,9 @@ int sc_timers_create(struct sc_timers **out)
 	if (!t)
 		return -1;
 	t->free_head = NO_POS;
-	pthread_condattr_t attr;
-	pthread_condattr_init(&attr);
-	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
 	pthread_mutex_init(&t->mu, NULL);
-	pthread_cond_init(&t->wake, &attr);
+	sc_cond_init_mono(&t->wake);
 	pthread_cond_init(&t->finished, NULL);
-	pthread_condattr_destroy(&attr);
 	if (pthread_create(&t->thread, NULL, timer_main, t) != 0) {
 		pthread_cond_destroy(&t->finished);
 		pthread_cond_destroy(&t->wake);

@@ -12,6 +12,7 @@
 #ifndef SC_TIMER_H
 #define SC_TIMER_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -38,5 +39,14 @@ uint64_t sc_clock_unix_ms(void);
  * huge timeout (a client's 2^64-1) means "never" rather than wrapping into the past. */
 uint64_t sc_deadline_add_ms(uint64_t base_ms, uint64_t delay_ms);
 uint64_t sc_clock_mono_after_ms(uint64_t delay_ms);
+
+/* Bounded waits on a condition variable (mu held), the timespec arithmetic in one place. Both
+ * return pthread_cond_timedwait's result (ETIMEDOUT once the bound passed); callers loop on their
+ * own condition. */
+/* cv made with pthread_cond_init(cv, NULL) (the realtime clock): waits at most ms. */
+int sc_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t ms);
+/* cv made with sc_cond_init_mono: waits until the monotonic clock reads until_mono_ms. */
+int sc_cond_init_mono(pthread_cond_t *cv);
+int sc_cond_wait_until_mono(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t until_mono_ms);
 
 #endif
