@@ -33,7 +33,11 @@ shadow memory grow by design); its leak check at exit still makes a leak fail th
 The heap's limit is --heap-growth-pct (SC_SOAK_HEAP_GROWTH_PCT, default 1). The heap of a freshly
 started sidecar rises for a while as its threads and malloc arenas touch their first pages: a run
 shorter than a few minutes cannot show the steady state, so the 60 s ctest entry uses 10% as a
-tripwire for gross leaks and the 1% judgement belongs to the 10-minute run.
+tripwire for gross leaks, also passing a rise under --heap-growth-kb (SC_SOAK_HEAP_GROWTH_KB, 256 there:
+glibc counts the chunks parked in each thread's cache as in use, and the sidecar's per-connection
+threads fill theirs through the first minutes: a CI run on a loaded machine once saw +137 KB, 13%, over
+the last 30 s with no leak behind it; a gross leak is megabytes); the 1% judgement belongs to the
+10-minute run.
 Why these two and not RssAnon: RssAnon = malloc_kb + other_anon_kb, and the two parts fail in
 different ways. The creep of issue 12 was outside malloc. Debian's
 Abseil (no NDEBUG) ran absl::Mutex's deadlock detector under gRPC, whose lock graph grew by a
@@ -75,6 +79,9 @@ ap.add_argument("--binary", default=os.environ.get("SC_BINARY", os.path.join(ROO
 ap.add_argument("--stubs", default=os.environ.get("SC_PYTHON_STUBS", os.path.join(ROOT, "build/python")))
 ap.add_argument("--heap-growth-pct", type=float, default=float(os.environ.get("SC_SOAK_HEAP_GROWTH_PCT", "1")),
                 help="pass limit for the heap's growth over the last half, in %% of its mean")
+ap.add_argument("--heap-growth-kb", type=float, default=float(os.environ.get("SC_SOAK_HEAP_GROWTH_KB", "0")),
+                help="a heap growth below this many KiB passes too (0: none); the 60 s ctest entry uses it "
+                     "because malloc's per-thread caches still fill in its last half")
 ap.add_argument("--csv", default="")
 ap.add_argument("--png", default="")
 ap.add_argument("--seed", type=int, default=int(time.time()))
@@ -406,7 +413,7 @@ def judge(samples, seconds):
             if k in REPORTED:
                 good = None
             elif k in HEAP:  # below the limit, or a rise the noise explains (3 standard errors)
-                good = rel < args.heap_growth_pct or grow < 3 * se * span
+                good = rel < args.heap_growth_pct or grow < 3 * se * span or grow < args.heap_growth_kb
             else:  # a count: a rise of a unit or more, and beyond the noise (3 standard errors)
                 good = rel < 1.0 or grow < 1.0 or grow < 3 * se * span
             ok &= good is not False
