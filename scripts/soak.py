@@ -36,7 +36,7 @@ shorter than a few minutes cannot show the steady state, so the 60 s ctest entry
 tripwire for gross leaks, also passing a rise under --heap-growth-kb (SC_SOAK_HEAP_GROWTH_KB, 256 there:
 glibc counts the chunks parked in each thread's cache as in use, and the sidecar's per-connection
 threads fill theirs through the first minutes: a CI run on a loaded machine once saw +137 KB, 13%, over
-the last 30 s with no leak behind it; a gross leak is megabytes); the 1% judgement belongs to the
+the last 30 s, within what that can explain; a gross leak is megabytes); the 1% judgement belongs to the
 10-minute run.
 Why these two and not RssAnon: RssAnon = malloc_kb + other_anon_kb, and the two parts fail in
 different ways. The creep of issue 12 was outside malloc. Debian's
