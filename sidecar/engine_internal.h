@@ -32,7 +32,7 @@ struct sc_peer_pool;
 struct sc_peer_server;
 struct sc_peer_tls;
 
-#define SC_NUM_BACKENDS 4 /* indexed by enum sc_backend_kind */
+#define SC_NUM_BACKENDS SC_BACKEND_KIND_MAX /* indexed by enum sc_backend_kind */
 
 struct sc_region {
 	char id[SC_ID_MAX];
