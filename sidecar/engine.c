@@ -263,10 +263,30 @@ void sc_engine_begin_drain(struct sc_engine *eng)
 	pthread_mutex_unlock(&eng->mu);
 }
 
+/* New regions and operations are refused once the sidecar drains. Under mu. */
+int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err)
+{
+	if (eng->draining)
+		return sc_err_set(err, SC_UNAVAILABLE,
+				  "sidecar is draining (shutting down): retry on another sidecar");
+	return 0;
+}
+
+uint32_t sc_engine_active_count(struct sc_engine *eng)
+{
+	return eng->active_transfers;
+}
+
+void sc_engine_each_op(struct sc_engine *eng, void (*fn)(void *ctx, void *op), void *ctx)
+{
+	if (eng->ops)
+		sc_idmap_each(eng->ops, fn, ctx);
+}
+
 /* Transfers this sidecar runs (active, scheduled) or serves to a peer (passive, begun). */
 static bool engine_busy(struct sc_engine *eng)
 {
-	return sc_engine_active_count(eng) > 0 || eng->sched_head ||
+	return sc_engine_active_count(eng) > 0 || sc_sched_queued(eng) > 0 ||
 	       sc_engine_passive_busy_count(eng) > 0;
 }
 

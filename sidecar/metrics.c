@@ -201,12 +201,10 @@ static void read_gauges(struct sc_engine *eng, struct gauges *g)
 {
 	memset(g, 0, sizeof(*g));
 	pthread_mutex_lock(&eng->mu);
-	if (eng->ops)
-		sc_idmap_each(eng->ops, count_op, g);
+	sc_engine_each_op(eng, count_op, g);
 	if (eng->regions)
 		sc_idmap_each(eng->regions, count_region, g);
-	for (const struct sc_op *op = eng->sched_head; op; op = op->sched_next)
-		g->queued++;
+	g->queued = sc_sched_queued(eng);
 	g->active_transfers = eng->active_transfers;
 	g->inflight_bytes = eng->inflight_bytes;
 	g->draining = eng->draining;

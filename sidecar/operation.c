@@ -1138,11 +1138,6 @@ void sc_op_forget_all(struct sc_engine *eng)
 	pthread_mutex_unlock(&eng->mu);
 }
 
-uint32_t sc_engine_active_count(struct sc_engine *eng)
-{
-	return eng->active_transfers;
-}
-
 static void count_passive_busy(void *ctx, void *value)
 {
 	const struct sc_op *op = value;
