@@ -9,7 +9,8 @@
 
 #include <string.h>
 
-/* ---- whether a backend can reach the metadata's issuer ---------------------------------------- */
+/* ---- whether a backend can reach the metadata's issuer ----------------------------------------
+ */
 
 static bool local_can_reach(const struct sc_metadata *md, bool same_sidecar)
 {
@@ -30,14 +31,26 @@ static bool ibverbs_can_reach(const struct sc_metadata *md, bool same_sidecar)
 /* ---- the table: one row per backend, in GetInfo and metrics order ---------------------------- */
 
 static struct sc_backend_class registry[SC_BACKEND_KIND_MAX - 1] = {
-    {.name = "tcp", .kind = SC_BACKEND_TCP, .transport_level = 1, .peer_channel = true,
-     .must_start = true, .create = sc_backend_tcp_create, .can_reach = tcp_can_reach,
+    {.name = "tcp",
+     .kind = SC_BACKEND_TCP,
+     .transport_level = 1,
+     .peer_channel = true,
+     .must_start = true,
+     .create = sc_backend_tcp_create,
+     .can_reach = tcp_can_reach,
      .chosen_because = "the only backend both sidecars offer"},
-    {.name = "ibverbs", .kind = SC_BACKEND_IBVERBS, .transport_level = 2, .peer_channel = true,
-     .create = sc_backend_ibverbs_create, .can_reach = ibverbs_can_reach,
+    {.name = "ibverbs",
+     .kind = SC_BACKEND_IBVERBS,
+     .transport_level = 2,
+     .peer_channel = true,
+     .create = sc_backend_ibverbs_create,
+     .can_reach = ibverbs_can_reach,
      .chosen_because = "both sidecars offer ibverbs"},
-    {.name = "local", .kind = SC_BACKEND_LOCAL, .transport_level = 3,
-     .create = sc_backend_local_create, .can_reach = local_can_reach,
+    {.name = "local",
+     .kind = SC_BACKEND_LOCAL,
+     .transport_level = 3,
+     .create = sc_backend_local_create,
+     .can_reach = local_can_reach,
      .chosen_because = "both ends on this sidecar"},
 };
 static size_t n_registry = 3;
@@ -69,8 +82,8 @@ const char *sc_backend_name(enum sc_backend_kind kind)
 int sc_backend_registry_add(const struct sc_backend_class *c)
 {
 	if ((int)c->kind <= SC_BACKEND_NONE || (int)c->kind >= SC_BACKEND_KIND_MAX ||
-	    sc_backend_registry_find(c->kind) || n_registry >= SC_BACKEND_KIND_MAX - 1 || !c->name ||
-	    !c->create || !c->can_reach)
+	    sc_backend_registry_find(c->kind) || n_registry >= SC_BACKEND_KIND_MAX - 1 ||
+	    !c->name || !c->create || !c->can_reach)
 		return -1;
 	registry[n_registry++] = *c;
 	return 0;

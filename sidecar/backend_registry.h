@@ -26,16 +26,17 @@
 #define SC_BACKEND_BIT(kind) (1u << ((unsigned)(kind)-1u))
 
 struct sc_backend_class {
-	const char *name;          /* "tcp": --backends, logs, metrics labels */
+	const char *name;	   /* "tcp": --backends, logs, metrics labels */
 	enum sc_backend_kind kind; /* the proto's Backend value it reports; < SC_BACKEND_KIND_MAX */
-	int transport_level;       /* tcp 1 < nic 2 < local 3: the choice tries the highest first */
+	int transport_level;	   /* tcp 1 < nic 2 < local 3: the choice tries the highest first */
 	/* Moves bytes to other sidecars over the peer control channel (whose server and pool the
 	 * engine creates when such a backend is enabled). */
 	bool peer_channel;
 	/* When --backends names it, a failed start stops the sidecar instead of disabling it. */
 	bool must_start;
 	/* Returns a backend even when unusable (available=false, detail says why); NULL only when
-	 * out of memory. Its ops table may be partial: sc_backend_registry_create fills the rest. */
+	 * out of memory. Its ops table may be partial: sc_backend_registry_create fills the rest.
+	 */
 	struct sc_backend *(*create)(const struct sc_backend_env *env);
 	/* Whether it can move the bytes of metadata md (issued by this sidecar: same_sidecar). */
 	bool (*can_reach)(const struct sc_metadata *md, bool same_sidecar);

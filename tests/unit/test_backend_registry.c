@@ -22,7 +22,8 @@
 
 #define SHM_KIND ((enum sc_backend_kind)4)
 
-/* ---- the test-only backend: a partial ops table and a constructor ----------------------------- */
+/* ---- the test-only backend: a partial ops table and a constructor -----------------------------
+ */
 
 struct shm_backend {
 	struct sc_backend base;
@@ -52,10 +53,10 @@ static void shm_destroy(struct sc_backend *b)
 
 /* Leaves out name, level and every op it does not need: the registry fills them. */
 static const struct sc_backend_ops shm_ops = {
-	.kind = SHM_KIND,
-	.start = shm_start,
-	.stop = shm_stop,
-	.destroy = shm_destroy,
+    .kind = SHM_KIND,
+    .start = shm_start,
+    .stop = shm_stop,
+    .destroy = shm_destroy,
 };
 
 static struct sc_backend *shm_create(const struct sc_backend_env *env)
@@ -76,9 +77,12 @@ static bool shm_can_reach(const struct sc_metadata *md, bool same_sidecar)
 }
 
 /* The one registry line. */
-static const struct sc_backend_class shm_class = {
-	.name = "shm", .kind = SHM_KIND, .transport_level = 4, .create = shm_create,
-	.can_reach = shm_can_reach, .chosen_because = "both sidecars share a host"};
+static const struct sc_backend_class shm_class = {.name = "shm",
+						  .kind = SHM_KIND,
+						  .transport_level = 4,
+						  .create = shm_create,
+						  .can_reach = shm_can_reach,
+						  .chosen_because = "both sidecars share a host"};
 
 /* ---- tests ----------------------------------------------------------------------------------- */
 
@@ -207,8 +211,9 @@ TEST(engine_creates_reports_and_destroys_the_test_backend)
 	if (base && base[0])
 		(void)mkdir(base, 0700);
 	CHECK(mkdtemp(dir) != NULL);
-	char *argv[] = {"rdma-sidecar", "--id", "reg-a", "--shm-dir", dir, "--data-listen",
-			"127.0.0.1:0", "--metrics-listen", "", NULL};
+	char *argv[] = {
+	    "rdma-sidecar",	"--id", "reg-a", "--shm-dir", dir, "--data-listen", "127.0.0.1:0",
+	    "--metrics-listen", "",	NULL};
 	char *envp[] = {NULL};
 	struct sc_config cfg;
 	struct sc_err err;
