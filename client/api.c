@@ -11,8 +11,10 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "rdma_sidecar/v1/sidecar.pb-c.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -60,10 +62,34 @@ const char *rsc_op_status_name(int status)
 	return status >= 0 && status <= 6 ? names[status] : "unknown";
 }
 
+/* Backend names come from the proto's enum (BACKEND_TCP -> "tcp"), lower-cased once. */
+#define BACKEND_NAMES_MAX 16
+static char backend_names[BACKEND_NAMES_MAX][32];
+static pthread_once_t backend_names_once = PTHREAD_ONCE_INIT;
+
+static void backend_names_init(void)
+{
+	const ProtobufCEnumDescriptor *d = &rdma_sidecar__v1__backend__descriptor;
+	for (unsigned i = 0; i < d->n_values; i++) {
+		int v = d->values[i].value;
+		const char *n = d->values[i].name;
+		if (v < 0 || v >= BACKEND_NAMES_MAX)
+			continue;
+		if (strncmp(n, "BACKEND_", 8) == 0)
+			n += 8;
+		size_t k = 0;
+		for (; n[k] && k + 1 < sizeof(backend_names[0]); k++)
+			backend_names[v][k] = (char)tolower((unsigned char)n[k]);
+		backend_names[v][k] = '\0';
+	}
+}
+
 const char *rsc_backend_name(int backend)
 {
-	static const char *const names[] = {"unspecified", "tcp", "ibverbs", "local"};
-	return backend >= 0 && backend <= 3 ? names[backend] : "unknown";
+	pthread_once(&backend_names_once, backend_names_init);
+	return backend >= 0 && backend < BACKEND_NAMES_MAX && backend_names[backend][0]
+		   ? backend_names[backend]
+		   : "unknown";
 }
 
 int rsc_op_status_terminal(int status)

@@ -16,10 +16,10 @@ void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req)
 	RdmaSidecar__V1__SidecarInfo m = RDMA_SIDECAR__V1__SIDECAR_INFO__INIT;
 	m.sidecar_id = info.sidecar_id;
 	m.version = (char *)info.version;
-	RdmaSidecar__V1__BackendInfo b[3];
-	RdmaSidecar__V1__BackendInfo *bp[3];
-	char *devs[3][4];
-	for (size_t i = 0; i < info.n_backends && i < 3; i++) {
+	RdmaSidecar__V1__BackendInfo b[SC_INFO_MAX_BACKENDS];
+	RdmaSidecar__V1__BackendInfo *bp[SC_INFO_MAX_BACKENDS];
+	char *devs[SC_INFO_MAX_BACKENDS][4];
+	for (size_t i = 0; i < info.n_backends && i < SC_INFO_MAX_BACKENDS; i++) {
 		rdma_sidecar__v1__backend_info__init(&b[i]);
 		b[i].backend = (RdmaSidecar__V1__Backend)info.backends[i].backend;
 		b[i].available = info.backends[i].available;

@@ -58,9 +58,7 @@ static void noverbs_destroy(struct sc_backend *b)
 }
 
 static const struct sc_backend_ops noverbs_ops = {
-	.name = "ibverbs",
-	.kind = SC_BACKEND_IBVERBS,
-	.transport_level = 2,
+	.kind = SC_BACKEND_IBVERBS, /* name and level: backend_registry.c */
 	.start = sc_backend_start_unsupported,
 	.stop = sc_backend_noop,
 	.destroy = noverbs_destroy,

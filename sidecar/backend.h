@@ -23,6 +23,9 @@
 #define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 #endif
 
+/* Backend kinds are below this: the proto's Backend values, and room for test-only backends. */
+#define SC_BACKEND_KIND_MAX 6
+
 struct sc_backend;
 struct sc_region;
 struct sc_peer_pool;
@@ -74,6 +77,8 @@ struct sc_xfer {
 	void *priv;  /* the backend's */
 };
 
+/* A backend's table may leave ops (and name, transport_level) out: backend_registry.c completes
+ * it from the registry row and the stubs below. */
 struct sc_backend_ops {
 	const char *name;
 	enum sc_backend_kind kind;
@@ -102,7 +107,8 @@ struct sc_backend_ops {
 };
 
 struct sc_backend {
-	const struct sc_backend_ops *ops;
+	const struct sc_backend_ops *ops; /* &own_ops once created through the registry */
+	struct sc_backend_ops own_ops;    /* the completed table (backend_registry.h) */
 	struct sc_backend_env env; /* given at creation */
 	bool available;
 	char detail[256];

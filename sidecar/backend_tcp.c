@@ -723,9 +723,7 @@ static void tcp_destroy(struct sc_backend *b)
 }
 
 static const struct sc_backend_ops tcp_ops = {
-	.name = "tcp",
-	.kind = SC_BACKEND_TCP,
-	.transport_level = 1,
+	.kind = SC_BACKEND_TCP, /* name and level: backend_registry.c */
 	.start = tcp_start,
 	.stop = tcp_stop,
 	.destroy = tcp_destroy,

@@ -7,6 +7,7 @@
  * keyring.
  */
 #include "engine_internal.h"
+#include "backend_registry.h"
 #include "fault_guard.h"
 #include "heap_trim.h"
 #include "ib_test.h"
@@ -161,7 +162,12 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 	eng->gpu = sc_gpu_open(eng->cuda_detail, sizeof(eng->cuda_detail));
 
 	/* The peer channel carries the TCP data plane and the ibverbs rendezvous. */
-	if (backend_enabled(cfg, SC_BACKEND_BIT_TCP) || backend_enabled(cfg, SC_BACKEND_BIT_IBVERBS)) {
+	bool peer_channel = false;
+	for (size_t i = 0; i < sc_backend_registry_count(); i++) {
+		const struct sc_backend_class *c = sc_backend_registry_at(i);
+		peer_channel |= c->peer_channel && backend_enabled(cfg, SC_BACKEND_BIT(c->kind));
+	}
+	if (peer_channel) {
 		if (sc_peer_tls_create(cfg, &eng->peer_tls, err) != 0)
 			goto fail;
 		if (sc_peer_server_create(eng, cfg, &eng->peer_server, err) != 0)
@@ -174,25 +180,20 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 	const struct sc_backend_env env = {.cfg = cfg, .self_id = eng->id, .passive = eng,
 					   .pool = eng->peer_pool, .server = eng->peer_server,
 					   .gpu = eng->gpu};
-	eng->backends[SC_BACKEND_LOCAL] = sc_backend_local_create(&env);
-	eng->backends[SC_BACKEND_TCP] = sc_backend_tcp_create(&env);
-	eng->backends[SC_BACKEND_IBVERBS] = sc_backend_ibverbs_create(&env);
-	for (int b = 1; b < SC_NUM_BACKENDS; b++) {
-		if (!eng->backends[b]) {
-			sc_err_set(err, SC_RESOURCE_EXHAUSTED, "cannot create backend %s",
-				   sc_backend_name((enum sc_backend_kind)b));
+	for (size_t i = 0; i < sc_backend_registry_count(); i++) {
+		const struct sc_backend_class *c = sc_backend_registry_at(i);
+		struct sc_backend *b = sc_backend_registry_create(c, &env);
+		if (!b) {
+			sc_err_set(err, SC_RESOURCE_EXHAUSTED, "cannot create backend %s", c->name);
 			goto fail;
 		}
+		eng->backends[c->kind] = b;
+		if (!backend_enabled(cfg, SC_BACKEND_BIT(c->kind)))
+			disable_backend(b, "disabled by --backends");
+		else if ((cfg->backends & SC_BACKEND_BIT(c->kind)) && !b->available)
+			SC_WARN(c->name, "--backends asks for %s but it is unavailable: %s", c->name,
+				b->detail);
 	}
-	if (!backend_enabled(cfg, SC_BACKEND_BIT_LOCAL))
-		disable_backend(eng->backends[SC_BACKEND_LOCAL], "disabled by --backends");
-	if (!backend_enabled(cfg, SC_BACKEND_BIT_TCP))
-		disable_backend(eng->backends[SC_BACKEND_TCP], "disabled by --backends");
-	if (!backend_enabled(cfg, SC_BACKEND_BIT_IBVERBS))
-		disable_backend(eng->backends[SC_BACKEND_IBVERBS], "disabled by --backends");
-	if ((cfg->backends & SC_BACKEND_BIT_IBVERBS) && !eng->backends[SC_BACKEND_IBVERBS]->available)
-		SC_WARN("ibverbs", "--backends asks for ibverbs but it is unavailable: %s",
-			eng->backends[SC_BACKEND_IBVERBS]->detail);
 	if (sc_metrics_create(eng, cfg->metrics_listen, &eng->metrics, err) != 0)
 		goto fail;
 	*out = eng;
@@ -210,17 +211,18 @@ int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
 		SC_WARN("engine", "cannot arm the periodic heap trim (out of memory)");
 	if (eng->peer_server && sc_peer_server_start(eng->peer_server, err) != 0)
 		return -1;
-	for (int b = 1; b < SC_NUM_BACKENDS; b++) {
-		struct sc_backend *be = eng->backends[b];
+	for (size_t i = 0; i < sc_backend_registry_count(); i++) {
+		const struct sc_backend_class *c = sc_backend_registry_at(i);
+		struct sc_backend *be = eng->backends[c->kind];
 		if (!be->available)
 			continue;
 		struct sc_err berr;
 		sc_err_clear(&berr);
 		if (sc_backend_start(be, &berr) != 0) {
-			if (b == SC_BACKEND_TCP && (eng->cfg->backends & SC_BACKEND_BIT_TCP))
-				return sc_err_set(err, berr.code, "tcp backend: %s", berr.msg);
-			SC_WARN("engine", "backend %s failed to start, disabled: %s",
-				sc_backend_name((enum sc_backend_kind)b), berr.msg);
+			if (c->must_start && (eng->cfg->backends & SC_BACKEND_BIT(c->kind)))
+				return sc_err_set(err, berr.code, "%s backend: %s", c->name, berr.msg);
+			SC_WARN("engine", "backend %s failed to start, disabled: %s", c->name,
+				berr.msg);
 			disable_backend(be, berr.msg);
 		}
 	}
@@ -240,9 +242,11 @@ int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
 		return -1;
 	eng->started = true;
 	for (int b = 1; b < SC_NUM_BACKENDS; b++)
-		SC_INFO("engine", "backend %-7s %s: %s", sc_backend_name((enum sc_backend_kind)b),
-			eng->backends[b]->available ? "available  " : "unavailable",
-			eng->backends[b]->detail);
+		if (eng->backends[b])
+			SC_INFO("engine", "backend %-7s %s: %s",
+				sc_backend_name((enum sc_backend_kind)b),
+				eng->backends[b]->available ? "available  " : "unavailable",
+				eng->backends[b]->detail);
 	SC_INFO("engine", "cuda: %s", eng->cuda_detail);
 	for (int i = 0; i < sc_gpu_count(eng->gpu); i++) {
 		const struct sc_gpu_device_info *g = sc_gpu_device(eng->gpu, i);
@@ -259,10 +263,30 @@ void sc_engine_begin_drain(struct sc_engine *eng)
 	pthread_mutex_unlock(&eng->mu);
 }
 
+/* New regions and operations are refused once the sidecar drains. Under mu. */
+int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err)
+{
+	if (eng->draining)
+		return sc_err_set(err, SC_UNAVAILABLE,
+				  "sidecar is draining (shutting down): retry on another sidecar");
+	return 0;
+}
+
+uint32_t sc_engine_active_count(struct sc_engine *eng)
+{
+	return eng->active_transfers;
+}
+
+void sc_engine_each_op(struct sc_engine *eng, void (*fn)(void *ctx, void *op), void *ctx)
+{
+	if (eng->ops)
+		sc_idmap_each(eng->ops, fn, ctx);
+}
+
 /* Transfers this sidecar runs (active, scheduled) or serves to a peer (passive, begun). */
 static bool engine_busy(struct sc_engine *eng)
 {
-	return sc_engine_active_count(eng) > 0 || eng->sched_head ||
+	return sc_engine_active_count(eng) > 0 || sc_sched_queued(eng) > 0 ||
 	       sc_engine_passive_busy_count(eng) > 0;
 }
 
@@ -346,13 +370,12 @@ void sc_engine_info(struct sc_engine *eng, struct sc_info *out)
 	memset(out, 0, sizeof(*out));
 	snprintf(out->sidecar_id, sizeof(out->sidecar_id), "%s", eng->id);
 	out->version = SC_VERSION;
-	static const enum sc_backend_kind order[] = {SC_BACKEND_TCP, SC_BACKEND_IBVERBS,
-						     SC_BACKEND_LOCAL};
 	pthread_mutex_lock(&eng->mu);
-	for (size_t i = 0; i < 3; i++) {
-		struct sc_backend *b = eng->backends[order[i]];
+	for (size_t i = 0; i < sc_backend_registry_count() && i < SC_INFO_MAX_BACKENDS; i++) {
+		enum sc_backend_kind kind = sc_backend_registry_at(i)->kind;
+		struct sc_backend *b = eng->backends[kind];
 		struct sc_backend_report *r = &out->backends[out->n_backends++];
-		r->backend = order[i];
+		r->backend = kind;
 		r->available = b && b->available;
 		snprintf(r->detail, sizeof(r->detail), "%s", b ? b->detail : "not built");
 		for (size_t d = 0; b && d < b->n_devices && d < 4; d++)

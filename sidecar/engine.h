@@ -44,7 +44,7 @@ static inline bool sc_op_status_terminal(enum sc_op_status s)
 }
 const char *sc_op_status_name(enum sc_op_status s);
 const char *sc_op_kind_name(enum sc_op_kind k);
-const char *sc_backend_name(enum sc_backend_kind b);
+const char *sc_backend_name(enum sc_backend_kind b); /* backend_registry.c */
 
 /* ---- lifecycle (main thread) --------------------------------------------------------------- */
 
@@ -73,10 +73,11 @@ struct sc_backend_report {
 	size_t n_devices;
 };
 
+#define SC_INFO_MAX_BACKENDS 5 /* registered backends GetInfo reports, at most */
 struct sc_info {
 	char sidecar_id[SC_NAME_MAX];
 	const char *version;
-	struct sc_backend_report backends[3];
+	struct sc_backend_report backends[SC_INFO_MAX_BACKENDS]; /* in backend_registry.c order */
 	size_t n_backends;
 	char data_endpoints[2][80];
 	size_t n_data_endpoints;

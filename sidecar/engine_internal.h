@@ -32,7 +32,7 @@ struct sc_peer_pool;
 struct sc_peer_server;
 struct sc_peer_tls;
 
-#define SC_NUM_BACKENDS 4 /* indexed by enum sc_backend_kind */
+#define SC_NUM_BACKENDS SC_BACKEND_KIND_MAX /* indexed by enum sc_backend_kind */
 
 struct sc_region {
 	char id[SC_ID_MAX];
@@ -213,6 +213,10 @@ void sc_op_cancel_all(struct sc_engine *eng, const char *why);
 void sc_op_cancel_region_locked(struct sc_engine *eng, struct sc_region *r, const char *why);
 void sc_op_forget_all(struct sc_engine *eng);
 uint32_t sc_engine_active_count(struct sc_engine *eng); /* under mu */
+/* Calls fn for every operation (struct sc_op *) in the table. Under mu. */
+void sc_engine_each_op(struct sc_engine *eng, void (*fn)(void *ctx, void *op), void *ctx);
+/* Active operations waiting for a transfer slot (SCHEDULED, requirement met). Under mu. */
+size_t sc_sched_queued(struct sc_engine *eng);
 /* Passive operations with a use a peer has opened and not finished (bytes may be moving);
  * INITIALIZED ones no peer has begun do not count. Under mu. */
 uint32_t sc_engine_passive_busy_count(struct sc_engine *eng);

@@ -353,9 +353,7 @@ static void ib_destroy(struct sc_backend *b)
 }
 
 static const struct sc_backend_ops ib_ops = {
-    .name = "ibverbs",
-    .kind = SC_BACKEND_IBVERBS,
-    .transport_level = 2,
+    .kind = SC_BACKEND_IBVERBS, /* name and level: backend_registry.c */
     .start = ib_start,
     .stop = ib_stop,
     .destroy = ib_destroy,

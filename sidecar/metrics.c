@@ -15,6 +15,7 @@
 
 #include "build_config.h"
 #include "config.h"
+#include "backend_registry.h"
 #include "engine_internal.h"
 #include "heap_trim.h"
 #include "listen.h"
@@ -78,10 +79,13 @@ static const enum sc_op_status final_status[N_FINAL] = {SC_OPS_COMPLETE, SC_OPS_
 							SC_OPS_ERRORED};
 static const char *const final_label[N_FINAL] = {"complete", "cancelled", "errored"};
 static const char *const dir_label[N_DIRS] = {"read", "write"};
-/* The backends every scrape lists, even at zero; BACKEND_NONE rows appear once non-zero. */
-static const enum sc_backend_kind real_backends[] = {SC_BACKEND_TCP, SC_BACKEND_IBVERBS,
-						     SC_BACKEND_LOCAL};
-#define N_REAL_BACKENDS (sizeof(real_backends) / sizeof(real_backends[0]))
+/* The backends every scrape lists, even at zero, are the registered ones (backend_registry.h);
+ * BACKEND_NONE rows appear once non-zero. */
+#define N_REAL_BACKENDS sc_backend_registry_count()
+static enum sc_backend_kind real_backend(size_t i)
+{
+	return sc_backend_registry_at(i)->kind;
+}
 
 /* ---- counters -------------------------------------------------------------------------------- */
 
@@ -197,12 +201,10 @@ static void read_gauges(struct sc_engine *eng, struct gauges *g)
 {
 	memset(g, 0, sizeof(*g));
 	pthread_mutex_lock(&eng->mu);
-	if (eng->ops)
-		sc_idmap_each(eng->ops, count_op, g);
+	sc_engine_each_op(eng, count_op, g);
 	if (eng->regions)
 		sc_idmap_each(eng->regions, count_region, g);
-	for (const struct sc_op *op = eng->sched_head; op; op = op->sched_next)
-		g->queued++;
+	g->queued = sc_sched_queued(eng);
 	g->active_transfers = eng->active_transfers;
 	g->inflight_bytes = eng->inflight_bytes;
 	g->draining = eng->draining;
@@ -282,7 +284,7 @@ static void render_histograms(FILE *f, struct sc_metrics *m)
 	       "direction and backend.");
 	for (int d = 0; d < N_DIRS; d++)
 		for (size_t i = 0; i < N_REAL_BACKENDS; i++) {
-			enum sc_backend_kind b = real_backends[i];
+			enum sc_backend_kind b = real_backend(i);
 			snprintf(labels, sizeof(labels), "direction=\"%s\",backend=\"%s\"",
 				 dir_label[d], sc_backend_name(b));
 			histogram_rows(f, "rdma_sidecar_transfer_duration_seconds", labels,
@@ -293,7 +295,7 @@ static void render_histograms(FILE *f, struct sc_metrics *m)
 	       "Bytes of each completed active transfer, by direction and backend.");
 	for (int d = 0; d < N_DIRS; d++)
 		for (size_t i = 0; i < N_REAL_BACKENDS; i++) {
-			enum sc_backend_kind b = real_backends[i];
+			enum sc_backend_kind b = real_backend(i);
 			snprintf(labels, sizeof(labels), "direction=\"%s\",backend=\"%s\"",
 				 dir_label[d], sc_backend_name(b));
 			histogram_rows(f, "rdma_sidecar_transfer_size_bytes", labels,
@@ -324,7 +326,7 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 	       "1 when the backend can move bytes (see GetInfo for why not).");
 	for (size_t i = 0; i < N_REAL_BACKENDS; i++)
 		fprintf(f, "rdma_sidecar_backend_available{backend=\"%s\"} %d\n",
-			sc_backend_name(real_backends[i]), g.available[real_backends[i]] ? 1 : 0);
+			sc_backend_name(real_backend(i)), g.available[real_backend(i)] ? 1 : 0);
 
 	family(f, "rdma_sidecar_gpu_healthy", "gauge",
 	       "0 once a sticky CUDA error poisoned the GPU's context (see GetInfo gpus).");
@@ -352,7 +354,8 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 		for (int s = 0; s < N_FINAL; s++) {
 			for (int b = 0; b < SC_NUM_BACKENDS; b++) {
 				uint64_t v = get(&m->finished[k][s][b]);
-				if (b == SC_BACKEND_NONE && v == 0)
+				if (b == SC_BACKEND_NONE ? v == 0
+							 : !sc_backend_registry_find((enum sc_backend_kind)b))
 					continue;
 				fprintf(f,
 					"rdma_sidecar_operations_total{kind=\"%s\",status=\"%s\","
@@ -371,8 +374,8 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 		for (size_t i = 0; i < N_REAL_BACKENDS; i++)
 			fprintf(f,
 				"rdma_sidecar_bytes_total{direction=\"%s\",backend=\"%s\"} %llu\n",
-				dir_label[d], sc_backend_name(real_backends[i]),
-				(unsigned long long)get(&m->bytes[d][real_backends[i]]));
+				dir_label[d], sc_backend_name(real_backend(i)),
+				(unsigned long long)get(&m->bytes[d][real_backend(i)]));
 
 	render_histograms(f, m);
 

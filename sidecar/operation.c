@@ -13,6 +13,7 @@
  * watchers are called under it too, so they see changes in order.
  */
 #include "engine_internal.h"
+#include "backend_registry.h"
 #include "log.h"
 #include "passive.h"
 
@@ -61,21 +62,6 @@ const char *sc_op_kind_name(enum sc_op_kind k)
 		break;
 	}
 	return "NONE";
-}
-
-const char *sc_backend_name(enum sc_backend_kind b)
-{
-	switch (b) {
-	case SC_BACKEND_TCP:
-		return "tcp";
-	case SC_BACKEND_IBVERBS:
-		return "ibverbs";
-	case SC_BACKEND_LOCAL:
-		return "local";
-	case SC_BACKEND_NONE:
-		break;
-	}
-	return "none";
 }
 
 /* ---- snapshots ------------------------------------------------------------------------------- */
@@ -753,7 +739,33 @@ static void describe_gpu_path(struct sc_op *op)
 
 static bool backend_usable(struct sc_engine *eng, enum sc_backend_kind b)
 {
-	return eng->backends[b] && eng->backends[b]->available;
+	return (int)b > SC_BACKEND_NONE && (int)b < SC_NUM_BACKENDS && eng->backends[b] &&
+	       eng->backends[b]->available;
+}
+
+/* Why a slower backend was chosen: the first faster one that reaches other sidecars, usable here
+ * but not offered by the issuer, or not usable here. */
+static const char *explain_slower(struct sc_engine *eng, struct sc_op *op,
+				  const struct sc_backend_class *pick, char *buf, size_t cap)
+{
+	for (size_t i = 0; i < sc_backend_registry_count(); i++) {
+		const struct sc_backend_class *c = sc_backend_registry_at(i);
+		if (!c->peer_channel || c->transport_level <= pick->transport_level ||
+		    !eng->backends[c->kind])
+			continue;
+		if (backend_usable(eng, c->kind)) {
+			snprintf(buf, cap, "%s is available here but the issuing sidecar %s does not "
+					   "offer it for this operation",
+				 c->name, op->meta.issuer);
+			SC_WARN("op", "%s uses %s although %s is configured: %s", op->id,
+				pick->kind == SC_BACKEND_TCP ? "TCP" : pick->name, c->name, buf);
+		} else {
+			snprintf(buf, cap, "%s unavailable here: %s", c->name,
+				 eng->backends[c->kind]->detail);
+		}
+		return buf;
+	}
+	return pick->chosen_because;
 }
 
 /* Pick the backend for an active op; fills op->be, op->backend and op->backend_reason. */
@@ -762,17 +774,15 @@ static int choose_backend(struct sc_engine *eng, struct sc_op *op, enum sc_backe
 {
 	const struct sc_metadata *md = &op->meta;
 	bool same_sidecar = strcmp(md->issuer, eng->id) == 0;
-	bool peer_ib = (md->backends & SC_BACKEND_BIT_IBVERBS) && md->ib.present;
-	bool peer_tcp = (md->backends & SC_BACKEND_BIT_TCP) && md->n_endpoints > 0;
+	bool peer_tcp = sc_backend_registry_find(SC_BACKEND_TCP) &&
+			sc_backend_registry_find(SC_BACKEND_TCP)->can_reach(md, same_sidecar);
 	enum sc_backend_kind pick = SC_BACKEND_NONE;
 	const char *why = "";
 	char buf[256];
 
 	if (want != SC_BACKEND_NONE) {
-		bool ok = backend_usable(eng, want) &&
-			  ((want == SC_BACKEND_LOCAL && same_sidecar) ||
-			   (want == SC_BACKEND_IBVERBS && peer_ib && !same_sidecar) ||
-			   (want == SC_BACKEND_TCP && peer_tcp && !same_sidecar));
+		const struct sc_backend_class *c = sc_backend_registry_find(want);
+		bool ok = c && backend_usable(eng, want) && c->can_reach(md, same_sidecar);
 		if (!ok)
 			return sc_err_set(err, SC_FAILED_PRECONDITION,
 					  "backend %s was required but %s", sc_backend_name(want),
@@ -783,37 +793,31 @@ static int choose_backend(struct sc_engine *eng, struct sc_op *op, enum sc_backe
 							 : "the issuing sidecar does not offer it");
 		pick = want;
 		why = "required by the request";
-	} else if (same_sidecar) {
-		if (!backend_usable(eng, SC_BACKEND_LOCAL))
+	} else {
+		const struct sc_backend_class *c =
+		    sc_backend_registry_choose(eng->backends, md, same_sidecar);
+		if (!c && same_sidecar)
 			return sc_err_set(err, SC_FAILED_PRECONDITION,
 					  "the metadata was issued by this sidecar but the local "
 					  "backend is disabled (--backends)");
-		pick = SC_BACKEND_LOCAL;
-		why = "both ends on this sidecar";
-	} else if (peer_ib && backend_usable(eng, SC_BACKEND_IBVERBS)) {
-		pick = SC_BACKEND_IBVERBS;
-		why = "both sidecars offer ibverbs";
-	} else if (peer_tcp && backend_usable(eng, SC_BACKEND_TCP)) {
-		pick = SC_BACKEND_TCP;
-		if (backend_usable(eng, SC_BACKEND_IBVERBS)) {
-			snprintf(buf, sizeof(buf), "ibverbs is available here but the issuing "
-						   "sidecar %s does not offer it for this operation",
-				 md->issuer);
-			SC_WARN("op", "%s uses TCP although ibverbs is configured: %s", op->id, buf);
-			why = buf;
-		} else if (eng->backends[SC_BACKEND_IBVERBS]) {
-			snprintf(buf, sizeof(buf), "ibverbs unavailable here: %s",
-				 eng->backends[SC_BACKEND_IBVERBS]->detail);
-			why = buf;
-		} else {
-			why = "the only backend both sidecars offer";
+		if (!c) {
+			char offers[128] = "";
+			for (size_t i = 0; i < sc_backend_registry_count(); i++) {
+				const struct sc_backend_class *o = sc_backend_registry_at(i);
+				if (o->peer_channel ? o->can_reach(md, false)
+						    : (md->backends & SC_BACKEND_BIT(o->kind)) != 0) {
+					size_t used = strlen(offers);
+					snprintf(offers + used, sizeof(offers) - used, " %s",
+						 o->name);
+				}
+			}
+			return sc_err_set(err, SC_FAILED_PRECONDITION,
+					  "no backend in common with sidecar %s (it offers:%s; see "
+					  "GetInfo on both)",
+					  md->issuer, offers);
 		}
-	} else {
-		return sc_err_set(err, SC_FAILED_PRECONDITION,
-				  "no backend in common with sidecar %s (it offers:%s%s%s; see "
-				  "GetInfo on both)",
-				  md->issuer, peer_tcp ? " tcp" : "", peer_ib ? " ibverbs" : "",
-				  (md->backends & SC_BACKEND_BIT_LOCAL) ? " local" : "");
+		pick = c->kind;
+		why = explain_slower(eng, op, c, buf, sizeof(buf));
 	}
 	if (pick == SC_BACKEND_IBVERBS && want == SC_BACKEND_NONE && peer_tcp &&
 	    backend_usable(eng, SC_BACKEND_TCP)) {
@@ -1132,11 +1136,6 @@ void sc_op_forget_all(struct sc_engine *eng)
 	sc_idmap_destroy(eng->spent_tokens);
 	eng->spent_tokens = sc_idmap_create();
 	pthread_mutex_unlock(&eng->mu);
-}
-
-uint32_t sc_engine_active_count(struct sc_engine *eng)
-{
-	return eng->active_transfers;
 }
 
 static void count_passive_busy(void *ctx, void *value)

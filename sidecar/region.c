@@ -156,15 +156,6 @@ static int region_publish(struct sc_engine *eng, struct sc_region *r, struct sc_
 	return 0;
 }
 
-/* New regions and operations are refused once the sidecar drains. Under mu. */
-int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err)
-{
-	if (eng->draining)
-		return sc_err_set(err, SC_UNAVAILABLE,
-				  "sidecar is draining (shutting down): retry on another sidecar");
-	return 0;
-}
-
 /* Publish a mapped region and describe it; on failure the region is released (unmapped, and
  * its file removed if the sidecar created it). */
 int sc_region_add(struct sc_engine *eng, struct sc_region *r, struct sc_region_info *out,

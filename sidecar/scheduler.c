@@ -115,6 +115,14 @@ static struct sc_progress *progress_find(struct sc_engine *eng, const char *requ
 	return NULL;
 }
 
+size_t sc_sched_queued(struct sc_engine *eng)
+{
+	size_t n = 0;
+	for (const struct sc_op *op = eng->sched_head; op; op = op->sched_next)
+		n++;
+	return n;
+}
+
 bool sc_sched_requirement_met(struct sc_engine *eng, const struct sc_requirement *req)
 {
 	if (!req->set)
