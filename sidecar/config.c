@@ -15,6 +15,7 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <stddef.h>
 #include <limits.h>
 #include <openssl/rand.h>
 #include <stdlib.h>
@@ -91,6 +92,18 @@ enum opt_id {
 	OPT_VERSION,
 };
 
+enum opt_kind {
+	K_CUSTOM = 0, /* apply() has a case of its own for it */
+	K_STR,	      /* a string; "" leaves it unset */
+	K_HOSTPORT,   /* HOST:PORT (empty_ok: "" turns it off) */
+	K_BOOL,
+	K_U32, /* an integer in [min, max] */
+	K_INT,
+	K_SIZE,	    /* a size with units in [size_min, size_max] */
+	K_SIZE_ANY, /* a size with units */
+	K_DURATION, /* a duration with units, in ms */
+};
+
 enum opt_arg {
 	ARG_REQUIRED, /* --name VALUE or --name=VALUE */
 	ARG_BOOL,     /* --name alone means true; --name=VALUE takes 1/true/yes/0/false/no */
@@ -106,7 +119,25 @@ struct sc_option {
 	const char *group; /* --help heading; a new heading starts when it changes */
 	const char *help;
 	const char *def; /* default as shown in --help; NULL = none shown */
+	/* How apply() sets it: a typed field of struct sc_config, or K_CUSTOM (its own case). */
+	enum opt_kind kind;
+	size_t field;	      /* offsetof(struct sc_config, ...) */
+	bool empty_ok;	      /* K_HOSTPORT: "" turns it off */
+	long long min, max;   /* K_U32, K_INT */
+	uint64_t size_min, size_max; /* K_SIZE, with the range as the error message says it */
+	const char *range;
 };
+
+/* Typed table entries (the field names of struct sc_config). */
+#define T_FIELD(k, f) .kind = (k), .field = offsetof(struct sc_config, f)
+#define T_STR(f) T_FIELD(K_STR, f)
+#define T_HOSTPORT(f, e) T_FIELD(K_HOSTPORT, f), .empty_ok = (e)
+#define T_BOOL(f) T_FIELD(K_BOOL, f)
+#define T_U32(f, lo, hi) T_FIELD(K_U32, f), .min = (lo), .max = (hi)
+#define T_INT(f, lo, hi) T_FIELD(K_INT, f), .min = (lo), .max = (hi)
+#define T_SIZE(f, lo, hi, text) T_FIELD(K_SIZE, f), .size_min = (lo), .size_max = (hi), .range = (text)
+#define T_SIZE_ANY(f) T_FIELD(K_SIZE_ANY, f)
+#define T_DURATION(f) T_FIELD(K_DURATION, f)
 
 /* One option per paragraph reads better than clang-format's one field per line. */
 /* clang-format off */
@@ -128,24 +159,24 @@ static const struct sc_option sc_options[] = {
 	 .help = "for workers: unix:/ABS/PATH, HOST:PORT or [V6]:PORT; repeatable, up to 8 "
 		 "(env: comma list)",
 	 .def = "unix:/tmp/rdma-sidecar/sidecar.sock"},
-	{.id = OPT_HEALTH_LISTEN, .name = "health-listen", .arg = ARG_REQUIRED,
+	{.id = OPT_HEALTH_LISTEN, T_HOSTPORT(health_listen, true), .name = "health-listen", .arg = ARG_REQUIRED,
 	 .value = "HOST:PORT", .group = "gRPC",
 	 .help = "health-only listener for probes: grpc.health.v1.Health and nothing else",
 	 .def = "off"},
-	{.id = OPT_REFLECTION, .name = "reflection", .arg = ARG_BOOL, .group = "gRPC",
+	{.id = OPT_REFLECTION, T_BOOL(reflection), .name = "reflection", .arg = ARG_BOOL, .group = "gRPC",
 	 .help = "gRPC server reflection (grpc.reflection.v1, v1alpha) on --grpc-listen, never on "
 		 "--health-listen; --no-reflection or --reflection=false turns it off",
 	 .def = "on"},
-	{.id = OPT_GRPC_TLS_CERT, .name = "grpc-tls-cert", .arg = ARG_REQUIRED, .value = "PEM",
+	{.id = OPT_GRPC_TLS_CERT, T_STR(grpc_tls_cert), .name = "grpc-tls-cert", .arg = ARG_REQUIRED, .value = "PEM",
 	 .group = "gRPC", .help = "TLS certificate chain for the TCP --grpc-listen addresses",
 	 .def = "none: plain TCP"},
-	{.id = OPT_GRPC_TLS_KEY, .name = "grpc-tls-key", .arg = ARG_REQUIRED, .value = "PEM",
+	{.id = OPT_GRPC_TLS_KEY, T_STR(grpc_tls_key), .name = "grpc-tls-key", .arg = ARG_REQUIRED, .value = "PEM",
 	 .group = "gRPC", .help = "private key of --grpc-tls-cert", .def = "none"},
-	{.id = OPT_GRPC_TLS_CLIENT_CA, .name = "grpc-tls-client-ca", .arg = ARG_REQUIRED,
+	{.id = OPT_GRPC_TLS_CLIENT_CA, T_STR(grpc_tls_client_ca), .name = "grpc-tls-client-ca", .arg = ARG_REQUIRED,
 	 .value = "PEM", .group = "gRPC",
 	 .help = "CA certificates: TCP clients must present a certificate signed by one (mTLS)",
 	 .def = "none"},
-	{.id = OPT_GRPC_TOKEN_FILE, .name = "grpc-token-file", .arg = ARG_REQUIRED,
+	{.id = OPT_GRPC_TOKEN_FILE, T_STR(grpc_token_file), .name = "grpc-token-file", .arg = ARG_REQUIRED,
 	 .value = "PATH", .group = "gRPC",
 	 .help = "TCP calls need metadata \"authorization: Bearer <file content>\"; SIGHUP "
 		 "reloads",
@@ -158,13 +189,13 @@ static const struct sc_option sc_options[] = {
 	 .group = "gRPC",
 	 .help = "only these uids may call over the unix sockets (SO_PEERCRED), e.g. 0,1000",
 	 .def = "any uid that can open the socket"},
-	{.id = OPT_GRPC_THREADS, .name = "grpc-threads", .arg = ARG_REQUIRED, .value = "N",
+	{.id = OPT_GRPC_THREADS, T_U32(grpc_threads, 1, 64), .name = "grpc-threads", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "gRPC", .help = "threads serving gRPC calls, 1-64", .def = "4"},
-	{.id = OPT_MAX_MESSAGE_SIZE, .name = "max-message-size", .arg = ARG_REQUIRED,
+	{.id = OPT_MAX_MESSAGE_SIZE, T_SIZE(max_message_bytes, KIB, GIB, "1KiB-1GiB"), .name = "max-message-size", .arg = ARG_REQUIRED,
 	 .value = "SIZE", .group = "gRPC",
 	 .help = "largest gRPC message sent or received, 1KiB-1GiB", .def = "64MiB"},
 
-	{.id = OPT_DATA_LISTEN, .name = "data-listen", .arg = ARG_REQUIRED, .value = "HOST:PORT",
+	{.id = OPT_DATA_LISTEN, T_HOSTPORT(data_listen, false), .name = "data-listen", .arg = ARG_REQUIRED, .value = "HOST:PORT",
 	 .group = "Data plane", .help = "where peer sidecars connect; port 0 = ephemeral",
 	 .def = "0.0.0.0:0"},
 	{.id = OPT_ADVERTISE, .name = "advertise", .arg = ARG_REQUIRED, .value = "HOST",
@@ -176,18 +207,18 @@ static const struct sc_option sc_options[] = {
 	{.id = OPT_SHM_DIR, .name = "shm-dir", .arg = ARG_REQUIRED, .value = "DIR",
 	 .group = "Data plane", .help = "directory of region files shared with workers",
 	 .def = "/dev/shm"},
-	{.id = OPT_TCP_STREAMS, .name = "tcp-streams", .arg = ARG_REQUIRED, .value = "N",
+	{.id = OPT_TCP_STREAMS, T_U32(tcp_streams, 1, 16), .name = "tcp-streams", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "Data plane", .help = "parallel TCP connections per peer, 1-16", .def = "2"},
-	{.id = OPT_TCP_CHUNK_SIZE, .name = "tcp-chunk-size", .arg = ARG_REQUIRED, .value = "SIZE",
+	{.id = OPT_TCP_CHUNK_SIZE, T_SIZE(tcp_chunk_bytes, 64 * KIB, GIB, "64KiB-1GiB"), .name = "tcp-chunk-size", .arg = ARG_REQUIRED, .value = "SIZE",
 	 .group = "Data plane", .help = "bytes per TCP data chunk, 64KiB-1GiB", .def = "8MiB"},
-	{.id = OPT_DATA_MAX_UNAUTH_PER_IP, .name = "data-max-unauth-per-ip", .arg = ARG_REQUIRED,
+	{.id = OPT_DATA_MAX_UNAUTH_PER_IP, T_U32(data_max_unauth_per_ip, 1, 1024), .name = "data-max-unauth-per-ip", .arg = ARG_REQUIRED,
 	 .value = "N", .group = "Data plane",
 	 .help = "data connections one address may hold before its hello, 1-1024", .def = "16"},
-	{.id = OPT_DATA_MAX_UNAUTH, .name = "data-max-unauth", .arg = ARG_REQUIRED, .value = "N",
+	{.id = OPT_DATA_MAX_UNAUTH, T_U32(data_max_unauth, 1, 1024), .name = "data-max-unauth", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "Data plane",
 	 .help = "data connections before their hello, all addresses, 1-1024", .def = "64"},
 
-	{.id = OPT_KEY_FILE, .name = "key-file", .arg = ARG_REQUIRED, .value = "PATH",
+	{.id = OPT_KEY_FILE, T_STR(key_file), .name = "key-file", .arg = ARG_REQUIRED, .value = "PATH",
 	 .group = "Security",
 	 .help = "metadata keys, lines KEY_ID:BASE64KEY; first signs, all verify; SIGHUP reloads",
 	 .def = "none: transfers inside this sidecar only"},
@@ -200,69 +231,69 @@ static const struct sc_option sc_options[] = {
 	 .value = "PREFIX", .group = "Security",
 	 .help = "Publish/SubscribeMetadata subjects must start with PREFIX (e.g. team-a.)",
 	 .def = "any subject"},
-	{.id = OPT_PEER_TLS_CERT, .name = "peer-tls-cert", .arg = ARG_REQUIRED, .value = "PEM",
+	{.id = OPT_PEER_TLS_CERT, T_STR(peer_tls_cert), .name = "peer-tls-cert", .arg = ARG_REQUIRED, .value = "PEM",
 	 .group = "Security",
 	 .help = "this sidecar's certificate (chain) for TLS 1.3 on the peer data channel; needs "
 		 "--peer-tls-key and --peer-tls-ca",
 	 .def = "none: peer data in clear text"},
-	{.id = OPT_PEER_TLS_KEY, .name = "peer-tls-key", .arg = ARG_REQUIRED, .value = "PEM",
+	{.id = OPT_PEER_TLS_KEY, T_STR(peer_tls_key), .name = "peer-tls-key", .arg = ARG_REQUIRED, .value = "PEM",
 	 .group = "Security", .help = "private key of --peer-tls-cert", .def = "none"},
-	{.id = OPT_PEER_TLS_CA, .name = "peer-tls-ca", .arg = ARG_REQUIRED, .value = "PEM",
+	{.id = OPT_PEER_TLS_CA, T_STR(peer_tls_ca), .name = "peer-tls-ca", .arg = ARG_REQUIRED, .value = "PEM",
 	 .group = "Security",
 	 .help = "cluster CA: peers must present a certificate it signed (both directions)",
 	 .def = "none"},
-	{.id = OPT_NATS_TLS_CA, .name = "nats-tls-ca", .arg = ARG_REQUIRED, .value = "PEM",
+	{.id = OPT_NATS_TLS_CA, T_STR(nats_tls_ca), .name = "nats-tls-ca", .arg = ARG_REQUIRED, .value = "PEM",
 	 .group = "Security", .help = "CA that signed the NATS server's certificate; turns on TLS",
 	 .def = "none"},
-	{.id = OPT_NATS_TLS_CERT, .name = "nats-tls-cert", .arg = ARG_REQUIRED, .value = "PEM",
+	{.id = OPT_NATS_TLS_CERT, T_STR(nats_tls_cert), .name = "nats-tls-cert", .arg = ARG_REQUIRED, .value = "PEM",
 	 .group = "Security", .help = "client certificate for NATS (with --nats-tls-key)",
 	 .def = "none"},
-	{.id = OPT_NATS_TLS_KEY, .name = "nats-tls-key", .arg = ARG_REQUIRED, .value = "PEM",
+	{.id = OPT_NATS_TLS_KEY, T_STR(nats_tls_key), .name = "nats-tls-key", .arg = ARG_REQUIRED, .value = "PEM",
 	 .group = "Security", .help = "private key of --nats-tls-cert", .def = "none"},
-	{.id = OPT_NATS_CREDS, .name = "nats-creds", .arg = ARG_REQUIRED, .value = "FILE",
+	{.id = OPT_NATS_CREDS, T_STR(nats_creds), .name = "nats-creds", .arg = ARG_REQUIRED, .value = "FILE",
 	 .group = "Security", .help = "NATS credentials file (user JWT + NKey seed)",
 	 .def = "none"},
-	{.id = OPT_NATS_NKEY_SEED, .name = "nats-nkey-seed", .arg = ARG_REQUIRED, .value = "FILE",
+	{.id = OPT_NATS_NKEY_SEED, T_STR(nats_nkey_seed), .name = "nats-nkey-seed", .arg = ARG_REQUIRED, .value = "FILE",
 	 .group = "Security", .help = "NATS NKey seed file (user NKey authentication)",
 	 .def = "none"},
 
-	{.id = OPT_IB_DEVICE, .name = "ib-device", .arg = ARG_REQUIRED, .value = "NAME",
+	{.id = OPT_IB_DEVICE, T_STR(ib_device), .name = "ib-device", .arg = ARG_REQUIRED, .value = "NAME",
 	 .group = "RDMA", .help = "RDMA device, e.g. mlx5_0", .def = "first active"},
-	{.id = OPT_IB_PORT, .name = "ib-port", .arg = ARG_REQUIRED, .value = "N", .group = "RDMA",
+	{.id = OPT_IB_PORT, T_INT(ib_port, 1, 255), .name = "ib-port", .arg = ARG_REQUIRED, .value = "N", .group = "RDMA",
 	 .help = "device port, 1-255", .def = "first active"},
-	{.id = OPT_IB_GID_INDEX, .name = "ib-gid-index", .arg = ARG_REQUIRED, .value = "N",
+	{.id = OPT_IB_GID_INDEX, T_INT(ib_gid_index, -1, 255), .name = "ib-gid-index", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "RDMA", .help = "GID table index, 0-255, or -1 to pick", .def = "-1, first RoCEv2"},
 
 	{.id = OPT_DEFAULT_TIMEOUT, .name = "default-timeout", .arg = ARG_REQUIRED,
 	 .value = "DURATION", .group = "Limits",
 	 .help = "operation deadline when a request gives none", .def = "60s"},
-	{.id = OPT_RETENTION, .name = "retention", .arg = ARG_REQUIRED, .value = "DURATION",
+	{.id = OPT_RETENTION, T_DURATION(retention_ms), .name = "retention", .arg = ARG_REQUIRED, .value = "DURATION",
 	 .group = "Limits", .help = "how long finished operations stay queryable", .def = "5m"},
 	{.id = OPT_CANCEL_WAIT, .name = "cancel-wait", .arg = ARG_REQUIRED, .value = "DURATION",
 	 .group = "Limits",
 	 .help = "how long CancelOperation waits for a moving transfer to stop before it answers "
 		 "FAILED_PRECONDITION (the cancel stays under way), 0-30s",
 	 .def = "1s"},
-	{.id = OPT_GRACE_PERIOD, .name = "grace-period", .arg = ARG_REQUIRED, .value = "DURATION",
+	{.id = OPT_GRACE_PERIOD, T_DURATION(grace_ms), .name = "grace-period", .arg = ARG_REQUIRED, .value = "DURATION",
 	 .group = "Limits", .help = "on SIGTERM, how long live transfers may finish", .def = "10s"},
-	{.id = OPT_MAX_CONCURRENT_TRANSFERS, .name = "max-concurrent-transfers",
+	{.id = OPT_MAX_CONCURRENT_TRANSFERS, T_U32(max_concurrent_transfers, 1, UINT32_MAX), .name = "max-concurrent-transfers",
 	 .arg = ARG_REQUIRED, .value = "N", .group = "Limits",
 	 .help = "transfers moving bytes at once; more wait as SCHEDULED", .def = "64"},
-	{.id = OPT_MAX_INFLIGHT_BYTES, .name = "max-inflight-bytes", .arg = ARG_REQUIRED,
+	{.id = OPT_MAX_INFLIGHT_BYTES, T_SIZE(max_inflight_bytes, 1, UINT64_MAX, "at least 1 byte"), .name = "max-inflight-bytes", .arg = ARG_REQUIRED,
 	 .value = "SIZE", .group = "Limits", .help = "bytes of running transfers at once",
 	 .def = "4GiB"},
-	{.id = OPT_MAX_REGION_SIZE, .name = "max-region-size", .arg = ARG_REQUIRED, .value = "SIZE",
+	{.id = OPT_MAX_REGION_SIZE, T_SIZE(max_region_bytes, 1, UINT64_MAX, "at least 1 byte"), .name = "max-region-size", .arg = ARG_REQUIRED, .value = "SIZE",
 	 .group = "Limits", .help = "largest region a worker may create or register",
 	 .def = "64GiB"},
-	{.id = OPT_MAX_REGIONS, .name = "max-regions", .arg = ARG_REQUIRED, .value = "N",
+	{.id = OPT_MAX_REGIONS, T_U32(max_regions, 1, UINT32_MAX), .name = "max-regions", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "Limits", .help = "regions (created + registered) at once", .def = "4096"},
-	{.id = OPT_MAX_OPERATIONS, .name = "max-operations", .arg = ARG_REQUIRED, .value = "N",
+	{.id = OPT_MAX_OPERATIONS, T_U32(max_operations, 1, UINT32_MAX), .name = "max-operations", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "Limits", .help = "operations kept at once, live and retained", .def = "16384"},
-	{.id = OPT_MAX_DESCRIPTORS, .name = "max-descriptors", .arg = ARG_REQUIRED, .value = "N",
+	{.id = OPT_MAX_DESCRIPTORS, T_U32(max_descriptors, 1, SC_MAX_DESCRIPTORS), .name = "max-descriptors", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "Limits", .help = "descriptors per operation (plain or expanded from compact lists), "
 		 "1-1048576; each costs about 64 bytes while its operation lives",
 	 .def = "65536"},
-	{.id = OPT_MAX_TOTAL_REGION_BYTES, .name = "max-total-region-bytes", .arg = ARG_REQUIRED,
+	{.id = OPT_MAX_TOTAL_REGION_BYTES, T_SIZE_ANY(max_total_region_bytes), .name = "max-total-region-bytes", .arg = ARG_REQUIRED,
 	 .value = "SIZE", .group = "Limits",
 	 .help = "bytes of all regions together; 0 = unlimited (CreateRegion is still bounded "
 		 "by the free space of --shm-dir)",
@@ -270,9 +301,9 @@ static const struct sc_option sc_options[] = {
 
 	{.id = OPT_LOG_LEVEL, .name = "log-level", .arg = ARG_REQUIRED, .value = "LEVEL",
 	 .group = "Logging and metrics", .help = "debug, info, warn, error or off", .def = "info"},
-	{.id = OPT_LOG_JSON, .name = "log-json", .arg = ARG_BOOL, .group = "Logging and metrics",
+	{.id = OPT_LOG_JSON, T_BOOL(log_json), .name = "log-json", .arg = ARG_BOOL, .group = "Logging and metrics",
 	 .help = "JSON log lines (env: 1/true/yes or 0/false/no)", .def = "off"},
-	{.id = OPT_METRICS_LISTEN, .name = "metrics-listen", .arg = ARG_REQUIRED,
+	{.id = OPT_METRICS_LISTEN, T_HOSTPORT(metrics_listen, true), .name = "metrics-listen", .arg = ARG_REQUIRED,
 	 .value = "HOST:PORT", .group = "Logging and metrics",
 	 .help = "serve Prometheus metrics over HTTP here", .def = "off"},
 };
@@ -944,11 +975,51 @@ static int set_hostport(char **slot, const char *v, bool allow_empty, struct sc_
  * Apply one value. label is "--name" or "RDMA_SIDECAR_NAME", for messages; from_env tells
  * list-valued options to split on commas. On error err names the label, the value and the fix.
  */
+/* A typed option: parse v into its field (the table says which and how). */
+static int apply_typed(struct sc_config *cfg, const struct sc_option *opt, const char *v,
+		       struct sc_err *err)
+{
+	void *field = (char *)cfg + opt->field;
+	long long n;
+	int rc = 0;
+	switch (opt->kind) {
+	case K_STR:
+		return set_str(field, v, true, err);
+	case K_HOSTPORT:
+		return set_hostport(field, v, opt->empty_ok, err);
+	case K_BOOL:
+		return parse_bool(v, field, err);
+	case K_U32:
+		rc = parse_int_range(v, opt->min, opt->max, &n, err);
+		if (rc == 0)
+			*(uint32_t *)field = (uint32_t)n;
+		return rc;
+	case K_INT:
+		rc = parse_int_range(v, opt->min, opt->max, &n, err);
+		if (rc == 0)
+			*(int *)field = (int)n;
+		return rc;
+	case K_SIZE:
+		return parse_size_range(v, opt->size_min, opt->size_max, opt->range, field, err);
+	case K_SIZE_ANY:
+		return sc_parse_size(v, field, err);
+	case K_DURATION:
+		return sc_parse_duration_ms(v, field, err);
+	case K_CUSTOM:
+		break;
+	}
+	return 0;
+}
+
+/* Set one option from a flag or its environment twin: typed ones from the table, the rest here. */
 static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_option *opt,
 		 const char *v, const char *label, bool from_env, struct sc_err *err)
 {
-	long long n;
 	int rc = 0;
+	if (opt->kind != K_CUSTOM) {
+		rc = apply_typed(cfg, opt, v, err);
+		return rc == 0 ? 0 : label_err(err, label);
+	}
 	switch (opt->id) {
 	case OPT_ID:
 		rc = check_id(v, err);
@@ -988,41 +1059,12 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 			rc = add_listen(cfg, v, strlen(v), false, err);
 		}
 		break;
-	case OPT_HEALTH_LISTEN:
-		rc = set_hostport(&cfg->health_listen, v, true, err);
-		break;
-	case OPT_REFLECTION:
-		rc = parse_bool(v, &cfg->reflection, err);
-		break;
-	case OPT_GRPC_TLS_CERT:
-		rc = set_str(&cfg->grpc_tls_cert, v, true, err);
-		break;
-	case OPT_GRPC_TLS_KEY:
-		rc = set_str(&cfg->grpc_tls_key, v, true, err);
-		break;
-	case OPT_GRPC_TLS_CLIENT_CA:
-		rc = set_str(&cfg->grpc_tls_client_ca, v, true, err);
-		break;
-	case OPT_GRPC_TOKEN_FILE:
-		rc = set_str(&cfg->grpc_token_file, v, true, err);
-		break;
 	case OPT_UNIX_SOCKET_MODE:
 		rc = parse_mode(v, &cfg->unix_socket_mode, err);
 		break;
 	case OPT_ALLOWED_UIDS:
 		rc = sc_parse_uid_list(v, cfg->allowed_uids, SC_MAX_ALLOWED_UIDS,
 				       &cfg->n_allowed_uids, err);
-		break;
-	case OPT_GRPC_THREADS:
-		rc = parse_int_range(v, 1, 64, &n, err);
-		if (rc == 0)
-			cfg->grpc_threads = (uint32_t)n;
-		break;
-	case OPT_MAX_MESSAGE_SIZE:
-		rc = parse_size_range(v, KIB, GIB, "1KiB-1GiB", &cfg->max_message_bytes, err);
-		break;
-	case OPT_DATA_LISTEN:
-		rc = set_hostport(&cfg->data_listen, v, false, err);
 		break;
 	case OPT_ADVERTISE:
 		if (!*v) {
@@ -1048,73 +1090,12 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 		else
 			rc = set_str(&cfg->shm_dir, v, false, err);
 		break;
-	case OPT_TCP_STREAMS:
-		rc = parse_int_range(v, 1, 16, &n, err);
-		if (rc == 0)
-			cfg->tcp_streams = (uint32_t)n;
-		break;
-	case OPT_TCP_CHUNK_SIZE:
-		rc = parse_size_range(v, 64 * KIB, GIB, "64KiB-1GiB", &cfg->tcp_chunk_bytes, err);
-		break;
-	case OPT_KEY_FILE:
-		rc = set_str(&cfg->key_file, v, true, err);
-		break;
-	case OPT_PEER_TLS_CERT:
-		rc = set_str(&cfg->peer_tls_cert, v, true, err);
-		break;
-	case OPT_PEER_TLS_KEY:
-		rc = set_str(&cfg->peer_tls_key, v, true, err);
-		break;
-	case OPT_PEER_TLS_CA:
-		rc = set_str(&cfg->peer_tls_ca, v, true, err);
-		break;
-	case OPT_NATS_TLS_CA:
-		rc = set_str(&cfg->nats_tls_ca, v, true, err);
-		break;
-	case OPT_NATS_TLS_CERT:
-		rc = set_str(&cfg->nats_tls_cert, v, true, err);
-		break;
-	case OPT_NATS_TLS_KEY:
-		rc = set_str(&cfg->nats_tls_key, v, true, err);
-		break;
-	case OPT_NATS_CREDS:
-		rc = set_str(&cfg->nats_creds, v, true, err);
-		break;
-	case OPT_NATS_NKEY_SEED:
-		rc = set_str(&cfg->nats_nkey_seed, v, true, err);
-		break;
-	case OPT_DATA_MAX_UNAUTH_PER_IP:
-		rc = parse_int_range(v, 1, 1024, &n, err);
-		if (rc == 0)
-			cfg->data_max_unauth_per_ip = (uint32_t)n;
-		break;
-	case OPT_DATA_MAX_UNAUTH:
-		rc = parse_int_range(v, 1, 1024, &n, err);
-		if (rc == 0)
-			cfg->data_max_unauth = (uint32_t)n;
-		break;
-	case OPT_IB_DEVICE:
-		rc = set_str(&cfg->ib_device, v, true, err);
-		break;
-	case OPT_IB_PORT:
-		rc = parse_int_range(v, 1, 255, &n, err);
-		if (rc == 0)
-			cfg->ib_port = (int)n;
-		break;
-	case OPT_IB_GID_INDEX:
-		rc = parse_int_range(v, -1, 255, &n, err);
-		if (rc == 0)
-			cfg->ib_gid_index = (int)n;
-		break;
 	case OPT_DEFAULT_TIMEOUT:
 		rc = sc_parse_duration_ms(v, &cfg->default_timeout_ms, err);
 		if (rc == 0 && cfg->default_timeout_ms == 0)
 			rc = sc_err_set(err, SC_INVALID_ARGUMENT,
 					"\"%.*s\": must be longer than 0 (e.g. 60s)", VALUE_SHOWN,
 					v);
-		break;
-	case OPT_RETENTION:
-		rc = sc_parse_duration_ms(v, &cfg->retention_ms, err);
 		break;
 	case OPT_CANCEL_WAIT:
 		rc = sc_parse_duration_ms(v, &cfg->cancel_wait_ms, err);
@@ -1124,42 +1105,8 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 					"WaitOperation waits as long as asked)",
 					VALUE_SHOWN, v);
 		break;
-	case OPT_GRACE_PERIOD:
-		rc = sc_parse_duration_ms(v, &cfg->grace_ms, err);
-		break;
-	case OPT_MAX_CONCURRENT_TRANSFERS:
-		rc = parse_int_range(v, 1, UINT32_MAX, &n, err);
-		if (rc == 0)
-			cfg->max_concurrent_transfers = (uint32_t)n;
-		break;
-	case OPT_MAX_INFLIGHT_BYTES:
-		rc = parse_size_range(v, 1, UINT64_MAX, "at least 1 byte", &cfg->max_inflight_bytes,
-				      err);
-		break;
-	case OPT_MAX_REGION_SIZE:
-		rc = parse_size_range(v, 1, UINT64_MAX, "at least 1 byte", &cfg->max_region_bytes,
-				      err);
-		break;
 	case OPT_REGISTER_DIR:
 		rc = apply_register_dirs(cfg, st, v, from_env, err);
-		break;
-	case OPT_MAX_REGIONS:
-		rc = parse_int_range(v, 1, UINT32_MAX, &n, err);
-		if (rc == 0)
-			cfg->max_regions = (uint32_t)n;
-		break;
-	case OPT_MAX_OPERATIONS:
-		rc = parse_int_range(v, 1, UINT32_MAX, &n, err);
-		if (rc == 0)
-			cfg->max_operations = (uint32_t)n;
-		break;
-	case OPT_MAX_DESCRIPTORS:
-		rc = parse_int_range(v, 1, SC_MAX_DESCRIPTORS, &n, err);
-		if (rc == 0)
-			cfg->max_descriptors = (uint32_t)n;
-		break;
-	case OPT_MAX_TOTAL_REGION_BYTES:
-		rc = sc_parse_size(v, &cfg->max_total_region_bytes, err);
 		break;
 	case OPT_NATS_SUBJECT_PREFIX:
 		rc = check_subject_prefix(v, err);
@@ -1172,14 +1119,7 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 					"\"%.*s\": expected debug, info, warn, error or off",
 					VALUE_SHOWN, v);
 		break;
-	case OPT_LOG_JSON:
-		rc = parse_bool(v, &cfg->log_json, err);
-		break;
-	case OPT_METRICS_LISTEN:
-		rc = set_hostport(&cfg->metrics_listen, v, true, err);
-		break;
-	case OPT_HELP:
-	case OPT_VERSION:
+	default: /* OPT_HELP, OPT_VERSION; the typed ones returned above */
 		break;
 	}
 	return rc == 0 ? 0 : label_err(err, label);
