@@ -13,8 +13,9 @@
 #ifndef SC_BACKEND_H
 #define SC_BACKEND_H
 
-#include "engine.h"
+#include "gpu.h"
 #include "metadata.h"
+#include "sc_types.h"
 
 #include <stdatomic.h>
 #include <stddef.h>

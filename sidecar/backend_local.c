@@ -8,6 +8,7 @@
  */
 #include "backend.h"
 #include "fault_guard.h"
+#include "gpu.h"
 #include "log.h"
 #include "passive.h"
 #include "timer.h"

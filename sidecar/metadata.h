@@ -17,8 +17,9 @@
 #ifndef SC_METADATA_H
 #define SC_METADATA_H
 
-#include "engine.h"
+#include "config.h" /* SC_BACKEND_BIT_* */
 #include "keys.h"
+#include "sc_types.h"
 #include "status.h"
 
 #include <stdbool.h>

@@ -15,9 +15,10 @@
 #ifndef SC_PASSIVE_H
 #define SC_PASSIVE_H
 
-#include "engine.h"
 #include "metadata.h"
+#include "sc_types.h"
 
+struct sc_engine;
 struct sc_op;
 struct sc_peer_pool;
 struct sc_peer_server;

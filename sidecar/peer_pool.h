@@ -19,9 +19,9 @@
 #ifndef SC_PEER_POOL_H
 #define SC_PEER_POOL_H
 
-#include "engine.h"
 #include "metadata.h"
 #include "peer_proto.h"
+#include "sc_types.h"
 #include "status.h"
 
 #include <stdatomic.h>
@@ -30,6 +30,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+struct sc_engine;
 struct sc_peer_pool;
 struct sc_peer_conn;
 

@@ -46,9 +46,9 @@
 #ifndef SC_PEER_PROTO_H
 #define SC_PEER_PROTO_H
 
-#include "engine.h"
 #include "keys.h"
 #include "metadata.h"
+#include "sc_types.h"
 #include "status.h"
 
 #include <stdatomic.h>

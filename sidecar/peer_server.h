@@ -14,13 +14,14 @@
 #define SC_PEER_SERVER_H
 
 #include "config.h"
-#include "engine.h"
 #include "peer_proto.h"
+#include "sc_types.h"
 #include "status.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
+struct sc_engine;
 struct sc_peer_server;
 
 /* Authenticated connections (after the hello). Connections still before their hello have their
