@@ -25,7 +25,6 @@
  */
 #include "backend.h"
 #include "log.h"
-#include "passive.h"
 #include "peer_pool.h"
 #include "peer_proto.h"
 #include "peer_server.h"

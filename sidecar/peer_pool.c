@@ -14,7 +14,6 @@
 #include "peer_stage.h"
 
 #include "log.h"
-#include "passive.h"
 #include "peer_proto.h"
 #include "peer_tls.h"
 #include "timer.h"
@@ -49,7 +48,8 @@ struct sc_peer_conn {
 };
 
 struct sc_peer_pool {
-	struct sc_engine *eng;
+	char self_id[SC_NAME_MAX];
+	struct sc_keyring_source keys; /* for each hello */
 	struct sc_peer_tls *tls; /* NULL: plain TCP */
 	pthread_mutex_t mu;
 	struct sc_peer_conn *idle; /* most recently used first */
@@ -68,12 +68,14 @@ void sc_peer_pool_set_tls(struct sc_peer_pool *pool, struct sc_peer_tls *tls)
 	pool->tls = tls;
 }
 
-int sc_peer_pool_create(struct sc_engine *eng, struct sc_peer_pool **out, struct sc_err *err)
+int sc_peer_pool_create(const char *self_id, const struct sc_keyring_source *keys,
+			struct sc_peer_pool **out, struct sc_err *err)
 {
 	struct sc_peer_pool *pool = calloc(1, sizeof(*pool));
 	if (!pool)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
-	pool->eng = eng;
+	snprintf(pool->self_id, sizeof(pool->self_id), "%s", self_id);
+	pool->keys = *keys;
 	pthread_mutex_init(&pool->mu, NULL);
 	*out = pool;
 	return 0;
@@ -219,7 +221,7 @@ static int dial_once(struct sc_peer_pool *pool, struct sc_keyring *ring, struct 
 	if (pool->tls)
 		rc = sc_peer_tls_client(pool->tls, c->fd, &w, c->what, err);
 	if (rc == 0)
-		rc = sc_peer_hello_client(c->fd, ring, sc_engine_id(pool->eng), &w, c->what,
+		rc = sc_peer_hello_client(c->fd, ring, pool->self_id, &w, c->what,
 					  c->peer_id, err);
 	if (rc != 0) {
 		if (err && err->code == SC_INVALID_ARGUMENT) /* garbage: not a sidecar */
@@ -277,13 +279,13 @@ static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadli
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "bad peer data endpoint \"%.100s\": expected host:port",
 				  endpoint);
-	struct sc_keyring *ring = sc_engine_keyring(pool->eng);
+	struct sc_keyring *ring = sc_keyring_source_get(&pool->keys);
 	if (!ring)
 		return sc_err_set(err, SC_UNAUTHENTICATED,
 				  "sidecar \"%s\" has no --key-file, so it cannot authenticate "
 				  "to peer sidecar at %s: cross-sidecar transfers need "
 				  "--key-file on both sidecars",
-				  sc_engine_id(pool->eng), endpoint);
+				  pool->self_id, endpoint);
 	struct sc_peer_conn *c = calloc(1, sizeof(*c));
 	if (!c) {
 		sc_keyring_release(ring);

@@ -30,7 +30,6 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-struct sc_engine;
 struct sc_peer_pool;
 struct sc_peer_conn;
 
@@ -40,7 +39,10 @@ struct sc_peer_conn;
 /* Dialing (TCP connect) gives up after this long even when the caller's deadline is later. */
 #define SC_PEER_CONNECT_TIMEOUT_MS 10000
 
-int sc_peer_pool_create(struct sc_engine *eng, struct sc_peer_pool **out, struct sc_err *err);
+/* self_id: this sidecar's id, said in every hello (copied); keys: where each hello finds the
+ * current keyring (copied; its ctx must outlive the pool). *out is set only on success. */
+int sc_peer_pool_create(const char *self_id, const struct sc_keyring_source *keys,
+			struct sc_peer_pool **out, struct sc_err *err);
 /* Peer TLS for every connection dialed from now on (NULL: plain TCP). tls must outlive the
  * pool. Lifecycle thread, before the first sc_peer_pool_get. */
 struct sc_peer_tls;
