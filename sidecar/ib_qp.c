@@ -39,6 +39,7 @@
 #include "log.h"
 #include "peer_pool.h"
 #include "peer_proto.h"
+#include "peer_request.h"
 #include "peer_server.h"
 #include "timer.h"
 

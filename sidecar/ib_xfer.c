@@ -42,6 +42,7 @@
 #include "log.h"
 #include "peer_pool.h"
 #include "peer_proto.h"
+#include "peer_request.h"
 #include "timer.h"
 
 #include <errno.h>

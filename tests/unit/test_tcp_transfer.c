@@ -21,6 +21,7 @@
 #include "passive.h"
 #include "peer_pool.h"
 #include "peer_proto.h"
+#include "peer_request.h"
 #include "peer_server.h"
 #include "timer.h"
 
