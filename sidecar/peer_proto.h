@@ -5,9 +5,10 @@
  * (serving side), the peer pool (dialing side) and, through them, the tcp and ibverbs backends.
  *
  * A frame is an 8-byte header {u8 version = 1, u8 type, u16 flags, u32 body_len} followed by
- * body_len bytes of body. flags is 0, except on OPEN, where SC_PEER_FLAG_VIA_IBVERBS says the
- * transfer's bytes move by RDMA (the passive operation then reports backend IBVERBS). All integers are little-endian and fixed width; strings are u16 length +
- * bytes (no NUL). DATA and WRITE frames are followed by bulk bytes whose count is in their body.
+ * body_len bytes of body. flags is 0, except on OPEN, where SC_PEER_FLAG_VIA_BACKEND says another
+ * backend moves the transfer's bytes, not this channel (the passive operation then reports that
+ * backend: sc_peer_via_backend). All integers are little-endian and fixed width; strings are u16
+ * length + bytes (no NUL). DATA and WRITE frames are followed by bulk bytes whose count is in their body.
  * body_len is at most SC_PEER_MAX_BODY, a bulk at most SC_PEER_MAX_BULK (and exactly what was
  * asked for). Anything else is a protocol error: the receiver closes the connection.
  *
@@ -67,8 +68,15 @@
 /* Blocking sockets carry SO_RCVTIMEO/SO_SNDTIMEO of this many ms, so every blocked call wakes
  * this often to look at its deadline and cancel flags. */
 #define SC_PEER_IO_SLICE_MS 100
-/* OPEN header flag: the active side moves this transfer's bytes with ibverbs (RDMA). */
-#define SC_PEER_FLAG_VIA_IBVERBS 0x0001u
+/* OPEN header flag: the active side moves this transfer's bytes with another backend than this
+ * channel. Which one is mapped at the edges (sc_peer_via_flags / sc_peer_via_backend): the wire
+ * has one such bit, and it has always meant ibverbs (RDMA). */
+#define SC_PEER_FLAG_VIA_BACKEND 0x0001u
+
+/* The OPEN header flags that say backend `via` moves a transfer's bytes (0 for NONE and TCP,
+ * which the channel itself carries), and back (SC_BACKEND_NONE: the channel carries them). */
+uint16_t sc_peer_via_flags(enum sc_backend_kind via);
+enum sc_backend_kind sc_peer_via_backend(uint16_t flags);
 
 enum sc_frame_type {
 	SC_FRAME_HELLO = 1,
@@ -112,7 +120,7 @@ struct sc_frame_hdr {
 /* One decoded frame body. Only the fields of its type are meaningful. */
 struct sc_peer_msg {
 	enum sc_frame_type type;
-	uint16_t flags; /* header flags: SC_PEER_FLAG_VIA_IBVERBS on OPEN; encoded for OPEN only */
+	uint16_t flags; /* header flags: SC_PEER_FLAG_VIA_BACKEND on OPEN; encoded for OPEN only */
 	/* HELLO, HELLO_ACK, HELLO_FIN */
 	uint8_t nonce[SC_PEER_NONCE_LEN];
 	char id[SC_NAME_MAX];       /* HELLO: client id; HELLO_ACK: server id */
@@ -145,7 +153,7 @@ struct sc_peer_piece sc_peer_piece_at(const struct sc_peer_msg *m, uint32_t i);
  * or a field is out of range (string too long, body over SC_PEER_MAX_BODY). */
 size_t sc_peer_encode(const struct sc_peer_msg *m, uint8_t *buf, size_t cap);
 /* Parse a header. Errors (INVALID_ARGUMENT, "protocol error: ..."): version, unknown type,
- * flags other than SC_PEER_FLAG_VIA_IBVERBS on OPEN (0 elsewhere), body_len over
+ * flags other than SC_PEER_FLAG_VIA_BACKEND on OPEN (0 elsewhere), body_len over
  * SC_PEER_MAX_BODY. */
 int sc_peer_decode_hdr(const uint8_t in[SC_PEER_HDR_LEN], struct sc_frame_hdr *h,
 		       struct sc_err *err);

@@ -112,24 +112,25 @@ static struct sc_peer_wait client_wait(uint64_t deadline_mono_ms, const atomic_b
 }
 
 static int open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
-		     uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
-		     uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+		     uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total,
+		     enum sc_backend_kind via, uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
 	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
 	struct sc_peer_msg m;
 	fill_ref(&m, SC_FRAME_OPEN, token, xfer_id);
-	m.flags = flags;
+	m.flags = sc_peer_via_flags(via);
 	m.peer_kind = (uint8_t)peer_kind;
 	m.total = total;
 	return send_request(conn, &m, NULL, 0, &w, err);
 }
 
 int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
-		      uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
-		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+		      uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total,
+		      enum sc_backend_kind via, uint64_t deadline_mono_ms, const atomic_bool *cancel,
+		      struct sc_err *err)
 {
 	sc_peer_conn_hold_next(conn);
-	return open_send(conn, token, xfer_id, peer_kind, total, flags, deadline_mono_ms, cancel,
+	return open_send(conn, token, xfer_id, peer_kind, total, via, deadline_mono_ms, cancel,
 			 err);
 }
 
@@ -145,11 +146,12 @@ int sc_peer_open_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
 	return rc;
 }
 
-int sc_peer_open_flags(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
-		       uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
-		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+int sc_peer_open_via(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		     uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total,
+		     enum sc_backend_kind via, uint64_t deadline_mono_ms, const atomic_bool *cancel,
+		     struct sc_err *err)
 {
-	if (open_send(conn, token, xfer_id, peer_kind, total, flags, deadline_mono_ms, cancel,
+	if (open_send(conn, token, xfer_id, peer_kind, total, via, deadline_mono_ms, cancel,
 		      err) != 0)
 		return -1;
 	return sc_peer_open_recv(conn, deadline_mono_ms, cancel, NULL, err);
@@ -159,8 +161,8 @@ int sc_peer_open(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], u
 		 enum sc_op_kind peer_kind, uint64_t total, uint64_t deadline_mono_ms,
 		 const atomic_bool *cancel, struct sc_err *err)
 {
-	return sc_peer_open_flags(conn, token, xfer_id, peer_kind, total, 0, deadline_mono_ms,
-				  cancel, err);
+	return sc_peer_open_via(conn, token, xfer_id, peer_kind, total, SC_BACKEND_NONE,
+				deadline_mono_ms, cancel, err);
 }
 
 static int bulk_request(struct sc_peer_conn *conn, enum sc_frame_type type,

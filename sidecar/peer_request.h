@@ -25,11 +25,13 @@
 int sc_peer_open(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		 enum sc_op_kind peer_kind, uint64_t total, uint64_t deadline_mono_ms,
 		 const atomic_bool *cancel, struct sc_err *err);
-/* The same with OPEN header flags (SC_PEER_FLAG_VIA_IBVERBS: the ibverbs backend moves the
- * bytes, so the passive side reports backend IBVERBS). */
-int sc_peer_open_flags(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
-		       uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
-		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
+/* The same, saying that backend `via` moves the bytes, not this connection (ibverbs: the passive
+ * side then reports backend IBVERBS, and takes its completion notice). SC_BACKEND_NONE: as
+ * sc_peer_open. */
+int sc_peer_open_via(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
+		     uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total,
+		     enum sc_backend_kind via, uint64_t deadline_mono_ms, const atomic_bool *cancel,
+		     struct sc_err *err);
 /* OPEN in halves, to pipeline the first data request behind it (no round trip of its own): the
  * server handles a connection's frames in order, so a READ or WRITE sent after an OPEN is judged
  * after it; a refused OPEN refuses what follows too (and a refused WRITE ends the connection).
@@ -37,7 +39,8 @@ int sc_peer_open_flags(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
  * sent on the connection: when none follows, call sc_peer_conn_flush before waiting for its
  * reply. */
 int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
-		      uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total, uint16_t flags,
+		      uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total,
+		      enum sc_backend_kind via,
 		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
 /* *refused (optional): the peer answered the OPEN with a refusal (nothing was opened); false when
  * the reply could not be read (then the OPEN may or may not have been accepted). */

@@ -63,7 +63,7 @@ struct xref {
 	uint8_t token[SC_TOKEN_LEN];
 	uint64_t xfer_id;
 	enum sc_op_kind kind; /* what the peer OPENed it for: SC_OP_READ or SC_OP_WRITE */
-	bool via_ib;	      /* OPENed with SC_PEER_FLAG_VIA_IBVERBS */
+	enum sc_backend_kind via; /* OPENed saying this backend moves the bytes (NONE: this channel) */
 };
 
 struct orphan {
@@ -167,7 +167,7 @@ static void orphan_forget_locked(struct sc_peer_server *srv, const uint8_t token
 
 /* Track a transfer this connection opened. Returns -1 when out of memory. */
 static int track(struct conn *c, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
-		 enum sc_op_kind kind, bool via_ib)
+		 enum sc_op_kind kind, enum sc_backend_kind via)
 {
 	struct sc_peer_server *srv = c->srv;
 	int rc = 0;
@@ -188,7 +188,7 @@ static int track(struct conn *c, const uint8_t token[SC_TOKEN_LEN], uint64_t xfe
 	}
 	memcpy(c->opened[c->n_opened].token, token, SC_TOKEN_LEN);
 	c->opened[c->n_opened].xfer_id = xfer_id;
-	c->opened[c->n_opened].via_ib = via_ib;
+	c->opened[c->n_opened].via = via;
 	c->opened[c->n_opened++].kind = kind;
 out:
 	pthread_mutex_unlock(&srv->mu);
@@ -239,24 +239,26 @@ static void untrack_everywhere(struct sc_peer_server *srv, const uint8_t token[S
 	pthread_mutex_unlock(&srv->mu);
 }
 
-/* The passive interface's claim (passive.h): a transfer that peer_id OPENed here via ibverbs. */
+/* The passive interface's claim (passive.h): a transfer that peer_id OPENed here via `via`. */
 static int claim(struct sc_peer_server *srv, const char *peer_id, uint64_t xfer_id,
-		 uint8_t token[SC_TOKEN_LEN])
+		 enum sc_backend_kind via, uint8_t token[SC_TOKEN_LEN])
 {
 	bool found = false;
+	if (via == SC_BACKEND_NONE)
+		return -1;
 	pthread_mutex_lock(&srv->mu);
 	for (struct conn *c = srv->live; c && !found; c = c->next) {
 		if (!c->authed || strcmp(c->peer_id, peer_id) != 0)
 			continue;
 		for (size_t i = 0; i < c->n_opened && !found; i++) {
-			if (c->opened[i].xfer_id == xfer_id && c->opened[i].via_ib) {
+			if (c->opened[i].xfer_id == xfer_id && c->opened[i].via == via) {
 				memcpy(token, c->opened[i].token, SC_TOKEN_LEN);
 				found = true;
 			}
 		}
 	}
 	for (struct orphan *o = srv->orphans; o && !found; o = o->next) {
-		if (o->ref.xfer_id == xfer_id && o->ref.via_ib && strcmp(o->peer_id, peer_id) == 0) {
+		if (o->ref.xfer_id == xfer_id && o->ref.via == via && strcmp(o->peer_id, peer_id) == 0) {
 			memcpy(token, o->ref.token, SC_TOKEN_LEN);
 			found = true;
 		}
@@ -387,15 +389,15 @@ static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, si
 	if (sc_passive_open(&c->srv->passive, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
 			    c->peer_id, m->total, &err) != 0)
 		return reply_error(c, &err, why, why_cap);
-	if (track(c, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
-		  (m->flags & SC_PEER_FLAG_VIA_IBVERBS) != 0) != 0) {
+	enum sc_backend_kind via = sc_peer_via_backend(m->flags);
+	if (track(c, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind, via) != 0) {
 		sc_passive_abandon(&c->srv->passive, m->token, m->xfer_id,
 				   "peer server out of memory");
 		sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "sidecar out of memory");
 		return reply_error(c, &err, why, why_cap);
 	}
-	if (m->flags & SC_PEER_FLAG_VIA_IBVERBS)
-		sc_passive_set_backend(&c->srv->passive, m->token, m->xfer_id, SC_BACKEND_IBVERBS);
+	if (via != SC_BACKEND_NONE)
+		sc_passive_set_backend(&c->srv->passive, m->token, m->xfer_id, via);
 	return reply_ok(c, why, why_cap);
 }
 
@@ -1294,9 +1296,7 @@ static void srv_abandon(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 static int srv_claim(void *ctx, const char *peer_id, uint64_t xfer_id, enum sc_backend_kind via,
 		     uint8_t token[SC_TOKEN_LEN])
 {
-	if (via != SC_BACKEND_IBVERBS)
-		return -1;
-	return claim(ctx, peer_id, xfer_id, token);
+	return claim(ctx, peer_id, xfer_id, via, token);
 }
 
 static const struct sc_passive_ops server_passive_ops = {

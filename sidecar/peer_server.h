@@ -78,7 +78,8 @@ int sc_peer_server_set_handler(struct sc_peer_server *srv, enum sc_frame_type ty
 /*
  * The passive-operation interface (passive.h) as seen through this server: every call goes to the
  * interface the server was created with, and claim answers for transfers that a connection
- * authenticated as the peer OPENed flagged "via ibverbs" (and no DONE came yet); a claimed
+ * authenticated as the peer OPENed saying that backend `via` moves the bytes (OPEN's via-backend
+ * flag: ibverbs) and whose DONE has not come; a claimed
  * transfer is no longer tracked (as after a DONE), so its connection's end does not abandon it.
  * For the ibverbs completion notices (ib_notify.c). Valid from create to destroy; any thread.
  */

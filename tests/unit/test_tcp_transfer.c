@@ -695,8 +695,8 @@ TEST(ib_completion_notice_claim_checks_peer_and_flag)
 	CHECK_INT_EQ(sc_peer_open(c, plain.md.token, 7, SC_OP_READ, 4096, dl, NULL, &err), 0);
 	CHECK_INT_EQ(sc_passive_claim(&sv, "sidecar-b", 7, SC_BACKEND_IBVERBS, tok), -1);
 	/* opened via ibverbs by sidecar-b: another peer's notice, or another transfer id, cannot */
-	CHECK_INT_EQ(sc_peer_open_flags(c, viaib.md.token, 8, SC_OP_WRITE, 4096,
-					SC_PEER_FLAG_VIA_IBVERBS, dl, NULL, &err),
+	CHECK_INT_EQ(sc_peer_open_via(c, viaib.md.token, 8, SC_OP_WRITE, 4096,
+				      SC_BACKEND_IBVERBS, dl, NULL, &err),
 		     0);
 	CHECK_INT_EQ(sc_passive_claim(&sv, "sidecar-c", 8, SC_BACKEND_IBVERBS, tok), -1);
 	CHECK_INT_EQ(sc_passive_claim(&sv, "sidecar-b", 9, SC_BACKEND_IBVERBS, tok), -1);
@@ -718,8 +718,8 @@ TEST(ib_completion_notice_claim_checks_peer_and_flag)
 	sc_op_info_free(&info);
 	/* a transfer whose control connection closed (an orphan, within its grace) is still
 	 * claimed by its own peer only */
-	CHECK_INT_EQ(sc_peer_open_flags(c, later.md.token, 10, SC_OP_READ, 4096,
-					SC_PEER_FLAG_VIA_IBVERBS, dl, NULL, &err),
+	CHECK_INT_EQ(sc_peer_open_via(c, later.md.token, 10, SC_OP_READ, 4096,
+				      SC_BACKEND_IBVERBS, dl, NULL, &err),
 		     0);
 	sc_peer_pool_put(pool, c, false);
 	usleep(100 * 1000);
