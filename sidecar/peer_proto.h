@@ -56,6 +56,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #define SC_PEER_VERSION 1
@@ -183,6 +184,25 @@ enum sc_peer_io {
 	SC_PEER_IO_CANCELLED, /* a flag was raised */
 	SC_PEER_IO_PROTOCOL,  /* (sc_peer_recv_msg only) the peer sent a bad frame */
 };
+
+/*
+ * A stream layered over some fds (peer TLS without kernel offload, peer_tls.c): the blocking I/O
+ * below asks it, per call, whether fd's receiving or sending side goes through it, and then moves
+ * bytes with its recv/send instead of recv/sendmsg. recv/send return the bytes moved (> 0), 0 at
+ * EOF, or -1 with errno (EAGAIN: the I/O slice passed, try again after checking the wait).
+ * Without one every fd is a plain socket. This is how peer_proto knows nothing of TLS.
+ */
+struct sc_peer_stream {
+	bool (*user_rx)(void *ctx, int fd);
+	bool (*user_tx)(void *ctx, int fd);
+	ssize_t (*recv)(void *ctx, int fd, void *buf, size_t len);
+	ssize_t (*send)(void *ctx, int fd, const void *buf, size_t len);
+	void *ctx;
+};
+/* Layer s (static storage, or NULL for none) under every fd from now on, process-wide, as the fds
+ * carry their TLS state process-wide. Set before the first fd that needs it is handed to the
+ * calls below (peer_tls.c sets it when it creates a context); any thread. */
+void sc_peer_set_stream(const struct sc_peer_stream *s);
 
 int sc_peer_set_io_slice(int fd, unsigned ms);
 /* A data-plane TCP socket's options: TCP_NODELAY, keepalive (idle 5 s, interval 2 s, 3 probes),
