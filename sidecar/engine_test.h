@@ -7,10 +7,11 @@
 #ifndef SC_ENGINE_TEST_H
 #define SC_ENGINE_TEST_H
 
-#include "engine.h"
 #include "passive.h"
+#include "sc_types.h"
 
 struct sc_backend;
+struct sc_engine;
 struct sc_keyring;
 struct sc_peer_pool;
 struct sc_peer_server;
