@@ -93,8 +93,8 @@ struct sc_passive {
 };
 
 static inline int sc_passive_open(const struct sc_passive *p, const uint8_t token[SC_TOKEN_LEN],
-				  uint64_t xfer_id, enum sc_op_kind peer_kind,
-				  const char *peer_id, uint64_t total_bytes, struct sc_err *err)
+				  uint64_t xfer_id, enum sc_op_kind peer_kind, const char *peer_id,
+				  uint64_t total_bytes, struct sc_err *err)
 {
 	return p->ops->open(p->ctx, token, xfer_id, peer_kind, peer_id, total_bytes, err);
 }
@@ -105,9 +105,9 @@ static inline void sc_passive_set_backend(const struct sc_passive *p,
 	p->ops->set_backend(p->ctx, token, xfer_id, backend);
 }
 static inline int sc_passive_span(const struct sc_passive *p, const uint8_t token[SC_TOKEN_LEN],
-				  uint64_t xfer_id, enum sc_op_kind peer_kind,
-				  uint32_t desc_index, uint64_t offset, uint64_t len,
-				  struct sc_span *out, struct sc_err *err)
+				  uint64_t xfer_id, enum sc_op_kind peer_kind, uint32_t desc_index,
+				  uint64_t offset, uint64_t len, struct sc_span *out,
+				  struct sc_err *err)
 {
 	return p->ops->span(p->ctx, token, xfer_id, peer_kind, desc_index, offset, len, out, err);
 }
@@ -122,9 +122,8 @@ static inline int sc_passive_done(const struct sc_passive *p, const uint8_t toke
 {
 	return p->ops->done(p->ctx, token, xfer_id, status, msg, err);
 }
-static inline void sc_passive_abandon(const struct sc_passive *p,
-				      const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
-				      const char *why)
+static inline void sc_passive_abandon(const struct sc_passive *p, const uint8_t token[SC_TOKEN_LEN],
+				      uint64_t xfer_id, const char *why)
 {
 	p->ops->abandon(p->ctx, token, xfer_id, why);
 }
