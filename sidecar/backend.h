@@ -13,8 +13,10 @@
 #ifndef SC_BACKEND_H
 #define SC_BACKEND_H
 
-#include "engine.h"
+#include "gpu.h"
 #include "metadata.h"
+#include "passive.h"
+#include "sc_types.h"
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -33,13 +35,13 @@ struct sc_peer_server;
 
 /*
  * What a backend is given when it is created: everything it may use. A backend never reaches back
- * into the engine; it talks to passive operations only through passive.h (with `passive` as the
- * handle) and to peers only through the pool and the server it was given.
+ * into the engine; it talks to passive operations only through the interface `passive`
+ * (passive.h) and to peers only through the pool and the server it was given.
  */
 struct sc_backend_env {
 	const struct sc_config *cfg;
 	const char *self_id;           /* this sidecar's id */
-	struct sc_engine *passive;     /* the passive-operation interface (passive.h) */
+	struct sc_passive passive;     /* the passive-operation interface (passive.h) */
 	struct sc_peer_pool *pool;     /* authenticated peer connections; NULL: tcp and ibverbs off */
 	struct sc_peer_server *server; /* the peer control channel's server; NULL likewise */
 	struct sc_gpu *gpu;            /* GPU memory access (gpu.h); NULL without CUDA */

@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * backend_local.c: the LOCAL backend, for transfers whose two ends live on this same sidecar:
- * memory to memory, no socket. It goes through the same passive.h checks as a remote peer (open,
- * span, done), so a local transfer obeys the same token, bounds, uses and deadline rules.
+ * memory to memory, no socket. It goes through the same passive-operation interface as a remote
+ * peer (open, span, done; passive.h, handed in with its sc_backend_env), so a local transfer
+ * obeys the same token, bounds, uses and deadline rules.
  * One worker thread takes submitted transfers from a FIFO and copies in slices, checking cancel
  * and deadline between slices. Owns the queue and the thread.
  */
 #include "backend.h"
 #include "fault_guard.h"
+#include "gpu.h"
 #include "log.h"
 #include "passive.h"
 #include "timer.h"
@@ -43,12 +45,12 @@ static struct local_backend *to_local(struct sc_backend *b)
 static enum sc_status run_one(const struct sc_backend_env *env, struct sc_xfer *x, char *msg,
 			      size_t cap)
 {
-	struct sc_engine *eng = env->passive;
+	const struct sc_passive *pv = &env->passive;
 	struct sc_gpu *gpu = env->gpu;
 	struct sc_err err;
 	sc_err_clear(&err);
 	const uint8_t *token = x->meta->token;
-	if (sc_passive_open(eng, token, x->xfer_id, x->kind, env->self_id, x->total, &err) != 0)
+	if (sc_passive_open(pv, token, x->xfer_id, x->kind, env->self_id, x->total, &err) != 0)
 		goto fail;
 	for (size_t i = 0; i < x->n_segs; i++) {
 		const struct sc_xfer_seg *s = &x->segs[i];
@@ -63,7 +65,7 @@ static enum sc_status run_one(const struct sc_backend_env *env, struct sc_xfer *
 			}
 			uint64_t n = s->len - off < SLICE_BYTES ? s->len - off : SLICE_BYTES;
 			struct sc_span span;
-			if (sc_passive_span(eng, token, x->xfer_id, x->kind, s->remote_desc, off, n, &span,
+			if (sc_passive_span(pv, token, x->xfer_id, x->kind, s->remote_desc, off, n, &span,
 					    &err) != 0)
 				goto fail_done;
 			/* GPU ranges: device to device, across GPUs, or between host and GPU by the
@@ -73,18 +75,18 @@ static enum sc_status run_one(const struct sc_backend_env *env, struct sc_xfer *
 						       span.gpu, n, &err)
 					 : sc_gpu_copy(gpu, span.addr, span.gpu, s->local + off,
 						       s->local_gpu, n, &err);
-			sc_passive_span_release(eng, &span, rc == 0 ? n : 0);
+			sc_passive_span_release(pv, &span, rc == 0 ? n : 0);
 			if (rc != 0)
 				goto fail_done;
 			x->on_progress(x, n);
 			off += n;
 		}
 	}
-	if (sc_passive_done(eng, token, x->xfer_id, SC_OK, NULL, &err) != 0)
+	if (sc_passive_done(pv, token, x->xfer_id, SC_OK, NULL, &err) != 0)
 		goto fail;
 	return SC_OK;
 fail_done:
-	sc_passive_done(eng, token, x->xfer_id, err.code, err.msg, NULL);
+	sc_passive_done(pv, token, x->xfer_id, err.code, err.msg, NULL);
 fail:
 	snprintf(msg, cap, "%s", err.msg);
 	return err.code;

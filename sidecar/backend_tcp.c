@@ -28,9 +28,9 @@
  */
 #include "backend.h"
 #include "log.h"
-#include "passive.h"
 #include "peer_pool.h"
 #include "peer_proto.h"
+#include "peer_request.h"
 #include "peer_server.h"
 #include "timer.h"
 #include "xfer_runner.h"

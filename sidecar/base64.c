@@ -6,7 +6,7 @@
  * exactly one accepted text and a changed character can never decode to the same bytes.
  * Pure functions; any thread. Results are malloc'd and owned by the caller.
  */
-#include "metadata.h"
+#include "base64.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,20 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * engine.c: the engine object: creation (keys, backends, probes), start (data listener, timer,
- * NATS), drain and teardown, GetInfo, and the small accessors other engine files use.
+ * NATS), drain and teardown, GetInfo, and the test accessors (engine_test.h). It hands the peer
+ * server, the peer pool and the backends what they use when it creates them (the passive
+ * interface, the id, the keyring source, GPU access): none of them calls back into the engine.
  * Runs on the main thread (lifecycle, SIGHUP key reload) and on gRPC threads (info, timers).
  * Owns every table, the timer thread, the backends, the peer server and pool, the NATS bus and the
  * keyring.
  */
 #include "engine_internal.h"
 #include "backend_registry.h"
+#include "engine_test.h"
 #include "fault_guard.h"
 #include "heap_trim.h"
-#include "ib_test.h"
 #include "log.h"
-#include "path_guard.h"
-#include "passive.h"
 #include "nats_bus.h"
+#include "passive.h"
+#include "path_guard.h"
 #include "peer_pool.h"
 #include "peer_server.h"
 #include "peer_tls.h"
@@ -39,6 +41,8 @@ uint64_t sc_now_mono_ms(void)
 	return sc_clock_mono_ms();
 }
 
+/* ---- test accessors (engine_test.h) and what the engine hands out ------------------------------ */
+
 struct sc_keyring *sc_engine_keyring(struct sc_engine *eng)
 {
 	pthread_mutex_lock(&eng->mu);
@@ -47,24 +51,15 @@ struct sc_keyring *sc_engine_keyring(struct sc_engine *eng)
 	return k;
 }
 
-const char *sc_engine_id(struct sc_engine *eng)
+/* The keyring source handed to the peer server and pool: the keys swap on SIGHUP. */
+static struct sc_keyring *engine_keyring(void *ctx)
 {
-	return eng->id;
-}
-
-const struct sc_config *sc_engine_config(struct sc_engine *eng)
-{
-	return eng->cfg;
+	return sc_engine_keyring(ctx);
 }
 
 struct sc_backend *sc_engine_backend(struct sc_engine *eng, enum sc_backend_kind kind)
 {
 	return (int)kind > 0 && (int)kind < SC_NUM_BACKENDS ? eng->backends[kind] : NULL;
-}
-
-struct sc_gpu *sc_engine_gpu(struct sc_engine *eng)
-{
-	return eng->gpu;
 }
 
 struct sc_peer_pool *sc_engine_peer_pool(struct sc_engine *eng)
@@ -75,6 +70,11 @@ struct sc_peer_pool *sc_engine_peer_pool(struct sc_engine *eng)
 struct sc_peer_server *sc_engine_peer_server(struct sc_engine *eng)
 {
 	return eng->peer_server;
+}
+
+struct sc_passive sc_engine_passive(struct sc_engine *eng)
+{
+	return sc_op_passive(eng);
 }
 
 /* Without --key-file the sidecar signs with a random key nobody else knows: metadata then works
@@ -167,22 +167,32 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 		const struct sc_backend_class *c = sc_backend_registry_at(i);
 		peer_channel |= c->peer_channel && backend_enabled(cfg, SC_BACKEND_BIT(c->kind));
 	}
+	const struct sc_keyring_source keys = {.get = engine_keyring, .ctx = eng};
 	if (peer_channel) {
 		if (sc_peer_tls_create(cfg, &eng->peer_tls, err) != 0)
 			goto fail;
-		if (sc_peer_server_create(eng, cfg, &eng->peer_server, err) != 0)
+		const struct sc_peer_server_env senv = {.self_id = eng->id, .keys = keys,
+							.gpu = eng->gpu,
+							.passive = sc_op_passive(eng)};
+		if (sc_peer_server_create(&senv, cfg, &eng->peer_server, err) != 0)
 			goto fail;
-		if (sc_peer_pool_create(eng, &eng->peer_pool, err) != 0)
+		if (sc_peer_pool_create(eng->id, &keys, &eng->peer_pool, err) != 0)
 			goto fail;
 		sc_peer_server_set_tls(eng->peer_server, eng->peer_tls);
 		sc_peer_pool_set_tls(eng->peer_pool, eng->peer_tls);
 	}
-	const struct sc_backend_env env = {.cfg = cfg, .self_id = eng->id, .passive = eng,
-					   .pool = eng->peer_pool, .server = eng->peer_server,
-					   .gpu = eng->gpu};
+	/* Backends talk to passive operations only through the interface handed here; those on the
+	 * peer channel get it through the peer server, which adds the claim of completion notices
+	 * (ibverbs). */
+	const struct sc_backend_env env = {.cfg = cfg, .self_id = eng->id,
+					   .passive = sc_op_passive(eng), .pool = eng->peer_pool,
+					   .server = eng->peer_server, .gpu = eng->gpu};
+	struct sc_backend_env peer_env = env;
+	if (eng->peer_server)
+		peer_env.passive = sc_peer_server_passive(eng->peer_server);
 	for (size_t i = 0; i < sc_backend_registry_count(); i++) {
 		const struct sc_backend_class *c = sc_backend_registry_at(i);
-		struct sc_backend *b = sc_backend_registry_create(c, &env);
+		struct sc_backend *b = sc_backend_registry_create(c, c->peer_channel ? &peer_env : &env);
 		if (!b) {
 			sc_err_set(err, SC_RESOURCE_EXHAUSTED, "cannot create backend %s", c->name);
 			goto fail;

@@ -13,6 +13,7 @@
 
 #include "config.h"
 #include "gpu.h"
+#include "sc_types.h"
 #include "status.h"
 
 #include <stdbool.h>
@@ -21,27 +22,7 @@
 
 struct sc_engine;
 
-/* Values equal the proto enums of rdma_sidecar.v1. */
-enum sc_device_kind { SC_DEVICE_UNSPECIFIED = 0, SC_DEVICE_HOST = 1, SC_DEVICE_CUDA = 2 };
-enum sc_op_kind { SC_OP_NONE = 0, SC_OP_READABLE = 1, SC_OP_WRITABLE = 2, SC_OP_READ = 3, SC_OP_WRITE = 4 };
-enum sc_op_status {
-	SC_OPS_UNSPECIFIED = 0,
-	SC_OPS_INITIALIZED = 1,
-	SC_OPS_IN_PROGRESS = 2,
-	SC_OPS_COMPLETE = 3,
-	SC_OPS_CANCELLED = 4,
-	SC_OPS_ERRORED = 5,
-	SC_OPS_SCHEDULED = 6,
-};
-enum sc_backend_kind { SC_BACKEND_NONE = 0, SC_BACKEND_TCP = 1, SC_BACKEND_IBVERBS = 2, SC_BACKEND_LOCAL = 3 };
-
-#define SC_ID_MAX 40
-#define SC_NAME_MAX 128
-
-static inline bool sc_op_status_terminal(enum sc_op_status s)
-{
-	return s == SC_OPS_COMPLETE || s == SC_OPS_CANCELLED || s == SC_OPS_ERRORED;
-}
+/* The names of sc_types.h's statuses, kinds and backends ("COMPLETE", "READ", "tcp"). */
 const char *sc_op_status_name(enum sc_op_status s);
 const char *sc_op_kind_name(enum sc_op_kind k);
 const char *sc_backend_name(enum sc_backend_kind b); /* backend_registry.c */

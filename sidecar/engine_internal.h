@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * engine_internal.h: the engine's private structures, shared by engine.c, region.c, operation.c,
- * scheduler.c and backend_local.c. Nothing outside sidecar/ includes it.
+ * engine_internal.h: the engine's private structures, shared by the engine's own files (engine.c,
+ * region.c, region_gpu.c, region_alloc.c, operation.c, scheduler.c, list_page.c, bus.c,
+ * metrics.c). Nothing below them (backends, the peer layer) and nothing outside sidecar/ includes
+ * it.
  *
  * Locking: eng->mu guards the tables, every region and operation field except op->bytes_done
  * (atomic), and the scheduler's queues. Backends never hold it while doing I/O; they call back
- * through passive.h and struct sc_xfer's callbacks, which take it briefly.
+ * through the passive interface (passive.h) and struct sc_xfer's callbacks, which take it briefly.
  *
  * Lifetime: a region or operation is reference counted under eng->mu. The table holds one
  * reference; an operation holds one on each region it uses; a pending timer, an in-flight xfer and
@@ -22,6 +24,7 @@
 #include "keys.h"
 #include "metadata.h"
 #include "metrics.h"
+#include "passive.h"
 #include "timer.h"
 
 #include <pthread.h>
@@ -72,7 +75,7 @@ struct sc_watch {
 struct sc_use {
 	uint64_t xfer_id;
 	bool done;
-	/* The code of the first request of this use that sc_passive_span refused (SC_OK: none): a
+	/* The code of the first request of this use that the passive span call refused (SC_OK: none): a
 	 * DONE reporting success after it (pipelined behind that request) is refused. */
 	enum sc_status refused;
 };
@@ -205,6 +208,9 @@ int sc_page_collect(struct sc_idmap *table, size_t id_offset, const char *after,
 		    const void ***items, size_t *n, struct sc_err *err);
 
 /* operation.c */
+/* The passive-operation interface (passive.h) over this engine, for the peer server and the
+ * backends; ctx is eng. */
+struct sc_passive sc_op_passive(struct sc_engine *eng);
 void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_status status,
 			 enum sc_status code, const char *msg);
 void sc_op_unref(struct sc_engine *eng, struct sc_op *op); /* under mu */

@@ -12,7 +12,6 @@
 #include "ib_internal.h"
 
 #include "log.h"
-#include "passive.h"
 #include "peer_server.h"
 
 #include <arpa/inet.h>

@@ -30,8 +30,8 @@
 #define SC_IB_INTERNAL_H
 
 #include "backend.h"
-#include "engine.h"
 #include "metadata.h"
+#include "sc_types.h"
 #include "status.h"
 #include "xfer_runner.h"
 

@@ -6,8 +6,9 @@
  * passive side receives it every RDMA WRITE before it has landed; READs get IBV_SEND_FENCE, so
  * the SEND leaves only after every READ response has arrived. The active side completes its
  * operation when the SEND completes (RC: the peer's NIC acknowledged it); the passive side's
- * completion thread turns the receive completion into sc_passive_done, once the peer server
- * confirms that the QP's (authenticated) peer OPENed that transfer flagged "via ibverbs".
+ * completion thread turns the receive completion into the passive interface's done, once its
+ * claim (answered by the peer server, which the engine's interface is handed through) confirms
+ * that the QP's (authenticated) peer OPENed that transfer flagged "via ibverbs".
  *
  * Only successful transfers use it. A transfer that failed, was cancelled or ran out of time
  * still sends DONE {status} on its control connection (ib_xfer.c finish()); so does every
@@ -38,7 +39,7 @@
 
 #include "log.h"
 #include "passive.h"
-#include "peer_server.h"
+#include "peer_proto.h" /* sc_peer_status_from_wire */
 
 #include <errno.h>
 #include <inttypes.h>
@@ -274,11 +275,11 @@ bool ib_notice_wc_locked(struct ib_backend *ib, const struct ibv_wc *wc)
 
 void ib_notice_deliver(struct ib_backend *ib)
 {
-	struct sc_engine *eng = ib->base.env.passive;
+	const struct sc_passive *pv = &ib->base.env.passive; /* the peer server's view */
 	for (size_t i = 0; i < ib->n_notes; i++) {
 		const struct ib_notice_msg *n = &ib->notes[i];
 		uint8_t token[SC_TOKEN_LEN];
-		if (sc_peer_server_claim_ib_done(ib->srv, n->peer, n->xfer_id, token) != 0) {
+		if (sc_passive_claim(pv, n->peer, n->xfer_id, SC_BACKEND_IBVERBS, token) != 0) {
 			SC_WARN("ibverbs",
 				"ignored a completion notice from peer %s for transfer %016" PRIx64
 				": that peer has no such transfer open via ibverbs here (never "
@@ -289,7 +290,7 @@ void ib_notice_deliver(struct ib_backend *ib)
 		struct sc_err err;
 		sc_err_clear(&err);
 		enum sc_status st = sc_peer_status_from_wire(n->status);
-		if (sc_passive_done(eng, token, n->xfer_id, st, n->text, &err) != 0) {
+		if (sc_passive_done(pv, token, n->xfer_id, st, n->text, &err) != 0) {
 			SC_INFO("ibverbs",
 				"completion notice from peer %s for transfer %016" PRIx64
 				" not applied: %s",

@@ -37,9 +37,9 @@
 
 #include "ib_test.h"
 #include "log.h"
-#include "passive.h"
 #include "peer_pool.h"
 #include "peer_proto.h"
+#include "peer_request.h"
 #include "peer_server.h"
 #include "timer.h"
 
@@ -1023,17 +1023,16 @@ void ib_qp_drop_all(struct ib_backend *ib)
 
 /* ---- test hooks ------------------------------------------------------------------------------ */
 
-static struct ib_backend *engine_ib(struct sc_engine *eng)
+static struct ib_backend *engine_ib(struct sc_backend *b)
 {
-	struct sc_backend *b = sc_engine_backend(eng, SC_BACKEND_IBVERBS);
 	if (!b || b->ops->kind != SC_BACKEND_IBVERBS || !b->available)
 		return NULL;
 	return to_ib(b);
 }
 
-void sc_ib_test_qp_counts(struct sc_engine *eng, size_t *out_qps, size_t *in_qps)
+void sc_ib_test_qp_counts(struct sc_backend *b, size_t *out_qps, size_t *in_qps)
 {
-	struct ib_backend *ib = engine_ib(eng);
+	struct ib_backend *ib = engine_ib(b);
 	*out_qps = *in_qps = 0;
 	if (!ib)
 		return;
@@ -1044,11 +1043,11 @@ void sc_ib_test_qp_counts(struct sc_engine *eng, size_t *out_qps, size_t *in_qps
 	pthread_mutex_unlock(&ib->mu);
 }
 
-int sc_ib_test_probe_read(struct sc_engine *eng, const char *peer_id, const char *endpoint,
+int sc_ib_test_probe_read(struct sc_backend *b, const char *peer_id, const char *endpoint,
 			  uint64_t remote_addr, uint32_t rkey, uint32_t len, int *wc_status,
 			  char *status_text, size_t cap, struct sc_err *err)
 {
-	struct ib_backend *ib = engine_ib(eng);
+	struct ib_backend *ib = engine_ib(b);
 	if (!ib || !ib->xr.started)
 		return sc_err_set(err, SC_FAILED_PRECONDITION, "ibverbs is not running");
 	int rc = -1;

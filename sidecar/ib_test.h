@@ -6,28 +6,27 @@
 #ifndef SC_IB_TEST_H
 #define SC_IB_TEST_H
 
-#include "engine.h"
 #include "status.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
+struct sc_backend;
+
 /*
- * From engine `eng` (started, ibverbs available), connect a fresh RC QP (not cached, with its own
+ * From the engine's ibverbs backend `b` (sc_engine_backend(eng, SC_BACKEND_IBVERBS) of a started
+ * engine, engine_test.h; ibverbs available), connect a fresh RC QP (not cached, with its own
  * CQ) to the sidecar `peer_id` at control endpoint `endpoint` through the normal QP_CONNECT
  * rendezvous, post one signalled RDMA READ of len bytes from (remote_addr, rkey) into a scratch
  * buffer, and wait (up to 10 s) for its completion. *wc_status receives the completion's
  * enum ibv_wc_status and status_text its ibv_wc_status_str. Returns 0 when a completion arrived
  * (whatever its status), -1 with err otherwise. The QP pair is torn down afterwards.
  */
-int sc_ib_test_probe_read(struct sc_engine *eng, const char *peer_id, const char *endpoint,
+int sc_ib_test_probe_read(struct sc_backend *b, const char *peer_id, const char *endpoint,
 			  uint64_t remote_addr, uint32_t rkey, uint32_t len, int *wc_status,
 			  char *status_text, size_t cap, struct sc_err *err);
 
-/* The engine's backend of that kind (for the hooks above; defined in engine.c). */
-struct sc_backend *sc_engine_backend(struct sc_engine *eng, enum sc_backend_kind kind);
-
-/* Counts of the engine's ibverbs QPs: cached outgoing (one per peer) and incoming. */
-void sc_ib_test_qp_counts(struct sc_engine *eng, size_t *out_qps, size_t *in_qps);
+/* Counts of the ibverbs backend b's QPs: cached outgoing (one per peer) and incoming. */
+void sc_ib_test_qp_counts(struct sc_backend *b, size_t *out_qps, size_t *in_qps);
 
 #endif

@@ -46,6 +46,7 @@
 #include "log.h"
 #include "peer_pool.h"
 #include "peer_proto.h"
+#include "peer_request.h"
 #include "timer.h"
 
 #include <errno.h>
@@ -181,9 +182,9 @@ static void setup(struct ib_xfer *xf)
 						   &xf->endpoint, &err)))
 		goto fail;
 	enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
-	if (sc_peer_open_flags(c, x->meta->token, x->xfer_id, peer_kind, x->total,
-			       SC_PEER_FLAG_VIA_IBVERBS, x->deadline_mono_ms, &x->cancel_requested,
-			       &err) != 0) {
+	if (sc_peer_open_via(c, x->meta->token, x->xfer_id, peer_kind, x->total,
+			     SC_BACKEND_IBVERBS, x->deadline_mono_ms, &x->cancel_requested,
+			     &err) != 0) {
 		/* After a refused OPEN the connection is still good; one broken mid-OPEN is closed
 		 * (the server abandons whatever it may have opened). */
 		sc_peer_pool_put(ib->pool, c, sc_peer_conn_usable(c));

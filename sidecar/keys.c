@@ -7,7 +7,7 @@
  * Error messages name file:line and never contain key material.
  */
 #include "keys.h"
-#include "metadata.h" /* sc_base64_decode */
+#include "base64.h"
 
 #include <errno.h>
 #include <fcntl.h>

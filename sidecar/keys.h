@@ -30,6 +30,18 @@ int sc_keyring_parse(const char *text, size_t len, struct sc_keyring **out, stru
 struct sc_keyring *sc_keyring_retain(struct sc_keyring *ring);
 void sc_keyring_release(struct sc_keyring *ring); /* NULL ok */
 
+/* Where a long-lived user (the peer server and pool) finds the current keyring, which the owner
+ * may swap (SIGHUP): get returns it retained (release it), or NULL when there is none to prove
+ * with (no --key-file). Thread-safe. */
+struct sc_keyring_source {
+	struct sc_keyring *(*get)(void *ctx);
+	void *ctx;
+};
+static inline struct sc_keyring *sc_keyring_source_get(const struct sc_keyring_source *s)
+{
+	return s->get(s->ctx);
+}
+
 /* True when id[0..len) is a valid key id: 1..SC_KEY_ID_MAX-1 characters of [A-Za-z0-9._-]. */
 bool sc_key_id_valid(const char *id, size_t len);
 

@@ -17,8 +17,10 @@
 #ifndef SC_METADATA_H
 #define SC_METADATA_H
 
-#include "engine.h"
+#include "base64.h"
+#include "config.h" /* SC_BACKEND_BIT_* */
 #include "keys.h"
+#include "sc_types.h"
 #include "status.h"
 
 #include <stdbool.h>
@@ -101,11 +103,6 @@ int sc_metadata_verify_why(const struct sc_keyring *ring, const char *text, cons
 			   struct sc_err *err);
 void sc_metadata_free(struct sc_metadata *md);
 
-/* base64url without padding. encode: *out malloc'd, NUL-terminated. decode: false on bad input. */
-int sc_base64url_encode(const uint8_t *data, size_t len, char **out);
-bool sc_base64url_decode(const char *text, size_t text_len, uint8_t **out, size_t *out_len);
-/* Standard base64 (with padding), for key files. */
-bool sc_base64_decode(const char *text, size_t text_len, uint8_t **out, size_t *out_len);
 
 /* Fill buf with cryptographically random bytes (OpenSSL RAND_bytes). Returns 0 or -1. */
 int sc_random_bytes(void *buf, size_t len);

@@ -15,12 +15,13 @@
 #ifndef SC_METRICS_H
 #define SC_METRICS_H
 
-#include "engine.h"
 #include "metadata.h"
+#include "sc_types.h"
 #include "status.h"
 
 #include <stdint.h>
 
+struct sc_engine;
 struct sc_metrics;
 
 /*

@@ -3,10 +3,11 @@
  * operation.c: operations and their lifecycle (DESIGN section 8).
  *
  * Passive operations (READABLE/WRITABLE) expose ranges of local regions under a fresh 128-bit
- * token and hand out signed metadata; data-plane servers reach them through passive.h (bottom of
- * this file). Active operations (READ/WRITE) verify remote metadata, pick a backend, wait in the
- * scheduler for a slot (and for worker progress when gated), then become one struct sc_xfer that
- * the backend executes; its completion ends the operation.
+ * token and hand out signed metadata; data-plane servers reach them through the passive.h
+ * interface this file implements (sc_op_passive, near the bottom), handed to them at creation.
+ * Active operations (READ/WRITE) verify remote metadata, pick a backend, wait in the scheduler
+ * for a slot (and for worker progress when gated), then become one struct sc_xfer that the
+ * backend executes; its completion ends the operation.
  *
  * Threads: RPC handlers (gRPC threads), the timer thread (deadlines, retention), backend threads
  * (progress, completion) and data-plane server threads (passive.h). Everything runs under eng->mu;
@@ -1215,10 +1216,11 @@ static struct sc_use *find_use(struct sc_op *op, uint64_t xfer_id)
 	return NULL;
 }
 
-int sc_passive_open(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
-		    enum sc_op_kind peer_kind, const char *peer_id, uint64_t total_bytes,
-		    struct sc_err *err)
+static int passive_open(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+			enum sc_op_kind peer_kind, const char *peer_id, uint64_t total_bytes,
+			struct sc_err *err)
 {
+	struct sc_engine *eng = ctx;
 	int rc = -1;
 	pthread_mutex_lock(&eng->mu);
 	struct sc_op *op = open_lookup(eng, token, err);
@@ -1273,9 +1275,10 @@ out:
 	return rc;
 }
 
-void sc_passive_set_backend(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN],
-			    uint64_t xfer_id, enum sc_backend_kind backend)
+static void passive_set_backend(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+				enum sc_backend_kind backend)
 {
+	struct sc_engine *eng = ctx;
 	pthread_mutex_lock(&eng->mu);
 	struct sc_op *op = sc_idmap_get(eng->tokens, token, SC_TOKEN_LEN);
 	if (op && find_use(op, xfer_id))
@@ -1283,10 +1286,11 @@ void sc_passive_set_backend(struct sc_engine *eng, const uint8_t token[SC_TOKEN_
 	pthread_mutex_unlock(&eng->mu);
 }
 
-int sc_passive_span(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
-		    enum sc_op_kind peer_kind, uint32_t desc_index, uint64_t offset, uint64_t len, struct sc_span *out,
-		    struct sc_err *err)
+static int passive_span(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+			enum sc_op_kind peer_kind, uint32_t desc_index, uint64_t offset, uint64_t len,
+			struct sc_span *out, struct sc_err *err)
 {
+	struct sc_engine *eng = ctx;
 	int rc = -1;
 	struct sc_use *use = NULL;
 	pthread_mutex_lock(&eng->mu);
@@ -1341,8 +1345,9 @@ out:
 	return rc;
 }
 
-void sc_passive_span_release(struct sc_engine *eng, struct sc_span *span, uint64_t bytes_moved)
+static void passive_span_release(void *ctx, struct sc_span *span, uint64_t bytes_moved)
 {
+	struct sc_engine *eng = ctx;
 	struct sc_op *op = span->op;
 	if (!op)
 		return;
@@ -1358,9 +1363,10 @@ void sc_passive_span_release(struct sc_engine *eng, struct sc_span *span, uint64
 	span->op = NULL;
 }
 
-int sc_passive_done(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
-		    enum sc_status status, const char *msg, struct sc_err *err)
+static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+			enum sc_status status, const char *msg, struct sc_err *err)
 {
+	struct sc_engine *eng = ctx;
 	int rc = -1;
 	pthread_mutex_lock(&eng->mu);
 	struct sc_op *op = token_lookup(eng, token, err);
@@ -1412,9 +1418,10 @@ out:
 	return rc;
 }
 
-void sc_passive_abandon(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN],
-			uint64_t xfer_id, const char *why)
+static void passive_abandon(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+			    const char *why)
 {
+	struct sc_engine *eng = ctx;
 	pthread_mutex_lock(&eng->mu);
 	struct sc_op *op = sc_idmap_get(eng->tokens, token, SC_TOKEN_LEN);
 	struct sc_use *use = op ? find_use(op, xfer_id) : NULL;
@@ -1425,6 +1432,29 @@ void sc_passive_abandon(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN]
 		sc_op_finish_locked(eng, op, SC_OPS_ERRORED, SC_UNAVAILABLE, text);
 	}
 	pthread_mutex_unlock(&eng->mu);
+}
+
+/* The engine tracks no OPENs: the peer server does, and wraps this interface to add the claim. */
+static int passive_claim_none(void *ctx, const char *peer_id, uint64_t xfer_id,
+			      enum sc_backend_kind via, uint8_t token[SC_TOKEN_LEN])
+{
+	(void)ctx, (void)peer_id, (void)xfer_id, (void)via, (void)token;
+	return -1;
+}
+
+static const struct sc_passive_ops op_passive_ops = {
+	.open = passive_open,
+	.set_backend = passive_set_backend,
+	.span = passive_span,
+	.span_release = passive_span_release,
+	.done = passive_done,
+	.abandon = passive_abandon,
+	.claim = passive_claim_none,
+};
+
+struct sc_passive sc_op_passive(struct sc_engine *eng)
+{
+	return (struct sc_passive){.ops = &op_passive_ops, .ctx = eng};
 }
 
 int sc_op_list_page(struct sc_engine *eng, const char *after, size_t limit,

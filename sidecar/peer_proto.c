@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * peer_proto.c: the peer control channel's wire format (frame codec), blocking socket I/O with
- * deadlines and cancel flags, and the mutual-authentication hello (see peer_proto.h for layouts).
+ * deadlines and cancel flags (through the stream layered under the fds, when one is set: peer TLS),
+ * and the mutual-authentication hello (see peer_proto.h for layouts).
  * Runs on whichever thread calls it (peer server connection threads, tcp backend workers, the
  * ibverbs rendezvous); it owns nothing beyond the caller's buffers and fd for the call's length.
  */
 #include "peer_proto.h"
 
 #include "log.h"
-#include "peer_tls.h"
 #include "timer.h"
 
 #include <errno.h>
@@ -162,9 +162,19 @@ size_t sc_peer_encode(const struct sc_peer_msg *m, uint8_t *buf, size_t cap)
 	struct wbuf h = {.p = buf, .cap = SC_PEER_HDR_LEN};
 	put_uint(&h, SC_PEER_VERSION, 1);
 	put_uint(&h, (uint64_t)m->type, 1);
-	put_uint(&h, m->type == SC_FRAME_OPEN ? (m->flags & SC_PEER_FLAG_VIA_IBVERBS) : 0, 2);
+	put_uint(&h, m->type == SC_FRAME_OPEN ? (m->flags & SC_PEER_FLAG_VIA_BACKEND) : 0, 2);
 	put_uint(&h, b.len, 4);
 	return SC_PEER_HDR_LEN + b.len;
+}
+
+uint16_t sc_peer_via_flags(enum sc_backend_kind via)
+{
+	return via == SC_BACKEND_IBVERBS ? SC_PEER_FLAG_VIA_BACKEND : 0;
+}
+
+enum sc_backend_kind sc_peer_via_backend(uint16_t flags)
+{
+	return (flags & SC_PEER_FLAG_VIA_BACKEND) ? SC_BACKEND_IBVERBS : SC_BACKEND_NONE;
 }
 
 /* ---- decoding -------------------------------------------------------------------------------- */
@@ -254,7 +264,7 @@ int sc_peer_decode_hdr(const uint8_t in[SC_PEER_HDR_LEN], struct sc_frame_hdr *h
 	if (h->type < 1 || h->type > SC_FRAME_TYPE_MAX)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "protocol error: unknown frame type %u",
 				  h->type);
-	if (h->flags != 0 && !(h->type == SC_FRAME_OPEN && h->flags == SC_PEER_FLAG_VIA_IBVERBS))
+	if (h->flags != 0 && !(h->type == SC_FRAME_OPEN && h->flags == SC_PEER_FLAG_VIA_BACKEND))
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "protocol error: %s frame with unknown flags 0x%x",
 				  sc_frame_type_name(h->type), h->flags);
@@ -409,6 +419,18 @@ int sc_peer_tune_socket(int fd)
 	return sc_peer_set_io_slice(fd, SC_PEER_IO_SLICE_MS);
 }
 
+static _Atomic(const struct sc_peer_stream *) g_stream;
+
+void sc_peer_set_stream(const struct sc_peer_stream *s)
+{
+	atomic_store_explicit(&g_stream, s, memory_order_release);
+}
+
+static const struct sc_peer_stream *stream(void)
+{
+	return atomic_load_explicit(&g_stream, memory_order_acquire);
+}
+
 /* After a slice without completion: should the call give up? */
 static enum sc_peer_io wait_check(const struct sc_peer_wait *w, uint64_t last_progress_ms)
 {
@@ -446,9 +468,10 @@ enum sc_peer_io sc_peer_recv_all(int fd, void *buf, size_t len, const struct sc_
 	/* The flags are looked at before blocking, so a raised flag is never missed. */
 	if ((rc = wait_check(w, progress_ms)) != SC_PEER_IO_OK)
 		goto out;
-	bool tls = sc_peer_tls_user_rx(fd); /* TLS without kernel offload for receiving */
+	const struct sc_peer_stream *st = stream();
+	bool tls = st && st->user_rx(st->ctx, fd); /* TLS without kernel offload for receiving */
 	while (done < len) {
-		ssize_t n = tls ? sc_peer_tls_recv(fd, p + done, len - done)
+		ssize_t n = tls ? st->recv(st->ctx, fd, p + done, len - done)
 				: recv(fd, p + done, len - done, MSG_WAITALL);
 		if (n > 0) {
 			done += (size_t)n;
@@ -483,7 +506,8 @@ enum sc_peer_io sc_peer_recvv_all(int fd, struct iovec *iov, int iovcnt,
 	*errno_out = 0;
 	if ((rc = wait_check(w, progress_ms)) != SC_PEER_IO_OK)
 		goto out;
-	bool tls = sc_peer_tls_user_rx(fd); /* TLS without kernel offload for receiving */
+	const struct sc_peer_stream *st = stream();
+	bool tls = st && st->user_rx(st->ctx, fd); /* TLS without kernel offload for receiving */
 	while (iovcnt > 0) {
 		if (iov->iov_len == 0) {
 			iov++;
@@ -492,7 +516,7 @@ enum sc_peer_io sc_peer_recvv_all(int fd, struct iovec *iov, int iovcnt,
 		}
 		struct msghdr mh = {.msg_iov = iov,
 				    .msg_iovlen = (size_t)(iovcnt < IOV_MAX ? iovcnt : IOV_MAX)};
-		ssize_t n = tls ? sc_peer_tls_recv(fd, iov->iov_base, iov->iov_len)
+		ssize_t n = tls ? st->recv(st->ctx, fd, iov->iov_base, iov->iov_len)
 				: recvmsg(fd, &mh, MSG_WAITALL);
 		if (n > 0) {
 			done += (size_t)n;
@@ -536,7 +560,8 @@ enum sc_peer_io sc_peer_sendv_all(int fd, struct iovec *iov, int iovcnt,
 	*errno_out = 0;
 	if ((rc = wait_check(w, progress_ms)) != SC_PEER_IO_OK)
 		goto out;
-	bool tls = sc_peer_tls_user_tx(fd); /* TLS without kernel offload for sending */
+	const struct sc_peer_stream *st = stream();
+	bool tls = st && st->user_tx(st->ctx, fd); /* TLS without kernel offload for sending */
 	while (iovcnt > 0) {
 		if (iov->iov_len == 0) {
 			iov++;
@@ -545,7 +570,7 @@ enum sc_peer_io sc_peer_sendv_all(int fd, struct iovec *iov, int iovcnt,
 		}
 		struct msghdr mh = {.msg_iov = iov,
 				    .msg_iovlen = (size_t)(iovcnt < IOV_MAX ? iovcnt : IOV_MAX)};
-		ssize_t n = tls ? sc_peer_tls_send(fd, iov->iov_base, iov->iov_len)
+		ssize_t n = tls ? st->send(st->ctx, fd, iov->iov_base, iov->iov_len)
 				: sendmsg(fd, &mh, MSG_NOSIGNAL | (w && w->more ? MSG_MORE : 0));
 		if (n > 0) {
 			done += (size_t)n;

@@ -5,9 +5,10 @@
  * (serving side), the peer pool (dialing side) and, through them, the tcp and ibverbs backends.
  *
  * A frame is an 8-byte header {u8 version = 1, u8 type, u16 flags, u32 body_len} followed by
- * body_len bytes of body. flags is 0, except on OPEN, where SC_PEER_FLAG_VIA_IBVERBS says the
- * transfer's bytes move by RDMA (the passive operation then reports backend IBVERBS). All integers are little-endian and fixed width; strings are u16 length +
- * bytes (no NUL). DATA and WRITE frames are followed by bulk bytes whose count is in their body.
+ * body_len bytes of body. flags is 0, except on OPEN, where SC_PEER_FLAG_VIA_BACKEND says another
+ * backend moves the transfer's bytes, not this channel (the passive operation then reports that
+ * backend: sc_peer_via_backend). All integers are little-endian and fixed width; strings are u16
+ * length + bytes (no NUL). DATA and WRITE frames are followed by bulk bytes whose count is in their body.
  * body_len is at most SC_PEER_MAX_BODY, a bulk at most SC_PEER_MAX_BULK (and exactly what was
  * asked for). Anything else is a protocol error: the receiver closes the connection.
  *
@@ -46,15 +47,16 @@
 #ifndef SC_PEER_PROTO_H
 #define SC_PEER_PROTO_H
 
-#include "engine.h"
 #include "keys.h"
 #include "metadata.h"
+#include "sc_types.h"
 #include "status.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #define SC_PEER_VERSION 1
@@ -67,8 +69,15 @@
 /* Blocking sockets carry SO_RCVTIMEO/SO_SNDTIMEO of this many ms, so every blocked call wakes
  * this often to look at its deadline and cancel flags. */
 #define SC_PEER_IO_SLICE_MS 100
-/* OPEN header flag: the active side moves this transfer's bytes with ibverbs (RDMA). */
-#define SC_PEER_FLAG_VIA_IBVERBS 0x0001u
+/* OPEN header flag: the active side moves this transfer's bytes with another backend than this
+ * channel. Which one is mapped at the edges (sc_peer_via_flags / sc_peer_via_backend): the wire
+ * has one such bit, and it has always meant ibverbs (RDMA). */
+#define SC_PEER_FLAG_VIA_BACKEND 0x0001u
+
+/* The OPEN header flags that say backend `via` moves a transfer's bytes (0 for NONE and TCP,
+ * which the channel itself carries), and back (SC_BACKEND_NONE: the channel carries them). */
+uint16_t sc_peer_via_flags(enum sc_backend_kind via);
+enum sc_backend_kind sc_peer_via_backend(uint16_t flags);
 
 enum sc_frame_type {
 	SC_FRAME_HELLO = 1,
@@ -112,7 +121,7 @@ struct sc_frame_hdr {
 /* One decoded frame body. Only the fields of its type are meaningful. */
 struct sc_peer_msg {
 	enum sc_frame_type type;
-	uint16_t flags; /* header flags: SC_PEER_FLAG_VIA_IBVERBS on OPEN; encoded for OPEN only */
+	uint16_t flags; /* header flags: SC_PEER_FLAG_VIA_BACKEND on OPEN; encoded for OPEN only */
 	/* HELLO, HELLO_ACK, HELLO_FIN */
 	uint8_t nonce[SC_PEER_NONCE_LEN];
 	char id[SC_NAME_MAX];       /* HELLO: client id; HELLO_ACK: server id */
@@ -145,7 +154,7 @@ struct sc_peer_piece sc_peer_piece_at(const struct sc_peer_msg *m, uint32_t i);
  * or a field is out of range (string too long, body over SC_PEER_MAX_BODY). */
 size_t sc_peer_encode(const struct sc_peer_msg *m, uint8_t *buf, size_t cap);
 /* Parse a header. Errors (INVALID_ARGUMENT, "protocol error: ..."): version, unknown type,
- * flags other than SC_PEER_FLAG_VIA_IBVERBS on OPEN (0 elsewhere), body_len over
+ * flags other than SC_PEER_FLAG_VIA_BACKEND on OPEN (0 elsewhere), body_len over
  * SC_PEER_MAX_BODY. */
 int sc_peer_decode_hdr(const uint8_t in[SC_PEER_HDR_LEN], struct sc_frame_hdr *h,
 		       struct sc_err *err);
@@ -175,6 +184,25 @@ enum sc_peer_io {
 	SC_PEER_IO_CANCELLED, /* a flag was raised */
 	SC_PEER_IO_PROTOCOL,  /* (sc_peer_recv_msg only) the peer sent a bad frame */
 };
+
+/*
+ * A stream layered over some fds (peer TLS without kernel offload, peer_tls.c): the blocking I/O
+ * below asks it, per call, whether fd's receiving or sending side goes through it, and then moves
+ * bytes with its recv/send instead of recv/sendmsg. recv/send return the bytes moved (> 0), 0 at
+ * EOF, or -1 with errno (EAGAIN: the I/O slice passed, try again after checking the wait).
+ * Without one every fd is a plain socket. This is how peer_proto knows nothing of TLS.
+ */
+struct sc_peer_stream {
+	bool (*user_rx)(void *ctx, int fd);
+	bool (*user_tx)(void *ctx, int fd);
+	ssize_t (*recv)(void *ctx, int fd, void *buf, size_t len);
+	ssize_t (*send)(void *ctx, int fd, const void *buf, size_t len);
+	void *ctx;
+};
+/* Layer s (static storage, or NULL for none) under every fd from now on, process-wide, as the fds
+ * carry their TLS state process-wide. Set before the first fd that needs it is handed to the
+ * calls below (peer_tls.c sets it when it creates a context); any thread. */
+void sc_peer_set_stream(const struct sc_peer_stream *s);
 
 int sc_peer_set_io_slice(int fd, unsigned ms);
 /* A data-plane TCP socket's options: TCP_NODELAY, keepalive (idle 5 s, interval 2 s, 3 probes),

@@ -2,8 +2,10 @@
 /*
  * peer_server.c: the data listener (--data-listen) and the peer connections it accepts. Each
  * connection authenticates with the hello, then serves OPEN / READ / WRITE / DONE / PING through
- * passive.h (the engine checks token, direction, bounds, deadline and state), and QP_CONNECT
- * through the handler the ibverbs backend registers. READ sends straight from the pinned span and
+ * the passive-operation interface it was handed (passive.h: the engine checks token, direction,
+ * bounds, deadline and state), and QP_CONNECT through the handler the ibverbs backend registers.
+ * It also offers that interface on, with the claim of a transfer OPENed "via backend" added
+ * (sc_peer_server_passive), for the ibverbs completion notices. READ sends straight from the pinned span and
  * WRITE receives straight into it: no staging copy.
  *
  * Threads: the accept thread (accepts, joins finished connection threads, reports orphaned
@@ -14,7 +16,7 @@
  * connection, since the active side spreads one transfer over several). When the last connection
  * that opened it ends without a DONE, the transfer becomes an orphan: after ORPHAN_GRACE_MS (time
  * for a DONE still on its way on another connection, e.g. after the active side cancelled and cut
- * its streams) the engine is told with sc_passive_abandon.
+ * its streams) the engine is told through the interface's abandon.
  *
  * Locking: srv->mu guards the connection lists, every connection's opened list, the orphans and
  * the handler. It is never held while calling the engine or doing socket I/O.
@@ -61,7 +63,7 @@ struct xref {
 	uint8_t token[SC_TOKEN_LEN];
 	uint64_t xfer_id;
 	enum sc_op_kind kind; /* what the peer OPENed it for: SC_OP_READ or SC_OP_WRITE */
-	bool via_ib;	      /* OPENed with SC_PEER_FLAG_VIA_IBVERBS */
+	enum sc_backend_kind via; /* OPENed saying this backend moves the bytes (NONE: this channel) */
 };
 
 struct orphan {
@@ -88,7 +90,10 @@ struct conn {
 };
 
 struct sc_peer_server {
-	struct sc_engine *eng;
+	struct sc_passive passive; /* the engine's passive operations (passive.h) */
+	char self_id[SC_NAME_MAX];
+	struct sc_keyring_source keys; /* for each hello */
+	struct sc_gpu *gpu;            /* staging GPU spans; NULL without CUDA */
 	int listen_fd;
 	int wake_fd;
 	char listen_addr[300];
@@ -162,7 +167,7 @@ static void orphan_forget_locked(struct sc_peer_server *srv, const uint8_t token
 
 /* Track a transfer this connection opened. Returns -1 when out of memory. */
 static int track(struct conn *c, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
-		 enum sc_op_kind kind, bool via_ib)
+		 enum sc_op_kind kind, enum sc_backend_kind via)
 {
 	struct sc_peer_server *srv = c->srv;
 	int rc = 0;
@@ -183,7 +188,7 @@ static int track(struct conn *c, const uint8_t token[SC_TOKEN_LEN], uint64_t xfe
 	}
 	memcpy(c->opened[c->n_opened].token, token, SC_TOKEN_LEN);
 	c->opened[c->n_opened].xfer_id = xfer_id;
-	c->opened[c->n_opened].via_ib = via_ib;
+	c->opened[c->n_opened].via = via;
 	c->opened[c->n_opened++].kind = kind;
 out:
 	pthread_mutex_unlock(&srv->mu);
@@ -234,23 +239,26 @@ static void untrack_everywhere(struct sc_peer_server *srv, const uint8_t token[S
 	pthread_mutex_unlock(&srv->mu);
 }
 
-int sc_peer_server_claim_ib_done(struct sc_peer_server *srv, const char *peer_id,
-				 uint64_t xfer_id, uint8_t token[SC_TOKEN_LEN])
+/* The passive interface's claim (passive.h): a transfer that peer_id OPENed here via `via`. */
+static int claim(struct sc_peer_server *srv, const char *peer_id, uint64_t xfer_id,
+		 enum sc_backend_kind via, uint8_t token[SC_TOKEN_LEN])
 {
 	bool found = false;
+	if (via == SC_BACKEND_NONE)
+		return -1;
 	pthread_mutex_lock(&srv->mu);
 	for (struct conn *c = srv->live; c && !found; c = c->next) {
 		if (!c->authed || strcmp(c->peer_id, peer_id) != 0)
 			continue;
 		for (size_t i = 0; i < c->n_opened && !found; i++) {
-			if (c->opened[i].xfer_id == xfer_id && c->opened[i].via_ib) {
+			if (c->opened[i].xfer_id == xfer_id && c->opened[i].via == via) {
 				memcpy(token, c->opened[i].token, SC_TOKEN_LEN);
 				found = true;
 			}
 		}
 	}
 	for (struct orphan *o = srv->orphans; o && !found; o = o->next) {
-		if (o->ref.xfer_id == xfer_id && o->ref.via_ib && strcmp(o->peer_id, peer_id) == 0) {
+		if (o->ref.xfer_id == xfer_id && o->ref.via == via && strcmp(o->peer_id, peer_id) == 0) {
 			memcpy(token, o->ref.token, SC_TOKEN_LEN);
 			found = true;
 		}
@@ -298,7 +306,7 @@ static uint64_t expire_orphans(struct sc_peer_server *srv, bool all)
 	while (due) {
 		struct orphan *o = due;
 		due = o->next;
-		sc_passive_abandon(srv->eng, o->ref.token, o->ref.xfer_id, o->why);
+		sc_passive_abandon(&srv->passive, o->ref.token, o->ref.xfer_id, o->why);
 		free(o);
 	}
 	return next_due;
@@ -378,18 +386,18 @@ static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, si
 {
 	struct sc_err err;
 	sc_err_clear(&err);
-	if (sc_passive_open(c->srv->eng, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
+	if (sc_passive_open(&c->srv->passive, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
 			    c->peer_id, m->total, &err) != 0)
 		return reply_error(c, &err, why, why_cap);
-	if (track(c, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
-		  (m->flags & SC_PEER_FLAG_VIA_IBVERBS) != 0) != 0) {
-		sc_passive_abandon(c->srv->eng, m->token, m->xfer_id,
+	enum sc_backend_kind via = sc_peer_via_backend(m->flags);
+	if (track(c, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind, via) != 0) {
+		sc_passive_abandon(&c->srv->passive, m->token, m->xfer_id,
 				   "peer server out of memory");
 		sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "sidecar out of memory");
 		return reply_error(c, &err, why, why_cap);
 	}
-	if (m->flags & SC_PEER_FLAG_VIA_IBVERBS)
-		sc_passive_set_backend(c->srv->eng, m->token, m->xfer_id, SC_BACKEND_IBVERBS);
+	if (via != SC_BACKEND_NONE)
+		sc_passive_set_backend(&c->srv->passive, m->token, m->xfer_id, via);
 	return reply_ok(c, why, why_cap);
 }
 
@@ -398,12 +406,12 @@ static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, si
 static int next_span(struct conn *c, const struct sc_peer_msg *m, uint64_t done,
 		     struct sc_span *span, struct sc_err *err)
 {
-	if (sc_passive_span(c->srv->eng, m->token, m->xfer_id,
+	if (sc_passive_span(&c->srv->passive, m->token, m->xfer_id,
 			    m->type == SC_FRAME_WRITE ? SC_OP_WRITE : SC_OP_READ, m->desc, m->offset + done,
 			    m->len - done, span, err) != 0)
 		return -1;
 	if (span->len == 0 || span->len > m->len - done) {
-		sc_passive_span_release(c->srv->eng, span, 0);
+		sc_passive_span_release(&c->srv->passive, span, 0);
 		return sc_err_set(err, SC_INTERNAL, "engine returned a span of %" PRIu64
 				  " bytes for %" PRIu64, span->len, m->len - done);
 	}
@@ -412,7 +420,7 @@ static int next_span(struct conn *c, const struct sc_peer_msg *m, uint64_t done,
 
 static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
 {
-	struct sc_engine *eng = c->srv->eng;
+	const struct sc_passive *pv = &c->srv->passive;
 	struct sc_err err;
 	sc_err_clear(&err);
 	struct sc_span span;
@@ -439,9 +447,9 @@ static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, si
 		if (hdr_pending && iovcnt == 1)
 			rc = sc_peer_sendv_all(c->fd, iov, 1, &w, &sent, &e);
 		if (rc == SC_PEER_IO_OK && span.gpu != SC_GPU_HOST) {
-			if (sc_peer_send_gpu(sc_engine_gpu(eng), span.gpu, c->fd, span.addr,
+			if (sc_peer_send_gpu(c->srv->gpu, span.gpu, c->fd, span.addr,
 					     span.len, &w, c->what, &rc, &err) != 0) {
-				sc_passive_span_release(eng, &span, 0);
+				sc_passive_span_release(pv, &span, 0);
 				snprintf(why, why_cap, "sending READ data (GPU memory) failed: %s",
 					 err.msg);
 				return -1;
@@ -455,7 +463,7 @@ static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, si
 			moved = 0;
 		}
 		hdr_pending = false;
-		sc_passive_span_release(eng, &span, moved);
+		sc_passive_span_release(pv, &span, moved);
 		if (rc != SC_PEER_IO_OK) {
 			sc_peer_io_err(rc, e, c->what, &err);
 			snprintf(why, why_cap, "sending READ data failed: %s", err.msg);
@@ -477,7 +485,7 @@ static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, si
 
 static int serve_write(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
 {
-	struct sc_engine *eng = c->srv->eng;
+	const struct sc_passive *pv = &c->srv->passive;
 	struct sc_err err;
 	sc_err_clear(&err);
 	struct sc_peer_wait w;
@@ -497,9 +505,9 @@ static int serve_write(struct conn *c, const struct sc_peer_msg *m, char *why, s
 		enum sc_peer_io rc;
 		if (span.gpu != SC_GPU_HOST) {
 			/* Staged: acknowledged (OK below) only once the bytes are in GPU memory. */
-			if (sc_peer_recv_gpu(sc_engine_gpu(eng), span.gpu, c->fd, span.addr, span.len,
+			if (sc_peer_recv_gpu(c->srv->gpu, span.gpu, c->fd, span.addr, span.len,
 					     &w, c->what, &rc, &err) != 0) {
-				sc_passive_span_release(eng, &span, 0);
+				sc_passive_span_release(pv, &span, 0);
 				if (rc == SC_PEER_IO_OK) /* the driver failed: tell the peer why */
 					reply_error(c, &err, why, why_cap);
 				snprintf(why, why_cap, "receiving WRITE data (GPU memory) failed: %s",
@@ -510,7 +518,7 @@ static int serve_write(struct conn *c, const struct sc_peer_msg *m, char *why, s
 		} else {
 			rc = sc_peer_recv_all(c->fd, span.addr, span.len, &w, &got, &e);
 		}
-		sc_passive_span_release(eng, &span, got);
+		sc_passive_span_release(pv, &span, got);
 		if (rc != SC_PEER_IO_OK) {
 			sc_peer_io_err(rc, e, c->what, &err);
 			snprintf(why, why_cap, "receiving WRITE data failed: %s", err.msg);
@@ -523,12 +531,13 @@ static int serve_write(struct conn *c, const struct sc_peer_msg *m, char *why, s
 
 /* ---- many pieces per request (READV, WRITEV) ------------------------------------------------- */
 
-static void release_spans(struct sc_engine *eng, struct sc_span *spans, size_t n, uint64_t moved)
+static void release_spans(const struct sc_passive *pv, struct sc_span *spans, size_t n,
+			  uint64_t moved)
 {
 	for (size_t i = 0; i < n; i++) {
 		uint64_t k = moved < spans[i].len ? moved : spans[i].len;
 		moved -= k;
-		sc_passive_span_release(eng, &spans[i], k);
+		sc_passive_span_release(pv, &spans[i], k);
 	}
 }
 
@@ -538,7 +547,7 @@ static int pin_pieces(struct conn *c, const struct sc_peer_msg *m, enum sc_op_ki
 		      struct sc_span **spans_out, struct iovec **iov_out, size_t *n_out,
 		      int *gpu_out, struct sc_err *err)
 {
-	struct sc_engine *eng = c->srv->eng;
+	const struct sc_passive *pv = &c->srv->passive;
 	size_t cap = m->n_pieces, n = 0;
 	int gpu = SC_GPU_HOST;
 	struct sc_span *spans = malloc(cap * sizeof(*spans));
@@ -557,7 +566,7 @@ static int pin_pieces(struct conn *c, const struct sc_peer_msg *m, enum sc_op_ki
 				cap *= 2;
 			}
 			struct sc_span *sp = &spans[n];
-			if (sc_passive_span(eng, m->token, m->xfer_id, kind, p.desc, p.offset + done,
+			if (sc_passive_span(pv, m->token, m->xfer_id, kind, p.desc, p.offset + done,
 					    p.len - done, sp, err) != 0) {
 				sc_err_prefix(err, "piece %u", i);
 				goto fail;
@@ -586,7 +595,7 @@ static int pin_pieces(struct conn *c, const struct sc_peer_msg *m, enum sc_op_ki
 	*gpu_out = gpu;
 	return 0;
 fail:
-	release_spans(eng, spans, n, 0);
+	release_spans(pv, spans, n, 0);
 	free(spans);
 	return -1;
 }
@@ -605,7 +614,7 @@ static int staged_pieces(struct conn *c, const struct sc_span *spans, size_t n, 
 	for (size_t i = 0; i < n; i++)
 		p[i] = (struct sc_stage_piece){
 		    .addr = spans[i].addr, .len = spans[i].len, .gpu = spans[i].gpu};
-	struct sc_gpu *g = sc_engine_gpu(c->srv->eng);
+	struct sc_gpu *g = c->srv->gpu;
 	int rc = 0;
 	for (size_t i = 0; rc == 0 && i < n;) {
 		int dev = SC_GPU_HOST;
@@ -646,7 +655,7 @@ static int serve_readv(struct conn *c, const struct sc_peer_msg *m, char *why, s
 	enum sc_peer_io rc = sc_peer_sendv_all(c->fd, &first, 1, &w, &sent, &e);
 	if (rc == SC_PEER_IO_OK && gpu != SC_GPU_HOST) {
 		if (staged_pieces(c, spans, n, true, &w, &rc, &err) != 0) {
-			release_spans(c->srv->eng, spans, n, 0);
+			release_spans(&c->srv->passive, spans, n, 0);
 			free(spans);
 			free(iov);
 			snprintf(why, why_cap, "sending READV data (GPU memory) failed: %s", err.msg);
@@ -658,7 +667,7 @@ static int serve_readv(struct conn *c, const struct sc_peer_msg *m, char *why, s
 	} else {
 		sent = 0;
 	}
-	release_spans(c->srv->eng, spans, n, sent);
+	release_spans(&c->srv->passive, spans, n, sent);
 	free(spans);
 	free(iov);
 	if (rc != SC_PEER_IO_OK) {
@@ -693,7 +702,7 @@ static int serve_writev(struct conn *c, const struct sc_peer_msg *m, char *why, 
 	if (gpu != SC_GPU_HOST) {
 		/* Staged: acknowledged (OK below) only once the bytes are in GPU memory. */
 		if (staged_pieces(c, spans, n, false, &w, &rc, &err) != 0) {
-			release_spans(c->srv->eng, spans, n, 0);
+			release_spans(&c->srv->passive, spans, n, 0);
 			free(spans);
 			free(iov);
 			if (rc == SC_PEER_IO_OK) /* the driver failed: tell the peer why */
@@ -706,7 +715,7 @@ static int serve_writev(struct conn *c, const struct sc_peer_msg *m, char *why, 
 	} else {
 		rc = sc_peer_recvv_all(c->fd, iov, (int)n, &w, &got, &e);
 	}
-	release_spans(c->srv->eng, spans, n, got);
+	release_spans(&c->srv->passive, spans, n, got);
 	free(spans);
 	free(iov);
 	if (rc != SC_PEER_IO_OK) {
@@ -722,7 +731,7 @@ static int serve_done(struct conn *c, const struct sc_peer_msg *m, char *why, si
 	struct sc_err err;
 	sc_err_clear(&err);
 	untrack_everywhere(c->srv, m->token, m->xfer_id);
-	if (sc_passive_done(c->srv->eng, m->token, m->xfer_id, sc_peer_status_from_wire(m->code),
+	if (sc_passive_done(&c->srv->passive, m->token, m->xfer_id, sc_peer_status_from_wire(m->code),
 			    m->text, &err) != 0)
 		return reply_error(c, &err, why, why_cap);
 	return reply_ok(c, why, why_cap);
@@ -743,7 +752,7 @@ static int serve_handler(struct conn *c, const struct sc_peer_msg *m, char *why,
 		sc_err_set(&err, SC_UNIMPLEMENTED,
 			   "sidecar \"%s\" serves no %s (its ibverbs backend is not running): use "
 			   "the tcp backend",
-			   sc_engine_id(srv->eng), sc_frame_type_name(m->type));
+			   srv->self_id, sc_frame_type_name(m->type));
 		return reply_error(c, &err, why, why_cap);
 	}
 	uint8_t *out = malloc(SC_PEER_MAX_BODY);
@@ -795,7 +804,7 @@ static void serve(struct conn *c, char *why, size_t why_cap)
 					 SC_PEER_SERVER_IDLE_MS / 1000);
 			else if (io == SC_PEER_IO_CANCELLED)
 				snprintf(why, why_cap, "sidecar \"%s\" is shutting down",
-					 sc_engine_id(srv->eng));
+					 srv->self_id);
 			else
 				snprintf(why, why_cap, "%s", err.msg);
 			return;
@@ -869,7 +878,7 @@ static void conn_finish(struct conn *c, const char *why)
 			/* Cannot wait: tell the engine now, without the lock. */
 			struct xref r = c->opened[i];
 			pthread_mutex_unlock(&srv->mu);
-			sc_passive_abandon(srv->eng, r.token, r.xfer_id, why);
+			sc_passive_abandon(&srv->passive, r.token, r.xfer_id, why);
 			pthread_mutex_lock(&srv->mu);
 			continue;
 		}
@@ -930,8 +939,8 @@ static void *conn_main(void *arg)
 	if (srv->tls)
 		rc = sc_peer_tls_server(srv->tls, c->fd, &w, c->what, &err);
 	if (rc == 0) {
-		struct sc_keyring *ring = sc_engine_keyring(srv->eng);
-		rc = sc_peer_hello_server(c->fd, ring, sc_engine_id(srv->eng), &w, c->what,
+		struct sc_keyring *ring = sc_keyring_source_get(&srv->keys);
+		rc = sc_peer_hello_server(c->fd, ring, srv->self_id, &w, c->what,
 					  c->peer_id, &err);
 		sc_keyring_release(ring);
 	}
@@ -1163,13 +1172,16 @@ static bool join_hostport(char *out, size_t cap, const char *host, unsigned port
 	return n > 0 && (size_t)n < cap;
 }
 
-int sc_peer_server_create(struct sc_engine *eng, const struct sc_config *cfg,
+int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_config *cfg,
 			  struct sc_peer_server **out, struct sc_err *err)
 {
 	struct sc_peer_server *srv = calloc(1, sizeof(*srv));
 	if (!srv)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
-	srv->eng = eng;
+	srv->passive = env->passive;
+	snprintf(srv->self_id, sizeof(srv->self_id), "%s", env->self_id);
+	srv->keys = env->keys;
+	srv->gpu = env->gpu;
 	srv->listen_fd = -1;
 	srv->wake_fd = -1;
 	pthread_mutex_init(&srv->mu, NULL);
@@ -1231,6 +1243,75 @@ int sc_peer_server_start(struct sc_peer_server *srv, struct sc_err *err)
 				  strerror(rc));
 	srv->started = true;
 	return 0;
+}
+
+/* ---- the passive interface as seen through this server (passive.h) ---------------------------
+ * Every call goes to the engine's interface unchanged, except claim, which only the server can
+ * answer: it knows which connection OPENed which transfer, and how. */
+
+static int srv_open(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+		    enum sc_op_kind peer_kind, const char *peer_id, uint64_t total_bytes,
+		    struct sc_err *err)
+{
+	struct sc_peer_server *srv = ctx;
+	return sc_passive_open(&srv->passive, token, xfer_id, peer_kind, peer_id, total_bytes, err);
+}
+
+static void srv_set_backend(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+			    enum sc_backend_kind backend)
+{
+	struct sc_peer_server *srv = ctx;
+	sc_passive_set_backend(&srv->passive, token, xfer_id, backend);
+}
+
+static int srv_span(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+		    enum sc_op_kind peer_kind, uint32_t desc_index, uint64_t offset, uint64_t len,
+		    struct sc_span *out, struct sc_err *err)
+{
+	struct sc_peer_server *srv = ctx;
+	return sc_passive_span(&srv->passive, token, xfer_id, peer_kind, desc_index, offset, len,
+			       out, err);
+}
+
+static void srv_span_release(void *ctx, struct sc_span *span, uint64_t bytes_moved)
+{
+	struct sc_peer_server *srv = ctx;
+	sc_passive_span_release(&srv->passive, span, bytes_moved);
+}
+
+static int srv_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+		    enum sc_status status, const char *msg, struct sc_err *err)
+{
+	struct sc_peer_server *srv = ctx;
+	return sc_passive_done(&srv->passive, token, xfer_id, status, msg, err);
+}
+
+static void srv_abandon(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
+			const char *why)
+{
+	struct sc_peer_server *srv = ctx;
+	sc_passive_abandon(&srv->passive, token, xfer_id, why);
+}
+
+static int srv_claim(void *ctx, const char *peer_id, uint64_t xfer_id, enum sc_backend_kind via,
+		     uint8_t token[SC_TOKEN_LEN])
+{
+	return claim(ctx, peer_id, xfer_id, via, token);
+}
+
+static const struct sc_passive_ops server_passive_ops = {
+	.open = srv_open,
+	.set_backend = srv_set_backend,
+	.span = srv_span,
+	.span_release = srv_span_release,
+	.done = srv_done,
+	.abandon = srv_abandon,
+	.claim = srv_claim,
+};
+
+struct sc_passive sc_peer_server_passive(struct sc_peer_server *srv)
+{
+	return (struct sc_passive){.ops = &server_passive_ops, .ctx = srv};
 }
 
 const char *sc_peer_server_endpoint(const struct sc_peer_server *srv)

@@ -2,8 +2,9 @@
 /*
  * peer_server.h: the serving side of the peer control channel (--data-listen). Peer sidecars
  * connect, authenticate with the hello (peer_proto.h), then OPEN / READ / WRITE / DONE passive
- * operations by token; every request goes through passive.h, so the engine checks direction,
- * bounds, deadline and state, and bytes move straight between region memory and the socket.
+ * operations by token; every request goes through the passive-operation interface (passive.h)
+ * the server was created with, so the engine checks direction, bounds, deadline and state, and
+ * bytes move straight between region memory and the socket.
  *
  * Threads: one accept thread, one thread per accepted connection (at most
  * SC_PEER_SERVER_MAX_CONNS). Handlers registered for extra frame types (the ibverbs backend's
@@ -14,13 +15,16 @@
 #define SC_PEER_SERVER_H
 
 #include "config.h"
-#include "engine.h"
+#include "keys.h"
+#include "passive.h"
 #include "peer_proto.h"
+#include "sc_types.h"
 #include "status.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
+struct sc_gpu;
 struct sc_peer_server;
 
 /* Authenticated connections (after the hello). Connections still before their hello have their
@@ -34,7 +38,13 @@ struct sc_peer_server;
  * use or a bad host is an error here (FAILED_PRECONDITION with the address and the reason), so the
  * daemon fails at start-up. *out is set only on success.
  */
-int sc_peer_server_create(struct sc_engine *eng, const struct sc_config *cfg,
+struct sc_peer_server_env {
+	const char *self_id;           /* this sidecar's id (copied) */
+	struct sc_keyring_source keys; /* the current keyring, for each hello */
+	struct sc_gpu *gpu;            /* GPU access for staging GPU spans; NULL without CUDA */
+	struct sc_passive passive;     /* the passive operations the connections serve */
+};
+int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_config *cfg,
 			  struct sc_peer_server **out, struct sc_err *err);
 /* Peer TLS for every connection accepted from now on (NULL: plain TCP). tls must outlive the
  * server. Lifecycle thread, before sc_peer_server_start. */
@@ -47,7 +57,7 @@ int sc_peer_server_start(struct sc_peer_server *srv, struct sc_err *err);
  * Valid from create to destroy. */
 const char *sc_peer_server_endpoint(const struct sc_peer_server *srv);
 /* Closes the listener, shuts every connection down and joins every thread. Connections that had
- * opened transfers without their DONE are reported to the engine (sc_passive_abandon). NULL ok. */
+ * opened transfers without their DONE are reported through the passive interface (abandon). NULL ok. */
 void sc_peer_server_destroy(struct sc_peer_server *srv);
 
 /*
@@ -66,13 +76,13 @@ int sc_peer_server_set_handler(struct sc_peer_server *srv, enum sc_frame_type ty
 			       sc_peer_handler_fn fn, void *ctx);
 
 /*
- * The ibverbs completion notice (ib_notify.c): peer peer_id says, on one of its RC QPs, that its
- * transfer xfer_id ended. Succeeds only when a connection authenticated as peer_id OPENed that
- * transfer flagged "via ibverbs" (and no DONE came yet); then *token receives its token and the
- * transfer is no longer tracked (as after a DONE), so the caller tells the engine. -1 otherwise.
- * Any thread.
+ * The passive-operation interface (passive.h) as seen through this server: every call goes to the
+ * interface the server was created with, and claim answers for transfers that a connection
+ * authenticated as the peer OPENed saying that backend `via` moves the bytes (OPEN's via-backend
+ * flag: ibverbs) and whose DONE has not come; a claimed
+ * transfer is no longer tracked (as after a DONE), so its connection's end does not abandon it.
+ * For the ibverbs completion notices (ib_notify.c). Valid from create to destroy; any thread.
  */
-int sc_peer_server_claim_ib_done(struct sc_peer_server *srv, const char *peer_id,
-				 uint64_t xfer_id, uint8_t token[SC_TOKEN_LEN]);
+struct sc_passive sc_peer_server_passive(struct sc_peer_server *srv);
 
 #endif

@@ -27,6 +27,9 @@
 #define REASON_MAX 200
 #define READ_BUFFER_LEN (256u * 1024u)
 
+/* The stream layered under every fd once a context exists (defined with the I/O below). */
+static const struct sc_peer_stream tls_stream;
+
 struct sc_peer_tls {
 	SSL_CTX *ctx;
 	/* what kTLS can do here, probed at create: why a direction stays in userspace */
@@ -190,6 +193,7 @@ int sc_peer_tls_create(const struct sc_config *cfg, struct sc_peer_tls **out, st
 				 "OpenSSL did not enable it for this connection");
 	}
 	build_modes(t);
+	sc_peer_set_stream(&tls_stream); /* before any fd carries TLS state */
 	SC_INFO("peer", "peer TLS on (TLS 1.3, certificates verified against %s); expected: %s",
 		cfg->peer_tls_ca, sc_peer_tls_mode(t));
 	*out = t;
@@ -387,14 +391,16 @@ static struct link *link_of(int fd)
 	return atomic_load_explicit(&g_links[fd], memory_order_acquire);
 }
 
-bool sc_peer_tls_user_rx(int fd)
+static bool tls_user_rx(void *ctx, int fd)
 {
+	(void)ctx;
 	struct link *l = link_of(fd);
 	return l && !l->ktls_rx;
 }
 
-bool sc_peer_tls_user_tx(int fd)
+static bool tls_user_tx(void *ctx, int fd)
 {
+	(void)ctx;
 	struct link *l = link_of(fd);
 	return l && !l->ktls_tx;
 }
@@ -424,8 +430,9 @@ static ssize_t io_fail(struct link *l, int r, int sys)
 	}
 }
 
-ssize_t sc_peer_tls_recv(int fd, void *buf, size_t len)
+static ssize_t tls_recv(void *ctx, int fd, void *buf, size_t len)
 {
+	(void)ctx;
 	struct link *l = link_of(fd);
 	if (!l) {
 		errno = EBADF;
@@ -440,8 +447,9 @@ ssize_t sc_peer_tls_recv(int fd, void *buf, size_t len)
 	return io_fail(l, r, sys);
 }
 
-ssize_t sc_peer_tls_send(int fd, const void *buf, size_t len)
+static ssize_t tls_send(void *ctx, int fd, const void *buf, size_t len)
 {
+	(void)ctx;
 	struct link *l = link_of(fd);
 	if (!l) {
 		errno = EBADF;
@@ -460,6 +468,14 @@ ssize_t sc_peer_tls_send(int fd, const void *buf, size_t len)
 	}
 	return rc;
 }
+
+/* Layered under every fd by sc_peer_tls_create: peer_proto's blocking I/O goes through it. */
+static const struct sc_peer_stream tls_stream = {
+	.user_rx = tls_user_rx,
+	.user_tx = tls_user_tx,
+	.recv = tls_recv,
+	.send = tls_send,
+};
 
 const char *sc_peer_tls_last_error(int fd)
 {

@@ -5,7 +5,9 @@
  * the cluster CA before the key-proof hello (peer_proto.h), which stays as a second check.
  *
  * After the handshake the connection is "attached" to its fd: the blocking I/O of peer_proto.h
- * (sc_peer_recv_all, sc_peer_sendv_all and everything built on them) looks the fd up and
+ * (sc_peer_recv_all, sc_peer_sendv_all and everything built on them) asks the stream this file
+ * layers under every fd (struct sc_peer_stream, set by sc_peer_tls_create), which looks the fd up
+ * and
  *   - uses plain recv/sendmsg for a direction that kernel TLS (kTLS) took over: the kernel
  *     encrypts and decrypts, so throughput stays close to plain TCP;
  *   - uses SSL_read/SSL_write for a direction without kTLS (no `tls` kernel module, or OpenSSL
@@ -59,14 +61,6 @@ const char *sc_peer_tls_mode(const struct sc_peer_tls *tls);
 /* Free the TLS state attached to fd (if any), then close(fd). fd < 0: nothing. */
 void sc_peer_tls_close(int fd);
 
-/* ---- for peer_proto.c's I/O ---- */
-/* Does fd carry userspace TLS for receiving / sending? */
-bool sc_peer_tls_user_rx(int fd);
-bool sc_peer_tls_user_tx(int fd);
-/* One SSL_read / SSL_write on fd. Returns bytes moved (> 0), 0 at EOF, or -1 with errno
- * (EAGAIN: the I/O slice passed, try again after checking the deadline). */
-ssize_t sc_peer_tls_recv(int fd, void *buf, size_t len);
-ssize_t sc_peer_tls_send(int fd, const void *buf, size_t len);
 /* OpenSSL's reason for the last failed read or write on fd ("tlsv13 alert certificate
  * required"), or NULL. */
 const char *sc_peer_tls_last_error(int fd);

@@ -6,10 +6,11 @@
 #ifndef SC_REGION_ALLOC_H
 #define SC_REGION_ALLOC_H
 
-#include "engine.h"
 #include "status.h"
 
 #include <stdint.h>
+
+struct sc_engine;
 
 /* Reserve size bytes of fd's file (posix_fallocate). RESOURCE_EXHAUSTED with the file system's
  * free space when it does not fit; UNAVAILABLE once the sidecar drains. */

@@ -289,7 +289,7 @@ int main(int argc, char **argv)
 		m.piece_list = pieces;
 		m.n_pieces = 3;
 		if (type == SC_FRAME_OPEN)
-			m.flags = SC_PEER_FLAG_VIA_IBVERBS;
+			m.flags = SC_PEER_FLAG_VIA_BACKEND;
 		size_t n = sc_peer_encode(&m, buf, sizeof(buf));
 		if (n == 0) {
 			fprintf(stderr, "cannot encode a %s seed\n", sc_frame_type_name(type));

@@ -10,6 +10,7 @@
 #include "backend_registry.h"
 #include "config.h"
 #include "engine.h"
+#include "engine_test.h"
 #include "ib_test.h" /* sc_engine_backend */
 #include "metadata.h"
 

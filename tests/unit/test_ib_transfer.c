@@ -30,6 +30,7 @@ int main(void)
 #include "op_wait.h"
 
 #include "engine.h"
+#include "engine_test.h"
 #include "ib_test.h"
 #include "keys.h"
 #include "log.h"
@@ -403,8 +404,8 @@ TEST(read_odd_descriptors)
 	/* The QP is cached: a second read reuses it. */
 	check_transfer(&p, SC_OP_READ, &odd);
 	size_t out_b, in_b, out_a, in_a;
-	sc_ib_test_qp_counts(p.b.eng, &out_b, &in_b);
-	sc_ib_test_qp_counts(p.a.eng, &out_a, &in_a);
+	sc_ib_test_qp_counts(sc_engine_backend(p.b.eng, SC_BACKEND_IBVERBS), &out_b, &in_b);
+	sc_ib_test_qp_counts(sc_engine_backend(p.a.eng, SC_BACKEND_IBVERBS), &out_a, &in_a);
 	CHECK_U64_EQ(out_b, 1);
 	CHECK_U64_EQ(in_a, 1);
 	CHECK_U64_EQ(out_a, 0);
@@ -455,7 +456,7 @@ TEST(concurrent_transfers_share_the_qp)
 		sc_op_info_free(&pinfo[i]);
 	}
 	size_t out_b, in_b;
-	sc_ib_test_qp_counts(p.b.eng, &out_b, &in_b);
+	sc_ib_test_qp_counts(sc_engine_backend(p.b.eng, SC_BACKEND_IBVERBS), &out_b, &in_b);
 	CHECK_U64_EQ(out_b, 1);
 	drop_region(&p.a, ra);
 	drop_region(&p.b, rb);
@@ -561,7 +562,7 @@ static int probe(struct pair *p, uint64_t addr, uint32_t rkey, int *status)
 	char text[64] = "";
 	struct sc_err err;
 	sc_err_clear(&err);
-	int rc = sc_ib_test_probe_read(p->b.eng, "sidecar-a", endpoint_of(&p->a), addr, rkey, 4096,
+	int rc = sc_ib_test_probe_read(sc_engine_backend(p->b.eng, SC_BACKEND_IBVERBS), "sidecar-a", endpoint_of(&p->a), addr, rkey, 4096,
 				       status, text, sizeof(text), &err);
 	if (rc != 0)
 		fprintf(stderr, "  probe: %s\n", err.msg);
@@ -754,7 +755,7 @@ TEST(restarted_peer_gets_a_new_qp)
 	check_transfer(&p, SC_OP_READ, &l);
 	check_transfer(&p, SC_OP_WRITE, &l);
 	size_t out_b, in_b;
-	sc_ib_test_qp_counts(p.b.eng, &out_b, &in_b);
+	sc_ib_test_qp_counts(sc_engine_backend(p.b.eng, SC_BACKEND_IBVERBS), &out_b, &in_b);
 	CHECK_U64_EQ(out_b, 1);
 	pair_down(&p);
 }

@@ -14,12 +14,14 @@
 #include "op_wait.h"
 
 #include "engine.h"
+#include "engine_test.h"
 #include "keys.h"
 #include "log.h"
 #include "metadata.h"
 #include "passive.h"
 #include "peer_pool.h"
 #include "peer_proto.h"
+#include "peer_request.h"
 #include "peer_server.h"
 #include "timer.h"
 
@@ -681,28 +683,31 @@ TEST(ib_completion_notice_claim_checks_peer_and_flag)
 	CHECK_INT_EQ(expose(&p.a, SC_OP_READABLE, 4096, &later), 0);
 	struct sc_peer_server *srv = sc_engine_peer_server(p.a.eng);
 	struct sc_peer_pool *pool = sc_engine_peer_pool(p.b.eng);
+	struct sc_passive sv = sc_peer_server_passive(srv); /* what ib_notify.c is handed */
 	struct sc_peer_conn *c;
 	struct sc_err err;
 	uint64_t dl = sc_clock_mono_ms() + 5000;
 	uint8_t tok[SC_TOKEN_LEN];
 	CHECK_INT_EQ(sc_peer_pool_get(pool, endpoint_of(&p.a), dl, &c, &err), 0);
 	/* never opened: refused */
-	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-b", 7, tok), -1);
+	CHECK_INT_EQ(sc_passive_claim(&sv, "sidecar-b", 7, SC_BACKEND_IBVERBS, tok), -1);
 	/* opened over TCP (no ibverbs flag): a notice cannot end it */
 	CHECK_INT_EQ(sc_peer_open(c, plain.md.token, 7, SC_OP_READ, 4096, dl, NULL, &err), 0);
-	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-b", 7, tok), -1);
+	CHECK_INT_EQ(sc_passive_claim(&sv, "sidecar-b", 7, SC_BACKEND_IBVERBS, tok), -1);
 	/* opened via ibverbs by sidecar-b: another peer's notice, or another transfer id, cannot */
-	CHECK_INT_EQ(sc_peer_open_flags(c, viaib.md.token, 8, SC_OP_WRITE, 4096,
-					SC_PEER_FLAG_VIA_IBVERBS, dl, NULL, &err),
+	CHECK_INT_EQ(sc_peer_open_via(c, viaib.md.token, 8, SC_OP_WRITE, 4096,
+				      SC_BACKEND_IBVERBS, dl, NULL, &err),
 		     0);
-	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-c", 8, tok), -1);
-	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-b", 9, tok), -1);
+	CHECK_INT_EQ(sc_passive_claim(&sv, "sidecar-c", 8, SC_BACKEND_IBVERBS, tok), -1);
+	CHECK_INT_EQ(sc_passive_claim(&sv, "sidecar-b", 9, SC_BACKEND_IBVERBS, tok), -1);
+	/* a claim for another backend cannot either */
+	CHECK_INT_EQ(sc_passive_claim(&sv, "sidecar-b", 8, SC_BACKEND_TCP, tok), -1);
 	/* its own peer's notice ends it, once, and hands back the token */
 	memset(tok, 0, sizeof(tok));
-	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-b", 8, tok), 0);
+	CHECK_INT_EQ(sc_passive_claim(&sv, "sidecar-b", 8, SC_BACKEND_IBVERBS, tok), 0);
 	CHECK(memcmp(tok, viaib.md.token, SC_TOKEN_LEN) == 0);
-	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-b", 8, tok), -1);
-	CHECK_INT_EQ(sc_passive_done(p.a.eng, tok, 8, SC_OK, "", &err), 0);
+	CHECK_INT_EQ(sc_passive_claim(&sv, "sidecar-b", 8, SC_BACKEND_IBVERBS, tok), -1);
+	CHECK_INT_EQ(sc_passive_done(&sv, tok, 8, SC_OK, "", &err), 0);
 	struct sc_op_info info;
 	CHECK_INT_EQ(wait_op(p.a.eng, viaib.op.id, 2000, &info), 0);
 	CHECK_STR_EQ(sc_op_status_name(info.status), "COMPLETE");
@@ -713,13 +718,13 @@ TEST(ib_completion_notice_claim_checks_peer_and_flag)
 	sc_op_info_free(&info);
 	/* a transfer whose control connection closed (an orphan, within its grace) is still
 	 * claimed by its own peer only */
-	CHECK_INT_EQ(sc_peer_open_flags(c, later.md.token, 10, SC_OP_READ, 4096,
-					SC_PEER_FLAG_VIA_IBVERBS, dl, NULL, &err),
+	CHECK_INT_EQ(sc_peer_open_via(c, later.md.token, 10, SC_OP_READ, 4096,
+				      SC_BACKEND_IBVERBS, dl, NULL, &err),
 		     0);
 	sc_peer_pool_put(pool, c, false);
 	usleep(100 * 1000);
-	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-c", 10, tok), -1);
-	CHECK_INT_EQ(sc_peer_server_claim_ib_done(srv, "sidecar-b", 10, tok), 0);
+	CHECK_INT_EQ(sc_passive_claim(&sv, "sidecar-c", 10, SC_BACKEND_IBVERBS, tok), -1);
+	CHECK_INT_EQ(sc_passive_claim(&sv, "sidecar-b", 10, SC_BACKEND_IBVERBS, tok), 0);
 	CHECK(memcmp(tok, later.md.token, SC_TOKEN_LEN) == 0);
 	unexpose(&p.a, &plain);
 	unexpose(&p.a, &viaib);

@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * peer_conn.h: a dialed peer connection, private to peer_pool.c (which dials, pools and closes it)
+ * and peer_request.c (which runs requests on it). Everyone else holds it opaque.
+ *
+ * A connection is used by one thread at a time (the one that got it from the pool); only broken
+ * may be set from another (sc_peer_conn_abort).
+ */
+#ifndef SC_PEER_CONN_H
+#define SC_PEER_CONN_H
+
+#include "peer_proto.h"
+#include "sc_types.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct sc_peer_conn {
+	int fd;
+	char endpoint[80];
+	char peer_id[SC_NAME_MAX];
+	char what[SC_NAME_MAX + 120]; /* "peer sidecar \"id\" at H:P", for messages */
+	atomic_bool broken;
+	bool reused; /* handed out from the idle list (not freshly dialled) */
+	unsigned outstanding; /* requests sent whose reply has not been received */
+	bool hold_next; /* sc_peer_conn_hold_next: the next request is sent with MSG_MORE */
+	bool held;      /* the last request went out with MSG_MORE: part of it may wait in the kernel */
+	uint64_t idle_since_ms;
+	struct sc_peer_conn *next; /* idle list */
+	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
+};
+
+#endif
