@@ -25,9 +25,6 @@
 #define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 #endif
 
-/* Backend kinds are below this: the proto's Backend values, and room for test-only backends. */
-#define SC_BACKEND_KIND_MAX 6
-
 struct sc_backend;
 struct sc_region;
 struct sc_peer_pool;

@@ -109,6 +109,53 @@ static void disable_backend(struct sc_backend *b, const char *why)
 	snprintf(b->detail, sizeof(b->detail), "%s", why);
 }
 
+/* ---- gauges for the metrics (scrape thread) ------------------------------------------------ */
+
+static void count_op(void *ctx, void *value)
+{
+	struct sc_gauges *g = ctx;
+	const struct sc_op *op = value;
+	if (sc_op_status_terminal(op->status) || op->kind <= SC_OP_NONE || op->kind > SC_OP_WRITE)
+		return;
+	g->live[op->kind]++;
+	if (op->status == SC_OPS_SCHEDULED && op->waiting_requirement)
+		g->waiting_progress++;
+}
+
+static void count_region(void *ctx, void *value)
+{
+	struct sc_gauges *g = ctx;
+	const struct sc_region *r = value;
+	g->regions++;
+	g->region_bytes += r->size;
+}
+
+static void read_gauges(void *ctx, struct sc_gauges *g)
+{
+	struct sc_engine *eng = ctx;
+	memset(g, 0, sizeof(*g));
+	pthread_mutex_lock(&eng->mu);
+	sc_engine_each_op(eng, count_op, g);
+	if (eng->regions)
+		sc_idmap_each(eng->regions, count_region, g);
+	g->queued = sc_sched_queued(eng);
+	g->active_transfers = eng->active_transfers;
+	g->inflight_bytes = eng->inflight_bytes;
+	g->draining = eng->draining;
+	for (int b = 0; b < SC_NUM_BACKENDS; b++)
+		g->available[b] = eng->backends[b] && eng->backends[b]->available;
+	pthread_mutex_unlock(&eng->mu);
+}
+
+static bool is_draining(void *ctx)
+{
+	struct sc_engine *eng = ctx;
+	pthread_mutex_lock(&eng->mu);
+	bool d = eng->draining;
+	pthread_mutex_unlock(&eng->mu);
+	return d;
+}
+
 int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct sc_err *err)
 {
 	struct sc_engine *eng = calloc(1, sizeof(*eng));
@@ -204,7 +251,10 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 			SC_WARN(c->name, "--backends asks for %s but it is unavailable: %s", c->name,
 				b->detail);
 	}
-	if (sc_metrics_create(eng, cfg->metrics_listen, &eng->metrics, err) != 0)
+	const struct sc_metrics_source msrc = {.id = eng->id, .gpu = eng->gpu,
+					       .read_gauges = read_gauges, .draining = is_draining,
+					       .ctx = eng};
+	if (sc_metrics_create(&msrc, cfg->metrics_listen, &eng->metrics, err) != 0)
 		goto fail;
 	*out = eng;
 	return 0;

@@ -35,8 +35,6 @@ struct sc_peer_pool;
 struct sc_peer_server;
 struct sc_peer_tls;
 
-#define SC_NUM_BACKENDS SC_BACKEND_KIND_MAX /* indexed by enum sc_backend_kind */
-
 struct sc_region {
 	char id[SC_ID_MAX];
 	enum sc_device_kind kind;

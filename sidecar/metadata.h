@@ -20,6 +20,7 @@
 #include "base64.h"
 #include "config.h" /* SC_BACKEND_BIT_* */
 #include "keys.h"
+#include "meta_desc.h"
 #include "sc_types.h"
 #include "status.h"
 
@@ -35,16 +36,6 @@
 #define SC_METADATA_SKEW_MS 5000
 #define SC_TOKEN_LEN 16
 #define SC_MAX_ENDPOINTS 4
-
-struct sc_meta_desc {
-	uint64_t length;
-	enum sc_device_kind device_kind;
-	uint64_t remote_addr; /* ibverbs only */
-	uint32_t rkey;        /* ibverbs only */
-	/* Version 2: a run starts here (set by verify, honoured by sign, so that a list keeps the
-	 * runs it was read with; otherwise runs follow the addresses alone). */
-	bool run_start;
-};
 
 struct sc_ib_endpoint {
 	bool present;

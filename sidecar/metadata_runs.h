@@ -8,7 +8,10 @@
 #ifndef SC_METADATA_RUNS_H
 #define SC_METADATA_RUNS_H
 
-#include "metadata.h"
+#include "meta_desc.h"
+#include "status.h"
+
+#include <stddef.h>
 
 #include "rdma_sidecar/v1/sidecar.pb-c.h"
 

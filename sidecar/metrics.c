@@ -6,8 +6,8 @@
  * and the transfer histograms (duration, size; by direction and backend) are atomics bumped by
  * operation.c and bus.c from whatever thread ends an operation or verifies metadata; nothing here
  * locks for them. Gauges are read
- * at scrape time from the engine's tables under eng->mu, copied out, and formatted after the lock
- * is dropped. The listening socket is bound by sc_metrics_create (on the main thread, so a port in
+ * at scrape time through the source handed to sc_metrics_create (the engine copies its tables out
+ * under its lock) and formatted afterwards. The listening socket is bound by sc_metrics_create (on the main thread, so a port in
  * use is a start-up error) and handed to libmicrohttpd, whose one internal thread runs every
  * request; sc_metrics_stop joins it. Owns the socket, the daemon and the counters.
  */
@@ -16,7 +16,7 @@
 #include "build_config.h"
 #include "config.h"
 #include "backend_registry.h"
-#include "engine_internal.h"
+#include "gpu.h"
 #include "heap_trim.h"
 #include "listen.h"
 #include "log.h"
@@ -54,7 +54,7 @@ static const uint64_t size_bounds[] = {
 static const char *const md_source_label[SC_MD_NUM_SOURCES] = {"begin", "bus"};
 
 struct sc_metrics {
-	struct sc_engine *eng;
+	struct sc_metrics_source src;
 	int listen_fd;		   /* ours until the daemon starts, then the daemon's */
 	struct MHD_Daemon *daemon; /* NULL: not serving */
 	char url[300];		   /* "http://HOST:PORT/metrics", for the log */
@@ -164,63 +164,6 @@ static uint64_t get(atomic_uint_fast64_t *a)
 	return (uint64_t)atomic_load_explicit(a, memory_order_relaxed);
 }
 
-/* ---- gauges, from the engine's tables -------------------------------------------------------- */
-
-struct gauges {
-	uint64_t live[N_KINDS];
-	uint64_t waiting_progress;
-	uint64_t queued;
-	uint64_t regions;
-	uint64_t region_bytes;
-	uint64_t active_transfers;
-	uint64_t inflight_bytes;
-	bool draining;
-	bool available[SC_NUM_BACKENDS];
-};
-
-static void count_op(void *ctx, void *value)
-{
-	struct gauges *g = ctx;
-	const struct sc_op *op = value;
-	if (sc_op_status_terminal(op->status) || !kind_ok(op->kind))
-		return;
-	g->live[op->kind]++;
-	if (op->status == SC_OPS_SCHEDULED && op->waiting_requirement)
-		g->waiting_progress++;
-}
-
-static void count_region(void *ctx, void *value)
-{
-	struct gauges *g = ctx;
-	const struct sc_region *r = value;
-	g->regions++;
-	g->region_bytes += r->size;
-}
-
-static void read_gauges(struct sc_engine *eng, struct gauges *g)
-{
-	memset(g, 0, sizeof(*g));
-	pthread_mutex_lock(&eng->mu);
-	sc_engine_each_op(eng, count_op, g);
-	if (eng->regions)
-		sc_idmap_each(eng->regions, count_region, g);
-	g->queued = sc_sched_queued(eng);
-	g->active_transfers = eng->active_transfers;
-	g->inflight_bytes = eng->inflight_bytes;
-	g->draining = eng->draining;
-	for (int b = 0; b < SC_NUM_BACKENDS; b++)
-		g->available[b] = eng->backends[b] && eng->backends[b]->available;
-	pthread_mutex_unlock(&eng->mu);
-}
-
-static bool engine_draining(struct sc_engine *eng)
-{
-	pthread_mutex_lock(&eng->mu);
-	bool d = eng->draining;
-	pthread_mutex_unlock(&eng->mu);
-	return d;
-}
-
 /* ---- exposition text ------------------------------------------------------------------------- */
 
 static void family(FILE *f, const char *name, const char *type, const char *help)
@@ -306,8 +249,8 @@ static void render_histograms(FILE *f, struct sc_metrics *m)
 
 char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 {
-	struct gauges g;
-	read_gauges(m->eng, &g);
+	struct sc_gauges g;
+	m->src.read_gauges(m->src.ctx, &g);
 
 	char *buf = NULL;
 	size_t n = 0;
@@ -319,7 +262,7 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 	fputs("rdma_sidecar_build_info{version=\"", f);
 	label_value(f, SC_VERSION);
 	fputs("\",sidecar_id=\"", f);
-	label_value(f, m->eng->id);
+	label_value(f, m->src.id);
 	fputs("\"} 1\n", f);
 
 	family(f, "rdma_sidecar_backend_available", "gauge",
@@ -330,8 +273,8 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 
 	family(f, "rdma_sidecar_gpu_healthy", "gauge",
 	       "0 once a sticky CUDA error poisoned the GPU's context (see GetInfo gpus).");
-	for (int i = 0; i < sc_gpu_count(m->eng->gpu); i++) {
-		const struct sc_gpu_device_info *gi = sc_gpu_device(m->eng->gpu, i);
+	for (int i = 0; i < sc_gpu_count(m->src.gpu); i++) {
+		const struct sc_gpu_device_info *gi = sc_gpu_device(m->src.gpu, i);
 		fprintf(f, "rdma_sidecar_gpu_healthy{gpu=\"%d\",uuid=\"", i);
 		label_value(f, gi->uuid);
 		fprintf(f, "\"} %d\n", gi->healthy ? 1 : 0);
@@ -494,7 +437,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		return MHD_YES;
 	}
 	if (healthz)
-		return engine_draining(m->eng)
+		return m->src.draining(m->src.ctx)
 			   ? respond_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, "draining\n")
 			   : respond_text(c, MHD_HTTP_OK, "ok\n");
 	size_t len = 0;
@@ -534,13 +477,13 @@ static int bind_listener(struct sc_metrics *m, const char *listen_text, struct s
 	return 0;
 }
 
-int sc_metrics_create(struct sc_engine *eng, const char *listen_text, struct sc_metrics **out,
-		      struct sc_err *err)
+int sc_metrics_create(const struct sc_metrics_source *source, const char *listen_text,
+		      struct sc_metrics **out, struct sc_err *err)
 {
 	struct sc_metrics *m = calloc(1, sizeof(*m));
 	if (!m)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
-	m->eng = eng;
+	m->src = *source;
 	m->listen_fd = -1;
 	for (int k = 0; k < N_KINDS; k++) {
 		atomic_init(&m->created[k], 0);

@@ -21,20 +21,43 @@
 
 #include <stdint.h>
 
-struct sc_engine;
+struct sc_gpu;
 struct sc_metrics;
+
+/* The gauges, read at scrape time: a snapshot the source fills. */
+struct sc_gauges {
+	uint64_t live[SC_OP_WRITE + 1]; /* by enum sc_op_kind: operations not yet terminal */
+	uint64_t waiting_progress;      /* scheduled, waiting for another operation's progress */
+	uint64_t queued;
+	uint64_t regions;
+	uint64_t region_bytes;
+	uint64_t active_transfers;
+	uint64_t inflight_bytes;
+	bool draining;
+	bool available[SC_NUM_BACKENDS];
+};
+
+/* What the metrics read from their owner (the engine), handed in at creation: the sidecar id
+ * and GPUs for the info labels, and the gauges. Both callbacks run on the scrape thread. */
+struct sc_metrics_source {
+	const char *id;
+	struct sc_gpu *gpu;
+	void (*read_gauges)(void *ctx, struct sc_gauges *g);
+	bool (*draining)(void *ctx);
+	void *ctx;
+};
 
 /*
  * Allocate the counters. When listen is a HOST:PORT (IPv4, a hostname or [V6]; port 0 picks one)
  * the socket is bound and listening when this returns, so a port in use fails here, with a message
  * naming --metrics-listen. listen NULL or "" serves nothing. *out is set only on success.
  */
-int sc_metrics_create(struct sc_engine *eng, const char *listen, struct sc_metrics **out,
-		      struct sc_err *err);
+int sc_metrics_create(const struct sc_metrics_source *src, const char *listen,
+		      struct sc_metrics **out, struct sc_err *err);
 /* Start serving on libmicrohttpd's internal thread (nothing to do when not listening). */
 int sc_metrics_start(struct sc_metrics *m, struct sc_err *err);
 /* Stop serving: when it returns no scrape runs or will run. Idempotent; NULL ok. Never call it
- * with eng->mu held. */
+ * with a lock the source's callbacks take. */
 void sc_metrics_stop(struct sc_metrics *m);
 /* Stops serving if needed, closes the socket, frees the counters. NULL ok. */
 void sc_metrics_destroy(struct sc_metrics *m);
