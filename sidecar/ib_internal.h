@@ -314,9 +314,10 @@ static inline bool ib_xfer_stopped(const struct ib_xfer *xf)
 	return atomic_load_explicit(&xf->xr.stop, memory_order_relaxed);
 }
 /* The transfers in flight. */
-#define IB_FOR_EACH_XFER(ib, xf)                                                                  \
-	for (struct sc_xr_xfer *xr_ = (ib)->xr.live;                                               \
-	     xr_ && ((xf) = container_of(xr_, struct ib_xfer, xr), 1); xr_ = xr_->next)
+#define IB_FOR_EACH_XFER(ib, xf)                                                                   \
+	for (struct sc_list *xr_ = (ib)->xr.live.next;                                             \
+	     xr_ != &(ib)->xr.live && ((xf) = container_of(xr_, struct ib_xfer, xr.node), 1);      \
+	     xr_ = xr_->next)
 void ib_xfer_stop(struct ib_backend *ib);
 int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
 void ib_xfer_cancel(struct sc_backend *b, struct sc_xfer *x);
