@@ -10,6 +10,7 @@
 #include "backend.h"
 #include "fault_guard.h"
 #include "gpu.h"
+#include "list.h"
 #include "log.h"
 #include "passive.h"
 #include "timer.h"
@@ -23,7 +24,7 @@
 
 struct local_job {
 	struct sc_xfer *x;
-	struct local_job *next;
+	struct sc_list node; /* on lb->queue */
 };
 
 struct local_backend {
@@ -33,7 +34,7 @@ struct local_backend {
 	pthread_t thread;
 	bool running;
 	bool stop;
-	struct local_job *head, *tail;
+	struct sc_list queue; /* struct local_job, first in first out */
 };
 
 static struct local_backend *to_local(struct sc_backend *b)
@@ -97,14 +98,13 @@ static void *local_main(void *arg)
 	struct local_backend *lb = arg;
 	pthread_mutex_lock(&lb->mu);
 	for (;;) {
-		while (!lb->head && !lb->stop)
+		while (sc_list_empty(&lb->queue) && !lb->stop)
 			pthread_cond_wait(&lb->cv, &lb->mu);
-		if (!lb->head)
+		struct sc_list *first = sc_list_first(&lb->queue);
+		if (!first)
 			break; /* stop requested and nothing left */
-		struct local_job *j = lb->head;
-		lb->head = j->next;
-		if (!lb->head)
-			lb->tail = NULL;
+		sc_list_remove(first);
+		struct local_job *j = sc_list_entry(first, struct local_job, node);
 		pthread_mutex_unlock(&lb->mu);
 		char msg[SC_ERR_MSG_MAX] = "";
 		enum sc_status st = run_one(&lb->base.env, j->x, msg, sizeof(msg));
@@ -131,8 +131,9 @@ static void local_stop(struct sc_backend *b)
 	struct local_backend *lb = to_local(b);
 	pthread_mutex_lock(&lb->mu);
 	lb->stop = true;
-	for (struct local_job *j = lb->head; j; j = j->next)
-		atomic_store(&j->x->cancel_requested, true);
+	struct sc_list *pos;
+	sc_list_foreach(pos, &lb->queue)
+		atomic_store(&sc_list_entry(pos, struct local_job, node)->x->cancel_requested, true);
 	pthread_cond_broadcast(&lb->cv);
 	pthread_mutex_unlock(&lb->mu);
 	if (lb->running)
@@ -162,11 +163,7 @@ static int local_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *
 		free(j);
 		return sc_err_set(err, SC_UNAVAILABLE, "local backend is stopped");
 	}
-	if (lb->tail)
-		lb->tail->next = j;
-	else
-		lb->head = j;
-	lb->tail = j;
+	sc_list_insert_tail(&lb->queue, &j->node);
 	pthread_cond_signal(&lb->cv);
 	pthread_mutex_unlock(&lb->mu);
 	return 0;
@@ -197,5 +194,6 @@ struct sc_backend *sc_backend_local_create(const struct sc_backend_env *env)
 	snprintf(lb->base.detail, sizeof(lb->base.detail), "memory to memory inside this sidecar");
 	pthread_mutex_init(&lb->mu, NULL);
 	pthread_cond_init(&lb->cv, NULL);
+	sc_list_init(&lb->queue);
 	return &lb->base;
 }

@@ -690,9 +690,12 @@ static void tcp_cancel(struct sc_backend *b, struct sc_xfer *x)
 	struct tcp_backend *tb = to_tcp(b);
 	atomic_store(&x->cancel_requested, true);
 	pthread_mutex_lock(&tb->mu);
-	for (struct sc_xr_xfer *t = tb->xr.live; t; t = t->next)
-		if (t->x == x)
-			stop_xfer_locked(container_of(t, struct tcp_xfer, xr), false);
+	struct sc_list *pos;
+	sc_list_foreach(pos, &tb->xr.live) {
+		struct tcp_xfer *tx = sc_list_entry(pos, struct tcp_xfer, xr.node);
+		if (tx->xr.x == x)
+			stop_xfer_locked(tx, false);
+	}
 	pthread_mutex_unlock(&tb->mu);
 }
 

@@ -164,6 +164,8 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 	eng->cfg = cfg;
 	pthread_mutex_init(&eng->mu, NULL);
 	pthread_cond_init(&eng->idle_cv, NULL);
+	sc_list_init(&eng->sched);
+	sc_list_init(&eng->progress);
 	snprintf(eng->id, sizeof(eng->id), "%s", cfg->id);
 	eng->regions = sc_idmap_create();
 	eng->ops = sc_idmap_create();

@@ -22,6 +22,7 @@
 #include "gpu.h"
 #include "idmap.h"
 #include "keys.h"
+#include "list.h"
 #include "metadata.h"
 #include "metrics.h"
 #include "passive.h"
@@ -134,7 +135,7 @@ struct sc_op {
 	struct sc_requirement req;
 	bool waiting_requirement;
 	bool queued;
-	struct sc_op *sched_next; /* scheduler queue link */
+	struct sc_list sched_node; /* on eng->sched while queued */
 };
 
 struct sc_progress {
@@ -143,7 +144,7 @@ struct sc_progress {
 	bool has_layer;
 	uint32_t layer;
 	bool iteration_complete;
-	struct sc_progress *next;
+	struct sc_list node; /* on eng->progress (newest first) */
 };
 
 struct sc_bus_sub;
@@ -177,10 +178,10 @@ struct sc_engine {
 	bool draining;
 	bool stopping;
 	/* scheduler */
-	struct sc_op *sched_head, *sched_tail; /* waiting for a slot, FIFO */
+	struct sc_list sched; /* struct sc_op waiting for a slot, first in first out */
 	uint32_t active_transfers;
 	uint64_t inflight_bytes;
-	struct sc_progress *progress;
+	struct sc_list progress; /* struct sc_progress */
 	/* the CUDA driver (NULL when unusable: cuda_detail says why) */
 	struct sc_gpu *gpu;
 	char cuda_detail[256];

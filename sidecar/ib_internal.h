@@ -116,7 +116,7 @@ struct ib_qp {
 	struct ib_notice_ring *nr;
 	uint32_t gen;	  /* names the QP in receive wr_ids (never reused) */
 	bool peer_notice; /* outgoing: the peer's QP_CONNECT reply said it takes notices */
-	struct ib_qp *prev, *next; /* ib->out_qps or ib->in_qps */
+	struct sc_list node; /* on ib->out_qps or ib->in_qps (newest first) */
 };
 
 /* A peer sidecar as seen by the outgoing side: its cached QP or its tombstone. */
@@ -128,7 +128,7 @@ struct ib_peer {
 	uint64_t retry_mono_ms;	 /* refused until then */
 	char why[SC_ERR_MSG_MAX / 2];
 	uint32_t prev_qpn; /* our last QP to it, so its side can drop the partner */
-	struct ib_peer *next;
+	struct sc_list node; /* on ib->peers (newest first) */
 };
 
 enum ib_task {
@@ -226,8 +226,8 @@ struct ib_backend {
 	struct sc_xr xr;
 	atomic_bool cq_stop;
 	uint32_t cq_out; /* work requests in flight on the shared CQ */
-	struct ib_peer *peers;
-	struct ib_qp *out_qps, *in_qps;
+	struct sc_list peers;		/* struct ib_peer */
+	struct sc_list out_qps, in_qps; /* struct ib_qp */
 	size_t n_out, n_in;
 	atomic_uint_fast64_t n_grants; /* live exposures, for the destroy check */
 
@@ -314,9 +314,10 @@ static inline bool ib_xfer_stopped(const struct ib_xfer *xf)
 	return atomic_load_explicit(&xf->xr.stop, memory_order_relaxed);
 }
 /* The transfers in flight. */
-#define IB_FOR_EACH_XFER(ib, xf)                                                                  \
-	for (struct sc_xr_xfer *xr_ = (ib)->xr.live;                                               \
-	     xr_ && ((xf) = container_of(xr_, struct ib_xfer, xr), 1); xr_ = xr_->next)
+#define IB_FOR_EACH_XFER(ib, xf)                                                                   \
+	for (struct sc_list *xr_ = (ib)->xr.live.next;                                             \
+	     xr_ != &(ib)->xr.live && ((xf) = container_of(xr_, struct ib_xfer, xr.node), 1);      \
+	     xr_ = xr_->next)
 void ib_xfer_stop(struct ib_backend *ib);
 int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
 void ib_xfer_cancel(struct sc_backend *b, struct sc_xfer *x);

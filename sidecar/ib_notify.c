@@ -227,9 +227,14 @@ bool ib_notice_wc_locked(struct ib_backend *ib, const struct ibv_wc *wc)
 	uint32_t gen = (uint32_t)(wc->wr_id >> 24) & 0xffffffffu;
 	uint32_t slot = (uint32_t)(wc->wr_id & 0xffffff);
 	struct ib_qp *q = NULL;
-	for (struct ib_qp *it = ib->in_qps; it && !q; it = it->next)
-		if (it->gen == gen)
+	struct sc_list *pos;
+	sc_list_foreach(pos, &ib->in_qps) {
+		struct ib_qp *it = sc_list_entry(pos, struct ib_qp, node);
+		if (it->gen == gen) {
 			q = it;
+			break;
+		}
+	}
 	if (!q || !q->nr || slot >= q->nr->slots)
 		return true; /* its QP is gone: nothing to re-post, nobody to tell */
 	if (wc->status != IBV_WC_SUCCESS) {

@@ -170,6 +170,7 @@ static struct ib_qp *qp_create(struct ib_backend *ib, struct ibv_cq *cq, uint32_
 		return NULL;
 	}
 	q->ib = ib;
+	sc_list_init(&q->node);
 	q->cq = cq;
 	q->incoming = sq_depth == 0;
 	snprintf(q->peer, sizeof(q->peer), "%s", peer);
@@ -334,38 +335,20 @@ static int rendezvous(struct ib_backend *ib, struct ib_qp *q, struct sc_peer_con
 
 static struct ib_peer *peer_find_locked(struct ib_backend *ib, const char *id, bool add)
 {
-	for (struct ib_peer *p = ib->peers; p; p = p->next)
+	struct sc_list *pos;
+	sc_list_foreach(pos, &ib->peers) {
+		struct ib_peer *p = sc_list_entry(pos, struct ib_peer, node);
 		if (strcmp(p->id, id) == 0)
 			return p;
+	}
 	if (!add)
 		return NULL;
 	struct ib_peer *p = calloc(1, sizeof(*p));
 	if (!p)
 		return NULL;
 	snprintf(p->id, sizeof(p->id), "%s", id);
-	p->next = ib->peers;
-	ib->peers = p;
+	sc_list_insert_head(&ib->peers, &p->node);
 	return p;
-}
-
-static void link_locked(struct ib_qp **head, struct ib_qp *q)
-{
-	q->prev = NULL;
-	q->next = *head;
-	if (*head)
-		(*head)->prev = q;
-	*head = q;
-}
-
-static void unlink_locked(struct ib_qp **head, struct ib_qp *q)
-{
-	if (q->prev)
-		q->prev->next = q->next;
-	else if (*head == q)
-		*head = q->next;
-	if (q->next)
-		q->next->prev = q->prev;
-	q->prev = q->next = NULL;
 }
 
 void ib_qp_put(struct ib_backend *ib, struct ib_qp *q)
@@ -375,13 +358,11 @@ void ib_qp_put(struct ib_backend *ib, struct ib_qp *q)
 	pthread_mutex_lock(&ib->mu);
 	bool last = --q->refs == 0;
 	if (last) {
-		if (q->incoming) {
-			unlink_locked(&ib->in_qps, q);
+		sc_list_remove(&q->node);
+		if (q->incoming)
 			ib->n_in--;
-		} else {
-			unlink_locked(&ib->out_qps, q);
+		else
 			ib->n_out--;
-		}
 	}
 	pthread_mutex_unlock(&ib->mu);
 	if (last) {
@@ -497,10 +478,13 @@ static int make_room_locked(struct ib_backend *ib, struct ib_qp **drop)
 	if (ib->n_out < IB_MAX_OUT_QPS)
 		return 0;
 	struct ib_peer *victim = NULL;
-	for (struct ib_peer *p = ib->peers; p; p = p->next)
+	struct sc_list *pos;
+	sc_list_foreach(pos, &ib->peers) {
+		struct ib_peer *p = sc_list_entry(pos, struct ib_peer, node);
 		if (p->qp && p->qp->refs == 1 &&
 		    (!victim || p->qp->last_used_mono_ms < victim->qp->last_used_mono_ms))
 			victim = p;
+	}
 	if (!victim)
 		return -1;
 	SC_INFO("ibverbs", "dropping the idle QP to peer %s (at the cap of %d QPs)", victim->id,
@@ -529,7 +513,7 @@ static int connect_and_cache(struct ib_backend *ib, struct ib_peer *p, const str
 	p->connecting = false;
 	if (rc == 0) {
 		q->refs = 2; /* the cache's and the caller's */
-		link_locked(&ib->out_qps, q);
+		sc_list_insert_head(&ib->out_qps, &q->node);
 		p->qp = q;
 		p->failed_mono_ms = 0;
 		p->prev_qpn = 0;
@@ -801,10 +785,15 @@ static int serve_verify(struct ib_backend *ib, const char *peer_id, const struct
 	bool alive = false;
 	struct ib_qp *found = NULL;
 	pthread_mutex_lock(&ib->mu);
-	for (struct ib_qp *q = ib->in_qps; q && !found; q = q->next)
+	struct sc_list *pos;
+	sc_list_foreach(pos, &ib->in_qps) {
+		struct ib_qp *q = sc_list_entry(pos, struct ib_qp, node);
 		if (strcmp(q->peer, peer_id) == 0 && q->remote_qpn == req->qpn &&
-		    q->qp->qp_num == req->prev_qpn)
+		    q->qp->qp_num == req->prev_qpn) {
 			found = q;
+			break;
+		}
+	}
 	if (found) {
 		/* Under the lock, so the QP cannot be destroyed meanwhile. */
 		struct ibv_qp_attr a;
@@ -867,8 +856,9 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 				  ib->self_id);
 	}
 	size_t mine = 0;
-	for (struct ib_qp *q = ib->in_qps, *next; q; q = next) {
-		next = q->next;
+	struct sc_list *pos, *tmp;
+	sc_list_foreach_safe(pos, tmp, &ib->in_qps) {
+		struct ib_qp *q = sc_list_entry(pos, struct ib_qp, node);
 		if (strcmp(q->peer, peer_id) != 0)
 			continue;
 		/* Replaced by the requester, a stale duplicate, or dead (an RDMA error took it). */
@@ -879,7 +869,7 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 		if (((req.prev_qpn && q->remote_qpn == req.prev_qpn) || q->remote_qpn == req.qpn ||
 		     dead) &&
 		    n_drops < sizeof(drops) / sizeof(drops[0])) {
-			unlink_locked(&ib->in_qps, q);
+			sc_list_remove(&q->node);
 			ib->n_in--;
 			drops[n_drops++] = q;
 		} else {
@@ -889,13 +879,15 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 	/* Still too many live ones: the oldest go (a requester uses its newest). */
 	while (mine >= IB_MAX_IN_PER_PEER && n_drops < sizeof(drops) / sizeof(drops[0])) {
 		struct ib_qp *oldest = NULL;
-		for (struct ib_qp *q = ib->in_qps; q; q = q->next)
+		sc_list_foreach(pos, &ib->in_qps) {
+			struct ib_qp *q = sc_list_entry(pos, struct ib_qp, node);
 			if (strcmp(q->peer, peer_id) == 0 &&
 			    (!oldest || q->created_mono_ms < oldest->created_mono_ms))
 				oldest = q;
+		}
 		if (!oldest)
 			break;
-		unlink_locked(&ib->in_qps, oldest);
+		sc_list_remove(&oldest->node);
 		ib->n_in--;
 		drops[n_drops++] = oldest;
 		mine--;
@@ -942,7 +934,7 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 	}
 	pthread_mutex_lock(&ib->mu);
 	q->refs = 1;
-	link_locked(&ib->in_qps, q);
+	sc_list_insert_head(&ib->in_qps, &q->node);
 	pthread_mutex_unlock(&ib->mu);
 	SC_INFO("ibverbs", "QP from peer %s accepted: qpn %u <-> %u, mtu %u", peer_id,
 		q->qp->qp_num, q->remote_qpn, q->path_mtu);
@@ -970,7 +962,9 @@ void ib_qp_async_error(struct ib_backend *ib, struct ibv_qp *ibqp, const char *w
 {
 	struct ib_qp *drop = NULL, *dead = NULL;
 	pthread_mutex_lock(&ib->mu);
-	for (struct ib_qp *q = ib->out_qps; q; q = q->next) {
+	struct sc_list *pos;
+	sc_list_foreach(pos, &ib->out_qps) {
+		struct ib_qp *q = sc_list_entry(pos, struct ib_qp, node);
 		if (q->qp == ibqp) {
 			char why[128];
 			snprintf(why, sizeof(why), "async event %s", what);
@@ -978,11 +972,13 @@ void ib_qp_async_error(struct ib_backend *ib, struct ibv_qp *ibqp, const char *w
 			break;
 		}
 	}
-	for (struct ib_qp *q = ib->in_qps; q && !dead; q = q->next) {
+	sc_list_foreach(pos, &ib->in_qps) {
+		struct ib_qp *q = sc_list_entry(pos, struct ib_qp, node);
 		if (q->qp == ibqp) {
-			unlink_locked(&ib->in_qps, q);
+			sc_list_remove(&q->node);
 			ib->n_in--;
 			dead = q;
+			break;
 		}
 	}
 	pthread_mutex_unlock(&ib->mu);
@@ -997,21 +993,20 @@ void ib_qp_async_error(struct ib_backend *ib, struct ibv_qp *ibqp, const char *w
 void ib_qp_drop_all(struct ib_backend *ib)
 {
 	pthread_mutex_lock(&ib->mu);
-	struct ib_peer *peers = ib->peers;
-	ib->peers = NULL;
-	struct ib_qp *in = ib->in_qps;
-	ib->in_qps = NULL;
+	struct sc_list peers = SC_LIST_INIT(peers), in = SC_LIST_INIT(in);
+	struct sc_list *pos, *tmp;
+	sc_list_move_all(&ib->peers, &peers);
+	sc_list_move_all(&ib->in_qps, &in);
 	ib->n_in = 0;
 	pthread_mutex_unlock(&ib->mu);
-	while (peers) {
-		struct ib_peer *p = peers;
-		peers = p->next;
+	sc_list_foreach_safe(pos, tmp, &peers) {
+		struct ib_peer *p = sc_list_entry(pos, struct ib_peer, node);
 		ib_qp_put(ib, p->qp); /* the cache's reference; transfers have ended */
 		free(p);
 	}
-	while (in) {
-		struct ib_qp *q = in;
-		in = q->next;
+	sc_list_foreach_safe(pos, tmp, &in) {
+		struct ib_qp *q = sc_list_entry(pos, struct ib_qp, node);
+		sc_list_remove(&q->node);
 		qp_free(q);
 	}
 	pthread_mutex_lock(&ib->mu);
@@ -1037,8 +1032,9 @@ void sc_ib_test_qp_counts(struct sc_backend *b, size_t *out_qps, size_t *in_qps)
 	if (!ib)
 		return;
 	pthread_mutex_lock(&ib->mu);
-	for (struct ib_peer *p = ib->peers; p; p = p->next)
-		*out_qps += p->qp != NULL;
+	struct sc_list *pos;
+	sc_list_foreach(pos, &ib->peers)
+		*out_qps += sc_list_entry(pos, struct ib_peer, node)->qp != NULL;
 	*in_qps = ib->n_in;
 	pthread_mutex_unlock(&ib->mu);
 }

@@ -920,9 +920,12 @@ void ib_xfer_stop(struct ib_backend *ib)
 		SC_ERROR("ibverbs",
 			 "%zu transfer(s) still running %d s after stop: flushing their QPs",
 			 ib->xr.n_live, STOP_WAIT_MS / 1000);
-		for (struct ib_qp *q = ib->out_qps; q; q = q->next)
+		struct sc_list *pos;
+		sc_list_foreach(pos, &ib->out_qps) {
+			struct ib_qp *q = sc_list_entry(pos, struct ib_qp, node);
 			if (q->outstanding)
 				ib_qp_flush(q);
+		}
 		if (!sc_xr_wait_idle_locked(&ib->xr, sc_clock_mono_ms() + 5000))
 			SC_ERROR("ibverbs",
 				 "%zu transfer(s) never ended; their memory stays mapped",

@@ -24,6 +24,7 @@
 #include "peer_server.h"
 #include "peer_stage.h"
 
+#include "list.h"
 #include "listen.h"
 #include "log.h"
 #include "passive.h"
@@ -71,7 +72,7 @@ struct orphan {
 	char peer_id[SC_NAME_MAX]; /* who opened it */
 	uint64_t due_mono_ms;
 	char why[SC_ERR_MSG_MAX];
-	struct orphan *next;
+	struct sc_list node; /* on srv->orphans, newest first */
 };
 
 struct conn {
@@ -85,7 +86,7 @@ struct conn {
 	char what[SC_NAME_MAX + 120]; /* "peer sidecar \"id\" at addr", for messages */
 	struct xref *opened;          /* under srv->mu */
 	size_t n_opened, cap_opened;
-	struct conn *prev, *next;
+	struct sc_list node; /* on srv->live, then srv->dead; newest first */
 	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
 };
 
@@ -104,14 +105,14 @@ struct sc_peer_server {
 
 	pthread_mutex_t mu;
 	pthread_cond_t cv;   /* a connection ended; a handler call ended */
-	struct conn *live;   /* threads running */
-	struct conn *dead;   /* threads ended, to join */
+	struct sc_list live; /* struct conn: threads running */
+	struct sc_list dead; /* struct conn: threads ended, to join */
 	size_t n_live;
 	size_t n_unauth; /* live connections before their hello (limits: max_unauth*) */
 	size_t n_authed; /* live connections after it (limit: SC_PEER_SERVER_MAX_CONNS) */
 	uint32_t max_unauth_per_ip, max_unauth;
 	struct sc_peer_tls *tls; /* NULL: plain TCP */
-	struct orphan *orphans;
+	struct sc_list orphans; /* struct orphan */
 	sc_peer_handler_fn qp_fn;
 	void *qp_ctx;
 	unsigned qp_busy;
@@ -154,13 +155,12 @@ static bool xref_eq(const struct xref *a, const uint8_t token[SC_TOKEN_LEN], uin
 static void orphan_forget_locked(struct sc_peer_server *srv, const uint8_t token[SC_TOKEN_LEN],
 				 uint64_t xfer_id)
 {
-	for (struct orphan **pp = &srv->orphans; *pp;) {
-		if (xref_eq(&(*pp)->ref, token, xfer_id)) {
-			struct orphan *o = *pp;
-			*pp = o->next;
+	struct sc_list *pos, *tmp;
+	sc_list_foreach_safe(pos, tmp, &srv->orphans) {
+		struct orphan *o = sc_list_entry(pos, struct orphan, node);
+		if (xref_eq(&o->ref, token, xfer_id)) {
+			sc_list_remove(&o->node);
 			free(o);
-		} else {
-			pp = &(*pp)->next;
 		}
 	}
 }
@@ -228,7 +228,9 @@ static void untrack_everywhere(struct sc_peer_server *srv, const uint8_t token[S
 {
 	pthread_mutex_lock(&srv->mu);
 	orphan_forget_locked(srv, token, xfer_id);
-	for (struct conn *c = srv->live; c; c = c->next) {
+	struct sc_list *pos;
+	sc_list_foreach(pos, &srv->live) {
+		struct conn *c = sc_list_entry(pos, struct conn, node);
 		for (size_t i = 0; i < c->n_opened; i++) {
 			if (xref_eq(&c->opened[i], token, xfer_id)) {
 				c->opened[i] = c->opened[--c->n_opened];
@@ -247,7 +249,11 @@ static int claim(struct sc_peer_server *srv, const char *peer_id, uint64_t xfer_
 	if (via == SC_BACKEND_NONE)
 		return -1;
 	pthread_mutex_lock(&srv->mu);
-	for (struct conn *c = srv->live; c && !found; c = c->next) {
+	struct sc_list *pos;
+	sc_list_foreach(pos, &srv->live) {
+		struct conn *c = sc_list_entry(pos, struct conn, node);
+		if (found)
+			break;
 		if (!c->authed || strcmp(c->peer_id, peer_id) != 0)
 			continue;
 		for (size_t i = 0; i < c->n_opened && !found; i++) {
@@ -257,7 +263,10 @@ static int claim(struct sc_peer_server *srv, const char *peer_id, uint64_t xfer_
 			}
 		}
 	}
-	for (struct orphan *o = srv->orphans; o && !found; o = o->next) {
+	sc_list_foreach(pos, &srv->orphans) {
+		const struct orphan *o = sc_list_entry(pos, struct orphan, node);
+		if (found)
+			break;
 		if (o->ref.xfer_id == xfer_id && o->ref.via == via && strcmp(o->peer_id, peer_id) == 0) {
 			memcpy(token, o->ref.token, SC_TOKEN_LEN);
 			found = true;
@@ -273,7 +282,9 @@ static int claim(struct sc_peer_server *srv, const char *peer_id, uint64_t xfer_
 static bool tracked_by_other_locked(struct sc_peer_server *srv, const struct conn *self,
 				    const struct xref *r)
 {
-	for (const struct conn *c = srv->live; c; c = c->next) {
+	const struct sc_list *pos;
+	sc_list_foreach(pos, &srv->live) {
+		const struct conn *c = sc_list_entry(pos, struct conn, node);
 		if (c == self)
 			continue;
 		for (size_t i = 0; i < c->n_opened; i++)
@@ -288,24 +299,21 @@ static uint64_t expire_orphans(struct sc_peer_server *srv, bool all)
 {
 	uint64_t now = sc_clock_mono_ms();
 	uint64_t next_due = 0;
-	struct orphan *due = NULL;
+	struct sc_list due = SC_LIST_INIT(due); /* oldest first, as before */
+	struct sc_list *pos, *tmp;
 	pthread_mutex_lock(&srv->mu);
-	for (struct orphan **pp = &srv->orphans; *pp;) {
-		struct orphan *o = *pp;
+	sc_list_foreach_safe(pos, tmp, &srv->orphans) {
+		struct orphan *o = sc_list_entry(pos, struct orphan, node);
 		if (all || o->due_mono_ms <= now) {
-			*pp = o->next;
-			o->next = due;
-			due = o;
-		} else {
-			if (!next_due || o->due_mono_ms < next_due)
-				next_due = o->due_mono_ms;
-			pp = &o->next;
+			sc_list_remove(&o->node);
+			sc_list_insert_head(&due, &o->node);
+		} else if (!next_due || o->due_mono_ms < next_due) {
+			next_due = o->due_mono_ms;
 		}
 	}
 	pthread_mutex_unlock(&srv->mu);
-	while (due) {
-		struct orphan *o = due;
-		due = o->next;
+	sc_list_foreach_safe(pos, tmp, &due) {
+		struct orphan *o = sc_list_entry(pos, struct orphan, node);
 		sc_passive_abandon(&srv->passive, o->ref.token, o->ref.xfer_id, o->why);
 		free(o);
 	}
@@ -859,12 +867,7 @@ static void conn_finish(struct conn *c, const char *why)
 	struct sc_peer_server *srv = c->srv;
 	uint64_t due = sc_clock_mono_ms() + ORPHAN_GRACE_MS;
 	pthread_mutex_lock(&srv->mu);
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		srv->live = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
+	sc_list_remove(&c->node);
 	srv->n_live--;
 	if (c->authed)
 		srv->n_authed--;
@@ -886,15 +889,12 @@ static void conn_finish(struct conn *c, const char *why)
 		snprintf(o->peer_id, sizeof(o->peer_id), "%s", c->peer_id);
 		o->due_mono_ms = due;
 		snprintf(o->why, sizeof(o->why), "%.480s, before DONE", why);
-		o->next = srv->orphans;
-		srv->orphans = o;
+		sc_list_insert_head(&srv->orphans, &o->node);
 	}
 	free(c->opened);
 	c->opened = NULL;
 	c->n_opened = c->cap_opened = 0;
-	c->next = srv->dead;
-	c->prev = NULL;
-	srv->dead = c;
+	sc_list_insert_head(&srv->dead, &c->node);
 	pthread_cond_broadcast(&srv->cv);
 	pthread_mutex_unlock(&srv->mu);
 	/* Nobody else touches the fd once the connection left the live list. */
@@ -995,13 +995,13 @@ out:
 /* Join the threads of connections that ended, and free them. Accept thread or destroy. */
 static void reap(struct sc_peer_server *srv)
 {
+	struct sc_list dead = SC_LIST_INIT(dead);
+	struct sc_list *pos, *tmp;
 	pthread_mutex_lock(&srv->mu);
-	struct conn *dead = srv->dead;
-	srv->dead = NULL;
+	sc_list_move_all(&srv->dead, &dead);
 	pthread_mutex_unlock(&srv->mu);
-	while (dead) {
-		struct conn *c = dead;
-		dead = c->next;
+	sc_list_foreach_safe(pos, tmp, &dead) {
+		struct conn *c = sc_list_entry(pos, struct conn, node);
 		pthread_join(c->thread, NULL);
 		free(c);
 	}
@@ -1038,8 +1038,11 @@ static bool unauth_room_locked(struct sc_peer_server *srv, const char *ip, char 
 	}
 	size_t same = 0;
 	*key = "peer-refused-unauth-per-ip";
-	for (struct conn *c = srv->live; c; c = c->next)
+	struct sc_list *pos;
+	sc_list_foreach(pos, &srv->live) {
+		const struct conn *c = sc_list_entry(pos, struct conn, node);
 		same += !c->authed && strcmp(c->ip, ip) == 0;
+	}
 	if (same >= srv->max_unauth_per_ip) {
 		snprintf(reason, cap,
 			 "%zu connections from %s are waiting for their hello "
@@ -1090,10 +1093,7 @@ static void accept_one(struct sc_peer_server *srv)
 	snprintf(c->ip, sizeof(c->ip), "%s", ip);
 
 	pthread_mutex_lock(&srv->mu);
-	c->next = srv->live;
-	if (srv->live)
-		srv->live->prev = c;
-	srv->live = c;
+	sc_list_insert_head(&srv->live, &c->node);
 	srv->n_live++;
 	srv->n_unauth++;
 	pthread_mutex_unlock(&srv->mu);
@@ -1105,12 +1105,7 @@ static void accept_one(struct sc_peer_server *srv)
 	pthread_attr_destroy(&attr);
 	if (rc != 0) {
 		pthread_mutex_lock(&srv->mu);
-		if (c->prev)
-			c->prev->next = c->next;
-		else
-			srv->live = c->next;
-		if (c->next)
-			c->next->prev = c->prev;
+		sc_list_remove(&c->node);
 		srv->n_live--;
 		srv->n_unauth--;
 		pthread_mutex_unlock(&srv->mu);
@@ -1186,6 +1181,9 @@ int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_
 	srv->wake_fd = -1;
 	pthread_mutex_init(&srv->mu, NULL);
 	pthread_cond_init(&srv->cv, NULL);
+	sc_list_init(&srv->live);
+	sc_list_init(&srv->dead);
+	sc_list_init(&srv->orphans);
 	atomic_init(&srv->stopping, false);
 	srv->max_unauth_per_ip = cfg->data_max_unauth_per_ip ? cfg->data_max_unauth_per_ip : 16;
 	srv->max_unauth = cfg->data_max_unauth ? cfg->data_max_unauth : 64;
@@ -1355,9 +1353,11 @@ void sc_peer_server_destroy(struct sc_peer_server *srv)
 	srv->listen_fd = -1;
 	/* Cut every connection; each thread notices at once, queues itself and ends. */
 	pthread_mutex_lock(&srv->mu);
-	for (struct conn *c = srv->live; c; c = c->next)
-		shutdown(c->fd, SHUT_RDWR);
-	while (srv->live)
+	struct sc_list *pos;
+	sc_list_foreach(pos, &srv->live) {
+		shutdown(sc_list_entry(pos, struct conn, node)->fd, SHUT_RDWR);
+	}
+	while (!sc_list_empty(&srv->live))
 		pthread_cond_wait(&srv->cv, &srv->mu);
 	pthread_mutex_unlock(&srv->mu);
 	reap(srv);

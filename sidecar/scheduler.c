@@ -40,18 +40,13 @@ static void take_slot_and_start(struct sc_engine *eng, struct sc_op *op)
 void sc_sched_admit(struct sc_engine *eng, struct sc_op *op)
 {
 	op->waiting_requirement = false;
-	if (!eng->sched_head && slot_free(eng, op)) {
+	if (sc_list_empty(&eng->sched) && slot_free(eng, op)) {
 		take_slot_and_start(eng, op);
 		return;
 	}
 	op->queued = true;
-	op->sched_next = NULL;
 	op->refs++; /* the queue's */
-	if (eng->sched_tail)
-		eng->sched_tail->sched_next = op;
-	else
-		eng->sched_head = op;
-	eng->sched_tail = op;
+	sc_list_insert_tail(&eng->sched, &op->sched_node);
 	SC_DEBUG("sched", "%s queued: %u transfers, %" PRIu64 " bytes in flight", op->id,
 		 eng->active_transfers, eng->inflight_bytes);
 }
@@ -59,13 +54,12 @@ void sc_sched_admit(struct sc_engine *eng, struct sc_op *op)
 /* Start queued operations from the head while they fit. */
 static void admit_queued(struct sc_engine *eng)
 {
-	while (eng->sched_head && slot_free(eng, eng->sched_head)) {
-		struct sc_op *next = eng->sched_head;
-		eng->sched_head = next->sched_next;
-		if (!eng->sched_head)
-			eng->sched_tail = NULL;
+	struct sc_list *first;
+	while ((first = sc_list_first(&eng->sched)) &&
+	       slot_free(eng, sc_list_entry(first, struct sc_op, sched_node))) {
+		struct sc_op *next = sc_list_entry(first, struct sc_op, sched_node);
+		sc_list_remove(&next->sched_node);
 		next->queued = false;
-		next->sched_next = NULL;
 		if (next->status == SC_OPS_SCHEDULED)
 			take_slot_and_start(eng, next);
 		sc_op_unref(eng, next);
@@ -77,20 +71,8 @@ void sc_sched_remove(struct sc_engine *eng, struct sc_op *op)
 	op->waiting_requirement = false;
 	if (!op->queued)
 		return;
-	struct sc_op *prev = NULL;
-	for (struct sc_op *it = eng->sched_head; it; prev = it, it = it->sched_next) {
-		if (it != op)
-			continue;
-		if (prev)
-			prev->sched_next = op->sched_next;
-		else
-			eng->sched_head = op->sched_next;
-		if (eng->sched_tail == op)
-			eng->sched_tail = prev;
-		break;
-	}
+	sc_list_remove(&op->sched_node);
 	op->queued = false;
-	op->sched_next = NULL;
 	sc_op_unref(eng, op);
 	/* The removed operation may have been the head that did not fit: what waited behind it
 	 * may fit now. */
@@ -109,16 +91,20 @@ void sc_sched_release(struct sc_engine *eng, struct sc_op *op)
 
 static struct sc_progress *progress_find(struct sc_engine *eng, const char *request_id)
 {
-	for (struct sc_progress *p = eng->progress; p; p = p->next)
+	struct sc_list *pos;
+	sc_list_foreach(pos, &eng->progress) {
+		struct sc_progress *p = sc_list_entry(pos, struct sc_progress, node);
 		if (strcmp(p->request_id, request_id) == 0)
 			return p;
+	}
 	return NULL;
 }
 
 size_t sc_sched_queued(struct sc_engine *eng)
 {
 	size_t n = 0;
-	for (const struct sc_op *op = eng->sched_head; op; op = op->sched_next)
+	const struct sc_list *pos;
+	sc_list_foreach(pos, &eng->sched)
 		n++;
 	return n;
 }
@@ -170,8 +156,7 @@ int sc_progress_report(struct sc_engine *eng, const char *request_id, uint64_t i
 			return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 		}
 		strcpy(p->request_id, request_id);
-		p->next = eng->progress;
-		eng->progress = p;
+		sc_list_insert_head(&eng->progress, &p->node);
 	} else if (iteration < p->iteration) {
 		uint64_t have = p->iteration;
 		pthread_mutex_unlock(&eng->mu);
@@ -210,9 +195,9 @@ int sc_progress_report(struct sc_engine *eng, const char *request_id, uint64_t i
 
 void sc_sched_free_progress(struct sc_engine *eng)
 {
-	while (eng->progress) {
-		struct sc_progress *p = eng->progress;
-		eng->progress = p->next;
-		free(p);
+	struct sc_list *pos, *tmp;
+	sc_list_foreach_safe(pos, tmp, &eng->progress) {
+		sc_list_remove(pos);
+		free(sc_list_entry(pos, struct sc_progress, node));
 	}
 }

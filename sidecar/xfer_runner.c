@@ -22,6 +22,8 @@ void sc_xr_init(struct sc_xr *r, const char *name, pthread_mutex_t *mu)
 	memset(r, 0, sizeof(*r));
 	r->name = name;
 	r->mu = mu;
+	sc_list_init(&r->queue);
+	sc_list_init(&r->live);
 	pthread_cond_init(&r->cv, NULL);
 }
 
@@ -37,15 +39,13 @@ static void *worker_main(void *arg)
 	struct sc_xr *r = arg;
 	pthread_mutex_lock(r->mu);
 	for (;;) {
-		while (!r->head && !r->workers_exit)
+		while (sc_list_empty(&r->queue) && !r->workers_exit)
 			pthread_cond_wait(&r->cv, r->mu);
-		struct sc_xr_task *t = r->head;
-		if (!t)
+		struct sc_list *first = sc_list_first(&r->queue);
+		if (!first)
 			break; /* told to exit, queue drained */
-		r->head = t->next;
-		if (!r->head)
-			r->tail = NULL;
-		t->next = NULL;
+		sc_list_remove(first);
+		struct sc_xr_task *t = sc_list_entry(first, struct sc_xr_task, node);
 		pthread_mutex_unlock(r->mu);
 		t->run(t);
 		pthread_mutex_lock(r->mu);
@@ -78,7 +78,9 @@ void sc_xr_begin_stop(struct sc_xr *r, void (*stop)(struct sc_xr_xfer *t))
 {
 	pthread_mutex_lock(r->mu);
 	r->stopping = true;
-	for (struct sc_xr_xfer *t = r->live; t; t = t->next) {
+	struct sc_list *pos;
+	sc_list_foreach(pos, &r->live) {
+		struct sc_xr_xfer *t = sc_list_entry(pos, struct sc_xr_xfer, node);
 		atomic_store(&t->x->cancel_requested, true);
 		if (stop)
 			stop(t);
@@ -118,7 +120,7 @@ int sc_xr_admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struct
 		struct sc_err *err)
 {
 	t->x = x;
-	t->prev = t->next = NULL;
+	sc_list_init(&t->node);
 	atomic_init(&t->stop, false);
 	t->stop_mono_ms = 0;
 	t->failed = false;
@@ -131,10 +133,7 @@ int sc_xr_admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struct
 		return sc_err_set(err, SC_UNAVAILABLE, "the %s backend is %s", r->name,
 				  stopping ? "shutting down" : "not started");
 	}
-	t->next = r->live;
-	if (r->live)
-		r->live->prev = t;
-	r->live = t;
+	sc_list_insert_head(&r->live, &t->node);
 	r->n_live++;
 	sc_xr_queue_locked(r, first);
 	pthread_mutex_unlock(r->mu);
@@ -143,25 +142,14 @@ int sc_xr_admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struct
 
 void sc_xr_retire_locked(struct sc_xr *r, struct sc_xr_xfer *t)
 {
-	if (t->prev)
-		t->prev->next = t->next;
-	else
-		r->live = t->next;
-	if (t->next)
-		t->next->prev = t->prev;
-	t->prev = t->next = NULL;
+	sc_list_remove(&t->node);
 	r->n_live--;
 	pthread_cond_broadcast(&r->cv);
 }
 
 void sc_xr_queue_locked(struct sc_xr *r, struct sc_xr_task *task)
 {
-	task->next = NULL;
-	if (r->tail)
-		r->tail->next = task;
-	else
-		r->head = task;
-	r->tail = task;
+	sc_list_insert_tail(&r->queue, &task->node);
 	pthread_cond_signal(&r->cv);
 }
 
@@ -169,22 +157,13 @@ size_t sc_xr_unqueue_locked(struct sc_xr *r, bool (*match)(const struct sc_xr_ta
 			    void *arg)
 {
 	size_t n = 0;
-	struct sc_xr_task *prev = NULL;
-	for (struct sc_xr_task *t = r->head; t;) {
-		struct sc_xr_task *next = t->next;
+	struct sc_list *pos, *tmp;
+	sc_list_foreach_safe(pos, tmp, &r->queue) {
+		struct sc_xr_task *t = sc_list_entry(pos, struct sc_xr_task, node);
 		if (match(t, arg)) {
-			if (prev)
-				prev->next = next;
-			else
-				r->head = next;
-			if (r->tail == t)
-				r->tail = prev;
-			t->next = NULL;
+			sc_list_remove(&t->node);
 			n++;
-		} else {
-			prev = t;
 		}
-		t = next;
 	}
 	return n;
 }

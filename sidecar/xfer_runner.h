@@ -21,6 +21,7 @@
 #define SC_XFER_RUNNER_H
 
 #include "backend.h"
+#include "list.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -32,14 +33,14 @@
 
 /* One unit of work for a worker thread (the backend embeds it in its transfer). */
 struct sc_xr_task {
-	struct sc_xr_task *next;
+	struct sc_list node; /* on the runner's queue */
 	void (*run)(struct sc_xr_task *t);
 };
 
 /* A transfer in flight, as the runner sees it. */
 struct sc_xr_xfer {
 	struct sc_xfer *x;
-	struct sc_xr_xfer *prev, *next; /* the runner's live list */
+	struct sc_list node; /* on the runner's live list */
 	/* Post or send nothing more: set by a failure, a cancel or a stop. Read without the lock
 	 * by a backend's I/O loops; written under it. */
 	atomic_bool stop;
@@ -54,8 +55,8 @@ struct sc_xr {
 	const char *name;    /* "tcp", "ibverbs": in messages */
 	pthread_mutex_t *mu; /* the backend's */
 	pthread_cond_t cv;   /* a task queued, a transfer retired, or stopping */
-	struct sc_xr_task *head, *tail;
-	struct sc_xr_xfer *live;
+	struct sc_list queue; /* struct sc_xr_task, first in first out */
+	struct sc_list live;  /* struct sc_xr_xfer, newest first */
 	size_t n_live;
 	bool started;  /* accepting transfers */
 	bool stopping; /* refusing new transfers; the live ones are being cancelled */
