@@ -21,7 +21,7 @@ struct sc_bus_sub {
 	struct sc_engine *eng;
 	sc_bus_event_fn fn;
 	void *ctx;
-	struct sc_bus_sub *next;
+	struct sc_list node; /* eng->subs */
 };
 
 static int need_bus(struct sc_engine *eng, struct sc_err *err)
@@ -172,8 +172,7 @@ int sc_bus_subscribe(struct sc_engine *eng, const char *subject, const char *que
 	}
 	pthread_mutex_lock(&eng->mu);
 	s->id = ++eng->next_sub_id;
-	s->next = eng->subs;
-	eng->subs = s;
+	sc_list_insert_head(&eng->subs, &s->node);
 	*sub_id = s->id;
 	pthread_mutex_unlock(&eng->mu);
 	return 0;
@@ -183,10 +182,12 @@ void sc_bus_unsubscribe(struct sc_engine *eng, uint64_t sub_id)
 {
 	pthread_mutex_lock(&eng->mu);
 	struct sc_bus_sub *s = NULL;
-	for (struct sc_bus_sub **pp = &eng->subs; *pp; pp = &(*pp)->next) {
-		if ((*pp)->id == sub_id) {
-			s = *pp;
-			*pp = s->next;
+	struct sc_list *pos;
+	sc_list_foreach(pos, &eng->subs) {
+		struct sc_bus_sub *it = sc_list_entry(pos, struct sc_bus_sub, node);
+		if (it->id == sub_id) {
+			s = it;
+			sc_list_remove(&s->node);
 			break;
 		}
 	}
@@ -201,10 +202,11 @@ void sc_bus_stop(struct sc_engine *eng)
 {
 	for (;;) {
 		pthread_mutex_lock(&eng->mu);
-		struct sc_bus_sub *s = eng->subs;
+		struct sc_list *first = sc_list_first(&eng->subs);
+		uint64_t id = first ? sc_list_entry(first, struct sc_bus_sub, node)->id : 0;
 		pthread_mutex_unlock(&eng->mu);
-		if (!s)
+		if (!first)
 			break;
-		sc_bus_unsubscribe(eng, s->id);
+		sc_bus_unsubscribe(eng, id);
 	}
 }

@@ -166,6 +166,7 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 	pthread_cond_init(&eng->idle_cv, NULL);
 	sc_list_init(&eng->sched);
 	sc_list_init(&eng->progress);
+	sc_list_init(&eng->subs);
 	snprintf(eng->id, sizeof(eng->id), "%s", cfg->id);
 	eng->regions = sc_idmap_create();
 	eng->ops = sc_idmap_create();

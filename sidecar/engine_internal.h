@@ -67,7 +67,7 @@ struct sc_watch {
 	uint64_t id;
 	sc_op_watch_fn fn;
 	void *ctx;
-	struct sc_watch *next;
+	struct sc_list node; /* op->watches */
 };
 
 /* One claimed use of a passive operation. */
@@ -110,7 +110,7 @@ struct sc_op {
 	uint64_t deadline_timer;
 	uint64_t retention_timer;
 	atomic_uint_fast64_t last_notify_mono_ms; /* read without mu to throttle progress */
-	struct sc_watch *watches;
+	struct sc_list watches; /* struct sc_watch, newest first */
 
 	/* passive */
 	uint8_t token[SC_TOKEN_LEN];
@@ -168,7 +168,7 @@ struct sc_engine {
 	struct sc_peer_tls *peer_tls; /* NULL: peer data channel in clear text */
 	struct sc_nats_bus *bus;
 	struct sc_metrics *metrics; /* counters; the --metrics-listen server */
-	struct sc_bus_sub *subs;
+	struct sc_list subs; /* struct sc_bus_sub (bus.c), newest first */
 	uint64_t next_sub_id;
 	char id[SC_NAME_MAX];
 	uint64_t next_watch_id;

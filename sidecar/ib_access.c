@@ -302,10 +302,11 @@ void ib_access_init(struct ib_backend *ib, const struct ibv_device_attr *da)
 void ib_access_fini(struct ib_backend *ib)
 {
 	bind_qp_destroy(ib);
-	while (ib->nobind) { /* regions outlived the backend: their MRs die with the PD */
-		struct ib_nobind *n = ib->nobind;
-		ib->nobind = n->next;
-		free(n);
+	/* Regions that outlived the backend: their MRs die with the PD. */
+	struct sc_list *pos, *tmp;
+	sc_list_foreach_safe(pos, tmp, &ib->nobind) {
+		sc_list_remove(pos);
+		free(sc_list_entry(pos, struct ib_nobind, node));
 	}
 	if (ib->bind_mu_init)
 		pthread_mutex_destroy(&ib->bind_mu);
@@ -405,9 +406,11 @@ static struct ibv_mr *reg_any(struct ib_backend *ib, void *addr, uint64_t len, i
 /* Is mr one of the GPU region MRs registered without window binding? Under bind_mu. */
 static bool nobind_has(const struct ib_backend *ib, const struct ibv_mr *mr)
 {
-	for (const struct ib_nobind *n = ib->nobind; n; n = n->next)
-		if (n->mr == mr)
+	const struct sc_list *pos;
+	sc_list_foreach(pos, &ib->nobind) {
+		if (sc_list_entry(pos, const struct ib_nobind, node)->mr == mr)
 			return true;
+	}
 	return false;
 }
 
@@ -439,8 +442,7 @@ int ib_register(struct sc_backend *b, void *addr, uint64_t len, int gpu, void **
 	sc_err_clear(err);
 	n->mr = mr;
 	pthread_mutex_lock(&ib->bind_mu);
-	n->next = ib->nobind;
-	ib->nobind = n;
+	sc_list_insert_head(&ib->nobind, &n->node);
 	pthread_mutex_unlock(&ib->bind_mu);
 	*handle = mr;
 	return 0;
@@ -454,10 +456,11 @@ void ib_deregister(struct sc_backend *b, void *handle)
 		return;
 	if (ib->bind_mu_init) {
 		pthread_mutex_lock(&ib->bind_mu);
-		for (struct ib_nobind **pp = &ib->nobind; *pp; pp = &(*pp)->next) {
-			if ((*pp)->mr == mr) {
-				struct ib_nobind *n = *pp;
-				*pp = n->next;
+		struct sc_list *pos;
+		sc_list_foreach(pos, &ib->nobind) {
+			struct ib_nobind *n = sc_list_entry(pos, struct ib_nobind, node);
+			if (n->mr == mr) {
+				sc_list_remove(pos);
 				free(n);
 				break;
 			}

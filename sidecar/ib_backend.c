@@ -379,6 +379,7 @@ struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)
 	sc_list_init(&ib->peers);
 	sc_list_init(&ib->out_qps);
 	sc_list_init(&ib->in_qps);
+	sc_list_init(&ib->nobind);
 	atomic_init(&ib->cq_stop, false);
 	atomic_init(&ib->n_grants, 0);
 	snprintf(ib->self_id, sizeof(ib->self_id), "%s", env->self_id);

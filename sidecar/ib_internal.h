@@ -84,7 +84,7 @@ struct ib_notice_ring;
 /* A GPU region's MR that the NIC driver would not register with window binding (ib_access.c). */
 struct ib_nobind {
 	const struct ibv_mr *mr;
-	struct ib_nobind *next;
+	struct sc_list node; /* ib->nobind */
 };
 
 struct ib_qp {
@@ -209,7 +209,7 @@ struct ib_backend {
 	bool bind_mu_init;
 	struct ibv_cq *bind_cq;
 	struct ibv_qp *bind_qp; /* RC, connected to itself; NULL after a failed bind */
-	struct ib_nobind *nobind; /* GPU region MRs without window binding (under bind_mu) */
+	struct sc_list nobind; /* struct ib_nobind: GPU region MRs without window binding (bind_mu) */
 
 	/* Started by start(). */
 	struct ibv_comp_channel *chan;

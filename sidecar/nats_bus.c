@@ -35,6 +35,7 @@
 
 #include <nats/nats.h>
 
+#include "list.h"
 #include "log.h"
 #include "timer.h"
 
@@ -62,7 +63,7 @@ static const char *const state_names[] = {"connecting", "connected", "reconnecti
 
 struct nats_sub {
 	struct sc_nats_bus *bus;
-	struct nats_sub *next; /* bus->subs, under bus->mu */
+	struct sc_list node;   /* bus->subs, under bus->mu; self-linked when on none */
 	uint64_t id;	       /* set under bus->mu */
 	natsSubscription *nsub;
 	sc_nats_msg_fn fn;
@@ -91,7 +92,7 @@ struct sc_nats_bus {
 
 	pthread_mutex_t mu; /* guards the fields below */
 	pthread_cond_t cond;
-	struct nats_sub *subs;
+	struct sc_list subs; /* struct nats_sub, newest first */
 	uint64_t next_id;
 	int nats_live;	  /* subscriptions whose on_complete has not run */
 	bool closed_seen; /* nats.c's closed callback has run */
@@ -421,12 +422,7 @@ static void sub_close(struct sc_nats_bus *bus, struct nats_sub *s)
 	natsSubscription_Destroy(s->nsub);
 
 	pthread_mutex_lock(&bus->mu);
-	for (struct nats_sub **pp = &bus->subs; *pp; pp = &(*pp)->next) {
-		if (*pp == s) {
-			*pp = s->next;
-			break;
-		}
-	}
+	sc_list_remove(&s->node); /* harmless when already off the list */
 	pthread_mutex_unlock(&bus->mu);
 	sub_unref(s); /* the list's reference */
 }
@@ -559,11 +555,14 @@ static void on_error(natsConnection *nc, natsSubscription *nsub, natsStatus st, 
 	char subject[80] = "";
 	if (nsub) {
 		pthread_mutex_lock(&bus->mu);
-		for (struct nats_sub *s = bus->subs; s; s = s->next)
+		struct sc_list *pos;
+		sc_list_foreach(pos, &bus->subs) {
+			struct nats_sub *s = sc_list_entry(pos, struct nats_sub, node);
 			if (s->nsub == nsub) {
 				shown(s->subject, subject);
 				break;
 			}
+		}
 		pthread_mutex_unlock(&bus->mu);
 	}
 	if (st == NATS_SLOW_CONSUMER)
@@ -705,6 +704,7 @@ int sc_nats_bus_create_ex(const char *url, const char *name, const struct sc_nat
 				  "out of memory creating the NATS bus");
 	}
 	sc_cond_init_mono(&bus->cond);
+	sc_list_init(&bus->subs);
 	pthread_mutex_init(&bus->mu, NULL);
 	pthread_mutex_init(&bus->state_mu, NULL);
 	atomic_init(&bus->state, ST_CONNECTING);
@@ -894,6 +894,7 @@ int sc_nats_bus_subscribe(struct sc_nats_bus *bus, const char *subject, const ch
 				  shown(subject, b));
 	}
 	s->bus = bus;
+	sc_list_init(&s->node);
 	s->fn = fn;
 	s->ctx = ctx;
 	atomic_init(&s->refs, 2); /* the bus's list and nats.c's on_complete */
@@ -948,8 +949,7 @@ int sc_nats_bus_subscribe(struct sc_nats_bus *bus, const char *subject, const ch
 	pthread_mutex_lock(&bus->mu);
 	s->nsub = nsub;
 	s->id = ++bus->next_id;
-	s->next = bus->subs;
-	bus->subs = s;
+	sc_list_insert_head(&bus->subs, &s->node);
 	*sub_id = s->id;
 	pthread_mutex_unlock(&bus->mu);
 
@@ -969,11 +969,16 @@ void sc_nats_bus_unsubscribe(struct sc_nats_bus *bus, uint64_t sub_id)
 {
 	if (!bus || sub_id == 0)
 		return;
-	struct nats_sub *s;
+	struct nats_sub *s = NULL;
+	struct sc_list *pos;
 	pthread_mutex_lock(&bus->mu);
-	for (s = bus->subs; s; s = s->next)
-		if (s->id == sub_id)
+	sc_list_foreach(pos, &bus->subs) {
+		struct nats_sub *it = sc_list_entry(pos, struct nats_sub, node);
+		if (it->id == sub_id) {
+			s = it;
 			break;
+		}
+	}
 	if (s)
 		atomic_fetch_add(&s->refs, 1);
 	pthread_mutex_unlock(&bus->mu);
@@ -1011,7 +1016,8 @@ void sc_nats_bus_destroy(struct sc_nats_bus *bus)
 	atomic_store(&bus->closing, true);
 	for (;;) {
 		pthread_mutex_lock(&bus->mu);
-		struct nats_sub *s = bus->subs;
+		struct sc_list *first = sc_list_first(&bus->subs);
+		struct nats_sub *s = first ? sc_list_entry(first, struct nats_sub, node) : NULL;
 		if (s)
 			atomic_fetch_add(&s->refs, 1);
 		pthread_mutex_unlock(&bus->mu);

@@ -149,20 +149,18 @@ static int op_fill_info(const struct sc_op *op, struct sc_op_info *info)
 /* Tell every watcher. Under mu. */
 static void op_notify(struct sc_engine *eng, struct sc_op *op)
 {
-	if (!op->watches)
+	if (sc_list_empty(&op->watches))
 		return;
 	struct sc_op_info info;
 	op_fill_info(op, &info);
 	bool terminal = sc_op_status_terminal(op->status);
-	struct sc_watch **pp = &op->watches;
-	while (*pp) {
-		struct sc_watch *w = *pp;
+	struct sc_list *pos, *tmp;
+	sc_list_foreach_safe(pos, tmp, &op->watches) {
+		struct sc_watch *w = sc_list_entry(pos, struct sc_watch, node);
 		bool keep = w->fn(w->ctx, &info);
 		if (!keep || terminal) {
-			*pp = w->next;
+			sc_list_remove(pos);
 			free(w);
-		} else {
-			pp = &w->next;
 		}
 	}
 	sc_op_info_free(&info);
@@ -176,10 +174,10 @@ static void op_free(struct sc_engine *eng, struct sc_op *op)
 	for (size_t i = 0; i < op->n_descs; i++)
 		if (op->regions && op->regions[i])
 			sc_region_unref(eng, op->regions[i]);
-	while (op->watches) {
-		struct sc_watch *w = op->watches;
-		op->watches = w->next;
-		free(w);
+	struct sc_list *pos, *tmp;
+	sc_list_foreach_safe(pos, tmp, &op->watches) {
+		sc_list_remove(pos);
+		free(sc_list_entry(pos, struct sc_watch, node));
 	}
 	if (op->meta_valid)
 		sc_metadata_free(&op->meta);
@@ -429,6 +427,8 @@ static struct sc_op *op_new(struct sc_engine *eng, enum sc_op_kind kind, const s
 		return NULL;
 	}
 	struct sc_op *op = calloc(1, sizeof(*op));
+	if (op)
+		sc_list_init(&op->watches);
 	if (!op || !(op->descs = calloc(n, sizeof(*op->descs))) ||
 	    !(op->regions = calloc(n, sizeof(*op->regions)))) {
 		if (op) {
@@ -1031,8 +1031,7 @@ int sc_op_watch(struct sc_engine *eng, const char *id, sc_op_watch_fn fn, void *
 	} else {
 		w->fn = fn;
 		w->ctx = ctx;
-		w->next = op->watches;
-		op->watches = w;
+		sc_list_insert_head(&op->watches, &w->node);
 	}
 	pthread_mutex_unlock(&eng->mu);
 	return 0;
@@ -1047,10 +1046,13 @@ static void unwatch_one(void *ctx, void *value)
 {
 	struct unwatch_ctx *c = ctx;
 	struct sc_op *op = value;
-	for (struct sc_watch **pp = &op->watches; *pp && !c->found; pp = &(*pp)->next) {
-		if ((*pp)->id == c->id) {
-			struct sc_watch *w = *pp;
-			*pp = w->next;
+	if (c->found)
+		return;
+	struct sc_list *pos;
+	sc_list_foreach(pos, &op->watches) {
+		struct sc_watch *w = sc_list_entry(pos, struct sc_watch, node);
+		if (w->id == c->id) {
+			sc_list_remove(pos);
 			free(w);
 			c->found = true;
 			return;

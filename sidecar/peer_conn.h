@@ -9,6 +9,7 @@
 #ifndef SC_PEER_CONN_H
 #define SC_PEER_CONN_H
 
+#include "list.h"
 #include "peer_proto.h"
 #include "sc_types.h"
 
@@ -27,7 +28,7 @@ struct sc_peer_conn {
 	bool hold_next; /* sc_peer_conn_hold_next: the next request is sent with MSG_MORE */
 	bool held;      /* the last request went out with MSG_MORE: part of it may wait in the kernel */
 	uint64_t idle_since_ms;
-	struct sc_peer_conn *next; /* idle list */
+	struct sc_list idle_node; /* the pool's idle list (self-linked when handed out) */
 	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
 };
 

@@ -37,7 +37,7 @@ struct sc_peer_pool {
 	struct sc_keyring_source keys; /* for each hello */
 	struct sc_peer_tls *tls; /* NULL: plain TCP */
 	pthread_mutex_t mu;
-	struct sc_peer_conn *idle; /* most recently used first */
+	struct sc_list idle; /* struct sc_peer_conn, most recently used first */
 };
 
 static void conn_close(struct sc_peer_conn *c)
@@ -62,6 +62,7 @@ int sc_peer_pool_create(const char *self_id, const struct sc_keyring_source *key
 	snprintf(pool->self_id, sizeof(pool->self_id), "%s", self_id);
 	pool->keys = *keys;
 	pthread_mutex_init(&pool->mu, NULL);
+	sc_list_init(&pool->idle);
 	*out = pool;
 	return 0;
 }
@@ -70,10 +71,10 @@ void sc_peer_pool_destroy(struct sc_peer_pool *pool)
 {
 	if (!pool)
 		return;
-	while (pool->idle) {
-		struct sc_peer_conn *c = pool->idle;
-		pool->idle = c->next;
-		conn_close(c);
+	struct sc_list *pos, *tmp;
+	sc_list_foreach_safe(pos, tmp, &pool->idle) {
+		sc_list_remove(pos);
+		conn_close(sc_list_entry(pos, struct sc_peer_conn, idle_node));
 	}
 	pthread_mutex_destroy(&pool->mu);
 	free(pool);
@@ -277,6 +278,7 @@ static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadli
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 	}
 	c->fd = -1;
+	sc_list_init(&c->idle_node);
 	atomic_init(&c->broken, false);
 	snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
 
@@ -339,30 +341,26 @@ int sc_peer_pool_get_cancellable(struct sc_peer_pool *pool, const char *endpoint
 				 struct sc_peer_conn **out, struct sc_err *err)
 {
 	uint64_t now = sc_clock_mono_ms();
-	struct sc_peer_conn *found = NULL, *stale = NULL;
+	struct sc_peer_conn *found = NULL;
+	struct sc_list stale = SC_LIST_INIT(stale), *pos, *tmp;
 	pthread_mutex_lock(&pool->mu);
-	for (struct sc_peer_conn **pp = &pool->idle; *pp;) {
-		struct sc_peer_conn *c = *pp;
+	sc_list_foreach_safe(pos, tmp, &pool->idle) {
+		struct sc_peer_conn *c = sc_list_entry(pos, struct sc_peer_conn, idle_node);
 		bool expired = now >= c->idle_since_ms + SC_PEER_POOL_IDLE_MS;
 		bool mine = !found && !expired && strcmp(c->endpoint, endpoint) == 0;
 		if (expired || (mine && !idle_alive(c))) {
-			*pp = c->next;
-			c->next = stale;
-			stale = c;
+			sc_list_remove(pos);
+			sc_list_insert_tail(&stale, pos);
 		} else if (mine) {
-			*pp = c->next;
-			c->next = NULL;
+			sc_list_remove(pos);
 			c->reused = true;
 			found = c;
-		} else {
-			pp = &c->next;
 		}
 	}
 	pthread_mutex_unlock(&pool->mu);
-	while (stale) {
-		struct sc_peer_conn *c = stale;
-		stale = c->next;
-		conn_close(c);
+	sc_list_foreach_safe(pos, tmp, &stale) {
+		sc_list_remove(pos);
+		conn_close(sc_list_entry(pos, struct sc_peer_conn, idle_node));
 	}
 	if (found) {
 		*out = found;
@@ -390,11 +388,12 @@ void sc_peer_pool_put(struct sc_peer_pool *pool, struct sc_peer_conn *conn, bool
 	conn->idle_since_ms = sc_clock_mono_ms();
 	size_t same = 0;
 	pthread_mutex_lock(&pool->mu);
-	for (struct sc_peer_conn *c = pool->idle; c; c = c->next)
-		same += strcmp(c->endpoint, conn->endpoint) == 0;
+	struct sc_list *pos;
+	sc_list_foreach(pos, &pool->idle)
+		same += strcmp(sc_list_entry(pos, struct sc_peer_conn, idle_node)->endpoint,
+			       conn->endpoint) == 0;
 	if (same < SC_PEER_POOL_IDLE_PER_ENDPOINT) {
-		conn->next = pool->idle;
-		pool->idle = conn;
+		sc_list_insert_head(&pool->idle, &conn->idle_node);
 		conn = NULL;
 	}
 	pthread_mutex_unlock(&pool->mu);
