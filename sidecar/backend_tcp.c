@@ -63,9 +63,8 @@ struct tcp_backend {
 };
 
 struct tcp_xfer {
-	struct sc_xr_xfer xr; /* x, stop flag, first failure; live in tb->xr */
+	struct sc_xr_xfer xr; /* the transfer (xr.x), stop flag, first failure; live in tb->xr */
 	struct tcp_backend *tb;
-	struct sc_xfer *x;
 	int endpoint; /* index into x->meta->endpoints of the one that answered; -1 before */
 
 	/* Pieces travel many per request (READV/WRITEV): the peer reads them (metadata version 2).
@@ -121,9 +120,9 @@ static bool next_piece(struct tcp_xfer *tx, struct piece *p)
 	uint64_t chunk = tx->tb->chunk;
 	pthread_mutex_lock(&tx->cursor_mu);
 	/* A batch: up to SC_PEER_MAX_PIECES pieces and --tcp-chunk-size bytes, in list order. */
-	size_t n = tx->batch ? sc_xr_cursor_take(&tx->cur, tx->x, chunk, SC_PEER_MAX_PIECES,
+	size_t n = tx->batch ? sc_xr_cursor_take(&tx->cur, tx->xr.x, chunk, SC_PEER_MAX_PIECES,
 						 same_local_memory, p->cut)
-			     : sc_xr_cursor_take(&tx->cur, tx->x, chunk, 1, NULL, p->cut);
+			     : sc_xr_cursor_take(&tx->cur, tx->xr.x, chunk, 1, NULL, p->cut);
 	pthread_mutex_unlock(&tx->cursor_mu);
 	if (n == 0)
 		return false;
@@ -151,14 +150,14 @@ static bool next_piece(struct tcp_xfer *tx, struct piece *p)
 static bool pieces_left(struct tcp_xfer *tx)
 {
 	pthread_mutex_lock(&tx->cursor_mu);
-	bool left = sc_xr_cursor_more(&tx->cur, tx->x);
+	bool left = sc_xr_cursor_more(&tx->cur, tx->xr.x);
 	pthread_mutex_unlock(&tx->cursor_mu);
 	return left;
 }
 
 static uint64_t count_chunks(const struct tcp_xfer *tx, uint64_t chunk)
 {
-	const struct sc_xfer *x = tx->x;
+	const struct sc_xfer *x = tx->xr.x;
 	if (tx->batch) { /* requests: by bytes, and by pieces */
 		uint64_t by_bytes = (x->total + chunk - 1) / chunk;
 		uint64_t by_pieces = (x->n_segs + SC_PEER_MAX_PIECES - 1) / SC_PEER_MAX_PIECES;
@@ -204,7 +203,7 @@ static bool set_conn(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c)
  * the metadata's endpoints in order. */
 static struct sc_peer_conn *connect_peer(struct tcp_xfer *tx, struct sc_err *err)
 {
-	const struct sc_metadata *md = tx->x->meta;
+	const struct sc_metadata *md = tx->xr.x->meta;
 	if (md->n_endpoints == 0) {
 		sc_err_set(err, SC_FAILED_PRECONDITION,
 			   "the metadata from sidecar %s names no data endpoint (its tcp "
@@ -217,7 +216,7 @@ static struct sc_peer_conn *connect_peer(struct tcp_xfer *tx, struct sc_err *err
 	for (size_t i = first; i < last; i++) {
 		struct sc_peer_conn *c;
 		if (sc_peer_pool_get_cancellable(tx->tb->pool, md->endpoints[i],
-						 tx->x->deadline_mono_ms, &tx->x->cancel_requested,
+						 tx->xr.x->deadline_mono_ms, &tx->xr.x->cancel_requested,
 						 &c, err) != 0) {
 			if (err->code == SC_DEADLINE_EXCEEDED || should_stop(tx))
 				break;
@@ -244,7 +243,7 @@ static struct sc_peer_conn *connect_peer(struct tcp_xfer *tx, struct sc_err *err
 static struct sc_peer_conn *open_stream(struct tcp_xfer *tx, int slot, bool pipelined,
 					int *open_pending, struct sc_err *err)
 {
-	struct sc_xfer *x = tx->x;
+	struct sc_xfer *x = tx->xr.x;
 	enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
 	/* A pooled connection whose peer went away unseen (its FIN lost in a partition, the peer
 	 * restarted on the same address) breaks on its first request: try the next one, then a
@@ -289,7 +288,7 @@ struct io_bound {
 static int piece_send(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct piece *p,
 		      struct sc_err *err)
 {
-	struct sc_xfer *x = tx->x;
+	struct sc_xfer *x = tx->xr.x;
 	const uint8_t *token = x->meta->token;
 	if (p->n && x->kind == SC_OP_READ)
 		return sc_peer_readv_send(c, token, x->xfer_id, p->pp, p->n, x->deadline_mono_ms,
@@ -317,7 +316,7 @@ static int piece_send(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct 
 static int piece_recv(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct piece *p,
 		      const struct io_bound *b, struct sc_err *err)
 {
-	struct sc_xfer *x = tx->x;
+	struct sc_xfer *x = tx->xr.x;
 	if (p->n && x->kind == SC_OP_READ && p->gpu != SC_GPU_HOST)
 		return sc_peer_readv_recv_gpu(c, p->len, p->iov, p->n, tx->tb->base.env.gpu, p->gpu,
 					      b->deadline_mono_ms, b->cancel, err);
@@ -361,7 +360,7 @@ static int take_open_reply(struct sc_peer_conn *c, int *open_pending, const stru
 static bool commit_done(struct tcp_xfer *tx, struct sc_peer_conn *c, struct io_bound *b,
 			struct sc_err *err)
 {
-	struct sc_xfer *x = tx->x;
+	struct sc_xfer *x = tx->xr.x;
 	pthread_mutex_lock(&tx->tb->mu);
 	bool go = !should_stop(tx);
 	tx->committing = go;
@@ -397,7 +396,7 @@ static int take_done_reply(struct sc_peer_conn *c, const struct io_bound *b, str
 static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, int *open_pending,
 			bool done_early)
 {
-	struct sc_xfer *x = tx->x;
+	struct sc_xfer *x = tx->xr.x;
 	struct sc_err err;
 	sc_err_clear(&err);
 	struct io_bound b = {.deadline_mono_ms = x->deadline_mono_ms, .cancel = &x->cancel_requested};
@@ -428,7 +427,7 @@ static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, i
 		goto out;
 	for (;;) {
 		bool more = !should_stop(tx) && next_piece(tx, &next);
-		if (more && x->deadline_mono_ms && sc_clock_mono_ms() >= x->deadline_mono_ms) {
+		if (more && sc_xr_deadline_passed(x, sc_clock_mono_ms())) {
 			sc_err_set(&err, SC_DEADLINE_EXCEEDED,
 				   "deadline passed with %" PRIu64 " of %" PRIu64 " bytes moved",
 				   (uint64_t)atomic_load(&tx->bytes_moved), x->total);
@@ -488,7 +487,7 @@ static void reclaim_helpers_locked(struct tcp_backend *tb, struct tcp_xfer *tx)
 static void finish(struct tcp_xfer *tx, struct sc_peer_conn *c, bool opened)
 {
 	struct tcp_backend *tb = tx->tb;
-	struct sc_xfer *x = tx->x;
+	struct sc_xfer *x = tx->xr.x;
 	char msg[SC_ERR_MSG_MAX];
 	/* Bytes the peer was told are complete (a pipelined DONE) stay complete after a cancel. */
 	enum sc_status status = sc_xr_verdict(&tb->xr, &tx->xr, atomic_load(&tx->bytes_moved),
@@ -522,10 +521,10 @@ static bool restart_after_stale(struct tcp_xfer *tx, struct sc_peer_conn *c, int
 				uint32_t streams)
 {
 	struct tcp_backend *tb = tx->tb;
-	struct sc_xfer *x = tx->x;
+	struct sc_xfer *x = tx->xr.x;
 	if (open_pending != 2 || streams != 1 || !sc_peer_conn_reused(c) ||
 	    atomic_load(&tx->bytes_moved) != 0 || atomic_load(&x->cancel_requested) ||
-	    (x->deadline_mono_ms && sc_clock_mono_ms() >= x->deadline_mono_ms))
+	    sc_xr_deadline_passed(x, sc_clock_mono_ms()))
 		return false;
 	pthread_mutex_lock(&tb->mu);
 	bool restart = !tb->xr.stopping && tx->xr.failed && tx->xr.status == SC_UNAVAILABLE;
@@ -541,7 +540,7 @@ static bool restart_after_stale(struct tcp_xfer *tx, struct sc_peer_conn *c, int
 	pthread_mutex_unlock(&tb->mu);
 	if (restart) {
 		pthread_mutex_lock(&tx->cursor_mu);
-		sc_xr_cursor_seek(&tx->cur, tx->x, 0);
+		sc_xr_cursor_seek(&tx->cur, tx->xr.x, 0);
 		pthread_mutex_unlock(&tx->cursor_mu);
 	}
 	return restart;
@@ -567,7 +566,7 @@ static void lead(struct tcp_xfer *tx)
 	uint64_t chunks = count_chunks(tx, tb->chunk);
 	uint32_t streams = chunks < tb->streams ? (uint32_t)chunks : tb->streams;
 	int open_pending = 0;
-	bool done_early = streams == 1 && done_can_go_early(tx->x);
+	bool done_early = streams == 1 && done_can_go_early(tx->xr.x);
 	struct sc_peer_conn *c = open_stream(tx, 0, streams == 1, &open_pending, &err);
 	if (!c) {
 		if (err.code != SC_OK)
@@ -620,7 +619,7 @@ static void help(struct tcp_xfer *tx, int slot)
 		sc_peer_pool_put(tb->pool, c, sc_peer_conn_usable(c));
 	} else if (err.code != SC_OK) {
 		SC_DEBUG("tcp", "transfer %016" PRIx64 ": stream %d not started: %s",
-			 tx->x->xfer_id, slot, err.msg);
+			 tx->xr.x->xfer_id, slot, err.msg);
 	}
 	pthread_mutex_lock(&tb->mu);
 	tx->helpers--;
@@ -649,7 +648,6 @@ static int tcp_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *er
 	if (!tx)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 	tx->tb = tb;
-	tx->x = x;
 	tx->endpoint = -1;
 	tx->batch = x->meta->version >= 2;
 	pthread_mutex_init(&tx->cursor_mu, NULL);

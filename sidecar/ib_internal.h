@@ -153,10 +153,10 @@ enum ib_xstate {
 };
 
 struct ib_xfer {
-	struct sc_xr_xfer xr; /* stop flag and first failure (under ib->mu); live in ib->xr */
+	/* The transfer (xr.x), stop flag and first failure (under ib->mu); live in ib->xr. */
+	struct sc_xr_xfer xr;
 	struct sc_xr_task run; /* task is what it runs */
 	struct ib_backend *ib;
-	struct sc_xfer *x;
 	struct ib_qp *qp;	   /* reference held from setup to finish */
 	struct sc_peer_conn *conn; /* the control connection the OPEN went over */
 	int endpoint;		   /* index into x->meta->endpoints that answered; -1 before */
@@ -306,7 +306,7 @@ int ib_xfer_start(struct ib_backend *ib, struct sc_err *err);
 /* Whether every chunk of the transfer has been posted. Under ib->mu. */
 static inline bool ib_xfer_all_posted(const struct ib_xfer *xf)
 {
-	return sc_xr_cursor_done(&xf->cur, xf->x);
+	return sc_xr_cursor_done(&xf->cur, xf->xr.x);
 }
 /* Post nothing more (cancelled, failed, stopping). Under ib->mu. */
 static inline bool ib_xfer_stopped(const struct ib_xfer *xf)

@@ -170,7 +170,7 @@ bool ib_notice_post_recvs(struct ib_backend *ib, struct ib_qp *q)
 void ib_notice_maybe_post_locked(struct ib_backend *ib, struct ib_xfer *xf)
 {
 	struct ib_qp *qp = xf->qp;
-	struct sc_xfer *x = xf->x;
+	struct sc_xfer *x = xf->xr.x;
 	if (xf->notice != IB_NOTICE_NONE || ib_xfer_stopped(xf) || !ib_xfer_all_posted(xf))
 		return;
 	if (!qp->nr || !qp->peer_notice) {

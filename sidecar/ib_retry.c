@@ -29,7 +29,7 @@ int ib_retry_begin_locked(struct ib_xfer *xf)
 {
 	if (ib_xfer_stopped(xf))
 		return 0; /* cancelled, expired or failed for its own reason: that stands */
-	if (xf->moving || xf->bytes_acked >= xf->x->total)
+	if (xf->moving || xf->bytes_acked >= xf->xr.x->total)
 		return 1; /* waiting already, or nothing left to move */
 	if (xf->moves >= IB_XFER_MOVES)
 		return -1;
@@ -44,7 +44,7 @@ int ib_retry_begin_locked(struct ib_xfer *xf)
 
 int ib_retry_fresh_qp(struct ib_xfer *xf, struct ib_qp **out, struct sc_err *err)
 {
-	struct sc_xfer *x = xf->x;
+	struct sc_xfer *x = xf->xr.x;
 	if (ib_qp_get(xf->ib, x->meta, x->deadline_mono_ms, &x->cancel_requested, out, NULL, NULL,
 		      err) != 0)
 		return -1;
@@ -59,7 +59,7 @@ int ib_retry_fresh_qp(struct ib_xfer *xf, struct ib_qp **out, struct sc_err *err
 
 void ib_retry_resume_locked(struct ib_xfer *xf, struct ib_qp *fresh, struct ib_qp **old)
 {
-	struct sc_xfer *x = xf->x;
+	struct sc_xfer *x = xf->xr.x;
 	*old = xf->qp;
 	xf->qp = fresh;
 	xf->moving = false;

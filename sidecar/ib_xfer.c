@@ -120,7 +120,7 @@ static uint64_t now_us(void)
 static void finish(struct ib_xfer *xf)
 {
 	struct ib_backend *ib = xf->ib;
-	struct sc_xfer *x = xf->x;
+	struct sc_xfer *x = xf->xr.x;
 	char msg[SC_ERR_MSG_MAX];
 	/* A cancel wins even when the bytes in flight all landed: the engine has already ended
 	 * the operation CANCELLED, and both sides must agree. */
@@ -169,7 +169,7 @@ static void post_more(struct ib_backend *ib, struct ib_xfer *xf);
 static void setup(struct ib_xfer *xf)
 {
 	struct ib_backend *ib = xf->ib;
-	struct sc_xfer *x = xf->x;
+	struct sc_xfer *x = xf->xr.x;
 	struct sc_err err;
 	sc_err_clear(&err);
 	struct sc_peer_conn *c = NULL;
@@ -225,13 +225,13 @@ static void ping(struct ib_xfer *xf)
 	struct ib_backend *ib = xf->ib;
 	struct sc_err err;
 	sc_err_clear(&err);
-	int rc = sc_peer_ping(xf->conn, sc_clock_mono_ms() + 10000, &xf->x->cancel_requested, &err);
+	int rc = sc_peer_ping(xf->conn, sc_clock_mono_ms() + 10000, &xf->xr.x->cancel_requested, &err);
 	pthread_mutex_lock(&ib->mu);
 	xf->task = IB_TASK_NONE;
 	xf->last_ping_mono_ms = sc_clock_mono_ms();
 	if (rc != 0 && err.code != SC_CANCELLED)
 		xfer_fail_locked(xf, SC_UNAVAILABLE, "lost the control connection to peer %s: %s",
-				 xf->x->meta->issuer, err.msg);
+				 xf->xr.x->meta->issuer, err.msg);
 	if (xf->want_finish) {
 		xf->want_finish = false;
 		queue_task_locked(ib, xf, IB_TASK_FINISH);
@@ -256,7 +256,7 @@ static void move_qp(struct ib_xfer *xf)
 					 "the QP to peer %s failed under this transfer (%s) after "
 					 "%" PRIu64 " of %" PRIu64 " bytes; moving it to a fresh QP "
 					 "failed: %s",
-					 xf->qp->peer, xf->qp->why, xf->bytes_acked, xf->x->total,
+					 xf->qp->peer, xf->qp->why, xf->bytes_acked, xf->xr.x->total,
 					 err.msg);
 		xfer_stop_locked(xf);
 		xf->moving = false;
@@ -322,7 +322,7 @@ static int next_wr(struct ib_backend *ib, struct ib_xfer *xf, bool read, struct 
 {
 	struct sc_xr_piece pieces[IB_MAX_SGE];
 	uint32_t max_sge = read ? ib->max_sge_rd : ib->max_sge;
-	size_t n = sc_xr_cursor_take(&xf->cur, xf->x, ib->max_msg,
+	size_t n = sc_xr_cursor_take(&xf->cur, xf->xr.x, ib->max_msg,
 				     max_sge < IB_MAX_SGE ? max_sge : IB_MAX_SGE, remote_run_goes_on,
 				     pieces);
 	uint32_t total = 0;
@@ -346,7 +346,7 @@ static int next_wr(struct ib_backend *ib, struct ib_xfer *xf, bool read, struct 
 static void post_more(struct ib_backend *ib, struct ib_xfer *xf)
 {
 	struct ib_qp *qp = xf->qp;
-	struct sc_xfer *x = xf->x;
+	struct sc_xfer *x = xf->xr.x;
 	bool read = x->kind == SC_OP_READ;
 	struct ibv_send_wr wrs[POST_BATCH];
 	struct ibv_sge sges[POST_BATCH][IB_MAX_SGE];
@@ -573,7 +573,7 @@ static void drain_cq(struct ib_backend *ib, struct progress **prog, size_t *prog
 		ib_notice_deliver(ib);
 		/* Transfers cannot finish meanwhile: only this thread queues their FINISH. */
 		for (size_t i = 0; i < n_prog; i++)
-			(*prog)[i].xf->x->on_progress((*prog)[i].xf->x, (*prog)[i].delta);
+			(*prog)[i].xf->xr.x->on_progress((*prog)[i].xf->xr.x, (*prog)[i].delta);
 		n_prog = 0;
 		if (n < WC_BATCH)
 			break;
@@ -589,11 +589,11 @@ static void tick(struct ib_backend *ib)
 	IB_FOR_EACH_XFER(ib, xf) {
 		if (xf->state != IB_XS_RUNNING)
 			continue;
-		struct sc_xfer *x = xf->x;
+		struct sc_xfer *x = xf->xr.x;
 		if (!ib_xfer_stopped(xf)) {
 			if (atomic_load(&x->cancel_requested) || ib->xr.stopping)
 				xfer_stop_locked(xf);
-			else if (x->deadline_mono_ms && now >= x->deadline_mono_ms)
+			else if (sc_xr_deadline_passed(x, now))
 				xfer_fail_locked(xf, SC_DEADLINE_EXCEEDED,
 						 "deadline passed with %" PRIu64 " of %" PRIu64
 						 " bytes moved",
@@ -748,8 +748,8 @@ static void pollset_check_locked(struct ib_backend *ib, const struct pollset *ps
 		xfer_fail_locked(xf, SC_UNAVAILABLE,
 				 "peer sidecar %s closed the control connection mid-transfer (it "
 				 "stopped or died) after %" PRIu64 " of %" PRIu64 " bytes",
-				 xf->x->meta->issuer, xf->bytes_acked, xf->x->total);
-		SC_WARN("ibverbs", "transfer %016" PRIx64 ": %s", xf->x->xfer_id, xf->xr.msg);
+				 xf->xr.x->meta->issuer, xf->bytes_acked, xf->xr.x->total);
+		SC_WARN("ibverbs", "transfer %016" PRIx64 ": %s", xf->xr.x->xfer_id, xf->xr.msg);
 		/* Its work requests will not complete against a dead peer: flush them now. */
 		fail_qp_locked(ib, xf->qp, false, "the peer closed its control connection");
 		ib_qp_flush(xf->qp);
@@ -837,7 +837,6 @@ int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err)
 	if (!xf)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 	xf->ib = ib;
-	xf->x = x;
 	xf->endpoint = -1;
 	xf->state = IB_XS_SETUP;
 	xf->t_submit_us = now_us();
@@ -859,7 +858,7 @@ void ib_xfer_cancel(struct sc_backend *b, struct sc_xfer *x)
 	pthread_mutex_lock(&ib->mu);
 	struct ib_xfer *xf;
 	IB_FOR_EACH_XFER(ib, xf) {
-		if (xf->x == x && xf->state == IB_XS_RUNNING)
+		if (xf->xr.x == x && xf->state == IB_XS_RUNNING)
 			xfer_stop_locked(xf);
 	}
 	pthread_mutex_unlock(&ib->mu);
