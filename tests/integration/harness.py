@@ -143,6 +143,20 @@ class Sidecar:
         self.log.close()
         return self.proc.returncode
 
+    def stopped(self):
+        """True once every thread of the sidecar is stopped (SIGSTOP reaches threads asynchronously:
+        kill() returns while a thread already on a CPU may still serve a request)."""
+        states = []
+        for tid in os.listdir("/proc/%d/task" % self.proc.pid):
+            with open("/proc/%d/task/%s/stat" % (self.proc.pid, tid)) as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        return all(st in ("T", "t") for st in states)
+
+    def pause(self):
+        """SIGSTOP, and return once every thread has stopped: from then on it answers nothing."""
+        self.proc.send_signal(signal.SIGSTOP)
+        wait_until(self.stopped, 10, "sidecar %s to stop" % self.name)
+
     def kill(self):
         if self.proc.poll() is None:
             self.proc.kill()

@@ -41,8 +41,8 @@ class CancelBoundTest(SidecarTest):
         super().tearDown()
 
     def stop_peer(self, side):
-        side.proc.send_signal(signal.SIGSTOP)
         self.stopped.append(side)
+        side.pause()
 
     def resume(self, side):
         if side.proc.poll() is None:

@@ -29,15 +29,6 @@ def get(port, path="/metrics", method="GET", host="127.0.0.1"):
         return e.code, e.headers.get("Content-Type"), e.read().decode()
 
 
-def stopped(pid):
-    """True once every thread of pid is stopped (SIGSTOP reaches threads asynchronously)."""
-    states = []
-    for tid in os.listdir("/proc/%d/task" % pid):
-        with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
-            states.append(f.read().rsplit(")", 1)[1].split()[0])
-    return all(st in ("T", "t") for st in states)
-
-
 def key(name, **labels):
     return (name, tuple(sorted(labels.items())))
 
@@ -209,9 +200,8 @@ class MetricsTest(SidecarTest):
                               timeout=10 * SLOW)
         self.assertEqual(a.wait(op.operation_id).status, pb.OPERATION_STATUS_COMPLETE)
         ro = b.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(rb, 0, 4096)]), timeout=10 * SLOW)
-        b.proc.send_signal(signal.SIGSTOP)
         try:
-            wait_until(lambda: stopped(b.proc.pid), 10, "sidecar b to stop")
+            b.pause()
             op = a.stub.BeginRead(pb.BeginTransferRequest(metadata=ro.metadata, descriptors=[desc(ra, 0, 4096)],
                                                           timeout_ms=300000), timeout=10 * SLOW)
             m = self.scrape(port)

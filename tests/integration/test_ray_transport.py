@@ -152,8 +152,8 @@ class RayTransportTest(SidecarTest):
         self.assertIn("target buffer 0", str(e.exception))
 
     def stop(self, side):
-        side.proc.send_signal(signal.SIGSTOP)
         self.addCleanup(side.proc.send_signal, signal.SIGCONT)
+        side.pause()
 
     def tearDown(self):
         for s in (self.src_side, self.dst_side):

@@ -11,15 +11,6 @@ from harness import SLOW, SidecarTest, desc, main, pb, wait_until
 MiB = 1 << 20
 
 
-def stopped(pid):
-    """True once every thread of pid is stopped (SIGSTOP reaches threads asynchronously)."""
-    states = []
-    for tid in os.listdir("/proc/%d/task" % pid):
-        with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
-            states.append(f.read().rsplit(")", 1)[1].split()[0])
-    return all(st in ("T", "t") for st in states)
-
-
 class SchedulerTest(SidecarTest):
     def test_removal_from_the_queue_admits_what_fits_in_fifo_order(self):
         keys = self.key_file()
@@ -54,9 +45,8 @@ class SchedulerTest(SidecarTest):
         ra_zero = b"\0" * sizes["small1"]
         a.fill(ra, offs["small1"], ra_zero)
         passive = {k: readable(k) for k in sizes}
-        b.proc.send_signal(signal.SIGSTOP)
         try:
-            wait_until(lambda: stopped(b.proc.pid), 10, "sidecar b to stop")
+            b.pause()
             ops = {}
             for k in order:
                 # Not scaled by SLOW: a new connection's hello times out after 5 s while b is

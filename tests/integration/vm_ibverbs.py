@@ -1087,7 +1087,7 @@ class IbverbsTest(SidecarTest):
                                                             timeout_ms=120000, **kw), timeout=30 * SLOW)
         # dialling: b has no QP and no connection to a yet
         po = passive(4096)
-        a.proc.send_signal(signal.SIGSTOP)
+        a.pause()
         op = begin(po, 4096)
         time.sleep(0.5)
         self.assertEqual(self.get(b, op.operation_id).status, pb.OPERATION_STATUS_IN_PROGRESS)
@@ -1105,7 +1105,7 @@ class IbverbsTest(SidecarTest):
         op = begin(po, BIG)
         self.assertEqual(op.backend, IB, op.backend_reason)
         wait_until(lambda: self.get(b, op.operation_id).bytes_done > 0, 60, "the READ to move bytes")
-        a.proc.send_signal(signal.SIGSTOP)
+        a.pause()
         c, took = cancel(op.operation_id)
         self.assertLess(c.bytes_done, BIG)
         first = b.peek(rb, 0, BIG)
