@@ -193,10 +193,11 @@ void sc_h_cancel_operation(struct sc_call *c, ProtobufCMessage *req)
 		return;
 	}
 	/* An active operation whose transfer is in flight ends once its backend has stopped
-	 * touching the worker's memory: answer then, so CANCELLED means the memory is quiet. A
-	 * committed transfer cannot be cut: say so at once. Otherwise wait at most --cancel-wait
-	 * (backends stop well within it), then answer FAILED_PRECONDITION saying how it ends. */
-	if (info.committed || sc_call_config(c)->cancel_wait_ms == 0) {
+	 * touching the worker's memory: answer then, so CANCELLED means the memory is quiet (a
+	 * committed transfer too: its streams are cut; its peer may still report COMPLETE). Wait
+	 * at most --cancel-wait (backends stop well within it), then answer FAILED_PRECONDITION
+	 * saying how it ends. */
+	if (sc_call_config(c)->cancel_wait_ms == 0) {
 		cancel_not_yet(c, &info);
 		sc_op_info_free(&info);
 		return;
@@ -342,27 +343,18 @@ static bool waiter_on_change(void *ctx, const struct sc_op_info *info)
 }
 
 /* CancelOperation's answer when the operation is still not terminal after --cancel-wait: the
- * cancel stays under way (or, committed, cannot cut the transfer); say which and how it ends. */
+ * cancel stays under way; say how it ends. */
 static void cancel_not_yet(struct sc_call *c, const struct sc_op_info *info)
 {
 	uint64_t now = sc_now_unix_ms();
 	uint64_t left = info->deadline_unix_ms > now ? info->deadline_unix_ms - now : 0;
 	struct sc_err err;
-	if (info->committed)
-		sc_err_set(&err, SC_FAILED_PRECONDITION,
-			     "operation %s cannot be cut: its transfer is committed (peer %s was told it "
-			     "succeeded, so stopping now would leave the two sides disagreeing); it ends "
-			     "COMPLETE, or ERRORED by its deadline (unix ms %" PRIu64 ", in %" PRIu64
-			     " ms), and the worker's memory may be touched until then: WaitOperation "
-			     "tells how it ended",
-			     info->id, info->peer[0] ? info->peer : "?", info->deadline_unix_ms, left);
-	else
-		sc_err_set(&err, SC_FAILED_PRECONDITION,
-			     "operation %s is being cancelled but its transfer (%s) has not stopped "
-			     "touching the worker's memory yet; it ends CANCELLED (or ERRORED) by its "
-			     "deadline at the latest (unix ms %" PRIu64 ", in %" PRIu64
-			     " ms): WaitOperation tells when the memory is quiet",
-			     info->id, sc_backend_name(info->backend), info->deadline_unix_ms, left);
+	sc_err_set(&err, SC_FAILED_PRECONDITION,
+		   "operation %s is being cancelled but its transfer (%s) has not stopped touching "
+		   "the worker's memory yet; it ends CANCELLED (or ERRORED) by its deadline at the "
+		   "latest (unix ms %" PRIu64 ", in %" PRIu64
+		   " ms): WaitOperation tells when the memory is quiet",
+		   info->id, sc_backend_name(info->backend), info->deadline_unix_ms, left);
 	sc_call_fail_err(c, &err);
 }
 

@@ -79,8 +79,9 @@ struct tcp_xfer {
 	struct sc_peer_conn *conns[MAX_STREAMS]; /* what each stream has in I/O, for abort */
 	unsigned helpers; /* helper tasks queued or running: the leader waits for none */
 	pthread_cond_t helpers_cv;
-	/* DONE {OK} went out behind the last data request (see commit_done): a cancel no longer
-	 * cuts the stream, and a failure from here on is recorded even when a stop was asked for. */
+	/* DONE {OK} went out behind the last data request (see commit_done): a failure from here on
+	 * is recorded even when a stop was asked for. A cancel still cuts the stream (the worker's
+	 * memory must be quiet when CancelOperation answers); the deadline's own stop does not. */
 	bool committing;
 	bool done_sent; /* the leader's own: DONE {OK} was sent (finish tells no verdict) */
 
@@ -666,8 +667,8 @@ static int tcp_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *er
 	return 0;
 }
 
-/* Cut a transfer's I/O. force: also a transfer that commits (its stream is cut only when the
- * backend stops). Under tb->mu. */
+/* Cut a transfer's I/O. force: also a transfer that commits (cut by a cancel or when the backend
+ * stops). Under tb->mu. */
 static void stop_xfer_locked(struct tcp_xfer *tx, bool force)
 {
 	sc_xr_stop_locked(&tx->xr);
@@ -689,10 +690,14 @@ static void tcp_cancel(struct sc_backend *b, struct sc_xfer *x)
 	atomic_store(&x->cancel_requested, true);
 	pthread_mutex_lock(&tb->mu);
 	struct sc_list *pos;
+	/* A cancel cuts even a committed transfer, so the worker's memory is quiet when
+	 * CancelOperation answers; the deadline's stop lets a committed one take its replies until
+	 * sc_peer_verdict_ok_deadline, as the passive side was told it succeeded. */
+	bool force = !sc_xr_deadline_passed(x, sc_clock_mono_ms());
 	sc_list_foreach(pos, &tb->xr.live) {
 		struct tcp_xfer *tx = sc_list_entry(pos, struct tcp_xfer, xr.node);
 		if (tx->xr.x == x)
-			stop_xfer_locked(tx, false);
+			stop_xfer_locked(tx, force);
 	}
 	pthread_mutex_unlock(&tb->mu);
 }

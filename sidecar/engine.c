@@ -77,6 +77,12 @@ struct sc_passive sc_engine_passive(struct sc_engine *eng)
 	return sc_op_passive(eng);
 }
 
+void sc_engine_passive_revoked(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN])
+{
+	if (eng->peer_server)
+		sc_peer_server_revoke(eng->peer_server, token);
+}
+
 /* Without --key-file the sidecar signs with a random key nobody else knows: metadata then works
  * for transfers inside this sidecar only, and peers reject it as signed by an unknown key. */
 static int ephemeral_keyring(struct sc_engine *eng, struct sc_err *err)

@@ -26,6 +26,10 @@
 
 #define PROGRESS_NOTIFY_MS 10
 #define MAX_USES 64
+/* How long CancelOperation, ReleaseOperation and a forced deregistration wait for the data plane
+ * to let go of a passive operation's memory (its connections are cut at once: this is a bound,
+ * not a delay). */
+#define UNPIN_WAIT_MS 2000
 
 const char *sc_op_status_name(enum sc_op_status s)
 {
@@ -290,6 +294,28 @@ static void passive_close_locked(struct sc_engine *eng, struct sc_op *op)
 			op->exposure[b] = NULL;
 		}
 	}
+	/* A request already past its checks may still be moving bytes (a peer that trickles
+	 * keeps a READ or WRITE going): cut the connections serving it, so access ends now. */
+	if (op->pins > 0)
+		sc_engine_passive_revoked(eng, op->token);
+}
+
+/* Wait until no data-plane request holds a span of a passive operation that ended, so the caller
+ * can tell the worker its memory is its own again. Bounded (the serving connections were cut);
+ * past the bound it says so in the log. Under mu (released while waiting); the caller holds a
+ * reference on op. */
+static void passive_wait_unpinned_locked(struct sc_engine *eng, struct sc_op *op)
+{
+	if (!is_passive(op) || op->pins <= 0)
+		return;
+	uint64_t end = sc_clock_mono_after_ms(UNPIN_WAIT_MS);
+	while (op->pins > 0 && sc_clock_mono_ms() < end)
+		sc_cond_wait_until_mono(&eng->idle_cv, &eng->mu, end);
+	if (op->pins > 0)
+		SC_WARN("op", "%s ended but %d data-plane request(s) still hold its memory after %d "
+			      "ms: their connections were cut; a wedged peer connection thread would "
+			      "explain it",
+			op->id, op->pins, UNPIN_WAIT_MS);
 }
 
 void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_status status,
@@ -989,7 +1015,10 @@ int sc_op_cancel(struct sc_engine *eng, const char *id, struct sc_op_info *out,
 	if (op) {
 		sc_op_finish_locked(eng, op, SC_OPS_CANCELLED, SC_CANCELLED,
 				    "cancelled by CancelOperation");
+		op->refs++;
+		passive_wait_unpinned_locked(eng, op);
 		op_fill_info(op, out);
+		sc_op_unref(eng, op);
 	}
 	pthread_mutex_unlock(&eng->mu);
 	return op ? 0 : -1;
@@ -1002,8 +1031,11 @@ int sc_op_release(struct sc_engine *eng, const char *id, struct sc_err *err)
 	if (op) {
 		sc_op_finish_locked(eng, op, SC_OPS_CANCELLED, SC_CANCELLED,
 				    "released by ReleaseOperation");
+		op->refs++;
+		passive_wait_unpinned_locked(eng, op);
 		op_timer_drop(eng, op, &op->retention_timer);
 		op_forget_locked(eng, op);
+		sc_op_unref(eng, op);
 	}
 	pthread_mutex_unlock(&eng->mu);
 	return op ? 0 : -1;
@@ -1102,8 +1134,15 @@ static void cancel_matching_locked(struct sc_engine *eng, struct sc_region *r, c
 	if (!c.ops)
 		return;
 	sc_idmap_each(eng->ops, collect_live, &c);
-	for (size_t i = 0; i < c.n; i++)
+	for (size_t i = 0; i < c.n; i++) {
+		c.ops[i]->refs++;
 		sc_op_finish_locked(eng, c.ops[i], SC_OPS_CANCELLED, SC_CANCELLED, why);
+	}
+	for (size_t i = 0; i < c.n; i++) {
+		if (r) /* the caller hands the memory back: no request may still hold it */
+			passive_wait_unpinned_locked(eng, c.ops[i]);
+		sc_op_unref(eng, c.ops[i]);
+	}
 	free(c.ops);
 }
 
@@ -1336,6 +1375,7 @@ static int passive_span(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 	out->addr = op->regions[desc_index]->base + d->offset + offset;
 	out->gpu = op->regions[desc_index]->gpu;
 	out->len = len;
+	out->deadline_mono_ms = op->deadline_mono_ms;
 	out->op = op;
 	op->refs++;
 	op->pins++;
@@ -1360,6 +1400,8 @@ static void passive_span_release(void *ctx, struct sc_span *span, uint64_t bytes
 		op_notify(eng, op);
 	op->pins--;
 	op_release_regions(eng, op);
+	if (op->pins == 0 && sc_op_status_terminal(op->status))
+		pthread_cond_broadcast(&eng->idle_cv); /* passive_wait_unpinned_locked */
 	sc_op_unref(eng, op);
 	pthread_mutex_unlock(&eng->mu);
 	span->op = NULL;
@@ -1371,7 +1413,9 @@ static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 	struct sc_engine *eng = ctx;
 	int rc = -1;
 	pthread_mutex_lock(&eng->mu);
-	struct sc_op *op = token_lookup(eng, token, err);
+	/* An operation that ended (cancelled, released, past its deadline) says how: the active
+	 * side reports that instead of a bare cut connection. */
+	struct sc_op *op = open_lookup(eng, token, err);
 	if (!op)
 		goto out;
 	struct sc_use *use = find_use(op, xfer_id);

@@ -27,11 +27,16 @@
 struct sc_op;
 
 /* A pinned range of a passive operation's memory. While held, the memory stays mapped even if the
- * operation is cancelled or its region force-deregistered. */
+ * operation is cancelled or its region force-deregistered; so the holder moves it within a bound:
+ * by deadline_mono_ms, and no further once the operation ends (the engine then tells the data
+ * plane to cut the connections serving it: sc_peer_server_revoke), and releases it at once. The
+ * engine's CancelOperation, ReleaseOperation and forced deregistration wait for every span to be
+ * released before they answer, so the worker may reuse the memory when they return. */
 struct sc_span {
 	uint8_t *addr; /* a device address when gpu >= 0: move it with gpu.h, never dereference */
 	int gpu;       /* SC_GPU_HOST or the CUDA device of the range */
 	uint64_t len;
+	uint64_t deadline_mono_ms; /* the operation's deadline: no I/O on the span after it */
 	struct sc_op *op;
 };
 

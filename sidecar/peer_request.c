@@ -568,6 +568,13 @@ void sc_peer_tell_verdict(struct sc_peer_pool *pool, struct sc_peer_conn **conn,
 		*status = err.code == SC_OK ? SC_UNAVAILABLE : err.code;
 		snprintf(msg, msg_cap, "all bytes moved but the peer did not confirm completion: %.440s",
 			 err.msg);
+	} else if (rc != 0 && err.code != SC_UNAVAILABLE && err.code != SC_DEADLINE_EXCEEDED &&
+		   err.code != SC_CANCELLED) {
+		/* The peer answered why (its operation was cancelled, released or expired, which is
+		 * also why it cut the connection): the worker sees that, not only a cut. */
+		size_t used = strlen(msg);
+		if (used + 16 < msg_cap)
+			snprintf(msg + used, msg_cap - used, "; the peer says: %s", err.msg);
 	} else if (rc != 0) {
 		SC_DEBUG(area, "transfer %016" PRIx64 ": could not tell the peer (%s): %s", xfer_id,
 			 sc_status_name(*status), err.msg);

@@ -18,8 +18,16 @@
  * for a DONE still on its way on another connection, e.g. after the active side cancelled and cut
  * its streams) the engine is told through the interface's abandon.
  *
- * Locking: srv->mu guards the connection lists, every connection's opened list, the orphans and
- * the handler. It is never held while calling the engine or doing socket I/O.
+ * Access ends with the operation: while a connection serves a READ, WRITE, READV or WRITEV it
+ * says which token (serving_begin/serving_end). When that operation ends the engine calls
+ * sc_peer_server_revoke, which raises the connection's `revoked` flag and shuts its socket down:
+ * the blocked send or receive returns at once, the I/O loop stops before its next system call,
+ * the spans are released and the connection ends. One request's I/O is also bounded by the
+ * operation's deadline (struct sc_span).
+ *
+ * Locking: srv->mu guards the connection lists, every connection's opened list and serving token,
+ * the orphans and the handler. It is never held while calling the engine or doing socket I/O (a
+ * revoke only raises a flag and calls shutdown under it).
  */
 #include "peer_server.h"
 #include "peer_stage.h"
@@ -86,6 +94,9 @@ struct conn {
 	char what[SC_NAME_MAX + 120]; /* "peer sidecar \"id\" at addr", for messages */
 	struct xref *opened;          /* under srv->mu */
 	size_t n_opened, cap_opened;
+	bool serving;                       /* under srv->mu: a data request holds spans of... */
+	uint8_t serving_token[SC_TOKEN_LEN]; /* ...this operation */
+	atomic_bool revoked; /* that operation ended mid-request: stop moving bytes, end */
 	struct sc_list node; /* on srv->live, then srv->dead; newest first */
 	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
 };
@@ -324,8 +335,40 @@ static uint64_t expire_orphans(struct sc_peer_server *srv, bool all)
 
 static const struct sc_peer_wait *busy_wait(const struct conn *c, struct sc_peer_wait *w)
 {
-	*w = (struct sc_peer_wait){.stall_ms = STALL_MS, .stop = &c->srv->stopping};
+	*w = (struct sc_peer_wait){
+	    .stall_ms = STALL_MS, .cancel = &c->revoked, .stop = &c->srv->stopping};
 	return w;
+}
+
+/* A data request of this token starts (before its first span is pinned) or ends (after its last
+ * is released): from begin to end, sc_peer_server_revoke cuts this connection. */
+static void serving_begin(struct conn *c, const uint8_t token[SC_TOKEN_LEN])
+{
+	pthread_mutex_lock(&c->srv->mu);
+	memcpy(c->serving_token, token, SC_TOKEN_LEN);
+	c->serving = true;
+	pthread_mutex_unlock(&c->srv->mu);
+}
+
+static void serving_end(struct conn *c)
+{
+	pthread_mutex_lock(&c->srv->mu);
+	c->serving = false;
+	pthread_mutex_unlock(&c->srv->mu);
+}
+
+/* Why a request's I/O stopped, when it was the operation that ended (revoked) or its deadline:
+ * else the I/O error as usual. */
+static void io_stop_reason(const struct conn *c, enum sc_peer_io rc, int e, struct sc_err *err)
+{
+	if (atomic_load(&c->revoked))
+		sc_err_set(err, SC_CANCELLED,
+			   "the operation ended (completed, cancelled, released, past its deadline "
+			   "or its region deregistered) while %s was still moving its bytes: "
+			   "connection cut, no further byte moves",
+			   c->what);
+	else
+		sc_peer_io_err(rc, e, c->what, err);
 }
 
 /*
@@ -440,6 +483,7 @@ static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, si
 	size_t hdr_len = sc_peer_encode(&data, hdr, sizeof(hdr));
 	struct sc_peer_wait w;
 	busy_wait(c, &w);
+	w.deadline_mono_ms = span.deadline_mono_ms;
 	w.more = next_request_prompt(c);
 	/* The DATA header and the first bytes go in one sendmsg (GPU memory: staged after it). */
 	struct iovec iov[2] = {{.iov_base = hdr, .iov_len = hdr_len},
@@ -473,7 +517,7 @@ static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, si
 		hdr_pending = false;
 		sc_passive_span_release(pv, &span, moved);
 		if (rc != SC_PEER_IO_OK) {
-			sc_peer_io_err(rc, e, c->what, &err);
+			io_stop_reason(c, rc, e, &err);
 			snprintf(why, why_cap, "sending READ data failed: %s", err.msg);
 			return -1;
 		}
@@ -511,6 +555,7 @@ static int serve_write(struct conn *c, const struct sc_peer_msg *m, char *why, s
 		size_t got = 0;
 		int e = 0;
 		enum sc_peer_io rc;
+		w.deadline_mono_ms = span.deadline_mono_ms;
 		if (span.gpu != SC_GPU_HOST) {
 			/* Staged: acknowledged (OK below) only once the bytes are in GPU memory. */
 			if (sc_peer_recv_gpu(c->srv->gpu, span.gpu, c->fd, span.addr, span.len,
@@ -528,7 +573,7 @@ static int serve_write(struct conn *c, const struct sc_peer_msg *m, char *why, s
 		}
 		sc_passive_span_release(pv, &span, got);
 		if (rc != SC_PEER_IO_OK) {
-			sc_peer_io_err(rc, e, c->what, &err);
+			io_stop_reason(c, rc, e, &err);
 			snprintf(why, why_cap, "receiving WRITE data failed: %s", err.msg);
 			return -1;
 		}
@@ -656,6 +701,7 @@ static int serve_readv(struct conn *c, const struct sc_peer_msg *m, char *why, s
 	size_t hdr_len = sc_peer_encode(&data, hdr, sizeof(hdr));
 	struct sc_peer_wait w;
 	busy_wait(c, &w);
+	w.deadline_mono_ms = n ? spans[0].deadline_mono_ms : 0;
 	w.more = next_request_prompt(c);
 	struct iovec first = {.iov_base = hdr, .iov_len = hdr_len};
 	size_t sent = 0;
@@ -679,7 +725,7 @@ static int serve_readv(struct conn *c, const struct sc_peer_msg *m, char *why, s
 	free(spans);
 	free(iov);
 	if (rc != SC_PEER_IO_OK) {
-		sc_peer_io_err(rc, e, c->what, &err);
+		io_stop_reason(c, rc, e, &err);
 		snprintf(why, why_cap, "sending READV data failed: %s", err.msg);
 		return -1;
 	}
@@ -704,6 +750,7 @@ static int serve_writev(struct conn *c, const struct sc_peer_msg *m, char *why, 
 	}
 	struct sc_peer_wait w;
 	busy_wait(c, &w);
+	w.deadline_mono_ms = n ? spans[0].deadline_mono_ms : 0;
 	size_t got = 0;
 	int e = 0;
 	enum sc_peer_io rc;
@@ -727,7 +774,7 @@ static int serve_writev(struct conn *c, const struct sc_peer_msg *m, char *why, 
 	free(spans);
 	free(iov);
 	if (rc != SC_PEER_IO_OK) {
-		sc_peer_io_err(rc, e, c->what, &err);
+		io_stop_reason(c, rc, e, &err);
 		snprintf(why, why_cap, "receiving WRITEV data failed: %s", err.msg);
 		return -1;
 	}
@@ -823,16 +870,24 @@ static void serve(struct conn *c, char *why, size_t why_cap)
 			rc = serve_open(c, &m, why, why_cap);
 			break;
 		case SC_FRAME_READ:
+			serving_begin(c, m.token);
 			rc = serve_read(c, &m, why, why_cap);
+			serving_end(c);
 			break;
 		case SC_FRAME_WRITE:
+			serving_begin(c, m.token);
 			rc = serve_write(c, &m, why, why_cap);
+			serving_end(c);
 			break;
 		case SC_FRAME_READV:
+			serving_begin(c, m.token);
 			rc = serve_readv(c, &m, why, why_cap);
+			serving_end(c);
 			break;
 		case SC_FRAME_WRITEV:
+			serving_begin(c, m.token);
 			rc = serve_writev(c, &m, why, why_cap);
+			serving_end(c);
 			break;
 		case SC_FRAME_DONE:
 			rc = serve_done(c, &m, why, why_cap);
@@ -856,6 +911,10 @@ static void serve(struct conn *c, char *why, size_t why_cap)
 		}
 		if (rc != 0)
 			return;
+		if (atomic_load(&c->revoked)) { /* it finished as the operation ended: end anyway */
+			snprintf(why, why_cap, "an operation it served ended: connection cut");
+			return;
+		}
 	}
 }
 
@@ -1089,6 +1148,7 @@ static void accept_one(struct sc_peer_server *srv)
 	}
 	c->srv = srv;
 	c->fd = fd;
+	atomic_init(&c->revoked, false);
 	snprintf(c->addr, sizeof(c->addr), "%s", addr);
 	snprintf(c->ip, sizeof(c->ip), "%s", ip);
 
@@ -1306,6 +1366,26 @@ static const struct sc_passive_ops server_passive_ops = {
 	.abandon = srv_abandon,
 	.claim = srv_claim,
 };
+
+void sc_peer_server_revoke(struct sc_peer_server *srv, const uint8_t token[SC_TOKEN_LEN])
+{
+	unsigned cut = 0;
+	pthread_mutex_lock(&srv->mu);
+	struct sc_list *pos;
+	sc_list_foreach(pos, &srv->live) {
+		struct conn *c = sc_list_entry(pos, struct conn, node);
+		if (!c->serving || memcmp(c->serving_token, token, SC_TOKEN_LEN) != 0)
+			continue;
+		atomic_store(&c->revoked, true);
+		shutdown(c->fd, SHUT_RDWR);
+		cut++;
+	}
+	pthread_mutex_unlock(&srv->mu);
+	if (cut)
+		SC_INFO("peer", "an operation ended while %u peer connection(s) still moved its bytes: "
+				"cut them, so no further byte of its memory is read or written",
+			cut);
+}
 
 struct sc_passive sc_peer_server_passive(struct sc_peer_server *srv)
 {

@@ -85,4 +85,14 @@ int sc_peer_server_set_handler(struct sc_peer_server *srv, enum sc_frame_type ty
  */
 struct sc_passive sc_peer_server_passive(struct sc_peer_server *srv);
 
+/*
+ * A passive operation with this token ended (complete, cancelled, released, past its deadline,
+ * its region deregistered): every connection now serving a READ, WRITE, READV or WRITEV of it is
+ * cut (shut down; its thread stops between two system calls, releases its spans and ends the
+ * connection), so no further byte of the operation's memory is read or written. Connections that
+ * only opened it are left alone: their next request finds no live operation. Any thread; takes
+ * only the server's lock and never blocks.
+ */
+void sc_peer_server_revoke(struct sc_peer_server *srv, const uint8_t token[SC_TOKEN_LEN]);
+
 #endif

@@ -343,12 +343,21 @@ int sc_region_deregister(struct sc_engine *eng, const char *id, bool force, stru
 				  "them, or deregister with force=true",
 				  id, n);
 	}
-	if (r->live_ops > 0)
+	/* Cancelling waits (mu released) until no peer request holds the region's memory: r is
+	 * referenced across it, and another DeregisterRegion may have taken it out meanwhile. */
+	bool held = r->live_ops > 0;
+	if (held) {
+		sc_region_ref(r);
 		sc_op_cancel_region_locked(eng, r, "its region was deregistered with force");
-	sc_idmap_del(eng->regions, r->id, strlen(r->id));
-	r->in_table = false;
-	SC_INFO("region", "deregistered %s%s", r->id, force ? " (force)" : "");
-	sc_region_unref(eng, r);
+	}
+	if (r->in_table) {
+		sc_idmap_del(eng->regions, r->id, strlen(r->id));
+		r->in_table = false;
+		SC_INFO("region", "deregistered %s%s", r->id, force ? " (force)" : "");
+		sc_region_unref(eng, r);
+	}
+	if (held)
+		sc_region_unref(eng, r);
 	pthread_mutex_unlock(&eng->mu);
 	return 0;
 }
