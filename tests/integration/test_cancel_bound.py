@@ -149,6 +149,7 @@ class CancelBoundTest(SidecarTest):
         self.assertNotIsInstance(got, grpc.RpcError, "a committed transfer was answered %s" % got)
         self.assertEqual(got.status, pb.OPERATION_STATUS_CANCELLED, got)
         self.assertFalse(got.committed)
+        self.assertLess(took, 1.0 * SLOW, "a committed cancel should answer within a second")
         print("  committed: CANCELLED in %.3f s" % took)
         self.resume(a)
         # The stopped peer was told DONE {OK} before the cancel: once it runs, it serves the READ

@@ -571,7 +571,8 @@ static int probe(struct pair *p, uint64_t addr, uint32_t rkey, int *status)
 	return rc;
 }
 
-/* Old rkeys are refused after completion, cancel and deadline; within a live operation the
+/* Old rkeys are refused after completion, cancel, release, forced deregistration of the region
+ * and deadline; within a live operation the
  * grant covers the operation's span in the region (gaps between its descriptors included) and
  * nothing beyond it. Run with memory windows (where the device has them) and with the
  * MR-per-span fallback. */
@@ -629,6 +630,31 @@ static void revocation_checks(const char *want)
 	struct sc_op_info c;
 	CHECK_INT_EQ(sc_op_cancel(p.a.eng, pinfo.id, &c, &err), 0);
 	sc_op_info_free(&c);
+	CHECK_INT_EQ(probe(&p, addr, rkey, &st), 0);
+	CHECK_INT_EQ(st, IBV_WC_REM_ACCESS_ERR);
+	sc_op_info_free(&pinfo);
+
+	/* Released (ReleaseOperation without a cancel first): refused. */
+	CHECK_INT_EQ(sc_op_create_passive(p.a.eng, SC_OP_READABLE, &preq, &pinfo, &err), 0);
+	CHECK_INT_EQ(remote_of(&p, pinfo.metadata, &addr, &rkey), 0);
+	CHECK_INT_EQ(probe(&p, addr, rkey, &st), 0);
+	CHECK_INT_EQ(st, IBV_WC_SUCCESS);
+	CHECK_INT_EQ(sc_op_release(p.a.eng, pinfo.id, &err), 0);
+	CHECK_INT_EQ(probe(&p, addr, rkey, &st), 0);
+	CHECK_INT_EQ(st, IBV_WC_REM_ACCESS_ERR);
+	sc_op_info_free(&pinfo);
+
+	/* Its region deregistered with force: refused. */
+	char rc_id[SC_ID_MAX];
+	CHECK_INT_EQ(make_region(&p.a, 64 * 1024, rc_id), 0);
+	struct sc_desc dc = {.offset = 100, .length = 8192};
+	snprintf(dc.region_id, SC_ID_MAX, "%s", rc_id);
+	struct sc_passive_req preqc = {.descs = &dc, .n_descs = 1, .timeout_ms = 60000};
+	CHECK_INT_EQ(sc_op_create_passive(p.a.eng, SC_OP_READABLE, &preqc, &pinfo, &err), 0);
+	CHECK_INT_EQ(remote_of(&p, pinfo.metadata, &addr, &rkey), 0);
+	CHECK_INT_EQ(probe(&p, addr, rkey, &st), 0);
+	CHECK_INT_EQ(st, IBV_WC_SUCCESS);
+	CHECK_INT_EQ(sc_region_deregister(p.a.eng, rc_id, true, &err), 0);
 	CHECK_INT_EQ(probe(&p, addr, rkey, &st), 0);
 	CHECK_INT_EQ(st, IBV_WC_REM_ACCESS_ERR);
 	sc_op_info_free(&pinfo);

@@ -197,9 +197,8 @@ class Operation:
     async def cancel(self) -> OperationStatus:
         """CancelOperation (the peer's operation ends too); cancelling a terminal one changes nothing.
         Returns once the operation is terminal: the sidecar no longer touches its memory. Answers
-        within the sidecar's --cancel-wait (1 s): a transfer that can no longer be cut (committed:
-        the peer was told it succeeded) or has not stopped by then raises FailedPreconditionError
-        saying how it will end; wait_for_completion() then tells when."""
+        within the sidecar's --cancel-wait (1 s): a transfer that has not stopped by then raises
+        FailedPreconditionError saying how it will end; wait_for_completion() then tells when."""
         return self._update(await self._connector._call("CancelOperation",
                                                         pb.CancelOperationRequest(operation_id=self.id)))
 
