@@ -286,7 +286,7 @@ static const struct sc_option sc_options[] = {
 	 .def = "4GiB"},
 	{.id = OPT_MAX_PROGRESS_RECORDS, T_U32(max_progress_records, 1, UINT32_MAX), .name = "max-progress-records",
 	 .arg = ARG_REQUIRED, .value = "N", .group = "Limits",
-	 .help = "ReportProgress records kept at once (one per request id, about 300 bytes each); "
+	 .help = "ReportProgress records kept at once (one per request id, about 0.5 KiB each); "
 		 "beyond N the oldest that no operation waits on is dropped, logged",
 	 .def = "65536"},
 	{.id = OPT_PROGRESS_GRACE, T_DURATION(progress_grace_ms), .name = "progress-grace", .arg = ARG_REQUIRED,
