@@ -147,6 +147,11 @@ struct sc_op {
  * pushes it out. */
 struct sc_progress {
 	char request_id[SC_NAME_MAX];
+	/* Its map key: request_id itself, or when that is too long for the map, long_key (scheduler.c
+	 * progress_key); kept so that dropping the record needs no hashing. */
+	unsigned char long_key[1 + 32];
+	bool hashed;
+	uint8_t key_len;
 	bool reported;
 	uint64_t iteration;
 	bool has_layer;

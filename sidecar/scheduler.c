@@ -110,6 +110,7 @@ size_t sc_sched_queued(struct sc_engine *eng)
 /* ---- progress records ------------------------------------------------------------------------ */
 
 #define PROGRESS_KEY_LEN (1 + 32) /* "\0" + SHA-256 of a request id too long for the map */
+_Static_assert(sizeof(((struct sc_progress *)0)->long_key) == PROGRESS_KEY_LEN, "long_key");
 
 /* The map key of a request id: the id itself when it fits the map, else a NUL byte (never in an
  * id) and the id's SHA-256. Returns its length, 0 if hashing failed. */
@@ -136,28 +137,33 @@ static struct sc_progress *progress_find(struct sc_engine *eng, const char *requ
 static struct sc_progress *progress_new(struct sc_engine *eng, const char *request_id,
 					struct sc_err *err)
 {
+	struct sc_progress *p = calloc(1, sizeof(*p));
+	if (!p)
+		goto oom;
+	snprintf(p->request_id, sizeof(p->request_id), "%s", request_id);
 	unsigned char key[SC_IDMAP_KEY_MAX];
 	size_t klen = progress_key(request_id, key);
-	struct sc_progress *p = klen ? calloc(1, sizeof(*p)) : NULL;
-	if (!p || sc_idmap_put(eng->progress_ids, key, klen, p) != 0) {
-		free(p);
-		sc_err_set(err, SC_RESOURCE_EXHAUSTED,
-			   "out of memory for the progress of request %s", request_id);
-		return NULL;
-	}
-	snprintf(p->request_id, sizeof(p->request_id), "%s", request_id);
+	if (klen == 0 || sc_idmap_put(eng->progress_ids, key, klen, p) != 0)
+		goto oom;
+	p->key_len = (uint8_t)klen;
+	p->hashed = key[0] == '\0'; /* never the first byte of an id */
+	if (p->hashed)
+		memcpy(p->long_key, key, klen);
 	sc_list_init(&p->waiters);
 	sc_list_init(&p->node);
 	eng->n_progress++;
 	return p;
+oom:
+	free(p);
+	sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory for the progress of request %s",
+		   request_id);
+	return NULL;
 }
 
 static void progress_free(struct sc_engine *eng, struct sc_progress *p)
 {
-	unsigned char key[SC_IDMAP_KEY_MAX];
-	size_t klen = progress_key(p->request_id, key);
-	if (klen)
-		sc_idmap_del(eng->progress_ids, key, klen);
+	const void *key = p->hashed ? (const void *)p->long_key : (const void *)p->request_id;
+	sc_idmap_del(eng->progress_ids, key, p->key_len);
 	sc_list_remove(&p->node);
 	eng->n_progress--;
 	free(p);

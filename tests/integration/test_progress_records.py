@@ -195,7 +195,7 @@ class ProgressRecordsTest(SidecarTest):
         self.assertEqual(gauge(b.metrics_port, RECORDS), 1)
 
     def test_long_request_ids_and_bad_requests(self):
-        a, b = self.pair()
+        a, b = self.pair(["--progress-grace", "%dms" % (2000 * SLOW)])
         # Ids past the hash map's 48-byte keys: two that share their first 100 bytes stay apart.
         base = "x" * 100
         first, dst, data = self.gated_read(a, b, base + "-1")
@@ -211,11 +211,19 @@ class ProgressRecordsTest(SidecarTest):
         self.assertEqual(r.released, 1)
         self.assertEqual(b.wait(first.operation_id).status, pb.OPERATION_STATUS_COMPLETE)
         self.assertEqual(b.peek(dst, 0, len(data)), data)
-        longest = "y" * 127
-        b.stub.ReportProgress(pb.ReportProgressRequest(request_id=longest, iteration=4), timeout=5 * SLOW)
-        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, b.stub.ReportProgress,
-                            pb.ReportProgressRequest(request_id=longest, iteration=3), timeout=5 * SLOW,
-                            contains="iteration 3 is behind the reported 4 for request " + longest)
+        # Every length around the map's key size (33 is the hashed key's length, 48 the largest
+        # kept as is), and the longest allowed: each found again, each forgotten after the grace.
+        ids = ["i" * n for n in (1, 33, 48, 49, 127)]
+        for rid in ids:
+            b.stub.ReportProgress(pb.ReportProgressRequest(request_id=rid, iteration=4), timeout=5 * SLOW)
+        for rid in ids:
+            self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, b.stub.ReportProgress,
+                                pb.ReportProgressRequest(request_id=rid, iteration=3), timeout=5 * SLOW,
+                                contains="iteration 3 is behind the reported 4 for request " + rid)
+        wait_until(lambda: gauge(b.metrics_port, RECORDS) == 0, 20, "every record to go after --progress-grace")
+        for rid in ids:  # forgotten: an earlier iteration is news again
+            b.stub.ReportProgress(pb.ReportProgressRequest(request_id=rid, iteration=3), timeout=5 * SLOW)
+        self.assertEqual(gauge(b.metrics_port, RECORDS), len(ids))
         self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, b.stub.ReportProgress,
                             pb.ReportProgressRequest(request_id="z" * 128, iteration=1), timeout=5 * SLOW,
                             contains="request_id longer than 127 bytes")
