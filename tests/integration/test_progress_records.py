@@ -5,7 +5,8 @@ compared between 100,000 and 1,000,000), a gated operation still waits for and i
 progress however many other ids went through, progress reported before its operation still
 releases it within --progress-grace, records past the grace or beyond --max-progress-records go
 (the latter logged), and bad requests get INVALID_ARGUMENT with a message. Real daemons, the
-Python gRPC client."""
+Python gRPC client (about 10,000 ReportProgress calls/s on 2 shared cores: the 1,000,000 ids take
+about 100 s; under a sanitizer, SC_TEST_SLOW > 1, 200,000 ids and no memory bounds)."""
 import os
 import re
 import time
@@ -94,19 +95,25 @@ class ProgressRecordsTest(SidecarTest):
         # Defaults: --max-progress-records 65536, --progress-grace 30s. Every id is reported once
         # and never used again, as a worker with a fresh request id per request does. VmRSS and
         # the heap in use are sampled every 100,000 ids once the cap is reached (65,536 ids).
+        # Under a sanitizer or valgrind (SC_TEST_SLOW > 1) the allocator keeps freed memory in
+        # quarantine and counts none of it in mallinfo2: 200,000 ids, bounds not asserted.
+        total = 1000000 if SLOW == 1 else 200000
         port = free_port()
         s = self.sidecar("s", extra=["--metrics-listen", "127.0.0.1:%d" % port, "--log-level", "info"])
         samples = []  # (ids reported, VmRSS KiB, heap in use KiB)
         t0 = time.monotonic()
-        for lo in range(0, 1000000, 100000):
+        for lo in range(0, total, 100000):
             self.report_many(s, lo, lo + 100000)
             samples.append((lo + 100000, rss_kib(s.proc.pid), heap_in_use_kib(port)))
-        rate = 1000000 / (time.monotonic() - t0)
+        rate = total / (time.monotonic() - t0)
         records = gauge(port, RECORDS)
-        print("\n1,000,000 request ids at %.0f calls/s, %d records kept; ids: VmRSS KiB / heap in use KiB" % (rate, records))
+        print("\n%d request ids at %.0f calls/s, %d records kept; ids: VmRSS KiB / heap in use KiB" % (total, rate, records))
         for n, rss, heap in samples:
             print("  %7d: %6d / %6d" % (n, rss, heap))
         self.assertLessEqual(records, 65536)
+        self.assertIn("more than --max-progress-records 65536", s.read_log())
+        if SLOW != 1:
+            return
         base_heap = samples[0][2]
         peak_heap = max(heap for _, _, heap in samples[1:])
         self.assertLess(peak_heap - base_heap, HEAP_GROWTH_LIMIT_KIB,
@@ -118,8 +125,6 @@ class ProgressRecordsTest(SidecarTest):
                         % (second_half - first_half))
         self.assertLess(max(rss) - rss[0], RSS_PEAK_LIMIT_KIB,
                         "VmRSS peaked %d KiB above its value at 100,000 ids" % (max(rss) - rss[0]))
-        log = s.read_log()
-        self.assertIn("more than --max-progress-records 65536", log)
         # The first ids went first (oldest dropped); the newest one is still known: its iteration
         # cannot go back.
         self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, s.stub.ReportProgress,
