@@ -78,6 +78,8 @@ enum opt_id {
 	OPT_GRACE_PERIOD,
 	OPT_MAX_CONCURRENT_TRANSFERS,
 	OPT_MAX_INFLIGHT_BYTES,
+	OPT_MAX_PROGRESS_RECORDS,
+	OPT_PROGRESS_GRACE,
 	OPT_MAX_REGION_SIZE,
 	OPT_REGISTER_DIR,
 	OPT_MAX_REGIONS,
@@ -282,6 +284,16 @@ static const struct sc_option sc_options[] = {
 	{.id = OPT_MAX_INFLIGHT_BYTES, T_SIZE(max_inflight_bytes, 1, UINT64_MAX, "at least 1 byte"), .name = "max-inflight-bytes", .arg = ARG_REQUIRED,
 	 .value = "SIZE", .group = "Limits", .help = "bytes of running transfers at once",
 	 .def = "4GiB"},
+	{.id = OPT_MAX_PROGRESS_RECORDS, T_U32(max_progress_records, 1, UINT32_MAX), .name = "max-progress-records",
+	 .arg = ARG_REQUIRED, .value = "N", .group = "Limits",
+	 .help = "ReportProgress records kept at once (one per request id, about 0.5 KiB each); "
+		 "beyond N the oldest that no operation waits on is dropped, logged",
+	 .def = "65536"},
+	{.id = OPT_PROGRESS_GRACE, T_DURATION(progress_grace_ms), .name = "progress-grace", .arg = ARG_REQUIRED,
+	 .value = "DURATION", .group = "Limits",
+	 .help = "how long a request's progress is kept once no operation waits on it (for "
+		 "operations that arrive after their progress)",
+	 .def = "30s"},
 	{.id = OPT_MAX_REGION_SIZE, T_SIZE(max_region_bytes, 1, UINT64_MAX, "at least 1 byte"), .name = "max-region-size", .arg = ARG_REQUIRED, .value = "SIZE",
 	 .group = "Limits", .help = "largest region a worker may create or register",
 	 .def = "64GiB"},
@@ -1155,6 +1167,8 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->cancel_wait_ms = 1000;
 	cfg->max_concurrent_transfers = 64;
 	cfg->max_inflight_bytes = 4 * GIB;
+	cfg->max_progress_records = 65536;
+	cfg->progress_grace_ms = 30 * 1000;
 	cfg->max_message_bytes = 64 * MIB;
 	cfg->grpc_threads = 4;
 	cfg->tcp_streams = 2;

@@ -59,6 +59,8 @@ struct sc_config {
 	uint64_t cancel_wait_ms;                      /* --cancel-wait, 1000 */
 	uint32_t max_concurrent_transfers;            /* --max-concurrent-transfers, 64 */
 	uint64_t max_inflight_bytes;                  /* --max-inflight-bytes, 4 GiB */
+	uint32_t max_progress_records;                /* --max-progress-records, 65536 */
+	uint64_t progress_grace_ms;                   /* --progress-grace, 30000 */
 	uint64_t max_message_bytes;                   /* --max-message-size, 64 MiB (gRPC) */
 	uint32_t grpc_threads;                        /* --grpc-threads, 4 */
 	uint32_t tcp_streams;                         /* --tcp-streams, parallel data conns, 2 */

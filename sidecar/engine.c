@@ -145,6 +145,7 @@ static void read_gauges(void *ctx, struct sc_gauges *g)
 	if (eng->regions)
 		sc_idmap_each(eng->regions, count_region, g);
 	g->queued = sc_sched_queued(eng);
+	g->progress_records = sc_sched_progress_records(eng);
 	g->active_transfers = eng->active_transfers;
 	g->inflight_bytes = eng->inflight_bytes;
 	g->draining = eng->draining;
@@ -171,14 +172,16 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 	pthread_mutex_init(&eng->mu, NULL);
 	pthread_cond_init(&eng->idle_cv, NULL);
 	sc_list_init(&eng->sched);
-	sc_list_init(&eng->progress);
+	sc_list_init(&eng->progress_idle);
 	sc_list_init(&eng->subs);
 	snprintf(eng->id, sizeof(eng->id), "%s", cfg->id);
 	eng->regions = sc_idmap_create();
 	eng->ops = sc_idmap_create();
 	eng->tokens = sc_idmap_create();
 	eng->spent_tokens = sc_idmap_create();
-	if (!eng->regions || !eng->ops || !eng->tokens || !eng->spent_tokens) {
+	eng->progress_ids = sc_idmap_create();
+	if (!eng->regions || !eng->ops || !eng->tokens || !eng->spent_tokens ||
+	    !eng->progress_ids) {
 		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 		goto fail;
 	}

@@ -133,18 +133,33 @@ struct sc_op {
 	enum sc_op_status finish_pending;
 	bool slot_held;
 	struct sc_requirement req;
-	bool waiting_requirement;
+	bool waiting_requirement; /* gated: on gate->waiters */
+	struct sc_progress *gate; /* the progress record it waits for, while waiting_requirement */
+	struct sc_list gate_node; /* on gate->waiters, in arrival order */
 	bool queued;
 	struct sc_list sched_node; /* on eng->sched while queued */
 };
 
+/* One request id's progress (ReportProgress), or a placeholder an operation gated on a request id
+ * nobody reported yet waits on (reported false). Found by request id in eng->progress_ids. A
+ * record some operation waits on is never dropped; one that none waits on sits on
+ * eng->progress_idle, oldest first, until --progress-grace passes or --max-progress-records
+ * pushes it out. */
 struct sc_progress {
 	char request_id[SC_NAME_MAX];
+	/* Its map key: request_id itself, or when that is too long for the map, long_key (scheduler.c
+	 * progress_key); kept so that dropping the record needs no hashing. */
+	unsigned char long_key[1 + 32];
+	bool hashed;
+	uint8_t key_len;
+	bool reported;
 	uint64_t iteration;
 	bool has_layer;
 	uint32_t layer;
 	bool iteration_complete;
-	struct sc_list node; /* on eng->progress (newest first) */
+	uint64_t idle_since_mono_ms; /* when it joined eng->progress_idle (last report or waiter) */
+	struct sc_list waiters;      /* struct sc_op (gate_node) gated on it, first come first */
+	struct sc_list node;         /* on eng->progress_idle while no operation waits on it */
 };
 
 struct sc_bus_sub;
@@ -181,7 +196,9 @@ struct sc_engine {
 	struct sc_list sched; /* struct sc_op waiting for a slot, first in first out */
 	uint32_t active_transfers;
 	uint64_t inflight_bytes;
-	struct sc_list progress; /* struct sc_progress */
+	struct sc_idmap *progress_ids; /* request id key (see scheduler.c) -> struct sc_progress */
+	struct sc_list progress_idle;  /* struct sc_progress no operation waits on, oldest first */
+	size_t n_progress;             /* records in progress_ids */
 	/* the CUDA driver (NULL when unusable: cuda_detail says why) */
 	struct sc_gpu *gpu;
 	char cuda_detail[256];
@@ -230,7 +247,14 @@ size_t sc_sched_queued(struct sc_engine *eng);
 uint32_t sc_engine_passive_busy_count(struct sc_engine *eng);
 
 /* scheduler.c */
-bool sc_sched_requirement_met(struct sc_engine *eng, const struct sc_requirement *req);
+/* Gate a new active operation on its requirement (op->req set): when ReportProgress has not met
+ * it yet, the operation waits on its request id's record (created if none) and *waits is true.
+ * RESOURCE_EXHAUSTED when out of memory. Under mu. */
+int sc_sched_gate(struct sc_engine *eng, struct sc_op *op, bool *waits, struct sc_err *err);
+/* Stop waiting on its record (the record may become idle). Harmless when not gated. Under mu. */
+void sc_sched_ungate(struct sc_engine *eng, struct sc_op *op);
+/* Progress records kept now, after dropping those past --progress-grace. Under mu. */
+size_t sc_sched_progress_records(struct sc_engine *eng);
 /* Start or queue an active op that is ready to take a slot. Under mu. */
 void sc_sched_admit(struct sc_engine *eng, struct sc_op *op);
 /* A transfer ended: give its slot back, start queued ones. Under mu. */

@@ -2,12 +2,17 @@
 /*
  * idmap.c: open-addressing hash map (FNV-1a) used for the engine's operation and region tables.
  * Callers serialise access (the engine lock). Owns its slot array and key copies, not the values.
+ * A slot array of SLOTS_MMAP_MIN bytes or more is mapped on its own (mmap) rather than taken from
+ * the heap: a busy map rehashes every so many inserts (tombstones), and large arrays freed back to
+ * the heap leave holes that small allocations fragment, so the heap would grow with every rehash
+ * even though the map does not.
  */
 #include "idmap.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 struct slot {
 	uint8_t state; /* 0 empty, 1 used, 2 tombstone */
@@ -22,6 +27,27 @@ struct sc_idmap {
 	size_t used; /* live entries */
 	size_t fill; /* live + tombstones */
 };
+
+#define SLOTS_MMAP_MIN ((size_t)256 << 10)
+
+/* A zeroed array of n slots, or NULL. */
+static struct slot *slots_alloc(size_t n)
+{
+	size_t bytes = n * sizeof(struct slot);
+	if (bytes < SLOTS_MMAP_MIN)
+		return calloc(n, sizeof(struct slot));
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void slots_free(struct slot *slots, size_t n)
+{
+	size_t bytes = n * sizeof(struct slot);
+	if (bytes < SLOTS_MMAP_MIN)
+		free(slots);
+	else if (slots)
+		munmap(slots, bytes);
+}
 
 static uint64_t hash(const void *key, size_t klen)
 {
@@ -40,7 +66,7 @@ struct sc_idmap *sc_idmap_create(void)
 	if (!m)
 		return NULL;
 	m->cap = 64;
-	m->slots = calloc(m->cap, sizeof(*m->slots));
+	m->slots = slots_alloc(m->cap);
 	if (!m->slots) {
 		free(m);
 		return NULL;
@@ -52,7 +78,7 @@ void sc_idmap_destroy(struct sc_idmap *m)
 {
 	if (!m)
 		return;
-	free(m->slots);
+	slots_free(m->slots, m->cap);
 	free(m);
 }
 
@@ -72,7 +98,7 @@ static struct slot *find(const struct sc_idmap *m, const void *key, size_t klen)
 static int grow(struct sc_idmap *m)
 {
 	size_t ncap = m->used * 4 > m->cap ? m->cap * 2 : m->cap;
-	struct slot *ns = calloc(ncap, sizeof(*ns));
+	struct slot *ns = slots_alloc(ncap);
 	if (!ns)
 		return -1;
 	for (size_t i = 0; i < m->cap; i++) {
@@ -84,7 +110,7 @@ static int grow(struct sc_idmap *m)
 			j = (j + 1) & (ncap - 1);
 		ns[j] = *s;
 	}
-	free(m->slots);
+	slots_free(m->slots, m->cap);
 	m->slots = ns;
 	m->cap = ncap;
 	m->fill = m->used;

@@ -351,6 +351,11 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 	       "Active operations waiting for worker progress (ReportProgress).");
 	fprintf(f, "rdma_sidecar_scheduler_waiting_progress_operations %llu\n",
 		(unsigned long long)g.waiting_progress);
+	family(f, "rdma_sidecar_scheduler_progress_records", "gauge",
+	       "ReportProgress records kept: request ids in use or within --progress-grace "
+	       "(--max-progress-records, beside those operations wait on).");
+	fprintf(f, "rdma_sidecar_scheduler_progress_records %llu\n",
+		(unsigned long long)g.progress_records);
 	family(f, "rdma_sidecar_active_transfers", "gauge",
 	       "Transfers holding a slot (at most --max-concurrent-transfers).");
 	fprintf(f, "rdma_sidecar_active_transfers %llu\n", (unsigned long long)g.active_transfers);

@@ -29,6 +29,7 @@ struct sc_gauges {
 	uint64_t live[SC_OP_WRITE + 1]; /* by enum sc_op_kind: operations not yet terminal */
 	uint64_t waiting_progress;      /* scheduled, waiting for another operation's progress */
 	uint64_t queued;
+	uint64_t progress_records; /* ReportProgress records kept (--max-progress-records) */
 	uint64_t regions;
 	uint64_t region_bytes;
 	uint64_t active_transfers;

@@ -175,6 +175,7 @@ static void op_notify(struct sc_engine *eng, struct sc_op *op)
 
 static void op_free(struct sc_engine *eng, struct sc_op *op)
 {
+	sc_sched_ungate(eng, op); /* one that failed before it was published */
 	for (size_t i = 0; i < op->n_descs; i++)
 		if (op->regions && op->regions[i])
 			sc_region_unref(eng, op->regions[i]);
@@ -453,8 +454,10 @@ static struct sc_op *op_new(struct sc_engine *eng, enum sc_op_kind kind, const s
 		return NULL;
 	}
 	struct sc_op *op = calloc(1, sizeof(*op));
-	if (op)
+	if (op) {
 		sc_list_init(&op->watches);
+		sc_list_init(&op->gate_node);
+	}
 	if (!op || !(op->descs = calloc(n, sizeof(*op->descs))) ||
 	    !(op->regions = calloc(n, sizeof(*op->regions)))) {
 		if (op) {
@@ -962,14 +965,13 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 		s->rkey = md.descs[i].rkey;
 		s->local_mr = op->regions[i]->backend_handle[op->backend];
 	}
-	if (req->requirement.set) {
+	if (req->requirement.set)
 		op->req = req->requirement;
-		op->waiting_requirement = !sc_sched_requirement_met(eng, &op->req);
-	}
 	op->status = SC_OPS_SCHEDULED;
-	if (op_publish(eng, op, err) != 0)
-		goto fail;
-	if (!op->waiting_requirement)
+	bool gated;
+	if (sc_sched_gate(eng, op, &gated, err) != 0 || op_publish(eng, op, err) != 0)
+		goto fail; /* op_free ungates it */
+	if (!gated)
 		sc_sched_admit(eng, op);
 	op_fill_info(op, out);
 	sc_op_unref(eng, op);

@@ -8,14 +8,23 @@
  * exactly once (sc_sched_release, from the transfer's completion). Whatever frees room (a slot
  * given back, or a queued operation leaving the queue: cancelled, past its deadline) admits the
  * queue's head while it fits: strictly FIFO, a head that does not fit holds the ones behind it.
+ *
+ * Progress records (one per request id, found by hash in eng->progress_ids) end with their
+ * requests: a record that no gated operation waits on moves to eng->progress_idle (oldest first)
+ * and is dropped once --progress-grace has passed since its last report or waiter (the grace
+ * serves operations that arrive after their progress), or earlier, logged, when more than
+ * --max-progress-records records exist. A record some operation waits on is never dropped (those
+ * are bounded by --max-operations). A report touches only its own record and its waiters.
+ *
  * Runs under eng->mu on whatever thread drives the change (RPC handlers, backend completions, the
- * timer thread).
+ * timer thread, the metrics scrape).
  */
 #include "engine_internal.h"
 #include "log.h"
 #include "metrics.h"
 
 #include <inttypes.h>
+#include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,7 +48,7 @@ static void take_slot_and_start(struct sc_engine *eng, struct sc_op *op)
 
 void sc_sched_admit(struct sc_engine *eng, struct sc_op *op)
 {
-	op->waiting_requirement = false;
+	sc_sched_ungate(eng, op);
 	if (sc_list_empty(&eng->sched) && slot_free(eng, op)) {
 		take_slot_and_start(eng, op);
 		return;
@@ -68,7 +77,7 @@ static void admit_queued(struct sc_engine *eng)
 
 void sc_sched_remove(struct sc_engine *eng, struct sc_op *op)
 {
-	op->waiting_requirement = false;
+	sc_sched_ungate(eng, op);
 	if (!op->queued)
 		return;
 	sc_list_remove(&op->sched_node);
@@ -89,17 +98,6 @@ void sc_sched_release(struct sc_engine *eng, struct sc_op *op)
 	admit_queued(eng);
 }
 
-static struct sc_progress *progress_find(struct sc_engine *eng, const char *request_id)
-{
-	struct sc_list *pos;
-	sc_list_foreach(pos, &eng->progress) {
-		struct sc_progress *p = sc_list_entry(pos, struct sc_progress, node);
-		if (strcmp(p->request_id, request_id) == 0)
-			return p;
-	}
-	return NULL;
-}
-
 size_t sc_sched_queued(struct sc_engine *eng)
 {
 	size_t n = 0;
@@ -109,12 +107,113 @@ size_t sc_sched_queued(struct sc_engine *eng)
 	return n;
 }
 
-bool sc_sched_requirement_met(struct sc_engine *eng, const struct sc_requirement *req)
+/* ---- progress records ------------------------------------------------------------------------ */
+
+#define PROGRESS_KEY_LEN (1 + 32) /* "\0" + SHA-256 of a request id too long for the map */
+_Static_assert(sizeof(((struct sc_progress *)0)->long_key) == PROGRESS_KEY_LEN, "long_key");
+
+/* The map key of a request id: the id itself when it fits the map, else a NUL byte (never in an
+ * id) and the id's SHA-256. Returns its length, 0 if hashing failed. */
+static size_t progress_key(const char *request_id, unsigned char key[SC_IDMAP_KEY_MAX])
 {
-	if (!req->set)
-		return true;
-	const struct sc_progress *p = progress_find(eng, req->request_id);
+	size_t n = strlen(request_id);
+	if (n <= SC_IDMAP_KEY_MAX) {
+		memcpy(key, request_id, n);
+		return n;
+	}
+	key[0] = '\0';
+	if (EVP_Digest(request_id, n, key + 1, NULL, EVP_sha256(), NULL) != 1)
+		return 0;
+	return PROGRESS_KEY_LEN;
+}
+
+static struct sc_progress *progress_find(struct sc_engine *eng, const char *request_id)
+{
+	unsigned char key[SC_IDMAP_KEY_MAX];
+	size_t klen = progress_key(request_id, key);
+	return klen ? sc_idmap_get(eng->progress_ids, key, klen) : NULL;
+}
+
+static struct sc_progress *progress_new(struct sc_engine *eng, const char *request_id,
+					struct sc_err *err)
+{
+	struct sc_progress *p = calloc(1, sizeof(*p));
 	if (!p)
+		goto oom;
+	snprintf(p->request_id, sizeof(p->request_id), "%s", request_id);
+	unsigned char key[SC_IDMAP_KEY_MAX];
+	size_t klen = progress_key(request_id, key);
+	if (klen == 0 || sc_idmap_put(eng->progress_ids, key, klen, p) != 0)
+		goto oom;
+	p->key_len = (uint8_t)klen;
+	p->hashed = key[0] == '\0'; /* never the first byte of an id */
+	if (p->hashed)
+		memcpy(p->long_key, key, klen);
+	sc_list_init(&p->waiters);
+	sc_list_init(&p->node);
+	eng->n_progress++;
+	return p;
+oom:
+	free(p);
+	sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory for the progress of request %s",
+		   request_id);
+	return NULL;
+}
+
+static void progress_free(struct sc_engine *eng, struct sc_progress *p)
+{
+	const void *key = p->hashed ? (const void *)p->long_key : (const void *)p->request_id;
+	sc_idmap_del(eng->progress_ids, key, p->key_len);
+	sc_list_remove(&p->node);
+	eng->n_progress--;
+	free(p);
+}
+
+/* Drop idle records past the grace (quietly: their requests are over), then, while more than
+ * --max-progress-records exist, the oldest idle one (logged: an operation that still comes for it
+ * will wait for its next report). Records some operation waits on stay. */
+static void progress_trim(struct sc_engine *eng, uint64_t now)
+{
+	struct sc_list *first;
+	while ((first = sc_list_first(&eng->progress_idle))) {
+		struct sc_progress *p = sc_list_entry(first, struct sc_progress, node);
+		if (now - p->idle_since_mono_ms < eng->cfg->progress_grace_ms)
+			break;
+		progress_free(eng, p);
+	}
+	while (eng->n_progress > eng->cfg->max_progress_records &&
+	       (first = sc_list_first(&eng->progress_idle))) {
+		struct sc_progress *p = sc_list_entry(first, struct sc_progress, node);
+		SC_WARN_LIMITED("sched", "progress-records",
+				"dropped the progress of request %s (iteration %" PRIu64
+				", idle %" PRIu64 " ms): more than --max-progress-records %u "
+				"request ids reported within --progress-grace; an operation that "
+				"still requires it waits for its next ReportProgress (raise the "
+				"flag if requests live that long)",
+				p->request_id, p->iteration, now - p->idle_since_mono_ms,
+				eng->cfg->max_progress_records);
+		progress_free(eng, p);
+	}
+}
+
+/* No operation waits on p any more: it ages on the idle list (a placeholder nobody reported is
+ * worth nothing and goes at once). */
+static void progress_idle(struct sc_engine *eng, struct sc_progress *p, uint64_t now)
+{
+	if (!sc_list_empty(&p->waiters))
+		return;
+	if (!p->reported) {
+		progress_free(eng, p);
+		return;
+	}
+	sc_list_remove(&p->node);
+	p->idle_since_mono_ms = now;
+	sc_list_insert_tail(&eng->progress_idle, &p->node);
+}
+
+static bool progress_meets(const struct sc_progress *p, const struct sc_requirement *req)
+{
+	if (!p->reported)
 		return false;
 	if (p->iteration != req->iteration)
 		return p->iteration > req->iteration;
@@ -123,19 +222,41 @@ bool sc_sched_requirement_met(struct sc_engine *eng, const struct sc_requirement
 	return req->has_layer && p->has_layer && p->layer >= req->layer;
 }
 
-struct release_ctx {
-	struct sc_engine *eng;
-	struct sc_op **ops;
-	size_t n, cap;
-};
-
-static void collect_waiting(void *ctx, void *value)
+int sc_sched_gate(struct sc_engine *eng, struct sc_op *op, bool *waits, struct sc_err *err)
 {
-	struct release_ctx *c = ctx;
-	struct sc_op *op = value;
-	if (op->waiting_requirement && op->status == SC_OPS_SCHEDULED && c->n < c->cap &&
-	    sc_sched_requirement_met(c->eng, &op->req))
-		c->ops[c->n++] = op;
+	*waits = false;
+	if (!op->req.set)
+		return 0;
+	uint64_t now = sc_clock_mono_ms();
+	progress_trim(eng, now);
+	struct sc_progress *p = progress_find(eng, op->req.request_id);
+	if (p && progress_meets(p, &op->req))
+		return 0;
+	if (!p && !(p = progress_new(eng, op->req.request_id, err)))
+		return -1;
+	sc_list_remove(&p->node); /* waited on: off the idle list */
+	sc_list_insert_tail(&p->waiters, &op->gate_node);
+	op->gate = p;
+	op->waiting_requirement = true;
+	*waits = true;
+	return 0;
+}
+
+void sc_sched_ungate(struct sc_engine *eng, struct sc_op *op)
+{
+	op->waiting_requirement = false;
+	struct sc_progress *p = op->gate;
+	if (!p)
+		return;
+	op->gate = NULL;
+	sc_list_remove(&op->gate_node);
+	progress_idle(eng, p, sc_clock_mono_ms());
+}
+
+size_t sc_sched_progress_records(struct sc_engine *eng)
+{
+	progress_trim(eng, sc_clock_mono_ms());
+	return eng->n_progress;
 }
 
 int sc_progress_report(struct sc_engine *eng, const char *request_id, uint64_t iteration,
@@ -148,16 +269,15 @@ int sc_progress_report(struct sc_engine *eng, const char *request_id, uint64_t i
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "request_id longer than %d bytes",
 				  SC_NAME_MAX - 1);
 	pthread_mutex_lock(&eng->mu);
+	uint64_t now = sc_clock_mono_ms();
 	struct sc_progress *p = progress_find(eng, request_id);
 	if (!p) {
-		p = calloc(1, sizeof(*p));
+		p = progress_new(eng, request_id, err);
 		if (!p) {
 			pthread_mutex_unlock(&eng->mu);
-			return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+			return -1;
 		}
-		strcpy(p->request_id, request_id);
-		sc_list_insert_head(&eng->progress, &p->node);
-	} else if (iteration < p->iteration) {
+	} else if (p->reported && iteration < p->iteration) {
 		uint64_t have = p->iteration;
 		pthread_mutex_unlock(&eng->mu);
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
@@ -165,10 +285,11 @@ int sc_progress_report(struct sc_engine *eng, const char *request_id, uint64_t i
 				  " for request %s: progress only moves forward",
 				  iteration, have, request_id);
 	}
-	if (iteration > p->iteration) {
+	if (!p->reported || iteration > p->iteration) {
 		p->has_layer = false;
 		p->iteration_complete = false;
 	}
+	p->reported = true;
 	p->iteration = iteration;
 	if (has_layer && (!p->has_layer || layer > p->layer)) {
 		p->layer = layer;
@@ -176,28 +297,44 @@ int sc_progress_report(struct sc_engine *eng, const char *request_id, uint64_t i
 	}
 	p->iteration_complete |= iteration_complete;
 
-	size_t count = sc_idmap_count(eng->ops);
-	struct release_ctx c = {eng, calloc(count ? count : 1, sizeof(struct sc_op *)), 0, count};
-	uint32_t n = 0;
-	if (c.ops) {
-		sc_idmap_each(eng->ops, collect_waiting, &c);
-		for (size_t i = 0; i < c.n; i++) {
-			sc_sched_admit(eng, c.ops[i]);
-			n++;
+	/* Release the waiters it satisfies, first come first (each queues for a slot). They leave
+	 * p->waiters for a list of our own first: starting one may end others. p itself stays (it
+	 * has been reported, so losing its last waiter only moves it to the idle list). */
+	struct sc_list met, *pos, *tmp;
+	sc_list_init(&met);
+	sc_list_foreach_safe(pos, tmp, &p->waiters) {
+		struct sc_op *op = sc_list_entry(pos, struct sc_op, gate_node);
+		if (op->status == SC_OPS_SCHEDULED && progress_meets(p, &op->req)) {
+			sc_list_remove(pos);
+			sc_list_insert_tail(&met, pos);
 		}
-		free(c.ops);
 	}
+	uint32_t n = 0;
+	while ((pos = sc_list_first(&met))) {
+		sc_sched_admit(eng, sc_list_entry(pos, struct sc_op, gate_node)); /* unlinks it */
+		n++;
+	}
+	progress_idle(eng, p, now); /* no waiter left: it ages from now */
+	progress_trim(eng, now);
 	pthread_mutex_unlock(&eng->mu);
 	if (released)
 		*released = n;
 	return 0;
 }
 
+static void free_record(void *ctx, void *value)
+{
+	(void)ctx;
+	free(value);
+}
+
 void sc_sched_free_progress(struct sc_engine *eng)
 {
-	struct sc_list *pos, *tmp;
-	sc_list_foreach_safe(pos, tmp, &eng->progress) {
-		sc_list_remove(pos);
-		free(sc_list_entry(pos, struct sc_progress, node));
-	}
+	/* At shutdown, after every operation is gone: the map holds every record, idle or not. */
+	if (eng->progress_ids)
+		sc_idmap_each(eng->progress_ids, free_record, NULL);
+	sc_idmap_destroy(eng->progress_ids);
+	eng->progress_ids = NULL;
+	sc_list_init(&eng->progress_idle);
+	eng->n_progress = 0;
 }

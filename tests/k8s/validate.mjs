@@ -9,7 +9,8 @@
 //     every model): unknown fields, and the type of every value (string, integer, boolean,
 //     IntOrString, arrays, maps, nested objects); built-in kinds only;
 //  2. kubernetes-models' JSON-schema validators (ajv, from the same OpenAPI documents, and the
-//     Prometheus Operator CRDs for PodMonitor): required fields, enums, formats, types.
+//     Prometheus Operator CRDs for PodMonitor, cert-manager's for Issuer and Certificate): required
+//     fields, enums, formats, types.
 // Prints one line per error and exits 1, or a summary line and exits 0.
 import { createRequire } from "node:module";
 import { readFileSync } from "node:fs";
@@ -77,7 +78,8 @@ function walk(value, t, where) {
 // kubernetes-models' class for apiVersion/kind, or null.
 async function kmClass(apiVersion, kind) {
   const [group, version] = apiVersion.includes("/") ? apiVersion.split("/") : ["", apiVersion];
-  const pkg = group === "monitoring.coreos.com" ? "@kubernetes-models/prometheus-operator" : "kubernetes-models";
+  const pkg = group === "monitoring.coreos.com" ? "@kubernetes-models/prometheus-operator"
+    : group === "cert-manager.io" ? "@kubernetes-models/cert-manager" : "kubernetes-models";
   const root = path.dirname(require.resolve(pkg + "/package.json"));
   const file = path.join(root, ...(group ? [group] : []), version, kind + ".js");
   try {

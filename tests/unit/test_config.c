@@ -938,7 +938,8 @@ TEST(usage_documents_every_option)
 		line = nl ? nl + 1 : NULL;
 	}
 	free(text);
-	CHECK_INT_EQ(options, 49); /* 47 + --reflection + --cancel-wait */
+	/* 47 + --reflection + --cancel-wait + --max-progress-records + --progress-grace */
+	CHECK_INT_EQ(options, 51);
 }
 
 /* ---- free ---- */
@@ -1271,6 +1272,61 @@ TEST(wire_security_flags)
 			 "RDMA_SIDECAR_DATA_MAX_UNAUTH_PER_IP=-1");
 }
 
+TEST(progress_record_limits)
+{
+	struct sc_config c;
+	CHECK_INT_EQ(sc_config_parse(&c, 1, no_args, no_env, NULL), SC_CONFIG_OK);
+	CHECK_U64_EQ(c.max_progress_records, 65536);
+	CHECK_U64_EQ(c.progress_grace_ms, 30000);
+	sc_config_free(&c);
+	EXPECT_OK(&c, no_env, "--max-progress-records", "1", "--progress-grace=0");
+	CHECK_U64_EQ(c.max_progress_records, 1);
+	CHECK_U64_EQ(c.progress_grace_ms, 0);
+	sc_config_free(&c);
+	EXPECT_OK(&c, no_env, "--max-progress-records=4294967295", "--progress-grace", "2m");
+	CHECK_U64_EQ(c.max_progress_records, UINT32_MAX);
+	CHECK_U64_EQ(c.progress_grace_ms, 120000);
+	sc_config_free(&c);
+	char *env[] = {"RDMA_SIDECAR_MAX_PROGRESS_RECORDS=1000", "RDMA_SIDECAR_PROGRESS_GRACE=5s",
+		       NULL};
+	CHECK_INT_EQ(sc_config_parse(&c, 1, no_args, env, NULL), SC_CONFIG_OK);
+	CHECK_U64_EQ(c.max_progress_records, 1000);
+	CHECK_U64_EQ(c.progress_grace_ms, 5000);
+	sc_config_free(&c);
+	EXPECT_OK(&c, env, "--max-progress-records", "7"); /* the flag wins */
+	CHECK_U64_EQ(c.max_progress_records, 7);
+	sc_config_free(&c);
+
+	EXPECT_ERROR(no_env,
+		     "--max-progress-records \"0\": expected an integer from 1 to 4294967295",
+		     "--max-progress-records", "0");
+	EXPECT_ERROR(no_env, "--max-progress-records \"4294967296\"", "--max-progress-records",
+		     "4294967296");
+	EXPECT_ERROR(no_env, "--max-progress-records \"-5\"", "--max-progress-records", "-5");
+	EXPECT_ERROR(no_env, "--max-progress-records \"64k\"", "--max-progress-records", "64k");
+	EXPECT_ERROR(no_env, "--max-progress-records \"\"", "--max-progress-records=");
+	EXPECT_ENV_ERROR("RDMA_SIDECAR_MAX_PROGRESS_RECORDS \"many\": expected an integer from 1",
+			 "RDMA_SIDECAR_MAX_PROGRESS_RECORDS=many");
+	EXPECT_ERROR(no_env, "--progress-grace \"-1s\": a duration cannot be negative",
+		     "--progress-grace", "-1s");
+	EXPECT_ERROR(no_env, "--progress-grace \"soon\": expected a duration", "--progress-grace",
+		     "soon");
+	EXPECT_ENV_ERROR("RDMA_SIDECAR_PROGRESS_GRACE \"1x\"", "RDMA_SIDECAR_PROGRESS_GRACE=1x");
+
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	CHECK(f != NULL);
+	sc_config_usage(f, "rdma-sidecar");
+	fclose(f);
+	bool documented = strstr(text, "--max-progress-records N") &&
+			  strstr(text, "(env RDMA_SIDECAR_MAX_PROGRESS_RECORDS, default 65536)") &&
+			  strstr(text, "--progress-grace DURATION") &&
+			  strstr(text, "(env RDMA_SIDECAR_PROGRESS_GRACE, default 30s)");
+	free(text);
+	CHECK(documented);
+}
+
 RUN_TESTS(T(defaults), T(default_id_is_host_dash_6_hex), T(every_flag_space_form),
 	  T(every_flag_equals_form), T(equals_value_may_contain_equals_and_be_empty),
 	  T(short_and_double_dash_end), T(env_twins), T(env_twins_numbers), T(env_log_json_values),
@@ -1285,4 +1341,5 @@ RUN_TESTS(T(defaults), T(default_id_is_host_dash_6_hex), T(every_flag_space_form
 	  T(error_other_values), T(nats_url), T(long_bad_value_is_cut_in_message),
 	  T(null_err_is_allowed), T(help_and_version_exit), T(usage_documents_every_option),
 	  T(free_is_idempotent_and_zeroes), T(parse_many_times), T(parse_hostport), T(parse_size),
-	  T(parse_duration), T(security_limits_and_register_dirs), T(wire_security_flags))
+	  T(parse_duration), T(security_limits_and_register_dirs), T(wire_security_flags),
+	  T(progress_record_limits))
