@@ -273,16 +273,22 @@ int sc_tls_cert_identity(const struct x509_st *cert, enum sc_peer_identity sourc
 	return 0;
 }
 
+/* x's serial number in hex ("" when x is NULL). */
+static void serial_hex(const X509 *x, char *out, size_t cap)
+{
+	BIGNUM *bn = x ? ASN1_INTEGER_to_BN(X509_get0_serialNumber(x), NULL) : NULL;
+	char *hex = bn ? BN_bn2hex(bn) : NULL;
+	snprintf(out, cap, "%s", hex ? hex : "");
+	OPENSSL_free(hex);
+	BN_free(bn);
+}
+
 /* Serial (hex), validity and identity of this sidecar's certificate. */
 static void cert_info(X509 *x, enum sc_peer_identity source, const char *self_id,
 		      struct sc_tls_cert_info *info, char *td, char *why, size_t why_cap)
 {
 	memset(info, 0, sizeof(*info));
-	BIGNUM *bn = ASN1_INTEGER_to_BN(X509_get0_serialNumber(x), NULL);
-	char *hex = bn ? BN_bn2hex(bn) : NULL;
-	snprintf(info->serial, sizeof(info->serial), "%s", hex ? hex : "");
-	OPENSSL_free(hex);
-	BN_free(bn);
+	serial_hex(x, info->serial, sizeof(info->serial));
 	struct tm tm;
 	if (ASN1_TIME_to_tm(X509_get0_notAfter(x), &tm) == 1)
 		info->not_after = (int64_t)timegm(&tm);
@@ -745,6 +751,13 @@ static int handshake(struct sc_peer_tls *tls, int fd, bool server, const struct 
 	l->ssl = ssl;
 	l->ktls_tx = BIO_get_ktls_send(SSL_get_wbio(ssl));
 	l->ktls_rx = BIO_get_ktls_recv(SSL_get_rbio(ssl));
+	if (sc_log_enabled(SC_LOG_DEBUG)) {
+		char ours[SC_TLS_SERIAL_MAX], theirs[SC_TLS_SERIAL_MAX];
+		serial_hex(SSL_get_certificate(ssl), ours, sizeof(ours));
+		serial_hex(SSL_get0_peer_certificate(ssl), theirs, sizeof(theirs));
+		SC_DEBUG("peer", "TLS with %s: presented certificate serial %s, its serial %s", what,
+			 ours, theirs);
+	}
 	int mode = (l->ktls_tx ? 1 : 0) | (l->ktls_rx ? 2 : 0);
 	int prev = atomic_exchange(&tls->last_mode, mode);
 	if (prev != mode)
