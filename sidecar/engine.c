@@ -144,7 +144,21 @@ static void read_gauges(void *ctx, struct sc_gauges *g)
 	g->draining = eng->draining;
 	for (int b = 0; b < SC_NUM_BACKENDS; b++)
 		g->available[b] = eng->backends[b] && eng->backends[b]->available;
+	if (eng->grpc_cert_serial[0]) {
+		struct sc_cert_gauge *c = &g->certs[g->n_certs++];
+		c->use = "grpc";
+		snprintf(c->serial, sizeof(c->serial), "%s", eng->grpc_cert_serial);
+		c->not_after = eng->grpc_cert_not_after;
+	}
 	pthread_mutex_unlock(&eng->mu);
+	if (eng->peer_tls) {
+		struct sc_tls_cert_info ci;
+		sc_peer_tls_info(eng->peer_tls, &ci);
+		struct sc_cert_gauge *c = &g->certs[g->n_certs++];
+		c->use = "peer";
+		snprintf(c->serial, sizeof(c->serial), "%s", ci.serial);
+		c->not_after = ci.not_after;
+	}
 }
 
 static bool is_draining(void *ctx)
@@ -411,6 +425,15 @@ void sc_engine_destroy(struct sc_engine *eng)
 	pthread_cond_destroy(&eng->idle_cv);
 	pthread_mutex_destroy(&eng->mu);
 	free(eng);
+}
+
+void sc_engine_set_grpc_certificate(struct sc_engine *eng, const char *serial,
+				    int64_t not_after)
+{
+	pthread_mutex_lock(&eng->mu);
+	snprintf(eng->grpc_cert_serial, sizeof(eng->grpc_cert_serial), "%s", serial ? serial : "");
+	eng->grpc_cert_not_after = not_after;
+	pthread_mutex_unlock(&eng->mu);
 }
 
 int sc_engine_reload_tls(struct sc_engine *eng, struct sc_err *err)

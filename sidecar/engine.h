@@ -43,6 +43,10 @@ bool sc_engine_wait_idle(struct sc_engine *eng, uint64_t timeout_ms);
 void sc_engine_destroy(struct sc_engine *eng);
 /* SIGHUP: reload the key file. The old keys stay on failure. */
 int sc_engine_reload_keys(struct sc_engine *eng, struct sc_err *err);
+/* The gRPC layer says which certificate its TCP listeners present (serial hex, notAfter unix
+ * seconds; serial NULL or "": none), for the metrics. Any thread. */
+void sc_engine_set_grpc_certificate(struct sc_engine *eng, const char *serial,
+				    int64_t not_after);
 /* SIGHUP: reload the peer TLS certificate, key and CA (nothing to do without peer TLS). The old
  * ones stay on failure (logged). New connections use the new certificate; live ones go on. */
 int sc_engine_reload_tls(struct sc_engine *eng, struct sc_err *err);

@@ -20,12 +20,14 @@ cluster key every sidecar holds, so only the certificates tell sidecars apart:
 Every refusal is checked by status code and message text."""
 import datetime
 import os
+import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 
 import grpc
-from harness import BINARY, SLOW, SidecarTest, desc, main, pb, wait_until
+from harness import BINARY, SLOW, SidecarTest, desc, free_port, main, pb, wait_until
 
 PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
@@ -318,11 +320,27 @@ class PeerIdentityTest(SidecarTest):
         vol = Volume(os.path.join(self.workdir, "a-certs"))
         c1, k1 = self.pki.issue("A")
         vol.put_files(c1, k1)
+        port = free_port()
         a = self.sidecar("A", key_file=self.keys,
                          extra=["--peer-tls-cert", vol.cert, "--peer-tls-key", vol.key,
-                                "--peer-tls-ca", self.pki.cert, "--tls-reload-interval", "200ms"])
+                                "--peer-tls-ca", self.pki.cert, "--tls-reload-interval", "200ms",
+                                "--metrics-listen", "127.0.0.1:%d" % port])
         serial1 = Pki.serial(c1)
         self.assertEqual(a.info().peer_certificate.serial, serial1)
+
+        def expiry():
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port,
+                                        timeout=10 * SLOW) as r:
+                text = r.read().decode()
+            if shutil.which("promtool"):  # the exposition format stays valid with the gauge
+                p = subprocess.run(["promtool", "check", "metrics"], input=text,
+                                   capture_output=True, text=True, timeout=60)
+                self.assertEqual((p.returncode, p.stdout + p.stderr), (0, ""), text)
+            return [l for l in text.splitlines()
+                    if l.startswith("rdma_sidecar_certificate_expiry_timestamp_seconds{")]
+        pc = a.info().peer_certificate
+        self.assertEqual(expiry(), ['rdma_sidecar_certificate_expiry_timestamp_seconds'
+                                    '{use="peer",serial="%s"} %d' % (serial1, pc.not_after_unix_s)])
         p = self.ident_sidecar("P")
         # A reads from P once, so A's pool holds connections made with the first certificate
         self.check_moved(p, a, 4097, "read")
@@ -353,6 +371,8 @@ class PeerIdentityTest(SidecarTest):
         done = a.wait(op.operation_id, 60000)
         self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, done.error.message)
         self.assertTrue(a.peek(ra, 0, size) == data, "READ bytes differ")
+        self.assertEqual(len(expiry()), 1)
+        self.assertIn('{use="peer",serial="%s"}' % serial2, expiry()[0])
         self.assertIn("loaded certificate serial %s" % serial2, a.read_log())
         # the next connection presents the new certificate: a new peer sees serial2
         q = self.ident_sidecar("Q")
