@@ -856,14 +856,16 @@ static int check_tls_set(const struct sc_config *cfg, struct sc_err *err)
 				  "(the server's own certificate for mTLS)");
 	if (cfg->peer_identity_required &&
 	    (!cfg->peer_tls_cert || !cfg->peer_tls_key || !cfg->peer_tls_ca))
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "--peer-identity-required needs peer TLS (--peer-tls-cert, "
-				  "--peer-tls-key and --peer-tls-ca): a sidecar's identity comes from "
-				  "its certificate");
+		return sc_err_set(
+		    err, SC_INVALID_ARGUMENT,
+		    "--peer-identity-required needs peer TLS (--peer-tls-cert, "
+		    "--peer-tls-key and --peer-tls-ca): a sidecar's identity comes from "
+		    "its certificate");
 	if (cfg->peer_identity_required && cfg->peer_identity == SC_PEER_IDENTITY_OFF)
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "--peer-identity-required needs --peer-identity spiffe, dns or cn, "
-				  "not off");
+		return sc_err_set(
+		    err, SC_INVALID_ARGUMENT,
+		    "--peer-identity-required needs --peer-identity spiffe, dns or cn, "
+		    "not off");
 	return 0;
 }
 
@@ -883,7 +885,8 @@ const char *sc_peer_identity_name(enum sc_peer_identity s)
 
 static int parse_peer_identity(const char *v, enum sc_peer_identity *out, struct sc_err *err)
 {
-	for (unsigned i = 0; i < sizeof(peer_identity_names) / sizeof(peer_identity_names[0]); i++) {
+	for (unsigned i = 0; i < sizeof(peer_identity_names) / sizeof(peer_identity_names[0]);
+	     i++) {
 		if (strcmp(v, peer_identity_names[i]) == 0) {
 			*out = (enum sc_peer_identity)i;
 			return 0;

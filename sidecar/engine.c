@@ -427,8 +427,7 @@ void sc_engine_destroy(struct sc_engine *eng)
 	free(eng);
 }
 
-void sc_engine_set_grpc_certificate(struct sc_engine *eng, const char *serial,
-				    int64_t not_after)
+void sc_engine_set_grpc_certificate(struct sc_engine *eng, const char *serial, int64_t not_after)
 {
 	pthread_mutex_lock(&eng->mu);
 	snprintf(eng->grpc_cert_serial, sizeof(eng->grpc_cert_serial), "%s", serial ? serial : "");

@@ -55,7 +55,7 @@ struct sc_peer_tls {
 	 * connections made with the old one keep it alive (OpenSSL counts them) until they end. */
 	pthread_mutex_t mu;
 	SSL_CTX *ctx;
-	struct sc_tls_cert_info info; /* this sidecar's certificate, as loaded */
+	struct sc_tls_cert_info info;		    /* this sidecar's certificate, as loaded */
 	char trust_domain[SC_TLS_TRUST_DOMAIN_MAX]; /* spiffe: ours; "" when ours names none */
 	char self_id[SC_NAME_MAX];
 	enum sc_peer_identity source;
@@ -193,9 +193,9 @@ static bool parse_spiffe(const char *uri, size_t len, char *td, size_t td_cap, c
 	return true;
 }
 
-int sc_tls_cert_identity(const struct x509_st *cert, enum sc_peer_identity source,
-			 const char *want, char out[SC_NAME_MAX],
-			 char trust_domain[SC_TLS_TRUST_DOMAIN_MAX], char *why, size_t why_cap)
+int sc_tls_cert_identity(const struct x509_st *cert, enum sc_peer_identity source, const char *want,
+			 char out[SC_NAME_MAX], char trust_domain[SC_TLS_TRUST_DOMAIN_MAX],
+			 char *why, size_t why_cap)
 {
 	out[0] = '\0';
 	if (trust_domain)
@@ -228,7 +228,8 @@ int sc_tls_cert_identity(const struct x509_st *cert, enum sc_peer_identity sourc
 	for (int i = 0; sans && i < sk_GENERAL_NAME_num(sans) && found == 0; i++) {
 		const GENERAL_NAME *gn = sk_GENERAL_NAME_value(sans, i);
 		if (source == SC_PEER_IDENTITY_SPIFFE && gn->type == GEN_URI) {
-			const char *uri = (const char *)ASN1_STRING_get0_data(gn->d.uniformResourceIdentifier);
+			const char *uri =
+			    (const char *)ASN1_STRING_get0_data(gn->d.uniformResourceIdentifier);
 			size_t len = (size_t)ASN1_STRING_length(gn->d.uniformResourceIdentifier);
 			if (len < 9 || strncmp(uri, "spiffe://", 9) != 0)
 				continue;
@@ -262,14 +263,16 @@ int sc_tls_cert_identity(const struct x509_st *cert, enum sc_peer_identity sourc
 	if (source == SC_PEER_IDENTITY_DNS) {
 		if (out[0])
 			return 1; /* names another id than want */
-		snprintf(why, why_cap, "%s", seen ? "none of its DNS names is a sidecar id"
-						  : "it has no DNS subject alternative name");
+		snprintf(why, why_cap, "%s",
+			 seen ? "none of its DNS names is a sidecar id"
+			      : "it has no DNS subject alternative name");
 		return 0;
 	}
 	if (first_bad[0])
 		snprintf(why, why_cap, "its SPIFFE ID %s does not end in a sidecar id", first_bad);
 	else
-		snprintf(why, why_cap, "it has no SPIFFE ID (URI SAN spiffe://TRUST-DOMAIN/.../ID)");
+		snprintf(why, why_cap,
+			 "it has no SPIFFE ID (URI SAN spiffe://TRUST-DOMAIN/.../ID)");
 	return 0;
 }
 
@@ -294,8 +297,8 @@ static void cert_info(X509 *x, enum sc_peer_identity source, const char *self_id
 		info->not_after = (int64_t)timegm(&tm);
 	if (ASN1_TIME_to_tm(X509_get0_notBefore(x), &tm) == 1)
 		info->not_before = (int64_t)timegm(&tm);
-	info->has_identity = sc_tls_cert_identity(x, source, self_id, info->identity, td, why,
-						  why_cap) == 1;
+	info->has_identity =
+	    sc_tls_cert_identity(x, source, self_id, info->identity, td, why, why_cap) == 1;
 }
 
 static void file_sig_of(const char *path, struct file_sig *sig)
@@ -337,7 +340,7 @@ static int load_ctx(const struct sc_peer_tls *t, SSL_CTX **out, struct sc_tls_ce
 	SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:"
 				      "TLS_CHACHA20_POLY1305_SHA256");
 	SSL_CTX_set_options(ctx, SSL_OP_ENABLE_KTLS | SSL_OP_IGNORE_UNEXPECTED_EOF |
-					 SSL_OP_NO_RENEGOTIATION);
+				     SSL_OP_NO_RENEGOTIATION);
 	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
 	/* No session tickets: nothing arrives after the handshake that the hello would trip on,
 	 * and an idle pooled connection never has bytes waiting. */
@@ -381,10 +384,11 @@ static int load_ctx(const struct sc_peer_tls *t, SSL_CTX **out, struct sc_tls_ce
 	char why[REASON_MAX];
 	cert_info(own, t->source, t->self_id, info, td, why, sizeof(why));
 	if (X509_cmp_current_time(X509_get0_notAfter(own)) < 0) {
-		sc_err_set(err, SC_FAILED_PRECONDITION,
-			   "--peer-tls-cert %s: this sidecar's certificate (serial %s) has expired: "
-			   "renew it",
-			   cert, info->serial);
+		sc_err_set(
+		    err, SC_FAILED_PRECONDITION,
+		    "--peer-tls-cert %s: this sidecar's certificate (serial %s) has expired: "
+		    "renew it",
+		    cert, info->serial);
 		goto fail;
 	}
 	if (X509_cmp_current_time(X509_get0_notBefore(own)) > 0) {
@@ -434,7 +438,8 @@ int sc_peer_tls_create(const struct sc_config *cfg, struct sc_peer_tls **out, st
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "peer TLS needs all of --peer-tls-cert, --peer-tls-key and "
 				  "--peer-tls-ca; missing:%s%s%s",
-				  have_cert ? "" : " --peer-tls-cert", have_key ? "" : " --peer-tls-key",
+				  have_cert ? "" : " --peer-tls-cert",
+				  have_key ? "" : " --peer-tls-key",
 				  have_ca ? "" : " --peer-tls-ca");
 	struct sc_peer_tls *t = calloc(1, sizeof(*t));
 	if (!t)
@@ -755,8 +760,8 @@ static int handshake(struct sc_peer_tls *tls, int fd, bool server, const struct 
 		char ours[SC_TLS_SERIAL_MAX], theirs[SC_TLS_SERIAL_MAX];
 		serial_hex(SSL_get_certificate(ssl), ours, sizeof(ours));
 		serial_hex(SSL_get0_peer_certificate(ssl), theirs, sizeof(theirs));
-		SC_DEBUG("peer", "TLS with %s: presented certificate serial %s, its serial %s", what,
-			 ours, theirs);
+		SC_DEBUG("peer", "TLS with %s: presented certificate serial %s, its serial %s",
+			 what, ours, theirs);
 	}
 	int mode = (l->ktls_tx ? 1 : 0) | (l->ktls_rx ? 2 : 0);
 	int prev = atomic_exchange(&tls->last_mode, mode);
@@ -833,8 +838,8 @@ static int peer_identity(struct sc_peer_tls *tls, int fd, const char *want, char
 	pthread_mutex_unlock(&tls->mu);
 	if (ours[0] && strcmp(ours, td) != 0) {
 		snprintf(why, why_cap,
-			 "its SPIFFE ID is in trust domain \"%.80s\", not this sidecar's \"%.80s\"", td,
-			 ours);
+			 "its SPIFFE ID is in trust domain \"%.80s\", not this sidecar's \"%.80s\"",
+			 td, ours);
 		out[0] = '\0';
 		return -1;
 	}
@@ -883,8 +888,8 @@ int sc_peer_tls_check_claim(struct sc_peer_tls *tls, int fd, const char *claimed
 		return 0;
 	if (rc == 1)
 		sc_err_set(&e, SC_PERMISSION_DENIED,
-			   "peer certificate names sidecar \"%s\" but its hello claims \"%s\" (%s)", id,
-			   claimed, what);
+			   "peer certificate names sidecar \"%s\" but its hello claims \"%s\" (%s)",
+			   id, claimed, what);
 	/* Tell the peer why, in its own framing (its next request reads it), as the hello does. */
 	struct sc_peer_msg m = {.type = SC_FRAME_ERROR, .code = (uint32_t)e.code};
 	snprintf(m.text, sizeof(m.text), "%s", e.msg);

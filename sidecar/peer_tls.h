@@ -19,8 +19,9 @@
  * records it (sc_peer_tls_reached) for the check against the metadata's issuer (peer_pool.h).
  *
  * Threads: a context is created and destroyed by the engine's lifecycle thread and shared by the
- * peer server and pool; its certificate is swapped by sc_peer_tls_reload (any thread). A connection's TLS state is used by the one thread that
- * owns the connection; sc_peer_tls_close must run when nobody else uses the fd.
+ * peer server and pool; its certificate is swapped by sc_peer_tls_reload (any thread). A
+ * connection's TLS state is used by the one thread that owns the connection; sc_peer_tls_close must
+ * run when nobody else uses the fd.
  */
 #ifndef SC_PEER_TLS_H
 #define SC_PEER_TLS_H
