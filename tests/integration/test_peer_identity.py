@@ -22,12 +22,14 @@ import datetime
 import os
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import time
 import urllib.request
 
 import grpc
-from harness import BINARY, SLOW, SidecarTest, desc, free_port, main, pb, wait_until
+from harness import BINARY, SLOW, SidecarTest, desc, free_port, main, pb, rpc, wait_until
 
 PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
@@ -42,6 +44,10 @@ def _openssl(*args):
 def _utc(offset_s):
     t = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=offset_s)
     return t.strftime("%y%m%d%H%M%SZ")
+
+
+def pb_stub(channel):
+    return rpc.SidecarStub(channel)
 
 
 class Pki:
@@ -403,6 +409,76 @@ class PeerIdentityTest(SidecarTest):
         a.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: a.info().peer_certificate.serial == Pki.serial(c4), 10,
                    "A to load the certificate on SIGHUP")
+
+    def test_grpc_certificate_rotates(self):
+        vol = Volume(os.path.join(self.workdir, "g-certs"))
+        c1, k1 = self.pki.issue("localhost", san="DNS:localhost,IP:127.0.0.1")
+        vol.put_files(c1, k1)
+        client_cert, client_key = self.pki.issue("client", san="DNS:client")
+        mport = free_port()
+        g = self.sidecar("G", tcp=False, key_file=self.keys,
+                         extra=["--grpc-listen", "127.0.0.1:0", "--grpc-tls-cert", vol.cert,
+                                "--grpc-tls-key", vol.key, "--grpc-tls-client-ca", self.pki.cert,
+                                "--tls-reload-interval", "200ms",
+                                "--metrics-listen", "127.0.0.1:%d" % mport])
+        gport = [int(a.rsplit(":", 1)[1]) for a in g.info().grpc_listeners
+                 if a.startswith("127.0.0.1:")][0]
+
+        def served_serial():
+            """The serial of the certificate a new TLS connection to the API port presents."""
+            ctx = ssl.create_default_context(cafile=self.pki.cert)
+            ctx.load_cert_chain(client_cert, client_key)
+            ctx.set_alpn_protocols(["h2"])
+            with socket.create_connection(("127.0.0.1", gport), timeout=10 * SLOW) as raw:
+                with ctx.wrap_socket(raw, server_hostname="localhost") as t:
+                    der = t.getpeercert(binary_form=True)
+            out = subprocess.run(["openssl", "x509", "-inform", "DER", "-noout", "-serial"],
+                                 input=der, capture_output=True, check=True, timeout=30).stdout
+            return out.decode().strip().split("=", 1)[1].upper()
+
+        def grpc_expiry():
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport,
+                                        timeout=10 * SLOW) as r:
+                return [l for l in r.read().decode().splitlines()
+                        if l.startswith('rdma_sidecar_certificate_expiry_timestamp_seconds'
+                                        '{use="grpc"')]
+        with open(self.pki.cert, "rb") as f:
+            root = f.read()
+        with open(client_cert, "rb") as f, open(client_key, "rb") as k:
+            creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=k.read(),
+                                                 certificate_chain=f.read())
+        opts = [("grpc.ssl_target_name_override", "localhost")]
+        serial1, serial2 = Pki.serial(c1), None
+        self.assertEqual(served_serial(), serial1)
+        self.assertEqual(len(grpc_expiry()), 1)
+        self.assertIn('serial="%s"' % serial1, grpc_expiry()[0])
+        with grpc.secure_channel("127.0.0.1:%d" % gport, creds, options=opts) as ch:
+            stub = pb_stub(ch)
+            self.assertEqual(stub.GetInfo(pb.GetInfoRequest(), timeout=10 * SLOW).sidecar_id, "G")
+            c2, k2 = self.pki.issue("localhost", san="DNS:localhost,IP:127.0.0.1")
+            serial2 = Pki.serial(c2)
+            vol.put_files(c2, k2)
+            # gRPC asks on each new handshake; the files are looked at every 200 ms
+            wait_until(lambda: served_serial() == serial2, 10, "the API port to present serial2")
+            # the connection made before goes on
+            self.assertEqual(stub.GetInfo(pb.GetInfoRequest(), timeout=10 * SLOW).sidecar_id, "G")
+        self.assertIn('serial="%s"' % serial2, grpc_expiry()[0])
+        self.assertIn("gRPC TLS: loaded certificate serial %s" % serial2, g.read_log())
+        # a garbage file keeps the old certificate, logged with the path and the reason
+        with open(k2, "rb") as f:
+            vol.put(b"garbage", f.read())
+        wait_until(lambda: served_serial() == serial2 and "gRPC TLS: keeping the current "
+                   "certificate (serial %s)" % serial2 in g.read_log(), 10,
+                   "G to log the bad file")
+        self.assertIn("--grpc-tls-cert %s: cannot load the certificate" % vol.cert, g.read_log())
+        # SIGHUP loads at once
+        c3, k3 = self.pki.issue("localhost", san="DNS:localhost,IP:127.0.0.1")
+        vol.put_files(c3, k3)
+        g.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: served_serial() == Pki.serial(c3), 10, "SIGHUP to load serial3")
+        with grpc.secure_channel("127.0.0.1:%d" % gport, creds, options=opts) as ch:
+            self.assertEqual(pb_stub(ch).GetInfo(pb.GetInfoRequest(), timeout=10 * SLOW)
+                             .sidecar_id, "G")
 
     def test_sighup_only(self):
         vol = Volume(os.path.join(self.workdir, "a-certs"))
