@@ -236,6 +236,26 @@ class PeerIdentityTest(SidecarTest):
                 self.check_refused(a, m, direction, PERMISSION_DENIED, [want])
         wait_until(lambda: want in a.read_log(), 10, "A to log the refusal")
 
+    def test_dns_and_cn_sources(self):
+        for source, san in (("dns", "DNS:%s,DNS:localhost,IP:127.0.0.1"), ("cn", "")):
+            with self.subTest(source=source):
+                mode = ["--peer-identity", source]
+                a = self.ident_sidecar("A-" + source, cert_name="A", sidecar_id="A", extra=mode,
+                                       san=san and san % "A")
+                b = self.ident_sidecar("B-" + source, cert_name="B", sidecar_id="B", extra=mode,
+                                       san=san and san % "B")
+                self.check_moved(a, b, 4097, "read")
+                self.check_moved(b, a, 4097, "write")
+                self.assertEqual(a.info().peer_certificate.identity, "A")
+                self.assertEqual(a.info().peer_certificate.identity_source, source)
+                m = self.ident_sidecar("M-" + source, cert_name="M", sidecar_id="B",
+                                       extra=["--peer-identity", "off"], san=san and san % "M")
+                self.check_refused(a, m, "read", PERMISSION_DENIED,
+                                   ['peer certificate names sidecar "M" but its hello claims "B"'])
+                for s in (a, b, m):
+                    s.stop()
+                    self._procs.remove(s)
+
     def test_audience_is_the_verified_identity(self):
         a, m = self.ident_sidecar("A"), self.ident_sidecar("M")
         # M's own sidecar refuses metadata whose audience is B
