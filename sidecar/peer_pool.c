@@ -225,10 +225,16 @@ static int dial_once(struct sc_peer_pool *pool, struct sc_keyring *ring, struct 
 		const char *tls_why = sc_peer_tls_last_error(c->fd);
 		if (err && tls_why) {
 			size_t used = strlen(err->msg);
-			snprintf(err->msg + used, sizeof(err->msg) - used,
-				 " (TLS: %s: the peer did not accept this sidecar's --peer-tls-cert,"
-				 " or does not use peer TLS)",
-				 tls_why);
+			if (strstr(tls_why, "certificate expired"))
+				snprintf(err->msg + used, sizeof(err->msg) - used,
+					 " (TLS: %s: the peer says this sidecar's certificate has "
+					 "expired: renew --peer-tls-cert)",
+					 tls_why);
+			else
+				snprintf(err->msg + used, sizeof(err->msg) - used,
+					 " (TLS: %s: the peer did not accept this sidecar's "
+					 "--peer-tls-cert, or does not use peer TLS)",
+					 tls_why);
 		}
 		sc_peer_tls_close(c->fd);
 		c->fd = -1;

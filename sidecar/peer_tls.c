@@ -747,10 +747,17 @@ static int handshake(struct sc_peer_tls *tls, int fd, bool server, const struct 
 		} else {
 			ssl_reason(reason, sizeof(reason), "protocol error");
 		}
-		sc_err_set(err, SC_UNAVAILABLE,
-			   "TLS handshake with %s failed: %s (both sidecars need --peer-tls-cert, "
-			   "--peer-tls-key and --peer-tls-ca with certificates from the same CA)",
-			   what, reason);
+		if (vr == X509_V_ERR_CERT_HAS_EXPIRED || vr == X509_V_ERR_CERT_NOT_YET_VALID)
+			sc_err_set(err, SC_UNAVAILABLE,
+				   "TLS handshake with %s failed: %s: it must renew its "
+				   "--peer-tls-cert",
+				   what, reason);
+		else
+			sc_err_set(err, SC_UNAVAILABLE,
+				   "TLS handshake with %s failed: %s (both sidecars need "
+				   "--peer-tls-cert, --peer-tls-key and --peer-tls-ca with "
+				   "certificates from the same CA)",
+				   what, reason);
 		goto fail;
 	}
 	l->ssl = ssl;

@@ -334,11 +334,14 @@ class PeerIdentityTest(SidecarTest):
         e = self.sidecar("E", key_file=self.keys, extra=self.tls_flags(cert, key))
         time.sleep(max(0, t_end - time.time()) + 1.5)
         # A dials E: A sees E's expired certificate
-        done = self.check_refused(e, a, "read", UNAVAILABLE, ["has expired"])
-        self.assertIn(e.info().data_endpoints[0], done.error.message)
+        done = self.check_refused(e, a, "read", UNAVAILABLE, [
+            "the certificate of peer sidecar at %s has expired" % e.info().data_endpoints[0],
+            "it must renew its --peer-tls-cert"])
         # E dials A: A refuses E's certificate, and E's worker reads that it expired
-        done = self.check_refused(a, e, "read", UNAVAILABLE, ["expired"])
-        wait_until(lambda: "has expired" in a.read_log(), 10, "A to log the expired certificate")
+        done = self.check_refused(a, e, "read", UNAVAILABLE,
+                                  ["the peer says this sidecar's certificate has expired"])
+        wait_until(lambda: "has expired (certificate has expired)" in a.read_log(), 10,
+                   "A to log the expired certificate")
 
     # ---- rotation -------------------------------------------------------------------------------
 
