@@ -71,5 +71,14 @@ void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req)
 	}
 	m.n_gpus = info.n_gpus;
 	m.gpus = gp;
+	RdmaSidecar__V1__CertificateInfo pc = RDMA_SIDECAR__V1__CERTIFICATE_INFO__INIT;
+	if (info.has_peer_cert) {
+		pc.serial = info.peer_cert_serial;
+		pc.identity = info.peer_cert_identity;
+		pc.not_before_unix_s = info.peer_cert_not_before;
+		pc.not_after_unix_s = info.peer_cert_not_after;
+		pc.identity_source = (char *)info.peer_identity_source;
+		m.peer_certificate = &pc;
+	}
 	sc_call_reply(c, &m.base);
 }

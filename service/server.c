@@ -26,6 +26,7 @@
 #include "absl_tune.h"
 #include "api_listen.h"
 #include "call.h"
+#include "grpc_certs.h"
 #include "handlers.h"
 #include "log.h"
 #include "service.h"
@@ -108,6 +109,7 @@ struct sc_service {
 	struct srv api, probe;
 	bool have_probe;
 	struct sc_token_store *tokens; /* --grpc-token-file; NULL = none */
+	struct sc_grpc_certs *certs;   /* --grpc-tls-*; NULL = none */
 	grpc_completion_queue *cq;
 	pthread_t *threads;
 	size_t n_threads;
@@ -788,44 +790,6 @@ static int srv_init(struct sc_service *svc, struct srv *s, bool probe,
 	return 0;
 }
 
-/* TLS credentials for the TCP API listeners from --grpc-tls-*; NULL without a certificate. */
-static int make_tls_creds(const struct sc_config *cfg, grpc_server_credentials **out,
-			  struct sc_err *err)
-{
-	char *cert = NULL, *key = NULL, *ca = NULL;
-	size_t n;
-	int rc = -1;
-	*out = NULL;
-	if (!cfg->grpc_tls_cert)
-		return 0;
-	if (sc_read_small_file(cfg->grpc_tls_cert, 1 << 20, "--grpc-tls-cert", &cert, &n, err) ||
-	    sc_read_small_file(cfg->grpc_tls_key, 1 << 20, "--grpc-tls-key", &key, &n, err) ||
-	    (cfg->grpc_tls_client_ca &&
-	     sc_read_small_file(cfg->grpc_tls_client_ca, 1 << 20, "--grpc-tls-client-ca", &ca, &n,
-				err)))
-		goto out;
-	grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
-	*out = grpc_ssl_server_credentials_create_ex(
-		ca, &pair, 1,
-		ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-		   : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-		NULL);
-	if (!*out) {
-		sc_err_set(err, SC_INVALID_ARGUMENT,
-			   "--grpc-tls-cert/--grpc-tls-key/--grpc-tls-client-ca: gRPC refused the "
-			   "TLS files: check they are PEM and that the key matches the certificate");
-		goto out;
-	}
-	rc = 0;
-out:
-	free(cert);
-	if (key)
-		OPENSSL_cleanse(key, strlen(key));
-	free(key);
-	free(ca);
-	return rc;
-}
-
 /* "HOST:0" as bound: the real port. */
 static char *shown_addr(const char *addr, int port)
 {
@@ -856,7 +820,8 @@ int sc_service_create(struct sc_engine *eng, const struct sc_config *cfg,
 	grpc_init();
 	if (cfg->grpc_token_file && sc_token_store_create(cfg->grpc_token_file, &svc->tokens, err))
 		goto fail;
-	if (make_tls_creds(cfg, &tls, err) != 0)
+	/* TLS for the TCP API listeners, reloaded when the files change (grpc_certs.h). */
+	if (sc_grpc_certs_create(cfg, eng, &tls, &svc->certs, err) != 0)
 		goto fail;
 
 	grpc_arg args[4];
@@ -951,6 +916,11 @@ size_t sc_service_listeners(struct sc_service *svc, const char ***out)
 {
 	*out = svc->listener_view;
 	return svc->n_listeners;
+}
+
+int sc_service_reload_tls(struct sc_service *svc, struct sc_err *err)
+{
+	return svc ? sc_grpc_certs_reload(svc->certs, err) : 0;
 }
 
 int sc_service_reload_auth(struct sc_service *svc, struct sc_err *err)
@@ -1132,8 +1102,12 @@ void sc_service_destroy(struct sc_service *svc)
 	sc_token_store_destroy(svc->tokens);
 	sc_health_destroy(svc->health);
 	pthread_rwlock_destroy(&svc->batch_lock);
+	struct sc_grpc_certs *certs = svc->certs;
 	free(svc);
 	bounded_grpc_shutdown();
+	/* gRPC's credentials call into certs on handshakes: free it only once gRPC is gone. */
+	if (!atomic_load(&grpc_teardown_pending))
+		sc_grpc_certs_destroy(certs);
 }
 
 bool sc_service_teardown_pending(void)

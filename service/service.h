@@ -28,6 +28,10 @@ bool sc_service_teardown_pending(void);
 
 /* SIGHUP: reload --grpc-token-file (the old token stays on error). 0 without a token file. */
 int sc_service_reload_auth(struct sc_service *svc, struct sc_err *err);
+/* SIGHUP: reload --grpc-tls-cert/--grpc-tls-key/--grpc-tls-client-ca (new connections take them;
+ * also reloaded when the files change, every --tls-reload-interval). The old ones stay on failure
+ * (logged). Nothing to do without them. */
+int sc_service_reload_tls(struct sc_service *svc, struct sc_err *err);
 
 /* The listeners actually bound ("unix:/tmp/x.sock", "127.0.0.1:50051"). */
 size_t sc_service_listeners(struct sc_service *svc, const char ***out);

@@ -223,6 +223,10 @@ static struct sc_peer_conn *connect_peer(struct tcp_xfer *tx, struct sc_err *err
 				break;
 			continue;
 		}
+		if (sc_peer_conn_check_issuer(c, md->issuer, err) != 0) {
+			sc_peer_pool_put(tx->tb->pool, c, false); /* an impostor: nothing is sent */
+			break;
+		}
 		if (strcmp(sc_peer_conn_peer_id(c), md->issuer) != 0) {
 			sc_err_set(err, SC_UNAVAILABLE,
 				   "data endpoint %s is sidecar \"%s\", but the metadata was "

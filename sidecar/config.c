@@ -62,6 +62,9 @@ enum opt_id {
 	OPT_PEER_TLS_CERT,
 	OPT_PEER_TLS_KEY,
 	OPT_PEER_TLS_CA,
+	OPT_PEER_IDENTITY,
+	OPT_PEER_IDENTITY_REQUIRED,
+	OPT_TLS_RELOAD_INTERVAL,
 	OPT_NATS_TLS_CA,
 	OPT_NATS_TLS_CERT,
 	OPT_NATS_TLS_KEY,
@@ -244,6 +247,22 @@ static const struct sc_option sc_options[] = {
 	 .group = "Security",
 	 .help = "cluster CA: peers must present a certificate it signed (both directions)",
 	 .def = "none"},
+	{.id = OPT_PEER_IDENTITY, .name = "peer-identity", .arg = ARG_REQUIRED, .value = "SOURCE",
+	 .group = "Security",
+	 .help = "with peer TLS, the name in a peer's certificate that is its sidecar id: spiffe "
+		 "(URI SAN spiffe://TRUST-DOMAIN/.../ID, same trust domain as ours), dns (a DNS SAN), "
+		 "cn (subject CN) or off (the id its hello claims)",
+	 .def = "spiffe"},
+	{.id = OPT_PEER_IDENTITY_REQUIRED, T_BOOL(peer_identity_required), .name = "peer-identity-required",
+	 .arg = ARG_BOOL, .group = "Security",
+	 .help = "refuse peers whose certificate names no identity, and start only with peer TLS "
+		 "and a certificate of our own that names --id",
+	 .def = "off: such peers are served as the id they claim"},
+	{.id = OPT_TLS_RELOAD_INTERVAL, T_DURATION(tls_reload_interval_ms), .name = "tls-reload-interval",
+	 .arg = ARG_REQUIRED, .value = "DURATION", .group = "Security",
+	 .help = "how often the peer and gRPC certificate, key and CA files are checked for "
+		 "changes and reloaded; 0 = only on SIGHUP",
+	 .def = "10s"},
 	{.id = OPT_NATS_TLS_CA, T_STR(nats_tls_ca), .name = "nats-tls-ca", .arg = ARG_REQUIRED, .value = "PEM",
 	 .group = "Security", .help = "CA that signed the NATS server's certificate; turns on TLS",
 	 .def = "none"},
@@ -847,7 +866,46 @@ static int check_tls_set(const struct sc_config *cfg, struct sc_err *err)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "--grpc-tls-client-ca needs --grpc-tls-cert and --grpc-tls-key "
 				  "(the server's own certificate for mTLS)");
+	if (cfg->peer_identity_required &&
+	    (!cfg->peer_tls_cert || !cfg->peer_tls_key || !cfg->peer_tls_ca))
+		return sc_err_set(
+		    err, SC_INVALID_ARGUMENT,
+		    "--peer-identity-required needs peer TLS (--peer-tls-cert, "
+		    "--peer-tls-key and --peer-tls-ca): a sidecar's identity comes from "
+		    "its certificate");
+	if (cfg->peer_identity_required && cfg->peer_identity == SC_PEER_IDENTITY_OFF)
+		return sc_err_set(
+		    err, SC_INVALID_ARGUMENT,
+		    "--peer-identity-required needs --peer-identity spiffe, dns or cn, "
+		    "not off");
 	return 0;
+}
+
+static const char *const peer_identity_names[] = {
+    [SC_PEER_IDENTITY_SPIFFE] = "spiffe",
+    [SC_PEER_IDENTITY_DNS] = "dns",
+    [SC_PEER_IDENTITY_CN] = "cn",
+    [SC_PEER_IDENTITY_OFF] = "off",
+};
+
+const char *sc_peer_identity_name(enum sc_peer_identity s)
+{
+	return (unsigned)s < sizeof(peer_identity_names) / sizeof(peer_identity_names[0])
+		   ? peer_identity_names[s]
+		   : "unknown";
+}
+
+static int parse_peer_identity(const char *v, enum sc_peer_identity *out, struct sc_err *err)
+{
+	for (unsigned i = 0; i < sizeof(peer_identity_names) / sizeof(peer_identity_names[0]);
+	     i++) {
+		if (strcmp(v, peer_identity_names[i]) == 0) {
+			*out = (enum sc_peer_identity)i;
+			return 0;
+		}
+	}
+	return sc_err_set(err, SC_INVALID_ARGUMENT, "\"%.*s\": expected spiffe, dns, cn or off",
+			  VALUE_SHOWN, v);
 }
 
 /* ---- applying one value ---- */
@@ -1125,6 +1183,9 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 		if (rc == 0)
 			rc = set_str(&cfg->nats_subject_prefix, v, true, err);
 		break;
+	case OPT_PEER_IDENTITY:
+		rc = parse_peer_identity(v, &cfg->peer_identity, err);
+		break;
 	case OPT_LOG_LEVEL:
 		if (!sc_log_level_parse(v, &cfg->log_level))
 			rc = sc_err_set(err, SC_INVALID_ARGUMENT,
@@ -1181,6 +1242,9 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->max_descriptors = 65536;
 	cfg->max_total_region_bytes = 0;
 	cfg->unix_socket_mode = 0660;
+	cfg->peer_identity = SC_PEER_IDENTITY_SPIFFE;
+	cfg->peer_identity_required = false;
+	cfg->tls_reload_interval_ms = 10 * 1000;
 	return 0;
 }
 

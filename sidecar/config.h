@@ -28,6 +28,16 @@ enum {
 #define SC_MAX_REGISTER_DIRS 16
 #define SC_MAX_ALLOWED_UIDS 32
 
+/* --peer-identity: which name in a peer's verified certificate is its sidecar id. */
+enum sc_peer_identity {
+	SC_PEER_IDENTITY_SPIFFE = 0, /* URI SAN spiffe://TRUST-DOMAIN/.../ID: the last segment */
+	SC_PEER_IDENTITY_DNS,        /* a DNS SAN equal to the id */
+	SC_PEER_IDENTITY_CN,         /* the subject CN */
+	SC_PEER_IDENTITY_OFF,        /* the id claimed in the hello */
+};
+/* "spiffe", "dns", "cn", "off". */
+const char *sc_peer_identity_name(enum sc_peer_identity s);
+
 struct sc_config {
 	char *id;                                     /* --id; default "<hostname>-<6 hex>" */
 	char *grpc_listen[SC_MAX_GRPC_LISTENERS];     /* --grpc-listen, repeatable */
@@ -76,6 +86,9 @@ struct sc_config {
 	char *peer_tls_cert;                          /* --peer-tls-cert; NULL = no peer TLS */
 	char *peer_tls_key;                           /* --peer-tls-key */
 	char *peer_tls_ca;                            /* --peer-tls-ca */
+	enum sc_peer_identity peer_identity;          /* --peer-identity, spiffe */
+	bool peer_identity_required;                  /* --peer-identity-required */
+	uint64_t tls_reload_interval_ms;              /* --tls-reload-interval, 10000; 0 = SIGHUP */
 	char *nats_tls_ca;                            /* --nats-tls-ca; NULL = plain NATS */
 	char *nats_tls_cert;                          /* --nats-tls-cert */
 	char *nats_tls_key;                           /* --nats-tls-key */

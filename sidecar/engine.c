@@ -151,7 +151,21 @@ static void read_gauges(void *ctx, struct sc_gauges *g)
 	g->draining = eng->draining;
 	for (int b = 0; b < SC_NUM_BACKENDS; b++)
 		g->available[b] = eng->backends[b] && eng->backends[b]->available;
+	if (eng->grpc_cert_serial[0]) {
+		struct sc_cert_gauge *c = &g->certs[g->n_certs++];
+		c->use = "grpc";
+		snprintf(c->serial, sizeof(c->serial), "%s", eng->grpc_cert_serial);
+		c->not_after = eng->grpc_cert_not_after;
+	}
 	pthread_mutex_unlock(&eng->mu);
+	if (eng->peer_tls) {
+		struct sc_tls_cert_info ci;
+		sc_peer_tls_info(eng->peer_tls, &ci);
+		struct sc_cert_gauge *c = &g->certs[g->n_certs++];
+		c->use = "peer";
+		snprintf(c->serial, sizeof(c->serial), "%s", ci.serial);
+		c->not_after = ci.not_after;
+	}
 }
 
 static bool is_draining(void *ctx)
@@ -282,6 +296,9 @@ int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
 	if (!sc_heap_trim_start(eng->timers))
 		SC_WARN("engine", "cannot arm the periodic heap trim (out of memory)");
 	if (eng->peer_server && sc_peer_server_start(eng->peer_server, err) != 0)
+		return -1;
+	/* cert-manager and SPIRE rewrite the files: new connections take the new certificate. */
+	if (sc_peer_tls_watch(eng->peer_tls, eng->cfg->tls_reload_interval_ms, err) != 0)
 		return -1;
 	for (size_t i = 0; i < sc_backend_registry_count(); i++) {
 		const struct sc_backend_class *c = sc_backend_registry_at(i);
@@ -419,6 +436,21 @@ void sc_engine_destroy(struct sc_engine *eng)
 	free(eng);
 }
 
+void sc_engine_set_grpc_certificate(struct sc_engine *eng, const char *serial, int64_t not_after)
+{
+	pthread_mutex_lock(&eng->mu);
+	snprintf(eng->grpc_cert_serial, sizeof(eng->grpc_cert_serial), "%s", serial ? serial : "");
+	eng->grpc_cert_not_after = not_after;
+	pthread_mutex_unlock(&eng->mu);
+}
+
+int sc_engine_reload_tls(struct sc_engine *eng, struct sc_err *err)
+{
+	if (!eng->peer_tls)
+		return 0;
+	return sc_peer_tls_reload(eng->peer_tls, true, err) < 0 ? -1 : 0;
+}
+
 int sc_engine_reload_keys(struct sc_engine *eng, struct sc_err *err)
 {
 	if (!eng->cfg->key_file || !eng->cfg->key_file[0])
@@ -474,6 +506,17 @@ void sc_engine_info(struct sc_engine *eng, struct sc_info *out)
 		snprintf(out->signing_key_id, sizeof(out->signing_key_id), "%s",
 			 sc_keyring_signing_id(eng->keys));
 	pthread_mutex_unlock(&eng->mu);
+	if (eng->peer_tls) {
+		struct sc_tls_cert_info ci;
+		sc_peer_tls_info(eng->peer_tls, &ci);
+		out->has_peer_cert = true;
+		snprintf(out->peer_cert_serial, sizeof(out->peer_cert_serial), "%s", ci.serial);
+		snprintf(out->peer_cert_identity, sizeof(out->peer_cert_identity), "%s",
+			 ci.has_identity ? ci.identity : "");
+		out->peer_cert_not_before = ci.not_before;
+		out->peer_cert_not_after = ci.not_after;
+		out->peer_identity_source = sc_peer_identity_name(eng->cfg->peer_identity);
+	}
 	out->cuda_available = eng->gpu != NULL;
 	snprintf(out->cuda_detail, sizeof(out->cuda_detail), "%s", eng->cuda_detail);
 	out->n_gpus = (size_t)sc_gpu_count(eng->gpu);

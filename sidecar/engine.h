@@ -43,6 +43,13 @@ bool sc_engine_wait_idle(struct sc_engine *eng, uint64_t timeout_ms);
 void sc_engine_destroy(struct sc_engine *eng);
 /* SIGHUP: reload the key file. The old keys stay on failure. */
 int sc_engine_reload_keys(struct sc_engine *eng, struct sc_err *err);
+/* The gRPC layer says which certificate its TCP listeners present (serial hex, notAfter unix
+ * seconds; serial NULL or "": none), for the metrics. Any thread. */
+void sc_engine_set_grpc_certificate(struct sc_engine *eng, const char *serial,
+				    int64_t not_after);
+/* SIGHUP: reload the peer TLS certificate, key and CA (nothing to do without peer TLS). The old
+ * ones stay on failure (logged). New connections use the new certificate; live ones go on. */
+int sc_engine_reload_tls(struct sc_engine *eng, struct sc_err *err);
 
 /* ---- info ------------------------------------------------------------------------------------ */
 
@@ -69,6 +76,12 @@ struct sc_info {
 	char cuda_detail[256];
 	struct sc_gpu_device_info gpus[SC_GPU_MAX_DEVICES];
 	size_t n_gpus;
+	/* The certificate new peer connections present (has_peer_cert: peer TLS is on). */
+	bool has_peer_cert;
+	char peer_cert_serial[80];
+	char peer_cert_identity[SC_NAME_MAX]; /* "" when it names none */
+	int64_t peer_cert_not_before, peer_cert_not_after; /* unix seconds */
+	const char *peer_identity_source;                  /* "spiffe", "dns", "cn", "off" */
 };
 void sc_engine_info(struct sc_engine *eng, struct sc_info *out);
 

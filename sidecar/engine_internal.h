@@ -181,6 +181,8 @@ struct sc_engine {
 	struct sc_peer_pool *peer_pool;
 	struct sc_peer_server *peer_server;
 	struct sc_peer_tls *peer_tls; /* NULL: peer data channel in clear text */
+	char grpc_cert_serial[80];    /* under mu: the gRPC listeners' certificate ("" none) */
+	int64_t grpc_cert_not_after;  /* under mu: its notAfter, unix seconds */
 	struct sc_nats_bus *bus;
 	struct sc_metrics *metrics; /* counters; the --metrics-listen server */
 	struct sc_list subs; /* struct sc_bus_sub (bus.c), newest first */

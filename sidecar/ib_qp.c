@@ -424,6 +424,10 @@ struct sc_peer_conn *ib_control_conn(struct ib_backend *ib, const struct sc_meta
 				break;
 			continue;
 		}
+		if (sc_peer_conn_check_issuer(c, md->issuer, err) != 0) {
+			sc_peer_pool_put(ib->pool, c, false); /* an impostor: no rendezvous */
+			break;
+		}
 		if (strcmp(sc_peer_conn_peer_id(c), md->issuer) != 0) {
 			sc_err_set(
 			    err, SC_UNAVAILABLE,

@@ -4,7 +4,8 @@
  * service, then waits for signals on the main thread (every other thread has them blocked):
  *   SIGTERM/SIGINT  drain: health NOT_SERVING, refuse new work, let live transfers finish within
  *                   --grace-period, cancel the rest, exit 0
- *   SIGHUP          reload --key-file (key rotation) and --grpc-token-file
+ *   SIGHUP          reload --key-file (key rotation), --grpc-token-file, and the peer and gRPC
+ *                   TLS certificates, keys and CAs (also reloaded when their files change)
  * Exit codes: 0 clean, 1 runtime failure, 2 bad configuration.
  */
 #include "config.h"
@@ -84,6 +85,10 @@ int main(int argc, char **argv)
 			sc_err_clear(&err);
 			if (sc_engine_reload_keys(eng, &err) != 0)
 				SC_ERROR("main", "SIGHUP: keeping the old keys: %s", err.msg);
+			sc_err_clear(&err);
+			sc_engine_reload_tls(eng, &err); /* logs why it kept the old certificate */
+			sc_err_clear(&err);
+			sc_service_reload_tls(svc, &err); /* the same */
 			sc_err_clear(&err);
 			if (sc_service_reload_auth(svc, &err) != 0)
 				SC_ERROR("main", "SIGHUP: keeping the old bearer token: %s",

@@ -363,6 +363,22 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 	       "Bytes of the transfers holding a slot (budget --max-inflight-bytes).");
 	fprintf(f, "rdma_sidecar_inflight_bytes %llu\n", (unsigned long long)g.inflight_bytes);
 
+	if (g.n_certs) {
+		family(
+		    f, "rdma_sidecar_certificate_expiry_timestamp_seconds", "gauge",
+		    "notAfter of each certificate this sidecar presents, unix seconds, by use "
+		    "(peer: --peer-tls-cert, grpc: --grpc-tls-cert) and serial (hex); it changes "
+		    "when the files are reloaded.");
+		for (size_t i = 0; i < g.n_certs && i < sizeof(g.certs) / sizeof(g.certs[0]); i++) {
+			fprintf(f,
+				"rdma_sidecar_certificate_expiry_timestamp_seconds{use=\"%s\","
+				"serial=\"",
+				g.certs[i].use);
+			label_value(f, g.certs[i].serial);
+			fprintf(f, "\"} %lld\n", (long long)g.certs[i].not_after);
+		}
+	}
+
 	/* malloc's own figures, read now (mallinfo2 visits every arena under its lock). */
 	struct sc_heap_stats hs;
 	sc_heap_stats(&hs);

@@ -36,6 +36,14 @@ struct sc_gauges {
 	uint64_t inflight_bytes;
 	bool draining;
 	bool available[SC_NUM_BACKENDS];
+	/* The certificates this sidecar presents: use "peer" (--peer-tls-cert) or "grpc"
+	 * (--grpc-tls-cert), serial in hex, notAfter in unix seconds. */
+	struct sc_cert_gauge {
+		const char *use;
+		char serial[80];
+		int64_t not_after;
+	} certs[2];
+	size_t n_certs;
 };
 
 /* What the metrics read from their owner (the engine), handed in at creation: the sidecar id

@@ -20,7 +20,8 @@
 struct sc_peer_conn {
 	int fd;
 	char endpoint[80];
-	char peer_id[SC_NAME_MAX];
+	char peer_id[SC_NAME_MAX]; /* as its hello claimed it */
+	char cert_id[SC_NAME_MAX]; /* as its verified certificate names it; "" when none */
 	char what[SC_NAME_MAX + 120]; /* "peer sidecar \"id\" at H:P", for messages */
 	atomic_bool broken;
 	bool reused; /* handed out from the idle list (not freshly dialled) */

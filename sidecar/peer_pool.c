@@ -209,6 +209,8 @@ static int dial_once(struct sc_peer_pool *pool, struct sc_keyring *ring, struct 
 	if (rc == 0)
 		rc = sc_peer_hello_client(c->fd, ring, pool->self_id, &w, c->what,
 					  c->peer_id, err);
+	if (rc == 0) /* whom its certificate names (checked against the issuer by the caller) */
+		rc = sc_peer_tls_reached(pool->tls, c->fd, c->peer_id, c->what, c->cert_id, err);
 	if (rc != 0) {
 		if (err && err->code == SC_INVALID_ARGUMENT) /* garbage: not a sidecar */
 			err->code = SC_UNAVAILABLE;
@@ -223,10 +225,16 @@ static int dial_once(struct sc_peer_pool *pool, struct sc_keyring *ring, struct 
 		const char *tls_why = sc_peer_tls_last_error(c->fd);
 		if (err && tls_why) {
 			size_t used = strlen(err->msg);
-			snprintf(err->msg + used, sizeof(err->msg) - used,
-				 " (TLS: %s: the peer did not accept this sidecar's --peer-tls-cert,"
-				 " or does not use peer TLS)",
-				 tls_why);
+			if (strstr(tls_why, "certificate expired"))
+				snprintf(err->msg + used, sizeof(err->msg) - used,
+					 " (TLS: %s: the peer says this sidecar's certificate has "
+					 "expired: renew --peer-tls-cert)",
+					 tls_why);
+			else
+				snprintf(err->msg + used, sizeof(err->msg) - used,
+					 " (TLS: %s: the peer did not accept this sidecar's "
+					 "--peer-tls-cert, or does not use peer TLS)",
+					 tls_why);
 		}
 		sc_peer_tls_close(c->fd);
 		c->fd = -1;
@@ -405,8 +413,21 @@ int sc_peer_conn_fd(const struct sc_peer_conn *conn)
 	return conn->fd;
 }
 
+int sc_peer_conn_check_issuer(const struct sc_peer_conn *conn, const char *issuer,
+			      struct sc_err *err)
+{
+	if (conn->cert_id[0] && strcmp(conn->cert_id, issuer) != 0)
+		return sc_err_set(err, SC_PERMISSION_DENIED,
+				  "sidecar at %s presents the certificate of \"%s\", not the "
+				  "metadata's issuer \"%s\"",
+				  conn->endpoint, conn->cert_id, issuer);
+	return 0;
+}
+
 const char *sc_peer_conn_peer_id(const struct sc_peer_conn *conn)
 {
+	if (conn->cert_id[0])
+		return conn->cert_id;
 	return conn->peer_id;
 }
 

@@ -67,8 +67,14 @@ int sc_peer_pool_get_cancellable(struct sc_peer_pool *pool, const char *endpoint
 void sc_peer_pool_put(struct sc_peer_pool *pool, struct sc_peer_conn *conn, bool reusable);
 
 int sc_peer_conn_fd(const struct sc_peer_conn *conn);
-/* The authenticated id of the sidecar at the other end (from its hello). */
+/* The authenticated id of the sidecar at the other end: the one its verified certificate names
+ * (peer TLS with --peer-identity), else the one its hello claimed. */
 const char *sc_peer_conn_peer_id(const struct sc_peer_conn *conn);
+/* Before a transfer sends or receives a byte on conn: when the certificate of the sidecar reached
+ * names an identity, it must be issuer. Else PERMISSION_DENIED "sidecar at H:P presents the
+ * certificate of "M", not the metadata's issuer "A"" (the caller closes conn and stops). */
+int sc_peer_conn_check_issuer(const struct sc_peer_conn *conn, const char *issuer,
+			      struct sc_err *err);
 const char *sc_peer_conn_endpoint(const struct sc_peer_conn *conn);
 /* False once a call failed in a way that leaves the stream's state unknown. */
 bool sc_peer_conn_usable(const struct sc_peer_conn *conn);

@@ -1003,6 +1003,8 @@ static void *conn_main(void *arg)
 					  c->peer_id, &err);
 		sc_keyring_release(ring);
 	}
+	if (rc == 0) /* the id the hello claimed must be the one its certificate names */
+		rc = sc_peer_tls_check_claim(srv->tls, c->fd, c->peer_id, &w, c->what, &err);
 	if (rc == 0) {
 		/* Authenticated: move from the pre-hello limits to the authenticated cap. */
 		pthread_mutex_lock(&srv->mu);

@@ -897,6 +897,12 @@ TEST(usage_documents_every_option)
 	    "(env RDMA_SIDECAR_TCP_CHUNK_SIZE, default 8MiB)",
 	    "--max-region-size SIZE",
 	    "(env RDMA_SIDECAR_MAX_REGION_SIZE, default 64GiB)",
+	    "--peer-identity SOURCE",
+	    "(env RDMA_SIDECAR_PEER_IDENTITY, default spiffe)",
+	    "--peer-identity-required ",
+	    "RDMA_SIDECAR_PEER_IDENTITY_REQUIRED",
+	    "--tls-reload-interval DURATION",
+	    "(env RDMA_SIDECAR_TLS_RELOAD_INTERVAL, default 10s)",
 	    "-h, --help",
 	    "-V, --version",
 	    "\nGeneral:\n",
@@ -938,8 +944,9 @@ TEST(usage_documents_every_option)
 		line = nl ? nl + 1 : NULL;
 	}
 	free(text);
-	/* 47 + --reflection + --cancel-wait + --max-progress-records + --progress-grace */
-	CHECK_INT_EQ(options, 51);
+	/* 47 + --reflection + --cancel-wait + --max-progress-records + --progress-grace + 3
+	 * identity/reload flags */
+	CHECK_INT_EQ(options, 54);
 }
 
 /* ---- free ---- */
@@ -1327,19 +1334,80 @@ TEST(progress_record_limits)
 	CHECK(documented);
 }
 
+/* Issue 23 items 4 and 5: per-sidecar identity on the peer channel, certificate reloads. */
+TEST(identity_and_reload_flags)
+{
+	struct sc_config c;
+	EXPECT_OK(&c, no_env, "--id", "a");
+	CHECK_INT_EQ(c.peer_identity, SC_PEER_IDENTITY_SPIFFE);
+	CHECK(!c.peer_identity_required);
+	CHECK_INT_EQ(c.tls_reload_interval_ms, 10000);
+	sc_config_free(&c);
+
+	EXPECT_OK(&c, no_env, "--peer-identity", "dns", "--tls-reload-interval", "0");
+	CHECK_INT_EQ(c.peer_identity, SC_PEER_IDENTITY_DNS);
+	CHECK_INT_EQ(c.tls_reload_interval_ms, 0);
+	sc_config_free(&c);
+	EXPECT_OK(&c, no_env, "--peer-identity=cn", "--tls-reload-interval=90s");
+	CHECK_INT_EQ(c.peer_identity, SC_PEER_IDENTITY_CN);
+	CHECK_INT_EQ(c.tls_reload_interval_ms, 90000);
+	sc_config_free(&c);
+	EXPECT_OK(&c, no_env, "--peer-identity", "off");
+	CHECK_INT_EQ(c.peer_identity, SC_PEER_IDENTITY_OFF);
+	CHECK_STR_EQ(sc_peer_identity_name(c.peer_identity), "off");
+	sc_config_free(&c);
+	EXPECT_OK(&c, no_env, "--peer-identity-required", "--peer-tls-cert", "/c", "--peer-tls-key",
+		  "/k", "--peer-tls-ca", "/ca");
+	CHECK(c.peer_identity_required);
+	sc_config_free(&c);
+
+	char **env =
+	    ENVP("RDMA_SIDECAR_PEER_IDENTITY=cn", "RDMA_SIDECAR_PEER_IDENTITY_REQUIRED=yes",
+		 "RDMA_SIDECAR_TLS_RELOAD_INTERVAL=2m", "RDMA_SIDECAR_PEER_TLS_CERT=/c",
+		 "RDMA_SIDECAR_PEER_TLS_KEY=/k", "RDMA_SIDECAR_PEER_TLS_CA=/ca");
+	EXPECT_OK(&c, env, "--peer-identity", "spiffe");
+	CHECK_INT_EQ(c.peer_identity, SC_PEER_IDENTITY_SPIFFE); /* the flag wins */
+	CHECK(c.peer_identity_required);
+	CHECK_INT_EQ(c.tls_reload_interval_ms, 120000);
+	sc_config_free(&c);
+	EXPECT_OK(&c, env, "--no-peer-identity-required");
+	CHECK(!c.peer_identity_required);
+	sc_config_free(&c);
+
+	EXPECT_ERROR(no_env, "--peer-identity \"uri\": expected spiffe, dns, cn or off",
+		     "--peer-identity", "uri");
+	EXPECT_ERROR(no_env, "--peer-identity \"\": expected spiffe, dns, cn or off",
+		     "--peer-identity=");
+	EXPECT_ENV_ERROR("RDMA_SIDECAR_PEER_IDENTITY \"SPIFFE\": expected spiffe, dns, cn or off",
+			 "RDMA_SIDECAR_PEER_IDENTITY=SPIFFE");
+	EXPECT_ERROR(no_env, "--peer-identity-required \"maybe\"",
+		     "--peer-identity-required=maybe");
+	EXPECT_ERROR(no_env, "--tls-reload-interval \"soon\"", "--tls-reload-interval", "soon");
+	EXPECT_ERROR(no_env, "--tls-reload-interval \"-1s\"", "--tls-reload-interval", "-1s");
+	EXPECT_ENV_ERROR("RDMA_SIDECAR_TLS_RELOAD_INTERVAL \"10 parsecs\"",
+			 "RDMA_SIDECAR_TLS_RELOAD_INTERVAL=10 parsecs");
+	EXPECT_ERROR(no_env,
+		     "--peer-identity-required needs peer TLS (--peer-tls-cert, --peer-tls-key and "
+		     "--peer-tls-ca)",
+		     "--peer-identity-required");
+	EXPECT_ERROR(no_env, "--peer-identity-required needs peer TLS", "--peer-identity-required",
+		     "--peer-tls-cert", "/c", "--peer-tls-key", "/k");
+	EXPECT_ERROR(no_env, "--peer-identity-required needs --peer-identity spiffe, dns or cn",
+		     "--peer-identity-required", "--peer-identity", "off", "--peer-tls-cert", "/c",
+		     "--peer-tls-key", "/k", "--peer-tls-ca", "/ca");
+}
+
 RUN_TESTS(T(defaults), T(default_id_is_host_dash_6_hex), T(every_flag_space_form),
 	  T(every_flag_equals_form), T(equals_value_may_contain_equals_and_be_empty),
 	  T(short_and_double_dash_end), T(env_twins), T(env_twins_numbers), T(env_log_json_values),
-	  T(reflection_flag),
-	  T(env_empty_is_unset_and_strangers_ignored), T(flag_beats_env),
+	  T(reflection_flag), T(env_empty_is_unset_and_strangers_ignored), T(flag_beats_env),
 	  T(last_flag_wins_for_single_values), T(grpc_listen_flag_replaces_default_then_appends),
 	  T(grpc_listen_flag_replaces_env_list), T(grpc_listen_at_most_8),
 	  T(grpc_listen_address_forms), T(listener_security_flags), T(error_unknown_option),
-	  T(error_positional),
-	  T(error_missing_value_at_end), T(error_bad_port_and_hostport_flags), T(error_bad_sizes),
-	  T(error_bad_durations), T(error_bad_integers), T(error_bad_backend), T(error_bad_id),
-	  T(error_other_values), T(nats_url), T(long_bad_value_is_cut_in_message),
+	  T(error_positional), T(error_missing_value_at_end), T(error_bad_port_and_hostport_flags),
+	  T(error_bad_sizes), T(error_bad_durations), T(error_bad_integers), T(error_bad_backend),
+	  T(error_bad_id), T(error_other_values), T(nats_url), T(long_bad_value_is_cut_in_message),
 	  T(null_err_is_allowed), T(help_and_version_exit), T(usage_documents_every_option),
 	  T(free_is_idempotent_and_zeroes), T(parse_many_times), T(parse_hostport), T(parse_size),
 	  T(parse_duration), T(security_limits_and_register_dirs), T(wire_security_flags),
-	  T(progress_record_limits))
+	  T(progress_record_limits), T(identity_and_reload_flags))
