@@ -12,14 +12,15 @@
 
 #include "api_listen.h"
 #include "engine.h"
+#include "file_sig.h"
 #include "log.h"
+#include "timer.h"
 
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include <openssl/bio.h>
@@ -36,48 +37,16 @@ enum { F_CERT, F_KEY, F_CA, N_FILES };
 static const char *const flag_names[N_FILES] = {"--grpc-tls-cert", "--grpc-tls-key",
 						"--grpc-tls-client-ca"};
 
-struct file_sig {
-	dev_t dev;
-	ino_t ino;
-	off_t size;
-	struct timespec mtime;
-};
-
 struct sc_grpc_certs {
 	struct sc_engine *eng;
 	const char *paths[N_FILES]; /* cfg's strings (the config outlives the service) */
 	uint64_t interval_ms;	    /* 0: only on sc_grpc_certs_reload */
 	pthread_mutex_t mu;
-	struct file_sig sigs[N_FILES];		  /* what the last load attempt saw */
+	struct sc_file_sig sigs[N_FILES];		  /* what the last load attempt saw */
 	uint64_t next_check_ms;			  /* monotonic: when the fetcher stats the files */
 	grpc_ssl_server_certificate_config *next; /* loaded, not yet handed to gRPC */
 	char serial[80];			  /* the certificate in use (or next) */
 };
-
-static uint64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void file_sig_of(const char *path, struct file_sig *sig)
-{
-	struct stat st;
-	memset(sig, 0, sizeof(*sig));
-	if (path && stat(path, &st) == 0) { /* the path: a swapped symlink counts as a change */
-		sig->dev = st.st_dev;
-		sig->ino = st.st_ino;
-		sig->size = st.st_size;
-		sig->mtime = st.st_mtim;
-	}
-}
-
-static bool file_sig_eq(const struct file_sig *a, const struct file_sig *b)
-{
-	return a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
-	       a->mtime.tv_sec == b->mtime.tv_sec && a->mtime.tv_nsec == b->mtime.tv_nsec;
-}
 
 /* OpenSSL's most recent reason, or fallback; clears the queue. */
 static const char *ssl_reason(const char *fallback)
@@ -185,11 +154,11 @@ out:
  * -1 failed (logged). */
 static int check_locked(struct sc_grpc_certs *c, bool force, struct sc_err *err)
 {
-	struct file_sig now[N_FILES];
+	struct sc_file_sig now[N_FILES];
 	bool changed = false;
 	for (int i = 0; i < N_FILES; i++) {
-		file_sig_of(c->paths[i], &now[i]);
-		changed |= !file_sig_eq(&now[i], &c->sigs[i]);
+		sc_file_sig_of(c->paths[i], &now[i]);
+		changed |= !sc_file_sig_eq(&now[i], &c->sigs[i]);
 	}
 	if (!changed && !force)
 		return 0;
@@ -223,7 +192,7 @@ static grpc_ssl_certificate_config_reload_status fetch(void *user_data,
 {
 	struct sc_grpc_certs *c = user_data;
 	pthread_mutex_lock(&c->mu);
-	uint64_t now = mono_ms();
+	uint64_t now = sc_clock_mono_ms();
 	if (c->interval_ms && now >= c->next_check_ms) {
 		c->next_check_ms = now + c->interval_ms;
 		check_locked(c, false, NULL);
@@ -256,14 +225,14 @@ int sc_grpc_certs_create(const struct sc_config *cfg, struct sc_engine *eng,
 	c->interval_ms = cfg->tls_reload_interval_ms;
 	pthread_mutex_init(&c->mu, NULL);
 	for (int i = 0; i < N_FILES; i++)
-		file_sig_of(c->paths[i], &c->sigs[i]);
+		sc_file_sig_of(c->paths[i], &c->sigs[i]);
 	char serial[80];
 	int64_t not_after;
 	if (load(c, &c->next, serial, &not_after, err) != 0)
 		goto fail;
 	snprintf(c->serial, sizeof(c->serial), "%s", serial);
 	sc_engine_set_grpc_certificate(eng, serial, not_after);
-	c->next_check_ms = mono_ms() + c->interval_ms;
+	c->next_check_ms = sc_clock_mono_ms() + c->interval_ms;
 	grpc_ssl_server_credentials_options *opts =
 	    grpc_ssl_server_credentials_create_options_using_config_fetcher(
 		cfg->grpc_tls_client_ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY

@@ -11,6 +11,7 @@
  * --tls-reload-interval) and on the main thread (SIGHUP).
  */
 #include "peer_tls.h"
+#include "file_sig.h"
 
 #include "log.h"
 #include "timer.h"
@@ -23,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,15 +38,6 @@
 
 /* The stream layered under every fd once a context exists (defined with the I/O below). */
 static const struct sc_peer_stream tls_stream;
-
-/* What stat(2) says of a watched file (the path, following symlinks: cert-manager and SPIRE swap
- * a symlink). All zero: missing. */
-struct file_sig {
-	dev_t dev;
-	ino_t ino;
-	off_t size;
-	struct timespec mtime;
-};
 
 enum { F_CERT, F_KEY, F_CA, N_FILES };
 
@@ -63,7 +54,7 @@ struct sc_peer_tls {
 	char *paths[N_FILES];
 	/* Reloads (watch thread, SIGHUP on the main thread) one at a time. */
 	pthread_mutex_t reload_mu;
-	struct file_sig sigs[N_FILES]; /* under reload_mu: what the last load attempt saw */
+	struct sc_file_sig sigs[N_FILES]; /* under reload_mu: what the last load attempt saw */
 	/* The watch thread: stat the files every watch_ms. */
 	pthread_mutex_t watch_mu;
 	pthread_cond_t watch_cv;
@@ -301,24 +292,6 @@ static void cert_info(X509 *x, enum sc_peer_identity source, const char *self_id
 	    sc_tls_cert_identity(x, source, self_id, info->identity, td, why, why_cap) == 1;
 }
 
-static void file_sig_of(const char *path, struct file_sig *sig)
-{
-	struct stat st;
-	memset(sig, 0, sizeof(*sig));
-	if (stat(path, &st) == 0) {
-		sig->dev = st.st_dev;
-		sig->ino = st.st_ino;
-		sig->size = st.st_size;
-		sig->mtime = st.st_mtim;
-	}
-}
-
-static bool file_sig_eq(const struct file_sig *a, const struct file_sig *b)
-{
-	return a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
-	       a->mtime.tv_sec == b->mtime.tv_sec && a->mtime.tv_nsec == b->mtime.tv_nsec;
-}
-
 /*
  * A context from the files, with this sidecar's certificate checked: loads, matches its key, is
  * valid now, and names --id (or nothing, unless required). Fills *info and td.
@@ -464,7 +437,7 @@ int sc_peer_tls_create(const struct sc_config *cfg, struct sc_peer_tls **out, st
 		goto fail;
 	}
 	for (int i = 0; i < N_FILES; i++)
-		file_sig_of(t->paths[i], &t->sigs[i]);
+		sc_file_sig_of(t->paths[i], &t->sigs[i]);
 	if (load_ctx(t, &t->ctx, &t->info, t->trust_domain, err) != 0)
 		goto fail;
 	if (t->source != SC_PEER_IDENTITY_OFF && !t->info.has_identity)
@@ -510,11 +483,11 @@ fail:
 int sc_peer_tls_reload(struct sc_peer_tls *tls, bool force, struct sc_err *err)
 {
 	pthread_mutex_lock(&tls->reload_mu);
-	struct file_sig now[N_FILES];
+	struct sc_file_sig now[N_FILES];
 	bool changed = false;
 	for (int i = 0; i < N_FILES; i++) {
-		file_sig_of(tls->paths[i], &now[i]);
-		changed |= !file_sig_eq(&now[i], &tls->sigs[i]);
+		sc_file_sig_of(tls->paths[i], &now[i]);
+		changed |= !sc_file_sig_eq(&now[i], &tls->sigs[i]);
 	}
 	if (!changed && !force) {
 		pthread_mutex_unlock(&tls->reload_mu);
