@@ -60,6 +60,25 @@ class RevocationTest(SidecarTest):
         else:
             raise ValueError(how)
 
+    def exposed(self, kind, region_size, offset, size, timeout_ms):
+        """A region of random bytes, the worker's own handle on its file (valid after a
+        deregistration too), and a passive operation of `kind` over [offset, offset+size) that
+        a hand-written peer has OPENed. Returns (region, fd, bytes, op, peer, token, xfer id)."""
+        a = self.a
+        r = a.create_region(region_size)
+        fd = os.open(r.path, os.O_RDWR)
+        self.addCleanup(os.close, fd)
+        data = os.urandom(region_size)
+        os.pwrite(fd, data, 0)
+        create = a.stub.CreateReadable if kind == PEER_READ else a.stub.CreateWritable
+        op = create(pb.CreatePassiveRequest(descriptors=[desc(r, offset, size)], timeout_ms=timeout_ms),
+                    timeout=10)
+        p = self.peer()
+        self.addCleanup(p.sock.close)
+        token, xid = metadata_token(op.metadata), random.getrandbits(64)
+        p.open(token, xid, kind, size)
+        return r, fd, data, op, p, token, xid
+
     def assert_cut_within(self, sock, since, bound):
         """The sidecar ends the connection: a read sees EOF or a reset within `bound` of `since`."""
         sock.settimeout(0.2)
@@ -79,19 +98,9 @@ class RevocationTest(SidecarTest):
     # ---- WRITE side -------------------------------------------------------------------------
 
     def trickle_write(self, how):
-        a = self.a
         size = 1 * MiB
-        r = a.create_region(size + 8 * KiB)
-        fd = os.open(r.path, os.O_RDWR)  # the worker's own handle: stays valid after deregistration
-        self.addCleanup(os.close, fd)
-        os.pwrite(fd, os.urandom(size + 8 * KiB), 0)
-        timeout_ms = 1500 if how == "deadline" else 60000
-        op = a.stub.CreateWritable(pb.CreatePassiveRequest(descriptors=[desc(r, 4096, size)],
-                                                           timeout_ms=timeout_ms), timeout=10)
-        p = self.peer()
-        self.addCleanup(p.sock.close)
-        token, xid = metadata_token(op.metadata), random.getrandbits(64)
-        p.open(token, xid, PEER_WRITE, size)
+        r, fd, _, op, p, token, xid = self.exposed(PEER_WRITE, size + 8 * KiB, 4096, size,
+                                                   1500 if how == "deadline" else 60000)
         p.pieces_frame(WRITEV, token, xid, [(0, 0, size)])
         first = os.urandom(4 * KiB)
         p.sock.sendall(first)
@@ -133,18 +142,8 @@ class RevocationTest(SidecarTest):
     def trickle_read(self, how):
         a = self.a
         size = 64 * MiB
-        r = a.create_region(size)
-        fd = os.open(r.path, os.O_RDWR)
-        self.addCleanup(os.close, fd)
-        original = os.urandom(size)
-        os.pwrite(fd, original, 0)
-        timeout_ms = 2000 if how == "deadline" else 60000
-        op = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(r, 0, size)],
-                                                           timeout_ms=timeout_ms), timeout=10)
-        p = self.peer()
-        self.addCleanup(p.sock.close)
-        token, xid = metadata_token(op.metadata), random.getrandbits(64)
-        p.open(token, xid, PEER_READ, size)
+        r, fd, original, op, p, token, xid = self.exposed(PEER_READ, size, 0, size,
+                                                          2000 if how == "deadline" else 60000)
         self.assertEqual(p.readv_start(token, xid, [(0, 0, size)]), size)
         got = bytearray()
         for _ in range(5):  # 64 KiB at a time, slowly
