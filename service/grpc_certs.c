@@ -14,6 +14,7 @@
 #include "engine.h"
 #include "file_sig.h"
 #include "log.h"
+#include "peer_tls.h"
 #include "timer.h"
 
 #include <pthread.h>
@@ -21,10 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <openssl/bio.h>
-#include <openssl/bn.h>
 #include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -45,7 +44,7 @@ struct sc_grpc_certs {
 	struct sc_file_sig sigs[N_FILES];		  /* what the last load attempt saw */
 	uint64_t next_check_ms;			  /* monotonic: when the fetcher stats the files */
 	grpc_ssl_server_certificate_config *next; /* loaded, not yet handed to gRPC */
-	char serial[80];			  /* the certificate in use (or next) */
+	char serial[SC_TLS_SERIAL_MAX];			  /* the certificate in use (or next) */
 };
 
 /* OpenSSL's most recent reason, or fallback; clears the queue. */
@@ -62,7 +61,7 @@ static const char *ssl_reason(const char *fallback)
  * the certificate. Errors name the flag, the path and the reason.
  */
 static int load(const struct sc_grpc_certs *c, grpc_ssl_server_certificate_config **config,
-		char serial[80], int64_t *not_after, struct sc_err *err)
+		char serial[SC_TLS_SERIAL_MAX], int64_t *not_after, struct sc_err *err)
 {
 	char *pem[N_FILES] = {NULL, NULL, NULL};
 	size_t n;
@@ -122,13 +121,9 @@ static int load(const struct sc_grpc_certs *c, grpc_ssl_server_certificate_confi
 		}
 		X509_free(ca);
 	}
-	BIGNUM *bn = ASN1_INTEGER_to_BN(X509_get0_serialNumber(cert), NULL);
-	char *hex = bn ? BN_bn2hex(bn) : NULL;
-	snprintf(serial, 80, "%s", hex ? hex : "");
-	OPENSSL_free(hex);
-	BN_free(bn);
-	struct tm tm;
-	*not_after = ASN1_TIME_to_tm(X509_get0_notAfter(cert), &tm) == 1 ? (int64_t)timegm(&tm) : 0;
+	int64_t not_before;
+	sc_tls_cert_serial(cert, serial, SC_TLS_SERIAL_MAX);
+	sc_tls_cert_validity(cert, &not_before, not_after);
 	grpc_ssl_pem_key_cert_pair pair = {.private_key = pem[F_KEY], .cert_chain = pem[F_CERT]};
 	*config = grpc_ssl_server_certificate_config_create(pem[F_CA], &pair, 1);
 	if (!*config) {
@@ -164,7 +159,7 @@ static int check_locked(struct sc_grpc_certs *c, bool force, struct sc_err *err)
 		return 0;
 	memcpy(c->sigs, now, sizeof(now));
 	grpc_ssl_server_certificate_config *config;
-	char serial[80];
+	char serial[SC_TLS_SERIAL_MAX];
 	int64_t not_after;
 	struct sc_err scratch;
 	if (!err)
@@ -226,7 +221,7 @@ int sc_grpc_certs_create(const struct sc_config *cfg, struct sc_engine *eng,
 	pthread_mutex_init(&c->mu, NULL);
 	for (int i = 0; i < N_FILES; i++)
 		sc_file_sig_of(c->paths[i], &c->sigs[i]);
-	char serial[80];
+	char serial[SC_TLS_SERIAL_MAX];
 	int64_t not_after;
 	if (load(c, &c->next, serial, &not_after, err) != 0)
 		goto fail;

@@ -631,6 +631,22 @@ static int parse_bool(const char *text, bool *out, struct sc_err *err)
 
 /* ---- per-option checks ---- */
 
+/* The index of the first character of s[0..n) that an id may not hold, or n. */
+static size_t id_bad_char(const char *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)s[i];
+		if (!isalnum(c) && c != '.' && c != '_' && c != '-')
+			return i;
+	}
+	return n;
+}
+
+bool sc_config_id_valid(const char *s, size_t len)
+{
+	return len > 0 && len <= ID_MAX_LEN && id_bad_char(s, len) == len;
+}
+
 static int check_id(const char *v, struct sc_err *err)
 {
 	size_t n = strlen(v);
@@ -638,14 +654,12 @@ static int check_id(const char *v, struct sc_err *err)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "\"%.*s\": an id has 1-%d characters (got %zu)", VALUE_SHOWN, v,
 				  ID_MAX_LEN, n);
-	for (size_t i = 0; i < n; i++) {
-		unsigned char c = (unsigned char)v[i];
-		if (!isalnum(c) && c != '.' && c != '_' && c != '-')
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "\"%.*s\": character %zu is not allowed, use only "
-					  "A-Z a-z 0-9 . _ -",
-					  VALUE_SHOWN, v, i + 1);
-	}
+	size_t bad = id_bad_char(v, n);
+	if (bad < n)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "\"%.*s\": character %zu is not allowed, use only "
+				  "A-Z a-z 0-9 . _ -",
+				  VALUE_SHOWN, v, bad + 1);
 	return 0;
 }
 

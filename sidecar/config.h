@@ -37,6 +37,8 @@ enum sc_peer_identity {
 };
 /* "spiffe", "dns", "cn", "off". */
 const char *sc_peer_identity_name(enum sc_peer_identity s);
+/* Is s[0..len) a sidecar id (--id): 1-100 of A-Z a-z 0-9 . _ -? */
+bool sc_config_id_valid(const char *s, size_t len);
 
 struct sc_config {
 	char *id;                                     /* --id; default "<hostname>-<6 hex>" */

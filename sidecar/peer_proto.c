@@ -699,8 +699,7 @@ static bool hello_proof(const struct sc_keyring *ring, const char *label, const 
 	return sc_keyring_hmac(ring, key_id, parts, lens, 6, out);
 }
 
-/* Tell the other side why we refuse, best effort (it may already be gone). */
-static void send_refusal(int fd, const struct sc_peer_wait *w, const struct sc_err *why)
+void sc_peer_send_refusal(int fd, const struct sc_peer_wait *w, const struct sc_err *why)
 {
 	struct sc_peer_msg m = {.type = SC_FRAME_ERROR, .code = (uint32_t)why->code};
 	snprintf(m.text, sizeof(m.text), "%s", why->msg);
@@ -760,7 +759,7 @@ int sc_peer_hello_client(int fd, const struct sc_keyring *ring, const char *self
 			   "%s (id \"%s\") failed to prove it holds key \"%s\": load the same "
 			   "--key-file on both sidecars",
 			   what, ack.id, hello.key_id);
-		send_refusal(fd, w, err);
+		sc_peer_send_refusal(fd, w, err);
 		return -1;
 	}
 	struct sc_peer_msg fin = {.type = SC_FRAME_HELLO_FIN};
@@ -784,7 +783,7 @@ int sc_peer_hello_server(int fd, const struct sc_keyring *ring, const char *self
 	struct sc_peer_msg hello;
 	enum sc_peer_io io = sc_peer_recv_msg(fd, buf, sizeof(buf), &hello, w, what, err);
 	if (io == SC_PEER_IO_PROTOCOL && err) /* say why (a TLS client reads it as garbage) */
-		send_refusal(fd, w, err);
+		sc_peer_send_refusal(fd, w, err);
 	if (io != SC_PEER_IO_OK)
 		return -1;
 	if (hello.type != SC_FRAME_HELLO)
@@ -794,7 +793,7 @@ int sc_peer_hello_server(int fd, const struct sc_keyring *ring, const char *self
 	if (!ring || !sc_keyring_signing_id(ring)) {
 		sc_err_set(err, SC_UNAUTHENTICATED,
 			   "sidecar \"%s\" has no --key-file: " NO_KEYS_HINT, self_id);
-		send_refusal(fd, w, err);
+		sc_peer_send_refusal(fd, w, err);
 		return -1;
 	}
 	struct sc_peer_msg ack = {.type = SC_FRAME_HELLO_ACK};
@@ -807,7 +806,7 @@ int sc_peer_hello_server(int fd, const struct sc_keyring *ring, const char *self
 			   "%s (id \"%s\") signs with key \"%s\", which sidecar \"%s\" does not "
 			   "have: load the same --key-file on both sidecars",
 			   what, hello.id, hello.key_id, self_id);
-		send_refusal(fd, w, err);
+		sc_peer_send_refusal(fd, w, err);
 		return -1;
 	}
 	if (sc_peer_send_msg(fd, &ack, w, what, err) != SC_PEER_IO_OK)
@@ -824,7 +823,7 @@ int sc_peer_hello_server(int fd, const struct sc_keyring *ring, const char *self
 		sc_err_set(err, SC_UNAUTHENTICATED,
 			   "%s (id \"%s\") failed to prove it holds key \"%s\"", what, hello.id,
 			   hello.key_id);
-		send_refusal(fd, w, err);
+		sc_peer_send_refusal(fd, w, err);
 		return -1;
 	}
 	struct sc_peer_msg ok = {.type = SC_FRAME_OK};

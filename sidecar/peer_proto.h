@@ -220,6 +220,9 @@ enum sc_peer_io sc_peer_recvv_all(int fd, struct iovec *iov, int iovcnt,
  * iovcnt: sendmsg is given at most IOV_MAX at a time. */
 enum sc_peer_io sc_peer_sendv_all(int fd, struct iovec *iov, int iovcnt,
 				  const struct sc_peer_wait *w, size_t *sent, int *errno_out);
+/* Tell the other side why we refuse (an ERROR frame with why's code and message), best effort:
+ * it may already be gone. */
+void sc_peer_send_refusal(int fd, const struct sc_peer_wait *w, const struct sc_err *why);
 /* Fill err for a failed I/O: EOF/ERRNO -> UNAVAILABLE, DEADLINE -> DEADLINE_EXCEEDED,
  * CANCELLED -> CANCELLED; `what` names the connection ("peer sidecar X at H:P"). Returns -1. */
 int sc_peer_io_err(enum sc_peer_io rc, int errno_val, const char *what, struct sc_err *err);

@@ -1020,9 +1020,7 @@ static void *conn_main(void *arg)
 					"already serving %d authenticated peer connections (the "
 					"limit)",
 					SC_PEER_SERVER_MAX_CONNS);
-			struct sc_peer_msg m = {.type = SC_FRAME_ERROR, .code = (uint32_t)err.code};
-			snprintf(m.text, sizeof(m.text), "%s", err.msg);
-			sc_peer_send_msg(c->fd, &m, &w, c->what, NULL);
+			sc_peer_send_refusal(c->fd, &w, &err);
 		}
 	}
 	if (rc != 0) {

@@ -135,20 +135,6 @@ static void build_modes(struct sc_peer_tls *t)
 
 /* ---- certificates and the names in them ------------------------------------------------------ */
 
-/* 1-100 of A-Z a-z 0-9 . _ - (config.c's check of --id). */
-static bool valid_sidecar_id(const char *s, size_t len)
-{
-	if (len == 0 || len > 100 || len >= SC_NAME_MAX)
-		return false;
-	for (size_t i = 0; i < len; i++) {
-		char c = s[i];
-		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-		      c == '.' || c == '_' || c == '-'))
-			return false;
-	}
-	return true;
-}
-
 /*
  * A SPIFFE ID "spiffe://TRUST-DOMAIN/PATH": the trust domain (lower-case letters, digits, . - _)
  * and the last path segment, which must be a sidecar id. False when uri is not one.
@@ -175,7 +161,7 @@ static bool parse_spiffe(const char *uri, size_t len, char *td, size_t td_cap, c
 			last = q + 1;
 	}
 	size_t id_len = (size_t)(end - last);
-	if (!valid_sidecar_id(last, id_len) || id_len >= id_cap)
+	if (!sc_config_id_valid(last, id_len) || id_len >= id_cap)
 		return false;
 	memcpy(td, p, (size_t)(slash - p));
 	td[slash - p] = '\0';
@@ -206,7 +192,7 @@ int sc_tls_cert_identity(const struct x509_st *cert, enum sc_peer_identity sourc
 			snprintf(why, why_cap, "its subject has no CN");
 			return 0;
 		}
-		if (!valid_sidecar_id(cn, strlen(cn)) || (size_t)n != strlen(cn)) {
+		if (!sc_config_id_valid(cn, strlen(cn)) || (size_t)n != strlen(cn)) {
 			snprintf(why, why_cap, "its CN \"%.100s\" is not a sidecar id", cn);
 			return 0;
 		}
@@ -238,7 +224,7 @@ int sc_tls_cert_identity(const struct x509_st *cert, enum sc_peer_identity sourc
 			const char *dns = (const char *)ASN1_STRING_get0_data(gn->d.dNSName);
 			size_t len = (size_t)ASN1_STRING_length(gn->d.dNSName);
 			seen++;
-			if (!valid_sidecar_id(dns, len))
+			if (!sc_config_id_valid(dns, len))
 				continue;
 			if (want && strlen(want) == len && memcmp(dns, want, len) == 0) {
 				snprintf(out, SC_NAME_MAX, "%s", want);
@@ -267,14 +253,25 @@ int sc_tls_cert_identity(const struct x509_st *cert, enum sc_peer_identity sourc
 	return 0;
 }
 
-/* x's serial number in hex ("" when x is NULL). */
-static void serial_hex(const X509 *x, char *out, size_t cap)
+void sc_tls_cert_serial(const struct x509_st *cert, char *out, size_t cap)
 {
-	BIGNUM *bn = x ? ASN1_INTEGER_to_BN(X509_get0_serialNumber(x), NULL) : NULL;
+	BIGNUM *bn = cert ? ASN1_INTEGER_to_BN(X509_get0_serialNumber(cert), NULL) : NULL;
 	char *hex = bn ? BN_bn2hex(bn) : NULL;
 	snprintf(out, cap, "%s", hex ? hex : "");
 	OPENSSL_free(hex);
 	BN_free(bn);
+}
+
+static int64_t asn1_time_unix(const ASN1_TIME *t)
+{
+	struct tm tm;
+	return t && ASN1_TIME_to_tm(t, &tm) == 1 ? (int64_t)timegm(&tm) : 0;
+}
+
+void sc_tls_cert_validity(const struct x509_st *cert, int64_t *not_before, int64_t *not_after)
+{
+	*not_before = cert ? asn1_time_unix(X509_get0_notBefore(cert)) : 0;
+	*not_after = cert ? asn1_time_unix(X509_get0_notAfter(cert)) : 0;
 }
 
 /* Serial (hex), validity and identity of this sidecar's certificate. */
@@ -282,12 +279,8 @@ static void cert_info(X509 *x, enum sc_peer_identity source, const char *self_id
 		      struct sc_tls_cert_info *info, char *td, char *why, size_t why_cap)
 {
 	memset(info, 0, sizeof(*info));
-	serial_hex(x, info->serial, sizeof(info->serial));
-	struct tm tm;
-	if (ASN1_TIME_to_tm(X509_get0_notAfter(x), &tm) == 1)
-		info->not_after = (int64_t)timegm(&tm);
-	if (ASN1_TIME_to_tm(X509_get0_notBefore(x), &tm) == 1)
-		info->not_before = (int64_t)timegm(&tm);
+	sc_tls_cert_serial(x, info->serial, sizeof(info->serial));
+	sc_tls_cert_validity(x, &info->not_before, &info->not_after);
 	info->has_identity =
 	    sc_tls_cert_identity(x, source, self_id, info->identity, td, why, why_cap) == 1;
 }
@@ -421,11 +414,7 @@ int sc_peer_tls_create(const struct sc_config *cfg, struct sc_peer_tls **out, st
 	pthread_mutex_init(&t->mu, NULL);
 	pthread_mutex_init(&t->reload_mu, NULL);
 	pthread_mutex_init(&t->watch_mu, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&t->watch_cv, &ca);
-	pthread_condattr_destroy(&ca);
+	sc_cond_init_mono(&t->watch_cv);
 	snprintf(t->self_id, sizeof(t->self_id), "%s", cfg->id ? cfg->id : "");
 	t->source = cfg->peer_identity;
 	t->required = cfg->peer_identity_required;
@@ -529,16 +518,9 @@ static void *watch_main(void *arg)
 	struct sc_peer_tls *t = arg;
 	pthread_mutex_lock(&t->watch_mu);
 	while (!t->watch_stop) {
-		struct timespec until;
-		clock_gettime(CLOCK_MONOTONIC, &until);
-		until.tv_sec += (time_t)(t->watch_ms / 1000);
-		until.tv_nsec += (long)(t->watch_ms % 1000) * 1000000L;
-		if (until.tv_nsec >= 1000000000L) {
-			until.tv_sec++;
-			until.tv_nsec -= 1000000000L;
-		}
+		uint64_t until = sc_clock_mono_after_ms(t->watch_ms);
 		while (!t->watch_stop &&
-		       pthread_cond_timedwait(&t->watch_cv, &t->watch_mu, &until) != ETIMEDOUT)
+		       sc_cond_wait_until_mono(&t->watch_cv, &t->watch_mu, until) != ETIMEDOUT)
 			;
 		if (t->watch_stop)
 			break;
@@ -738,8 +720,8 @@ static int handshake(struct sc_peer_tls *tls, int fd, bool server, const struct 
 	l->ktls_rx = BIO_get_ktls_recv(SSL_get_rbio(ssl));
 	if (sc_log_enabled(SC_LOG_DEBUG)) {
 		char ours[SC_TLS_SERIAL_MAX], theirs[SC_TLS_SERIAL_MAX];
-		serial_hex(SSL_get_certificate(ssl), ours, sizeof(ours));
-		serial_hex(SSL_get0_peer_certificate(ssl), theirs, sizeof(theirs));
+		sc_tls_cert_serial(SSL_get_certificate(ssl), ours, sizeof(ours));
+		sc_tls_cert_serial(SSL_get0_peer_certificate(ssl), theirs, sizeof(theirs));
 		SC_DEBUG("peer", "TLS with %s: presented certificate serial %s, its serial %s",
 			 what, ours, theirs);
 	}
@@ -871,9 +853,7 @@ int sc_peer_tls_check_claim(struct sc_peer_tls *tls, int fd, const char *claimed
 			   "peer certificate names sidecar \"%s\" but its hello claims \"%s\" (%s)",
 			   id, claimed, what);
 	/* Tell the peer why, in its own framing (its next request reads it), as the hello does. */
-	struct sc_peer_msg m = {.type = SC_FRAME_ERROR, .code = (uint32_t)e.code};
-	snprintf(m.text, sizeof(m.text), "%s", e.msg);
-	sc_peer_send_msg(fd, &m, w, what, NULL);
+	sc_peer_send_refusal(fd, w, &e);
 	if (err)
 		*err = e;
 	return -1;

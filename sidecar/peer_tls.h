@@ -87,6 +87,10 @@ void sc_peer_tls_info(struct sc_peer_tls *tls, struct sc_tls_cert_info *out);
 int sc_tls_cert_identity(const struct x509_st *cert, enum sc_peer_identity source,
 			 const char *want, char out[SC_NAME_MAX],
 			 char trust_domain[SC_TLS_TRUST_DOMAIN_MAX], char *why, size_t why_cap);
+/* cert's serial number in hex, upper case ("" when cert is NULL), and its notBefore/notAfter in
+ * unix seconds (0 where unreadable). Pure; for the peer and the gRPC certificates alike. */
+void sc_tls_cert_serial(const struct x509_st *cert, char *out, size_t cap);
+void sc_tls_cert_validity(const struct x509_st *cert, int64_t *not_before, int64_t *not_after);
 /* Does the verified certificate of fd's peer name an identity (want: as above)? out: it, or "".
  * A SPIFFE ID from another trust domain than ours names none. */
 int sc_peer_tls_peer_identity(struct sc_peer_tls *tls, int fd, const char *want, char *out,
