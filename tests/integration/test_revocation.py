@@ -100,7 +100,7 @@ class RevocationTest(SidecarTest):
     def trickle_write(self, how):
         size = 1 * MiB
         r, fd, _, op, p, token, xid = self.exposed(PEER_WRITE, size + 8 * KiB, 4096, size,
-                                                   1500 if how == "deadline" else 60000)
+                                                   int(1500 * SLOW) if how == "deadline" else 60000)
         p.pieces_frame(WRITEV, token, xid, [(0, 0, size)])
         first = os.urandom(4 * KiB)
         p.sock.sendall(first)
@@ -143,7 +143,7 @@ class RevocationTest(SidecarTest):
         a = self.a
         size = 64 * MiB
         r, fd, original, op, p, token, xid = self.exposed(PEER_READ, size, 0, size,
-                                                          2000 if how == "deadline" else 60000)
+                                                          int(2000 * SLOW) if how == "deadline" else 60000)
         self.assertEqual(p.readv_start(token, xid, [(0, 0, size)]), size)
         got = bytearray()
         for _ in range(5):  # 64 KiB at a time, slowly
