@@ -42,6 +42,14 @@ void sc_pb_op_fill(struct sc_pb_op *p, const struct sc_op_info *info)
 		p->error.message = s(info->err_msg);
 		m->error = &p->error;
 	}
+	for (size_t i = 0; i < info->n_rails && i < SC_MAX_RAILS; i++) {
+		rdma_sidecar__v1__rail_usage__init(&p->rails[i]);
+		p->rails[i].rail = s(info->rails[i].rail);
+		p->rails[i].bytes = info->rails[i].bytes;
+		p->rail_ptrs[i] = &p->rails[i];
+		m->n_rails = i + 1;
+	}
+	m->rails = m->n_rails ? p->rail_ptrs : NULL;
 	if (info->n_descs) {
 		p->descs = calloc(info->n_descs, sizeof(*p->descs));
 		p->desc_ptrs = calloc(info->n_descs, sizeof(*p->desc_ptrs));

@@ -79,6 +79,8 @@ struct sc_pb_op {
 	RdmaSidecar__V1__OperationError error;
 	RdmaSidecar__V1__Descriptor *descs;
 	RdmaSidecar__V1__Descriptor **desc_ptrs;
+	RdmaSidecar__V1__RailUsage rails[SC_MAX_RAILS];
+	RdmaSidecar__V1__RailUsage *rail_ptrs[SC_MAX_RAILS];
 };
 void sc_pb_op_fill(struct sc_pb_op *p, const struct sc_op_info *info);
 void sc_pb_op_clear(struct sc_pb_op *p);

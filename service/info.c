@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * info.c: GetInfo: identity, version, listeners, backends (and why one is unavailable), data
- * endpoints, NATS state, signing, CUDA. A gRPC worker thread.
+ * endpoints, rails, NATS state, signing, CUDA. A gRPC worker thread.
  */
 #include "handlers.h"
 #include "service.h"
@@ -80,5 +80,27 @@ void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req)
 		pc.identity_source = (char *)info.peer_identity_source;
 		m.peer_certificate = &pc;
 	}
+	RdmaSidecar__V1__RailInfo r[SC_INFO_MAX_RAILS];
+	RdmaSidecar__V1__RailInfo *rp[SC_INFO_MAX_RAILS];
+	for (size_t i = 0; i < info.n_rails; i++) {
+		const struct sc_rail_entry *e = &info.rails[i];
+		rdma_sidecar__v1__rail_info__init(&r[i]);
+		r[i].index = e->index;
+		r[i].backend = (RdmaSidecar__V1__Backend)e->backend;
+		r[i].name = (char *)e->r.name;
+		r[i].pci_address = (char *)e->r.pci;
+		r[i].numa_node = e->r.numa;
+		r[i].rate_mbps = e->r.rate_mbps;
+		r[i].state = (char *)sc_rail_state_name(e->r.state);
+		r[i].detail = (char *)e->r.detail;
+		r[i].netdev = (char *)e->r.netdev;
+		r[i].bytes = e->r.bytes;
+		r[i].operations = e->r.operations;
+		r[i].errors = e->r.errors;
+		r[i].failovers = e->r.failovers;
+		rp[i] = &r[i];
+	}
+	m.n_rails = info.n_rails;
+	m.rails = rp;
 	sc_call_reply(c, &m.base);
 }

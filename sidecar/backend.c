@@ -1,13 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * backend.c: the "not supported" and no-op stubs that backends point missing ops at, so callers
- * never test an op for NULL. Pure; any thread.
+ * never test an op for NULL, and the rails' state (one lock for the rails of every backend: a
+ * state changes rarely and GetInfo reads it rarely). Any thread.
  */
 #include "backend.h"
 #include "build_config.h"
 
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int sc_backend_start_unsupported(struct sc_backend *b, struct sc_err *err)
 {
@@ -49,6 +53,47 @@ int sc_backend_submit_unsupported(struct sc_backend *b, struct sc_xfer *x, struc
 
 void sc_backend_cancel_noop(struct sc_backend *b, struct sc_xfer *x)
 {
+}
+
+/* ---- rails ----------------------------------------------------------------------------------- */
+
+static pthread_mutex_t rails_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void sc_rail_set_state(struct sc_backend *b, size_t i, enum sc_rail_state st, const char *fmt, ...)
+{
+	if (i >= b->n_rails)
+		return;
+	struct sc_rail *r = &b->rails[i];
+	pthread_mutex_lock(&rails_mu);
+	r->state = st;
+	if (fmt) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(r->detail, sizeof(r->detail), fmt, ap);
+		va_end(ap);
+	}
+	pthread_mutex_unlock(&rails_mu);
+}
+
+void sc_rail_snapshot(struct sc_backend *b, size_t i, struct sc_rail_report *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (i >= b->n_rails)
+		return;
+	const struct sc_rail *r = &b->rails[i];
+	memcpy(out->name, r->name, sizeof(out->name));
+	memcpy(out->pci, r->pci, sizeof(out->pci));
+	memcpy(out->netdev, r->netdev, sizeof(out->netdev));
+	out->numa = r->numa;
+	out->rate_mbps = r->rate_mbps;
+	pthread_mutex_lock(&rails_mu);
+	out->state = r->state;
+	memcpy(out->detail, r->detail, sizeof(out->detail));
+	pthread_mutex_unlock(&rails_mu);
+	out->bytes = atomic_load_explicit(&r->bytes, memory_order_relaxed);
+	out->operations = atomic_load_explicit(&r->operations, memory_order_relaxed);
+	out->errors = atomic_load_explicit(&r->errors, memory_order_relaxed);
+	out->failovers = atomic_load_explicit(&r->failovers, memory_order_relaxed);
 }
 
 #if !SC_HAVE_IBVERBS

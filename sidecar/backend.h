@@ -20,6 +20,7 @@
 
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifndef container_of
 #define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
@@ -56,6 +57,30 @@ struct sc_xfer_seg {
 	void *local_mr;       /* ibverbs: the local region's registration (struct ibv_mr *) */
 };
 
+/*
+ * A rail: one path a backend moves bytes over (an RDMA port, a TCP data endpoint). A backend
+ * fills its rails when it is created (name, pci, numa, rate: fixed from then on) and keeps their
+ * state and counters current; GetInfo and the metrics read them from any thread. state and detail
+ * change together under one lock in backend.c (sc_rail_set_state, sc_rail_snapshot); counters are
+ * atomics.
+ */
+/* SC_MAX_RAILS, enum sc_rail_state and struct sc_rail_report: sc_types.h. */
+
+struct sc_rail {
+	char name[64];	 /* "mlx5_0:1", "10.0.0.1:7001" */
+	char pci[32];	 /* "0000:17:00.0"; "" unknown */
+	char netdev[32]; /* "" unknown */
+	int numa;	 /* -1 unknown */
+	uint64_t rate_mbps;
+	enum sc_rail_state state; /* sc_rail_set_state / sc_rail_snapshot */
+	char detail[200];	  /* likewise */
+	atomic_uint_fast64_t bytes, operations, errors, failovers;
+};
+
+/* The most rails one transfer reports bytes for (struct sc_xfer.rail_bytes). */
+#define SC_XFER_MAX_RAILS SC_MAX_RAILS
+
+
 struct sc_xfer {
 	enum sc_op_kind kind; /* SC_OP_READ (remote -> local) or SC_OP_WRITE (local -> remote) */
 	const struct sc_metadata *meta; /* verified: endpoints, token, ibverbs endpoint */
@@ -74,6 +99,9 @@ struct sc_xfer {
 	void (*on_complete)(struct sc_xfer *x, enum sc_status status, const char *msg);
 	void *owner; /* the engine's operation */
 	void *priv;  /* the backend's */
+	/* Bytes moved per rail of the backend (index into its rails), added by the backend as
+	 * they complete; Operation.rails reports the non-zero ones. */
+	atomic_uint_fast64_t rail_bytes[SC_XFER_MAX_RAILS];
 };
 
 /* A backend's table may leave ops (and name, transport_level) out: backend_registry.c completes
@@ -114,7 +142,26 @@ struct sc_backend {
 	char devices[4][64];
 	size_t n_devices;
 	char endpoint[80]; /* tcp: "host:port" peers dial, once started */
+	/* Its rails (see struct sc_rail). n_rails is fixed once the backend is created. */
+	struct sc_rail rails[SC_MAX_RAILS];
+	size_t n_rails;
 };
+
+/* Set rail i's state and detail (printf-style; NULL keeps the detail). Any thread. */
+void sc_rail_set_state(struct sc_backend *b, size_t i, enum sc_rail_state st, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+/* A copy of rail i with its state and detail read together. Any thread. */
+void sc_rail_snapshot(struct sc_backend *b, size_t i, struct sc_rail_report *out);
+/* Count bytes moved on rail i for transfer x (x may be NULL). Any thread. */
+static inline void sc_rail_add_bytes(struct sc_backend *b, struct sc_xfer *x, size_t i,
+				     uint64_t n)
+{
+	if (i >= b->n_rails)
+		return;
+	atomic_fetch_add_explicit(&b->rails[i].bytes, n, memory_order_relaxed);
+	if (x && i < SC_XFER_MAX_RAILS)
+		atomic_fetch_add_explicit(&x->rail_bytes[i], n, memory_order_relaxed);
+}
 
 int sc_backend_start_unsupported(struct sc_backend *b, struct sc_err *err);
 void sc_backend_noop(struct sc_backend *b);

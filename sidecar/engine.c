@@ -115,6 +115,25 @@ static void disable_backend(struct sc_backend *b, const char *why)
 	snprintf(b->detail, sizeof(b->detail), "%s", why);
 }
 
+_Static_assert(SC_INFO_MAX_RAILS == SC_METRICS_MAX_RAILS, "GetInfo and the metrics list the same rails");
+
+/* Every backend's rails, in backend_registry.c order. Under eng->mu (the backends are fixed). */
+static size_t collect_rails_locked(struct sc_engine *eng, struct sc_rail_entry *out, size_t cap)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < sc_backend_registry_count(); i++) {
+		enum sc_backend_kind kind = sc_backend_registry_at(i)->kind;
+		struct sc_backend *b = eng->backends[kind];
+		for (size_t r = 0; b && r < b->n_rails && n < cap; r++) {
+			out[n].backend = kind;
+			out[n].index = (uint32_t)r;
+			sc_rail_snapshot(b, r, &out[n].r);
+			n++;
+		}
+	}
+	return n;
+}
+
 /* ---- gauges for the metrics (scrape thread) ------------------------------------------------ */
 
 static void count_op(void *ctx, void *value)
@@ -151,6 +170,7 @@ static void read_gauges(void *ctx, struct sc_gauges *g)
 	g->draining = eng->draining;
 	for (int b = 0; b < SC_NUM_BACKENDS; b++)
 		g->available[b] = eng->backends[b] && eng->backends[b]->available;
+	g->n_rails = collect_rails_locked(eng, g->rails, SC_INFO_MAX_RAILS);
 	if (eng->grpc_cert_serial[0]) {
 		struct sc_cert_gauge *c = &g->certs[g->n_certs++];
 		c->use = "grpc";
@@ -486,6 +506,7 @@ void sc_engine_info(struct sc_engine *eng, struct sc_info *out)
 			snprintf(r->devices[r->n_devices++], sizeof(r->devices[0]), "%s",
 				 b->devices[d]);
 	}
+	out->n_rails = collect_rails_locked(eng, out->rails, SC_INFO_MAX_RAILS);
 	struct sc_backend *tcp = eng->backends[SC_BACKEND_TCP];
 	if (eng->peer_server) {
 		snprintf(out->data_endpoints[0], sizeof(out->data_endpoints[0]), "%s",

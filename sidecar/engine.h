@@ -62,6 +62,7 @@ struct sc_backend_report {
 };
 
 #define SC_INFO_MAX_BACKENDS 5 /* registered backends GetInfo reports, at most */
+#define SC_INFO_MAX_RAILS 32   /* rails GetInfo and the metrics report, all backends together */
 struct sc_info {
 	char sidecar_id[SC_NAME_MAX];
 	const char *version;
@@ -82,6 +83,8 @@ struct sc_info {
 	char peer_cert_identity[SC_NAME_MAX]; /* "" when it names none */
 	int64_t peer_cert_not_before, peer_cert_not_after; /* unix seconds */
 	const char *peer_identity_source;                  /* "spiffe", "dns", "cn", "off" */
+	struct sc_rail_entry rails[SC_INFO_MAX_RAILS]; /* in backend_registry.c order */
+	size_t n_rails;
 };
 void sc_engine_info(struct sc_engine *eng, struct sc_info *out);
 
@@ -166,6 +169,12 @@ struct sc_op_info {
 	 * cancel no longer cuts it; it ends COMPLETE, or ERRORED by its deadline. */
 	bool committed;
 	size_t desc_count; /* the operation's (expanded) descriptors, also when descs is omitted */
+	/* Active operations: the rails that moved bytes, with how many (Operation.rails). */
+	struct sc_op_rail {
+		char rail[64];
+		uint64_t bytes;
+	} rails[SC_MAX_RAILS];
+	size_t n_rails;
 };
 void sc_op_info_free(struct sc_op_info *info);
 /* Deep copy; returns -1 on allocation failure. */

@@ -27,6 +27,7 @@
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -270,6 +271,42 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 	for (size_t i = 0; i < N_REAL_BACKENDS; i++)
 		fprintf(f, "rdma_sidecar_backend_available{backend=\"%s\"} %d\n",
 			sc_backend_name(real_backend(i)), g.available[real_backend(i)] ? 1 : 0);
+
+	static const struct {
+		const char *name, *type, *help;
+		size_t off;
+	} rail_families[] = {
+		{"rdma_sidecar_rail_bytes_total", "counter",
+		 "Bytes this sidecar's transfers moved on the rail (both directions).",
+		 offsetof(struct sc_rail_report, bytes)},
+		{"rdma_sidecar_rail_operations_total", "counter", "Transfers that used the rail.",
+		 offsetof(struct sc_rail_report, operations)},
+		{"rdma_sidecar_rail_errors_total", "counter",
+		 "Transfers or slices that failed on the rail.", offsetof(struct sc_rail_report, errors)},
+		{"rdma_sidecar_rail_failovers_total", "counter",
+		 "Times the rail's work moved to another rail (or to TCP).",
+		 offsetof(struct sc_rail_report, failovers)},
+	};
+	family(f, "rdma_sidecar_rail_up", "gauge",
+	       "1 while the rail can carry data (GetInfo rails says why not), by backend and rail.");
+	for (size_t i = 0; i < g.n_rails; i++) {
+		fprintf(f, "rdma_sidecar_rail_up{backend=\"%s\",rail=\"",
+			sc_backend_name(g.rails[i].backend));
+		label_value(f, g.rails[i].r.name);
+		fprintf(f, "\",state=\"%s\"} %d\n", sc_rail_state_name(g.rails[i].r.state),
+			g.rails[i].r.state == SC_RAIL_UP ? 1 : 0);
+	}
+	for (size_t k = 0; k < sizeof(rail_families) / sizeof(rail_families[0]); k++) {
+		family(f, rail_families[k].name, rail_families[k].type, rail_families[k].help);
+		for (size_t i = 0; i < g.n_rails; i++) {
+			uint64_t v;
+			memcpy(&v, (const char *)&g.rails[i].r + rail_families[k].off, sizeof(v));
+			fprintf(f, "%s{backend=\"%s\",rail=\"", rail_families[k].name,
+				sc_backend_name(g.rails[i].backend));
+			label_value(f, g.rails[i].r.name);
+			fprintf(f, "\"} %llu\n", (unsigned long long)v);
+		}
+	}
 
 	family(f, "rdma_sidecar_gpu_healthy", "gauge",
 	       "0 once a sticky CUDA error poisoned the GPU's context (see GetInfo gpus).");

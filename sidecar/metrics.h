@@ -25,6 +25,7 @@ struct sc_gpu;
 struct sc_metrics;
 
 /* The gauges, read at scrape time: a snapshot the source fills. */
+#define SC_METRICS_MAX_RAILS 32 /* = SC_INFO_MAX_RAILS */
 struct sc_gauges {
 	uint64_t live[SC_OP_WRITE + 1]; /* by enum sc_op_kind: operations not yet terminal */
 	uint64_t waiting_progress;      /* scheduled, waiting for another operation's progress */
@@ -44,6 +45,8 @@ struct sc_gauges {
 		int64_t not_after;
 	} certs[2];
 	size_t n_certs;
+	struct sc_rail_entry rails[SC_METRICS_MAX_RAILS]; /* every backend's rails */
+	size_t n_rails;
 };
 
 /* What the metrics read from their owner (the engine), handed in at creation: the sidecar id

@@ -134,6 +134,17 @@ static int op_fill_info(const struct sc_op *op, struct sc_op_info *info)
 										    : 0;
 	info->committed = !sc_op_status_terminal(op->status) && op->xfer_in_flight &&
 			  atomic_load(&op->xfer.committed);
+	if ((op->kind == SC_OP_READ || op->kind == SC_OP_WRITE) && op->be) {
+		for (size_t i = 0; i < op->be->n_rails && i < SC_XFER_MAX_RAILS; i++) {
+			uint64_t n = atomic_load_explicit(&op->xfer.rail_bytes[i],
+							  memory_order_relaxed);
+			if (!n)
+				continue;
+			struct sc_op_rail *r = &info->rails[info->n_rails++];
+			memcpy(r->rail, op->be->rails[i].name, sizeof(r->rail));
+			r->bytes = n;
+		}
+	}
 	int rc = 0;
 	if (op->metadata && !(info->metadata = strdup(op->metadata)))
 		rc = -1;

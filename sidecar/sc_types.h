@@ -10,6 +10,7 @@
 #define SC_TYPES_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 enum sc_device_kind { SC_DEVICE_UNSPECIFIED = 0, SC_DEVICE_HOST = 1, SC_DEVICE_CUDA = 2 };
 enum sc_op_kind { SC_OP_NONE = 0, SC_OP_READABLE = 1, SC_OP_WRITABLE = 2, SC_OP_READ = 3, SC_OP_WRITE = 4 };
@@ -33,6 +34,55 @@ enum sc_backend_kind { SC_BACKEND_NONE = 0, SC_BACKEND_TCP = 1, SC_BACKEND_IBVER
 static inline bool sc_op_status_terminal(enum sc_op_status s)
 {
 	return s == SC_OPS_COMPLETE || s == SC_OPS_CANCELLED || s == SC_OPS_ERRORED;
+}
+
+/* A rail: one path of the data plane (an RDMA port, a TCP data endpoint); backend.h has the live
+ * object, these are its states and the plain copy GetInfo and the metrics report. */
+#define SC_MAX_RAILS 16 /* per backend */
+enum sc_rail_state {
+	SC_RAIL_UP = 0,
+	SC_RAIL_DOWN,	  /* link or port down, or it failed (detail says which) */
+	SC_RAIL_COOLING,  /* failed; not used again before its cool-down ends */
+	SC_RAIL_UNUSABLE, /* found, but cannot carry data (detail says why) */
+	SC_RAIL_EXCLUDED, /* left out by configuration */
+	SC_RAIL_ABSENT,	  /* named by the topology file only */
+};
+
+struct sc_rail_report {
+	char name[64];
+	char pci[32];
+	char netdev[32];
+	int numa; /* -1 unknown */
+	uint64_t rate_mbps;
+	enum sc_rail_state state;
+	char detail[200];
+	uint64_t bytes, operations, errors, failovers;
+};
+
+/* A rail named with its backend, as GetInfo and the metrics list them. */
+struct sc_rail_entry {
+	enum sc_backend_kind backend;
+	uint32_t index; /* among its backend's rails */
+	struct sc_rail_report r;
+};
+
+static inline const char *sc_rail_state_name(enum sc_rail_state s)
+{
+	switch (s) {
+	case SC_RAIL_UP:
+		return "up";
+	case SC_RAIL_DOWN:
+		return "down";
+	case SC_RAIL_COOLING:
+		return "cooling";
+	case SC_RAIL_UNUSABLE:
+		return "unusable";
+	case SC_RAIL_EXCLUDED:
+		return "excluded";
+	case SC_RAIL_ABSENT:
+		return "absent";
+	}
+	return "unknown";
 }
 
 #endif
