@@ -9,6 +9,7 @@
  * of times (the tests do). The struct sc_config owns every string it points to.
  */
 #include "config.h"
+#include "rail_filter.h"
 
 #include "build_config.h"
 #include "uds_accept.h"
@@ -73,6 +74,7 @@ enum opt_id {
 	OPT_DATA_MAX_UNAUTH_PER_IP,
 	OPT_DATA_MAX_UNAUTH,
 	OPT_IB_DEVICE,
+	OPT_IB_DEVICES,
 	OPT_IB_PORT,
 	OPT_IB_GID_INDEX,
 	OPT_DEFAULT_TIMEOUT,
@@ -279,7 +281,13 @@ static const struct sc_option sc_options[] = {
 	 .def = "none"},
 
 	{.id = OPT_IB_DEVICE, T_STR(ib_device), .name = "ib-device", .arg = ARG_REQUIRED, .value = "NAME",
-	 .group = "RDMA", .help = "RDMA device, e.g. mlx5_0", .def = "first active"},
+	 .group = "RDMA", .help = "one RDMA device, e.g. mlx5_0 (the same as --ib-devices NAME)",
+	 .def = "first active"},
+	{.id = OPT_IB_DEVICES, .name = "ib-devices", .arg = ARG_REQUIRED, .value = "LIST",
+	 .group = "RDMA",
+	 .help = "RDMA ports that are rails: auto, a list in rail order (mlx5_0,mlx5_1:1) or "
+		 "^LIST to leave those out",
+	 .def = "auto"},
 	{.id = OPT_IB_PORT, T_INT(ib_port, 1, 255), .name = "ib-port", .arg = ARG_REQUIRED, .value = "N", .group = "RDMA",
 	 .help = "device port, 1-255", .def = "first active"},
 	{.id = OPT_IB_GID_INDEX, T_INT(ib_gid_index, -1, 255), .name = "ib-gid-index", .arg = ARG_REQUIRED, .value = "N",
@@ -1165,6 +1173,13 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 	case OPT_BACKENDS:
 		rc = parse_backends(v, &cfg->backends, err);
 		break;
+	case OPT_IB_DEVICES: {
+		struct sc_rail_filter f;
+		rc = sc_rail_filter_parse(v, &f, err);
+		if (rc == 0)
+			rc = set_str(&cfg->ib_devices, v, true, err);
+		break;
+	}
 	case OPT_SHM_DIR:
 		if (v[0] != '/')
 			rc = sc_err_set(
@@ -1452,6 +1467,14 @@ enum sc_config_result sc_config_parse(struct sc_config *cfg, int argc, char **ar
 		return SC_CONFIG_ERROR;
 	if (check_tls_set(cfg, err) != 0)
 		return SC_CONFIG_ERROR;
+	if (cfg->ib_device && cfg->ib_device[0] && cfg->ib_devices && cfg->ib_devices[0] &&
+	    strcmp(cfg->ib_devices, "auto") != 0) {
+		sc_err_set(err, SC_INVALID_ARGUMENT,
+			   "--ib-device %s and --ib-devices %s both choose the RDMA devices: give one "
+			   "(--ib-devices %s alone means the same as --ib-device)",
+			   cfg->ib_device, cfg->ib_devices, cfg->ib_device);
+		return SC_CONFIG_ERROR;
+	}
 	return SC_CONFIG_OK;
 }
 
@@ -1476,6 +1499,7 @@ void sc_config_free(struct sc_config *cfg)
 	free(cfg->nats_creds);
 	free(cfg->nats_nkey_seed);
 	free(cfg->ib_device);
+	free(cfg->ib_devices);
 	free(cfg->metrics_listen);
 	for (size_t i = 0; i < SC_MAX_REGISTER_DIRS; i++)
 		free(cfg->register_dirs[i]);

@@ -60,6 +60,7 @@ struct sc_config {
 	char *key_file;                               /* --key-file; NULL = no signing */
 	unsigned backends;                            /* --backends tcp,ibverbs; 0 = all available */
 	char *ib_device;                              /* --ib-device; NULL = first active */
+	char *ib_devices;                             /* --ib-devices; NULL = auto (rail_filter.h) */
 	int ib_port;                                  /* --ib-port; 0 = first active */
 	int ib_gid_index;                             /* --ib-gid-index; -1 = first RoCEv2 */
 	enum sc_log_level log_level;                  /* --log-level, info */
