@@ -459,6 +459,8 @@ static void wc_error_locked(struct ib_backend *ib, const struct ibv_wc *wc, stru
 	snprintf(why, sizeof(why), "%s (status %d, vendor error 0x%x) on an RDMA %s of %u bytes",
 		 ibv_wc_status_str(wc->status), (int)wc->status, wc->vendor_err, op, w->len);
 	fail_qp_locked(ib, qp, transport_error(wc->status), why);
+	if (ib->rail >= 0)
+		atomic_fetch_add_explicit(&ib->base.rails[ib->rail].errors, 1, memory_order_relaxed);
 	switch (wc->status) {
 	case IBV_WC_REM_ACCESS_ERR:
 		xfer_fail_locked(xf, SC_FAILED_PRECONDITION,
@@ -514,6 +516,7 @@ static void wr_retire_locked(struct ib_backend *ib, struct ib_qp *qp, const stru
 		qp->last_ok_mono_ms = sc_clock_mono_ms();
 		xf->bytes_acked += w->len;
 		xf->progress += w->len;
+		sc_rail_add_bytes(&ib->base, xf->xr.x, (size_t)ib->rail, w->len);
 	} else {
 		wc_error_locked(ib, wc, w);
 	}
@@ -664,10 +667,12 @@ static void handle_async(struct ib_backend *ib)
 				"%s port %d went down (%s): transfers will fail until it "
 				"is back",
 				ib->dev_name, ev.element.port_num, name);
+			ib_rails_port_event(ib, (uint8_t)ev.element.port_num, false, name);
 			break;
 		case IBV_EVENT_PORT_ACTIVE:
 			SC_INFO("ibverbs", "%s port %d is active again", ib->dev_name,
 				ev.element.port_num);
+			ib_rails_port_event(ib, (uint8_t)ev.element.port_num, true, name);
 			break;
 		case IBV_EVENT_DEVICE_FATAL:
 		case IBV_EVENT_CQ_ERR:
@@ -843,6 +848,9 @@ int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err)
 	xf->run.run = run_task;
 	xf->task = IB_TASK_SETUP;
 	x->priv = xf;
+	if (ib->rail >= 0)
+		atomic_fetch_add_explicit(&ib->base.rails[ib->rail].operations, 1,
+					  memory_order_relaxed);
 	if (sc_xr_admit(&ib->xr, &xf->xr, x, &xf->run, err) != 0) {
 		x->priv = NULL;
 		free(xf);

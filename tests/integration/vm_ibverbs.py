@@ -28,6 +28,8 @@ import sys
 import time
 import unittest
 
+import urllib.request
+
 import grpc
 from harness import SLOW, SidecarTest, desc, free_port, pb, wait_until
 
@@ -260,6 +262,54 @@ class IbverbsTest(SidecarTest):
         self.assertFalse(k1 & k3, "a readable and a writable share an rkey")
         for o in (o1, o2, o3):
             a.stub.CancelOperation(pb.CancelOperationRequest(operation_id=o.operation_id), timeout=10 * SLOW)
+
+    def test_rails_in_info(self):
+        """Every RDMA port is a rail (issue 24): with rxe0 and rxe1 both present, GetInfo lists
+        them in name order under --ib-devices auto, each up with its netdev and RoCE v2 GID, the
+        one that carries data first; --ib-devices orders them and ^LIST leaves one out (state
+        "excluded"); a transfer's bytes show on its rail in Operation.rails, GetInfo and the
+        metrics; a device named but absent is refused with the devices there are."""
+        self.second_device()
+        keys = self.key_file()
+        port = free_port()
+        net = ["--backends", "ibverbs,tcp", "--data-listen", IP + ":0", "--advertise", IP]
+        a = self.sidecar("a", key_file=keys, extra=net + ["--metrics-listen", "127.0.0.1:%d" % port])
+
+        def rails(s):
+            return [r for r in s.info().rails if r.backend == IB]
+        ra = rails(a)
+        self.assertEqual([r.name for r in ra], ["rxe0:1", "rxe1:1"], ra)
+        self.assertEqual([r.index for r in ra], [0, 1])
+        self.assertEqual([r.state for r in ra], ["up", "up"], ra)
+        self.assertEqual([r.netdev for r in ra], ["v0", "v1"], ra)
+        for r in ra:
+            self.assertIn("RoCE v2", r.detail, r)
+            self.assertEqual(r.numa_node, -1, r)  # soft devices: no PCI device, no NUMA node
+        self.assertIn("carries no data yet", ra[1].detail)
+        b = self.side("b", keys)
+        before = ra[0].bytes
+        done, _ = self.move(b, a, (3 << 20) + 7, 5, "read", timeout_ms=60000)
+        self.assertEqual([(u.rail, u.bytes) for u in done.rails], [("rxe0:1", done.bytes_total)])
+        after = rails(a)[0]
+        self.assertEqual(after.bytes - before, done.bytes_total)
+        self.assertGreaterEqual(after.operations, 1)
+        body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
+        self.assertIn('rdma_sidecar_rail_up{backend="ibverbs",rail="rxe0:1",state="up"} 1', body)
+        self.assertIn('rdma_sidecar_rail_bytes_total{backend="ibverbs",rail="rxe0:1"} %d' % after.bytes, body)
+
+        c = self.sidecar("c", key_file=keys, extra=net + ["--ib-devices", "rxe1,rxe0"])
+        self.assertEqual([(r.name, r.state) for r in rails(c)], [("rxe1:1", "up"), ("rxe0:1", "up")])
+        ib = [x for x in c.info().backends if x.backend == IB][0]
+        self.assertTrue(ib.detail.startswith("rxe1 port 1 ACTIVE"), ib.detail)
+        d = self.sidecar("d", key_file=keys, extra=net + ["--ib-devices", "^rxe0"])
+        rd = rails(d)
+        self.assertEqual([(r.name, r.state) for r in rd], [("rxe1:1", "up"), ("rxe0:1", "excluded")], rd)
+        self.assertIn("left out by --ib-devices", rd[1].detail)
+        e = self.sidecar("e", key_file=keys, extra=net + ["--ib-devices", "mlx9_0"])
+        ib = [x for x in e.info().backends if x.backend == IB][0]
+        self.assertFalse(ib.available)
+        self.assertIn("--ib-devices mlx9_0 not found (have: ", ib.detail)
+        self.assertEqual({r.state for r in rails(e)}, {"excluded"})
 
     # ---- transfers ------------------------------------------------------------------------------
 
