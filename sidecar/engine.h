@@ -88,6 +88,29 @@ struct sc_info {
 };
 void sc_engine_info(struct sc_engine *eng, struct sc_info *out);
 
+/* ---- peers (connect_peer.c) -------------------------------------------------------------------- */
+
+#define SC_PEER_PATHS_MAX 4
+struct sc_peer_paths {
+	char peer[SC_NAME_MAX]; /* the metadata's issuer */
+	struct sc_peer_path {
+		enum sc_backend_kind backend;
+		bool ready;
+		char detail[400];
+		uint64_t elapsed_us;
+	} paths[SC_PEER_PATHS_MAX];
+	size_t n;
+};
+/*
+ * ConnectPeer: verify metadata text (any kind; not used up) and have every backend both sidecars
+ * offer set up its connections to the issuer within timeout_ms (0: 10 s). Fills *out when at
+ * least one is ready. Errors: the metadata's (INVALID_ARGUMENT, UNAUTHENTICATED, ...),
+ * FAILED_PRECONDITION when no backend applies, else the first backend's failure (UNAVAILABLE,
+ * DEADLINE_EXCEEDED, ...). Blocks; a gRPC worker thread.
+ */
+int sc_engine_connect_peer(struct sc_engine *eng, const char *text, uint64_t timeout_ms,
+			   struct sc_peer_paths *out, struct sc_err *err);
+
 /* ---- regions --------------------------------------------------------------------------------- */
 
 struct sc_region_info {

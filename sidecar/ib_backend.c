@@ -308,6 +308,7 @@ static const struct sc_backend_ops ib_ops = {
     .revoke = ib_revoke,
     .submit = ib_xfer_submit,
     .cancel = ib_xfer_cancel,
+    .connect = ib_connect,
 };
 
 struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)

@@ -323,6 +323,10 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 struct sc_peer_conn *ib_control_conn(struct ib_backend *ib, const struct sc_metadata *md,
 				     uint64_t deadline_mono_ms, const atomic_bool *cancel,
 				     int *endpoint, struct sc_err *err);
+/* ConnectPeer: a QP to md's issuer (cached, or set up now) and a pooled control connection, so
+ * that its first transfer finds both. The backend's connect op. gRPC worker thread. */
+int ib_connect(struct sc_backend *b, const struct sc_metadata *md, uint64_t deadline_mono_ms,
+	       char *detail, size_t cap, struct sc_err *err);
 /* Drop a reference; the last one destroys the QP. Never under ib->mu. */
 void ib_qp_put(struct ib_backend *ib, struct ib_qp *qp);
 /* The QP failed (a work completion error, an async event, a post failure): no new work goes to

@@ -110,9 +110,7 @@ static void fail_qp_locked(struct ib_backend *ib, struct ib_qp *qp, bool tombsto
 
 static uint64_t now_us(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+	return sc_clock_mono_us();
 }
 
 /* ---- finish (worker) ------------------------------------------------------------------------- */

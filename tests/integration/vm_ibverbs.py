@@ -311,6 +311,24 @@ class IbverbsTest(SidecarTest):
         self.assertIn("--ib-devices mlx9_0 not found (have: ", ib.detail)
         self.assertEqual({r.state for r in rails(e)}, {"excluded"})
 
+    def test_connect_peer_ib(self):
+        """ConnectPeer (issue 24's warm-up) sets up the queue pair and the control connection to
+        the issuer of metadata before the first transfer: ibverbs and tcp both ready, a second
+        call finds the QP cached, and the transfer that follows moves every byte over ibverbs."""
+        a, b = self.pair()
+        r = b.create_region(1 << 20)
+        ro = b.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(r, 0, 4096)]), timeout=10 * SLOW)
+        got = a.stub.ConnectPeer(pb.ConnectPeerRequest(metadata=ro.metadata, timeout_ms=20000), timeout=30 * SLOW)
+        self.assertEqual(got.peer, b.name)
+        paths = {p.backend: p for p in got.paths}
+        self.assertEqual(set(paths), {IB, TCP}, got)
+        self.assertTrue(paths[IB].ready and paths[TCP].ready, got)
+        self.assertIn("new QP", paths[IB].detail)
+        again = a.stub.ConnectPeer(pb.ConnectPeerRequest(metadata=ro.metadata), timeout=30 * SLOW)
+        self.assertIn("cached QP", {p.backend: p for p in again.paths}[IB].detail, again)
+        b.stub.CancelOperation(pb.CancelOperationRequest(operation_id=ro.operation_id), timeout=10 * SLOW)
+        self.move(b, a, (1 << 20) + 3, 3, "read", timeout_ms=60000)
+
     # ---- transfers ------------------------------------------------------------------------------
 
     def test_sizes_both_directions(self):
