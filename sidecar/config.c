@@ -75,6 +75,7 @@ enum opt_id {
 	OPT_DATA_MAX_UNAUTH,
 	OPT_IB_DEVICE,
 	OPT_IB_DEVICES,
+	OPT_WARM_PEERS,
 	OPT_IB_PORT,
 	OPT_IB_GID_INDEX,
 	OPT_DEFAULT_TIMEOUT,
@@ -156,6 +157,11 @@ static const struct sc_option sc_options[] = {
 	 .group = "General",
 	 .help = "NATS for metadata exchange: nats://HOST:PORT[,...]; empty = off",
 	 .def = "off"},
+	{.id = OPT_WARM_PEERS, T_BOOL(warm_peers), .name = "warm-peers", .arg = ARG_BOOL,
+	 .group = "General",
+	 .help = "connect to the issuer of metadata received on a NATS subscription in the "
+		 "background, before the worker's first transfer to it (--no-warm-peers: off)",
+	 .def = "on"},
 	{.id = OPT_HELP, .name = "help", .short_name = 'h', .arg = ARG_NONE, .group = "General",
 	 .help = "print this help and exit"},
 	{.id = OPT_VERSION, .name = "version", .short_name = 'V', .arg = ARG_NONE,
@@ -1251,6 +1257,7 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->log_level = SC_LOG_INFO;
 	cfg->log_json = false;
 	cfg->reflection = true;
+	cfg->warm_peers = true;
 	cfg->default_timeout_ms = 60 * 1000;
 	cfg->retention_ms = 300 * 1000;
 	cfg->grace_ms = 10 * 1000;

@@ -46,6 +46,7 @@ struct sc_config {
 	size_t n_grpc_listen;                         /* default: the unix socket only */
 	char *health_listen;                          /* --health-listen HOST:PORT; NULL = off */
 	bool reflection;                              /* --reflection (default on) */
+	bool warm_peers;                              /* --warm-peers (default on) */
 	char *grpc_tls_cert;                          /* --grpc-tls-cert PEM; NULL = plain TCP */
 	char *grpc_tls_key;                           /* --grpc-tls-key PEM */
 	char *grpc_tls_client_ca;                     /* --grpc-tls-client-ca PEM; mTLS */

@@ -346,6 +346,8 @@ int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
 			sc_err_prefix(err, "--nats-url");
 			return -1;
 		}
+		if (c->warm_peers && eng->peer_pool && sc_warmer_start(eng, &eng->warmer, err) != 0)
+			return -1;
 	}
 	if (sc_metrics_start(eng->metrics, err) != 0)
 		return -1;
@@ -426,6 +428,8 @@ void sc_engine_destroy(struct sc_engine *eng)
 	if (eng->started)
 		sc_engine_wait_idle(eng, 5000);
 	sc_bus_stop(eng);
+	sc_warmer_stop(eng->warmer); /* before the backends: it uses them */
+	eng->warmer = NULL;
 	sc_nats_bus_destroy(eng->bus);
 	eng->bus = NULL;
 	for (int b = 1; b < SC_NUM_BACKENDS; b++)

@@ -164,8 +164,18 @@ struct sc_progress {
 
 struct sc_bus_sub;
 
+/* connect_peer.c: background warm-up of the issuers of metadata received over NATS. */
+struct sc_warmer;
+int sc_warmer_start(struct sc_engine *eng, struct sc_warmer **out, struct sc_err *err);
+/* Queue a warm-up for metadata text (verified) from issuer; dropped when the queue is full or
+ * the issuer was warmed recently. w NULL: nothing. Any thread. */
+void sc_warmer_offer(struct sc_warmer *w, const char *text, const char *issuer);
+/* Join the thread, drop what is queued. NULL ok. */
+void sc_warmer_stop(struct sc_warmer *w);
+
 struct sc_engine {
 	const struct sc_config *cfg;
+	struct sc_warmer *warmer; /* --warm-peers with NATS; NULL otherwise */
 	pthread_mutex_t mu;
 	pthread_cond_t idle_cv; /* signalled when an active transfer ends */
 	struct sc_idmap *regions;
