@@ -28,8 +28,8 @@ struct sc_topo {
 };
 
 static const char *const class_names[] = {
-	[SC_TOPO_PIX] = "PIX",	 [SC_TOPO_PXB] = "PXB", [SC_TOPO_PHB] = "PHB",
-	[SC_TOPO_NODE] = "NODE", [SC_TOPO_SYS] = "SYS", [SC_TOPO_UNKNOWN] = "UNKNOWN",
+    [SC_TOPO_PIX] = "PIX",   [SC_TOPO_PXB] = "PXB", [SC_TOPO_PHB] = "PHB",
+    [SC_TOPO_NODE] = "NODE", [SC_TOPO_SYS] = "SYS", [SC_TOPO_UNKNOWN] = "UNKNOWN",
 };
 
 const char *sc_topo_class_name(enum sc_topo_class cls)
@@ -46,7 +46,7 @@ const char *sc_topo_xml_from_env(void)
 	return v && *v ? v : NULL;
 }
 
-/* ---- loading ---------------------------------------------------------------------------------- */
+/* ---- loading --------------------------------------------------------------------------------- */
 
 /* A file that cannot be opened gets errno's story before hwloc's terse "Invalid argument". */
 static int check_file(const char *path, struct sc_err *err)
@@ -55,12 +55,12 @@ static int check_file(const char *path, struct sc_err *err)
 
 	if (!f) {
 		int e = errno;
-		enum sc_status code = e == ENOENT ? SC_NOT_FOUND
+		enum sc_status code = e == ENOENT   ? SC_NOT_FOUND
 				      : e == EACCES ? SC_PERMISSION_DENIED
 						    : SC_FAILED_PRECONDITION;
-		return sc_err_set(err, code,
-				  "topology XML %s: %s (%s names an hwloc XML file: lstopo --of xml)",
-				  path, strerror(e), SC_TOPO_XML_ENV);
+		return sc_err_set(
+		    err, code, "topology XML %s: %s (%s names an hwloc XML file: lstopo --of xml)",
+		    path, strerror(e), SC_TOPO_XML_ENV);
 	}
 	fclose(f);
 	return 0;
@@ -86,7 +86,8 @@ int sc_topo_load(const char *xml_path, struct sc_topo **out, struct sc_err *err)
 	/* Bridges, PCI devices and OS devices: every one (IMPORTANT would drop bridges and devices
 	 * hwloc deems dull, and a fixture's layout must come back as written). */
 	if (hwloc_topology_set_io_types_filter(t->hw, HWLOC_TYPE_FILTER_KEEP_ALL) < 0) {
-		sc_err_set(err, SC_INTERNAL, "hwloc_topology_set_io_types_filter: %s", strerror(errno));
+		sc_err_set(err, SC_INTERNAL, "hwloc_topology_set_io_types_filter: %s",
+			   strerror(errno));
 		goto err_hw;
 	}
 	if (xml_path && hwloc_topology_set_xml(t->hw, xml_path) < 0) {
@@ -99,16 +100,18 @@ int sc_topo_load(const char *xml_path, struct sc_topo **out, struct sc_err *err)
 	if (hwloc_topology_load(t->hw) < 0) {
 		int e = errno;
 		if (xml_path)
-			sc_err_set(err, SC_INVALID_ARGUMENT,
-				   "topology XML %s: not a valid hwloc XML topology (%s); check it with "
-				   "hwloc-info --input %s",
-				   xml_path, strerror(e), xml_path);
+			sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "topology XML %s: not a valid hwloc XML topology (%s); check it with "
+			    "hwloc-info --input %s",
+			    xml_path, strerror(e), xml_path);
 		else
-			sc_err_set(err, SC_UNAVAILABLE,
-				   "hwloc could not read this host's topology from sysfs (%s): without "
-				   "it rails are chosen by NUMA node only; set %s to an XML file "
-				   "(lstopo --of xml) to describe the node",
-				   strerror(e), SC_TOPO_XML_ENV);
+			sc_err_set(
+			    err, SC_UNAVAILABLE,
+			    "hwloc could not read this host's topology from sysfs (%s): without "
+			    "it rails are chosen by NUMA node only; set %s to an XML file "
+			    "(lstopo --of xml) to describe the node",
+			    strerror(e), SC_TOPO_XML_ENV);
 		goto err_hw;
 	}
 	*out = t;
@@ -133,7 +136,7 @@ const char *sc_topo_source(const struct sc_topo *topo)
 	return topo ? topo->source : "";
 }
 
-/* ---- PCI addresses ---------------------------------------------------------------------------- */
+/* ---- PCI addresses --------------------------------------------------------------------------- */
 
 struct pci_addr {
 	unsigned domain, bus, dev, func;
@@ -214,7 +217,7 @@ static hwloc_obj_t find_pci(const struct sc_topo *topo, const char *pci)
 	return hwloc_get_pcidev_by_busid(topo->hw, a.domain, a.bus, a.dev, a.func);
 }
 
-/* ---- classes ---------------------------------------------------------------------------------- */
+/* ---- classes --------------------------------------------------------------------------------- */
 
 static bool is_host_bridge(hwloc_obj_t o)
 {
@@ -271,7 +274,7 @@ enum sc_topo_class sc_topo_pci_class(const struct sc_topo *topo, const char *pci
 		return SC_TOPO_UNKNOWN;
 	if (is_pci_bridge(l))
 		return bridges_between(a, l) <= 1 && bridges_between(b, l) <= 1 ? SC_TOPO_PIX
-										 : SC_TOPO_PXB;
+										: SC_TOPO_PXB;
 	if (is_host_bridge(l))
 		return SC_TOPO_PHB;
 	if (l->type == HWLOC_OBJ_PCI_DEVICE) /* one is a function below the other: not in PCIe */
@@ -300,8 +303,7 @@ int sc_topo_pci_numa(const struct sc_topo *topo, const char *pci)
 
 static bool numa_known(const struct sc_topo *topo, int numa)
 {
-	return numa >= 0 &&
-	       hwloc_get_numanode_obj_by_os_index(topo->hw, (unsigned)numa) != NULL;
+	return numa >= 0 && hwloc_get_numanode_obj_by_os_index(topo->hw, (unsigned)numa) != NULL;
 }
 
 enum sc_topo_class sc_topo_numa_class(const struct sc_topo *topo, int numa, const char *pci)
@@ -334,7 +336,7 @@ size_t sc_topo_numa_nodes(const struct sc_topo *topo, int *ids, size_t cap)
 	return n;
 }
 
-/* ---- devices ---------------------------------------------------------------------------------- */
+/* ---- devices --------------------------------------------------------------------------------- */
 
 static hwloc_obj_t pci_above(hwloc_obj_t o)
 {
@@ -430,7 +432,7 @@ size_t sc_topo_gpus(const struct sc_topo *topo, struct sc_topo_gpu *out, size_t 
 	return n;
 }
 
-/* ---- the choice ------------------------------------------------------------------------------- */
+/* ---- the choice ------------------------------------------------------------------------------ */
 
 int sc_topo_rank(const enum sc_topo_class *cls, size_t n, enum sc_topo_mem_kind kind,
 		 struct sc_topo_choice *out, struct sc_err *err)
@@ -448,12 +450,12 @@ int sc_topo_rank(const enum sc_topo_class *cls, size_t n, enum sc_topo_mem_kind 
 			if ((int)ci != c)
 				continue;
 			out->ranked[out->n_ranked++] =
-				(struct sc_topo_ranked){.rail = (unsigned)i, .cls = ci};
+			    (struct sc_topo_ranked){.rail = (unsigned)i, .cls = ci};
 		}
 	if (n == 0)
 		return 0;
-	/* GPU memory: the rails at the nearest class present. Host memory: the same when that is its
-	 * own node (NODE, or nearer from a caller's own classes), else every rail. */
+	/* GPU memory: the rails at the nearest class present. Host memory: the same when that is
+	 * its own node (NODE, or nearer from a caller's own classes), else every rail. */
 	enum sc_topo_class best = out->ranked[0].cls;
 	bool all = kind == SC_TOPO_MEM_HOST ? best > SC_TOPO_NODE : best == SC_TOPO_UNKNOWN;
 	out->best = best;
@@ -545,7 +547,8 @@ int sc_topo_table_build(const struct sc_topo *topo, const struct sc_topo_rail *r
 		out->rails[i].numa = rail_numa(topo, &rails[i]);
 	}
 	for (size_t g = 0; g < n_gpus; g++) {
-		struct sc_topo_mem mem = {.kind = SC_TOPO_MEM_GPU, .gpu = gpus[g].ordinal, .numa = -1};
+		struct sc_topo_mem mem = {
+		    .kind = SC_TOPO_MEM_GPU, .gpu = gpus[g].ordinal, .numa = -1};
 		if (sc_topo_pci_normalize(gpus[g].pci, mem.pci, sizeof(mem.pci)))
 			snprintf(mem.pci, sizeof(mem.pci), "%s", gpus[g].pci);
 		/* Cannot fail: n_rails was checked. */

@@ -78,8 +78,8 @@ const char *sc_topo_class_name(enum sc_topo_class cls);
 const char *sc_topo_xml_from_env(void);
 
 /* Loads this host's topology (xml_path NULL: hwloc reads sysfs) or the hwloc XML file xml_path,
- * with PCI bridges, PCI devices and OS devices kept. *out is set only on success; the caller owns it
- * (sc_topo_destroy). Errors: NOT_FOUND / PERMISSION_DENIED when the file cannot be opened, and
+ * with PCI bridges, PCI devices and OS devices kept. *out is set only on success; the caller owns
+ * it (sc_topo_destroy). Errors: NOT_FOUND / PERMISSION_DENIED when the file cannot be opened, and
  * INVALID_ARGUMENT when it is not an hwloc XML topology (the message names the file);
  * UNAVAILABLE when hwloc cannot read this host; RESOURCE_EXHAUSTED. */
 int sc_topo_load(const char *xml_path, struct sc_topo **out, struct sc_err *err);
@@ -176,8 +176,8 @@ int sc_topo_rank(const enum sc_topo_class *cls, size_t n, enum sc_topo_mem_kind 
 
 /* The class of each rail for `mem` (cls[n]). GPU memory: sc_topo_pci_class(gpu, rail), and where
  * that is UNKNOWN but both NUMA nodes are known (a rail without a PCI address), NODE or SYS by
- * NUMA node. Host memory: sc_topo_numa_class(numa, rail), or by the rail's NUMA node when the topology
- * does not know its PCI address. topo may be NULL (NUMA nodes only). */
+ * NUMA node. Host memory: sc_topo_numa_class(numa, rail), or by the rail's NUMA node when the
+ * topology does not know its PCI address. topo may be NULL (NUMA nodes only). */
 void sc_topo_classify(const struct sc_topo *topo, const struct sc_topo_rail *rails, size_t n,
 		      const struct sc_topo_mem *mem, enum sc_topo_class *cls);
 

@@ -166,8 +166,8 @@ static void check_fixture(const char *file, const char *nics_expected, const str
 		buf[0] = '\0';
 		for (size_t i = 0; i < n_nics; i++)
 			o += (size_t)snprintf(
-				buf + o, sizeof(buf) - o, "%s%s", i ? " " : "",
-				sc_topo_class_name(sc_topo_numa_class(t, nm[k].numa, nics[i].pci)));
+			    buf + o, sizeof(buf) - o, "%s%s", i ? " " : "",
+			    sc_topo_class_name(sc_topo_numa_class(t, nm[k].numa, nics[i].pci)));
 		CHECK_STR_EQ(buf, nm[k].cls);
 		CHECK_INT_EQ(sc_topo_choose(t, rails, n_nics, &mem, &c, &err), 0);
 		CHECK_STR_EQ(chosen_str(&c, rails, buf, sizeof(buf)), nm[k].chosen);
@@ -192,8 +192,9 @@ static void check_fixture(const char *file, const char *nics_expected, const str
 	for (size_t i = 0; ok && i < n_nics; i++)
 		ok = tab->rails[i].numa == nics[i].numa && !strcmp(tab->rails[i].pci, nics[i].pci);
 	for (size_t i = 0; ok && i < n_gpus; i++)
-		ok = !strcmp(chosen_str(&tab->rows[i], tab->rails, buf, sizeof(buf)), g[i].chosen) &&
-		     tab->rows[i].mem.kind == SC_TOPO_MEM_GPU && tab->rows[i].mem.gpu == (int)i;
+		ok =
+		    !strcmp(chosen_str(&tab->rows[i], tab->rails, buf, sizeof(buf)), g[i].chosen) &&
+		    tab->rows[i].mem.kind == SC_TOPO_MEM_GPU && tab->rows[i].mem.gpu == (int)i;
 	for (size_t k = 0; ok && k < n_numa; k++)
 		ok = !strcmp(chosen_str(&tab->rows[n_gpus + k], tab->rails, buf, sizeof(buf)),
 			     nm[k].chosen) &&
@@ -206,18 +207,18 @@ static void check_fixture(const char *file, const char *nics_expected, const str
 TEST(dgx8_rail_per_gpu)
 {
 	static const struct expect_gpu g[] = {
-		{"0000:13:00.0", "PIX PIX NODE NODE SYS SYS SYS SYS", "mlx5_0 mlx5_1", 0},
-		{"00000000:14:00.0", "PIX PIX NODE NODE SYS SYS SYS SYS", "mlx5_0 mlx5_1", 0},
-		{"0000:33:00.0", "NODE NODE PIX PIX SYS SYS SYS SYS", "mlx5_2 mlx5_3", 0},
-		{"0000:34:00.0", "NODE NODE PIX PIX SYS SYS SYS SYS", "mlx5_2 mlx5_3", 0},
-		{"00000000:93:00.0", "SYS SYS SYS SYS PIX PIX NODE NODE", "mlx5_4 mlx5_5", 1},
-		{"0000:94:00.0", "SYS SYS SYS SYS PIX PIX NODE NODE", "mlx5_4 mlx5_5", 1},
-		{"0000:B3:00.0", "SYS SYS SYS SYS NODE NODE PIX PIX", "mlx5_6 mlx5_7", 1},
-		{"00000000:B4:00.0", "SYS SYS SYS SYS NODE NODE PIX PIX", "mlx5_6 mlx5_7", 1},
+	    {"0000:13:00.0", "PIX PIX NODE NODE SYS SYS SYS SYS", "mlx5_0 mlx5_1", 0},
+	    {"00000000:14:00.0", "PIX PIX NODE NODE SYS SYS SYS SYS", "mlx5_0 mlx5_1", 0},
+	    {"0000:33:00.0", "NODE NODE PIX PIX SYS SYS SYS SYS", "mlx5_2 mlx5_3", 0},
+	    {"0000:34:00.0", "NODE NODE PIX PIX SYS SYS SYS SYS", "mlx5_2 mlx5_3", 0},
+	    {"00000000:93:00.0", "SYS SYS SYS SYS PIX PIX NODE NODE", "mlx5_4 mlx5_5", 1},
+	    {"0000:94:00.0", "SYS SYS SYS SYS PIX PIX NODE NODE", "mlx5_4 mlx5_5", 1},
+	    {"0000:B3:00.0", "SYS SYS SYS SYS NODE NODE PIX PIX", "mlx5_6 mlx5_7", 1},
+	    {"00000000:B4:00.0", "SYS SYS SYS SYS NODE NODE PIX PIX", "mlx5_6 mlx5_7", 1},
 	};
 	static const struct expect_numa nm[] = {
-		{0, "NODE NODE NODE NODE SYS SYS SYS SYS", "mlx5_0 mlx5_1 mlx5_2 mlx5_3"},
-		{1, "SYS SYS SYS SYS NODE NODE NODE NODE", "mlx5_4 mlx5_5 mlx5_6 mlx5_7"},
+	    {0, "NODE NODE NODE NODE SYS SYS SYS SYS", "mlx5_0 mlx5_1 mlx5_2 mlx5_3"},
+	    {1, "SYS SYS SYS SYS NODE NODE NODE NODE", "mlx5_4 mlx5_5 mlx5_6 mlx5_7"},
 	};
 	check_fixture("dgx8.xml",
 		      "mlx5_0@0000:15:00.0/0 mlx5_1@0000:16:00.0/0 mlx5_2@0000:35:00.0/0 "
@@ -261,18 +262,14 @@ TEST(dgx8_ranking_and_gpu_pairs)
 TEST(shared2_four_gpus_per_nic)
 {
 	static const struct expect_gpu g[] = {
-		{"0000:05:00.0", "PXB SYS", "mlx5_0", 0},
-		{"0000:06:00.0", "PXB SYS", "mlx5_0", 0},
-		{"00000000:0A:00.0", "PXB SYS", "mlx5_0", 0},
-		{"0000:0b:00.0", "PXB SYS", "mlx5_0", 0},
-		{"0000:85:00.0", "SYS PXB", "mlx5_1", 1},
-		{"0000:86:00.0", "SYS PXB", "mlx5_1", 1},
-		{"0000:8a:00.0", "SYS PXB", "mlx5_1", 1},
-		{"0000:8b:00.0", "SYS PXB", "mlx5_1", 1},
+	    {"0000:05:00.0", "PXB SYS", "mlx5_0", 0},	  {"0000:06:00.0", "PXB SYS", "mlx5_0", 0},
+	    {"00000000:0A:00.0", "PXB SYS", "mlx5_0", 0}, {"0000:0b:00.0", "PXB SYS", "mlx5_0", 0},
+	    {"0000:85:00.0", "SYS PXB", "mlx5_1", 1},	  {"0000:86:00.0", "SYS PXB", "mlx5_1", 1},
+	    {"0000:8a:00.0", "SYS PXB", "mlx5_1", 1},	  {"0000:8b:00.0", "SYS PXB", "mlx5_1", 1},
 	};
 	static const struct expect_numa nm[] = {
-		{0, "NODE SYS", "mlx5_0"},
-		{1, "SYS NODE", "mlx5_1"},
+	    {0, "NODE SYS", "mlx5_0"},
+	    {1, "SYS NODE", "mlx5_1"},
 	};
 	check_fixture("shared2.xml", "mlx5_0@0000:0d:00.0/0 mlx5_1@0000:8d:00.0/1", g, 8, nm, 2);
 
@@ -291,14 +288,14 @@ TEST(shared2_four_gpus_per_nic)
 TEST(onesocket_nics_on_socket0)
 {
 	static const struct expect_gpu g[] = {
-		{"0000:03:00.0", "PIX PHB", "mlx5_0", 0},
-		{"0000:10:00.0", "PHB PHB", "mlx5_0 mlx5_1", 0},
-		{"0000:81:00.0", "SYS SYS", "mlx5_0 mlx5_1", 1},
-		{"0000:82:00.0", "SYS SYS", "mlx5_0 mlx5_1", 1},
+	    {"0000:03:00.0", "PIX PHB", "mlx5_0", 0},
+	    {"0000:10:00.0", "PHB PHB", "mlx5_0 mlx5_1", 0},
+	    {"0000:81:00.0", "SYS SYS", "mlx5_0 mlx5_1", 1},
+	    {"0000:82:00.0", "SYS SYS", "mlx5_0 mlx5_1", 1},
 	};
 	static const struct expect_numa nm[] = {
-		{0, "NODE NODE", "mlx5_0 mlx5_1"},
-		{1, "SYS SYS", "mlx5_0 mlx5_1"}, /* no NIC on its node: every rail */
+	    {0, "NODE NODE", "mlx5_0 mlx5_1"},
+	    {1, "SYS SYS", "mlx5_0 mlx5_1"}, /* no NIC on its node: every rail */
 	};
 	check_fixture("onesocket.xml", "mlx5_0@0000:04:00.0/0 mlx5_1@0000:20:00.0/0", g, 4, nm, 2);
 
@@ -332,8 +329,9 @@ TEST(nic_pci_by_name)
 TEST(unknown_devices)
 {
 	struct sc_topo *t = load_fixture("dgx8.xml");
-	static const char *const bad[] = {"0000:ee:00.0", "17:00.0", "0000:13:00", "0000:13:00.0x",
-					  "zz", "", "10000:13:00.0", "0000:13:20.0"};
+	static const char *const bad[] = {"0000:ee:00.0",  "17:00.0",	  "0000:13:00",
+					  "0000:13:00.0x", "zz",	  "",
+					  "10000:13:00.0", "0000:13:20.0"};
 
 	CHECK(t != NULL);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -355,9 +353,9 @@ TEST(unknown_devices)
 
 	/* A GPU the topology does not know, rails with and without PCI addresses. */
 	struct sc_topo_rail rails[3] = {
-		{.name = "mlx5_0", .pci = "0000:15:00.0", .numa = -1},
-		{.name = "roce_nopci", .pci = "", .numa = 1},
-		{.name = "eth_unknown", .pci = "", .numa = -1},
+	    {.name = "mlx5_0", .pci = "0000:15:00.0", .numa = -1},
+	    {.name = "roce_nopci", .pci = "", .numa = 1},
+	    {.name = "eth_unknown", .pci = "", .numa = -1},
 	};
 	enum sc_topo_class cls[3];
 	struct sc_topo_mem ghost = {.kind = SC_TOPO_MEM_GPU, .gpu = 9, .pci = "0000:ee:00.0"};
@@ -482,11 +480,12 @@ TEST(table_limits_and_no_topology)
 		rails[i].numa = i;
 	}
 	snprintf(gpus[0].pci, sizeof(gpus[0].pci), "0000:01:00.0");
-	int too_many_rails = sc_topo_table_build(NULL, rails, SC_TOPO_RAILS_MAX + 1, gpus, 1, tab,
-						 &err);
+	int too_many_rails =
+	    sc_topo_table_build(NULL, rails, SC_TOPO_RAILS_MAX + 1, gpus, 1, tab, &err);
 	char msg1[SC_ERR_MSG_MAX];
 	snprintf(msg1, sizeof(msg1), "%s", err.msg);
-	int too_many_gpus = sc_topo_table_build(NULL, rails, 2, gpus, SC_TOPO_GPUS_MAX + 1, tab, &err);
+	int too_many_gpus =
+	    sc_topo_table_build(NULL, rails, 2, gpus, SC_TOPO_GPUS_MAX + 1, tab, &err);
 	char msg2[SC_ERR_MSG_MAX];
 	snprintf(msg2, sizeof(msg2), "%s", err.msg);
 	/* No topology: a GPU row of UNKNOWN rails (all chosen), no NUMA rows. */
@@ -583,11 +582,14 @@ TEST(this_host)
 	size_t n_rails = nic_rails(t, rails);
 	struct sc_topo_gpu gpus[SC_TOPO_GPUS_MAX];
 	size_t n_gpus = sc_topo_gpus(t, gpus, SC_TOPO_GPUS_MAX);
-	fprintf(stderr, "  this host (%s): %zu NUMA node(s), %zu OpenFabrics device(s), %zu NVIDIA GPU(s)\n",
-		sc_topo_source(t), n_numa, n_rails, n_gpus);
+	fprintf(
+	    stderr,
+	    "  this host (%s): %zu NUMA node(s), %zu OpenFabrics device(s), %zu NVIDIA GPU(s)\n",
+	    sc_topo_source(t), n_numa, n_rails, n_gpus);
 	struct sc_topo_table *tab = malloc(sizeof(*tab));
-	int rc = tab ? sc_topo_table_build(t, rails, n_rails > SC_TOPO_RAILS_MAX ? SC_TOPO_RAILS_MAX : n_rails,
-					    gpus, n_gpus > SC_TOPO_GPUS_MAX ? SC_TOPO_GPUS_MAX : n_gpus, tab, &err)
+	int rc = tab ? sc_topo_table_build(
+			   t, rails, n_rails > SC_TOPO_RAILS_MAX ? SC_TOPO_RAILS_MAX : n_rails,
+			   gpus, n_gpus > SC_TOPO_GPUS_MAX ? SC_TOPO_GPUS_MAX : n_gpus, tab, &err)
 		     : -1;
 	for (size_t r = 0; rc == 0 && r < tab->n_rows; r++) {
 		char buf[1024];
