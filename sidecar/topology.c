@@ -114,6 +114,12 @@ int sc_topo_load(const char *xml_path, struct sc_topo **out, struct sc_err *err)
 			    strerror(e), SC_TOPO_XML_ENV);
 		goto err_hw;
 	}
+	/* hwloc itself loads HWLOC_XMLFILE instead of sysfs when it is set: say so. */
+	if (!xml_path && !hwloc_topology_is_thissystem(t->hw)) {
+		const char *env = getenv("HWLOC_XMLFILE");
+		snprintf(t->source, sizeof(t->source), "%s (HWLOC_XMLFILE)", env ? env : "?");
+		t->from_sysfs = false;
+	}
 	*out = t;
 	return 0;
 err_hw:

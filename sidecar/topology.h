@@ -85,7 +85,8 @@ const char *sc_topo_xml_from_env(void);
 int sc_topo_load(const char *xml_path, struct sc_topo **out, struct sc_err *err);
 void sc_topo_destroy(struct sc_topo *topo); /* NULL ok */
 
-/* "sysfs" or the XML path it was loaded from. Valid while topo lives. */
+/* "sysfs" or the XML path it was loaded from ("<path> (HWLOC_XMLFILE)" when hwloc's own variable
+ * replaced sysfs). Valid while topo lives. */
 const char *sc_topo_source(const struct sc_topo *topo);
 
 /* Normalizes a PCI address (either accepted form, any case) into "dddd:bb:dd.f". Returns 0, or -1

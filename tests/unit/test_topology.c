@@ -17,7 +17,9 @@
 #include "check.h"
 #include "topology.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef SC_TOPO_FIXTURES
@@ -519,12 +521,8 @@ TEST(load_errors_name_the_file)
 	CHECK(t == (struct sc_topo *)0x1); /* untouched on failure */
 
 	snprintf(path, sizeof(path), "%s/sc-topo-bad-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-	if (tmp && *tmp) {
-		char mk[300];
-		snprintf(mk, sizeof(mk), "mkdir -p '%s'", tmp);
-		if (system(mk) != 0)
-			CHECK_FAIL_("%s failed", mk);
-	}
+	if (tmp && *tmp && mkdir(tmp, 0700) != 0 && errno != EEXIST)
+		CHECK_FAIL_("mkdir %s: %s", tmp, strerror(errno));
 	int fd = mkstemp(path);
 	CHECK(fd >= 0);
 	static const char junk[] = "<topology version=\"2.0\"><object type=\"Machine\"";
@@ -600,7 +598,8 @@ TEST(this_host)
 	char src[64];
 	snprintf(src, sizeof(src), "%s", sc_topo_source(t));
 	sc_topo_destroy(t);
-	CHECK_STR_EQ(src, "sysfs");
+	if (!getenv("HWLOC_XMLFILE"))
+		CHECK_STR_EQ(src, "sysfs");
 	CHECK(n_numa >= 1);
 	CHECK_INT_EQ(rc, 0);
 }
