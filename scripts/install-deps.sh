@@ -9,10 +9,12 @@ set -euo pipefail
 
 # No rdma-core at run time: its udev rules and daemons are the host's business, and it pulls in
 # udev and perl (~60 MB of the image); libibverbs1 + ibverbs-providers are the verbs user space.
-runtime=(libgrpc29 libprotobuf-c1 libnats3.4 libssl3 libmicrohttpd12 libibverbs1 ibverbs-providers)
+runtime=(libgrpc29 libprotobuf-c1 libnats3.4 libssl3 libmicrohttpd12 libibverbs1 ibverbs-providers
+         libhwloc15)   # the PCIe topology of the rails (sidecar/topology.c)
 build=(build-essential cmake pkg-config git
        libgrpc-dev protobuf-c-compiler libprotobuf-c-dev libssl-dev libnats-dev libmicrohttpd-dev
        libibverbs-dev rdma-core ibverbs-providers ibverbs-utils
+       libhwloc-dev hwloc   # topology.c; hwloc's lstopo/hwloc-info write and check the XML fixtures
        nats-server python3 python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc
        protoc-gen-go protoc-gen-go-grpc   # test_proto_contract.py: Go code from the proto, no flags
        python3-setuptools python3-pip python3-wheel python3-venv python3-numpy python3-torch python3-pytest
@@ -27,7 +29,7 @@ vm=(qemu-system-x86 busybox-static kmod cpio perftest iperf3 ucx-utils)
 
 # The image's build stage: the daemon only (no tests, clients, VM or benchmarks).
 image_build=(build-essential cmake pkg-config libgrpc-dev protobuf-c-compiler libprotobuf-c-dev
-             libssl-dev libnats-dev libmicrohttpd-dev libibverbs-dev)
+             libssl-dev libnats-dev libmicrohttpd-dev libibverbs-dev libhwloc-dev)
 
 pkgs=("${build[@]}" "${vm[@]}")
 if [[ "${1:-}" == "--runtime" ]]; then
