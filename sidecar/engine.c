@@ -253,6 +253,7 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 	}
 
 	eng->gpu = sc_gpu_open(eng->cuda_detail, sizeof(eng->cuda_detail));
+	sc_engine_topology_load(eng);
 
 	/* The peer channel carries the TCP data plane and the ibverbs rendezvous. */
 	bool peer_channel = false;
@@ -351,6 +352,7 @@ int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
 	}
 	if (sc_metrics_start(eng->metrics, err) != 0)
 		return -1;
+	sc_engine_topology_build(eng);
 	eng->started = true;
 	for (int b = 1; b < SC_NUM_BACKENDS; b++)
 		if (eng->backends[b])
@@ -447,6 +449,7 @@ void sc_engine_destroy(struct sc_engine *eng)
 		sc_backend_destroy(eng->backends[b]);
 	sc_peer_pool_destroy(eng->peer_pool);
 	sc_gpu_close(eng->gpu); /* after the regions: they hold GPU memory */
+	sc_engine_topology_free(eng);
 	sc_peer_tls_destroy(eng->peer_tls);
 	sc_sched_free_progress(eng);
 	sc_idmap_destroy(eng->regions);
@@ -511,6 +514,22 @@ void sc_engine_info(struct sc_engine *eng, struct sc_info *out)
 				 b->devices[d]);
 	}
 	out->n_rails = collect_rails_locked(eng, out->rails, SC_INFO_MAX_RAILS);
+	out->topology_source = eng->topo_source;
+	out->topo_table = eng->topo_table;
+	for (size_t k = 0; eng->topo_table && k < eng->n_absent_rails &&
+			   out->n_rails < SC_INFO_MAX_RAILS; k++) {
+		const struct sc_topo_rail *tr = &eng->topo_table->rails[eng->absent_rails[k]];
+		struct sc_rail_entry *e = &out->rails[out->n_rails++];
+		memset(e, 0, sizeof(*e));
+		e->backend = SC_BACKEND_IBVERBS;
+		e->index = (uint32_t)k;
+		snprintf(e->r.name, sizeof(e->r.name), "%s", tr->name);
+		snprintf(e->r.pci, sizeof(e->r.pci), "%s", tr->pci);
+		e->r.numa = tr->numa;
+		e->r.state = SC_RAIL_ABSENT;
+		snprintf(e->r.detail, sizeof(e->r.detail),
+			 "named by the topology file %s only: no such RDMA device here", eng->topo_source);
+	}
 	struct sc_backend *tcp = eng->backends[SC_BACKEND_TCP];
 	if (eng->peer_server) {
 		snprintf(out->data_endpoints[0], sizeof(out->data_endpoints[0]), "%s",

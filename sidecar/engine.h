@@ -15,6 +15,7 @@
 #include "gpu.h"
 #include "sc_types.h"
 #include "status.h"
+#include "topology.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -85,6 +86,11 @@ struct sc_info {
 	const char *peer_identity_source;                  /* "spiffe", "dns", "cn", "off" */
 	struct sc_rail_entry rails[SC_INFO_MAX_RAILS]; /* in backend_registry.c order */
 	size_t n_rails;
+	/* Which rails carry which memory (built at start; NULL before or without one), and where
+	 * the topology came from ("sysfs", an XML path, or "none: why"). Both live as long as the
+	 * engine. */
+	const struct sc_topo_table *topo_table;
+	const char *topology_source;
 };
 void sc_engine_info(struct sc_engine *eng, struct sc_info *out);
 

@@ -19,6 +19,7 @@
 
 #include "backend.h"
 #include "engine.h"
+#include "topology.h"
 #include "gpu.h"
 #include "idmap.h"
 #include "keys.h"
@@ -173,9 +174,19 @@ void sc_warmer_offer(struct sc_warmer *w, const char *text, const char *issuer);
 /* Join the thread, drop what is queued. NULL ok. */
 void sc_warmer_stop(struct sc_warmer *w);
 
+/* rail_table.c: the PCIe topology and the rail table (GetInfo topology). */
+void sc_engine_topology_load(struct sc_engine *eng);  /* create, main thread */
+void sc_engine_topology_build(struct sc_engine *eng); /* start, after the backends */
+void sc_engine_topology_free(struct sc_engine *eng);
+
 struct sc_engine {
 	const struct sc_config *cfg;
 	struct sc_warmer *warmer; /* --warm-peers with NATS; NULL otherwise */
+	struct sc_topo *topo;	  /* NULL: none (topo_source says why) */
+	char topo_source[256];
+	struct sc_topo_table *topo_table; /* built at start, then immutable; NULL: none */
+	size_t absent_rails[SC_TOPO_RAILS_MAX]; /* rows of topo_table->rails named by the file only */
+	size_t n_absent_rails;
 	pthread_mutex_t mu;
 	pthread_cond_t idle_cv; /* signalled when an active transfer ends */
 	struct sc_idmap *regions;
