@@ -6,10 +6,11 @@ follows moves random bytes intact. Errors change nothing and say why: empty or f
 metadata signed with a key this sidecar does not hold, a peer that never answers (stopped: the
 call ends at its timeout), a peer that is gone."""
 import os
+import threading
 import time
 
 import grpc
-from harness import SLOW, SidecarTest, desc, main, pb
+from harness import SLOW, SidecarTest, desc, main, pb, wait_until
 
 
 class ConnectPeerTest(SidecarTest):
@@ -67,6 +68,43 @@ class ConnectPeerTest(SidecarTest):
         self._procs.remove(b)
         e = self.assertRpcError(grpc.StatusCode.UNAVAILABLE, self.connect, a, op.metadata, 2000)
         self.assertIn("cannot reach peer sidecar", e.details())
+
+    def received(self, sub, pub, count):
+        """pub publishes `count` readables on a subject sub subscribes to; returns their ops."""
+        got, ops = [], []
+        stream = sub.stub.SubscribeMetadata(pb.SubscribeMetadataRequest(subject="kv.>"), timeout=60 * SLOW)
+
+        def read():
+            for ev in stream:
+                got.append(ev)
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        end = time.monotonic() + 15 * SLOW
+        while len(got) < count and time.monotonic() < end:
+            if len(ops) < count or not got:
+                op, _ = self.readable(pub, 100)
+                ops.append(op)
+                pub.stub.PublishMetadata(pb.PublishMetadataRequest(subject="kv.%d" % len(ops),
+                                                                   operation_id=op.operation_id), timeout=10 * SLOW)
+            time.sleep(0.2)
+        stream.cancel()
+        self.assertGreaterEqual(len(got), count, "metadata did not arrive over NATS")
+        return ops
+
+    def test_metadata_over_nats_warms_the_issuer(self):
+        n = self.nats()
+        keys = self.key_file()
+        a = self.sidecar("a", key_file=keys, nats_url=n.url)
+        b = self.sidecar("b", key_file=keys, nats_url=n.url)
+        c = self.sidecar("c", key_file=keys, nats_url=n.url, extra=["--no-warm-peers"])
+        self.received(a, b, 3)
+        line = "ConnectPeer b over tcp: "
+        wait_until(lambda: line in a.read_log(), 10 * SLOW, "a to warm up its connections to b")
+        time.sleep(0.5)
+        self.assertEqual(a.read_log().count(line), 1, "warmed b more than once")
+        self.received(c, b, 1)
+        time.sleep(1.0)
+        self.assertNotIn("ConnectPeer", c.read_log())
 
 
 if __name__ == "__main__":
