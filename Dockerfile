@@ -23,7 +23,9 @@ COPY . .
 RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
  && cmake --build /build -j"$(nproc)" --target rdma-sidecar \
  && strip /build/rdma-sidecar \
- && /build/rdma-sidecar --version
+ && /build/rdma-sidecar --version \
+ && cmake --build /build --target man_rdma_sidecar \
+ && gzip -9n /build/man/rdma-sidecar.8
 
 # ---- runtime -------------------------------------------------------------------------------------
 FROM debian:bookworm-slim
@@ -43,6 +45,8 @@ RUN bash /tmp/install-deps.sh --runtime \
             --shell /usr/sbin/nologin nonroot \
  && install -d -o 65532 -g 65532 -m 0755 /run/rdma-sidecar
 COPY --from=build /build/rdma-sidecar /usr/local/bin/rdma-sidecar
+# `man rdma-sidecar` (man-db comes with install-deps.sh --runtime; the page is help2man's, from --help).
+COPY --from=build /build/man/rdma-sidecar.8.gz /usr/local/share/man/man8/rdma-sidecar.8.gz
 
 # Defaults as environment twins of the flags (rdma-sidecar --help); flags and -e override them.
 # The full API only on the unix socket in /run/rdma-sidecar/sock (share /run/rdma-sidecar with the
