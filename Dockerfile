@@ -38,7 +38,10 @@ LABEL org.opencontainers.image.title="rdma-sidecar" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.base.name="debian:bookworm-slim"
 COPY scripts/install-deps.sh /tmp/install-deps.sh
-RUN bash /tmp/install-deps.sh --runtime \
+# The official slim base leaves /usr/share/groff out of every package (dpkg path-exclude in
+# /etc/dpkg/dpkg.cfg.d/docker); man(1) needs groff's fonts and macros, so let those in again.
+RUN echo 'path-include=/usr/share/groff/*' >/etc/dpkg/dpkg.cfg.d/zz-rdma-sidecar-man \
+ && bash /tmp/install-deps.sh --runtime \
  && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /tmp/install-deps.sh \
  && groupadd --gid 65532 nonroot \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
