@@ -94,6 +94,11 @@ struct sc_xfer {
 	 * (TCP's pipelined DONE), so stopping now would make the two sides disagree. Cleared if the
 	 * transfer starts over. CancelOperation reports it instead of waiting. */
 	atomic_bool committed;
+	/* Set by the engine: another backend (tcp) can carry this transfer if this one's path fails.
+	 * A backend whose path fails (UNAVAILABLE, not the operation's own error, before the deadline
+	 * and without a cancel) then tells the peer ABORTED and completes with SC_ABORTED; the engine
+	 * resubmits the same transfer (same xfer_id) to the other backend. */
+	bool fallback_ok;
 	/* Called from backend threads. on_progress may run concurrently from several threads. */
 	void (*on_progress)(struct sc_xfer *x, uint64_t delta);
 	void (*on_complete)(struct sc_xfer *x, enum sc_status status, const char *msg);

@@ -76,6 +76,7 @@ enum opt_id {
 	OPT_IB_DEVICE,
 	OPT_IB_DEVICES,
 	OPT_WARM_PEERS,
+	OPT_IB_STALL_TIMEOUT,
 	OPT_IB_PORT,
 	OPT_IB_GID_INDEX,
 	OPT_DEFAULT_TIMEOUT,
@@ -296,6 +297,11 @@ static const struct sc_option sc_options[] = {
 	 .def = "auto"},
 	{.id = OPT_IB_PORT, T_INT(ib_port, 1, 255), .name = "ib-port", .arg = ARG_REQUIRED, .value = "N", .group = "RDMA",
 	 .help = "device port, 1-255", .def = "first active"},
+	{.id = OPT_IB_STALL_TIMEOUT, T_DURATION(ib_stall_ms), .name = "ib-stall-timeout", .arg = ARG_REQUIRED,
+	 .value = "DURATION", .group = "RDMA",
+	 .help = "an RDMA transfer none of whose work requests completes for this long has a "
+		 "stalled path: it stops, and goes on over tcp when the peer offers it; 0 = never",
+	 .def = "10s"},
 	{.id = OPT_IB_GID_INDEX, T_INT(ib_gid_index, -1, 255), .name = "ib-gid-index", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "RDMA", .help = "GID table index, 0-255, or -1 to pick", .def = "-1, first RoCEv2"},
 
@@ -1258,6 +1264,7 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->log_json = false;
 	cfg->reflection = true;
 	cfg->warm_peers = true;
+	cfg->ib_stall_ms = 10 * 1000;
 	cfg->default_timeout_ms = 60 * 1000;
 	cfg->retention_ms = 300 * 1000;
 	cfg->grace_ms = 10 * 1000;

@@ -331,6 +331,7 @@ struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)
 	atomic_init(&ib->cq_stop, false);
 	atomic_init(&ib->n_grants, 0);
 	snprintf(ib->self_id, sizeof(ib->self_id), "%s", env->self_id);
+	ib->stall_ms = cfg->ib_stall_ms;
 	ib->pool = env->pool;
 	ib->srv = env->server;
 	if (cfg->backends && !(cfg->backends & SC_BACKEND_BIT_IBVERBS)) {

@@ -174,6 +174,7 @@ struct ib_xfer {
 	bool want_finish; /* finish once the running task returns */
 	enum ib_notice notice;
 	uint64_t last_ping_mono_ms;
+	uint64_t last_progress_mono_ms; /* a work request of it completed, or it began posting */
 	bool moving;		 /* its QP failed under it: drain, then move (ib_retry.c) */
 	unsigned moves;		 /* moves to a fresh QP so far */
 	uint64_t moving_mono_ms; /* when the current move began */
@@ -221,6 +222,7 @@ struct ib_backend {
 	uint32_t max_dest_rd; /* min(IB_MAX_RD_ATOMIC, max_qp_rd_atom) */
 	uint32_t max_sge;     /* scatter/gather entries per work request (capped) */
 	uint32_t max_sge_rd;  /* ... per RDMA READ */
+	uint64_t stall_ms;    /* --ib-stall-timeout: no completion this long stops a transfer */
 
 	/* Remote access (ib_access.c), fixed after create except the bind QP. */
 	bool grant_mw;	      /* type-1 memory windows; else an MR per (operation, region) */

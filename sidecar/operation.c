@@ -700,11 +700,55 @@ static void xfer_progress(struct sc_xfer *x, uint64_t delta)
 	pthread_mutex_unlock(&op->eng->mu);
 }
 
+static bool backend_usable(struct sc_engine *eng, enum sc_backend_kind b);
+
+/*
+ * The backend's path failed and the peer expects the same transfer on another path
+ * (SC_ABORTED): go on over tcp, saying so. 0 when resubmitted; -1 (the operation then ends with
+ * the backend's message) when a cancel or the deadline came first, or tcp cannot take it.
+ * Under eng->mu, on the backend's thread.
+ */
+static int fall_back_locked(struct sc_engine *eng, struct sc_op *op, const char *msg)
+{
+	struct sc_backend *tcp = eng->backends[SC_BACKEND_TCP];
+	struct sc_xfer *x = &op->xfer;
+	if (op->finish_pending != SC_OPS_UNSPECIFIED || !tcp || !tcp->available ||
+	    sc_clock_mono_ms() >= op->deadline_mono_ms || atomic_load(&x->cancel_requested))
+		return -1;
+	enum sc_backend_kind from = op->backend;
+	snprintf(op->backend_reason, sizeof(op->backend_reason),
+		 "tcp: %s failed mid-transfer, moved to tcp (%s)", sc_backend_name(from), msg);
+	SC_WARN("op", "%s: %s path to %s failed, going on over tcp: %s", op->id,
+		sc_backend_name(from), op->meta.issuer, msg);
+	op->backend = SC_BACKEND_TCP;
+	op->be = tcp;
+	x->fallback_ok = false;
+	atomic_store(&x->committed, false);
+	atomic_store(&op->bytes_done, 0);
+	for (size_t i = 0; i < SC_XFER_MAX_RAILS; i++) /* rail_bytes name the new backend's rails */
+		atomic_store(&x->rail_bytes[i], 0);
+	struct sc_err err;
+	sc_err_clear(&err);
+	if (sc_backend_submit(tcp, x, &err) != 0) {
+		SC_WARN("op", "%s: tcp could not take it over: %s", op->id, err.msg);
+		return -1;
+	}
+	op_notify(eng, op);
+	return 0;
+}
+
 static void xfer_complete(struct sc_xfer *x, enum sc_status status, const char *msg)
 {
 	struct sc_op *op = x->owner;
 	struct sc_engine *eng = op->eng;
 	pthread_mutex_lock(&eng->mu);
+	if (status == SC_ABORTED) {
+		if (fall_back_locked(eng, op, msg) == 0) {
+			pthread_mutex_unlock(&eng->mu);
+			return; /* the same transfer, its pins and references, now on tcp */
+		}
+		status = SC_UNAVAILABLE;
+	}
 	op->xfer_in_flight = false;
 	op->pins--;
 	if (status == SC_OK) /* also after a late cancel: every byte moved, on both sides */
@@ -736,6 +780,9 @@ void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op)
 	x->on_progress = xfer_progress;
 	x->on_complete = xfer_complete;
 	x->owner = op;
+	/* An ibverbs path that fails may hand the transfer to tcp when the issuer offers tcp. */
+	x->fallback_ok = op->backend == SC_BACKEND_IBVERBS && backend_usable(eng, SC_BACKEND_TCP) &&
+			 (op->meta.backends & SC_BACKEND_BIT_TCP) && op->meta.n_endpoints > 0;
 	if (sc_random_bytes(&x->xfer_id, sizeof(x->xfer_id)) != 0)
 		x->xfer_id = (uint64_t)(uintptr_t)op ^ sc_clock_mono_ms();
 	op->status = SC_OPS_IN_PROGRESS;
@@ -1435,6 +1482,19 @@ static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 	if (!use) {
 		sc_err_set(err, SC_FAILED_PRECONDITION,
 			   "transfer %016" PRIx64 " has not opened operation %s", xfer_id, op->id);
+		goto out;
+	}
+	if (status == SC_ABORTED) {
+		/* The active side's path failed; the same transfer comes back on another one (an
+		 * ibverbs transfer going on over tcp): the use stays open. */
+		SC_INFO("op", "%s: peer %s moves transfer %016" PRIx64 " to another path: %s", op->id,
+			op->peer, xfer_id, msg && msg[0] ? msg : "its path failed");
+		atomic_store(&op->bytes_done, 0);
+		op->backend = SC_BACKEND_TCP; /* the only path a transfer moves to today */
+		snprintf(op->backend_reason, sizeof(op->backend_reason),
+			 "peer %s moved the transfer to tcp: %s", op->peer,
+			 msg && msg[0] ? msg : "its path failed");
+		rc = 0;
 		goto out;
 	}
 	use->done = true;

@@ -1096,6 +1096,39 @@ class IbverbsTest(SidecarTest):
         self.move(a, b, 7777, 1, "write", timeout_ms=30000)
         print("  healed: the next READ and WRITE completed in %.1f s" % (time.monotonic() - t0))
 
+    def test_stalled_rdma_goes_on_over_tcp(self):
+        """An RDMA path that stops completing mid-transfer (netem loss 100% on the RoCE veth pair:
+        Soft-RoCE retransmits forever where a NIC would report retry-exceeded) stops the transfer
+        after --ib-stall-timeout, and the same transfer goes on over tcp, which here runs on lo,
+        untouched by the cut: every byte arrives, both sides COMPLETE, Operation.backend is tcp
+        and backend_reason says why, the rail counts the failover, the log says so. Never
+        silently, and within the deadline."""
+        gid2 = self.second_device()
+        self.addCleanup(self.cut, False)
+        keys = self.key_file()
+        lo = ["--data-listen", "127.0.0.1:0", "--advertise", "127.0.0.1", "--ib-stall-timeout", "2s"]
+        a = self.side("a", keys, extra=lo)
+        b = self.sidecar("b", key_file=keys, extra=["--ib-device", "rxe1", "--ib-gid-index", gid2,
+                                                    "--backends", "ibverbs,tcp"] + lo)
+        b.rxe_ip, b.rxe_dev = IP2, "rxe1"
+        self.move(a, b, 4097, 1, "read")  # the QP, over RoCE
+        for dev in ("v0", "v1"):  # RoCE held to THROTTLE: BIG moves for seconds, by construction
+            subprocess.run(["tc", "qdisc", "replace", "dev", dev, "root", "netem", "rate", THROTTLE,
+                            "limit", "100000"], check=True, timeout=30)
+        t_cut = []
+        th = self.partition_when_moving(b, None, t_cut)
+        done, p = self.move(a, b, BIG + 3, 3, "read", backend=TCP, passive_backend=TCP, timeout_ms=120000)
+        th.join(30)
+        self.assertTrue(t_cut, "the transfer ended before the RoCE path was cut")
+        self.assertIn("ibverbs failed mid-transfer, moved to tcp", done.backend_reason)
+        self.assertIn("stalled", done.backend_reason)
+        self.assertIn("moved the transfer to tcp", p.backend_reason)
+        rail = [r for r in b.info().rails if r.name == "rxe1:1"][0]
+        self.assertGreaterEqual(rail.failovers, 1, rail)
+        self.assertIn("going on over tcp", b.read_log())
+        print("  RoCE cut mid-READ: COMPLETE over tcp %.1f s after the cut; %s"
+              % (time.monotonic() - t_cut[0], done.backend_reason))
+
     def test_cancel_while_dialling_roce(self):
         """b's first transfer to a starts while the link is cut (no QP yet, its control connection's
         SYNs lost): a cancel ends it at once, and a never heard of it."""

@@ -946,7 +946,7 @@ TEST(usage_documents_every_option)
 	free(text);
 	/* 47 + --reflection + --cancel-wait + --max-progress-records + --progress-grace + 3
 	 * identity/reload flags */
-	CHECK_INT_EQ(options, 56);
+	CHECK_INT_EQ(options, 57);
 }
 
 /* ---- free ---- */
