@@ -153,6 +153,7 @@ void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req)
 	m.n_rails = info.n_rails;
 	m.rails = rp;
 	m.topology_source = (char *)(info.topology_source ? info.topology_source : "");
+	m.open_files_limit = info.open_files_limit;
 	struct topo_msgs *tm = topology_fill(info.topo_table, &m);
 	sc_call_reply(c, &m.base);
 	free(tm);

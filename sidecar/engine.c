@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -132,6 +133,45 @@ static size_t collect_rails_locked(struct sc_engine *eng, struct sc_rail_entry *
 		}
 	}
 	return n;
+}
+
+/* Descriptors the sidecar keeps for itself beside its peer connections: listeners, the gRPC
+ * core, NATS, devices, log and region files (a rough, generous figure). */
+#define RESERVED_FDS 256
+
+/* Raise the soft open-file limit to the hard one: every peer connection takes a descriptor, and
+ * a distribution's default soft limit (1024) is below what a large cluster needs. Main thread, at
+ * create. */
+static void raise_open_files(struct sc_engine *eng)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+		SC_WARN("engine", "getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+		return;
+	}
+	rlim_t before = rl.rlim_cur;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+			SC_WARN("engine", "cannot raise the open-file limit from %llu to %llu: %s",
+				(unsigned long long)before, (unsigned long long)rl.rlim_max,
+				strerror(errno));
+			rl.rlim_cur = before;
+		}
+	}
+	eng->open_files_limit = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
+	uint64_t peers = eng->open_files_limit > RESERVED_FDS ? eng->open_files_limit - RESERVED_FDS
+							       : 0;
+	char was[64] = "";
+	if (before != rl.rlim_cur)
+		snprintf(was, sizeof(was), ", raised from %llu", (unsigned long long)before);
+	if (peers < 1024)
+		SC_WARN("engine", "open files: %llu%s; that leaves room for about %llu peer "
+			"connections: raise the hard limit (ulimit -Hn, LimitNOFILE=) for a large cluster",
+			(unsigned long long)eng->open_files_limit, was, (unsigned long long)peers);
+	else
+		SC_INFO("engine", "open files: %llu%s (room for about %llu peer connections)",
+			(unsigned long long)eng->open_files_limit, was, (unsigned long long)peers);
 }
 
 /* ---- gauges for the metrics (scrape thread) ------------------------------------------------ */
@@ -252,6 +292,7 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 				"--key-file for cross-sidecar transfers");
 	}
 
+	raise_open_files(eng);
 	eng->gpu = sc_gpu_open(eng->cuda_detail, sizeof(eng->cuda_detail));
 	sc_engine_topology_load(eng);
 
@@ -515,6 +556,7 @@ void sc_engine_info(struct sc_engine *eng, struct sc_info *out)
 	}
 	out->n_rails = collect_rails_locked(eng, out->rails, SC_INFO_MAX_RAILS);
 	out->topology_source = eng->topo_source;
+	out->open_files_limit = eng->open_files_limit;
 	out->topo_table = eng->topo_table;
 	for (size_t k = 0; eng->topo_table && k < eng->n_absent_rails &&
 			   out->n_rails < SC_INFO_MAX_RAILS; k++) {

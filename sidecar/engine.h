@@ -91,6 +91,7 @@ struct sc_info {
 	 * engine. */
 	const struct sc_topo_table *topo_table;
 	const char *topology_source;
+	uint64_t open_files_limit; /* the soft RLIMIT_NOFILE, raised to the hard one at start */
 };
 void sc_engine_info(struct sc_engine *eng, struct sc_info *out);
 

@@ -187,6 +187,7 @@ struct sc_engine {
 	struct sc_topo_table *topo_table; /* built at start, then immutable; NULL: none */
 	size_t absent_rails[SC_TOPO_RAILS_MAX]; /* rows of topo_table->rails named by the file only */
 	size_t n_absent_rails;
+	uint64_t open_files_limit; /* RLIMIT_NOFILE after raising it (UINT64_MAX: unlimited) */
 	pthread_mutex_t mu;
 	pthread_cond_t idle_cv; /* signalled when an active transfer ends */
 	struct sc_idmap *regions;
