@@ -194,7 +194,9 @@ struct sc_op_info {
 	struct sc_desc *descs; /* owned; none for an operation created with omit_descs */
 	size_t n_descs;
 	char backend_reason[256];
-	uint32_t uses_left;
+	uint32_t uses_left; /* UINT32_MAX: any number until the deadline */
+	uint64_t uses_done; /* passive: uses that completed */
+	uint64_t bytes_served; /* passive: bytes all its uses moved together */
 	/* Active and moving: the backend committed the transfer (struct sc_xfer.committed), so a
 	 * cancel no longer cuts it; it ends COMPLETE, or ERRORED by its deadline. */
 	bool committed;
@@ -223,6 +225,7 @@ struct sc_passive_req {
 	uint64_t timeout_ms; /* 0 = --default-timeout; clamped to SC_OP_TIMEOUT_MAX_MS */
 	const char *audience;
 	uint32_t max_uses; /* 0 = 1 */
+	bool any_uses;	   /* any number of uses until the deadline (max_uses ignored) */
 	const char *request_id;
 	/* Created from compact lists: snapshots (GetOperation, Wait, Watch, List) carry desc_count
 	 * but not the expanded descriptors, which would repeat in every reply and progress update. */

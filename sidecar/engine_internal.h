@@ -117,9 +117,15 @@ struct sc_op {
 	uint8_t token[SC_TOKEN_LEN];
 	bool token_in_table;
 	bool token_spent; /* in eng->spent_tokens */
-	uint32_t max_uses;
-	uint32_t n_uses;
+	uint32_t max_uses;   /* UINT32_MAX with any_uses */
+	bool any_uses;	     /* any number of uses until the deadline */
+	uint64_t uses_begun; /* uses OPENed so far (checked against max_uses) */
+	uint64_t uses_done;  /* uses whose DONE reported success */
+	uint64_t uses_failed; /* any_uses: uses that failed or vanished (the others go on) */
+	uint32_t n_uses;     /* records in uses[]: the uses in flight (a finished one is dropped) */
+	uint32_t cap_uses;
 	struct sc_use *uses;
+	atomic_uint_fast64_t bytes_served; /* passive: bytes every use moved, all together */
 	void *exposure[SC_NUM_BACKENDS];
 
 	/* active */
