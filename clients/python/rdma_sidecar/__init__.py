@@ -17,7 +17,7 @@ import pkgutil as _pkgutil
 # live under the build directory instead (build/python/rdma_sidecar/, made by the CMake build, never
 # written into the source tree): with that directory on sys.path too, this finds them there.
 __path__ = _pkgutil.extend_path(__path__, __name__)
-from .connector import (Backend, Connector, MetadataEvent, Operation, OperationKind, OperationState,  # noqa: F401
+from .connector import (ANY_USES, Backend, Connector, MetadataEvent, Operation, OperationKind, OperationState,  # noqa: F401
                         OperationStatus, PassiveOperation, ReadableOperation, ReadOperation, Subscription,
                         TransferRequirement, WritableOperation, WriteOperation)
 from .errors import (CancelledError, DeadlineExceededError, FailedPreconditionError, InvalidArgumentError,  # noqa: F401
@@ -26,7 +26,7 @@ from .memory import Descriptor, NotInRegionError, Region  # noqa: F401
 from .kv import KVBlocks, StridedRun, metadata_descriptor_lengths  # noqa: F401
 
 __version__ = "0.1.0"
-__all__ = ["Backend", "Connector", "MetadataEvent", "Operation", "OperationKind", "OperationState",
+__all__ = ["ANY_USES", "Backend", "Connector", "MetadataEvent", "Operation", "OperationKind", "OperationState",
            "OperationStatus", "PassiveOperation", "ReadableOperation", "ReadOperation", "Subscription",
            "TransferRequirement", "WritableOperation", "WriteOperation", "CancelledError", "DeadlineExceededError",
            "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "PermissionDeniedError",

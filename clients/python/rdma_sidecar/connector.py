@@ -27,6 +27,10 @@ DEFAULT_ADDRESS = "unix:/tmp/rdma-sidecar/sidecar.sock"
 ADDRESS_ENV = "RDMA_SIDECAR_ADDR"
 
 
+
+# create_readable/create_writable(uses=ANY_USES): any number of uses until the deadline.
+ANY_USES = -1
+
 class OperationStatus(enum.IntEnum):
     """nixl_connect.OperationStatus, plus SCHEDULED (waiting for worker progress)."""
     UNINITIALIZED = 0
@@ -673,16 +677,18 @@ class Connector:
     async def _passive(self, method: str, cls: type, descs: Any, timeout: Optional[float], audience: str,
                        uses: int, request_id: str) -> Any:
         ds, wire, sets = await self._wire_sets(descs)
+        any_uses = uses == ANY_USES
         proto = await self._call(method, pb.CreatePassiveRequest(
-            descriptors=wire, descriptor_sets=sets, timeout_ms=int((timeout or 0) * 1000), audience=audience or "", max_uses=uses,
-            request_id=request_id or ""))
+            descriptors=wire, descriptor_sets=sets, timeout_ms=int((timeout or 0) * 1000), audience=audience or "",
+            max_uses=0 if any_uses else uses, any_uses=any_uses, request_id=request_id or ""))
         return self._track(cls, proto, ds)
 
     async def create_readable(self, descs: Any, timeout: Optional[float] = None, audience: str = "",
                               uses: int = 1, request_id: str = "") -> ReadableOperation:
         """Exposes local memory for a remote read. timeout: seconds the operation and its metadata
         live (None: the sidecar's --default-timeout); audience: the only sidecar id that may use the
-        metadata; uses: how many transfers may use it. Hand `op.metadata` to the peer."""
+        metadata; uses: how many transfers may use it (at most 1,048,576), or ANY_USES: any number
+        until the deadline, one readable read by many workers. Hand `op.metadata` to the peer."""
         return await self._passive("CreateReadable", ReadableOperation, descs, timeout, audience, uses, request_id)
 
     async def create_writable(self, descs: Any, timeout: Optional[float] = None, audience: str = "",

@@ -18,8 +18,9 @@ abort:
   allocated there already are used in place, others are copied in once; CUDA tensors are
   registered by their CUDA IPC handle) and one readable operation exposes them all. The metadata
   Ray carries holds the shapes, dtypes, device and the signed "rsm1." text: a few hundred bytes,
-  whatever the sizes. It serves `max_uses` reads (Ray may read an object more than once) until
-  `ttl` seconds have passed.
+  whatever the sizes. It serves `max_uses` reads (Ray may read an object more than once; -1 or
+  RDMA_SIDECAR_RAY_MAX_USES=any: any number, for one object read by many actors) until `ttl`
+  seconds have passed.
 - destination (recv_multiple_tensors, or fetch_multiple_tensors + wait_fetch_complete): one
   begin_read into `target_buffers` or into fresh tensors in sidecar regions (zero copy for CPU;
   CUDA tensors are allocated on the current device); TimeoutError when the wait runs out, after
@@ -41,7 +42,9 @@ from .sync import Connector
 
 NAME = "RDMA_SIDECAR"
 DEFAULT_TTL = float(os.environ.get("RDMA_SIDECAR_RAY_TTL", "600"))          # seconds a readable lives
-DEFAULT_MAX_USES = int(os.environ.get("RDMA_SIDECAR_RAY_MAX_USES", "16"))   # reads Ray may make of one object
+_max_uses_env = os.environ.get("RDMA_SIDECAR_RAY_MAX_USES", "16")
+# reads Ray may make of one object; "any": any number until the ttl (one object, many readers)
+DEFAULT_MAX_USES = -1 if _max_uses_env.strip().lower() == "any" else int(_max_uses_env)   # reads Ray may make of one object
 DEFAULT_TIMEOUT = float(os.environ.get("RDMA_SIDECAR_RAY_TIMEOUT", "60"))   # a receive's wait (Ray's default)
 
 try:  # Ray's documented interface, where Ray is installed

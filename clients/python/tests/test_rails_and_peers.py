@@ -103,3 +103,16 @@ def test_connect_peer_asyncio(cluster):
             info = await b.info()
             assert info.topology_source == "sysfs" and len(info.topology) >= 1
     asyncio.run(asyncio.wait_for(body(), 60 * SLOW))
+
+
+def test_one_readable_many_readers(ca, cb):
+    """uses=ANY_USES: any number of reads until the deadline, counted (issue 25)."""
+    src = ca.empty(50001, np.uint8)
+    src[:] = np.frombuffer(os.urandom(src.size), np.uint8)
+    with ca.create_readable(rs.Descriptor(src), timeout=30, uses=rs.ANY_USES) as readable:
+        for _ in range(3):
+            dst = cb.zeros(50001, np.uint8)
+            with cb.begin_read(readable.metadata, rs.Descriptor(dst)) as op:
+                assert op.wait_for_completion(30) == rs.OperationStatus.COMPLETE
+            assert bytes(dst) == bytes(src)
+        assert readable.proto.uses_left == 4294967295, readable.proto
