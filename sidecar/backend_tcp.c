@@ -359,6 +359,8 @@ static void path_failed(struct tcp_xfer *tx, size_t path, const struct sc_err *e
 	snprintf(tx->path_why[path], sizeof(tx->path_why[path]), "%s", err->msg);
 	size_t left = live_paths_locked(tx);
 	uint32_t cool = sc_tcp_health_failed(&tb->health, ep, sc_clock_mono_ms());
+	if (!left)
+		atomic_store(&tx->quit, true); /* streams still dialing: no path is left to dial */
 	pthread_mutex_unlock(&tb->mu);
 	if (rail < tb->base.n_rails) {
 		atomic_fetch_add(&tb->base.rails[rail].errors, 1);
@@ -811,6 +813,7 @@ static bool restart_after_stale(struct tcp_xfer *tx, struct sc_peer_conn *c, int
 				"over on another",
 			 x->xfer_id, tx->xr.msg);
 		sc_xr_reset_locked(&tx->xr);
+		atomic_store(&tx->quit, false);
 		tx->committing = false;
 		atomic_store(&x->committed, false);
 		tx->done_sent = false;
