@@ -63,6 +63,9 @@
 /* A stream waiting for chunks that other streams may give back looks at its stop flag this
  * often. */
 #define GIVEN_BACK_WAIT_MS 100
+/* While another path is live, a stream on which no byte moves for this long takes its path as
+ * dead (sooner than the socket's TCP_USER_TIMEOUT, SC_PEER_USER_TIMEOUT_MS). */
+#define PATH_STALL_MS 5000
 
 struct tcp_xfer;
 
@@ -642,6 +645,10 @@ static enum moved move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn
 		next.iov = (struct iovec *)(next.pp + SC_PEER_MAX_PIECES);
 		next.cut = (struct sc_xr_piece *)(next.iov + SC_PEER_MAX_PIECES);
 	}
+	pthread_mutex_lock(&tx->tb->mu);
+	bool others = live_paths_locked(tx) > 1;
+	pthread_mutex_unlock(&tx->tb->mu);
+	sc_peer_conn_set_stall(c, others ? PATH_STALL_MS : 0);
 	/* With DONE going early, the last data request waits for it: both leave in one segment. */
 	if (!next_piece(tx, &cur, true))
 		goto out;
@@ -703,9 +710,13 @@ out:
 	}
 	else if (*open_pending == 1)
 		*open_pending = 2;
+	sc_peer_conn_set_stall(c, 0);
 	enum moved result = MOVED_DONE;
 	if (err.code != SC_OK && is_path_failure(tx, c, &err))
 		result = sc_peer_conn_reused(c) && moved_here == 0 ? MOVED_STALE : MOVED_PATH_FAILED;
+	if (result != MOVED_DONE && err.code == SC_DEADLINE_EXCEEDED) /* the stall limit */
+		sc_err_set(&err, SC_UNAVAILABLE, "no byte moved for %u ms on %s", PATH_STALL_MS,
+			   sc_peer_conn_endpoint(c));
 	bool requeue = result != MOVED_DONE;
 	if ((have_cur && !give_back(tx, &cur, requeue)) ||
 	    (have_next && !give_back(tx, &next, requeue))) {

@@ -28,6 +28,7 @@ struct sc_peer_conn {
 	unsigned outstanding; /* requests sent whose reply has not been received */
 	bool hold_next; /* sc_peer_conn_hold_next: the next request is sent with MSG_MORE */
 	bool held;      /* the last request went out with MSG_MORE: part of it may wait in the kernel */
+	uint32_t stall_ms; /* sc_peer_conn_set_stall: 0 none; cleared when put back */
 	uint64_t idle_since_ms;
 	struct sc_list idle_node; /* the pool's idle list (self-linked when handed out) */
 	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];

@@ -89,6 +89,10 @@ void sc_peer_conn_abort(struct sc_peer_conn *conn);
  * both leave in one segment (an OPEN before its first data request, a data request before its
  * DONE). */
 void sc_peer_conn_hold_next(struct sc_peer_conn *conn);
+/* From now until the connection is put back, a request on it fails (DEADLINE_EXCEEDED, the
+ * connection broken) when no byte moves for ms (0: no limit, only the deadline): how a data path
+ * that died without a reset is noticed sooner than TCP_USER_TIMEOUT. */
+void sc_peer_conn_set_stall(struct sc_peer_conn *conn, uint32_t ms);
 /* Send whatever sc_peer_open_send or sc_peer_conn_hold_next held back. */
 void sc_peer_conn_flush(struct sc_peer_conn *conn);
 
