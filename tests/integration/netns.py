@@ -108,6 +108,12 @@ class Paths:
             self.devs.append(devs)
             self.addrs.append(addrs)
 
+    def shape(self, i, rate, burst="256kb", latency="100ms"):
+        """Pair i's token bucket at another rate, both ends."""
+        for ns, dev in zip(self.ns, self.devs[i]):
+            sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
+               "rate", rate, "burst", burst, "latency", latency)
+
     def cut(self, i):
         for ns, dev in zip(self.ns, self.devs[i]):
             sh("ip", "netns", "exec", ns, "iptables", "-I", "INPUT", "-i", dev, "-j", "DROP")
