@@ -85,7 +85,8 @@ void sc_tcp_rail_facts(struct sc_rail *r, const char *endpoint)
 	snprintf(path, sizeof(path), "/sys/class/net/%s/speed", ifname);
 	long long speed = sysfs_number(path, -1);
 	r->rate_mbps = speed > 0 ? (uint64_t)speed : 0;
-	/* A PCI function's device link ends in its address (0000:17:00.0); a virtual one has none. */
+	/* A PCI function's device link ends in its address (0000:17:00.0); virtual ones have none
+	 */
 	snprintf(path, sizeof(path), "/sys/class/net/%s/device", ifname);
 	ssize_t n = readlink(path, target, sizeof(target) - 1);
 	if (n <= 0)
@@ -102,7 +103,7 @@ void sc_tcp_rail_facts(struct sc_rail *r, const char *endpoint)
 	r->numa = numa >= 0 ? (int)numa : -1;
 }
 
-/* ---- path health ------------------------------------------------------------------------------ */
+/* ---- path health ----------------------------------------------------------------------------- */
 
 static struct sc_tcp_path_health *find(struct sc_tcp_health *h, const char *endpoint, bool add,
 				       uint64_t now_ms)
@@ -114,12 +115,14 @@ static struct sc_tcp_path_health *find(struct sc_tcp_health *h, const char *endp
 			p->seen_ms = now_ms;
 			return p;
 		}
-		if (!oldest || !p->endpoint[0] || (oldest->endpoint[0] && p->seen_ms < oldest->seen_ms))
+		if (!oldest || !p->endpoint[0] ||
+		    (oldest->endpoint[0] && p->seen_ms < oldest->seen_ms))
 			oldest = p;
 	}
 	if (!add)
 		return NULL;
-	*oldest = (struct sc_tcp_path_health){.backoff_ms = SC_TCP_COOL_FIRST_MS, .seen_ms = now_ms};
+	*oldest =
+	    (struct sc_tcp_path_health){.backoff_ms = SC_TCP_COOL_FIRST_MS, .seen_ms = now_ms};
 	snprintf(oldest->endpoint, sizeof(oldest->endpoint), "%s", endpoint);
 	return oldest;
 }
@@ -147,7 +150,7 @@ bool sc_tcp_health_ok(struct sc_tcp_health *h, const char *endpoint, uint64_t no
 {
 	struct sc_tcp_path_health *p = find(h, endpoint, false, now_ms);
 	if (!p || !p->cool_until_ms || p->cool_until_ms > now_ms)
-		return false; /* healthy already, or still cooling (a stream from before the failure) */
+		return false; /* healthy, or still cooling (a stream from before the failure) */
 	p->cool_until_ms = 0;
 	p->backoff_ms = SC_TCP_COOL_FIRST_MS;
 	return true;

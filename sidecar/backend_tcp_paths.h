@@ -32,7 +32,7 @@
 void sc_tcp_rail_facts(struct sc_rail *r, const char *endpoint);
 
 struct sc_tcp_path_health {
-	char endpoint[80]; /* "" free */
+	char endpoint[80];	/* "" free */
 	uint64_t cool_until_ms; /* 0: healthy */
 	uint32_t backoff_ms;	/* the next cool-down's length */
 	uint64_t seen_ms;	/* last looked at */

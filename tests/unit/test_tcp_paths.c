@@ -25,7 +25,8 @@ TEST(cool_down_doubles_then_probe_recovers)
 	CHECK(!sc_tcp_health_usable(h, "10.0.0.1:7000", now + 1, &cooling));
 	CHECK_U64_EQ(cooling, SC_TCP_COOL_FIRST_MS - 1);
 	/* another stream saw the same failure: no second cool-down */
-	CHECK_U64_EQ(sc_tcp_health_failed(h, "10.0.0.1:7000", now + 500), SC_TCP_COOL_FIRST_MS - 500);
+	CHECK_U64_EQ(sc_tcp_health_failed(h, "10.0.0.1:7000", now + 500),
+		     SC_TCP_COOL_FIRST_MS - 500);
 	/* a stream opened before the failure does not make it healthy while it cools */
 	CHECK(!sc_tcp_health_ok(h, "10.0.0.1:7000", now + 10));
 	CHECK(sc_tcp_health_usable(h, "10.0.0.2:7000", now, &cooling)); /* another path */
