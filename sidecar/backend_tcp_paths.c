@@ -85,8 +85,7 @@ void sc_tcp_rail_facts(struct sc_rail *r, const char *endpoint)
 	snprintf(path, sizeof(path), "/sys/class/net/%s/speed", ifname);
 	long long speed = sysfs_number(path, -1);
 	r->rate_mbps = speed > 0 ? (uint64_t)speed : 0;
-	/* A PCI function's device link ends in its address (0000:17:00.0); virtual ones have none
-	 */
+	/* A PCI function's device link ends in its address (0000:17:00.0); virtual ones: none */
 	snprintf(path, sizeof(path), "/sys/class/net/%s/device", ifname);
 	ssize_t n = readlink(path, target, sizeof(target) - 1);
 	if (n <= 0)
