@@ -395,11 +395,13 @@ static void path_works(struct tcp_xfer *tx, size_t path)
 }
 
 /* Why a failure is the path's (move its chunks to another) rather than the transfer's: the
- * connection broke or could not be made, and nothing else stops the transfer (a cancel, the
- * deadline, another failure, a DONE already sent). A peer's refusal leaves its connection usable
- * and is its verdict. */
+ * transfer has another path, the connection broke or could not be made, and nothing else stops
+ * the transfer (a cancel, the deadline, another failure, a DONE already sent). A peer's refusal
+ * leaves its connection usable and is its verdict. */
 static bool is_path_failure(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct sc_err *err)
 {
+	if (tx->n_paths < 2) /* nowhere to move: the failure is the transfer's, as ever */
+		return false;
 	if (err->code != SC_UNAVAILABLE && err->code != SC_DEADLINE_EXCEEDED)
 		return false;
 	if (should_stop(tx) || sc_xr_deadline_passed(tx->xr.x, sc_clock_mono_ms()))
@@ -604,7 +606,8 @@ static int take_done_reply(struct sc_peer_conn *c, const struct io_bound *b, str
 enum moved {
 	MOVED_DONE,	   /* no chunk left, or the transfer stopped (its failure recorded) */
 	MOVED_PATH_FAILED, /* the path failed: its chunks were given back (*why says how) */
-	MOVED_STALE,	   /* a pooled connection was dead before anything moved: chunks given back */
+	MOVED_STALE, /* the peer closed the connection, or a pooled one was dead before anything
+		      * moved: chunks given back, the path worth another try */
 };
 
 /*
@@ -712,8 +715,16 @@ out:
 		*open_pending = 2;
 	sc_peer_conn_set_stall(c, 0);
 	enum moved result = MOVED_DONE;
+	/* A connection the peer closed (it ended the operation, restarted, or shed connections)
+	 * or a pooled one that was dead before anything moved: once more on the same path, where
+	 * a fresh dial or OPEN says what the path is worth. */
 	if (err.code != SC_OK && is_path_failure(tx, c, &err))
-		result = sc_peer_conn_reused(c) && moved_here == 0 ? MOVED_STALE : MOVED_PATH_FAILED;
+		result = (sc_peer_conn_reused(c) && moved_here == 0) || sc_peer_conn_peer_closed(c)
+			     ? MOVED_STALE
+			     : MOVED_PATH_FAILED;
+	if (err.code != SC_OK && err.code != SC_CANCELLED && result == MOVED_DONE &&
+	    rail < tx->tb->base.n_rails)
+		atomic_fetch_add(&tx->tb->base.rails[rail].errors, 1);
 	if (result != MOVED_DONE && err.code == SC_DEADLINE_EXCEEDED) /* the stall limit */
 		sc_err_set(&err, SC_UNAVAILABLE, "no byte moved for %u ms on %s", PATH_STALL_MS,
 			   sc_peer_conn_endpoint(c));

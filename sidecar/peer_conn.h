@@ -24,6 +24,7 @@ struct sc_peer_conn {
 	char cert_id[SC_NAME_MAX]; /* as its verified certificate names it; "" when none */
 	char what[SC_NAME_MAX + 120]; /* "peer sidecar \"id\" at H:P", for messages */
 	atomic_bool broken;
+	bool peer_closed; /* a call ended because the peer closed or reset the connection */
 	bool reused; /* handed out from the idle list (not freshly dialled) */
 	unsigned outstanding; /* requests sent whose reply has not been received */
 	bool hold_next; /* sc_peer_conn_hold_next: the next request is sent with MSG_MORE */

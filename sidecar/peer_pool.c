@@ -458,6 +458,11 @@ void sc_peer_conn_hold_next(struct sc_peer_conn *conn)
 	conn->hold_next = true;
 }
 
+bool sc_peer_conn_peer_closed(const struct sc_peer_conn *conn)
+{
+	return conn->peer_closed;
+}
+
 void sc_peer_conn_set_stall(struct sc_peer_conn *conn, uint32_t ms)
 {
 	conn->stall_ms = ms;

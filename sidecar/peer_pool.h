@@ -82,6 +82,9 @@ bool sc_peer_conn_usable(const struct sc_peer_conn *conn);
  * may lead to a peer that went away unseen (its FIN lost in a partition, the peer restarted on the
  * same address): its first request fails at once, and a caller may retry on another connection. */
 bool sc_peer_conn_reused(const struct sc_peer_conn *conn);
+/* Did a call end because the peer closed or reset the connection (rather than an error on this
+ * side, a timeout or a stall)? */
+bool sc_peer_conn_peer_closed(const struct sc_peer_conn *conn);
 /* Interrupt whatever call is blocked on conn (shutdown(SHUT_RDWR)) and mark it broken. Any thread,
  * as long as the conn has not been put back. */
 void sc_peer_conn_abort(struct sc_peer_conn *conn);

@@ -33,6 +33,7 @@
 static int io_fail(struct sc_peer_conn *c, enum sc_peer_io rc, struct sc_err *err)
 {
 	atomic_store(&c->broken, true);
+	c->peer_closed = rc == SC_PEER_IO_EOF;
 	if (rc == SC_PEER_IO_EOF)
 		return sc_err_set(err, SC_UNAVAILABLE, "%s closed the connection mid-transfer",
 				  c->what);
