@@ -14,7 +14,8 @@ Checked, every byte compared:
       counted there and in rdma_sidecar_rail_failovers_total; once the path is back and the
       cool-down over, a new transfer moves bytes on that rail again;
   (c) both paths cut: the transfer fails (before its deadline, with an error that names both
-      paths), never hangs.
+      paths), never hangs;
+  and a cancel on either side ends a two-path transfer at once without blaming a path.
 Needs root, `ip netns`, tc and iptables: exits 77 (skipped) otherwise.
 
 Figures printed (look for "figure:").
@@ -177,6 +178,28 @@ class TcpPathsTest(SidecarTest):
         self.assertEqual(after.state, "up", after.detail)
         # And a WRITE survives the cut as well.
         self.cut_one("write")
+
+    # ---- cancels on two paths --------------------------------------------------------------------
+
+    def test_cancels_on_two_paths(self):
+        """A cancel on either side ends a two-path transfer at once; no path is blamed for it."""
+        for side in ("active", "passive"):
+            po, ao, _, t0 = self.begin(self.a, self.ra, "read")
+            self.wait_progress(ao.operation_id, SIZE // 8)
+            op, who = (ao, self.b) if side == "active" else (po, self.a)
+            who.stub.CancelOperation(pb.CancelOperationRequest(operation_id=op.operation_id),
+                                     timeout=30)
+            a = self.b.wait(ao.operation_id, 30000)
+            took = time.monotonic() - t0
+            print("figure: %s cancel of a two-path read: active %s after %.1f s: %s"
+                  % (side, pb.OperationStatus.Name(a.status), took, a.error.message))
+            self.assertIn(a.status, (pb.OPERATION_STATUS_CANCELLED, pb.OPERATION_STATUS_ERRORED))
+            self.assertLess(took, 15)
+            self.assertLess(a.bytes_done, SIZE)
+        for r in self.rails(self.b):
+            self.assertEqual(r.state, "up", "%s: %s" % (r.name, r.detail))
+            self.assertEqual(r.failovers, 0, r.name)
+        self.transfer(self.a, self.ra, "write")  # and the paths still work
 
     # ---- (c) every path cut --------------------------------------------------------------------
 
