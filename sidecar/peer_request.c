@@ -6,6 +6,10 @@
  * backends share. READ receives straight into the caller's memory and WRITE sends straight from
  * it; GPU memory goes through pinned staging buffers (peer_stage.h).
  *
+ * Every call waits until the caller's deadline or cancel flag, and, where the holder set one
+ * (sc_peer_conn_set_stall: the tcp backend on a path with others beside it), no longer than the
+ * connection's stall limit without a byte moving.
+ *
  * Threads: the caller's. A connection belongs to the thread that got it from the pool; these
  * calls keep no state of their own beyond the connection's.
  */
