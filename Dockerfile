@@ -23,7 +23,9 @@ COPY . .
 RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
  && cmake --build /build -j"$(nproc)" --target rdma-sidecar \
  && strip /build/rdma-sidecar \
- && /build/rdma-sidecar --version
+ && /build/rdma-sidecar --version \
+ && cmake --build /build --target man_rdma_sidecar \
+ && gzip -9n /build/man/rdma-sidecar.8
 
 # ---- runtime -------------------------------------------------------------------------------------
 FROM debian:bookworm-slim
@@ -36,13 +38,18 @@ LABEL org.opencontainers.image.title="rdma-sidecar" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.base.name="debian:bookworm-slim"
 COPY scripts/install-deps.sh /tmp/install-deps.sh
-RUN bash /tmp/install-deps.sh --runtime \
+# The official slim base leaves /usr/share/groff out of every package (dpkg path-exclude in
+# /etc/dpkg/dpkg.cfg.d/docker); man(1) needs groff's fonts and macros, so let those in again.
+RUN echo 'path-include=/usr/share/groff/*' >/etc/dpkg/dpkg.cfg.d/zz-rdma-sidecar-man \
+ && bash /tmp/install-deps.sh --runtime \
  && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /tmp/install-deps.sh \
  && groupadd --gid 65532 nonroot \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
             --shell /usr/sbin/nologin nonroot \
  && install -d -o 65532 -g 65532 -m 0755 /run/rdma-sidecar
 COPY --from=build /build/rdma-sidecar /usr/local/bin/rdma-sidecar
+# `man rdma-sidecar` (man-db comes with install-deps.sh --runtime; the page is help2man's, from --help).
+COPY --from=build /build/man/rdma-sidecar.8.gz /usr/local/share/man/man8/rdma-sidecar.8.gz
 
 # Defaults as environment twins of the flags (rdma-sidecar --help); flags and -e override them.
 # The full API only on the unix socket in /run/rdma-sidecar/sock (share /run/rdma-sidecar with the

@@ -5,7 +5,8 @@
 # size and direction, perftest's ib_read_bw / ib_write_bw on $RXE_DEV (-x $RXE_GID_INDEX, through
 # bench/vm-perftest.sh) and two sidecars on $RXE_DEV doing the same READs and WRITEs over gRPC, and
 # prints the table. Arguments go to ib_bench.py (default: --sizes 1M:64,64M:5); a first argument
-# `kv` runs bench/kv_bench.py over ibverbs instead, with the rest of the arguments. Results:
+# `kv` runs bench/kv_bench.py over ibverbs instead, with the rest of the arguments, and `first`
+# bench/first_transfer_bench.py (the first transfer to a new peer, cold and after ConnectPeer). Results:
 # $VM_OUT/bench.txt (the table), $VM_OUT/bench.json (every figure), $VM_OUT/logs (sidecar logs).
 set -uo pipefail
 
@@ -29,6 +30,10 @@ if [[ "${1:-}" == kv ]]; then # KV-cache shaped transfers over ibverbs (bench/kv
     shift
     timeout -k 10 "$budget" /usr/bin/python3 "$src/bench/kv_bench.py" --build "$build" \
         --ib-dev "$RXE_DEV" --ib-gid "$RXE_GID_INDEX" --ip "$RXE_IP" "$@" | tee "$VM_OUT/bench.txt"
+elif [[ "${1:-}" == first ]]; then # the first transfer to a new peer, cold and warmed up
+    shift
+    timeout -k 10 "$budget" /usr/bin/python3 "$src/bench/first_transfer_bench.py" --build "$build" \
+        --ib "$RXE_DEV:$RXE_GID_INDEX:$RXE_IP" "$@" | tee "$VM_OUT/bench.txt"
 else
     timeout -k 10 "$budget" /usr/bin/python3 "$src/bench/ib_bench.py" \
         --dev "$RXE_DEV" --gid "$RXE_GID_INDEX" --ip "$RXE_IP" --json "$VM_OUT/bench.json" --log-dir "$VM_OUT/logs" "$@" |

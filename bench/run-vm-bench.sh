@@ -7,6 +7,7 @@
 #
 # Usage: bench/run-vm-bench.sh [ib_bench.py ARGS...]   e.g. --sizes 1M:64,64M:5 --depth 4
 #        bench/run-vm-bench.sh kv [kv_bench.py ARGS...]   e.g. kv --shapes 1k,70b --reps 3
+#        bench/run-vm-bench.sh first [first_transfer_bench.py ARGS...]   e.g. first --rounds 10
 # Environment: SC_BUILD_DIR (default build/), SC_BINARY, SC_PYTHON_STUBS;
 #   RDMA_SIDECAR_BENCH_OUT  results directory (default: a new /tmp/rdma-sidecar-bench.XXXXXX, kept)
 #   RDMA_SIDECAR_VM_TIMEOUT whole VM run in seconds (default 1200)

@@ -241,15 +241,15 @@ void rsc_info_clear(rsc_info *in)
 /* ---- info and health --------------------------------------------------------------------------
  */
 
-int rsc_get_info(rsc_client *c, rsc_info *out, rsc_status *st)
+static int get_info_call(rsc_client *c, ProtobufCMessage **resp, rsc_status *st)
 {
 	RdmaSidecar__V1__GetInfoRequest req = RDMA_SIDECAR__V1__GET_INFO_REQUEST__INIT;
-	ProtobufCMessage *resp = NULL;
-	int rc = rsc_call_unary(c, M("GetInfo"), PBM(&req),
-				&rdma_sidecar__v1__sidecar_info__descriptor, &resp, 0, st);
-	if (rc != RSC_OK)
-		return rc;
-	const RdmaSidecar__V1__SidecarInfo *m = (const void *)resp;
+	return rsc_call_unary(c, M("GetInfo"), PBM(&req),
+			      &rdma_sidecar__v1__sidecar_info__descriptor, resp, 0, st);
+}
+
+static void info_from(rsc_info *out, const RdmaSidecar__V1__SidecarInfo *m)
+{
 	memset(out, 0, sizeof(*out));
 	out->sidecar_id = sdup(m->sidecar_id);
 	out->version = sdup(m->version);
@@ -282,6 +282,108 @@ int rsc_get_info(rsc_client *c, rsc_info *out, rsc_status *st)
 			out->gpus[i].rdma_path = sdup(m->gpus[i]->rdma_path);
 		}
 	}
+}
+
+int rsc_get_info(rsc_client *c, rsc_info *out, rsc_status *st)
+{
+	ProtobufCMessage *resp = NULL;
+	int rc = get_info_call(c, &resp, st);
+	if (rc != RSC_OK)
+		return rc;
+	info_from(out, (const RdmaSidecar__V1__SidecarInfo *)resp);
+	protobuf_c_message_free_unpacked(resp, NULL);
+	return RSC_OK;
+}
+
+static void info_rails_from(rsc_info_rails *r, const RdmaSidecar__V1__SidecarInfo *m)
+{
+	memset(r, 0, sizeof(*r));
+	r->topology_source = sdup(m->topology_source);
+	r->rails = calloc(m->n_rails ? m->n_rails : 1, sizeof(*r->rails));
+	if (r->rails) {
+		r->n_rails = m->n_rails;
+		for (size_t i = 0; i < m->n_rails; i++) {
+			const RdmaSidecar__V1__RailInfo *a = m->rails[i];
+			rsc_rail_info *b = &r->rails[i];
+			b->index = a->index;
+			b->backend = a->backend;
+			b->name = sdup(a->name);
+			b->pci_address = sdup(a->pci_address);
+			b->numa_node = a->numa_node;
+			b->rate_mbps = a->rate_mbps;
+			b->state = sdup(a->state);
+			b->detail = sdup(a->detail);
+			b->netdev = sdup(a->netdev);
+			b->bytes = a->bytes;
+			b->operations = a->operations;
+			b->errors = a->errors;
+			b->failovers = a->failovers;
+		}
+	}
+	r->topology = calloc(m->n_topology ? m->n_topology : 1, sizeof(*r->topology));
+	if (!r->topology)
+		return;
+	r->n_topology = m->n_topology;
+	for (size_t i = 0; i < m->n_topology; i++) {
+		const RdmaSidecar__V1__MemoryRails *a = m->topology[i];
+		rsc_memory_rails *b = &r->topology[i];
+		b->memory = sdup(a->memory);
+		b->gpu_index = a->gpu_index;
+		b->pci_address = sdup(a->pci_address);
+		b->numa_node = a->numa_node;
+		b->rails = calloc(a->n_rails ? a->n_rails : 1, sizeof(*b->rails));
+		if (b->rails) {
+			b->n_rails = a->n_rails;
+			for (size_t k = 0; k < a->n_rails; k++) {
+				b->rails[k].rail = sdup(a->rails[k]->rail);
+				b->rails[k].distance = sdup(a->rails[k]->distance);
+			}
+		}
+		b->chosen = dup_strv(a->chosen, a->n_chosen);
+		b->n_chosen = b->chosen ? a->n_chosen : 0;
+	}
+}
+
+void rsc_info_rails_clear(rsc_info_rails *r)
+{
+	if (!r)
+		return;
+	for (size_t i = 0; r->rails && i < r->n_rails; i++) {
+		free(r->rails[i].name);
+		free(r->rails[i].pci_address);
+		free(r->rails[i].state);
+		free(r->rails[i].detail);
+		free(r->rails[i].netdev);
+	}
+	free(r->rails);
+	for (size_t i = 0; r->topology && i < r->n_topology; i++) {
+		rsc_memory_rails *t = &r->topology[i];
+		free(t->memory);
+		free(t->pci_address);
+		for (size_t k = 0; t->rails && k < t->n_rails; k++) {
+			free(t->rails[k].rail);
+			free(t->rails[k].distance);
+		}
+		free(t->rails);
+		free_strv(t->chosen, t->n_chosen);
+	}
+	free(r->topology);
+	free(r->topology_source);
+	memset(r, 0, sizeof(*r));
+}
+
+int rsc_get_info_rails(rsc_client *c, rsc_info *info, rsc_info_rails *rails, rsc_status *st)
+{
+	if (!rails)
+		return rsc_fail(st, RSC_INVALID_ARGUMENT, "rsc_get_info_rails: rails is NULL");
+	ProtobufCMessage *resp = NULL;
+	int rc = get_info_call(c, &resp, st);
+	if (rc != RSC_OK)
+		return rc;
+	const RdmaSidecar__V1__SidecarInfo *m = (const void *)resp;
+	if (info)
+		info_from(info, m);
+	info_rails_from(rails, m);
 	protobuf_c_message_free_unpacked(resp, NULL);
 	return RSC_OK;
 }
@@ -795,6 +897,44 @@ int rsc_operation_get(rsc_client *c, const char *id, rsc_operation *out, rsc_sta
 	return op_id_call(c, M("GetOperation"), PBM(&req), out, 0, st);
 }
 
+int rsc_operation_get_rails(rsc_client *c, const char *id, rsc_operation *out,
+			    rsc_rail_usage_list *rails, rsc_status *st)
+{
+	if (!rails)
+		return rsc_fail(st, RSC_INVALID_ARGUMENT, "rsc_operation_get_rails: rails is NULL");
+	RdmaSidecar__V1__GetOperationRequest req = RDMA_SIDECAR__V1__GET_OPERATION_REQUEST__INIT;
+	req.operation_id = pbs(id);
+	ProtobufCMessage *resp = NULL;
+	int rc = rsc_call_unary(c, M("GetOperation"), PBM(&req),
+				&rdma_sidecar__v1__operation__descriptor, &resp, 0, st);
+	if (rc != RSC_OK)
+		return rc;
+	const RdmaSidecar__V1__Operation *m = (const void *)resp;
+	memset(rails, 0, sizeof(*rails));
+	rails->items = calloc(m->n_rails ? m->n_rails : 1, sizeof(*rails->items));
+	if (rails->items) {
+		rails->count = m->n_rails;
+		for (size_t i = 0; i < m->n_rails; i++) {
+			rails->items[i].rail = sdup(m->rails[i]->rail);
+			rails->items[i].bytes = m->rails[i]->bytes;
+		}
+	}
+	if (out)
+		op_from(out, m);
+	protobuf_c_message_free_unpacked(resp, NULL);
+	return RSC_OK;
+}
+
+void rsc_rail_usage_list_clear(rsc_rail_usage_list *l)
+{
+	if (!l)
+		return;
+	for (size_t i = 0; l->items && i < l->count; i++)
+		free(l->items[i].rail);
+	free(l->items);
+	memset(l, 0, sizeof(*l));
+}
+
 int rsc_operation_wait(rsc_client *c, const char *id, uint64_t timeout_ms, rsc_operation *out,
 		       rsc_status *st)
 {
@@ -1005,6 +1145,57 @@ out:
 	if (sm)
 		rdma_sidecar__v1__signed_metadata__free_unpacked(sm, NULL);
 	return rc;
+}
+
+/* ---- peers ------------------------------------------------------------------------------------
+ */
+
+int rsc_connect_peer(rsc_client *c, const char *metadata, uint64_t timeout_ms,
+		     rsc_peer_connection *out, rsc_status *st)
+{
+	if (!out)
+		return rsc_fail(st, RSC_INVALID_ARGUMENT, "rsc_connect_peer: out is NULL");
+	if (!metadata || !metadata[0])
+		return rsc_fail(
+		    st, RSC_INVALID_ARGUMENT,
+		    "rsc_connect_peer: no metadata (the \"rsm1.\" text the peer issued)");
+	RdmaSidecar__V1__ConnectPeerRequest req = RDMA_SIDECAR__V1__CONNECT_PEER_REQUEST__INIT;
+	req.metadata = (char *)metadata;
+	req.timeout_ms = timeout_ms;
+	ProtobufCMessage *resp = NULL;
+	/* The call's own deadline: the setup's bound (the sidecar's 10 s when 0) plus the usual
+	 * call timeout. */
+	int rc = rsc_call_unary(c, M("ConnectPeer"), PBM(&req),
+				&rdma_sidecar__v1__connect_peer_response__descriptor, &resp,
+				(timeout_ms ? timeout_ms : 10000) + 30000, st);
+	if (rc != RSC_OK)
+		return rc;
+	const RdmaSidecar__V1__ConnectPeerResponse *m = (const void *)resp;
+	memset(out, 0, sizeof(*out));
+	out->peer = sdup(m->peer);
+	out->paths = calloc(m->n_paths ? m->n_paths : 1, sizeof(*out->paths));
+	if (out->paths) {
+		out->n_paths = m->n_paths;
+		for (size_t i = 0; i < m->n_paths; i++) {
+			out->paths[i].backend = m->paths[i]->backend;
+			out->paths[i].ready = m->paths[i]->ready;
+			out->paths[i].detail = sdup(m->paths[i]->detail);
+			out->paths[i].elapsed_us = m->paths[i]->elapsed_us;
+		}
+	}
+	protobuf_c_message_free_unpacked(resp, NULL);
+	return RSC_OK;
+}
+
+void rsc_peer_connection_clear(rsc_peer_connection *p)
+{
+	if (!p)
+		return;
+	free(p->peer);
+	for (size_t i = 0; p->paths && i < p->n_paths; i++)
+		free(p->paths[i].detail);
+	free(p->paths);
+	memset(p, 0, sizeof(*p));
 }
 
 /* ---- NATS and progress ------------------------------------------------------------------------

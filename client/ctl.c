@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ctl.c: rdma-sidecar-ctl, the operator's command line on librdma-sidecar-client. One command per
- * run (info, health, regions, ops, op, wait, cancel, publish, subscribe, read, write), text or
- * --json output on stdout, errors on stderr. Exit codes: 0 ok, 1 the operation failed, 2 usage,
- * 3 cannot reach the sidecar. Single-threaded; owns one client for the run.
+ * run (info, health, regions, ops, op, wait, cancel, publish, subscribe, read, write, connect),
+ * text or --json output on stdout, errors on stderr. Exit codes: 0 ok, 1 the operation failed
+ * (connect: no path ready), 2 usage, 3 cannot reach the sidecar. Single-threaded; owns one client
+ * for the run.
  */
 #include <rdma_sidecar/client.h>
 
@@ -78,6 +79,12 @@ static void jkv_u(const char *k, uint64_t v, int *first)
 	printf("%" PRIu64, v);
 }
 
+static void jkv_i(const char *k, int64_t v, int *first)
+{
+	jkey(k, first);
+	printf("%" PRId64, v);
+}
+
 static void jkv_b(const char *k, int v, int *first)
 {
 	jkey(k, first);
@@ -96,7 +103,8 @@ static void jstrv(const char *k, char **v, size_t n, int *first)
 	putchar(']');
 }
 
-static void op_json(const rsc_operation *o)
+/* rails: the operation's rail usage, or NULL to leave the key out. */
+static void op_json(const rsc_operation *o, const rsc_rail_usage_list *rails)
 {
 	int f = 1;
 	putchar('{');
@@ -136,6 +144,18 @@ static void op_json(const rsc_operation *o)
 	putchar(']');
 	jkv_s("backend_reason", o->backend_reason, &f);
 	jkv_u("uses_left", o->uses_left, &f);
+	if (rails) {
+		jkey("rails", &f);
+		putchar('[');
+		for (size_t i = 0; i < rails->count; i++) {
+			int r = 1;
+			printf("%s{", i ? "," : "");
+			jkv_s("rail", rails->items[i].rail, &r);
+			jkv_u("bytes", rails->items[i].bytes, &r);
+			putchar('}');
+		}
+		putchar(']');
+	}
 	putchar('}');
 }
 
@@ -151,16 +171,26 @@ static void op_text(const rsc_operation *o)
 	putchar('\n');
 }
 
-static void op_print(const struct ctl *x, const rsc_operation *o)
+/* rails: the operation's rail usage (op ID), or NULL. */
+static void op_print_rails(const struct ctl *x, const rsc_operation *o,
+			   const rsc_rail_usage_list *rails)
 {
 	if (x->json) {
-		op_json(o);
+		op_json(o, rails);
 		putchar('\n');
-	} else {
-		op_text(o);
-		if (o->metadata && o->metadata[0])
-			printf("metadata %s\n", o->metadata);
+		return;
 	}
+	op_text(o);
+	if (o->metadata && o->metadata[0])
+		printf("metadata %s\n", o->metadata);
+	for (size_t i = 0; rails && i < rails->count; i++)
+		printf("rail     %s  %" PRIu64 " bytes\n", rails->items[i].rail,
+		       rails->items[i].bytes);
+}
+
+static void op_print(const struct ctl *x, const rsc_operation *o)
+{
+	op_print_rails(x, o, NULL);
 }
 
 static int fail(const rsc_status *st, const char *what)
@@ -183,14 +213,103 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* info's rails, topology and topology_source as JSON keys of the enclosing object. */
+static void rails_json(const rsc_info_rails *rl, int *f)
+{
+	jkey("rails", f);
+	putchar('[');
+	for (size_t i = 0; i < rl->n_rails; i++) {
+		const rsc_rail_info *r = &rl->rails[i];
+		int k = 1;
+		printf("%s{", i ? "," : "");
+		jkv_u("index", r->index, &k);
+		jkv_s("backend", rsc_backend_name(r->backend), &k);
+		jkv_s("name", r->name, &k);
+		jkv_s("pci_address", r->pci_address, &k);
+		jkv_i("numa_node", r->numa_node, &k);
+		jkv_u("rate_mbps", r->rate_mbps, &k);
+		jkv_s("state", r->state, &k);
+		jkv_s("detail", r->detail, &k);
+		jkv_s("netdev", r->netdev, &k);
+		jkv_u("bytes", r->bytes, &k);
+		jkv_u("operations", r->operations, &k);
+		jkv_u("errors", r->errors, &k);
+		jkv_u("failovers", r->failovers, &k);
+		putchar('}');
+	}
+	putchar(']');
+	jkey("topology", f);
+	putchar('[');
+	for (size_t i = 0; i < rl->n_topology; i++) {
+		const rsc_memory_rails *t = &rl->topology[i];
+		int k = 1;
+		printf("%s{", i ? "," : "");
+		jkv_s("memory", t->memory, &k);
+		jkv_i("gpu_index", t->gpu_index, &k);
+		jkv_s("pci_address", t->pci_address, &k);
+		jkv_i("numa_node", t->numa_node, &k);
+		jkey("rails", &k);
+		putchar('[');
+		for (size_t j = 0; j < t->n_rails; j++) {
+			int d = 1;
+			printf("%s{", j ? "," : "");
+			jkv_s("rail", t->rails[j].rail, &d);
+			jkv_s("distance", t->rails[j].distance, &d);
+			putchar('}');
+		}
+		putchar(']');
+		jstrv("chosen", t->chosen, t->n_chosen, &k);
+		putchar('}');
+	}
+	putchar(']');
+	jkv_s("topology_source", rl->topology_source, f);
+}
+
+/* The distance class of a rail from a memory row ("?" when the row does not rank it). */
+static const char *rail_class(const rsc_memory_rails *t, const char *rail)
+{
+	for (size_t j = 0; j < t->n_rails; j++)
+		if (strcmp(t->rails[j].rail, rail) == 0)
+			return t->rails[j].distance;
+	return "?";
+}
+
+/* info's rails, one line each, then the topology table: memory -> chosen rails (class). */
+static void rails_text(const rsc_info_rails *rl)
+{
+	for (size_t i = 0; i < rl->n_rails; i++) {
+		const rsc_rail_info *r = &rl->rails[i];
+		char numa[16] = "?", rate[32] = "?";
+		if (r->numa_node >= 0)
+			snprintf(numa, sizeof(numa), "%d", (int)r->numa_node);
+		if (r->rate_mbps)
+			snprintf(rate, sizeof(rate), "%" PRIu64 " Mb/s", r->rate_mbps);
+		printf("rail     %-16s %-8s %-9s pci %-12s numa %-2s rate %-12s %s\n", r->name,
+		       rsc_backend_name(r->backend), r->state,
+		       r->pci_address[0] ? r->pci_address : "-", numa, rate, r->detail);
+	}
+	printf("topology %s\n", rl->topology_source);
+	for (size_t i = 0; i < rl->n_topology; i++) {
+		const rsc_memory_rails *t = &rl->topology[i];
+		printf("  %-8s ->", t->memory);
+		if (!t->n_chosen)
+			fputs(" (no rail)", stdout);
+		for (size_t j = 0; j < t->n_chosen; j++)
+			printf("%s %s (%s)", j ? "," : "", t->chosen[j],
+			       rail_class(t, t->chosen[j]));
+		putchar('\n');
+	}
+}
+
 /* ---- commands ---------------------------------------------------------------------------------
  */
 
 static int cmd_info(struct ctl *x, char **argv)
 {
 	rsc_info in;
+	rsc_info_rails rl;
 	rsc_status st;
-	if (rsc_get_info(x->c, &in, &st) != RSC_OK)
+	if (rsc_get_info_rails(x->c, &in, &rl, &st) != RSC_OK)
 		return fail(&st, "info");
 	if (x->json) {
 		int f = 1;
@@ -227,7 +346,9 @@ static int cmd_info(struct ctl *x, char **argv)
 			jkv_s("rdma_path", in.gpus[i].rdma_path, &g);
 			putchar('}');
 		}
-		puts("]}");
+		putchar(']');
+		rails_json(&rl, &f);
+		puts("}");
 	} else {
 		printf("sidecar  %s (version %s)\n", in.sidecar_id, in.version);
 		for (size_t i = 0; i < in.n_backends; i++)
@@ -245,7 +366,9 @@ static int cmd_info(struct ctl *x, char **argv)
 		for (size_t i = 0; i < in.n_gpus; i++)
 			printf("gpu %u    %s %s (%s)\n", in.gpus[i].index, in.gpus[i].name,
 			       in.gpus[i].pci_bus_id, in.gpus[i].rdma_path);
+		rails_text(&rl);
 	}
+	rsc_info_rails_clear(&rl);
 	rsc_info_clear(&in);
 	return 0;
 }
@@ -319,7 +442,7 @@ static int cmd_ops(struct ctl *x, char **argv)
 		if (x->json) {
 			if (i)
 				putchar(',');
-			op_json(&l.items[i]);
+			op_json(&l.items[i], NULL);
 		} else {
 			op_text(&l.items[i]);
 		}
@@ -335,10 +458,12 @@ static int cmd_ops(struct ctl *x, char **argv)
 static int cmd_op(struct ctl *x, char **argv)
 {
 	rsc_operation o;
+	rsc_rail_usage_list rails;
 	rsc_status st;
-	if (rsc_operation_get(x->c, argv[0], &o, &st) != RSC_OK)
+	if (rsc_operation_get_rails(x->c, argv[0], &o, &rails, &st) != RSC_OK)
 		return fail(&st, "op");
-	op_print(x, &o);
+	op_print_rails(x, &o, &rails);
+	rsc_rail_usage_list_clear(&rails);
 	rsc_operation_clear(&o);
 	return 0;
 }
@@ -615,7 +740,7 @@ static int transfer(struct ctl *x, char **argv, int write)
 		jkey("gb_per_s", &fj);
 		printf("%.3f", secs > 0 ? (double)total / secs / 1e9 : 0.0);
 		jkey("operation", &fj);
-		op_json(&op);
+		op_json(&op, NULL);
 		puts("}");
 	} else {
 		printf("%s %" PRIu64 " bytes %s %s: %s over %s in %.3f ms (%.3f GB/s)\n", what,
@@ -652,15 +777,66 @@ static int cmd_write(struct ctl *x, char **argv)
 	return transfer(x, argv, 1);
 }
 
+/* connect: ConnectPeer to the issuer of METADATA; exit 0 when any path is ready. */
+static int cmd_connect(struct ctl *x, char **argv)
+{
+	char *md = metadata_arg(argv[0]);
+	if (!md)
+		return EXIT_USAGE;
+	rsc_peer_connection pc;
+	rsc_status st;
+	uint64_t t = x->timeout_s >= 0 ? timeout_ms(x, 0) : 0;
+	int rc = rsc_connect_peer(x->c, md, t, &pc, &st);
+	free(md);
+	if (rc != RSC_OK)
+		return fail(&st, "connect");
+	int ready = 0;
+	for (size_t i = 0; i < pc.n_paths; i++)
+		ready |= pc.paths[i].ready;
+	if (x->json) {
+		int f = 1;
+		putchar('{');
+		jkv_s("peer", pc.peer, &f);
+		jkv_b("ready", ready, &f);
+		jkey("paths", &f);
+		putchar('[');
+		for (size_t i = 0; i < pc.n_paths; i++) {
+			int p = 1;
+			printf("%s{", i ? "," : "");
+			jkv_s("backend", rsc_backend_name(pc.paths[i].backend), &p);
+			jkv_b("ready", pc.paths[i].ready, &p);
+			jkv_s("detail", pc.paths[i].detail, &p);
+			jkv_u("elapsed_us", pc.paths[i].elapsed_us, &p);
+			putchar('}');
+		}
+		puts("]}");
+	} else {
+		printf("peer     %s\n", pc.peer);
+		for (size_t i = 0; i < pc.n_paths; i++)
+			printf("path     %-8s %-9s %8.3f ms  %s\n",
+			       rsc_backend_name(pc.paths[i].backend),
+			       pc.paths[i].ready ? "ready" : "not ready",
+			       (double)pc.paths[i].elapsed_us / 1000.0, pc.paths[i].detail);
+		if (!pc.n_paths)
+			puts("path     none (no backend both sides offer)");
+	}
+	rsc_peer_connection_clear(&pc);
+	return ready ? 0 : EXIT_FAILED;
+}
+
 static const struct command commands[] = {
     {"info", "", 0,
-     "identity, version, listeners, backends (and why one is unavailable), NATS, signing, GPUs",
+     "identity, version, listeners, backends (and why one is unavailable), NATS, signing, GPUs, "
+     "rails (name, backend, state, PCI address, NUMA node, rate, detail) and the topology table "
+     "(each GPU's and NUMA node's memory -> the rails it goes through, with their PCIe distance "
+     "class)",
      cmd_info},
     {"health", "", 0, "grpc.health.v1 Check of the whole server; exit 1 unless SERVING",
      cmd_health},
     {"regions", "", 0, "the registered regions", cmd_regions},
     {"ops", "", 0, "the operations the sidecar knows", cmd_ops},
-    {"op", "ID", 1, "one operation (NOT_FOUND: exit 1)", cmd_op},
+    {"op", "ID", 1, "one operation, with the bytes each rail moved for it (NOT_FOUND: exit 1)",
+     cmd_op},
     {"wait", "ID", 1,
      "wait until the operation is terminal (--timeout S, default 30); exit 0 only when COMPLETE",
      cmd_wait},
@@ -685,6 +861,12 @@ static const struct command commands[] = {
      "push FILE's bytes (exactly the writable's size) into a remote writable; --timeout S (default "
      "60)",
      cmd_write},
+    {"connect", "METADATA", 1,
+     "set up the connections to the sidecar that issued METADATA (rsm1. text or @file holding "
+     "it; checked, not used up) before the first transfer, on every backend both sides offer; "
+     "prints each path (backend, ready, time taken, detail); --timeout S bounds the setup "
+     "(default: the sidecar's 10 s); exit 0 when any path is ready, 1 otherwise",
+     cmd_connect},
 };
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
 
@@ -701,7 +883,7 @@ static void usage(FILE *out)
 	    "  --sidecar ADDR     unix:/path or host:port (env RDMA_SIDECAR_ADDR; "
 	    "default " DEFAULT_ADDR ")\n"
 	    "  --json             machine-readable output (one JSON object per line)\n"
-	    "  --timeout S        seconds: wait/read/write bound, subscribe duration\n"
+	    "  --timeout S        seconds: wait/read/write/connect bound, subscribe duration\n"
 	    "  --count N          subscribe: stop after N events\n"
 	    "  --queue G          subscribe: NATS queue group\n"
 	    "  --connect-timeout S  seconds to reach the sidecar (default 5)\n"

@@ -9,10 +9,13 @@ set -euo pipefail
 
 # No rdma-core at run time: its udev rules and daemons are the host's business, and it pulls in
 # udev and perl (~60 MB of the image); libibverbs1 + ibverbs-providers are the verbs user space.
-runtime=(libgrpc29 libprotobuf-c1 libnats3.4 libssl3 libmicrohttpd12 libibverbs1 ibverbs-providers)
+runtime=(libgrpc29 libprotobuf-c1 libnats3.4 libssl3 libmicrohttpd12 libibverbs1 ibverbs-providers
+         libhwloc15   # the PCIe topology of the rails (sidecar/topology.c)
+         man-db)  # `man rdma-sidecar` in the image (the page is built with help2man)
 build=(build-essential cmake pkg-config git
        libgrpc-dev protobuf-c-compiler libprotobuf-c-dev libssl-dev libnats-dev libmicrohttpd-dev
        libibverbs-dev rdma-core ibverbs-providers ibverbs-utils
+       libhwloc-dev hwloc   # topology.c; hwloc's lstopo/hwloc-info write and check the XML fixtures
        nats-server python3 python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc
        protoc-gen-go protoc-gen-go-grpc   # test_proto_contract.py: Go code from the proto, no flags
        python3-setuptools python3-pip python3-wheel python3-venv python3-numpy python3-torch python3-pytest
@@ -21,13 +24,16 @@ build=(build-essential cmake pkg-config git
        nodejs   # test_reflection.py's reflection client and the manifest validator (tests/node)
        prometheus   # promtool: test_metrics_promtool.py checks /metrics with it
        python3-yaml   # test_deploy_manifests.py reads the rendered manifests
+       mkdocs mkdocs-material   # the documentation site (docs/, mkdocs.yml; ctest docs.site)
+       help2man   # the man pages rdma-sidecar(8) and rdma-sidecar-ctl(1) (build/man; ctest docs.man)
        podman mmdebstrap)  # scripts/build-image.sh and the image test (tests/image)
 # The Soft-RoCE VM test and the benchmarks.
 vm=(qemu-system-x86 busybox-static kmod cpio perftest iperf3 ucx-utils)
 
 # The image's build stage: the daemon only (no tests, clients, VM or benchmarks).
 image_build=(build-essential cmake pkg-config libgrpc-dev protobuf-c-compiler libprotobuf-c-dev
-             libssl-dev libnats-dev libmicrohttpd-dev libibverbs-dev)
+             libssl-dev libnats-dev libmicrohttpd-dev libibverbs-dev libhwloc-dev
+             help2man)  # the man page rdma-sidecar(8)
 
 pkgs=("${build[@]}" "${vm[@]}")
 if [[ "${1:-}" == "--runtime" ]]; then

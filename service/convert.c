@@ -34,6 +34,8 @@ void sc_pb_op_fill(struct sc_pb_op *p, const struct sc_op_info *info)
 	m->request_id = s(info->request_id);
 	m->backend_reason = s(info->backend_reason);
 	m->uses_left = info->uses_left;
+	m->uses_done = info->uses_done;
+	m->bytes_served = info->bytes_served;
 	m->committed = info->committed;
 	m->descriptor_count = (uint32_t)info->desc_count;
 	if (info->err_code != SC_OK || info->err_msg[0]) {

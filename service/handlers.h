@@ -38,6 +38,7 @@ extern const size_t sc_n_methods;
 
 /* info.c */
 void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req);
+void sc_h_connect_peer(struct sc_call *c, ProtobufCMessage *req);
 /* health.c: state lives in the service; watchers are told of every change. */
 struct sc_health;
 struct sc_health *sc_health_create(void);

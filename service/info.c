@@ -7,6 +7,56 @@
 #include "service.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+
+/* The topology rows as messages: allocated together (a table has up to 32 rows of 32 rails). */
+struct topo_msgs {
+	RdmaSidecar__V1__MemoryRails rows[SC_TOPO_ROWS_MAX];
+	RdmaSidecar__V1__MemoryRails *row_ptrs[SC_TOPO_ROWS_MAX];
+	RdmaSidecar__V1__RailDistance dist[SC_TOPO_ROWS_MAX][SC_TOPO_RAILS_MAX];
+	RdmaSidecar__V1__RailDistance *dist_ptrs[SC_TOPO_ROWS_MAX][SC_TOPO_RAILS_MAX];
+	char *chosen[SC_TOPO_ROWS_MAX][SC_TOPO_RAILS_MAX];
+	char memory[SC_TOPO_ROWS_MAX][32];
+};
+
+static struct topo_msgs *topology_fill(const struct sc_topo_table *t,
+				       RdmaSidecar__V1__SidecarInfo *m)
+{
+	if (!t || t->n_rows == 0)
+		return NULL;
+	struct topo_msgs *tm = calloc(1, sizeof(*tm));
+	if (!tm)
+		return NULL;
+	for (size_t r = 0; r < t->n_rows; r++) {
+		const struct sc_topo_choice *c = &t->rows[r];
+		RdmaSidecar__V1__MemoryRails *row = &tm->rows[r];
+		rdma_sidecar__v1__memory_rails__init(row);
+		bool gpu = c->mem.kind == SC_TOPO_MEM_GPU;
+		snprintf(tm->memory[r], sizeof(tm->memory[r]), "%s %d", gpu ? "gpu" : "numa",
+			 gpu ? c->mem.gpu : c->mem.numa);
+		row->memory = tm->memory[r];
+		row->gpu_index = gpu ? c->mem.gpu : -1;
+		row->pci_address = (char *)(gpu ? c->mem.pci : "");
+		row->numa_node = c->mem.numa;
+		for (size_t k = 0; k < c->n_ranked; k++) {
+			RdmaSidecar__V1__RailDistance *d = &tm->dist[r][k];
+			rdma_sidecar__v1__rail_distance__init(d);
+			d->rail = (char *)t->rails[c->ranked[k].rail].name;
+			d->distance = (char *)sc_topo_class_name(c->ranked[k].cls);
+			tm->dist_ptrs[r][k] = d;
+		}
+		row->n_rails = c->n_ranked;
+		row->rails = tm->dist_ptrs[r];
+		for (size_t k = 0; k < c->n_chosen; k++)
+			tm->chosen[r][k] = (char *)t->rails[c->chosen[k]].name;
+		row->n_chosen = c->n_chosen;
+		row->chosen = tm->chosen[r];
+		tm->row_ptrs[r] = row;
+	}
+	m->n_topology = t->n_rows;
+	m->topology = tm->row_ptrs;
+	return tm;
+}
 
 void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req)
 {
@@ -102,5 +152,9 @@ void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req)
 	}
 	m.n_rails = info.n_rails;
 	m.rails = rp;
+	m.topology_source = (char *)(info.topology_source ? info.topology_source : "");
+	m.open_files_limit = info.open_files_limit;
+	struct topo_msgs *tm = topology_fill(info.topo_table, &m);
 	sc_call_reply(c, &m.base);
+	free(tm);
 }

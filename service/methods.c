@@ -27,6 +27,7 @@ const struct sc_method_def sc_methods[] = {
 	 sc_h_create_writable},
 	{SIDECAR("BeginRead"), SC_METHOD_UNARY, REQ(begin_transfer_request), sc_h_begin_read},
 	{SIDECAR("BeginWrite"), SC_METHOD_UNARY, REQ(begin_transfer_request), sc_h_begin_write},
+	{SIDECAR("ConnectPeer"), SC_METHOD_UNARY, REQ(connect_peer_request), sc_h_connect_peer},
 	{SIDECAR("GetOperation"), SC_METHOD_UNARY, REQ(get_operation_request),
 	 sc_h_get_operation},
 	{SIDECAR("WaitOperation"), SC_METHOD_UNARY, REQ(wait_operation_request),

@@ -77,6 +77,7 @@ static void create_passive(struct sc_call *c, ProtobufCMessage *req, enum sc_op_
 		.timeout_ms = r->timeout_ms,
 		.audience = r->audience,
 		.max_uses = r->max_uses,
+		.any_uses = r->any_uses,
 		.request_id = r->request_id,
 		.omit_descs = r->n_descriptor_sets > 0,
 	};

@@ -55,6 +55,14 @@ void sc_backend_cancel_noop(struct sc_backend *b, struct sc_xfer *x)
 {
 }
 
+int sc_backend_connect_unsupported(struct sc_backend *b, const struct sc_metadata *md,
+				   uint64_t deadline_mono_ms, char *detail, size_t cap,
+				   struct sc_err *err)
+{
+	snprintf(detail, cap, "nothing to set up");
+	return 0;
+}
+
 /* ---- rails ----------------------------------------------------------------------------------- */
 
 static pthread_mutex_t rails_mu = PTHREAD_MUTEX_INITIALIZER;

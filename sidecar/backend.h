@@ -94,6 +94,11 @@ struct sc_xfer {
 	 * (TCP's pipelined DONE), so stopping now would make the two sides disagree. Cleared if the
 	 * transfer starts over. CancelOperation reports it instead of waiting. */
 	atomic_bool committed;
+	/* Set by the engine: another backend (tcp) can carry this transfer if this one's path fails.
+	 * A backend whose path fails (UNAVAILABLE, not the operation's own error, before the deadline
+	 * and without a cancel) then tells the peer ABORTED and completes with SC_ABORTED; the engine
+	 * resubmits the same transfer (same xfer_id) to the other backend. */
+	bool fallback_ok;
 	/* Called from backend threads. on_progress may run concurrently from several threads. */
 	void (*on_progress)(struct sc_xfer *x, uint64_t delta);
 	void (*on_complete)(struct sc_xfer *x, enum sc_status status, const char *msg);
@@ -131,6 +136,11 @@ struct sc_backend_ops {
 	int (*submit)(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
 	/* Ask the transfer to end early (CANCELLED); on_complete still runs exactly once. */
 	void (*cancel)(struct sc_backend *b, struct sc_xfer *x);
+	/* Set up what a first transfer to md's issuer would (connections, queue pairs) and keep it
+	 * for the transfers that follow; detail says what (or err why not). Blocks up to the
+	 * deadline; a gRPC worker thread. */
+	int (*connect)(struct sc_backend *b, const struct sc_metadata *md, uint64_t deadline_mono_ms,
+		       char *detail, size_t cap, struct sc_err *err);
 };
 
 struct sc_backend {
@@ -174,6 +184,9 @@ int sc_backend_expose_noop(struct sc_backend *b, struct sc_metadata *md, uint8_t
 void sc_backend_revoke_noop(struct sc_backend *b, void *handle);
 int sc_backend_submit_unsupported(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
 void sc_backend_cancel_noop(struct sc_backend *b, struct sc_xfer *x);
+int sc_backend_connect_unsupported(struct sc_backend *b, const struct sc_metadata *md,
+				   uint64_t deadline_mono_ms, char *detail, size_t cap,
+				   struct sc_err *err);
 
 static inline int sc_backend_start(struct sc_backend *b, struct sc_err *err)
 {
@@ -195,6 +208,12 @@ static inline int sc_backend_submit(struct sc_backend *b, struct sc_xfer *x, str
 static inline void sc_backend_cancel(struct sc_backend *b, struct sc_xfer *x)
 {
 	b->ops->cancel(b, x);
+}
+static inline int sc_backend_connect(struct sc_backend *b, const struct sc_metadata *md,
+				     uint64_t deadline_mono_ms, char *detail, size_t cap,
+				     struct sc_err *err)
+{
+	return b->ops->connect(b, md, deadline_mono_ms, detail, cap, err);
 }
 
 /* Constructors. Each returns a backend even when unusable (available=false, detail says why). */

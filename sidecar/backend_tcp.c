@@ -1149,6 +1149,58 @@ static void tcp_destroy(struct sc_backend *b)
 	free(tb);
 }
 
+/* ConnectPeer: `streams` authenticated connections to md's issuer, put back into the pool for the
+ * first transfer to find (the pool keeps them while idle). gRPC worker thread. */
+static int tcp_connect(struct sc_backend *b, const struct sc_metadata *md, uint64_t deadline_mono_ms,
+		       char *detail, size_t cap, struct sc_err *err)
+{
+	struct tcp_backend *tb = container_of(b, struct tcp_backend, base);
+	if (md->n_endpoints == 0)
+		return sc_err_set(err, SC_FAILED_PRECONDITION,
+				  "the metadata from sidecar %s names no data endpoint", md->issuer);
+	struct sc_peer_conn *conns[64];
+	size_t want = tb->streams < 64 ? tb->streams : 64, got = 0, reused = 0;
+	const char *ep = NULL;
+	for (size_t i = 0; i < md->n_endpoints && !ep; i++) {
+		struct sc_peer_conn *c;
+		if (sc_peer_pool_get(tb->pool, md->endpoints[i], deadline_mono_ms, &c, err) != 0) {
+			if (err->code == SC_DEADLINE_EXCEEDED)
+				return -1;
+			continue;
+		}
+		if (sc_peer_conn_check_issuer(c, md->issuer, err) != 0) {
+			sc_peer_pool_put(tb->pool, c, false);
+			return -1;
+		}
+		if (strcmp(sc_peer_conn_peer_id(c), md->issuer) != 0) {
+			sc_err_set(err, SC_UNAVAILABLE,
+				   "data endpoint %s is sidecar \"%s\", but the metadata was issued by "
+				   "\"%s\"",
+				   md->endpoints[i], sc_peer_conn_peer_id(c), md->issuer);
+			sc_peer_pool_put(tb->pool, c, true);
+			continue;
+		}
+		ep = md->endpoints[i];
+		reused += sc_peer_conn_reused(c);
+		conns[got++] = c;
+	}
+	if (!ep)
+		return -1;
+	while (got < want) {
+		if (sc_peer_pool_get(tb->pool, ep, deadline_mono_ms, &conns[got], err) != 0)
+			break;
+		reused += sc_peer_conn_reused(conns[got]);
+		got++;
+	}
+	for (size_t i = 0; i < got; i++)
+		sc_peer_pool_put(tb->pool, conns[i], sc_peer_conn_usable(conns[i]));
+	if (got < want && got == 0)
+		return -1;
+	snprintf(detail, cap, "%zu connection(s) to %s at %s (%zu were open already)", got,
+		 md->issuer, ep, reused);
+	return 0;
+}
+
 static const struct sc_backend_ops tcp_ops = {
 	.kind = SC_BACKEND_TCP, /* name and level: backend_registry.c */
 	.start = tcp_start,
@@ -1160,6 +1212,7 @@ static const struct sc_backend_ops tcp_ops = {
 	.revoke = sc_backend_revoke_noop,
 	.submit = tcp_submit,
 	.cancel = tcp_cancel,
+	.connect = tcp_connect,
 };
 
 struct sc_backend *sc_backend_tcp_create(const struct sc_backend_env *env)

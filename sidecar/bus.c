@@ -150,6 +150,8 @@ static void on_message(void *ctx, const char *subject, const void *data, size_t 
 		s->fn(s->ctx, &ev);
 		free(lengths);
 	}
+	if (strcmp(md.issuer, eng->id) != 0)
+		sc_warmer_offer(eng->warmer, text, md.issuer);
 	sc_metadata_free(&md);
 	free(text);
 }

@@ -9,6 +9,7 @@
  * of times (the tests do). The struct sc_config owns every string it points to.
  */
 #include "config.h"
+#include "rail_filter.h"
 
 #include "build_config.h"
 #include "uds_accept.h"
@@ -73,6 +74,9 @@ enum opt_id {
 	OPT_DATA_MAX_UNAUTH_PER_IP,
 	OPT_DATA_MAX_UNAUTH,
 	OPT_IB_DEVICE,
+	OPT_IB_DEVICES,
+	OPT_WARM_PEERS,
+	OPT_IB_STALL_TIMEOUT,
 	OPT_IB_PORT,
 	OPT_IB_GID_INDEX,
 	OPT_DEFAULT_TIMEOUT,
@@ -154,6 +158,11 @@ static const struct sc_option sc_options[] = {
 	 .group = "General",
 	 .help = "NATS for metadata exchange: nats://HOST:PORT[,...]; empty = off",
 	 .def = "off"},
+	{.id = OPT_WARM_PEERS, T_BOOL(warm_peers), .name = "warm-peers", .arg = ARG_BOOL,
+	 .group = "General",
+	 .help = "connect to the issuer of metadata received on a NATS subscription in the "
+		 "background, before the worker's first transfer to it (--no-warm-peers: off)",
+	 .def = "on"},
 	{.id = OPT_HELP, .name = "help", .short_name = 'h', .arg = ARG_NONE, .group = "General",
 	 .help = "print this help and exit"},
 	{.id = OPT_VERSION, .name = "version", .short_name = 'V', .arg = ARG_NONE,
@@ -285,9 +294,20 @@ static const struct sc_option sc_options[] = {
 	 .def = "none"},
 
 	{.id = OPT_IB_DEVICE, T_STR(ib_device), .name = "ib-device", .arg = ARG_REQUIRED, .value = "NAME",
-	 .group = "RDMA", .help = "RDMA device, e.g. mlx5_0", .def = "first active"},
+	 .group = "RDMA", .help = "one RDMA device, e.g. mlx5_0 (the same as --ib-devices NAME)",
+	 .def = "first active"},
+	{.id = OPT_IB_DEVICES, .name = "ib-devices", .arg = ARG_REQUIRED, .value = "LIST",
+	 .group = "RDMA",
+	 .help = "RDMA ports that are rails: auto, a list in rail order (mlx5_0,mlx5_1:1) or "
+		 "^LIST to leave those out",
+	 .def = "auto"},
 	{.id = OPT_IB_PORT, T_INT(ib_port, 1, 255), .name = "ib-port", .arg = ARG_REQUIRED, .value = "N", .group = "RDMA",
 	 .help = "device port, 1-255", .def = "first active"},
+	{.id = OPT_IB_STALL_TIMEOUT, T_DURATION(ib_stall_ms), .name = "ib-stall-timeout", .arg = ARG_REQUIRED,
+	 .value = "DURATION", .group = "RDMA",
+	 .help = "an RDMA transfer none of whose work requests completes for this long has a "
+		 "stalled path: it stops, and goes on over tcp when the peer offers it; 0 = never",
+	 .def = "10s"},
 	{.id = OPT_IB_GID_INDEX, T_INT(ib_gid_index, -1, 255), .name = "ib-gid-index", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "RDMA", .help = "GID table index, 0-255, or -1 to pick", .def = "-1, first RoCEv2"},
 
@@ -1221,6 +1241,13 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 	case OPT_BACKENDS:
 		rc = parse_backends(v, &cfg->backends, err);
 		break;
+	case OPT_IB_DEVICES: {
+		struct sc_rail_filter f;
+		rc = sc_rail_filter_parse(v, &f, err);
+		if (rc == 0)
+			rc = set_str(&cfg->ib_devices, v, true, err);
+		break;
+	}
 	case OPT_SHM_DIR:
 		if (v[0] != '/')
 			rc = sc_err_set(
@@ -1292,6 +1319,8 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->log_level = SC_LOG_INFO;
 	cfg->log_json = false;
 	cfg->reflection = true;
+	cfg->warm_peers = true;
+	cfg->ib_stall_ms = 10 * 1000;
 	cfg->default_timeout_ms = 60 * 1000;
 	cfg->retention_ms = 300 * 1000;
 	cfg->grace_ms = 10 * 1000;
@@ -1508,6 +1537,14 @@ enum sc_config_result sc_config_parse(struct sc_config *cfg, int argc, char **ar
 		return SC_CONFIG_ERROR;
 	if (check_tls_set(cfg, err) != 0)
 		return SC_CONFIG_ERROR;
+	if (cfg->ib_device && cfg->ib_device[0] && cfg->ib_devices && cfg->ib_devices[0] &&
+	    strcmp(cfg->ib_devices, "auto") != 0) {
+		sc_err_set(err, SC_INVALID_ARGUMENT,
+			   "--ib-device %s and --ib-devices %s both choose the RDMA devices: give one "
+			   "(--ib-devices %s alone means the same as --ib-device)",
+			   cfg->ib_device, cfg->ib_devices, cfg->ib_device);
+		return SC_CONFIG_ERROR;
+	}
 	return SC_CONFIG_OK;
 }
 
@@ -1532,6 +1569,7 @@ void sc_config_free(struct sc_config *cfg)
 	free(cfg->nats_creds);
 	free(cfg->nats_nkey_seed);
 	free(cfg->ib_device);
+	free(cfg->ib_devices);
 	free(cfg->metrics_listen);
 	for (size_t i = 0; i < SC_MAX_REGISTER_DIRS; i++)
 		free(cfg->register_dirs[i]);

@@ -49,6 +49,7 @@ struct sc_config {
 	size_t n_grpc_listen;                         /* default: the unix socket only */
 	char *health_listen;                          /* --health-listen HOST:PORT; NULL = off */
 	bool reflection;                              /* --reflection (default on) */
+	bool warm_peers;                              /* --warm-peers (default on) */
 	char *grpc_tls_cert;                          /* --grpc-tls-cert PEM; NULL = plain TCP */
 	char *grpc_tls_key;                           /* --grpc-tls-key PEM */
 	char *grpc_tls_client_ca;                     /* --grpc-tls-client-ca PEM; mTLS */
@@ -66,8 +67,10 @@ struct sc_config {
 	char *key_file;                               /* --key-file; NULL = no signing */
 	unsigned backends;                            /* --backends tcp,ibverbs; 0 = all available */
 	char *ib_device;                              /* --ib-device; NULL = first active */
+	char *ib_devices;                             /* --ib-devices; NULL = auto (rail_filter.h) */
 	int ib_port;                                  /* --ib-port; 0 = first active */
 	int ib_gid_index;                             /* --ib-gid-index; -1 = first RoCEv2 */
+	uint64_t ib_stall_ms;                         /* --ib-stall-timeout, 10000; 0 = never */
 	enum sc_log_level log_level;                  /* --log-level, info */
 	bool log_json;                                /* --log-json */
 	char *metrics_listen;                         /* --metrics-listen HOST:PORT; NULL = off */

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -133,6 +134,45 @@ static size_t collect_rails_locked(struct sc_engine *eng, struct sc_rail_entry *
 		}
 	}
 	return n;
+}
+
+/* Descriptors the sidecar keeps for itself beside its peer connections: listeners, the gRPC
+ * core, NATS, devices, log and region files (a rough, generous figure). */
+#define RESERVED_FDS 256
+
+/* Raise the soft open-file limit to the hard one: every peer connection takes a descriptor, and
+ * a distribution's default soft limit (1024) is below what a large cluster needs. Main thread, at
+ * create. */
+static void raise_open_files(struct sc_engine *eng)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+		SC_WARN("engine", "getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+		return;
+	}
+	rlim_t before = rl.rlim_cur;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+			SC_WARN("engine", "cannot raise the open-file limit from %llu to %llu: %s",
+				(unsigned long long)before, (unsigned long long)rl.rlim_max,
+				strerror(errno));
+			rl.rlim_cur = before;
+		}
+	}
+	eng->open_files_limit = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
+	uint64_t peers = eng->open_files_limit > RESERVED_FDS ? eng->open_files_limit - RESERVED_FDS
+							       : 0;
+	char was[64] = "";
+	if (before != rl.rlim_cur)
+		snprintf(was, sizeof(was), ", raised from %llu", (unsigned long long)before);
+	if (peers < 1024)
+		SC_WARN("engine", "open files: %llu%s; that leaves room for about %llu peer "
+			"connections: raise the hard limit (ulimit -Hn, LimitNOFILE=) for a large cluster",
+			(unsigned long long)eng->open_files_limit, was, (unsigned long long)peers);
+	else
+		SC_INFO("engine", "open files: %llu%s (room for about %llu peer connections)",
+			(unsigned long long)eng->open_files_limit, was, (unsigned long long)peers);
 }
 
 /* ---- gauges for the metrics (scrape thread) ------------------------------------------------ */
@@ -253,7 +293,9 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 				"--key-file for cross-sidecar transfers");
 	}
 
+	raise_open_files(eng);
 	eng->gpu = sc_gpu_open(eng->cuda_detail, sizeof(eng->cuda_detail));
+	sc_engine_topology_load(eng);
 
 	/* The peer channel carries the TCP data plane and the ibverbs rendezvous. */
 	bool peer_channel = false;
@@ -347,9 +389,12 @@ int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
 			sc_err_prefix(err, "--nats-url");
 			return -1;
 		}
+		if (c->warm_peers && eng->peer_pool && sc_warmer_start(eng, &eng->warmer, err) != 0)
+			return -1;
 	}
 	if (sc_metrics_start(eng->metrics, err) != 0)
 		return -1;
+	sc_engine_topology_build(eng);
 	eng->started = true;
 	for (int b = 1; b < SC_NUM_BACKENDS; b++)
 		if (eng->backends[b])
@@ -427,6 +472,8 @@ void sc_engine_destroy(struct sc_engine *eng)
 	if (eng->started)
 		sc_engine_wait_idle(eng, 5000);
 	sc_bus_stop(eng);
+	sc_warmer_stop(eng->warmer); /* before the backends: it uses them */
+	eng->warmer = NULL;
 	sc_nats_bus_destroy(eng->bus);
 	eng->bus = NULL;
 	for (int b = 1; b < SC_NUM_BACKENDS; b++)
@@ -444,6 +491,7 @@ void sc_engine_destroy(struct sc_engine *eng)
 		sc_backend_destroy(eng->backends[b]);
 	sc_peer_pool_destroy(eng->peer_pool);
 	sc_gpu_close(eng->gpu); /* after the regions: they hold GPU memory */
+	sc_engine_topology_free(eng);
 	sc_peer_tls_destroy(eng->peer_tls);
 	sc_sched_free_progress(eng);
 	sc_idmap_destroy(eng->regions);
@@ -508,6 +556,23 @@ void sc_engine_info(struct sc_engine *eng, struct sc_info *out)
 				 b->devices[d]);
 	}
 	out->n_rails = collect_rails_locked(eng, out->rails, SC_INFO_MAX_RAILS);
+	out->topology_source = eng->topo_source;
+	out->open_files_limit = eng->open_files_limit;
+	out->topo_table = eng->topo_table;
+	for (size_t k = 0; eng->topo_table && k < eng->n_absent_rails &&
+			   out->n_rails < SC_INFO_MAX_RAILS; k++) {
+		const struct sc_topo_rail *tr = &eng->topo_table->rails[eng->absent_rails[k]];
+		struct sc_rail_entry *e = &out->rails[out->n_rails++];
+		memset(e, 0, sizeof(*e));
+		e->backend = SC_BACKEND_IBVERBS;
+		e->index = (uint32_t)k;
+		snprintf(e->r.name, sizeof(e->r.name), "%s", tr->name);
+		snprintf(e->r.pci, sizeof(e->r.pci), "%s", tr->pci);
+		e->r.numa = tr->numa;
+		e->r.state = SC_RAIL_ABSENT;
+		snprintf(e->r.detail, sizeof(e->r.detail),
+			 "named by the topology file %s only: no such RDMA device here", eng->topo_source);
+	}
 	struct sc_backend *tcp = eng->backends[SC_BACKEND_TCP];
 	if (eng->peer_server) {
 		size_t n = sc_peer_server_n_endpoints(eng->peer_server);

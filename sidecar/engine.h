@@ -15,6 +15,7 @@
 #include "gpu.h"
 #include "sc_types.h"
 #include "status.h"
+#include "topology.h"
 
 /* The data endpoints GetInfo lists: SC_MAX_ENDPOINTS (metadata.h). */
 #define SC_INFO_MAX_ENDPOINTS 4
@@ -88,8 +89,37 @@ struct sc_info {
 	const char *peer_identity_source;                  /* "spiffe", "dns", "cn", "off" */
 	struct sc_rail_entry rails[SC_INFO_MAX_RAILS]; /* in backend_registry.c order */
 	size_t n_rails;
+	/* Which rails carry which memory (built at start; NULL before or without one), and where
+	 * the topology came from ("sysfs", an XML path, or "none: why"). Both live as long as the
+	 * engine. */
+	const struct sc_topo_table *topo_table;
+	const char *topology_source;
+	uint64_t open_files_limit; /* the soft RLIMIT_NOFILE, raised to the hard one at start */
 };
 void sc_engine_info(struct sc_engine *eng, struct sc_info *out);
+
+/* ---- peers (connect_peer.c) -------------------------------------------------------------------- */
+
+#define SC_PEER_PATHS_MAX 4
+struct sc_peer_paths {
+	char peer[SC_NAME_MAX]; /* the metadata's issuer */
+	struct sc_peer_path {
+		enum sc_backend_kind backend;
+		bool ready;
+		char detail[400];
+		uint64_t elapsed_us;
+	} paths[SC_PEER_PATHS_MAX];
+	size_t n;
+};
+/*
+ * ConnectPeer: verify metadata text (any kind; not used up) and have every backend both sidecars
+ * offer set up its connections to the issuer within timeout_ms (0: 10 s). Fills *out when at
+ * least one is ready. Errors: the metadata's (INVALID_ARGUMENT, UNAUTHENTICATED, ...),
+ * FAILED_PRECONDITION when no backend applies, else the first backend's failure (UNAVAILABLE,
+ * DEADLINE_EXCEEDED, ...). Blocks; a gRPC worker thread.
+ */
+int sc_engine_connect_peer(struct sc_engine *eng, const char *text, uint64_t timeout_ms,
+			   struct sc_peer_paths *out, struct sc_err *err);
 
 /* ---- regions --------------------------------------------------------------------------------- */
 
@@ -167,7 +197,9 @@ struct sc_op_info {
 	struct sc_desc *descs; /* owned; none for an operation created with omit_descs */
 	size_t n_descs;
 	char backend_reason[256];
-	uint32_t uses_left;
+	uint32_t uses_left; /* UINT32_MAX: any number until the deadline */
+	uint64_t uses_done; /* passive: uses that completed */
+	uint64_t bytes_served; /* passive: bytes all its uses moved together */
 	/* Active and moving: the backend committed the transfer (struct sc_xfer.committed), so a
 	 * cancel no longer cuts it; it ends COMPLETE, or ERRORED by its deadline. */
 	bool committed;
@@ -196,6 +228,7 @@ struct sc_passive_req {
 	uint64_t timeout_ms; /* 0 = --default-timeout; clamped to SC_OP_TIMEOUT_MAX_MS */
 	const char *audience;
 	uint32_t max_uses; /* 0 = 1 */
+	bool any_uses;	   /* any number of uses until the deadline (max_uses ignored) */
 	const char *request_id;
 	/* Created from compact lists: snapshots (GetOperation, Wait, Watch, List) carry desc_count
 	 * but not the expanded descriptors, which would repeat in every reply and progress update. */

@@ -19,6 +19,7 @@
 
 #include "backend.h"
 #include "engine.h"
+#include "topology.h"
 #include "gpu.h"
 #include "idmap.h"
 #include "keys.h"
@@ -116,9 +117,15 @@ struct sc_op {
 	uint8_t token[SC_TOKEN_LEN];
 	bool token_in_table;
 	bool token_spent; /* in eng->spent_tokens */
-	uint32_t max_uses;
-	uint32_t n_uses;
+	uint32_t max_uses;   /* UINT32_MAX with any_uses */
+	bool any_uses;	     /* any number of uses until the deadline */
+	uint64_t uses_begun; /* uses OPENed so far (checked against max_uses) */
+	uint64_t uses_done;  /* uses whose DONE reported success */
+	uint64_t uses_failed; /* any_uses: uses that failed or vanished (the others go on) */
+	uint32_t n_uses;     /* records in uses[]: the uses in flight (a finished one is dropped) */
+	uint32_t cap_uses;
 	struct sc_use *uses;
+	atomic_uint_fast64_t bytes_served; /* passive: bytes every use moved, all together */
 	void *exposure[SC_NUM_BACKENDS];
 
 	/* active */
@@ -164,8 +171,29 @@ struct sc_progress {
 
 struct sc_bus_sub;
 
+/* connect_peer.c: background warm-up of the issuers of metadata received over NATS. */
+struct sc_warmer;
+int sc_warmer_start(struct sc_engine *eng, struct sc_warmer **out, struct sc_err *err);
+/* Queue a warm-up for metadata text (verified) from issuer; dropped when the queue is full or
+ * the issuer was warmed recently. w NULL: nothing. Any thread. */
+void sc_warmer_offer(struct sc_warmer *w, const char *text, const char *issuer);
+/* Join the thread, drop what is queued. NULL ok. */
+void sc_warmer_stop(struct sc_warmer *w);
+
+/* rail_table.c: the PCIe topology and the rail table (GetInfo topology). */
+void sc_engine_topology_load(struct sc_engine *eng);  /* create, main thread */
+void sc_engine_topology_build(struct sc_engine *eng); /* start, after the backends */
+void sc_engine_topology_free(struct sc_engine *eng);
+
 struct sc_engine {
 	const struct sc_config *cfg;
+	struct sc_warmer *warmer; /* --warm-peers with NATS; NULL otherwise */
+	struct sc_topo *topo;	  /* NULL: none (topo_source says why) */
+	char topo_source[256];
+	struct sc_topo_table *topo_table; /* built at start, then immutable; NULL: none */
+	size_t absent_rails[SC_TOPO_RAILS_MAX]; /* rows of topo_table->rails named by the file only */
+	size_t n_absent_rails;
+	uint64_t open_files_limit; /* RLIMIT_NOFILE after raising it (UINT64_MAX: unlimited) */
 	pthread_mutex_t mu;
 	pthread_cond_t idle_cv; /* signalled when an active transfer ends */
 	struct sc_idmap *regions;

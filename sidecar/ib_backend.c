@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ib_backend.c: the ibverbs backend's ops table and what it owns per device. At create (main
- * thread, before the engine starts) it picks a device, port and GID (--ib-device / --ib-port /
- * --ib-gid-index, or the first ACTIVE port and its first RoCE v2 GID with an IPv4 address),
- * opens the device and allocates the protection domain; `detail` says exactly what was chosen or
- * why nothing is usable. Region MRs and per-operation remote access (memory windows, or MRs
+ * thread, before the engine starts) it finds the rails (ib_rails.c: every port of every device,
+ * in --ib-devices order, each with its GID: --ib-gid-index or the first RoCE v2 GID with an IPv4
+ * address), opens the first usable one and allocates its protection domain; `detail` says
+ * exactly what was chosen or why nothing is usable. Data moves on that one rail for now. Region MRs and per-operation remote access (memory windows, or MRs
  * where the device has none) live in ib_access.c.
  *
  * Owns: the device context, the PD (and through ib_qp.c / ib_xfer.c, the CQ, QPs and threads).
@@ -81,7 +81,7 @@ void ib_gid_text(const union ibv_gid *gid, char *out, size_t cap)
 	snprintf(out, cap, "%s", buf);
 }
 
-static const char *gid_type_name(unsigned t)
+const char *ib_gid_type_name(unsigned t)
 {
 	switch (t) {
 	case IBV_GID_TYPE_IB:
@@ -96,18 +96,8 @@ static const char *gid_type_name(unsigned t)
 
 /* ---- selection ------------------------------------------------------------------------------- */
 
-struct pick {
-	uint8_t port;
-	struct ibv_port_attr pa;
-	int gid_index;
-	union ibv_gid gid;
-	unsigned gid_type;
-};
-
-/* The GID of (ctx, port): --ib-gid-index, else the first RoCE v2 one with an IPv4 address
- * (Ethernet), else index 0 (InfiniBand). */
-static int pick_gid(struct ibv_context *ctx, const char *dev, struct pick *p, int want, char *why,
-		    size_t cap)
+int ib_pick_gid(struct ibv_context *ctx, const char *dev, struct ib_pick *p, int want, char *why,
+		size_t cap)
 {
 	struct ibv_gid_entry e;
 	if (want >= 0) {
@@ -122,6 +112,7 @@ static int pick_gid(struct ibv_context *ctx, const char *dev, struct pick *p, in
 		p->gid_index = want;
 		p->gid = e.gid;
 		p->gid_type = e.gid_type;
+		p->ndev_ifindex = e.ndev_ifindex;
 		return 0;
 	}
 	if (p->pa.link_layer == IBV_LINK_LAYER_ETHERNET) {
@@ -132,6 +123,7 @@ static int pick_gid(struct ibv_context *ctx, const char *dev, struct pick *p, in
 				p->gid_index = i;
 				p->gid = e.gid;
 				p->gid_type = e.gid_type;
+				p->ndev_ifindex = e.ndev_ifindex;
 				return 0;
 			}
 		}
@@ -149,56 +141,69 @@ static int pick_gid(struct ibv_context *ctx, const char *dev, struct pick *p, in
 	p->gid_index = 0;
 	p->gid = e.gid;
 	p->gid_type = e.gid_type;
+	p->ndev_ifindex = e.ndev_ifindex;
 	return 0;
 }
 
-/* A usable port of an open device: --ib-port, else the first ACTIVE one; then its GID. */
-static int pick_port(struct ibv_context *ctx, const char *dev, const struct sc_config *cfg,
-		     struct pick *p, char *why, size_t cap)
+/* Open rail r's device and allocate the protection domain: the rail that carries ibverbs data.
+ * 0, or -1 with why filled. */
+static int open_rail(struct ib_backend *ib, struct ibv_device **list, int n, size_t r, char *why,
+		     size_t cap)
 {
-	struct ibv_device_attr da;
-	if (ibv_query_device(ctx, &da) != 0) {
-		snprintf(why, cap, "%s: ibv_query_device: %s", dev, strerror(errno));
+	struct sc_backend *b = &ib->base;
+	const struct ib_rail_port *rp = &ib->rail_port[r];
+	struct ibv_context *ctx = NULL;
+	for (int i = 0; i < n && !ctx; i++)
+		if (strcmp(ibv_get_device_name(list[i]), rp->dev) == 0)
+			ctx = ibv_open_device(list[i]);
+	if (!ctx) {
+		snprintf(why, cap, "%s: ibv_open_device: %s", rp->dev, strerror(errno));
 		return -1;
 	}
-	if (cfg->ib_port > 0) {
-		if (cfg->ib_port > da.phys_port_cnt) {
-			snprintf(why, cap, "%s has no port %d (it has %u)", dev, cfg->ib_port,
-				 da.phys_port_cnt);
-			return -1;
-		}
-		p->port = (uint8_t)cfg->ib_port;
-		if (ibv_query_port(ctx, p->port, &p->pa) != 0) {
-			snprintf(why, cap, "%s port %u: ibv_query_port: %s", dev, p->port,
-				 strerror(errno));
-			return -1;
-		}
-		if (p->pa.state != IBV_PORT_ACTIVE) {
-			snprintf(why, cap,
-				 "%s port %u is %s, not ACTIVE (check the link / rdma link)", dev,
-				 p->port, ibv_port_state_str(p->pa.state));
-			return -1;
-		}
-		return pick_gid(ctx, dev, p, cfg->ib_gid_index, why, cap);
+	struct ibv_device_attr da;
+	struct ibv_pd *pd = NULL;
+	if (ibv_query_device(ctx, &da) != 0 || !(pd = ibv_alloc_pd(ctx))) {
+		snprintf(why, cap, "%s: cannot allocate a protection domain: %s", rp->dev,
+			 strerror(errno));
+		ibv_close_device(ctx);
+		return -1;
 	}
-	char states[128] = "";
-	size_t used = 0;
-	for (uint8_t port = 1; port <= da.phys_port_cnt; port++) {
-		p->port = port;
-		if (ibv_query_port(ctx, port, &p->pa) != 0)
-			continue;
-		if (p->pa.state == IBV_PORT_ACTIVE)
-			return pick_gid(ctx, dev, p, cfg->ib_gid_index, why, cap);
-		if (used < sizeof(states))
-			used += (size_t)snprintf(states + used, sizeof(states) - used,
-						 "%sport %u %s", used ? ", " : "", port,
-						 ibv_port_state_str(p->pa.state));
-	}
-	snprintf(why, cap, "%s has no ACTIVE port (%s)", dev, used ? states : "no ports");
-	return -1;
+	const struct ib_pick *p = &rp->pick;
+	ib->ctx = ctx;
+	ib->pd = pd;
+	ib->rail = (int)r;
+	snprintf(ib->dev_name, sizeof(ib->dev_name), "%s", rp->dev);
+	ib->port = p->port;
+	ib->gid_index = p->gid_index;
+	ib->gid = p->gid;
+	ib->lid = p->pa.lid;
+	ib->active_mtu = p->pa.active_mtu;
+	ib->link_layer = p->pa.link_layer;
+	uint32_t max_msg = p->pa.max_msg_sz ? p->pa.max_msg_sz : IB_CHUNK_MAX;
+	ib->max_msg = max_msg < IB_CHUNK_MAX ? max_msg : IB_CHUNK_MAX;
+	ib->max_qp_wr = da.max_qp_wr > 0 ? (uint32_t)da.max_qp_wr : 1;
+	uint32_t init_rd = da.max_qp_init_rd_atom > 0 ? (uint32_t)da.max_qp_init_rd_atom : 1;
+	uint32_t dest_rd = da.max_qp_rd_atom > 0 ? (uint32_t)da.max_qp_rd_atom : 1;
+	ib->max_init_rd = init_rd < IB_MAX_RD_ATOMIC ? init_rd : IB_MAX_RD_ATOMIC;
+	ib->max_sge = da.max_sge > 0 ? (uint32_t)da.max_sge : 1;
+	if (ib->max_sge > IB_MAX_SGE)
+		ib->max_sge = IB_MAX_SGE;
+	ib->max_sge_rd = da.max_sge_rd > 0 ? (uint32_t)da.max_sge_rd : 1;
+	if (ib->max_sge_rd > ib->max_sge)
+		ib->max_sge_rd = ib->max_sge;
+	ib->max_dest_rd = dest_rd < IB_MAX_RD_ATOMIC ? dest_rd : IB_MAX_RD_ATOMIC;
+	ib_access_init(ib, &da);
+	char gid[64];
+	ib_gid_text(&p->gid, gid, sizeof(gid));
+	snprintf(b->detail, sizeof(b->detail),
+		 "%s port %u ACTIVE, %s gid[%d] %s, mtu %u; remote access: %s", rp->dev, p->port,
+		 ib_gid_type_name(p->gid_type), p->gid_index, gid, ib_mtu_bytes(p->pa.active_mtu),
+		 ib->grant_why);
+	return 0;
 }
 
-/* Choose and open the device. Fills ib's device fields or `detail` with the reason. */
+/* Find the rails, then open the first usable one. Fills ib's device fields or `detail` with the
+ * reason. */
 static void choose_device(struct ib_backend *ib, const struct sc_config *cfg)
 {
 	struct sc_backend *b = &ib->base;
@@ -215,84 +220,25 @@ static void choose_device(struct ib_backend *ib, const struct sc_config *cfg)
 			ibv_free_device_list(list);
 		return;
 	}
-	char names[160] = "";
-	size_t used = 0;
-	for (int i = 0; i < n; i++) {
-		const char *name = ibv_get_device_name(list[i]);
-		if (b->n_devices < 4)
-			snprintf(b->devices[b->n_devices++], sizeof(b->devices[0]), "%s", name);
-		if (used < sizeof(names))
-			used += (size_t)snprintf(names + used, sizeof(names) - used, "%s%s",
-						 i ? ", " : "", name);
-	}
+	for (int i = 0; i < n && b->n_devices < 4; i++)
+		snprintf(b->devices[b->n_devices++], sizeof(b->devices[0]), "%s",
+			 ibv_get_device_name(list[i]));
 	char why[256] = "";
-	bool found = false;
-	for (int i = 0; i < n && !found; i++) {
-		const char *name = ibv_get_device_name(list[i]);
-		if (cfg->ib_device && cfg->ib_device[0] && strcmp(cfg->ib_device, name) != 0)
+	ib_rails_discover(ib, cfg, list, n, why, sizeof(why));
+	for (size_t r = 0; r < b->n_rails && !ib->pd; r++) {
+		if (!ib->rail_port[r].usable)
 			continue;
-		struct ibv_context *ctx = ibv_open_device(list[i]);
-		if (!ctx) {
-			snprintf(why, sizeof(why), "%s: ibv_open_device: %s", name,
-				 strerror(errno));
-			continue;
-		}
-		struct pick p;
-		memset(&p, 0, sizeof(p));
 		char reason[256];
-		if (pick_port(ctx, name, cfg, &p, reason, sizeof(reason)) != 0) {
-			if (!why[0] || (cfg->ib_device && cfg->ib_device[0]))
+		if (open_rail(ib, list, n, r, reason, sizeof(reason)) != 0) {
+			sc_rail_set_state(b, r, SC_RAIL_UNUSABLE, "%s", reason);
+			if (!why[0])
 				snprintf(why, sizeof(why), "%s", reason);
-			ibv_close_device(ctx);
-			continue;
 		}
-		struct ibv_device_attr da;
-		struct ibv_pd *pd = NULL;
-		if (ibv_query_device(ctx, &da) != 0 || !(pd = ibv_alloc_pd(ctx))) {
-			snprintf(why, sizeof(why), "%s: cannot allocate a protection domain: %s",
-				 name, strerror(errno));
-			ibv_close_device(ctx);
-			continue;
-		}
-		found = true;
-		ib->ctx = ctx;
-		ib->pd = pd;
-		snprintf(ib->dev_name, sizeof(ib->dev_name), "%s", name);
-		ib->port = p.port;
-		ib->gid_index = p.gid_index;
-		ib->gid = p.gid;
-		ib->lid = p.pa.lid;
-		ib->active_mtu = p.pa.active_mtu;
-		ib->link_layer = p.pa.link_layer;
-		uint32_t max_msg = p.pa.max_msg_sz ? p.pa.max_msg_sz : IB_CHUNK_MAX;
-		ib->max_msg = max_msg < IB_CHUNK_MAX ? max_msg : IB_CHUNK_MAX;
-		ib->max_qp_wr = da.max_qp_wr > 0 ? (uint32_t)da.max_qp_wr : 1;
-		uint32_t init_rd =
-		    da.max_qp_init_rd_atom > 0 ? (uint32_t)da.max_qp_init_rd_atom : 1;
-		uint32_t dest_rd = da.max_qp_rd_atom > 0 ? (uint32_t)da.max_qp_rd_atom : 1;
-		ib->max_init_rd = init_rd < IB_MAX_RD_ATOMIC ? init_rd : IB_MAX_RD_ATOMIC;
-		ib->max_sge = da.max_sge > 0 ? (uint32_t)da.max_sge : 1;
-		if (ib->max_sge > IB_MAX_SGE)
-			ib->max_sge = IB_MAX_SGE;
-		ib->max_sge_rd = da.max_sge_rd > 0 ? (uint32_t)da.max_sge_rd : 1;
-		if (ib->max_sge_rd > ib->max_sge)
-			ib->max_sge_rd = ib->max_sge;
-		ib->max_dest_rd = dest_rd < IB_MAX_RD_ATOMIC ? dest_rd : IB_MAX_RD_ATOMIC;
-		ib_access_init(ib, &da);
-		char gid[64];
-		ib_gid_text(&p.gid, gid, sizeof(gid));
-		snprintf(b->detail, sizeof(b->detail),
-			 "%s port %u ACTIVE, %s gid[%d] %s, mtu %u; remote access: %s", name, p.port,
-			 gid_type_name(p.gid_type), p.gid_index, gid, ib_mtu_bytes(p.pa.active_mtu),
-			 ib->grant_why);
 	}
-	if (!found) {
-		if (cfg->ib_device && cfg->ib_device[0] && !why[0])
-			snprintf(b->detail, sizeof(b->detail),
-				 "--ib-device %s not found (have: %s)", cfg->ib_device, names);
-		else
-			snprintf(b->detail, sizeof(b->detail), "%s", why);
-	}
+	if (!ib->pd)
+		snprintf(b->detail, sizeof(b->detail), "%s", why);
+	else
+		ib_rails_mark_data_rail(ib);
 	ibv_free_device_list(list);
 }
 
@@ -362,6 +308,7 @@ static const struct sc_backend_ops ib_ops = {
     .revoke = ib_revoke,
     .submit = ib_xfer_submit,
     .cancel = ib_xfer_cancel,
+    .connect = ib_connect,
 };
 
 struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)
@@ -373,6 +320,7 @@ struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)
 	ib->base.ops = &ib_ops;
 	ib->base.env = *env;
 	ib->wake_fd = -1;
+	ib->rail = -1;
 	pthread_mutex_init(&ib->mu, NULL);
 	pthread_cond_init(&ib->cv, NULL);
 	sc_xr_init(&ib->xr, "ibverbs", &ib->mu);
@@ -383,6 +331,7 @@ struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)
 	atomic_init(&ib->cq_stop, false);
 	atomic_init(&ib->n_grants, 0);
 	snprintf(ib->self_id, sizeof(ib->self_id), "%s", env->self_id);
+	ib->stall_ms = cfg->ib_stall_ms;
 	ib->pool = env->pool;
 	ib->srv = env->server;
 	if (cfg->backends && !(cfg->backends & SC_BACKEND_BIT_IBVERBS)) {

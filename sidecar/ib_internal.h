@@ -3,8 +3,9 @@
  * ib_internal.h: the ibverbs backend's private structures, shared by its three files and nothing
  * else (built only when libibverbs is found):
  *
- *   ib_backend.c  the ops table, device/port/GID selection, the protection domain,
+ *   ib_backend.c  the ops table, opening the data rail's device, the protection domain,
  *                 start/stop/destroy
+ *   ib_rails.c    the rails: every port of every device, their facts and state
  *   ib_access.c   region MRs (one per region) and per-operation remote access (expose/revoke):
  *                 type-1 memory windows, one per (operation, region), or MRs where there are none
  *   ib_qp.c       RC queue pairs per peer sidecar: the QP_CONNECT rendezvous on the peer control
@@ -30,6 +31,7 @@
 #define SC_IB_INTERNAL_H
 
 #include "backend.h"
+#include "config.h"
 #include "metadata.h"
 #include "sc_types.h"
 #include "status.h"
@@ -172,14 +174,34 @@ struct ib_xfer {
 	bool want_finish; /* finish once the running task returns */
 	enum ib_notice notice;
 	uint64_t last_ping_mono_ms;
+	uint64_t last_progress_mono_ms; /* a work request of it completed, or it began posting */
 	bool moving;		 /* its QP failed under it: drain, then move (ib_retry.c) */
 	unsigned moves;		 /* moves to a fresh QP so far */
 	uint64_t moving_mono_ms; /* when the current move began */
 	uint64_t t_submit_us, t_opened_us, t_posted_us, t_acked_us; /* for the debug log */
 };
 
+/* A port and GID chosen on an open device. */
+struct ib_pick {
+	uint8_t port;
+	struct ibv_port_attr pa;
+	int gid_index;
+	union ibv_gid gid;
+	unsigned gid_type;
+	uint32_t ndev_ifindex; /* the GID's netdev (RoCE), 0 unknown */
+};
+
+/* What a rail of the backend is (ib_rails.c): the device and port behind base.rails[i]. */
+struct ib_rail_port {
+	char dev[64];
+	struct ib_pick pick; /* port, attributes, GID (when usable) */
+	bool usable;	     /* port ACTIVE with a GID, not excluded */
+};
+
 struct ib_backend {
 	struct sc_backend base;
+	struct ib_rail_port rail_port[SC_MAX_RAILS]; /* base.rails[i]'s device and port */
+	int rail; /* the rail data moves on (its device is ctx); -1 none */
 	struct sc_peer_pool *pool;
 	struct sc_peer_server *srv;
 	char self_id[SC_NAME_MAX];
@@ -200,6 +222,7 @@ struct ib_backend {
 	uint32_t max_dest_rd; /* min(IB_MAX_RD_ATOMIC, max_qp_rd_atom) */
 	uint32_t max_sge;     /* scatter/gather entries per work request (capped) */
 	uint32_t max_sge_rd;  /* ... per RDMA READ */
+	uint64_t stall_ms;    /* --ib-stall-timeout: no completion this long stops a transfer */
 
 	/* Remote access (ib_access.c), fixed after create except the bind QP. */
 	bool grant_mw;	      /* type-1 memory windows; else an MR per (operation, region) */
@@ -245,9 +268,25 @@ static inline struct ib_backend *to_ib(struct sc_backend *b)
 }
 
 /* ib_backend.c */
+/* The GID of (ctx, p->port, p->pa): index `want` (>= 0), else the first RoCE v2 one with an IPv4
+ * address (Ethernet), else index 0 (InfiniBand). -1 with why filled when there is none. */
+int ib_pick_gid(struct ibv_context *ctx, const char *dev, struct ib_pick *p, int want, char *why,
+		size_t cap);
+const char *ib_gid_type_name(unsigned t);
 uint32_t ib_mtu_bytes(enum ibv_mtu m);
 enum ibv_mtu ib_mtu_from_bytes(uint32_t bytes);
 void ib_gid_text(const union ibv_gid *gid, char *out, size_t cap);
+
+/* ib_rails.c */
+/* Fill ib->base.rails and ib->rail_port from the devices in list: every port, in --ib-devices
+ * (or --ib-device / --ib-port) order, with state and facts. why receives the first reason a
+ * rail is not usable (for detail when none is). Main thread, at create. */
+void ib_rails_discover(struct ib_backend *ib, const struct sc_config *cfg,
+		       struct ibv_device **list, int n, char *why, size_t cap);
+/* After the data rail is open: say on the other usable rails that they carry no data yet. */
+void ib_rails_mark_data_rail(struct ib_backend *ib);
+/* A port event of the open device (IBV_EVENT_PORT_ERR / PORT_ACTIVE). Completion thread. */
+void ib_rails_port_event(struct ib_backend *ib, uint8_t port, bool active, const char *what);
 
 /* ib_access.c */
 /* Choose how passive operations get remote access (sets grant_mw, grant_why; makes the bind QP).
@@ -286,6 +325,10 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 struct sc_peer_conn *ib_control_conn(struct ib_backend *ib, const struct sc_metadata *md,
 				     uint64_t deadline_mono_ms, const atomic_bool *cancel,
 				     int *endpoint, struct sc_err *err);
+/* ConnectPeer: a QP to md's issuer (cached, or set up now) and a pooled control connection, so
+ * that its first transfer finds both. The backend's connect op. gRPC worker thread. */
+int ib_connect(struct sc_backend *b, const struct sc_metadata *md, uint64_t deadline_mono_ms,
+	       char *detail, size_t cap, struct sc_err *err);
 /* Drop a reference; the last one destroys the QP. Never under ib->mu. */
 void ib_qp_put(struct ib_backend *ib, struct ib_qp *qp);
 /* The QP failed (a work completion error, an async event, a post failure): no new work goes to

@@ -1102,3 +1102,35 @@ out:
 		ibv_destroy_cq(cq);
 	return rc;
 }
+
+/* ---- warming up (ConnectPeer) ---------------------------------------------------------------- */
+
+int ib_connect(struct sc_backend *b, const struct sc_metadata *md, uint64_t deadline_mono_ms,
+	       char *detail, size_t cap, struct sc_err *err)
+{
+	struct ib_backend *ib = to_ib(b);
+	if (!ib->base.available)
+		return sc_err_set(err, SC_FAILED_PRECONDITION, "ibverbs is not available here: %s",
+				  ib->base.detail);
+	pthread_mutex_lock(&ib->mu);
+	bool cached = false;
+	struct sc_list *pos;
+	sc_list_foreach(pos, &ib->peers) {
+		struct ib_peer *p = sc_list_entry(pos, struct ib_peer, node);
+		if (strcmp(p->id, md->issuer) == 0 && p->qp)
+			cached = true;
+	}
+	pthread_mutex_unlock(&ib->mu);
+	struct ib_qp *qp = NULL;
+	struct sc_peer_conn *conn = NULL;
+	int endpoint = -1;
+	if (ib_qp_get(ib, md, deadline_mono_ms, NULL, &qp, &conn, &endpoint, err) != 0)
+		return -1;
+	snprintf(detail, cap, "%s QP %u to %s (%s QP %u) on %s, control connection to %s",
+		 cached ? "cached" : "new", qp->qp->qp_num, md->issuer, md->ib.device,
+		 qp->remote_qpn, ib->base.rails[ib->rail >= 0 ? ib->rail : 0].name,
+		 endpoint >= 0 ? md->endpoints[endpoint] : "?");
+	sc_peer_pool_put(ib->pool, conn, sc_peer_conn_usable(conn));
+	ib_qp_put(ib, qp);
+	return 0;
+}

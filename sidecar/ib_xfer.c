@@ -110,9 +110,7 @@ static void fail_qp_locked(struct ib_backend *ib, struct ib_qp *qp, bool tombsto
 
 static uint64_t now_us(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+	return sc_clock_mono_us();
 }
 
 /* ---- finish (worker) ------------------------------------------------------------------------- */
@@ -134,6 +132,16 @@ static void finish(struct ib_xfer *xf)
 	bool noticed = xf->notice == IB_NOTICE_POSTED && status == SC_OK;
 	if (noticed)
 		atomic_fetch_add(&ib->n_notice_sent, 1);
+	/* The RDMA path failed, not the operation: where the engine can go on over tcp, the peer is
+	 * told ABORTED (this attempt ends, the same transfer comes back on another path) and so is
+	 * the engine. */
+	if (status == SC_UNAVAILABLE && x->fallback_ok && !atomic_load(&x->cancel_requested) &&
+	    !sc_xr_deadline_passed(x, sc_clock_mono_ms())) {
+		status = SC_ABORTED;
+		if (ib->rail >= 0)
+			atomic_fetch_add_explicit(&ib->base.rails[ib->rail].failovers, 1,
+						  memory_order_relaxed);
+	}
 	if (xf->opened && !noticed) {
 		sc_peer_tell_verdict(ib->pool, &c, x->meta->endpoints[xf->endpoint], x->meta->token,
 				     x->xfer_id, x->deadline_mono_ms, &status, msg, sizeof(msg),
@@ -200,6 +208,7 @@ static void setup(struct ib_xfer *xf)
 	xf->task = IB_TASK_NONE;
 	xf->state = IB_XS_RUNNING;
 	xf->last_ping_mono_ms = sc_clock_mono_ms();
+	xf->last_progress_mono_ms = xf->last_ping_mono_ms;
 	xf->t_opened_us = now_us();
 	/* The first work requests go out from here, saving the hand-over to the completion
 	 * thread; it posts the rest as completions come back. */
@@ -297,6 +306,39 @@ static void run_task(struct sc_xr_task *t)
 	case IB_TASK_NONE:
 		break;
 	}
+}
+
+/* ---- a stalled path (completion thread) ---------------------------------------------------- */
+
+/* Work requests are out, none of this transfer's has completed for --ib-stall-timeout, and the
+ * QP is not already failing: the path stalled (a NIC or link that stopped answering; Soft-RoCE
+ * retransmits forever where a NIC would report retry-exceeded). Under ib->mu. */
+static bool stalled_locked(const struct ib_backend *ib, const struct ib_xfer *xf, uint64_t now)
+{
+	return ib->stall_ms && xf->outstanding && !xf->moving && !xf->qp->broken &&
+	       xf->last_progress_mono_ms && now - xf->last_progress_mono_ms >= ib->stall_ms;
+}
+
+/* Stop the transfer (UNAVAILABLE: finish() may then hand it to tcp) and flush the QP, whose other
+ * transfers move to a fresh one; the peer is tombstoned for a while. Under ib->mu. */
+static void stall_locked(struct ib_backend *ib, struct ib_xfer *xf, uint64_t now)
+{
+	const char *rail = ib->rail >= 0 ? ib->base.rails[ib->rail].name : ib->dev_name;
+	xfer_fail_locked(xf, SC_UNAVAILABLE,
+			 "the RDMA path to peer %s stalled: no work request of this transfer completed "
+			 "for %" PRIu64 " ms (--ib-stall-timeout) on rail %s, %" PRIu64 " of %" PRIu64
+			 " bytes moved",
+			 xf->qp->peer, now - xf->last_progress_mono_ms, rail, xf->bytes_acked,
+			 xf->xr.x->total);
+	xfer_stop_locked(xf);
+	SC_WARN("ibverbs", "transfer %016" PRIx64 ": no completion for %" PRIu64
+		" ms from peer %s on rail %s: flushing QP %u",
+		xf->xr.x->xfer_id, now - xf->last_progress_mono_ms, xf->qp->peer, rail,
+		xf->qp->qp->qp_num);
+	if (ib->rail >= 0)
+		atomic_fetch_add_explicit(&ib->base.rails[ib->rail].errors, 1, memory_order_relaxed);
+	fail_qp_locked(ib, xf->qp, true, "stalled: no completion within --ib-stall-timeout");
+	ib_qp_flush(xf->qp);
 }
 
 /* ---- posting and completions (completion thread) --------------------------------------------- */
@@ -459,6 +501,8 @@ static void wc_error_locked(struct ib_backend *ib, const struct ibv_wc *wc, stru
 	snprintf(why, sizeof(why), "%s (status %d, vendor error 0x%x) on an RDMA %s of %u bytes",
 		 ibv_wc_status_str(wc->status), (int)wc->status, wc->vendor_err, op, w->len);
 	fail_qp_locked(ib, qp, transport_error(wc->status), why);
+	if (ib->rail >= 0)
+		atomic_fetch_add_explicit(&ib->base.rails[ib->rail].errors, 1, memory_order_relaxed);
 	switch (wc->status) {
 	case IBV_WC_REM_ACCESS_ERR:
 		xfer_fail_locked(xf, SC_FAILED_PRECONDITION,
@@ -514,6 +558,8 @@ static void wr_retire_locked(struct ib_backend *ib, struct ib_qp *qp, const stru
 		qp->last_ok_mono_ms = sc_clock_mono_ms();
 		xf->bytes_acked += w->len;
 		xf->progress += w->len;
+		xf->last_progress_mono_ms = qp->last_ok_mono_ms;
+		sc_rail_add_bytes(&ib->base, xf->xr.x, (size_t)ib->rail, w->len);
 	} else {
 		wc_error_locked(ib, wc, w);
 	}
@@ -603,6 +649,8 @@ static void tick(struct ib_backend *ib)
 						 "the QP to peer %s failed: %s (after %d moves to a "
 						 "fresh QP, the limit)",
 						 xf->qp->peer, xf->qp->why, IB_XFER_MOVES);
+			else if (stalled_locked(ib, xf, now))
+				stall_locked(ib, xf, now);
 		}
 		if (xf->moving && ib_xfer_stopped(xf))
 			xf->moving = false; /* cancelled or expired while waiting to move */
@@ -664,10 +712,12 @@ static void handle_async(struct ib_backend *ib)
 				"%s port %d went down (%s): transfers will fail until it "
 				"is back",
 				ib->dev_name, ev.element.port_num, name);
+			ib_rails_port_event(ib, (uint8_t)ev.element.port_num, false, name);
 			break;
 		case IBV_EVENT_PORT_ACTIVE:
 			SC_INFO("ibverbs", "%s port %d is active again", ib->dev_name,
 				ev.element.port_num);
+			ib_rails_port_event(ib, (uint8_t)ev.element.port_num, true, name);
 			break;
 		case IBV_EVENT_DEVICE_FATAL:
 		case IBV_EVENT_CQ_ERR:
@@ -843,6 +893,9 @@ int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err)
 	xf->run.run = run_task;
 	xf->task = IB_TASK_SETUP;
 	x->priv = xf;
+	if (ib->rail >= 0)
+		atomic_fetch_add_explicit(&ib->base.rails[ib->rail].operations, 1,
+					  memory_order_relaxed);
 	if (sc_xr_admit(&ib->xr, &xf->xr, x, &xf->run, err) != 0) {
 		x->priv = NULL;
 		free(xf);

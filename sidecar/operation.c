@@ -26,7 +26,7 @@
 #include <string.h>
 
 #define PROGRESS_NOTIFY_MS 10
-#define MAX_USES 64
+#define MAX_USES (1u << 20) /* counted uses; any_uses has no limit */
 /* How long CancelOperation, ReleaseOperation and a forced deregistration wait for the data plane
  * to let go of a passive operation's memory (its connections are cut at once: this is a bound,
  * not a delay). */
@@ -104,7 +104,9 @@ int sc_op_info_copy(struct sc_op_info *dst, const struct sc_op_info *src)
 
 static uint32_t uses_left(const struct sc_op *op)
 {
-	return op->max_uses > op->n_uses ? op->max_uses - op->n_uses : 0;
+	if (op->any_uses)
+		return UINT32_MAX;
+	return op->max_uses > op->uses_begun ? (uint32_t)(op->max_uses - op->uses_begun) : 0;
 }
 
 /* Fill a snapshot. Under mu. Returns -1 only when out of memory (then info is still usable,
@@ -133,6 +135,8 @@ static int op_fill_info(const struct sc_op *op, struct sc_op_info *info)
 	memcpy(info->backend_reason, op->backend_reason, sizeof(info->backend_reason));
 	info->uses_left = (op->kind == SC_OP_READABLE || op->kind == SC_OP_WRITABLE) ? uses_left(op)
 										    : 0;
+	info->uses_done = op->uses_done;
+	info->bytes_served = atomic_load_explicit(&op->bytes_served, memory_order_relaxed);
 	info->committed = !sc_op_status_terminal(op->status) && op->xfer_in_flight &&
 			  atomic_load(&op->xfer.committed);
 	if ((op->kind == SC_OP_READ || op->kind == SC_OP_WRITE) && op->be) {
@@ -399,11 +403,7 @@ static void op_deadline_cb(void *ctx)
 	pthread_mutex_lock(&eng->mu);
 	op->deadline_timer = 0;
 	if (!sc_op_status_terminal(op->status)) {
-		bool some_done = false, in_flight = false;
-		for (uint32_t i = 0; i < op->n_uses; i++) {
-			some_done |= op->uses[i].done;
-			in_flight |= !op->uses[i].done;
-		}
+		bool some_done = op->uses_done > 0, in_flight = op->n_uses > 0;
 		if (is_passive(op) && some_done && !in_flight) {
 			sc_op_finish_locked(eng, op, SC_OPS_COMPLETE, SC_OK, NULL);
 		} else {
@@ -541,7 +541,8 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 	if (kind != SC_OP_READABLE && kind != SC_OP_WRITABLE)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "not a passive operation kind");
 	if (req->max_uses > MAX_USES)
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "max_uses %u: at most %d",
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "max_uses %u: at most %u (any_uses: any number until the deadline)",
 				  req->max_uses, MAX_USES);
 
 	pthread_mutex_lock(&eng->mu);
@@ -552,8 +553,10 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 	if (copy_str(op->audience, sizeof(op->audience), req->audience, "audience", err) != 0)
 		goto fail;
 	op->omit_descs = req->omit_descs;
-	op->max_uses = req->max_uses ? req->max_uses : 1;
-	op->uses = calloc(op->max_uses, sizeof(*op->uses));
+	op->any_uses = req->any_uses;
+	op->max_uses = req->any_uses ? UINT32_MAX : req->max_uses ? req->max_uses : 1;
+	op->cap_uses = op->max_uses < 4 ? op->max_uses : 4; /* grows with the uses in flight */
+	op->uses = calloc(op->cap_uses, sizeof(*op->uses));
 	if (!op->uses) {
 		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 		goto fail;
@@ -709,11 +712,55 @@ static void xfer_progress(struct sc_xfer *x, uint64_t delta)
 	pthread_mutex_unlock(&op->eng->mu);
 }
 
+static bool backend_usable(struct sc_engine *eng, enum sc_backend_kind b);
+
+/*
+ * The backend's path failed and the peer expects the same transfer on another path
+ * (SC_ABORTED): go on over tcp, saying so. 0 when resubmitted; -1 (the operation then ends with
+ * the backend's message) when a cancel or the deadline came first, or tcp cannot take it.
+ * Under eng->mu, on the backend's thread.
+ */
+static int fall_back_locked(struct sc_engine *eng, struct sc_op *op, const char *msg)
+{
+	struct sc_backend *tcp = eng->backends[SC_BACKEND_TCP];
+	struct sc_xfer *x = &op->xfer;
+	if (op->finish_pending != SC_OPS_UNSPECIFIED || !tcp || !tcp->available ||
+	    sc_clock_mono_ms() >= op->deadline_mono_ms || atomic_load(&x->cancel_requested))
+		return -1;
+	enum sc_backend_kind from = op->backend;
+	snprintf(op->backend_reason, sizeof(op->backend_reason),
+		 "tcp: %s failed mid-transfer, moved to tcp (%s)", sc_backend_name(from), msg);
+	SC_WARN("op", "%s: %s path to %s failed, going on over tcp: %s", op->id,
+		sc_backend_name(from), op->meta.issuer, msg);
+	op->backend = SC_BACKEND_TCP;
+	op->be = tcp;
+	x->fallback_ok = false;
+	atomic_store(&x->committed, false);
+	atomic_store(&op->bytes_done, 0);
+	for (size_t i = 0; i < SC_XFER_MAX_RAILS; i++) /* rail_bytes name the new backend's rails */
+		atomic_store(&x->rail_bytes[i], 0);
+	struct sc_err err;
+	sc_err_clear(&err);
+	if (sc_backend_submit(tcp, x, &err) != 0) {
+		SC_WARN("op", "%s: tcp could not take it over: %s", op->id, err.msg);
+		return -1;
+	}
+	op_notify(eng, op);
+	return 0;
+}
+
 static void xfer_complete(struct sc_xfer *x, enum sc_status status, const char *msg)
 {
 	struct sc_op *op = x->owner;
 	struct sc_engine *eng = op->eng;
 	pthread_mutex_lock(&eng->mu);
+	if (status == SC_ABORTED) {
+		if (fall_back_locked(eng, op, msg) == 0) {
+			pthread_mutex_unlock(&eng->mu);
+			return; /* the same transfer, its pins and references, now on tcp */
+		}
+		status = SC_UNAVAILABLE;
+	}
 	op->xfer_in_flight = false;
 	op->pins--;
 	if (status == SC_OK) /* also after a late cancel: every byte moved, on both sides */
@@ -745,6 +792,9 @@ void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op)
 	x->on_progress = xfer_progress;
 	x->on_complete = xfer_complete;
 	x->owner = op;
+	/* An ibverbs path that fails may hand the transfer to tcp when the issuer offers tcp. */
+	x->fallback_ok = op->backend == SC_BACKEND_IBVERBS && backend_usable(eng, SC_BACKEND_TCP) &&
+			 (op->meta.backends & SC_BACKEND_BIT_TCP) && op->meta.n_endpoints > 0;
 	if (sc_random_bytes(&x->xfer_id, sizeof(x->xfer_id)) != 0)
 		x->xfer_id = (uint64_t)(uintptr_t)op ^ sc_clock_mono_ms();
 	op->status = SC_OPS_IN_PROGRESS;
@@ -1208,12 +1258,8 @@ static void count_passive_busy(void *ctx, void *value)
 	uint32_t *n = ctx;
 	if (!is_passive(op) || sc_op_status_terminal(op->status))
 		return;
-	for (uint32_t i = 0; i < op->n_uses; i++) {
-		if (!op->uses[i].done) {
-			(*n)++;
-			return;
-		}
-	}
+	if (op->n_uses)
+		(*n)++;
 }
 
 uint32_t sc_engine_passive_busy_count(struct sc_engine *eng)
@@ -1250,9 +1296,10 @@ static struct sc_op *open_lookup(struct sc_engine *eng, const uint8_t *token, st
 		return token_lookup(eng, token, err);
 	if (spent->status == SC_OPS_COMPLETE)
 		sc_err_set(err, SC_FAILED_PRECONDITION,
-			   "metadata already used: operation %s on sidecar %s completed (%u of %u "
-			   "use(s)); a passive operation serves each use once: ask for fresh metadata",
-			   spent->id, eng->id, spent->n_uses, spent->max_uses);
+			   "metadata already used: operation %s on sidecar %s completed (%" PRIu64
+			   " of %u use(s)); a passive operation serves each use once: ask for fresh "
+			   "metadata",
+			   spent->id, eng->id, spent->uses_begun, spent->max_uses);
 	else if (spent->status == SC_OPS_CANCELLED)
 		sc_err_set(err, SC_FAILED_PRECONDITION,
 			   "metadata of a cancelled operation: %s on sidecar %s was cancelled (%s): ask "
@@ -1269,6 +1316,24 @@ static struct sc_op *open_lookup(struct sc_engine *eng, const uint8_t *token, st
 			   "fresh metadata",
 			   spent->id, eng->id, sc_op_status_name(spent->status), spent->err_msg);
 	return NULL;
+}
+
+/* A use that finished leaves the records (the last one takes its place). Under mu. */
+static void drop_use(struct sc_op *op, struct sc_use *use)
+{
+	*use = op->uses[--op->n_uses];
+}
+
+/* One use of an any_uses operation failed: the others go on (a reader that fails or vanishes
+ * does not end the broadcast for everyone). Under mu. */
+static void use_failed_locked(struct sc_engine *eng, struct sc_op *op, uint64_t xfer_id,
+			      const char *why)
+{
+	op->uses_failed++;
+	SC_INFO("op", "%s: use by transfer %016" PRIx64 " failed (%" PRIu64 " failed, %" PRIu64
+		" done so far; the operation goes on): %s",
+		op->id, xfer_id, op->uses_failed, op->uses_done, why);
+	op_notify(eng, op);
 }
 
 static struct sc_use *find_use(struct sc_op *op, uint64_t xfer_id)
@@ -1312,17 +1377,30 @@ static int passive_open(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 		goto out;
 	}
 	if (!find_use(op, xfer_id)) {
-		if (op->n_uses >= op->max_uses) {
+		if (!op->any_uses && op->uses_begun >= op->max_uses) {
 			sc_err_set(err, SC_FAILED_PRECONDITION,
-				   "metadata already used (%u of %u use(s)): a passive operation "
-				   "serves each use once; ask for fresh metadata",
-				   op->n_uses, op->max_uses);
+				   "metadata already used (%" PRIu64 " of %u use(s)): a passive "
+				   "operation serves each use once; ask for fresh metadata",
+				   op->uses_begun, op->max_uses);
 			goto out;
+		}
+		if (op->n_uses == op->cap_uses) {
+			uint32_t cap = op->cap_uses ? op->cap_uses * 2 : 4;
+			struct sc_use *grown = realloc(op->uses, cap * sizeof(*grown));
+			if (!grown) {
+				sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+					   "sidecar out of memory for another use of operation %s",
+					   op->id);
+				goto out;
+			}
+			op->uses = grown;
+			op->cap_uses = cap;
 		}
 		op->uses[op->n_uses].xfer_id = xfer_id;
 		op->uses[op->n_uses].done = false;
 		op->uses[op->n_uses].refused = SC_OK;
 		op->n_uses++;
+		op->uses_begun++;
 		snprintf(op->peer, sizeof(op->peer), "%s", peer_id ? peer_id : "");
 		if (op->backend == SC_BACKEND_NONE)
 			op->backend = strcmp(op->peer, eng->id) == 0 ? SC_BACKEND_LOCAL
@@ -1416,6 +1494,7 @@ static void passive_span_release(void *ctx, struct sc_span *span, uint64_t bytes
 	if (!op)
 		return;
 	atomic_fetch_add(&op->bytes_done, bytes_moved);
+	atomic_fetch_add_explicit(&op->bytes_served, bytes_moved, memory_order_relaxed);
 	pthread_mutex_lock(&eng->mu);
 	if (!sc_op_status_terminal(op->status) &&
 	    sc_clock_mono_ms() - op->last_notify_mono_ms >= PROGRESS_NOTIFY_MS)
@@ -1446,29 +1525,48 @@ static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 			   "transfer %016" PRIx64 " has not opened operation %s", xfer_id, op->id);
 		goto out;
 	}
-	use->done = true;
-	if (status == SC_OK && use->refused != SC_OK) {
+	if (status == SC_ABORTED) {
+		/* The active side's path failed; the same transfer comes back on another one (an
+		 * ibverbs transfer going on over tcp): the use stays open. */
+		SC_INFO("op", "%s: peer %s moves transfer %016" PRIx64 " to another path: %s", op->id,
+			op->peer, xfer_id, msg && msg[0] ? msg : "its path failed");
+		if (op->max_uses == 1)
+			atomic_store(&op->bytes_done, 0);
+		op->backend = SC_BACKEND_TCP; /* the only path a transfer moves to today */
+		snprintf(op->backend_reason, sizeof(op->backend_reason),
+			 "peer %s moved the transfer to tcp: %s", op->peer,
+			 msg && msg[0] ? msg : "its path failed");
+		rc = 0;
+		goto out;
+	}
+	enum sc_status refused = use->refused;
+	drop_use(op, use); /* finished: only the uses in flight keep a record */
+	if (status == SC_OK && refused != SC_OK) {
 		/* A success pipelined behind a request this side refused: the bytes did not all
 		 * move. */
 		char text[SC_ERR_MSG_MAX];
 		snprintf(text, sizeof(text),
 			 "peer %s reported success after this side refused one of its requests (%s)",
-			 op->peer, sc_status_name(use->refused));
-		sc_op_finish_locked(eng, op, SC_OPS_ERRORED, use->refused, text);
+			 op->peer, sc_status_name(refused));
+		if (op->any_uses)
+			use_failed_locked(eng, op, xfer_id, text);
+		else
+			sc_op_finish_locked(eng, op, SC_OPS_ERRORED, refused, text);
 		sc_err_set(err, SC_FAILED_PRECONDITION,
 			   "transfer %016" PRIx64 " had a request refused (%s): operation %s is not "
 			   "complete",
-			   xfer_id, sc_status_name(use->refused), op->id);
+			   xfer_id, sc_status_name(refused), op->id);
 		goto out;
 	} else if (status == SC_OK) {
 		/* RDMA moves the bytes without this side seeing them: a use confirmed by DONE moved
 		 * them all (info caps bytes_done at bytes_total). */
-		if (op->backend == SC_BACKEND_IBVERBS)
+		if (op->backend == SC_BACKEND_IBVERBS) {
 			atomic_fetch_add(&op->bytes_done, op->bytes_total);
-		uint32_t done = 0;
-		for (uint32_t i = 0; i < op->n_uses; i++)
-			done += op->uses[i].done;
-		if (done == op->max_uses)
+			atomic_fetch_add_explicit(&op->bytes_served, op->bytes_total,
+						  memory_order_relaxed);
+		}
+		op->uses_done++;
+		if (!op->any_uses && op->uses_done == op->max_uses)
 			sc_op_finish_locked(eng, op, SC_OPS_COMPLETE, SC_OK, NULL);
 		else
 			op_notify(eng, op);
@@ -1476,9 +1574,12 @@ static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 		char text[SC_ERR_MSG_MAX];
 		snprintf(text, sizeof(text), "peer %s: %s", op->peer,
 			 msg && msg[0] ? msg : sc_status_text(status));
-		sc_op_finish_locked(eng, op,
-				    status == SC_CANCELLED ? SC_OPS_CANCELLED : SC_OPS_ERRORED,
-				    status, text);
+		if (op->any_uses)
+			use_failed_locked(eng, op, xfer_id, text);
+		else
+			sc_op_finish_locked(eng, op,
+					    status == SC_CANCELLED ? SC_OPS_CANCELLED : SC_OPS_ERRORED,
+					    status, text);
 	}
 	rc = 0;
 out:
@@ -1497,7 +1598,12 @@ static void passive_abandon(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64
 		char text[SC_ERR_MSG_MAX];
 		snprintf(text, sizeof(text), "peer %s disconnected mid-transfer: %s", op->peer,
 			 why ? why : "connection lost");
-		sc_op_finish_locked(eng, op, SC_OPS_ERRORED, SC_UNAVAILABLE, text);
+		if (op->any_uses) {
+			drop_use(op, use);
+			use_failed_locked(eng, op, xfer_id, text);
+		} else {
+			sc_op_finish_locked(eng, op, SC_OPS_ERRORED, SC_UNAVAILABLE, text);
+		}
 	}
 	pthread_mutex_unlock(&eng->mu);
 }

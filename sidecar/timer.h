@@ -34,6 +34,7 @@ bool sc_timers_try_cancel(struct sc_timers *t, uint64_t id);
 size_t sc_timers_pending(struct sc_timers *t);
 
 uint64_t sc_clock_mono_ms(void);
+uint64_t sc_clock_mono_us(void);
 uint64_t sc_clock_unix_ms(void);
 /* base + delay, saturated at UINT64_MAX: every "now + timeout" goes through one of these, so a
  * huge timeout (a client's 2^64-1) means "never" rather than wrapping into the past. */

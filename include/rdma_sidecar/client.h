@@ -9,7 +9,9 @@
  * rsc_client_create(), destroy it with rsc_client_destroy() (NULL is accepted). Output structs
  * (rsc_region, rsc_operation, rsc_info, lists) are filled by the library and own their strings
  * and arrays; free them with the matching rsc_*_clear() (safe on a zeroed or already cleared
- * struct). They are filled only when the call returns RSC_OK.
+ * struct). They are filled only when the call returns RSC_OK. ABI: a released struct never
+ * changes size or layout (callers allocate them and index their arrays); what the service adds
+ * later comes in new structs and calls (rsc_get_info_rails, rsc_operation_get_rails).
  *
  * Threads. A client may be used from any number of threads at once: every call runs on its own
  * gRPC call and completion queue, and blocks the calling thread until the answer (or its deadline).
@@ -163,6 +165,61 @@ typedef struct rsc_info {
 
 int rsc_get_info(rsc_client *c, rsc_info *out, rsc_status *st);
 void rsc_info_clear(rsc_info *info);
+
+/*
+ * Rails and topology (SidecarInfo.rails, .topology, .topology_source). rsc_info keeps its size
+ * (programs built against an earlier header still work), so they come in their own struct, from
+ * the same GetInfo round trip.
+ */
+
+/* A rail: one path of the data plane (an RDMA port "device:port", or a TCP data endpoint). */
+typedef struct rsc_rail_info {
+	uint32_t index; /* among its backend's rails; metadata names rails by it */
+	int backend;	/* enum rsc_backend */
+	char *name;
+	char *pci_address;  /* "0000:17:00.0"; "" when unknown */
+	int32_t numa_node;  /* -1: unknown */
+	uint64_t rate_mbps; /* link rate, Mb/s; 0: unknown */
+	char *state;	    /* "up", "down", "cooling", "unusable", "excluded", "absent" */
+	char *detail;	    /* what it is, or why it is not up */
+	char *netdev;	    /* the network interface under it, "" when unknown */
+	uint64_t bytes;
+	uint64_t operations;
+	uint64_t errors;
+	uint64_t failovers;
+} rsc_rail_info;
+
+/* How one rail stands from a piece of memory: distance is NCCL's class ("PIX", "PXB", "PHB",
+ * "NODE", "SYS", "UNKNOWN"). */
+typedef struct rsc_rail_distance {
+	char *rail;
+	char *distance;
+} rsc_rail_distance;
+
+/* The rails that carry one GPU's memory ("gpu 0") or one NUMA node's host memory ("numa 1"). */
+typedef struct rsc_memory_rails {
+	char *memory;
+	int32_t gpu_index; /* -1 for host memory rows */
+	char *pci_address; /* the GPU's PCI bus id; "" for host memory rows */
+	int32_t numa_node; /* -1: unknown */
+	size_t n_rails;	   /* every rail, nearest first */
+	rsc_rail_distance *rails;
+	size_t n_chosen; /* the rails this memory goes through */
+	char **chosen;
+} rsc_memory_rails;
+
+typedef struct rsc_info_rails {
+	size_t n_rails;
+	rsc_rail_info *rails;
+	size_t n_topology;
+	rsc_memory_rails *topology;
+	char *topology_source; /* "sysfs", an XML file's path, or why there is none */
+} rsc_info_rails;
+
+/* GetInfo, keeping its rails and topology in *rails and, when info is not NULL, the rest in
+ * *info (as rsc_get_info). Both are filled only on RSC_OK; clear each with its own function. */
+int rsc_get_info_rails(rsc_client *c, rsc_info *info, rsc_info_rails *rails, rsc_status *st);
+void rsc_info_rails_clear(rsc_info_rails *rails);
 
 /* grpc.health.v1.Health/Check. service: NULL or "" for the whole server. *serving gets the
  * HealthCheckResponse status (1 = SERVING, 2 = NOT_SERVING). */
@@ -357,6 +414,23 @@ int rsc_operation_list_get(rsc_client *c, rsc_operation_list *out, rsc_status *s
 void rsc_operation_clear(rsc_operation *op);
 void rsc_operation_list_clear(rsc_operation_list *l);
 
+/* Operation.rails: the bytes each rail moved for an active operation (empty until bytes move,
+ * and for LOCAL). rsc_operation keeps its size, so they come from their own call:
+ * rsc_operation_get_rails is rsc_operation_get (out may be NULL) that also fills *rails. */
+typedef struct rsc_rail_usage {
+	char *rail;
+	uint64_t bytes;
+} rsc_rail_usage;
+
+typedef struct rsc_rail_usage_list {
+	size_t count;
+	rsc_rail_usage *items;
+} rsc_rail_usage_list;
+
+int rsc_operation_get_rails(rsc_client *c, const char *operation_id, rsc_operation *out,
+			    rsc_rail_usage_list *rails, rsc_status *st);
+void rsc_rail_usage_list_clear(rsc_rail_usage_list *l);
+
 /* Begin and wait in one round trip (BeginTransferRequest.wait): *out is the final state
  * (COMPLETE, CANCELLED or ERRORED: a failed transfer is RSC_OK with out->status ERRORED). When
  * timeout_ms (0 = 30000) passes first the call fails with RSC_DEADLINE_EXCEEDED and the operation
@@ -370,6 +444,32 @@ int rsc_write(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rs
  * locally without checking the signature (the sidecar checks it). *lengths is malloc'd: free(). */
 int rsc_metadata_lengths(const char *metadata, uint64_t **lengths, size_t *n, int *kind,
 			 rsc_status *st);
+
+/* ---- peers ----------------------------------------------------------------------------------- */
+
+/* One data path to a peer, as ConnectPeer set it up. */
+typedef struct rsc_peer_path {
+	int backend; /* enum rsc_backend */
+	int ready;
+	char *detail;	     /* what was set up, or why not */
+	uint64_t elapsed_us; /* how long it took (0 when it was warm already) */
+} rsc_peer_path;
+
+typedef struct rsc_peer_connection {
+	char *peer; /* the issuer's sidecar id */
+	size_t n_paths;
+	rsc_peer_path *paths;
+} rsc_peer_connection;
+
+/* ConnectPeer: opens the connections to the sidecar that issued `metadata` ("rsm1." text, checked
+ * but not used up) before the first transfer, on every backend both sides offer. timeout_ms
+ * bounds the setup (0 = the sidecar's 10 s). A backend that could not connect is RSC_OK with
+ * ready 0 and its detail; bad, expired or foreign metadata fails the call (INVALID_ARGUMENT,
+ * FAILED_PRECONDITION, ...) with the sidecar's message. Free *out with
+ * rsc_peer_connection_clear. */
+int rsc_connect_peer(rsc_client *c, const char *metadata, uint64_t timeout_ms,
+		     rsc_peer_connection *out, rsc_status *st);
+void rsc_peer_connection_clear(rsc_peer_connection *p);
 
 /* ---- NATS metadata exchange and progress ----------------------------------------------------- */
 

@@ -6,7 +6,8 @@
  * NULL-safe teardown. Single-threaded except the publisher thread of the subscribe check.
  *
  *   sc-client-test unix:A.sock unix:B.sock FILE_FOR_B
- * (FILE_FOR_B: an existing 1 MiB file B can open read-write, registered as a host-file region)
+ * (FILE_FOR_B: an existing 1 MiB file B can open read-write, registered as a host-file region;
+ * A runs with RDMA_SIDECAR_TOPOLOGY_XML=tests/unit/topology/dgx8.xml, B on this host's sysfs)
  */
 #include <rdma_sidecar/client.h>
 
@@ -148,6 +149,9 @@ int main(int argc, char **argv)
 	rsc_info_clear(NULL);
 	rsc_region_list_clear(NULL);
 	rsc_operation_list_clear(NULL);
+	rsc_info_rails_clear(NULL);
+	rsc_rail_usage_list_clear(NULL);
+	rsc_peer_connection_clear(NULL);
 
 	OK(rsc_client_create(&(rsc_options){.target = argv[1]}, &a, &st));
 	OK(rsc_client_create(&(rsc_options){.target = argv[2]}, &b, &st));
@@ -161,6 +165,59 @@ int main(int argc, char **argv)
 	CHECK(strcmp(info.nats_state, "connected") == 0, "nats_state %s", info.nats_state);
 	rsc_info_clear(&info);
 	rsc_info_clear(&info); /* twice: safe */
+
+	/* Rails and topology: A's come from the dgx8 fixture (its 8 NICs are no rails here:
+	 * absent), B's from this host. */
+	rsc_info_rails rails;
+	OK(rsc_get_info_rails(a, &info, &rails, &st));
+	CHECK(strcmp(info.sidecar_id, "a") == 0, "sidecar_id with rails %s", info.sidecar_id);
+	size_t len = strlen(rails.topology_source);
+	CHECK(len >= 8 && strcmp(rails.topology_source + len - 8, "dgx8.xml") == 0,
+	      "topology_source %s", rails.topology_source);
+	int absent = 0;
+	for (size_t i = 0; i < rails.n_rails; i++) {
+		const rsc_rail_info *r = &rails.rails[i];
+		if (strcmp(r->state, "absent") != 0)
+			continue;
+		char want[16];
+		snprintf(want, sizeof(want), "mlx5_%d", absent);
+		CHECK(strcmp(r->name, want) == 0 && r->backend == RSC_BACKEND_IBVERBS &&
+			  r->numa_node == (absent < 4 ? 0 : 1) && strlen(r->pci_address) == 12,
+		      "absent rail %d: %s %s %s numa %d", absent, r->name,
+		      rsc_backend_name(r->backend), r->pci_address, (int)r->numa_node);
+		absent++;
+	}
+	CHECK(absent == 8, "absent rails %d of %zu", absent, rails.n_rails);
+	const rsc_memory_rails *numa0 = NULL;
+	for (size_t i = 0; i < rails.n_topology; i++)
+		if (strcmp(rails.topology[i].memory, "numa 0") == 0)
+			numa0 = &rails.topology[i];
+	CHECK(numa0 != NULL, "no \"numa 0\" row among %zu", rails.n_topology);
+	if (numa0) {
+		CHECK(numa0->gpu_index == -1 && numa0->numa_node == 0 && numa0->pci_address[0] == 0,
+		      "numa 0 row: gpu %d node %d", (int)numa0->gpu_index, (int)numa0->numa_node);
+		CHECK(numa0->n_chosen == 4, "numa 0 chose %zu rails", numa0->n_chosen);
+		for (size_t i = 0; i < numa0->n_chosen && i < 4; i++) {
+			char want[16];
+			snprintf(want, sizeof(want), "mlx5_%zu", i);
+			CHECK(strcmp(numa0->chosen[i], want) == 0, "numa 0 chosen[%zu] %s", i,
+			      numa0->chosen[i]);
+		}
+		CHECK(numa0->n_rails >= 8 && numa0->rails[0].distance[0], "numa 0 ranks %zu rails",
+		      numa0->n_rails);
+	}
+	rsc_info_rails_clear(&rails);
+	rsc_info_rails_clear(&rails); /* twice: safe */
+	rsc_info_clear(&info);
+	OK(rsc_get_info_rails(b, NULL, &rails, &st)); /* info may be NULL */
+	CHECK(strcmp(rails.topology_source, "sysfs") == 0, "b's topology_source %s",
+	      rails.topology_source);
+	int numa_rows = 0;
+	for (size_t i = 0; i < rails.n_topology; i++)
+		numa_rows += strncmp(rails.topology[i].memory, "numa ", 5) == 0;
+	CHECK(numa_rows >= 1, "b: no NUMA rows among %zu", rails.n_topology);
+	rsc_info_rails_clear(&rails);
+	CODE(rsc_get_info_rails(a, NULL, NULL, &st), RSC_INVALID_ARGUMENT, "rails is NULL");
 	int serving = 0;
 	OK(rsc_health_check(b, NULL, &serving, &st));
 	CHECK(serving == 1, "health %d", serving);
@@ -243,6 +300,26 @@ int main(int argc, char **argv)
 	      "write %s %s", rsc_op_status_name(act.status), act.error_message);
 	CHECK(memcmp((char *)ma + 65536 * 3, mb, 65536) == 0, "bytes written differ");
 	CHECK(memcmp(ma, pattern, 65536 * 3) == 0, "bytes before the writable changed");
+	/* The rails it used (none may be named yet where TCP reports no rails): each names one and
+	 * the bytes add up to no more than the transfer's. */
+	rsc_rail_usage_list used;
+	rsc_operation same;
+	OK(rsc_operation_get_rails(b, act.operation_id, &same, &used, &st));
+	CHECK(strcmp(same.operation_id, act.operation_id) == 0 &&
+		  same.status == RSC_STATUS_COMPLETE,
+	      "get_rails: %s %s", same.operation_id, rsc_op_status_name(same.status));
+	uint64_t rail_bytes = 0;
+	for (size_t i = 0; i < used.count; i++) {
+		CHECK(used.items[i].rail[0], "rail usage %zu has no rail name", i);
+		rail_bytes += used.items[i].bytes;
+	}
+	CHECK(rail_bytes <= 65536 && (used.count == 0 || rail_bytes == 65536),
+	      "rails moved %llu bytes over %zu rails", (unsigned long long)rail_bytes, used.count);
+	rsc_operation_clear(&same);
+	rsc_rail_usage_list_clear(&used);
+	OK(rsc_operation_get_rails(b, act.operation_id, NULL, &used, &st)); /* out may be NULL */
+	rsc_rail_usage_list_clear(&used);
+	CODE(rsc_operation_get_rails(b, "op-nope", NULL, &used, &st), RSC_NOT_FOUND, "op-nope");
 	/* The metadata is used up: the next use errors (an operation failure, not a call failure).
 	 */
 	rsc_operation again;
@@ -337,6 +414,35 @@ int main(int argc, char **argv)
 	      rsc_op_status_name(done.status), done.error_message);
 	rsc_operation_clear(&done);
 	rsc_operation_clear(&act);
+	rsc_operation_clear(&op);
+
+	/* ConnectPeer: b opens its connections to a from a readable's metadata, which stays
+	 * usable; bad metadata changes nothing and says why. */
+	OK(rsc_create_readable(
+	    a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 1, .timeout_ms = 60000},
+	    &op, &st));
+	rsc_peer_connection pc;
+	OK(rsc_connect_peer(b, op.metadata, 10000, &pc, &st));
+	CHECK(pc.peer && strcmp(pc.peer, "a") == 0, "connect_peer peer %s", pc.peer);
+	CHECK(pc.n_paths >= 1, "connect_peer: %zu paths", pc.n_paths);
+	int tcp_ready = 0;
+	for (size_t i = 0; i < pc.n_paths; i++)
+		if (pc.paths[i].backend == RSC_BACKEND_TCP && pc.paths[i].ready &&
+		    strstr(pc.paths[i].detail, "connection(s) to a at "))
+			tcp_ready = 1;
+	CHECK(tcp_ready, "no ready TCP path (first: %s %d %s)",
+	      pc.n_paths ? rsc_backend_name(pc.paths[0].backend) : "-",
+	      pc.n_paths ? pc.paths[0].ready : 0, pc.n_paths ? pc.paths[0].detail : "");
+	rsc_peer_connection_clear(&pc);
+	rsc_peer_connection_clear(&pc); /* twice: safe */
+	OK(rsc_operation_get(a, op.operation_id, &again, &st));
+	CHECK(again.uses_left == 1, "connect_peer used the metadata up (%u left)", again.uses_left);
+	rsc_operation_clear(&again);
+	CODE(rsc_connect_peer(b, "rsm1.garbage", 5000, &pc, &st), RSC_INVALID_ARGUMENT, "metadata");
+	CODE(rsc_connect_peer(b, "", 5000, &pc, &st), RSC_INVALID_ARGUMENT, "no metadata");
+	CODE(rsc_connect_peer(b, NULL, 5000, &pc, &st), RSC_INVALID_ARGUMENT, "no metadata");
+	CODE(rsc_connect_peer(NULL, op.metadata, 5000, &pc, &st), RSC_INVALID_ARGUMENT,
+	     "no client");
 	rsc_operation_clear(&op);
 
 	/* Publish / subscribe over NATS: the callback stops the stream at the first event. */

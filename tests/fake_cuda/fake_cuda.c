@@ -157,6 +157,11 @@ static CUresult g_fail_err = CUDA_ERROR_ILLEGAL_ADDRESS; /* FAKE_CUDA_FAIL_COPY_
 static CUresult g_sticky[FC_MAX_DEV];	     /* a device's context is poisoned by this error */
 static bool g_dmabuf;			     /* FAKE_CUDA_DMA_BUF */
 static bool g_gdr;			     /* FAKE_CUDA_GDR */
+/* Each device's PCI address: FAKE_CUDA_PCI_BUS_IDS, else 0000:(N+1):00.0. */
+static struct fc_pci {
+	unsigned domain, bus, dev, func;
+	char text[32]; /* what cuDeviceGetPCIBusId returns: the list's entry as written */
+} g_pci[FC_MAX_DEV];
 static unsigned long g_batch_calls;	     /* cuMemcpyBatchAsync calls: see FAKE_CUDA_STATS */
 static unsigned long g_copy_calls;	     /* cuMemcpyHtoDAsync / cuMemcpyDtoHAsync calls */
 
@@ -640,6 +645,41 @@ static long env_long(const char *name, long dflt)
 	return errno || *end ? dflt : x;
 }
 
+/* FAKE_CUDA_PCI_BUS_IDS="0000:17:00.0,00000000:3a:00.0,...": device N takes entry N (so stand-in GPUs
+ * can sit where a topology fixture's GPUs are); devices past the list keep the default. An entry
+ * that is not "domain:bus:device.function" (hex) fails cuInit, loudly: the test is wrong. */
+static int parse_pci_bus_ids(void)
+{
+	const char *v = getenv("FAKE_CUDA_PCI_BUS_IDS");
+
+	for (int i = 0; i < FC_MAX_DEV; i++) {
+		g_pci[i] = (struct fc_pci){.bus = (unsigned)i + 1};
+		snprintf(g_pci[i].text, sizeof(g_pci[i].text), "0000:%02x:00.0", (unsigned)i + 1);
+	}
+	for (int i = 0; v && *v && i < FC_MAX_DEV; i++) {
+		size_t len = strcspn(v, ",");
+		char one[32];
+		struct fc_pci p = {0};
+		int used = 0;
+		if (len == 0 || len >= sizeof(one))
+			goto bad;
+		memcpy(one, v, len);
+		one[len] = '\0';
+		if (sscanf(one, "%x:%x:%x.%x%n", &p.domain, &p.bus, &p.dev, &p.func, &used) != 4 ||
+		    used != (int)len || p.bus > 0xff || p.dev > 0x1f || p.func > 7)
+			goto bad;
+		snprintf(p.text, sizeof(p.text), "%s", one);
+		g_pci[i] = p;
+		v += len + (v[len] == ',');
+		continue;
+bad:
+		fprintf(stderr, "fake_cuda: FAKE_CUDA_PCI_BUS_IDS entry %d is not a PCI address "
+				"(dddd:bb:dd.f): %.*s\n", i, (int)len, v);
+		return -1;
+	}
+	return 0;
+}
+
 CUresult cuInit(unsigned int Flags)
 {
 	CUresult r = CUDA_SUCCESS;
@@ -657,6 +697,10 @@ CUresult cuInit(unsigned int Flags)
 	g_ndev = n > FC_MAX_DEV ? FC_MAX_DEV : (int)n;
 	for (int i = 0; i < g_ndev; i++)
 		g_ctx[i].dev = i;
+	if (parse_pci_bus_ids()) {
+		r = CUDA_ERROR_INVALID_VALUE;
+		goto out;
+	}
 	g_fail_at = env_long("FAKE_CUDA_FAIL_COPY_AT", 0);
 	g_delay_us = (unsigned)env_long("FAKE_CUDA_COPY_DELAY_US", 0);
 	const char *dir = getenv("FAKE_CUDA_FAIL_COPY_DIR");
@@ -753,7 +797,7 @@ CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 		return r;
 	if (!pciBusId || len <= 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", dev + 1);
+	snprintf(pciBusId, (size_t)len, "%s", g_pci[dev].text);
 	return CUDA_SUCCESS;
 }
 
@@ -804,7 +848,13 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 		*pi = 1;
 		break;
 	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
-		*pi = dev + 1;
+		*pi = (int)g_pci[dev].bus;
+		break;
+	case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
+		*pi = (int)g_pci[dev].dev;
+		break;
+	case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
+		*pi = (int)g_pci[dev].domain;
 		break;
 	case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED:
 		*pi = g_dmabuf;

@@ -85,7 +85,8 @@ def main():
         for need in ("./libexec/rdma-sidecar", "./libexec/rdma-sidecar-ctl", "./libexec/nats-server",
                      "./python/rdma_sidecar/v1/sidecar_pb2.py"):
             assert need in manifest, need
-        for lib in ("libgrpc.so", "libnats.so", "libprotobuf-c.so", "libmicrohttpd.so", "libibverbs.so"):
+        for lib in ("libgrpc.so", "libnats.so", "libprotobuf-c.so", "libmicrohttpd.so", "libibverbs.so",
+                    "libhwloc.so"):
             assert any(n.startswith(lib) for n in os.listdir(os.path.join(kit, "lib"))), lib
         # A size limit below the kit's size fails, saying so.
         r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu-kit.sh"), "--no-build", "--build", BUILD,

@@ -107,6 +107,10 @@ def inner(mnt, env, version):
     r = run(as_user + clean_env + ["/usr/local/bin/rdma-sidecar", "--help"])
     assert r.returncode == 0 and "--health-listen" in r.stdout and "--reflection" in r.stdout, r
     print("--version: rdma-sidecar %s; --help: %d lines" % (version, len(r.stdout.splitlines())))
+    # `man rdma-sidecar`: the help2man page (Dockerfile) and man-db (install-deps.sh --runtime)
+    r = run(as_user + clean_env + ["PATH=/usr/bin:/bin", "MANPAGER=cat", "MANWIDTH=100", "/usr/bin/man", "rdma-sidecar"])
+    assert r.returncode == 0 and "RDMA-SIDECAR(8)" in r.stdout and "--grpc-listen" in r.stdout, r
+    print("man rdma-sidecar: %d lines" % len(r.stdout.splitlines()))
 
     # 3. no compiler, no headers
     for p in ("usr/bin/gcc", "usr/bin/cc", "usr/bin/c++", "usr/bin/cpp", "usr/bin/cmake", "usr/bin/ld",

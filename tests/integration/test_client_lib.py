@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """librdma-sidecar-client from C: runs sc-client-test (tests/client/client_lib_test.c) against two
 real sidecars and a real nats-server. The C program checks every RPC wrapper, the bytes moved,
-error codes and messages, stream callbacks that stop, and an unreachable sidecar."""
+error codes and messages, stream callbacks that stop, and an unreachable sidecar. Sidecar a loads the
+dgx8 hwloc fixture (RDMA_SIDECAR_TOPOLOGY_XML), so its rails and topology rows are known exactly."""
 import os
 import subprocess
 
@@ -9,13 +10,14 @@ from harness import SLOW, SidecarTest, main
 
 BUILD = os.path.dirname(os.path.abspath(os.environ.get("SC_BINARY", "build/rdma-sidecar")))
 EXE = os.path.join(BUILD, "client", "sc-client-test")
+DGX8 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit", "topology", "dgx8.xml")
 
 
 class ClientLibTest(SidecarTest):
     def test_library(self):
         nats = self.nats()
         keys = self.key_file()
-        a = self.sidecar("a", key_file=keys, nats_url=nats.url)
+        a = self.sidecar("a", key_file=keys, nats_url=nats.url, env={"RDMA_SIDECAR_TOPOLOGY_XML": DGX8})
         b = self.sidecar("b", key_file=keys, nats_url=nats.url)
         # A file b can open read-write, registered as a host-file region by the C program.
         path = os.path.join(b.shm, "worker-file")

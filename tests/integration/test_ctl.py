@@ -2,7 +2,8 @@
 """rdma-sidecar-ctl and librdma-sidecar-client against real sidecars (and a real nats-server):
 every command, --json output parsed and checked, exit codes (0 ok, 1 failed, 2 usage, 3 cannot
 reach the sidecar), files moved with `ctl read` / `ctl write` compared byte for byte with the
-bytes outside the ranges unchanged, and the installed library used through pkg-config."""
+bytes outside the ranges unchanged, rails and the topology table (a sidecar on the dgx8 hwloc
+fixture), `connect` to a peer, and the installed library used through pkg-config."""
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ from harness import SLOW, SidecarTest, desc, free_port, main, pb
 
 BUILD = os.path.dirname(os.path.abspath(os.environ.get("SC_BINARY", "build/rdma-sidecar")))
 CTL = os.path.join(BUILD, "client", "rdma-sidecar-ctl")
+DGX8 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit", "topology", "dgx8.xml")
 
 
 def fnv1a(data):
@@ -134,6 +136,108 @@ class CtlTest(SidecarTest):
         self.assertEqual(w["status"], "complete")
         self.assertEqual(w["backend"], "local")
         self.assertEqual(w["bytes_done"], 5000)
+        # op shows the rails the transfer used: none for LOCAL.
+        self.assertEqual(self.ok_json(a, "op", act.operation_id)["rails"], [])
+        self.assertNotIn("\nrail ", self.ctl(a, "op", act.operation_id).stdout)
+
+    def test_op_rails_of_a_tcp_transfer(self):
+        a, b = self.pair()
+        src = a.create_region(1 << 20)
+        ro, _ = self.readable(a, src, [300000])
+        dst = b.create_region(1 << 20)
+        act = b.stub.BeginRead(pb.BeginTransferRequest(metadata=ro.metadata, descriptors=[desc(dst, 0, 300000)],
+                                                       timeout_ms=30000, wait=True), timeout=30 * SLOW)
+        self.assertEqual(act.status, pb.OPERATION_STATUS_COMPLETE, act.error.message)
+        got = self.ok_json(b, "op", act.operation_id)
+        self.assertEqual(got["backend"], "tcp")
+        # What the sidecar reports, as reported (TCP may name no rails yet): each a rail and its bytes.
+        self.assertEqual(got["rails"], [{"rail": u.rail, "bytes": u.bytes} for u in act.rails])
+        if got["rails"]:
+            self.assertEqual(sum(u["bytes"] for u in got["rails"]), 300000)
+        text = self.ctl(b, "op", act.operation_id).stdout
+        for u in act.rails:
+            self.assertIn("rail     %s  %d bytes" % (u.rail, u.bytes), text)
+
+    def test_info_rails_and_topology(self):
+        a = self.sidecar("a", env={"RDMA_SIDECAR_TOPOLOGY_XML": DGX8})
+        info = self.ok_json(a, "info")
+        self.assertTrue(info["topology_source"].endswith("dgx8.xml"), info["topology_source"])
+        absent = [r for r in info["rails"] if r["state"] == "absent"]
+        self.assertEqual([(r["name"], r["backend"], r["pci_address"], r["numa_node"]) for r in absent],
+                         [("mlx5_0", "ibverbs", "0000:15:00.0", 0), ("mlx5_1", "ibverbs", "0000:16:00.0", 0),
+                          ("mlx5_2", "ibverbs", "0000:35:00.0", 0), ("mlx5_3", "ibverbs", "0000:36:00.0", 0),
+                          ("mlx5_4", "ibverbs", "0000:95:00.0", 1), ("mlx5_5", "ibverbs", "0000:96:00.0", 1),
+                          ("mlx5_6", "ibverbs", "0000:b5:00.0", 1), ("mlx5_7", "ibverbs", "0000:b6:00.0", 1)])
+        for r in absent:
+            self.assertEqual(set(r), {"index", "backend", "name", "pci_address", "numa_node", "rate_mbps", "state",
+                                      "detail", "netdev", "bytes", "operations", "errors", "failovers"})
+            self.assertIn("dgx8.xml", r["detail"])
+        rows = {t["memory"]: t for t in info["topology"]}
+        numa0 = rows["numa 0"]
+        self.assertEqual(numa0["chosen"], ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"])
+        self.assertEqual((numa0["gpu_index"], numa0["numa_node"], numa0["pci_address"]), (-1, 0, ""))
+        self.assertEqual(rows["numa 1"]["chosen"], ["mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"])
+        cls = {d["rail"]: d["distance"] for d in numa0["rails"]}
+        self.assertEqual(set(cls) >= {"mlx5_%d" % i for i in range(8)}, True, numa0["rails"])
+
+        text = self.ctl(a, "info")
+        self.assertEqual(text.returncode, 0, text.stderr)
+        lines = text.stdout.splitlines()
+        rail0 = [ln for ln in lines if ln.startswith("rail ") and " mlx5_0 " in ln]
+        self.assertEqual(len(rail0), 1, text.stdout)
+        self.assertRegex(rail0[0], r"^rail +mlx5_0 +ibverbs +absent +pci 0000:15:00\.0 numa 0 +rate \? +named by "
+                                   r"the topology file .*dgx8\.xml")
+        self.assertEqual(len([ln for ln in lines if ln.startswith("rail ")]), len(info["rails"]))
+        self.assertIn("topology " + info["topology_source"], lines)
+        want = "  numa 0   -> " + ", ".join("%s (%s)" % (r, cls[r]) for r in numa0["chosen"])
+        self.assertIn(want, lines)
+
+        # Without a fixture: this host's table (NUMA rows, perhaps with no rail to choose).
+        b = self.sidecar("b")
+        info = self.ok_json(b, "info")
+        self.assertEqual(info["topology_source"], "sysfs")
+        self.assertTrue(any(t["memory"].startswith("numa ") for t in info["topology"]), info["topology"])
+        self.assertIn("topology sysfs", self.ctl(b, "info").stdout.splitlines())
+
+    def test_connect(self):
+        a, b = self.pair()
+        src = a.create_region(1 << 16)
+        ro, _ = self.readable(a, src, [5000])
+        r = self.ctl(b, "connect", ro.metadata)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.splitlines()[0], "peer     a")
+        self.assertRegex(r.stdout.splitlines()[1],
+                         r"^path +tcp +ready +\d+\.\d{3} ms +\d+ connection\(s\) to a at 127\.0\.0\.1:\d+ "
+                         r"\(0 were open already\)$")
+        md_file = os.path.join(self.workdir, "connect-md.txt")
+        with open(md_file, "w") as f:
+            f.write(ro.metadata + "\n")
+        got = self.ok_json(b, "--timeout", "5", "connect", "@" + md_file)
+        self.assertEqual(got["peer"], "a")
+        self.assertTrue(got["ready"])
+        self.assertEqual([(p["backend"], p["ready"]) for p in got["paths"]], [("tcp", True)], got)
+        self.assertNotIn("(0 were open already)", got["paths"][0]["detail"])
+        self.assertIsInstance(got["paths"][0]["elapsed_us"], int)
+        # Checked, not used up: the read that follows still works.
+        self.assertEqual(a.stub.GetOperation(pb.GetOperationRequest(operation_id=ro.operation_id),
+                                             timeout=5).uses_left, 1)
+        out = os.path.join(self.workdir, "after-connect.bin")
+        self.assertEqual(self.ok_json(b, "read", ro.metadata, out)["operation"]["status"], "complete")
+
+        bad = self.ctl(b, "connect", "rsm1.garbage")
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn("connect: INVALID_ARGUMENT: metadata is not valid base64url", bad.stderr)
+        self.assertEqual(bad.stdout, "")
+        missing = self.ctl(b, "connect", "@" + os.path.join(self.workdir, "nope.txt"))
+        self.assertEqual(missing.returncode, 2)
+        self.assertIn("cannot open", missing.stderr)
+        # A peer that is gone: no path, exit 1 with the reason.
+        ro2, _ = self.readable(a, src, [10])
+        self.assertEqual(a.stop(), 0)
+        gone = self.ctl(b, "--timeout", "2", "connect", ro2.metadata)
+        self.assertEqual(gone.returncode, 1, gone.stdout)
+        self.assertIn("UNAVAILABLE", gone.stderr)
+        self.assertIn("cannot reach peer sidecar", gone.stderr)
 
     def test_watch(self):
         a, b = self.pair()
@@ -325,12 +429,19 @@ class CtlTest(SidecarTest):
         h = self.ctl(None, "--help")
         self.assertEqual(h.returncode, 0)
         for name in ("info", "health", "regions", "ops", "op", "wait", "watch", "cancel", "publish", "subscribe",
-                     "read", "write", "RDMA_SIDECAR_ADDR", "exit codes"):
+                     "read", "write", "connect", "RDMA_SIDECAR_ADDR", "exit codes"):
             self.assertIn(name, h.stdout)
         for args in (["help", "read"], ["read", "--help"]):
             r = self.ctl(None, *args)
             self.assertEqual(r.returncode, 0)
             self.assertIn("rdma-sidecar-ctl [options] read METADATA FILE", r.stdout)
+        for args in (["help", "connect"], ["connect", "--help"]):
+            r = self.ctl(None, *args)
+            self.assertEqual(r.returncode, 0)
+            self.assertIn("rdma-sidecar-ctl [options] connect METADATA", r.stdout)
+            self.assertIn("exit 0 when any path is ready, 1 otherwise", r.stdout)
+        for args in (["connect"], ["connect", "a", "b"]):
+            self.assertEqual(self.ctl(None, *args).returncode, 2, args)
 
         gone = os.path.join(self.workdir, "no.sock")
         r = self.ctl(None, "--sidecar", "unix:" + gone, "info")

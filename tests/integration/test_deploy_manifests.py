@@ -72,13 +72,28 @@ class DeployManifestsTest(unittest.TestCase):
     def test_every_kustomization_renders_and_validates(self):
         dirs = kustomizations(DEPLOY)
         rel = [os.path.relpath(d, DEPLOY) for d in dirs]
-        for want in ("base", "examples", os.path.join("overlays", "gpu-rdma"), os.path.join("overlays", "peer-identity")):
+        for want in ("base", "examples", os.path.join("overlays", "gpu-rdma"), os.path.join("overlays", "gpu-rdma-rails"),
+                     os.path.join("overlays", "peer-identity")):
             self.assertIn(want, rel)
         for d, name in zip(dirs, rel):
             rc, out = self.validate(self.render(d), name.replace(os.sep, "_"))
             self.assertEqual(rc, 0, "%s: %s" % (name, out))
             self.assertIn("OK ", out)
             print("%s: %s" % (name, out.strip()))
+
+    def test_gpu_rdma_rails_overlay_contents(self):
+        """An 8-GPU / 8-NIC node: the worker takes eight GPUs, the sidecar one RDMA resource per
+        rail (and not the single shared one), and uses every port it gets (--ib-devices auto)."""
+        objs = self.objects(self.render(os.path.join(DEPLOY, "overlays", "gpu-rdma-rails")))
+        stage = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "pipeline-stage")
+        c = {x["name"]: x for x in stage["spec"]["template"]["spec"]["containers"]}
+        self.assertEqual(c["worker"]["resources"]["limits"]["nvidia.com/gpu"], "8")
+        limits = c["rdma-sidecar"]["resources"]["limits"]
+        self.assertEqual(sorted(k for k in limits if k.startswith("rdma/")), ["rdma/rail%d" % i for i in range(8)])
+        cm = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("rdma-sidecar-config"))
+        self.assertEqual(cm["data"]["RDMA_SIDECAR_IB_DEVICES"], "auto")
+        self.assertEqual(cm["data"]["RDMA_SIDECAR_IB_DEVICE"], "")
+        self.assertEqual(c["rdma-sidecar"]["envFrom"][0]["configMapRef"]["name"], cm["metadata"]["name"])
 
     def test_gpu_rdma_overlay_contents(self):
         objs = self.objects(self.render(os.path.join(DEPLOY, "overlays", "gpu-rdma")))

@@ -32,7 +32,8 @@ os.environ["SC_TEST_CUDA_DRIVER"] = LIB
 SHM = tempfile.mkdtemp(prefix="sc-fakecuda-test-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 os.environ["FAKE_CUDA_SHM_DIR"] = SHM
 for k in ("FAKE_CUDA_DEVICES", "FAKE_CUDA_FAIL_COPY_AT", "FAKE_CUDA_FAIL_COPY_DIR", "FAKE_CUDA_COPY_DELAY_US",
-          "FAKE_CUDA_STICKY", "FAKE_CUDA_DMA_BUF", "FAKE_CUDA_GDR", "FAKE_CUDA_FAIL_COPY_ERROR"):
+          "FAKE_CUDA_STICKY", "FAKE_CUDA_DMA_BUF", "FAKE_CUDA_GDR", "FAKE_CUDA_FAIL_COPY_ERROR",
+          "FAKE_CUDA_PCI_BUS_IDS"):
     os.environ.pop(k, None)
 EXAMPLES = os.path.abspath(os.path.join(HERE, "..", "..", "examples"))  # cudadrv.py lives there
 sys.path.insert(0, EXAMPLES)
@@ -99,6 +100,29 @@ class FakeCudaTest(unittest.TestCase):
         self.assertCuda(cu.CUDA_ERROR_INVALID_DEVICE, "cuDeviceGetAttribute", ctypes.byref(v), 75, 2)
         self.assertEqual(cu.error_text(cu.CUDA_ERROR_ILLEGAL_ADDRESS),
                          ("CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"))
+
+    def test_pci_bus_ids_from_the_environment(self):
+        # Stand-in GPUs where a topology fixture's GPUs are (tests/unit/topology/dgx8.xml): the
+        # entries as written (either form), the attributes parsed; devices past the list keep
+        # the default.
+        code = """
+cu.init(0)
+for d in range(3):
+    bus = ctypes.create_string_buffer(32)
+    cu.check("cuDeviceGetPCIBusId", bus, 32, d)
+    vals = []
+    for a in (33, 34, 50):  # CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, PCI_DEVICE_ID, PCI_DOMAIN_ID
+        v = ctypes.c_int()
+        cu.check("cuDeviceGetAttribute", ctypes.byref(v), a, d)
+        vals.append(v.value)
+    print(bus.value.decode(), *vals)
+"""
+        r = child(code, env={"FAKE_CUDA_DEVICES": "3", "FAKE_CUDA_PCI_BUS_IDS": "0000:b3:00.0,00000001:1A:1f.0"})
+        self.assertEqual(self.assertChildOk(r).split("\n")[:3],
+                         ["0000:b3:00.0 179 0 0", "00000001:1A:1f.0 26 31 1", "0000:03:00.0 3 0 0"])
+        r = child("print(cu.raw('cuInit', 0))", env={"FAKE_CUDA_PCI_BUS_IDS": "0000:13:00.0,bogus"})
+        self.assertEqual(self.assertChildOk(r).strip(), str(cu.CUDA_ERROR_INVALID_VALUE))
+        self.assertIn("FAKE_CUDA_PCI_BUS_IDS entry 1", r.stderr.decode())
 
     def test_get_proc_address(self):
         lib = ctypes.CDLL(LIB)

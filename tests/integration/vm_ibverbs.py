@@ -28,6 +28,8 @@ import sys
 import time
 import unittest
 
+import urllib.request
+
 import grpc
 from harness import SLOW, SidecarTest, desc, free_port, pb, wait_until
 
@@ -260,6 +262,72 @@ class IbverbsTest(SidecarTest):
         self.assertFalse(k1 & k3, "a readable and a writable share an rkey")
         for o in (o1, o2, o3):
             a.stub.CancelOperation(pb.CancelOperationRequest(operation_id=o.operation_id), timeout=10 * SLOW)
+
+    def test_rails_in_info(self):
+        """Every RDMA port is a rail (issue 24): with rxe0 and rxe1 both present, GetInfo lists
+        them in name order under --ib-devices auto, each up with its netdev and RoCE v2 GID, the
+        one that carries data first; --ib-devices orders them and ^LIST leaves one out (state
+        "excluded"); a transfer's bytes show on its rail in Operation.rails, GetInfo and the
+        metrics; a device named but absent is refused with the devices there are."""
+        self.second_device()
+        keys = self.key_file()
+        port = free_port()
+        net = ["--backends", "ibverbs,tcp", "--data-listen", IP + ":0", "--advertise", IP]
+        a = self.sidecar("a", key_file=keys, extra=net + ["--metrics-listen", "127.0.0.1:%d" % port])
+
+        def rails(s):
+            return [r for r in s.info().rails if r.backend == IB]
+        ra = rails(a)
+        self.assertEqual([r.name for r in ra], ["rxe0:1", "rxe1:1"], ra)
+        self.assertEqual([r.index for r in ra], [0, 1])
+        self.assertEqual([r.state for r in ra], ["up", "up"], ra)
+        self.assertEqual([r.netdev for r in ra], ["v0", "v1"], ra)
+        for r in ra:
+            self.assertIn("RoCE v2", r.detail, r)
+            self.assertEqual(r.numa_node, -1, r)  # soft devices: no PCI device, no NUMA node
+        self.assertIn("carries no data yet", ra[1].detail)
+        b = self.side("b", keys)
+        before = ra[0].bytes
+        done, _ = self.move(b, a, (3 << 20) + 7, 5, "read", timeout_ms=60000)
+        self.assertEqual([(u.rail, u.bytes) for u in done.rails], [("rxe0:1", done.bytes_total)])
+        after = rails(a)[0]
+        self.assertEqual(after.bytes - before, done.bytes_total)
+        self.assertGreaterEqual(after.operations, 1)
+        body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
+        self.assertIn('rdma_sidecar_rail_up{backend="ibverbs",rail="rxe0:1",state="up"} 1', body)
+        self.assertIn('rdma_sidecar_rail_bytes_total{backend="ibverbs",rail="rxe0:1"} %d' % after.bytes, body)
+
+        c = self.sidecar("c", key_file=keys, extra=net + ["--ib-devices", "rxe1,rxe0"])
+        self.assertEqual([(r.name, r.state) for r in rails(c)], [("rxe1:1", "up"), ("rxe0:1", "up")])
+        ib = [x for x in c.info().backends if x.backend == IB][0]
+        self.assertTrue(ib.detail.startswith("rxe1 port 1 ACTIVE"), ib.detail)
+        d = self.sidecar("d", key_file=keys, extra=net + ["--ib-devices", "^rxe0"])
+        rd = rails(d)
+        self.assertEqual([(r.name, r.state) for r in rd], [("rxe1:1", "up"), ("rxe0:1", "excluded")], rd)
+        self.assertIn("left out by --ib-devices", rd[1].detail)
+        e = self.sidecar("e", key_file=keys, extra=net + ["--ib-devices", "mlx9_0"])
+        ib = [x for x in e.info().backends if x.backend == IB][0]
+        self.assertFalse(ib.available)
+        self.assertIn("--ib-devices mlx9_0 not found (have: ", ib.detail)
+        self.assertEqual({r.state for r in rails(e)}, {"excluded"})
+
+    def test_connect_peer_ib(self):
+        """ConnectPeer (issue 24's warm-up) sets up the queue pair and the control connection to
+        the issuer of metadata before the first transfer: ibverbs and tcp both ready, a second
+        call finds the QP cached, and the transfer that follows moves every byte over ibverbs."""
+        a, b = self.pair()
+        r = b.create_region(1 << 20)
+        ro = b.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(r, 0, 4096)]), timeout=10 * SLOW)
+        got = a.stub.ConnectPeer(pb.ConnectPeerRequest(metadata=ro.metadata, timeout_ms=20000), timeout=30 * SLOW)
+        self.assertEqual(got.peer, b.name)
+        paths = {p.backend: p for p in got.paths}
+        self.assertEqual(set(paths), {IB, TCP}, got)
+        self.assertTrue(paths[IB].ready and paths[TCP].ready, got)
+        self.assertIn("new QP", paths[IB].detail)
+        again = a.stub.ConnectPeer(pb.ConnectPeerRequest(metadata=ro.metadata), timeout=30 * SLOW)
+        self.assertIn("cached QP", {p.backend: p for p in again.paths}[IB].detail, again)
+        b.stub.CancelOperation(pb.CancelOperationRequest(operation_id=ro.operation_id), timeout=10 * SLOW)
+        self.move(b, a, (1 << 20) + 3, 3, "read", timeout_ms=60000)
 
     # ---- transfers ------------------------------------------------------------------------------
 
@@ -1027,6 +1095,39 @@ class IbverbsTest(SidecarTest):
         self.move(a, b, (1 << 20) + 5, 2, "read", timeout_ms=30000)
         self.move(a, b, 7777, 1, "write", timeout_ms=30000)
         print("  healed: the next READ and WRITE completed in %.1f s" % (time.monotonic() - t0))
+
+    def test_stalled_rdma_goes_on_over_tcp(self):
+        """An RDMA path that stops completing mid-transfer (netem loss 100% on the RoCE veth pair:
+        Soft-RoCE retransmits forever where a NIC would report retry-exceeded) stops the transfer
+        after --ib-stall-timeout, and the same transfer goes on over tcp, which here runs on lo,
+        untouched by the cut: every byte arrives, both sides COMPLETE, Operation.backend is tcp
+        and backend_reason says why, the rail counts the failover, the log says so. Never
+        silently, and within the deadline."""
+        gid2 = self.second_device()
+        self.addCleanup(self.cut, False)
+        keys = self.key_file()
+        lo = ["--data-listen", "127.0.0.1:0", "--advertise", "127.0.0.1", "--ib-stall-timeout", "2s"]
+        a = self.side("a", keys, extra=lo)
+        b = self.sidecar("b", key_file=keys, extra=["--ib-device", "rxe1", "--ib-gid-index", gid2,
+                                                    "--backends", "ibverbs,tcp"] + lo)
+        b.rxe_ip, b.rxe_dev = IP2, "rxe1"
+        self.move(a, b, 4097, 1, "read")  # the QP, over RoCE
+        for dev in ("v0", "v1"):  # RoCE held to THROTTLE: BIG moves for seconds, by construction
+            subprocess.run(["tc", "qdisc", "replace", "dev", dev, "root", "netem", "rate", THROTTLE,
+                            "limit", "100000"], check=True, timeout=30)
+        t_cut = []
+        th = self.partition_when_moving(b, None, t_cut)
+        done, p = self.move(a, b, BIG + 3, 3, "read", backend=TCP, passive_backend=TCP, timeout_ms=120000)
+        th.join(30)
+        self.assertTrue(t_cut, "the transfer ended before the RoCE path was cut")
+        self.assertIn("ibverbs failed mid-transfer, moved to tcp", done.backend_reason)
+        self.assertIn("stalled", done.backend_reason)
+        self.assertIn("moved the transfer to tcp", p.backend_reason)
+        rail = [r for r in b.info().rails if r.name == "rxe1:1"][0]
+        self.assertGreaterEqual(rail.failovers, 1, rail)
+        self.assertIn("going on over tcp", b.read_log())
+        print("  RoCE cut mid-READ: COMPLETE over tcp %.1f s after the cut; %s"
+              % (time.monotonic() - t_cut[0], done.backend_reason))
 
     def test_cancel_while_dialling_roce(self):
         """b's first transfer to a starts while the link is cut (no QP yet, its control connection's

@@ -158,6 +158,12 @@ class Operation:
         return self._proto.bytes_done
 
     @property
+    def rails(self) -> List[Any]:
+        """Active operations: the rails the transfer used, as last seen (RailUsage messages, each
+        .rail and .bytes); empty until bytes move, and for LOCAL. refresh() updates it."""
+        return list(self._proto.rails)
+
+    @property
     def error(self) -> Optional[errors.SidecarError]:
         """Why the operation ERRORED or was CANCELLED (None otherwise)."""
         if self._proto.status in (pb.OPERATION_STATUS_ERRORED, pb.OPERATION_STATUS_CANCELLED) and self._proto.error.code:
@@ -456,8 +462,26 @@ class Connector:
 
     # ---- the sidecar ----
     async def info(self) -> Any:
-        """GetInfo: the sidecar's id, version, backends, NATS state, GPUs (a SidecarInfo message)."""
+        """GetInfo: the sidecar's id, version, backends, NATS state, GPUs (a SidecarInfo message),
+        and its data plane's layout: .rails (RailInfo: name, backend, state, pci_address,
+        numa_node, rate_mbps, detail, counters), .topology (MemoryRails: one row per GPU ("gpu 0")
+        and NUMA node ("numa 1"), every rail nearest first with its PCIe distance class, and
+        .chosen, the rails that memory goes through) and .topology_source."""
         return await self._call("GetInfo", pb.GetInfoRequest())
+
+    async def connect_peer(self, metadata: MetadataLike, timeout_ms: int = 0) -> Any:
+        """ConnectPeer: sets up the connections to the sidecar that issued `metadata` (rsm1. text,
+        a MetadataEvent or a passive operation; checked, not used up) before the first transfer, on
+        every backend both sides offer. timeout_ms bounds the setup (0: the sidecar's 10 s).
+        Returns the ConnectPeerResponse: .peer (the issuer's sidecar id) and .paths (PeerPath:
+        backend, ready, detail, elapsed_us); a backend that could not connect is a path with
+        ready False. Bad, expired or foreign metadata raises (InvalidArgument, ...) and so does a
+        peer that cannot be reached (Unavailable) or does not answer in time (DeadlineExceeded)."""
+        if timeout_ms < 0:
+            raise ValueError("timeout_ms must be >= 0, not %r" % (timeout_ms,))
+        req = pb.ConnectPeerRequest(metadata=_metadata_text(metadata), timeout_ms=int(timeout_ms))
+        # The call's own deadline: the setup's bound plus the usual call timeout.
+        return await self._call("ConnectPeer", req, timeout=(timeout_ms or 10000) / 1000.0 + self.rpc_timeout)
 
     async def health(self) -> str:
         """The gRPC health service's answer: "SERVING", "NOT_SERVING" (draining)..."""

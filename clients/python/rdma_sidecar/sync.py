@@ -63,7 +63,7 @@ class _Core(_aio.Connector):
 
 class Operation:
     """A blocking operation (see rdma_sidecar.connector.Operation): the same properties (id,
-    status, kind, backend, bytes_done, bytes_total, metadata, error, proto); wait_for_completion(),
+    status, kind, backend, bytes_done, bytes_total, rails, metadata, error, proto); wait_for_completion(),
     cancel(), refresh(), release() and watch() block; `with op:` releases it on exit."""
 
     def __init__(self, op: _aio.Operation):
@@ -220,8 +220,13 @@ class Connector:
         self.close()
 
     def info(self) -> Any:
-        """GetInfo (a SidecarInfo message)."""
+        """GetInfo (a SidecarInfo message, with .rails, .topology and .topology_source)."""
         return _drive(self.aio.info())
+
+    def connect_peer(self, metadata: MetadataLike, timeout_ms: int = 0) -> Any:
+        """ConnectPeer: opens the connections to the issuer of `metadata` before the first transfer
+        (not used up); returns the ConnectPeerResponse (.peer, .paths). See the asyncio Connector."""
+        return _drive(self.aio.connect_peer(self._meta(metadata), timeout_ms))
 
     def health(self) -> str:
         """The gRPC health status, e.g. "SERVING"."""
