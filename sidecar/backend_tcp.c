@@ -1149,8 +1149,10 @@ static void tcp_destroy(struct sc_backend *b)
 	free(tb);
 }
 
-/* ConnectPeer: `streams` authenticated connections to md's issuer, put back into the pool for the
- * first transfer to find (the pool keeps them while idle). gRPC worker thread. */
+/* ConnectPeer: the connections a transfer to md's issuer would open (--tcp-streams, at least one
+ * per path, spread over the paths as lead() spreads its streams), put back into the pool for the
+ * first transfer to find (the pool keeps them while idle). A path that does not answer is left
+ * out (its dial bounded by PATH_DIAL_MS while there are others). gRPC worker thread. */
 static int tcp_connect(struct sc_backend *b, const struct sc_metadata *md, uint64_t deadline_mono_ms,
 		       char *detail, size_t cap, struct sc_err *err)
 {
@@ -1158,18 +1160,31 @@ static int tcp_connect(struct sc_backend *b, const struct sc_metadata *md, uint6
 	if (md->n_endpoints == 0)
 		return sc_err_set(err, SC_FAILED_PRECONDITION,
 				  "the metadata from sidecar %s names no data endpoint", md->issuer);
+	size_t n_paths = md->n_endpoints < MAX_PATHS ? md->n_endpoints : MAX_PATHS;
+	uint64_t dial_deadline = deadline_mono_ms;
+	if (n_paths > 1) {
+		uint64_t bound = sc_clock_mono_ms() + PATH_DIAL_MS;
+		if (!dial_deadline || bound < dial_deadline)
+			dial_deadline = bound;
+	}
 	struct sc_peer_conn *conns[64];
-	size_t want = tb->streams < 64 ? tb->streams : 64, got = 0, reused = 0;
-	const char *ep = NULL;
-	for (size_t i = 0; i < md->n_endpoints && !ep; i++) {
+	size_t want = tb->streams > n_paths ? tb->streams : n_paths;
+	want = want < 64 ? want : 64;
+	size_t got = 0, reused = 0, ok[MAX_PATHS], n_ok = 0;
+	char eps[MAX_PATHS * 82] = "";
+	/* One connection per path first: the issuer's identity is checked on each. */
+	for (size_t i = 0; i < n_paths; i++) {
 		struct sc_peer_conn *c;
-		if (sc_peer_pool_get(tb->pool, md->endpoints[i], deadline_mono_ms, &c, err) != 0) {
-			if (err->code == SC_DEADLINE_EXCEEDED)
-				return -1;
+		if (sc_peer_pool_get(tb->pool, md->endpoints[i], dial_deadline, &c, err) != 0) {
+			if (err->code == SC_DEADLINE_EXCEEDED && deadline_mono_ms &&
+			    sc_clock_mono_ms() >= deadline_mono_ms)
+				break;
 			continue;
 		}
 		if (sc_peer_conn_check_issuer(c, md->issuer, err) != 0) {
 			sc_peer_pool_put(tb->pool, c, false);
+			for (size_t k = 0; k < got; k++)
+				sc_peer_pool_put(tb->pool, conns[k], sc_peer_conn_usable(conns[k]));
 			return -1;
 		}
 		if (strcmp(sc_peer_conn_peer_id(c), md->issuer) != 0) {
@@ -1180,24 +1195,26 @@ static int tcp_connect(struct sc_backend *b, const struct sc_metadata *md, uint6
 			sc_peer_pool_put(tb->pool, c, true);
 			continue;
 		}
-		ep = md->endpoints[i];
+		size_t used = strlen(eps);
+		snprintf(eps + used, sizeof(eps) - used, "%s%s", n_ok ? ", " : "", md->endpoints[i]);
+		ok[n_ok++] = i;
 		reused += sc_peer_conn_reused(c);
 		conns[got++] = c;
 	}
-	if (!ep)
+	if (n_ok == 0)
 		return -1;
+	/* The rest, round robin over the paths that answered. */
 	while (got < want) {
-		if (sc_peer_pool_get(tb->pool, ep, deadline_mono_ms, &conns[got], err) != 0)
+		if (sc_peer_pool_get(tb->pool, md->endpoints[ok[got % n_ok]], deadline_mono_ms,
+				     &conns[got], err) != 0)
 			break;
 		reused += sc_peer_conn_reused(conns[got]);
 		got++;
 	}
 	for (size_t i = 0; i < got; i++)
 		sc_peer_pool_put(tb->pool, conns[i], sc_peer_conn_usable(conns[i]));
-	if (got < want && got == 0)
-		return -1;
 	snprintf(detail, cap, "%zu connection(s) to %s at %s (%zu were open already)", got,
-		 md->issuer, ep, reused);
+		 md->issuer, eps, reused);
 	return 0;
 }
 

@@ -128,6 +128,16 @@ class TcpPathsTest(SidecarTest):
             self.assertEqual(r.state, "up")
             self.assertTrue(r.netdev.startswith("sq"), r.netdev)  # found from the address
         self.assertEqual(len(self.a.info().data_endpoints), 2)
+        # ConnectPeer warms connections on both paths, as a transfer would spread its streams.
+        po = self.a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(self.ra, 0, 4096)],
+                                                                timeout_ms=30000), timeout=10 * SLOW)
+        got = self.b.stub.ConnectPeer(pb.ConnectPeerRequest(metadata=po.metadata, timeout_ms=10000),
+                                      timeout=30 * SLOW)
+        tcp = [p for p in got.paths if p.backend == pb.BACKEND_TCP][0]
+        self.assertTrue(tcp.ready, got)
+        for addr, _ in self.net.addrs:
+            self.assertIn(addr + ":", tcp.detail)
+        self.a.stub.CancelOperation(pb.CancelOperationRequest(operation_id=po.operation_id), timeout=30)
         for direction in ("read", "write"):
             _, one = self.transfer(self.a1, self.ra1, direction)
             op, two = self.transfer(self.a, self.ra, direction)
