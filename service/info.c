@@ -82,7 +82,7 @@ void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req)
 	}
 	m.n_backends = info.n_backends;
 	m.backends = bp;
-	char *eps[2];
+	char *eps[SC_INFO_MAX_ENDPOINTS];
 	for (size_t i = 0; i < info.n_data_endpoints; i++)
 		eps[i] = info.data_endpoints[i];
 	m.n_data_endpoints = info.n_data_endpoints;

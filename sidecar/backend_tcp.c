@@ -8,6 +8,18 @@
  * stream (connections blocked in I/O are aborted); then one DONE tells the passive side the
  * verdict, and on_complete runs exactly once.
  *
+ * Paths. Every data endpoint of the metadata is a path (the issuer serves each on its own
+ * interface); path i counts its bytes on this backend's rail i (modulo the rails it has: one per
+ * --data-listen endpoint). The streams are spread over the paths that are not cooling down, at
+ * least one per path when there are enough chunks, and pull chunks from the one cursor, so a
+ * slower path takes fewer. A one-chunk transfer stays on the first path. A stream whose path
+ * fails (dial refused or timed out, connection reset, I/O error, or no progress until the
+ * socket's TCP_USER_TIMEOUT / keepalive gives up) gives its unfinished chunks back (whole: a
+ * chunk is known complete only when its reply is in) to a queue the other streams take from
+ * first, marks the path dead for this transfer, cools it down (backend_tcp_paths.h: 2 s doubling
+ * to 60 s; its rail COOLING with the reason) and moves on to the next live path. The transfer
+ * fails only when no path is left (the error names each path and why) or its deadline passes.
+ *
  * The bookkeeping is the shared transfer runner's (xfer_runner.h): its workers, task queue, live
  * list, stop flag, first failure, verdict and cursor; this file says how pieces go on the wire.
  *
@@ -18,8 +30,8 @@
  * chunks itself, reclaims helpers that never started, waits for the running ones, sends DONE and
  * completes. A one-chunk transfer therefore costs one hand-off (submit -> worker).
  *
- * Owns: the runner and one struct tcp_xfer per transfer in flight. The connections belong to the
- * peer pool; a stream holds one while it runs.
+ * Owns: the runner, the paths' health, and one struct tcp_xfer per transfer in flight (with the
+ * chunks given back). The connections belong to the peer pool; a stream holds one while it runs.
  *
  * Locking: tb->mu guards the runner (its queue and list of transfers in flight) and each
  * transfer's stream table and verdict. It is never held while calling the engine (on_progress, on_complete, the
@@ -27,6 +39,7 @@
  * comes first.
  */
 #include "backend.h"
+#include "backend_tcp_paths.h"
 #include "log.h"
 #include "peer_pool.h"
 #include "peer_proto.h"
@@ -43,6 +56,16 @@
 
 #define MAX_STREAMS 16
 #define DEFAULT_CHUNK (8ull << 20)
+#define MAX_PATHS SC_MAX_ENDPOINTS
+/* A dial on one of several live paths gives up after this long (on the last one left: at the
+ * transfer's deadline, so a restarting peer is waited for as before). */
+#define PATH_DIAL_MS 3000
+/* A stream waiting for chunks that other streams may give back looks at its stop flag this
+ * often. */
+#define GIVEN_BACK_WAIT_MS 100
+/* While another path is live, a stream on which no byte moves for this long takes its path as
+ * dead (sooner than the socket's TCP_USER_TIMEOUT, SC_PEER_USER_TIMEOUT_MS). */
+#define PATH_STALL_MS 5000
 
 struct tcp_xfer;
 
@@ -58,21 +81,38 @@ struct tcp_backend {
 	uint32_t streams;
 	uint64_t chunk;
 
-	pthread_mutex_t mu; /* guards xr too */
+	pthread_mutex_t mu; /* guards xr and health too */
 	struct sc_xr xr;
+	struct sc_tcp_health health; /* per peer endpoint: cooling down after a failure */
+};
+
+/* Chunks a failed stream gave back, taken before the cursor's (under cursor_mu). */
+struct given_back {
+	struct sc_list node;
+	size_t n;
+	struct sc_xr_piece cut[];
 };
 
 struct tcp_xfer {
 	struct sc_xr_xfer xr; /* the transfer (xr.x), stop flag, first failure; live in tb->xr */
 	struct tcp_backend *tb;
-	int endpoint; /* index into x->meta->endpoints of the one that answered; -1 before */
+	size_t n_paths; /* x->meta->endpoints used, at most MAX_PATHS */
+	/* Paths in the order streams take them: usable ones (not cooling), then cooling ones (a
+	 * last resort); n_start: how many streams start on (the usable ones, or all when none
+	 * is). Set by the leader before any helper is queued; read-only after. */
+	size_t order[MAX_PATHS], n_order, n_start;
+	int start_path[MAX_STREAMS]; /* the path each stream starts on */
+	atomic_bool quit; /* dial no more: stopping, or every chunk is done */
 
 	/* Pieces travel many per request (READV/WRITEV): the peer reads them (metadata version 2).
 	 * A request's local pieces are all host memory or all one GPU's (staged, packed). Set at
 	 * submit, read-only after. */
 	bool batch;
-	pthread_mutex_t cursor_mu; /* guards cur: the next chunk */
+	pthread_mutex_t cursor_mu; /* guards cur, given and in_flight */
+	pthread_cond_t work_cv;	   /* chunks given back, or in_flight reached 0 */
 	struct sc_xr_cursor cur;
+	struct sc_list given; /* struct given_back */
+	unsigned in_flight;   /* chunks taken and neither complete nor given back */
 	atomic_uint_fast64_t bytes_moved;
 
 	/* Under tb->mu. */
@@ -84,6 +124,8 @@ struct tcp_xfer {
 	 * memory must be quiet when CancelOperation answers); the deadline's own stop does not. */
 	bool committing;
 	bool done_sent; /* the leader's own: DONE {OK} was sent (finish tells no verdict) */
+	bool path_dead[MAX_PATHS];     /* failed during this transfer: not used again by it */
+	char path_why[MAX_PATHS][160]; /* and why */
 
 	struct task tasks[MAX_STREAMS];
 };
@@ -104,7 +146,8 @@ struct piece {
 	uint32_t n;
 	struct sc_peer_piece *pp;
 	struct iovec *iov;
-	struct sc_xr_piece *cut; /* what the cursor handed out */
+	struct sc_xr_piece *cut; /* what the cursor handed out (given back if the path fails) */
+	size_t n_cut;
 	int gpu; /* a batch: where its local pieces are (SC_GPU_HOST or one device) */
 };
 
@@ -116,17 +159,44 @@ static bool same_local_memory(const struct sc_xfer_seg *first, const struct sc_x
 	return next->local_gpu == first->local_gpu;
 }
 
-static bool next_piece(struct tcp_xfer *tx, struct piece *p)
+static bool should_stop(struct tcp_xfer *tx)
+{
+	return sc_xr_should_stop(&tx->xr);
+}
+
+/* The next chunk: one given back by a failed stream, else the cursor's. wait: when neither has
+ * one but other streams hold chunks, wait for those to complete or come back. Counts the chunk
+ * in flight until piece_done or give_back. */
+static bool next_piece(struct tcp_xfer *tx, struct piece *p, bool wait)
 {
 	uint64_t chunk = tx->tb->chunk;
+	size_t n = 0;
 	pthread_mutex_lock(&tx->cursor_mu);
-	/* A batch: up to SC_PEER_MAX_PIECES pieces and --tcp-chunk-size bytes, in list order. */
-	size_t n = tx->batch ? sc_xr_cursor_take(&tx->cur, tx->xr.x, chunk, SC_PEER_MAX_PIECES,
-						 same_local_memory, p->cut)
-			     : sc_xr_cursor_take(&tx->cur, tx->xr.x, chunk, 1, NULL, p->cut);
+	for (;;) {
+		struct sc_list *first = sc_list_first(&tx->given);
+		if (first) {
+			struct given_back *g = sc_list_entry(first, struct given_back, node);
+			sc_list_remove(first);
+			n = g->n;
+			memcpy(p->cut, g->cut, n * sizeof(g->cut[0]));
+			free(g);
+			break;
+		}
+		/* A batch: up to SC_PEER_MAX_PIECES pieces and --tcp-chunk-size bytes, in list
+		 * order. */
+		n = tx->batch ? sc_xr_cursor_take(&tx->cur, tx->xr.x, chunk, SC_PEER_MAX_PIECES,
+						  same_local_memory, p->cut)
+			      : sc_xr_cursor_take(&tx->cur, tx->xr.x, chunk, 1, NULL, p->cut);
+		if (n || !wait || tx->in_flight == 0 || should_stop(tx))
+			break;
+		sc_cond_wait_ms(&tx->work_cv, &tx->cursor_mu, GIVEN_BACK_WAIT_MS);
+	}
+	if (n)
+		tx->in_flight++;
 	pthread_mutex_unlock(&tx->cursor_mu);
 	if (n == 0)
 		return false;
+	p->n_cut = n;
 	p->n = 0;
 	p->seg = p->cut[0].seg;
 	p->off = p->cut[0].off;
@@ -146,12 +216,52 @@ static bool next_piece(struct tcp_xfer *tx, struct piece *p)
 	return true;
 }
 
-/* Whether the cursor has a piece left (the leader of a single stream owns it: nobody else moves
- * it). */
+/* Under cursor_mu: nothing is left to take nor in flight. */
+static bool all_done_locked(struct tcp_xfer *tx)
+{
+	return tx->in_flight == 0 && sc_list_empty(&tx->given) &&
+	       sc_xr_cursor_done(&tx->cur, tx->xr.x);
+}
+
+/* A chunk's reply is in. The last one tells streams still dialing to give up. */
+static void piece_done(struct tcp_xfer *tx)
+{
+	pthread_mutex_lock(&tx->cursor_mu);
+	tx->in_flight--;
+	if (tx->in_flight == 0)
+		pthread_cond_broadcast(&tx->work_cv);
+	if (all_done_locked(tx))
+		atomic_store(&tx->quit, true);
+	pthread_mutex_unlock(&tx->cursor_mu);
+}
+
+/* A chunk that will not complete on this stream: back to the queue (requeue), or only out of
+ * flight (the transfer is failing anyway). False when out of memory. */
+static bool give_back(struct tcp_xfer *tx, const struct piece *p, bool requeue)
+{
+	struct given_back *g = NULL;
+	if (requeue) {
+		g = malloc(sizeof(*g) + p->n_cut * sizeof(g->cut[0]));
+		if (g) {
+			g->n = p->n_cut;
+			memcpy(g->cut, p->cut, p->n_cut * sizeof(g->cut[0]));
+		}
+	}
+	pthread_mutex_lock(&tx->cursor_mu);
+	if (g)
+		sc_list_insert_tail(&tx->given, &g->node);
+	tx->in_flight--;
+	pthread_cond_broadcast(&tx->work_cv);
+	pthread_mutex_unlock(&tx->cursor_mu);
+	return g || !requeue;
+}
+
+/* Whether a chunk is left to take (the leader of a single stream owns them: nobody else moves
+ * the cursor). */
 static bool pieces_left(struct tcp_xfer *tx)
 {
 	pthread_mutex_lock(&tx->cursor_mu);
-	bool left = sc_xr_cursor_more(&tx->cur, tx->xr.x);
+	bool left = !sc_list_empty(&tx->given) || sc_xr_cursor_more(&tx->cur, tx->xr.x);
 	pthread_mutex_unlock(&tx->cursor_mu);
 	return left;
 }
@@ -170,11 +280,6 @@ static uint64_t count_chunks(const struct tcp_xfer *tx, uint64_t chunk)
 	return n;
 }
 
-static bool should_stop(struct tcp_xfer *tx)
-{
-	return sc_xr_should_stop(&tx->xr);
-}
-
 /* Record the transfer's first failure and stop every stream. A stream that fails because it was
  * stopped records nothing new (the first failure, or the cancel, is the cause), unless the
  * transfer commits (its DONE went out: the failure is the peer's verdict). */
@@ -183,6 +288,7 @@ static void fail_xfer(struct tcp_xfer *tx, const struct sc_err *err)
 	struct tcp_backend *tb = tx->tb;
 	pthread_mutex_lock(&tb->mu);
 	sc_xr_fail_locked(&tx->xr, tx->committing, err->code, "%s", err->msg);
+	atomic_store(&tx->quit, true);
 	for (int i = 0; i < MAX_STREAMS; i++)
 		if (tx->conns[i])
 			sc_peer_conn_abort(tx->conns[i]);
@@ -200,53 +306,156 @@ static bool set_conn(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c)
 	return go;
 }
 
-/* A connection to the issuing sidecar: the endpoint that worked for this transfer, else each of
- * the metadata's endpoints in order. */
-static struct sc_peer_conn *connect_peer(struct tcp_xfer *tx, struct sc_err *err)
+/* ---- paths ---------------------------------------------------------------------------------- */
+
+static size_t rail_of(const struct tcp_backend *tb, size_t path)
+{
+	return tb->base.n_rails ? path % tb->base.n_rails : 0;
+}
+
+static const char *path_endpoint(const struct tcp_xfer *tx, size_t path)
+{
+	return tx->xr.x->meta->endpoints[path];
+}
+
+/* Paths of this transfer not failed yet. Under tb->mu. */
+static size_t live_paths_locked(const struct tcp_xfer *tx)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < tx->n_paths; i++)
+		n += !tx->path_dead[i];
+	return n;
+}
+
+/* The next live path after `path` in the transfer's order; false when none is left. */
+static bool next_live_path(struct tcp_xfer *tx, size_t *path)
+{
+	size_t at = 0;
+	for (size_t k = 0; k < tx->n_order; k++)
+		if (tx->order[k] == *path)
+			at = k;
+	pthread_mutex_lock(&tx->tb->mu);
+	bool found = false;
+	for (size_t k = 1; k <= tx->n_order && !found; k++) {
+		size_t p = tx->order[(at + k) % tx->n_order];
+		if (!tx->path_dead[p]) {
+			*path = p;
+			found = true;
+		}
+	}
+	pthread_mutex_unlock(&tx->tb->mu);
+	return found;
+}
+
+/* A path failed under this transfer: dead for it, cooling down for everyone, its rail COOLING. */
+static void path_failed(struct tcp_xfer *tx, size_t path, const struct sc_err *err)
+{
+	struct tcp_backend *tb = tx->tb;
+	const char *ep = path_endpoint(tx, path);
+	size_t rail = rail_of(tb, path);
+	pthread_mutex_lock(&tb->mu);
+	if (tx->path_dead[path]) {
+		pthread_mutex_unlock(&tb->mu);
+		return;
+	}
+	tx->path_dead[path] = true;
+	snprintf(tx->path_why[path], sizeof(tx->path_why[path]), "%s", err->msg);
+	size_t left = live_paths_locked(tx);
+	uint32_t cool = sc_tcp_health_failed(&tb->health, ep, sc_clock_mono_ms());
+	if (!left)
+		atomic_store(&tx->quit, true); /* streams still dialing: no path is left to dial */
+	pthread_mutex_unlock(&tb->mu);
+	if (rail < tb->base.n_rails) {
+		atomic_fetch_add(&tb->base.rails[rail].errors, 1);
+		if (left)
+			atomic_fetch_add(&tb->base.rails[rail].failovers, 1);
+	}
+	sc_rail_set_state(&tb->base, rail, SC_RAIL_COOLING,
+			  "path to %s failed: %.120s; cooling down %u s, then probed", ep, err->msg,
+			  cool / 1000);
+	SC_WARN("tcp", "transfer %016" PRIx64 ": path to %s (rail %zu %s) failed: %s; %s, the path "
+		"cools down %u ms", tx->xr.x->xfer_id, ep, rail,
+		rail < tb->base.n_rails ? tb->base.rails[rail].name : "", err->msg,
+		left ? "its chunks move to the other paths" : "no path is left", cool);
+}
+
+/* A stream opened on path: a path that was cooling is healthy again (its probe worked). */
+static void path_works(struct tcp_xfer *tx, size_t path)
+{
+	struct tcp_backend *tb = tx->tb;
+	const char *ep = path_endpoint(tx, path);
+	pthread_mutex_lock(&tb->mu);
+	bool recovered = sc_tcp_health_ok(&tb->health, ep, sc_clock_mono_ms());
+	pthread_mutex_unlock(&tb->mu);
+	if (!recovered)
+		return;
+	size_t rail = rail_of(tb, path);
+	sc_rail_set_state(&tb->base, rail, SC_RAIL_UP, "path to %s is back (probed)", ep);
+	SC_INFO("tcp", "path to %s (rail %zu) works again after its cool-down", ep, rail);
+}
+
+/* Why a failure is the path's (move its chunks to another) rather than the transfer's: the
+ * transfer has another path, the connection broke or could not be made, and nothing else stops
+ * the transfer (a cancel, the deadline, another failure, a DONE already sent). A peer's refusal
+ * leaves its connection usable and is its verdict. */
+static bool is_path_failure(struct tcp_xfer *tx, struct sc_peer_conn *c, const struct sc_err *err)
+{
+	if (tx->n_paths < 2) /* nowhere to move: the failure is the transfer's, as ever */
+		return false;
+	if (err->code != SC_UNAVAILABLE && err->code != SC_DEADLINE_EXCEEDED)
+		return false;
+	if (should_stop(tx) || sc_xr_deadline_passed(tx->xr.x, sc_clock_mono_ms()))
+		return false;
+	if (c && sc_peer_conn_usable(c))
+		return false;
+	pthread_mutex_lock(&tx->tb->mu);
+	bool committing = tx->committing;
+	pthread_mutex_unlock(&tx->tb->mu);
+	return !committing;
+}
+
+/* A connection to the issuing sidecar on path. A dial gives up after PATH_DIAL_MS while other
+ * paths are live, else at the transfer's deadline. NULL with err clear when told to quit. */
+static struct sc_peer_conn *connect_path(struct tcp_xfer *tx, size_t path, struct sc_err *err)
 {
 	const struct sc_metadata *md = tx->xr.x->meta;
-	if (md->n_endpoints == 0) {
-		sc_err_set(err, SC_FAILED_PRECONDITION,
-			   "the metadata from sidecar %s names no data endpoint (its tcp "
-			   "backend is off)",
-			   md->issuer);
+	const char *ep = path_endpoint(tx, path);
+	uint64_t deadline = tx->xr.x->deadline_mono_ms;
+	pthread_mutex_lock(&tx->tb->mu);
+	bool others = live_paths_locked(tx) > 1;
+	pthread_mutex_unlock(&tx->tb->mu);
+	if (others) {
+		uint64_t bound = sc_clock_mono_ms() + PATH_DIAL_MS;
+		if (!deadline || bound < deadline)
+			deadline = bound;
+	}
+	struct sc_peer_conn *c;
+	if (sc_peer_pool_get_cancellable(tx->tb->pool, ep, deadline, &tx->quit, &c, err) != 0) {
+		if (atomic_load(&tx->quit) && !should_stop(tx))
+			sc_err_clear(err); /* every chunk is done: this stream is not needed */
 		return NULL;
 	}
-	size_t first = tx->endpoint >= 0 ? (size_t)tx->endpoint : 0;
-	size_t last = tx->endpoint >= 0 ? first + 1 : md->n_endpoints;
-	for (size_t i = first; i < last; i++) {
-		struct sc_peer_conn *c;
-		if (sc_peer_pool_get_cancellable(tx->tb->pool, md->endpoints[i],
-						 tx->xr.x->deadline_mono_ms, &tx->xr.x->cancel_requested,
-						 &c, err) != 0) {
-			if (err->code == SC_DEADLINE_EXCEEDED || should_stop(tx))
-				break;
-			continue;
-		}
-		if (sc_peer_conn_check_issuer(c, md->issuer, err) != 0) {
-			sc_peer_pool_put(tx->tb->pool, c, false); /* an impostor: nothing is sent */
-			break;
-		}
-		if (strcmp(sc_peer_conn_peer_id(c), md->issuer) != 0) {
-			sc_err_set(err, SC_UNAVAILABLE,
-				   "data endpoint %s is sidecar \"%s\", but the metadata was "
-				   "issued by \"%s\" (stale metadata, or a wrong --advertise)",
-				   md->endpoints[i], sc_peer_conn_peer_id(c), md->issuer);
-			sc_peer_pool_put(tx->tb->pool, c, true);
-			continue;
-		}
-		tx->endpoint = (int)i;
-		return c;
+	if (sc_peer_conn_check_issuer(c, md->issuer, err) != 0) {
+		sc_peer_pool_put(tx->tb->pool, c, false); /* an impostor: nothing is sent */
+		return NULL;
 	}
-	return NULL;
+	if (strcmp(sc_peer_conn_peer_id(c), md->issuer) != 0) {
+		sc_err_set(err, SC_UNAVAILABLE,
+			   "data endpoint %s is sidecar \"%s\", but the metadata was issued by "
+			   "\"%s\" (stale metadata, or a wrong --advertise)",
+			   ep, sc_peer_conn_peer_id(c), md->issuer);
+		sc_peer_pool_put(tx->tb->pool, c, true);
+		return NULL;
+	}
+	return c;
 }
 
 /* A stream's connection, with the transfer OPENed on it and published for abort. NULL when the
  * transfer is stopping or on failure (err says why, unless it was only stopped). pipelined: the
  * OPEN may be sent without waiting for its reply, which move_chunks takes after the first data
  * request went out (one round trip less); *open_pending says whether it did (1) or not (0). */
-static struct sc_peer_conn *open_stream(struct tcp_xfer *tx, int slot, bool pipelined,
-					int *open_pending, struct sc_err *err)
+static struct sc_peer_conn *open_stream(struct tcp_xfer *tx, int slot, size_t path,
+					bool pipelined, int *open_pending, struct sc_err *err)
 {
 	struct sc_xfer *x = tx->xr.x;
 	enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
@@ -254,9 +463,9 @@ static struct sc_peer_conn *open_stream(struct tcp_xfer *tx, int slot, bool pipe
 	 * restarted on the same address) breaks on its first request: try the next one, then a
 	 * fresh dial; at most the pool's depth per endpoint plus one tries. */
 	for (unsigned tries = 0;; tries++) {
-		if (should_stop(tx))
+		if (should_stop(tx) || atomic_load(&tx->quit))
 			return NULL;
-		struct sc_peer_conn *c = connect_peer(tx, err);
+		struct sc_peer_conn *c = connect_path(tx, path, err);
 		if (!c)
 			return NULL;
 		/* A pipelined OPEN on a dead pooled connection fails later, in move_chunks: the
@@ -268,6 +477,7 @@ static struct sc_peer_conn *open_stream(struct tcp_xfer *tx, int slot, bool pipe
 			  : sc_peer_open(c, x->meta->token, x->xfer_id, peer_kind, x->total,
 					 x->deadline_mono_ms, &x->cancel_requested, err)) == 0) {
 			*open_pending = pipe ? 1 : 0;
+			path_works(tx, path);
 			return c;
 		}
 		set_conn(tx, slot, NULL);
@@ -392,46 +602,67 @@ static int take_done_reply(struct sc_peer_conn *c, const struct io_bound *b, str
 	return -1;
 }
 
+/* What became of a stream's run on one connection. */
+enum moved {
+	MOVED_DONE,	   /* no chunk left, or the transfer stopped (its failure recorded) */
+	MOVED_PATH_FAILED, /* the path failed: its chunks were given back (*why says how) */
+	MOVED_STALE, /* the peer closed the connection, or a pooled one was dead before anything
+		      * moved: chunks given back, the path worth another try */
+};
+
 /*
  * Move chunks on an opened stream until none is left or the transfer stops. One request runs
  * ahead: the next chunk is asked for (or sent) before the current one's reply is taken, so the
  * server goes from one chunk to the next without waiting for a round trip. done_early: the
  * leader of a single-stream transfer sends DONE {OK} behind the last request (commit_done).
+ * Bytes count on rail `rail`. A failure of the path gives the chunk in flight and the one ahead
+ * back (whole: the first byte not known complete is a chunk's first) instead of failing the
+ * transfer.
  */
-static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, int *open_pending,
-			bool done_early)
+static enum moved move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c,
+			      int *open_pending, bool done_early, size_t rail, struct sc_err *why)
 {
 	struct sc_xfer *x = tx->xr.x;
 	struct sc_err err;
 	sc_err_clear(&err);
 	struct io_bound b = {.deadline_mono_ms = x->deadline_mono_ms, .cancel = &x->cancel_requested};
-	struct sc_xr_piece one_cut;
-	struct piece cur = {.cut = &one_cut}, next = {.cut = &one_cut};
+	struct sc_xr_piece cut_a, cut_b;
+	struct piece cur = {.cut = &cut_a}, next = {.cut = &cut_b};
+	bool have_cur = false, have_next = false;
+	uint64_t moved_here = 0;
 	void *arrays = NULL;
 	if (tx->batch) {
-		/* two batches' piece lists and iovecs (the one in flight and the next), and where the
-		 * cursor hands pieces out */
-		size_t one = SC_PEER_MAX_PIECES * (sizeof(struct sc_peer_piece) + sizeof(struct iovec));
-		arrays = malloc(2 * one + SC_PEER_MAX_PIECES * sizeof(struct sc_xr_piece));
+		/* two batches' piece lists, iovecs and cursor pieces (the one in flight and the
+		 * next) */
+		size_t one = SC_PEER_MAX_PIECES * (sizeof(struct sc_peer_piece) + sizeof(struct iovec) +
+						   sizeof(struct sc_xr_piece));
+		arrays = malloc(2 * one);
 		if (!arrays) {
 			sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "out of memory");
 			goto out;
 		}
 		cur.pp = arrays;
 		cur.iov = (struct iovec *)(cur.pp + SC_PEER_MAX_PIECES);
+		cur.cut = (struct sc_xr_piece *)(cur.iov + SC_PEER_MAX_PIECES);
 		next.pp = (struct sc_peer_piece *)((uint8_t *)arrays + one);
 		next.iov = (struct iovec *)(next.pp + SC_PEER_MAX_PIECES);
-		cur.cut = next.cut = (struct sc_xr_piece *)((uint8_t *)arrays + 2 * one);
+		next.cut = (struct sc_xr_piece *)(next.iov + SC_PEER_MAX_PIECES);
 	}
+	pthread_mutex_lock(&tx->tb->mu);
+	bool others = live_paths_locked(tx) > 1;
+	pthread_mutex_unlock(&tx->tb->mu);
+	sc_peer_conn_set_stall(c, others ? PATH_STALL_MS : 0);
 	/* With DONE going early, the last data request waits for it: both leave in one segment. */
-	if (!next_piece(tx, &cur))
+	if (!next_piece(tx, &cur, true))
 		goto out;
+	have_cur = true;
 	if (done_early && !pieces_left(tx))
 		sc_peer_conn_hold_next(c);
 	if (piece_send(tx, c, &cur, &err) != 0)
 		goto out;
 	for (;;) {
-		bool more = !should_stop(tx) && next_piece(tx, &next);
+		bool more = !should_stop(tx) && next_piece(tx, &next, false);
+		have_next = more;
 		if (more && sc_xr_deadline_passed(x, sc_clock_mono_ms())) {
 			sc_err_set(&err, SC_DEADLINE_EXCEEDED,
 				   "deadline passed with %" PRIu64 " of %" PRIu64 " bytes moved",
@@ -451,13 +682,27 @@ static void move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn *c, i
 		    piece_recv(tx, c, &cur, &b, &err) != 0)
 			break;
 		atomic_fetch_add(&tx->bytes_moved, cur.len);
+		moved_here += cur.len;
+		sc_rail_add_bytes(&tx->tb->base, x, rail, cur.len);
 		x->on_progress(x, cur.len);
-		if (!more)
-			break;
+		piece_done(tx);
+		have_cur = false;
+		if (!more) {
+			/* Nothing to take now; chunks other streams hold may come back. */
+			if (done_early || should_stop(tx) || !next_piece(tx, &cur, true))
+				break;
+			have_cur = true;
+			if (piece_send(tx, c, &cur, &err) != 0)
+				break;
+			continue;
+		}
 		struct piece done_one = cur; /* its arrays take the next batch after this one */
 		cur = next;
 		next.pp = done_one.pp;
 		next.iov = done_one.iov;
+		next.cut = done_one.cut;
+		have_next = false;
+		have_cur = true;
 	}
 	if (tx->done_sent && err.code == SC_OK)
 		take_done_reply(c, &b, &err);
@@ -468,13 +713,50 @@ out:
 	}
 	else if (*open_pending == 1)
 		*open_pending = 2;
-	if (err.code != SC_OK)
+	sc_peer_conn_set_stall(c, 0);
+	enum moved result = MOVED_DONE;
+	/* A connection the peer closed (it ended the operation, restarted, or shed connections)
+	 * or a pooled one that was dead before anything moved: once more on the same path, where
+	 * a fresh dial or OPEN says what the path is worth. */
+	if (err.code != SC_OK && is_path_failure(tx, c, &err))
+		result = (sc_peer_conn_reused(c) && moved_here == 0) || sc_peer_conn_peer_closed(c)
+			     ? MOVED_STALE
+			     : MOVED_PATH_FAILED;
+	if (err.code != SC_OK && err.code != SC_CANCELLED && result == MOVED_DONE &&
+	    rail < tx->tb->base.n_rails)
+		atomic_fetch_add(&tx->tb->base.rails[rail].errors, 1);
+	if (result != MOVED_DONE && err.code == SC_DEADLINE_EXCEEDED) /* the stall limit */
+		sc_err_set(&err, SC_UNAVAILABLE, "no byte moved for %u ms on %s", PATH_STALL_MS,
+			   sc_peer_conn_endpoint(c));
+	bool requeue = result != MOVED_DONE;
+	if ((have_cur && !give_back(tx, &cur, requeue)) ||
+	    (have_next && !give_back(tx, &next, requeue))) {
+		sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "out of memory giving chunks back");
+		result = MOVED_DONE;
+	}
+	if (result == MOVED_DONE && err.code != SC_OK)
 		fail_xfer(tx, &err);
+	if (result != MOVED_DONE)
+		*why = err;
 	set_conn(tx, slot, NULL);
 	free(arrays);
+	return result;
 }
 
 /* ---- leading a transfer ---------------------------------------------------------------------- */
+
+static void free_tx(struct tcp_xfer *tx)
+{
+	struct sc_list *pos, *tmp;
+	sc_list_foreach_safe(pos, tmp, &tx->given) {
+		sc_list_remove(pos);
+		free(sc_list_entry(pos, struct given_back, node));
+	}
+	pthread_cond_destroy(&tx->work_cv);
+	pthread_cond_destroy(&tx->helpers_cv);
+	pthread_mutex_destroy(&tx->cursor_mu);
+	free(tx);
+}
 
 static bool task_of(const struct sc_xr_task *t, void *tx)
 {
@@ -487,8 +769,22 @@ static void reclaim_helpers_locked(struct tcp_backend *tb, struct tcp_xfer *tx)
 	tx->helpers -= (unsigned)sc_xr_unqueue_locked(&tb->xr, task_of, tx);
 }
 
-/* The verdict, DONE to the passive side (when `opened`: c is then the leader's connection), and
- * on_complete. */
+/* The first path not failed (the verdict goes there when the leader's connection is gone). */
+static size_t verdict_path(struct tcp_xfer *tx)
+{
+	pthread_mutex_lock(&tx->tb->mu);
+	size_t path = tx->n_order ? tx->order[0] : 0;
+	for (size_t k = 0; k < tx->n_order; k++)
+		if (!tx->path_dead[tx->order[k]]) {
+			path = tx->order[k];
+			break;
+		}
+	pthread_mutex_unlock(&tx->tb->mu);
+	return path;
+}
+
+/* The verdict, DONE to the passive side (when `opened`: c is then the leader's connection, or
+ * NULL when its path failed), and on_complete. */
 static void finish(struct tcp_xfer *tx, struct sc_peer_conn *c, bool opened)
 {
 	struct tcp_backend *tb = tx->tb;
@@ -503,18 +799,19 @@ static void finish(struct tcp_xfer *tx, struct sc_peer_conn *c, bool opened)
 		 * complete on both sides or on neither); a failure is told best effort. After a
 		 * pipelined DONE {OK} nothing more is told: the passive side has judged it, or sees
 		 * the connection end without it and abandons the transfer. */
-		sc_peer_tell_verdict(tb->pool, &c, x->meta->endpoints[tx->endpoint], x->meta->token,
+		sc_peer_tell_verdict(tb->pool, &c, path_endpoint(tx, verdict_path(tx)), x->meta->token,
 				     x->xfer_id, x->deadline_mono_ms, &status, msg, sizeof(msg),
 				     "tcp");
 	}
 	sc_peer_pool_put(tb->pool, c, c && sc_peer_conn_usable(c));
+	for (size_t i = 0; i < tb->base.n_rails && i < SC_XFER_MAX_RAILS; i++)
+		if (atomic_load(&x->rail_bytes[i]))
+			atomic_fetch_add(&tb->base.rails[i].operations, 1);
 
 	pthread_mutex_lock(&tb->mu);
 	sc_xr_retire_locked(&tb->xr, &tx->xr);
 	pthread_mutex_unlock(&tb->mu);
-	pthread_cond_destroy(&tx->helpers_cv);
-	pthread_mutex_destroy(&tx->cursor_mu);
-	free(tx);
+	free_tx(tx);
 	sc_xr_complete(x, status, msg);
 }
 
@@ -538,6 +835,7 @@ static bool restart_after_stale(struct tcp_xfer *tx, struct sc_peer_conn *c, int
 				"over on another",
 			 x->xfer_id, tx->xr.msg);
 		sc_xr_reset_locked(&tx->xr);
+		atomic_store(&tx->quit, false);
 		tx->committing = false;
 		atomic_store(&x->committed, false);
 		tx->done_sent = false;
@@ -563,68 +861,177 @@ static bool done_can_go_early(const struct sc_xfer *x)
 	return true;
 }
 
+/* The paths in the order streams take them (usable first, cooling ones as a last resort) and
+ * where each stream starts: streams spread over the usable paths. */
+static void plan_paths(struct tcp_xfer *tx, uint32_t streams)
+{
+	struct tcp_backend *tb = tx->tb;
+	uint64_t now = sc_clock_mono_ms(), cooling;
+	size_t cool[MAX_PATHS], n_cool = 0;
+	tx->n_order = 0;
+	pthread_mutex_lock(&tb->mu);
+	for (size_t i = 0; i < tx->n_paths; i++) {
+		if (sc_tcp_health_usable(&tb->health, path_endpoint(tx, i), now, &cooling))
+			tx->order[tx->n_order++] = i;
+		else
+			cool[n_cool++] = i;
+	}
+	pthread_mutex_unlock(&tb->mu);
+	tx->n_start = tx->n_order ? tx->n_order : n_cool;
+	for (size_t i = 0; i < n_cool; i++)
+		tx->order[tx->n_order++] = cool[i];
+	for (uint32_t s = 0; s < streams; s++)
+		tx->start_path[s] = (int)tx->order[s % tx->n_start];
+}
+
+/* Streams for a transfer of `chunks` chunks: --tcp-streams, at least one per usable path, never
+ * more than chunks. */
+static uint32_t stream_count(struct tcp_xfer *tx, uint64_t chunks)
+{
+	struct tcp_backend *tb = tx->tb;
+	uint64_t now = sc_clock_mono_ms(), cooling;
+	uint32_t usable = 0;
+	pthread_mutex_lock(&tb->mu);
+	for (size_t i = 0; i < tx->n_paths; i++)
+		usable += sc_tcp_health_usable(&tb->health, path_endpoint(tx, i), now, &cooling);
+	pthread_mutex_unlock(&tb->mu);
+	uint32_t want = tb->streams > usable ? tb->streams : usable;
+	if (want > MAX_STREAMS)
+		want = MAX_STREAMS;
+	return chunks < want ? (uint32_t)(chunks ? chunks : 1) : want;
+}
+
+/* No path was left with chunks still to move: the transfer fails, naming each path and why. */
+static void fail_no_path(struct tcp_xfer *tx)
+{
+	pthread_mutex_lock(&tx->cursor_mu);
+	bool left = !all_done_locked(tx);
+	pthread_mutex_unlock(&tx->cursor_mu);
+	if (!left || should_stop(tx))
+		return;
+	struct sc_err err;
+	sc_err_set(&err, SC_UNAVAILABLE, "no path to sidecar %s is left (%" PRIu64 " of %" PRIu64
+		   " bytes moved):", tx->xr.x->meta->issuer, (uint64_t)atomic_load(&tx->bytes_moved),
+		   tx->xr.x->total);
+	pthread_mutex_lock(&tx->tb->mu);
+	for (size_t i = 0; i < tx->n_paths; i++) {
+		size_t used = strlen(err.msg);
+		snprintf(err.msg + used, sizeof(err.msg) - used, "%s %s: %s", i ? ";" : "",
+			 path_endpoint(tx, i), tx->path_dead[i] ? tx->path_why[i] : "not tried");
+	}
+	pthread_mutex_unlock(&tx->tb->mu);
+	fail_xfer(tx, &err);
+}
+
+/* The path a stream failed on is dead for the transfer; which one it goes on with. False: none
+ * is left. */
+static bool fail_over(struct tcp_xfer *tx, size_t *path, const struct sc_err *why)
+{
+	path_failed(tx, *path, why);
+	return !should_stop(tx) && next_live_path(tx, path);
+}
+
 static void lead(struct tcp_xfer *tx)
 {
 	struct tcp_backend *tb = tx->tb;
 	struct sc_err err;
 	sc_err_clear(&err);
 	uint64_t chunks = count_chunks(tx, tb->chunk);
-	uint32_t streams = chunks < tb->streams ? (uint32_t)chunks : tb->streams;
+	uint32_t streams = stream_count(tx, chunks);
+	plan_paths(tx, streams);
+	size_t path = (size_t)tx->start_path[0];
 	int open_pending = 0;
 	bool done_early = streams == 1 && done_can_go_early(tx->xr.x);
-	struct sc_peer_conn *c = open_stream(tx, 0, streams == 1, &open_pending, &err);
-	if (!c) {
-		if (err.code != SC_OK)
-			fail_xfer(tx, &err);
-		finish(tx, NULL, false); /* nothing opened: the passive side keeps its use */
-		return;
-	}
-	if (streams > 1) {
-		pthread_mutex_lock(&tb->mu);
-		for (uint32_t i = 1; i < streams; i++)
-			sc_xr_queue_locked(&tb->xr, &tx->tasks[i].t);
-		tx->helpers += streams - 1;
-		pthread_mutex_unlock(&tb->mu);
-	}
-	move_chunks(tx, 0, c, &open_pending, done_early);
-	if (restart_after_stale(tx, c, open_pending, streams)) {
-		sc_peer_pool_put(tb->pool, c, false);
+	bool pipelined = streams == 1, opened = false, helpers_queued = false;
+	unsigned stale = 0;
+	struct sc_peer_conn *c = NULL;
+	for (;;) {
 		sc_err_clear(&err);
-		c = open_stream(tx, 0, false, &open_pending, &err); /* synchronous: retries stale ones */
+		c = open_stream(tx, 0, path, pipelined, &open_pending, &err);
 		if (!c) {
-			if (err.code != SC_OK)
+			if (err.code != SC_OK && is_path_failure(tx, NULL, &err) &&
+			    fail_over(tx, &path, &err)) {
+				pipelined = false;
+				continue;
+			}
+			if (err.code != SC_OK && !is_path_failure(tx, NULL, &err))
 				fail_xfer(tx, &err);
-			finish(tx, NULL, true); /* the first OPEN may have taken: tell the verdict */
-			return;
+			break;
 		}
-		move_chunks(tx, 0, c, &open_pending, done_early);
+		opened = true;
+		if (streams > 1 && !helpers_queued) {
+			pthread_mutex_lock(&tb->mu);
+			for (uint32_t i = 1; i < streams; i++)
+				sc_xr_queue_locked(&tb->xr, &tx->tasks[i].t);
+			tx->helpers += streams - 1;
+			pthread_mutex_unlock(&tb->mu);
+			helpers_queued = true;
+		}
+		struct sc_err why;
+		enum moved m = move_chunks(tx, 0, c, &open_pending, done_early, rail_of(tb, path),
+					   &why);
+		if (m == MOVED_DONE && restart_after_stale(tx, c, open_pending, streams)) {
+			sc_peer_pool_put(tb->pool, c, false);
+			c = NULL;
+			pipelined = false; /* synchronous: retries stale ones */
+			continue;
+		}
+		if (m == MOVED_DONE)
+			break;
+		sc_peer_pool_put(tb->pool, c, false);
+		c = NULL;
+		pipelined = false;
+		if (m == MOVED_STALE && stale++ == 0)
+			continue; /* once on a fresh connection, same path */
+		if (!fail_over(tx, &path, &why))
+			break;
 	}
-	if (streams > 1) {
+	if (helpers_queued) {
 		pthread_mutex_lock(&tb->mu);
 		reclaim_helpers_locked(tb, tx);
 		while (tx->helpers)
 			pthread_cond_wait(&tx->helpers_cv, &tb->mu);
 		pthread_mutex_unlock(&tb->mu);
 	}
+	fail_no_path(tx); /* chunks left and no failure recorded: every path failed */
 	/* A refused OPEN: the passive side keeps its use and hears nothing from us. */
-	finish(tx, c, open_pending != -1);
+	finish(tx, c, opened && open_pending != -1);
 }
 
 /* A helper stream. One that cannot connect or open is not an error: the streams that did take
- * its share of the chunks. */
+ * its share of the chunks. One whose path fails moves on to the next live path. */
 static void help(struct tcp_xfer *tx, int slot)
 {
 	struct tcp_backend *tb = tx->tb;
-	struct sc_err err;
-	sc_err_clear(&err);
-	int opened = 0;
-	struct sc_peer_conn *c = open_stream(tx, slot, false, &opened, &err);
-	if (c) {
-		move_chunks(tx, slot, c, &opened, false);
+	size_t path = (size_t)tx->start_path[slot];
+	unsigned stale = 0;
+	for (;;) {
+		struct sc_err err, why;
+		sc_err_clear(&err);
+		pthread_mutex_lock(&tb->mu);
+		bool dead = tx->path_dead[path];
+		pthread_mutex_unlock(&tb->mu);
+		if (dead && !next_live_path(tx, &path))
+			break;
+		int opened = 0;
+		struct sc_peer_conn *c = open_stream(tx, slot, path, false, &opened, &err);
+		if (!c) {
+			if (err.code != SC_OK && is_path_failure(tx, NULL, &err) &&
+			    fail_over(tx, &path, &err))
+				continue;
+			if (err.code != SC_OK)
+				SC_DEBUG("tcp", "transfer %016" PRIx64 ": stream %d not started: %s",
+					 tx->xr.x->xfer_id, slot, err.msg);
+			break;
+		}
+		enum moved m = move_chunks(tx, slot, c, &opened, false, rail_of(tb, path), &why);
 		sc_peer_pool_put(tb->pool, c, sc_peer_conn_usable(c));
-	} else if (err.code != SC_OK) {
-		SC_DEBUG("tcp", "transfer %016" PRIx64 ": stream %d not started: %s",
-			 tx->xr.x->xfer_id, slot, err.msg);
+		if (m == MOVED_DONE)
+			break;
+		if (m == MOVED_STALE && stale++ == 0)
+			continue;
+		if (!fail_over(tx, &path, &why))
+			break;
 	}
 	pthread_mutex_lock(&tb->mu);
 	tx->helpers--;
@@ -653,19 +1060,28 @@ static int tcp_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *er
 	if (!tx)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 	tx->tb = tb;
-	tx->endpoint = -1;
+	tx->n_paths = x->meta->n_endpoints < MAX_PATHS ? x->meta->n_endpoints : MAX_PATHS;
 	tx->batch = x->meta->version >= 2;
 	pthread_mutex_init(&tx->cursor_mu, NULL);
+	pthread_cond_init(&tx->work_cv, NULL);
 	pthread_cond_init(&tx->helpers_cv, NULL);
+	sc_list_init(&tx->given);
 	atomic_init(&tx->bytes_moved, 0);
+	atomic_init(&tx->quit, false);
 	for (int i = 0; i < MAX_STREAMS; i++)
 		tx->tasks[i] = (struct task){.t = {.run = run_task}, .tx = tx, .slot = i};
 	x->priv = tx;
+	if (tx->n_paths == 0) {
+		x->priv = NULL;
+		free_tx(tx);
+		return sc_err_set(err, SC_FAILED_PRECONDITION,
+				  "the metadata from sidecar %s names no data endpoint (its tcp "
+				  "backend is off)",
+				  x->meta->issuer);
+	}
 	if (sc_xr_admit(&tb->xr, &tx->xr, x, &tx->tasks[0].t, err) != 0) {
 		x->priv = NULL;
-		pthread_cond_destroy(&tx->helpers_cv);
-		pthread_mutex_destroy(&tx->cursor_mu);
-		free(tx);
+		free_tx(tx);
 		return -1;
 	}
 	return 0;
@@ -676,6 +1092,7 @@ static int tcp_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *er
 static void stop_xfer_locked(struct tcp_xfer *tx, bool force)
 {
 	sc_xr_stop_locked(&tx->xr);
+	atomic_store(&tx->quit, true);
 	if (tx->committing && !force)
 		return;
 	for (int i = 0; i < MAX_STREAMS; i++)
@@ -732,8 +1149,10 @@ static void tcp_destroy(struct sc_backend *b)
 	free(tb);
 }
 
-/* ConnectPeer: `streams` authenticated connections to md's issuer, put back into the pool for the
- * first transfer to find (the pool keeps them while idle). gRPC worker thread. */
+/* ConnectPeer: the connections a transfer to md's issuer would open (--tcp-streams, at least one
+ * per path, spread over the paths as lead() spreads its streams), put back into the pool for the
+ * first transfer to find (the pool keeps them while idle). A path that does not answer is left
+ * out (its dial bounded by PATH_DIAL_MS while there are others). gRPC worker thread. */
 static int tcp_connect(struct sc_backend *b, const struct sc_metadata *md, uint64_t deadline_mono_ms,
 		       char *detail, size_t cap, struct sc_err *err)
 {
@@ -741,18 +1160,31 @@ static int tcp_connect(struct sc_backend *b, const struct sc_metadata *md, uint6
 	if (md->n_endpoints == 0)
 		return sc_err_set(err, SC_FAILED_PRECONDITION,
 				  "the metadata from sidecar %s names no data endpoint", md->issuer);
+	size_t n_paths = md->n_endpoints < MAX_PATHS ? md->n_endpoints : MAX_PATHS;
+	uint64_t dial_deadline = deadline_mono_ms;
+	if (n_paths > 1) {
+		uint64_t bound = sc_clock_mono_ms() + PATH_DIAL_MS;
+		if (!dial_deadline || bound < dial_deadline)
+			dial_deadline = bound;
+	}
 	struct sc_peer_conn *conns[64];
-	size_t want = tb->streams < 64 ? tb->streams : 64, got = 0, reused = 0;
-	const char *ep = NULL;
-	for (size_t i = 0; i < md->n_endpoints && !ep; i++) {
+	size_t want = tb->streams > n_paths ? tb->streams : n_paths;
+	want = want < 64 ? want : 64;
+	size_t got = 0, reused = 0, ok[MAX_PATHS], n_ok = 0;
+	char eps[MAX_PATHS * 82] = "";
+	/* One connection per path first: the issuer's identity is checked on each. */
+	for (size_t i = 0; i < n_paths; i++) {
 		struct sc_peer_conn *c;
-		if (sc_peer_pool_get(tb->pool, md->endpoints[i], deadline_mono_ms, &c, err) != 0) {
-			if (err->code == SC_DEADLINE_EXCEEDED)
-				return -1;
+		if (sc_peer_pool_get(tb->pool, md->endpoints[i], dial_deadline, &c, err) != 0) {
+			if (err->code == SC_DEADLINE_EXCEEDED && deadline_mono_ms &&
+			    sc_clock_mono_ms() >= deadline_mono_ms)
+				break;
 			continue;
 		}
 		if (sc_peer_conn_check_issuer(c, md->issuer, err) != 0) {
 			sc_peer_pool_put(tb->pool, c, false);
+			for (size_t k = 0; k < got; k++)
+				sc_peer_pool_put(tb->pool, conns[k], sc_peer_conn_usable(conns[k]));
 			return -1;
 		}
 		if (strcmp(sc_peer_conn_peer_id(c), md->issuer) != 0) {
@@ -763,24 +1195,26 @@ static int tcp_connect(struct sc_backend *b, const struct sc_metadata *md, uint6
 			sc_peer_pool_put(tb->pool, c, true);
 			continue;
 		}
-		ep = md->endpoints[i];
+		size_t used = strlen(eps);
+		snprintf(eps + used, sizeof(eps) - used, "%s%s", n_ok ? ", " : "", md->endpoints[i]);
+		ok[n_ok++] = i;
 		reused += sc_peer_conn_reused(c);
 		conns[got++] = c;
 	}
-	if (!ep)
+	if (n_ok == 0)
 		return -1;
+	/* The rest, round robin over the paths that answered. */
 	while (got < want) {
-		if (sc_peer_pool_get(tb->pool, ep, deadline_mono_ms, &conns[got], err) != 0)
+		if (sc_peer_pool_get(tb->pool, md->endpoints[ok[got % n_ok]], deadline_mono_ms,
+				     &conns[got], err) != 0)
 			break;
 		reused += sc_peer_conn_reused(conns[got]);
 		got++;
 	}
 	for (size_t i = 0; i < got; i++)
 		sc_peer_pool_put(tb->pool, conns[i], sc_peer_conn_usable(conns[i]));
-	if (got < want && got == 0)
-		return -1;
 	snprintf(detail, cap, "%zu connection(s) to %s at %s (%zu were open already)", got,
-		 md->issuer, ep, reused);
+		 md->issuer, eps, reused);
 	return 0;
 }
 
@@ -823,9 +1257,16 @@ struct sc_backend *sc_backend_tcp_create(const struct sc_backend_env *env)
 		return &tb->base;
 	}
 	snprintf(tb->base.endpoint, sizeof(tb->base.endpoint), "%s", sc_peer_server_endpoint(srv));
+	/* One rail per data endpoint (a path peers dial; this side's path i is rail i). */
+	size_t n = sc_peer_server_n_endpoints(srv);
+	for (size_t i = 0; i < n && i < SC_MAX_RAILS; i++) {
+		sc_tcp_rail_facts(&tb->base.rails[i], sc_peer_server_endpoint_at(srv, i));
+		tb->base.rails[i].state = SC_RAIL_UP;
+		tb->base.n_rails = i + 1;
+	}
 	tb->base.available = true;
 	snprintf(tb->base.detail, sizeof(tb->base.detail),
-		 "tcp data plane on %s (%u stream(s), %" PRIu64 " KiB chunks)", tb->base.endpoint,
-		 tb->streams, tb->chunk >> 10);
+		 "tcp data plane on %s%s (%zu path(s), %u stream(s), %" PRIu64 " KiB chunks)",
+		 tb->base.endpoint, n > 1 ? " and more" : "", n, tb->streams, tb->chunk >> 10);
 	return &tb->base;
 }

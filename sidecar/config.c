@@ -209,11 +209,15 @@ static const struct sc_option sc_options[] = {
 	 .value = "SIZE", .group = "gRPC",
 	 .help = "largest gRPC message sent or received, 1KiB-1GiB", .def = "64MiB"},
 
-	{.id = OPT_DATA_LISTEN, T_HOSTPORT(data_listen, false), .name = "data-listen", .arg = ARG_REQUIRED, .value = "HOST:PORT",
-	 .group = "Data plane", .help = "where peer sidecars connect; port 0 = ephemeral",
+	{.id = OPT_DATA_LISTEN, .name = "data-listen", .arg = ARG_REQUIRED, .value = "HOST:PORT[,...]",
+	 .group = "Data plane",
+	 .help = "where peer sidecars connect; port 0 = ephemeral; a comma list (up to 4) serves "
+		 "on each, one TCP path (rail) per interface",
 	 .def = "0.0.0.0:0"},
-	{.id = OPT_ADVERTISE, .name = "advertise", .arg = ARG_REQUIRED, .value = "HOST",
-	 .group = "Data plane", .help = "address peers dial, put into metadata",
+	{.id = OPT_ADVERTISE, .name = "advertise", .arg = ARG_REQUIRED, .value = "HOST[,...]",
+	 .group = "Data plane",
+	 .help = "address peers dial, put into metadata; a comma list: one per --data-listen "
+		 "endpoint, same order",
 	 .def = "derived from the data listener"},
 	{.id = OPT_BACKENDS, .name = "backends", .arg = ARG_REQUIRED, .value = "LIST",
 	 .group = "Data plane",
@@ -222,7 +226,9 @@ static const struct sc_option sc_options[] = {
 	 .group = "Data plane", .help = "directory of region files shared with workers",
 	 .def = "/dev/shm"},
 	{.id = OPT_TCP_STREAMS, T_U32(tcp_streams, 1, 16), .name = "tcp-streams", .arg = ARG_REQUIRED, .value = "N",
-	 .group = "Data plane", .help = "parallel TCP connections per peer, 1-16", .def = "2"},
+	 .group = "Data plane",
+	 .help = "parallel TCP connections per transfer, spread over its paths (at least one each), 1-16",
+	 .def = "2"},
 	{.id = OPT_TCP_CHUNK_SIZE, T_SIZE(tcp_chunk_bytes, 64 * KIB, GIB, "64KiB-1GiB"), .name = "tcp-chunk-size", .arg = ARG_REQUIRED, .value = "SIZE",
 	 .group = "Data plane", .help = "bytes per TCP data chunk, 64KiB-1GiB", .def = "8MiB"},
 	{.id = OPT_DATA_MAX_UNAUTH_PER_IP, T_U32(data_max_unauth_per_ip, 1, 1024), .name = "data-max-unauth-per-ip", .arg = ARG_REQUIRED,
@@ -737,6 +743,36 @@ bad:
 			  VALUE_SHOWN, v);
 }
 
+/* --advertise: a comma list of hosts (check_advertise each), one per --data-listen endpoint;
+ * stored without brackets, comma-joined. */
+static int set_advertise(struct sc_config *cfg, const char *v, struct sc_err *err)
+{
+	size_t cap = strlen(v) + 1, used = 0;
+	char *joined = calloc(1, cap);
+	if (!joined)
+		return sc_err_set(err, SC_INTERNAL, "out of memory");
+	for (const char *p = v;;) {
+		const char *comma = strchr(p, ',');
+		size_t len = comma ? (size_t)(comma - p) : strlen(p);
+		char *one = strndup(p, len), *h = NULL;
+		int rc = one ? check_advertise(one, &h, err)
+			     : sc_err_set(err, SC_INTERNAL, "out of memory");
+		free(one);
+		if (rc != 0) {
+			free(joined);
+			return -1;
+		}
+		used += (size_t)snprintf(joined + used, cap - used, "%s%s", used ? "," : "", h);
+		free(h);
+		if (!comma)
+			break;
+		p = comma + 1;
+	}
+	free(cfg->advertise);
+	cfg->advertise = joined;
+	return 0;
+}
+
 /* Show a URL without its user:password@ part. */
 static void redact_url(const char *url, size_t len, char *buf, size_t cap)
 {
@@ -1075,6 +1111,32 @@ static int set_hostport(char **slot, const char *v, bool allow_empty, struct sc_
 	return set_str(slot, v, false, err);
 }
 
+/* --data-listen: a comma list of HOST:PORT, one per data endpoint (at most SC_CONFIG_MAX_DATA_ENDPOINTS);
+ * stored as given. */
+static int set_data_listen(struct sc_config *cfg, const char *v, struct sc_err *err)
+{
+	size_t n = 0;
+	for (const char *p = v;; n++) {
+		const char *comma = strchr(p, ',');
+		size_t len = comma ? (size_t)(comma - p) : strlen(p);
+		if (n == SC_CONFIG_MAX_DATA_ENDPOINTS)
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "\"%.*s\": at most %d data endpoints", VALUE_SHOWN, v,
+					  SC_CONFIG_MAX_DATA_ENDPOINTS);
+		char *one = strndup(p, len);
+		if (!one)
+			return sc_err_set(err, SC_INTERNAL, "out of memory");
+		int rc = sc_parse_hostport(one, NULL, 0, NULL, err);
+		free(one);
+		if (rc != 0)
+			return -1;
+		if (!comma)
+			break;
+		p = comma + 1;
+	}
+	return set_str(&cfg->data_listen, v, false, err);
+}
+
 /*
  * Apply one value. label is "--name" or "RDMA_SIDECAR_NAME", for messages; from_env tells
  * list-valued options to split on commas. On error err names the label, the value and the fix.
@@ -1170,17 +1232,11 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 		rc = sc_parse_uid_list(v, cfg->allowed_uids, SC_MAX_ALLOWED_UIDS,
 				       &cfg->n_allowed_uids, err);
 		break;
+	case OPT_DATA_LISTEN:
+		rc = set_data_listen(cfg, v, err);
+		break;
 	case OPT_ADVERTISE:
-		if (!*v) {
-			rc = set_str(&cfg->advertise, v, true, err);
-		} else {
-			char *h = NULL;
-			rc = check_advertise(v, &h, err);
-			if (rc == 0) {
-				free(cfg->advertise);
-				cfg->advertise = h;
-			}
-		}
+		rc = *v ? set_advertise(cfg, v, err) : set_str(&cfg->advertise, v, true, err);
 		break;
 	case OPT_BACKENDS:
 		rc = parse_backends(v, &cfg->backends, err);

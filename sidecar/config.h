@@ -40,6 +40,9 @@ const char *sc_peer_identity_name(enum sc_peer_identity s);
 /* Is s[0..len) a sidecar id (--id): 1-100 of A-Z a-z 0-9 . _ -? */
 bool sc_config_id_valid(const char *s, size_t len);
 
+/* The data endpoints --data-listen may name (metadata.h's SC_MAX_ENDPOINTS, asserted there). */
+#define SC_CONFIG_MAX_DATA_ENDPOINTS 4
+
 struct sc_config {
 	char *id;                                     /* --id; default "<hostname>-<6 hex>" */
 	char *grpc_listen[SC_MAX_GRPC_LISTENERS];     /* --grpc-listen, repeatable */
@@ -54,8 +57,11 @@ struct sc_config {
 	uint32_t unix_socket_mode;                    /* --unix-socket-mode, 0660 */
 	uint32_t allowed_uids[SC_MAX_ALLOWED_UIDS];   /* --allowed-uids 0,1000 (SO_PEERCRED) */
 	size_t n_allowed_uids;                        /* 0 = any uid that can open the socket */
-	char *data_listen;                            /* --data-listen HOST:PORT, "0.0.0.0:0" */
-	char *advertise;                              /* --advertise HOST; NULL = derived */
+	/* --data-listen HOST:PORT[,...] (default "0.0.0.0:0"): at most SC_CONFIG_MAX_DATA_ENDPOINTS
+	 * data endpoints, each a TCP path; --advertise HOST[,...]: one host per endpoint, same
+	 * order (brackets dropped); NULL = derived. */
+	char *data_listen;
+	char *advertise;
 	char *shm_dir;                                /* --shm-dir, "/dev/shm" */
 	char *nats_url;                               /* --nats-url; NULL/"" = NATS off */
 	char *key_file;                               /* --key-file; NULL = no signing */

@@ -117,6 +117,7 @@ static void disable_backend(struct sc_backend *b, const char *why)
 }
 
 _Static_assert(SC_INFO_MAX_RAILS == SC_METRICS_MAX_RAILS, "GetInfo and the metrics list the same rails");
+_Static_assert(SC_INFO_MAX_ENDPOINTS == SC_MAX_ENDPOINTS, "GetInfo lists every data endpoint");
 
 /* Every backend's rails, in backend_registry.c order. Under eng->mu (the backends are fixed). */
 static size_t collect_rails_locked(struct sc_engine *eng, struct sc_rail_entry *out, size_t cap)
@@ -574,9 +575,13 @@ void sc_engine_info(struct sc_engine *eng, struct sc_info *out)
 	}
 	struct sc_backend *tcp = eng->backends[SC_BACKEND_TCP];
 	if (eng->peer_server) {
-		snprintf(out->data_endpoints[0], sizeof(out->data_endpoints[0]), "%s",
-			 sc_peer_server_endpoint(eng->peer_server));
-		out->n_data_endpoints = out->data_endpoints[0][0] ? 1 : 0;
+		size_t n = sc_peer_server_n_endpoints(eng->peer_server);
+		for (size_t i = 0; i < n && i < SC_INFO_MAX_ENDPOINTS; i++) {
+			snprintf(out->data_endpoints[i], sizeof(out->data_endpoints[i]), "%s",
+				 sc_peer_server_endpoint_at(eng->peer_server, i));
+			if (out->data_endpoints[i][0])
+				out->n_data_endpoints = i + 1;
+		}
 	}
 	(void)tcp;
 	if (eng->peer_tls) { /* say how the peer channel is protected, on the tcp backend's line */

@@ -17,6 +17,9 @@
 #include "status.h"
 #include "topology.h"
 
+/* The data endpoints GetInfo lists: SC_MAX_ENDPOINTS (metadata.h). */
+#define SC_INFO_MAX_ENDPOINTS 4
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -69,7 +72,7 @@ struct sc_info {
 	const char *version;
 	struct sc_backend_report backends[SC_INFO_MAX_BACKENDS]; /* in backend_registry.c order */
 	size_t n_backends;
-	char data_endpoints[2][80];
+	char data_endpoints[SC_INFO_MAX_ENDPOINTS][80]; /* one per --data-listen entry */
 	size_t n_data_endpoints;
 	char nats_state[32];
 	bool signing_enabled;

@@ -36,6 +36,7 @@
 #define SC_METADATA_SKEW_MS 5000
 #define SC_TOKEN_LEN 16
 #define SC_MAX_ENDPOINTS 4
+_Static_assert(SC_MAX_ENDPOINTS == SC_CONFIG_MAX_DATA_ENDPOINTS, "--data-listen fits the metadata");
 
 struct sc_ib_endpoint {
 	bool present;

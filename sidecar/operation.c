@@ -17,6 +17,7 @@
 #include "backend_registry.h"
 #include "log.h"
 #include "passive.h"
+#include "peer_server.h"
 
 #include <inttypes.h>
 #include <stddef.h>
@@ -577,9 +578,17 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 	md.kind = kind;
 	memcpy(md.token, op->token, SC_TOKEN_LEN);
 	if (eng->backends[SC_BACKEND_TCP] && eng->backends[SC_BACKEND_TCP]->available) {
-		snprintf(md.endpoints[0], sizeof(md.endpoints[0]), "%s",
-			 eng->backends[SC_BACKEND_TCP]->endpoint);
-		md.n_endpoints = 1;
+		/* Every data endpoint: the tcp backend stripes over all that answer (its paths). */
+		size_t n = eng->peer_server ? sc_peer_server_n_endpoints(eng->peer_server) : 0;
+		for (size_t i = 0; i < n && i < SC_MAX_ENDPOINTS; i++)
+			snprintf(md.endpoints[i], sizeof(md.endpoints[i]), "%s",
+				 sc_peer_server_endpoint_at(eng->peer_server, i));
+		md.n_endpoints = n < SC_MAX_ENDPOINTS ? n : SC_MAX_ENDPOINTS;
+		if (md.n_endpoints == 0) {
+			snprintf(md.endpoints[0], sizeof(md.endpoints[0]), "%s",
+				 eng->backends[SC_BACKEND_TCP]->endpoint);
+			md.n_endpoints = 1;
+		}
 		md.backends |= SC_BACKEND_BIT_TCP;
 	} else if (eng->backends[SC_BACKEND_IBVERBS] &&
 		   eng->backends[SC_BACKEND_IBVERBS]->available &&

@@ -393,6 +393,7 @@ void sc_peer_pool_put(struct sc_peer_pool *pool, struct sc_peer_conn *conn, bool
 	if (conn->held) /* its next user would wait for a reply to a request still held back */
 		sc_peer_conn_flush(conn);
 	conn->hold_next = false;
+	conn->stall_ms = 0;
 	conn->idle_since_ms = sc_clock_mono_ms();
 	size_t same = 0;
 	pthread_mutex_lock(&pool->mu);
@@ -455,6 +456,16 @@ void sc_peer_conn_abort(struct sc_peer_conn *conn)
 void sc_peer_conn_hold_next(struct sc_peer_conn *conn)
 {
 	conn->hold_next = true;
+}
+
+bool sc_peer_conn_peer_closed(const struct sc_peer_conn *conn)
+{
+	return conn->peer_closed;
+}
+
+void sc_peer_conn_set_stall(struct sc_peer_conn *conn, uint32_t ms)
+{
+	conn->stall_ms = ms;
 }
 
 void sc_peer_conn_flush(struct sc_peer_conn *conn)

@@ -82,6 +82,9 @@ bool sc_peer_conn_usable(const struct sc_peer_conn *conn);
  * may lead to a peer that went away unseen (its FIN lost in a partition, the peer restarted on the
  * same address): its first request fails at once, and a caller may retry on another connection. */
 bool sc_peer_conn_reused(const struct sc_peer_conn *conn);
+/* Did a call end because the peer closed or reset the connection (rather than an error on this
+ * side, a timeout or a stall)? */
+bool sc_peer_conn_peer_closed(const struct sc_peer_conn *conn);
 /* Interrupt whatever call is blocked on conn (shutdown(SHUT_RDWR)) and mark it broken. Any thread,
  * as long as the conn has not been put back. */
 void sc_peer_conn_abort(struct sc_peer_conn *conn);
@@ -89,6 +92,10 @@ void sc_peer_conn_abort(struct sc_peer_conn *conn);
  * both leave in one segment (an OPEN before its first data request, a data request before its
  * DONE). */
 void sc_peer_conn_hold_next(struct sc_peer_conn *conn);
+/* From now until the connection is put back, a request on it fails (DEADLINE_EXCEEDED, the
+ * connection broken) when no byte moves for ms (0: no limit, only the deadline): how a data path
+ * that died without a reset is noticed sooner than TCP_USER_TIMEOUT. */
+void sc_peer_conn_set_stall(struct sc_peer_conn *conn, uint32_t ms);
 /* Send whatever sc_peer_open_send or sc_peer_conn_hold_next held back. */
 void sc_peer_conn_flush(struct sc_peer_conn *conn);
 

@@ -6,6 +6,10 @@
  * backends share. READ receives straight into the caller's memory and WRITE sends straight from
  * it; GPU memory goes through pinned staging buffers (peer_stage.h).
  *
+ * Every call waits until the caller's deadline or cancel flag, and, where the holder set one
+ * (sc_peer_conn_set_stall: the tcp backend on a path with others beside it), no longer than the
+ * connection's stall limit without a byte moving.
+ *
  * Threads: the caller's. A connection belongs to the thread that got it from the pool; these
  * calls keep no state of their own beyond the connection's.
  */
@@ -33,6 +37,7 @@
 static int io_fail(struct sc_peer_conn *c, enum sc_peer_io rc, struct sc_err *err)
 {
 	atomic_store(&c->broken, true);
+	c->peer_closed = rc == SC_PEER_IO_EOF;
 	if (rc == SC_PEER_IO_EOF)
 		return sc_err_set(err, SC_UNAVAILABLE, "%s closed the connection mid-transfer",
 				  c->what);
@@ -106,16 +111,20 @@ static void fill_ref(struct sc_peer_msg *m, enum sc_frame_type type,
 	m->xfer_id = xfer_id;
 }
 
-static struct sc_peer_wait client_wait(uint64_t deadline_mono_ms, const atomic_bool *cancel)
+/* How a request on conn waits: the caller's deadline and cancel flag, and the connection's stall
+ * limit (sc_peer_conn_set_stall). */
+static struct sc_peer_wait client_wait(const struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
+				       const atomic_bool *cancel)
 {
-	return (struct sc_peer_wait){.deadline_mono_ms = deadline_mono_ms, .cancel = cancel};
+	return (struct sc_peer_wait){
+	    .deadline_mono_ms = deadline_mono_ms, .stall_ms = conn->stall_ms, .cancel = cancel};
 }
 
 static int open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
 		     uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total,
 		     enum sc_backend_kind via, uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	struct sc_peer_msg m;
 	fill_ref(&m, SC_FRAME_OPEN, token, xfer_id);
 	m.flags = sc_peer_via_flags(via);
@@ -137,7 +146,7 @@ int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LE
 int sc_peer_open_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
 		      const atomic_bool *cancel, bool *refused, struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	struct sc_peer_msg m;
 	m.type = SC_FRAME_OK;
 	int rc = recv_reply(conn, SC_FRAME_OK, &m, &w, err);
@@ -186,7 +195,7 @@ int sc_peer_read_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LE
 		      uint64_t xfer_id, uint32_t desc, uint64_t offset, uint64_t len,
 		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	return bulk_request(conn, SC_FRAME_READ, token, xfer_id, desc, offset, len, NULL, &w, err);
 }
 
@@ -209,7 +218,7 @@ static int recv_data_header(struct sc_peer_conn *conn, uint64_t len, const struc
 int sc_peer_read_recv(struct sc_peer_conn *conn, uint64_t len, uint8_t *dst,
 		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	if (recv_data_header(conn, len, &w, err) != 0)
 		return -1;
 	int e;
@@ -228,7 +237,7 @@ static void refused_write_reason(struct sc_peer_conn *conn, const atomic_bool *c
 {
 	if (sc_peer_conn_usable(conn))
 		return;
-	struct sc_peer_wait quick = client_wait(sc_clock_mono_ms() + 200, cancel);
+	struct sc_peer_wait quick = client_wait(conn, sc_clock_mono_ms() + 200, cancel);
 	for (unsigned i = 0; i <= conn->outstanding; i++) {
 		struct sc_peer_msg r;
 		struct sc_err why;
@@ -248,7 +257,7 @@ int sc_peer_read_recv_gpu(struct sc_peer_conn *conn, uint64_t len, uint8_t *dst,
 			  struct sc_gpu *g, int dev, uint64_t deadline_mono_ms,
 			  const atomic_bool *cancel, struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	if (recv_data_header(conn, len, &w, err) != 0)
 		return -1;
 	enum sc_peer_io io;
@@ -265,7 +274,7 @@ int sc_peer_write_send_gpu(struct sc_peer_conn *conn, const uint8_t token[SC_TOK
 			   uint64_t deadline_mono_ms, const atomic_bool *cancel,
 			   struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	/* The WRITE header promises len bytes; they follow, staged. */
 	if (bulk_request(conn, SC_FRAME_WRITE, token, xfer_id, desc, offset, len, NULL, &w, err) !=
 	    0)
@@ -342,14 +351,14 @@ int sc_peer_readv_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
 		       uint64_t xfer_id, const struct sc_peer_piece *pieces, uint32_t n,
 		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	return send_pieces(conn, SC_FRAME_READV, token, xfer_id, pieces, n, NULL, &w, err);
 }
 
 int sc_peer_readv_recv(struct sc_peer_conn *conn, uint64_t total, struct iovec *iov, uint32_t n,
 		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	if (recv_data_header(conn, total, &w, err) != 0)
 		return -1;
 	int e;
@@ -366,7 +375,7 @@ int sc_peer_writev_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_
 			const struct iovec *iov, uint64_t deadline_mono_ms,
 			const atomic_bool *cancel, struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	if (send_pieces(conn, SC_FRAME_WRITEV, token, xfer_id, pieces, n, iov, &w, err) == 0)
 		return 0;
 	refused_write_reason(conn, cancel, err);
@@ -387,7 +396,7 @@ int sc_peer_readv_recv_gpu(struct sc_peer_conn *conn, uint64_t total, const stru
 			   uint32_t n, struct sc_gpu *g, int dev, uint64_t deadline_mono_ms,
 			   const atomic_bool *cancel, struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	if (recv_data_header(conn, total, &w, err) != 0)
 		return -1;
 	struct sc_stage_piece *p = gpu_pieces(iov, n, dev);
@@ -409,7 +418,7 @@ int sc_peer_writev_send_gpu(struct sc_peer_conn *conn, const uint8_t token[SC_TO
 			    uint64_t deadline_mono_ms, const atomic_bool *cancel,
 			    struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	struct sc_stage_piece *p = gpu_pieces(iov, n, dev);
 	if (!p)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
@@ -433,7 +442,7 @@ int sc_peer_write_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
 		       const uint8_t *src, uint64_t deadline_mono_ms, const atomic_bool *cancel,
 		       struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	if (bulk_request(conn, SC_FRAME_WRITE, token, xfer_id, desc, offset, len, src, &w, err) ==
 	    0)
 		return 0;
@@ -444,7 +453,7 @@ int sc_peer_write_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_L
 int sc_peer_write_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
 		       const atomic_bool *cancel, struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	struct sc_peer_msg m;
 	int rc = recv_reply(conn, SC_FRAME_OK, &m, &w, err);
 	if (rc != 0)
@@ -467,7 +476,7 @@ int sc_peer_done_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LE
 		      uint64_t xfer_id, enum sc_status status, const char *msg,
 		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	struct sc_peer_msg m;
 	fill_ref(&m, SC_FRAME_DONE, token, xfer_id);
 	m.code = (uint32_t)status;
@@ -478,7 +487,7 @@ int sc_peer_done_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LE
 int sc_peer_done_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
 		      const atomic_bool *cancel, struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	struct sc_peer_msg m;
 	return recv_reply(conn, SC_FRAME_OK, &m, &w, err);
 }
@@ -495,7 +504,7 @@ int sc_peer_done(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN], u
 int sc_peer_ping(struct sc_peer_conn *conn, uint64_t deadline_mono_ms, const atomic_bool *cancel,
 		 struct sc_err *err)
 {
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	uint64_t cookie = sc_clock_mono_ms() ^ (uint64_t)(uintptr_t)conn;
 	struct sc_peer_msg m = {.type = SC_FRAME_PING, .cookie = cookie};
 	if (send_request(conn, &m, NULL, 0, &w, err) != 0)
@@ -518,7 +527,7 @@ int sc_peer_call(struct sc_peer_conn *conn, unsigned type, const void *body, siz
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "sc_peer_call: %s is not a generic call",
 				  sc_frame_type_name(type));
-	struct sc_peer_wait w = client_wait(deadline_mono_ms, cancel);
+	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	struct sc_peer_msg m = {
 		.type = (enum sc_frame_type)type, .opaque = body, .opaque_len = len};
 	enum sc_peer_io rc = sc_peer_send_msg(conn->fd, &m, &w, conn->what, err);

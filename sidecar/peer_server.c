@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * peer_server.c: the data listener (--data-listen) and the peer connections it accepts. Each
+ * peer_server.c: the data listeners (--data-listen: one per data endpoint, each a TCP rail, all
+ * serving the same hello and the same passive operations) and the peer connections they accept. Each
  * connection authenticates with the hello, then serves OPEN / READ / WRITE / DONE / PING through
  * the passive-operation interface it was handed (passive.h: the engine checks token, direction,
  * bounds, deadline and state), and QP_CONNECT through the handler the ibverbs backend registers.
@@ -8,7 +9,7 @@
  * (sc_peer_server_passive), for the ibverbs completion notices. READ sends straight from the pinned span and
  * WRITE receives straight into it: no staging copy.
  *
- * Threads: the accept thread (accepts, joins finished connection threads, reports orphaned
+ * Threads: the accept thread (accepts on every listener, joins finished connection threads, reports orphaned
  * transfers) and one thread per connection. The server owns the listening socket, a wake-up
  * eventfd, every connection (its fd, thread and buffers) and the list of orphaned transfers.
  *
@@ -106,10 +107,11 @@ struct sc_peer_server {
 	char self_id[SC_NAME_MAX];
 	struct sc_keyring_source keys; /* for each hello */
 	struct sc_gpu *gpu;            /* staging GPU spans; NULL without CUDA */
-	int listen_fd;
+	int listen_fd[SC_MAX_ENDPOINTS]; /* one per --data-listen entry */
+	size_t n_listen;
 	int wake_fd;
-	char listen_addr[300];
-	char endpoint[80];
+	char listen_addr[SC_MAX_ENDPOINTS][300];
+	char endpoint[SC_MAX_ENDPOINTS][80]; /* what peers dial, in --data-listen order */
 	pthread_t accept_thread;
 	bool started;
 	atomic_bool stopping;
@@ -1112,11 +1114,11 @@ static bool unauth_room_locked(struct sc_peer_server *srv, const char *ip, char 
 	return true;
 }
 
-static void accept_one(struct sc_peer_server *srv)
+static void accept_one(struct sc_peer_server *srv, int listen_fd)
 {
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
-	int fd = accept4(srv->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
+	int fd = accept4(listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
 	if (fd < 0) {
 		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
 			log_refusal("peer-refused-accept", "?", strerror(errno));
@@ -1186,15 +1188,17 @@ static void *accept_main(void *arg)
 			timeout = next_due <= now ? 0 : (int)(next_due - now < 1000 ? next_due - now
 										    : 1000);
 		}
-		struct pollfd pfd[2] = {{.fd = srv->listen_fd, .events = POLLIN},
-					{.fd = srv->wake_fd, .events = POLLIN}};
-		int n = poll(pfd, 2, timeout);
+		/* pfd[0]: the wake-up; then one per listening endpoint */
+		struct pollfd pfd[1 + SC_MAX_ENDPOINTS] = {{.fd = srv->wake_fd, .events = POLLIN}};
+		for (size_t i = 0; i < srv->n_listen; i++)
+			pfd[1 + i] = (struct pollfd){.fd = srv->listen_fd[i], .events = POLLIN};
+		int n = poll(pfd, (nfds_t)(1 + srv->n_listen), timeout);
 		if (n < 0 && errno != EINTR) {
 			SC_ERROR("peer", "poll on the data listener failed: %s", strerror(errno));
 			usleep(100 * 1000);
 			continue;
 		}
-		if (n > 0 && (pfd[1].revents & POLLIN)) {
+		if (n > 0 && (pfd[0].revents & POLLIN)) {
 			uint64_t v;
 			ssize_t r = read(srv->wake_fd, &v, sizeof(v));
 			(void)r;
@@ -1202,8 +1206,9 @@ static void *accept_main(void *arg)
 		reap(srv);
 		if (atomic_load(&srv->stopping))
 			break;
-		if (n > 0 && (pfd[0].revents & POLLIN))
-			accept_one(srv);
+		for (size_t i = 0; n > 0 && i < srv->n_listen; i++)
+			if (pfd[1 + i].revents & POLLIN)
+				accept_one(srv, srv->listen_fd[i]);
 	}
 	return NULL;
 }
@@ -1227,6 +1232,49 @@ static bool join_hostport(char *out, size_t cap, const char *host, unsigned port
 	return n > 0 && (size_t)n < cap;
 }
 
+/* The next entry of a comma list at *p into out (cut to cap); *p moves past it, NULL after the
+ * last. */
+static const char *list_entry(const char **p, char *out, size_t cap)
+{
+	const char *comma = strchr(*p, ',');
+	size_t len = comma ? (size_t)(comma - *p) : strlen(*p);
+	snprintf(out, cap, "%.*s", (int)len, *p);
+	*p = comma ? comma + 1 : NULL;
+	return out;
+}
+
+/* Bind and listen on endpoint i, listen_text ("HOST:PORT"); adv: the host peers dial (NULL:
+ * derived). */
+static int listen_one(struct sc_peer_server *srv, size_t i, const char *listen_text,
+		      const char *adv, struct sc_err *err)
+{
+	char host[256];
+	uint16_t port;
+	if (sc_parse_hostport(listen_text, host, sizeof(host), &port, err) != 0)
+		return sc_err_prefix(err, "--data-listen");
+	const char *node = host[0] && strcmp(host, "*") != 0 ? host : "0.0.0.0";
+	uint16_t bound;
+	if (sc_listen_tcp("--data-listen", listen_text, node, port, 128,
+			  " port, or 0 for an ephemeral one", &srv->listen_fd[i], &bound, err) != 0)
+		return -1;
+	bool given = adv != NULL;
+	if (!adv && is_wildcard(host)) {
+		SC_WARN("peer", "--data-listen %s listens on every address but peers are told "
+				"127.0.0.1: set --advertise to an address other hosts can reach "
+				"for multi-host transfers",
+			listen_text);
+		adv = "127.0.0.1";
+	}
+	if (!join_hostport(srv->endpoint[i], sizeof(srv->endpoint[i]), adv ? adv : host, bound))
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "%s \"%s\" is too long for a data endpoint (at most %zu characters "
+				  "with the port)",
+				  given ? "--advertise" : "--data-listen host", adv ? adv : host,
+				  sizeof(srv->endpoint[i]) - 1);
+	SC_INFO("peer", "data listener on %s, advertised as %s", listen_text, srv->endpoint[i]);
+	return 0;
+}
+
 int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_config *cfg,
 			  struct sc_peer_server **out, struct sc_err *err)
 {
@@ -1237,7 +1285,8 @@ int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_
 	snprintf(srv->self_id, sizeof(srv->self_id), "%s", env->self_id);
 	srv->keys = env->keys;
 	srv->gpu = env->gpu;
-	srv->listen_fd = -1;
+	for (size_t i = 0; i < SC_MAX_ENDPOINTS; i++)
+		srv->listen_fd[i] = -1;
 	srv->wake_fd = -1;
 	pthread_mutex_init(&srv->mu, NULL);
 	pthread_cond_init(&srv->cv, NULL);
@@ -1247,43 +1296,37 @@ int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_
 	atomic_init(&srv->stopping, false);
 	srv->max_unauth_per_ip = cfg->data_max_unauth_per_ip ? cfg->data_max_unauth_per_ip : 16;
 	srv->max_unauth = cfg->data_max_unauth ? cfg->data_max_unauth : 64;
-	const char *listen_text = cfg->data_listen ? cfg->data_listen : "0.0.0.0:0";
-	snprintf(srv->listen_addr, sizeof(srv->listen_addr), "%s", listen_text);
-
-	char host[256];
-	uint16_t port;
-	if (sc_parse_hostport(listen_text, host, sizeof(host), &port, err) != 0) {
-		sc_err_prefix(err, "--data-listen");
-		goto fail;
-	}
-	const char *node = host[0] && strcmp(host, "*") != 0 ? host : "0.0.0.0";
-	uint16_t bound;
-	if (sc_listen_tcp("--data-listen", srv->listen_addr, node, port, 128,
-			  " port, or 0 for an ephemeral one", &srv->listen_fd, &bound, err) != 0)
-		goto fail;
 	if ((srv->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
 		sc_err_set(err, SC_INTERNAL, "eventfd: %s", strerror(errno));
 		goto fail;
 	}
-
-	const char *adv = cfg->advertise && cfg->advertise[0] ? cfg->advertise : NULL;
-	if (!adv && is_wildcard(host)) {
-		SC_WARN("peer", "--data-listen %s listens on every address but peers are told "
-				"127.0.0.1: set --advertise to an address other hosts can reach "
-				"for multi-host transfers",
-			listen_text);
-		adv = "127.0.0.1";
+	/* --data-listen and --advertise are comma lists, entry i of one going with entry i of
+	 * the other (config.c checked each entry's syntax). */
+	const char *listen_list = cfg->data_listen ? cfg->data_listen : "0.0.0.0:0";
+	const char *adv_list = cfg->advertise && cfg->advertise[0] ? cfg->advertise : NULL;
+	const char *lp = listen_list, *ap = adv_list;
+	while (lp && srv->n_listen < SC_MAX_ENDPOINTS) {
+		size_t i = srv->n_listen;
+		char adv[256];
+		if (adv_list && !ap)
+			break; /* fewer hosts than endpoints: said below */
+		list_entry(&lp, srv->listen_addr[i], sizeof(srv->listen_addr[i]));
+		if (listen_one(srv, i, srv->listen_addr[i],
+			       ap ? list_entry(&ap, adv, sizeof(adv)) : NULL, err) != 0)
+			goto fail;
+		srv->n_listen++;
 	}
-	if (!join_hostport(srv->endpoint, sizeof(srv->endpoint), adv ? adv : host, bound)) {
-		sc_err_set(err, SC_INVALID_ARGUMENT,
-			   "%s \"%s\" is too long for a data endpoint (at most %zu characters with "
-			   "the port)",
-			   cfg->advertise && cfg->advertise[0] ? "--advertise"
-								 : "--data-listen host",
-			   adv ? adv : host, sizeof(srv->endpoint) - 1);
+	if (lp && srv->n_listen == SC_MAX_ENDPOINTS) {
+		sc_err_set(err, SC_INVALID_ARGUMENT, "--data-listen names more than %d endpoints",
+			   SC_MAX_ENDPOINTS);
 		goto fail;
 	}
-	SC_INFO("peer", "data listener on %s, advertised as %s", listen_text, srv->endpoint);
+	if (lp || ap) {
+		sc_err_set(err, SC_INVALID_ARGUMENT,
+			   "--advertise must name one host per --data-listen endpoint, in the same "
+			   "order");
+		goto fail;
+	}
 	*out = srv;
 	return 0;
 fail:
@@ -1394,7 +1437,17 @@ struct sc_passive sc_peer_server_passive(struct sc_peer_server *srv)
 
 const char *sc_peer_server_endpoint(const struct sc_peer_server *srv)
 {
-	return srv->endpoint;
+	return srv->endpoint[0];
+}
+
+size_t sc_peer_server_n_endpoints(const struct sc_peer_server *srv)
+{
+	return srv->n_listen;
+}
+
+const char *sc_peer_server_endpoint_at(const struct sc_peer_server *srv, size_t i)
+{
+	return i < srv->n_listen ? srv->endpoint[i] : "";
 }
 
 int sc_peer_server_set_handler(struct sc_peer_server *srv, enum sc_frame_type type,
@@ -1428,9 +1481,11 @@ void sc_peer_server_destroy(struct sc_peer_server *srv)
 		pthread_join(srv->accept_thread, NULL);
 		srv->started = false;
 	}
-	if (srv->listen_fd >= 0)
-		close(srv->listen_fd);
-	srv->listen_fd = -1;
+	for (size_t i = 0; i < SC_MAX_ENDPOINTS; i++) {
+		if (srv->listen_fd[i] >= 0)
+			close(srv->listen_fd[i]);
+		srv->listen_fd[i] = -1;
+	}
 	/* Cut every connection; each thread notices at once, queues itself and ends. */
 	pthread_mutex_lock(&srv->mu);
 	struct sc_list *pos;

@@ -34,7 +34,9 @@ struct sc_peer_server;
 #define SC_PEER_SERVER_IDLE_MS (180u * 1000u)
 
 /*
- * Binds cfg->data_listen ("HOST:PORT", port 0 = ephemeral) and listens; no thread yet. A port in
+ * Binds each of cfg->data_listen's endpoints (a comma list of "HOST:PORT", port 0 = ephemeral,
+ * at most SC_MAX_ENDPOINTS; cfg->advertise: the hosts peers dial, one per endpoint in the same
+ * order) and listens; no thread yet. Every endpoint serves the same hello. A port in
  * use or a bad host is an error here (FAILED_PRECONDITION with the address and the reason), so the
  * daemon fails at start-up. *out is set only on success.
  */
@@ -56,6 +58,10 @@ int sc_peer_server_start(struct sc_peer_server *srv, struct sc_err *err);
  * (0.0.0.0, ::, empty) which becomes 127.0.0.1 (with a one-time WARN to set --advertise).
  * Valid from create to destroy. */
 const char *sc_peer_server_endpoint(const struct sc_peer_server *srv);
+/* Every data endpoint, one per --data-listen entry in its order (endpoint 0 is the one above);
+ * each is a TCP rail of the tcp backend. Valid from create to destroy; at_ out of range: "". */
+size_t sc_peer_server_n_endpoints(const struct sc_peer_server *srv);
+const char *sc_peer_server_endpoint_at(const struct sc_peer_server *srv, size_t i);
 /* Closes the listener, shuts every connection down and joins every thread. Connections that had
  * opened transfers without their DONE are reported through the passive interface (abandon). NULL ok. */
 void sc_peer_server_destroy(struct sc_peer_server *srv);

@@ -2,8 +2,10 @@
 """Two network namespaces joined by a veth pair, for tests that need a real link between two
 sidecars: shaped with a token bucket (tbf; the host kernel has no netem) so that a transfer takes a
 known minimum time by construction, and cut with iptables DROP (a partition). Used by
-test_partition.py and test_faults.py. Needs root, `ip netns`, tc (and iptables to cut): can_run()
-says why not."""
+test_partition.py and test_faults.py. Paths: the same namespaces joined by several veth pairs, one
+subnet and one shaped link each, for the TCP data plane on several paths (test_tcp_paths.py,
+bench/tcp_paths_bench.py). Needs root, `ip netns`, tc (and iptables to cut): can_run() says why
+not."""
 import os
 import shutil
 import subprocess
@@ -73,3 +75,59 @@ class Net:
     def close(self):
         for ns in self.ns:
             sh("ip", "netns", "del", ns, check=False)  # takes the veth pair with it
+
+
+class Paths:
+    """Two namespaces joined by n veth pairs: pair i is a subnet of its own (10.78.i.1 in a,
+    10.78.i.2 in b), each end shaped with tbf at `rate`, so a sidecar in each namespace may serve
+    one TCP data path per pair. cut(i) drops everything arriving on pair i in both namespaces
+    (iptables DROP on its interfaces: no RST, no ICMP, as a dead link); restore(i) lets it through
+    again. Removed by close()."""
+
+    def __init__(self, n=2, rate="100mbit", burst="256kb", latency="100ms"):
+        tag = "%d" % (os.getpid() % 100000)
+        self.ns = ["scqa%s" % tag, "scqb%s" % tag]
+        self.devs = []  # per pair: (dev in a, dev in b)
+        self.addrs = []  # per pair: (address in a, address in b)
+        self.cuts = set()
+        for ns in self.ns:
+            sh("ip", "netns", "del", ns, check=False)
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        for i in range(n):
+            devs = ("sq%da%s" % (i, tag), "sq%db%s" % (i, tag))
+            addrs = ("10.78.%d.1" % i, "10.78.%d.2" % i)
+            sh("ip", "link", "add", devs[0], "type", "veth", "peer", "name", devs[1])
+            for ns, dev, addr in zip(self.ns, devs, addrs):
+                sh("ip", "link", "set", dev, "netns", ns)
+                sh("ip", "-n", ns, "addr", "add", addr + "/24", "dev", dev)
+                sh("ip", "-n", ns, "link", "set", dev, "up")
+                if rate:
+                    sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                       "rate", rate, "burst", burst, "latency", latency)
+            self.devs.append(devs)
+            self.addrs.append(addrs)
+
+    def shape(self, i, rate, burst="256kb", latency="100ms"):
+        """Pair i's token bucket at another rate, both ends."""
+        for ns, dev in zip(self.ns, self.devs[i]):
+            sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
+               "rate", rate, "burst", burst, "latency", latency)
+
+    def cut(self, i):
+        for ns, dev in zip(self.ns, self.devs[i]):
+            sh("ip", "netns", "exec", ns, "iptables", "-I", "INPUT", "-i", dev, "-j", "DROP")
+        self.cuts.add(i)
+
+    def restore(self, i):
+        if i in self.cuts:
+            for ns, dev in zip(self.ns, self.devs[i]):
+                sh("ip", "netns", "exec", ns, "iptables", "-D", "INPUT", "-i", dev, "-j", "DROP",
+                   check=False)
+            self.cuts.discard(i)
+
+    def close(self):
+        for i in list(self.cuts):
+            self.restore(i)
+        for ns in self.ns:
+            sh("ip", "netns", "del", ns, check=False)  # takes the veth pairs with them

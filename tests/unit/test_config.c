@@ -739,6 +739,16 @@ TEST(error_other_values)
 	EXPECT_OK(&c, no_env, "--advertise", "");
 	CHECK(c.advertise == NULL);
 	sc_config_free(&c);
+	/* several data endpoints: one TCP path each, advertised in the same order */
+	EXPECT_OK(&c, no_env, "--data-listen", "10.0.0.1:7000,10.0.1.1:7000", "--advertise",
+		  "10.0.0.1,[fd00::1]");
+	CHECK_STR_EQ(c.data_listen, "10.0.0.1:7000,10.0.1.1:7000");
+	CHECK_STR_EQ(c.advertise, "10.0.0.1,fd00::1");
+	sc_config_free(&c);
+	EXPECT_ERROR(no_env, "--data-listen \"a:1,b:2,c:3,d:4,e:5\": at most 4 data endpoints",
+		     "--data-listen", "a:1,b:2,c:3,d:4,e:5");
+	EXPECT_ERROR(no_env, "--data-listen \"b\": missing port", "--data-listen", "a:1,b");
+	EXPECT_ERROR(no_env, "--advertise \"a b\": expected a hostname", "--advertise", "x,a b");
 }
 
 TEST(nats_url)
