@@ -43,6 +43,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -54,6 +55,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -110,6 +112,7 @@ struct sc_peer_server {
 	int listen_fd[SC_MAX_ENDPOINTS]; /* one per --data-listen entry */
 	size_t n_listen;
 	int wake_fd;
+	int spare_fd; /* /dev/null, given up to refuse a peer with a reason when out of fds */
 	char listen_addr[SC_MAX_ENDPOINTS][300];
 	char endpoint[SC_MAX_ENDPOINTS][80]; /* what peers dial, in --data-listen order */
 	pthread_t accept_thread;
@@ -1119,6 +1122,41 @@ static void accept_one(struct sc_peer_server *srv, int listen_fd)
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
 	int fd = accept4(listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
+	if (fd < 0 && (errno == EMFILE || errno == ENFILE) && srv->spare_fd >= 0) {
+		/* Out of descriptors: give the spare one up to accept the peer, tell it why, and
+		 * take the spare back (an accept that fails leaves it in the backlog, silent). */
+		int e = errno;
+		close(srv->spare_fd);
+		srv->spare_fd = -1;
+		fd = accept4(listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
+		if (fd >= 0) {
+			char addr[80];
+			format_addr((struct sockaddr *)&ss, addr, sizeof(addr));
+			struct rlimit rl;
+			unsigned long long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0
+						     ? (unsigned long long)rl.rlim_cur
+						     : 0;
+			struct sc_err err;
+			sc_err_set(&err, SC_RESOURCE_EXHAUSTED,
+				   "sidecar %s is out of file descriptors (%s; open-file limit %llu): "
+				   "retry later, or raise its limit (ulimit -Hn, LimitNOFILE=)",
+				   srv->self_id, e == EMFILE ? "this process's limit" : "the system's",
+				   lim);
+			struct sc_peer_wait w = {.deadline_mono_ms = sc_clock_mono_ms() + 1000};
+			sc_peer_send_refusal(fd, &w, &err);
+			log_refusal("peer-refused-fds", addr, err.msg);
+			/* Read what the peer sent (its hello) before closing, so the close is a FIN
+			 * and not a reset that could destroy the refusal before the peer reads it. */
+			shutdown(fd, SHUT_WR);
+			struct pollfd p = {.fd = fd, .events = POLLIN};
+			char sink[512];
+			while (poll(&p, 1, 100) > 0 && recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0)
+				;
+			close(fd);
+		}
+		srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		return;
+	}
 	if (fd < 0) {
 		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
 			log_refusal("peer-refused-accept", "?", strerror(errno));
@@ -1288,6 +1326,9 @@ int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_
 	for (size_t i = 0; i < SC_MAX_ENDPOINTS; i++)
 		srv->listen_fd[i] = -1;
 	srv->wake_fd = -1;
+	/* Held in reserve: when the process runs out of descriptors, closing it lets the accept
+	 * thread take one more connection to tell that peer why it is refused. */
+	srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	pthread_mutex_init(&srv->mu, NULL);
 	pthread_cond_init(&srv->cv, NULL);
 	sc_list_init(&srv->live);
@@ -1499,6 +1540,8 @@ void sc_peer_server_destroy(struct sc_peer_server *srv)
 	expire_orphans(srv, true);
 	if (srv->wake_fd >= 0)
 		close(srv->wake_fd);
+	if (srv->spare_fd >= 0)
+		close(srv->spare_fd);
 	pthread_cond_destroy(&srv->cv);
 	pthread_mutex_destroy(&srv->mu);
 	free(srv);

@@ -6,8 +6,10 @@ The limits are set on the sidecar's process alone, with prlimit(1) in front of i
 import os
 import shutil
 import sys
+import time
 
-from harness import SidecarTest, main
+from harness import SLOW, SidecarTest, main, wait_until
+from peer_client import Peer, PeerError
 
 if not shutil.which("prlimit"):
     print("SKIP: prlimit (util-linux) is not installed")
@@ -15,11 +17,11 @@ if not shutil.which("prlimit"):
 
 
 class LimitsTest(SidecarTest):
-    def with_nofile(self, name, soft, hard):
+    def with_nofile(self, name, soft, hard, **kw):
         old = os.environ.get("SC_WRAPPER")
         os.environ["SC_WRAPPER"] = ("prlimit --nofile=%d:%d -- " % (soft, hard)) + (old or "")
         try:
-            return self.sidecar(name)
+            return self.sidecar(name, **kw)
         finally:
             if old is None:
                 del os.environ["SC_WRAPPER"]
@@ -38,6 +40,37 @@ class LimitsTest(SidecarTest):
         log = s.read_log()
         self.assertIn("WARN  [engine] open files: 600; that leaves room for about 344 peer connections: "
                       "raise the hard limit (ulimit -Hn, LimitNOFILE=) for a large cluster", log)
+
+    def test_a_peer_refused_for_lack_of_fds_is_told_why(self):
+        key = os.urandom(32)
+        limit = 96
+        s = self.with_nofile("fds", limit, limit, key_file=self.key_file(keys=[("k1", key)]),
+                             extra=["--data-max-unauth", "200", "--data-max-unauth-per-ip", "200"])
+        host, port = s.info().data_endpoints[0].rsplit(":", 1)
+        fds = lambda: len(os.listdir("/proc/%d/fd" % s.proc.pid))  # noqa: E731
+        held = []
+        self.addCleanup(lambda: [h.sock.close() for h in held])
+        refused = None
+        for i in range(limit + 10):  # authenticated peers (no hello timeout) until one is refused
+            try:
+                held.append(Peer(host, int(port), "k1", key, client_id="p%d" % i))
+            except PeerError as e:
+                refused = e
+                break
+        self.assertIsNotNone(refused, "%d peers admitted under an open-file limit of %d" % (len(held), limit))
+        cm = type("cm", (), {"exception": refused})
+        self.assertEqual(cm.exception.code, 8)  # RESOURCE_EXHAUSTED
+        self.assertIn("sidecar fds is out of file descriptors (this process's limit; open-file limit %d)" % limit,
+                      cm.exception.text)
+        wait_until(lambda: "WARN  [peer] refused connection from 127.0.0.1:" in s.read_log() and
+                   "is out of file descriptors" in s.read_log(), 10 * SLOW, "the refusal in the log")
+        for h in held:
+            h.sock.close()
+        held.clear()
+        # Once descriptors are free again, peers are served again.
+        wait_until(lambda: fds() < limit - 8, 30 * SLOW, "the idle connections to close")
+        time.sleep(0.2)
+        Peer(host, int(port), "k1", key, client_id="after").sock.close()
 
 
 if __name__ == "__main__":
