@@ -73,6 +73,7 @@ enum opt_id {
 	OPT_NATS_NKEY_SEED,
 	OPT_DATA_MAX_UNAUTH_PER_IP,
 	OPT_DATA_MAX_UNAUTH,
+	OPT_DATA_MAX_PEERS,
 	OPT_IB_DEVICE,
 	OPT_IB_DEVICES,
 	OPT_WARM_PEERS,
@@ -238,6 +239,11 @@ static const struct sc_option sc_options[] = {
 	 .group = "Data plane",
 	 .help = "data connections before their hello, all addresses, 1-1024", .def = "64"},
 
+	{.id = OPT_DATA_MAX_PEERS, T_U32(data_max_peers, 1, 65536), .name = "data-max-peers", .arg = ARG_REQUIRED,
+	 .value = "N", .group = "Data plane",
+	 .help = "authenticated peer connections served at once, 1-65536; at the limit the "
+		 "longest idle one is closed for a new peer, and only when all are busy is it refused",
+	 .def = "1024"},
 	{.id = OPT_KEY_FILE, T_STR(key_file), .name = "key-file", .arg = ARG_REQUIRED, .value = "PATH",
 	 .group = "Security",
 	 .help = "metadata keys, lines KEY_ID:BASE64KEY; first signs, all verify; SIGHUP reloads",
@@ -1335,6 +1341,7 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->tcp_chunk_bytes = 8 * MIB;
 	cfg->data_max_unauth_per_ip = 16;
 	cfg->data_max_unauth = 64;
+	cfg->data_max_peers = 1024;
 	cfg->max_region_bytes = 64 * GIB;
 	cfg->max_regions = 4096;
 	cfg->max_operations = 16384;

@@ -107,6 +107,7 @@ struct sc_config {
 	char *nats_nkey_seed;                         /* --nats-nkey-seed */
 	uint32_t data_max_unauth_per_ip;              /* --data-max-unauth-per-ip, 16 */
 	uint32_t data_max_unauth;                     /* --data-max-unauth, 64 */
+	uint32_t data_max_peers;                      /* --data-max-peers, 1024 */
 };
 
 /* Result of sc_config_parse. */

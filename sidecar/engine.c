@@ -212,6 +212,7 @@ static void read_gauges(void *ctx, struct sc_gauges *g)
 	for (int b = 0; b < SC_NUM_BACKENDS; b++)
 		g->available[b] = eng->backends[b] && eng->backends[b]->available;
 	g->n_rails = collect_rails_locked(eng, g->rails, SC_INFO_MAX_RAILS);
+	g->peers_evicted = sc_peer_server_evicted(eng->peer_server);
 	if (eng->grpc_cert_serial[0]) {
 		struct sc_cert_gauge *c = &g->certs[g->n_certs++];
 		c->use = "grpc";

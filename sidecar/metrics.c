@@ -287,6 +287,11 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 		 "Times the rail's work moved to another rail (or to TCP).",
 		 offsetof(struct sc_rail_report, failovers)},
 	};
+	family(f, "rdma_sidecar_peer_connections_evicted_total", "counter",
+	       "Idle peer connections closed to admit a new peer at --data-max-peers.");
+	fprintf(f, "rdma_sidecar_peer_connections_evicted_total %llu\n",
+		(unsigned long long)g.peers_evicted);
+
 	family(f, "rdma_sidecar_rail_up", "gauge",
 	       "1 while the rail can carry data (GetInfo rails says why not), by backend and rail.");
 	for (size_t i = 0; i < g.n_rails; i++) {

@@ -45,6 +45,7 @@ struct sc_gauges {
 		int64_t not_after;
 	} certs[2];
 	size_t n_certs;
+	uint64_t peers_evicted; /* idle peer connections closed to admit a new peer (a counter) */
 	struct sc_rail_entry rails[SC_METRICS_MAX_RAILS]; /* every backend's rails */
 	size_t n_rails;
 };

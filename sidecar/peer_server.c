@@ -100,9 +100,15 @@ struct conn {
 	bool serving;                       /* under srv->mu: a data request holds spans of... */
 	uint8_t serving_token[SC_TOKEN_LEN]; /* ...this operation */
 	atomic_bool revoked; /* that operation ended mid-request: stop moving bytes, end */
+	/* CONN_IDLE between requests, CONN_BUSY while one is handled, CONN_EVICTED once the
+	 * accept side closed it to admit a new peer (only an idle one is: compare-and-swap). */
+	atomic_int state;
+	atomic_uint_fast64_t last_active_mono_ms; /* the end of its last request (or the hello) */
 	struct sc_list node; /* on srv->live, then srv->dead; newest first */
 	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
 };
+
+enum { CONN_IDLE = 0, CONN_BUSY, CONN_EVICTED };
 
 struct sc_peer_server {
 	struct sc_passive passive; /* the engine's passive operations (passive.h) */
@@ -125,7 +131,9 @@ struct sc_peer_server {
 	struct sc_list dead; /* struct conn: threads ended, to join */
 	size_t n_live;
 	size_t n_unauth; /* live connections before their hello (limits: max_unauth*) */
-	size_t n_authed; /* live connections after it (limit: SC_PEER_SERVER_MAX_CONNS) */
+	size_t n_authed; /* live connections after it (limit: max_peers) */
+	uint32_t max_peers; /* --data-max-peers */
+	atomic_uint_fast64_t n_evicted; /* idle connections closed to admit a new peer */
 	uint32_t max_unauth_per_ip, max_unauth;
 	struct sc_peer_tls *tls; /* NULL: plain TCP */
 	struct sc_list orphans; /* struct orphan */
@@ -856,6 +864,18 @@ static void serve(struct conn *c, char *why, size_t why_cap)
 		sc_err_clear(&err);
 		enum sc_peer_io io = sc_peer_recv_msg(c->fd, c->buf, sizeof(c->buf), &m, &idle,
 						      c->what, &err);
+		int was_idle = CONN_IDLE;
+		if (io == SC_PEER_IO_OK &&
+		    !atomic_compare_exchange_strong(&c->state, &was_idle, CONN_BUSY)) {
+			snprintf(why, why_cap, "closed to admit another peer (--data-max-peers %u)",
+				 srv->max_peers);
+			return;
+		}
+		if (io != SC_PEER_IO_OK && atomic_load(&c->state) == CONN_EVICTED) {
+			snprintf(why, why_cap, "closed to admit another peer (--data-max-peers %u)",
+				 srv->max_peers);
+			return;
+		}
 		if (io != SC_PEER_IO_OK) {
 			if (io == SC_PEER_IO_PROTOCOL)
 				SC_WARN("peer", "closing connection from %s: %s", c->what, err.msg);
@@ -916,6 +936,8 @@ static void serve(struct conn *c, char *why, size_t why_cap)
 		}
 		if (rc != 0)
 			return;
+		atomic_store(&c->last_active_mono_ms, sc_clock_mono_ms());
+		atomic_store(&c->state, CONN_IDLE);
 		if (atomic_load(&c->revoked)) { /* it finished as the operation ended: end anyway */
 			snprintf(why, why_cap, "an operation it served ended: connection cut");
 			return;
@@ -983,6 +1005,44 @@ static void drain_before_close(int fd)
 	}
 }
 
+/*
+ * The cap is reached: close the authenticated connection idle the longest (no request in hand,
+ * no transfer opened on it) to make room for `for_conn`. Its thread sees the shutdown and ends;
+ * the peer's pool dials again when it needs one. True when one was evicted. Under srv->mu.
+ */
+static bool evict_idle_locked(struct sc_peer_server *srv, const struct conn *for_conn)
+{
+	struct conn *lru = NULL;
+	uint64_t oldest = UINT64_MAX;
+	struct sc_list *pos;
+	sc_list_foreach(pos, &srv->live) {
+		struct conn *o = sc_list_entry(pos, struct conn, node);
+		if (o == for_conn || !o->authed || o->n_opened || o->serving ||
+		    atomic_load(&o->state) != CONN_IDLE)
+			continue;
+		uint64_t t = atomic_load(&o->last_active_mono_ms);
+		if (t < oldest) {
+			oldest = t;
+			lru = o;
+		}
+	}
+	int idle = CONN_IDLE;
+	if (!lru || !atomic_compare_exchange_strong(&lru->state, &idle, CONN_EVICTED))
+		return false;
+	shutdown(lru->fd, SHUT_RDWR);
+	/* It still counts until its thread ends: the room it leaves is taken now. */
+	srv->n_authed--;
+	lru->authed = false;
+	srv->n_unauth++;
+	atomic_fetch_add(&srv->n_evicted, 1);
+	SC_WARN_LIMITED("peer", "peer-evicted",
+			"%u peer connections (--data-max-peers): closed the one idle longest, %s, "
+			"idle %llu ms, to admit %s",
+			srv->max_peers, lru->what,
+			(unsigned long long)(sc_clock_mono_ms() - oldest), for_conn->addr);
+	return true;
+}
+
 static void *conn_main(void *arg)
 {
 	struct conn *c = arg;
@@ -1013,18 +1073,19 @@ static void *conn_main(void *arg)
 	if (rc == 0) {
 		/* Authenticated: move from the pre-hello limits to the authenticated cap. */
 		pthread_mutex_lock(&srv->mu);
-		bool room = srv->n_authed < SC_PEER_SERVER_MAX_CONNS;
+		bool room = srv->n_authed < srv->max_peers || evict_idle_locked(srv, c);
 		if (room) {
 			c->authed = true;
 			srv->n_unauth--;
 			srv->n_authed++;
+			atomic_store(&c->last_active_mono_ms, sc_clock_mono_ms());
 		}
 		pthread_mutex_unlock(&srv->mu);
 		if (!room) {
 			rc = sc_err_set(&err, SC_RESOURCE_EXHAUSTED,
-					"already serving %d authenticated peer connections (the "
-					"limit)",
-					SC_PEER_SERVER_MAX_CONNS);
+					"sidecar %s is serving %u peer connections (--data-max-peers), "
+					"all of them busy: retry in a few seconds",
+					srv->self_id, srv->max_peers);
 			sc_peer_send_refusal(c->fd, &w, &err);
 		}
 	}
@@ -1337,6 +1398,8 @@ int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_
 	atomic_init(&srv->stopping, false);
 	srv->max_unauth_per_ip = cfg->data_max_unauth_per_ip ? cfg->data_max_unauth_per_ip : 16;
 	srv->max_unauth = cfg->data_max_unauth ? cfg->data_max_unauth : 64;
+	srv->max_peers = cfg->data_max_peers ? cfg->data_max_peers : SC_PEER_SERVER_MAX_CONNS;
+	atomic_init(&srv->n_evicted, 0);
 	if ((srv->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
 		sc_err_set(err, SC_INTERNAL, "eventfd: %s", strerror(errno));
 		goto fail;
@@ -1545,4 +1608,9 @@ void sc_peer_server_destroy(struct sc_peer_server *srv)
 	pthread_cond_destroy(&srv->cv);
 	pthread_mutex_destroy(&srv->mu);
 	free(srv);
+}
+
+uint64_t sc_peer_server_evicted(const struct sc_peer_server *srv)
+{
+	return srv ? atomic_load(&srv->n_evicted) : 0;
 }

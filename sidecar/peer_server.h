@@ -6,8 +6,9 @@
  * the server was created with, so the engine checks direction, bounds, deadline and state, and
  * bytes move straight between region memory and the socket.
  *
- * Threads: one accept thread, one thread per accepted connection (at most
- * SC_PEER_SERVER_MAX_CONNS). Handlers registered for extra frame types (the ibverbs backend's
+ * Threads: one accept thread, one thread per accepted connection (at most --data-max-peers
+ * authenticated ones: at the cap the one idle longest is closed for a new peer, and only when
+ * every one is busy is a peer refused). Handlers registered for extra frame types (the ibverbs backend's
  * QP_CONNECT) run on connection threads. Create, start and destroy are called from the engine's
  * lifecycle thread; the other calls from any thread.
  */
@@ -29,7 +30,7 @@ struct sc_peer_server;
 
 /* Authenticated connections (after the hello). Connections still before their hello have their
  * own limits, --data-max-unauth and --data-max-unauth-per-ip, and a 3 s deadline. */
-#define SC_PEER_SERVER_MAX_CONNS 256
+#define SC_PEER_SERVER_MAX_CONNS 1024 /* --data-max-peers' default */
 /* A connection with no request for this long is closed (the pool forgets idle ones sooner). */
 #define SC_PEER_SERVER_IDLE_MS (180u * 1000u)
 
@@ -100,5 +101,8 @@ struct sc_passive sc_peer_server_passive(struct sc_peer_server *srv);
  * only the server's lock and never blocks.
  */
 void sc_peer_server_revoke(struct sc_peer_server *srv, const uint8_t token[SC_TOKEN_LEN]);
+
+/* Idle peer connections closed so far to admit a new peer at --data-max-peers. Any thread. */
+uint64_t sc_peer_server_evicted(const struct sc_peer_server *srv);
 
 #endif

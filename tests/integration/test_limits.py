@@ -1,15 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
 """Limits from the system (issue 25): the sidecar raises its soft open-file limit to the hard one
 at start, says so in the log with how many peer connections that leaves room for, and reports the
-limit in GetInfo; a hard limit too low for a large cluster is a warning that says what to raise.
-The limits are set on the sidecar's process alone, with prlimit(1) in front of it."""
+limit in GetInfo; a hard limit too low for a large cluster is a warning that says what to raise;
+a peer refused for lack of descriptors is told so. The limits are set on the sidecar's process
+alone, with prlimit(1) in front of it. --data-max-peers: at the cap the connection idle longest
+is closed for a new peer (logged, counted), and only when every one is busy is a peer refused,
+told to retry."""
 import os
 import shutil
 import sys
 import time
 
-from harness import SLOW, SidecarTest, main, wait_until
-from peer_client import Peer, PeerError
+import random
+import urllib.request
+
+from harness import SLOW, SidecarTest, desc, free_port, main, pb, wait_until
+from peer_client import PEER_READ, Peer, PeerError, metadata_token
 
 if not shutil.which("prlimit"):
     print("SKIP: prlimit (util-linux) is not installed")
@@ -71,6 +77,38 @@ class LimitsTest(SidecarTest):
         wait_until(lambda: fds() < limit - 8, 30 * SLOW, "the idle connections to close")
         time.sleep(0.2)
         Peer(host, int(port), "k1", key, client_id="after").sock.close()
+
+    def test_idle_peers_make_room_busy_ones_do_not(self):
+        key = os.urandom(32)
+        port = free_port()
+        s = self.sidecar("cap", key_file=self.key_file(keys=[("k1", key)]),
+                         extra=["--data-max-peers", "4", "--metrics-listen", "127.0.0.1:%d" % port])
+        host, dport = s.info().data_endpoints[0].rsplit(":", 1)
+        peers = [Peer(host, int(dport), "k1", key, client_id="p%d" % i) for i in range(4)]
+        self.addCleanup(lambda: [p.sock.close() for p in peers])
+        time.sleep(0.05)
+        peers.append(Peer(host, int(dport), "k1", key, client_id="p4"))  # admitted: p0 was idle longest
+        with self.assertRaises(ConnectionError):
+            peers[0].sock.settimeout(10 * SLOW)
+            peers[0].recv_frame()
+        wait_until(lambda: 'closed the one idle longest, peer sidecar "p0"' in s.read_log(), 10 * SLOW,
+                   "the eviction in the log")
+        body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
+        self.assertIn("rdma_sidecar_peer_connections_evicted_total 1", body)
+        # Every connection busy (a transfer opened on each): the next peer is refused, told why.
+        r = s.create_region(4096)
+        for p in peers[1:]:
+            op = s.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(r, 0, 4096)], timeout_ms=60000),
+                                       timeout=10)
+            p.open(metadata_token(op.metadata), random.getrandbits(64), PEER_READ, 4096)
+        late = Peer(host, int(dport), "k1", key, client_id="late")  # the refusal follows the hello
+        late.sock.settimeout(10 * SLOW)
+        with self.assertRaises(PeerError) as cm:
+            Peer.check(*late.recv_frame(), 0)
+        late.sock.close()
+        self.assertEqual(cm.exception.code, 8)  # RESOURCE_EXHAUSTED
+        self.assertIn("sidecar cap is serving 4 peer connections (--data-max-peers), all of them busy: retry in a few "
+                      "seconds", cm.exception.text)
 
 
 if __name__ == "__main__":

@@ -956,7 +956,7 @@ TEST(usage_documents_every_option)
 	free(text);
 	/* 47 + --reflection + --cancel-wait + --max-progress-records + --progress-grace + 3
 	 * identity/reload flags */
-	CHECK_INT_EQ(options, 57);
+	CHECK_INT_EQ(options, 58);
 }
 
 /* ---- free ---- */
