@@ -32,6 +32,8 @@ struct sc_peer_conn {
 	uint32_t stall_ms; /* sc_peer_conn_set_stall: 0 none; cleared when put back */
 	uint64_t idle_since_ms;
 	struct sc_list idle_node; /* the pool's idle list (self-linked when handed out) */
+	struct sc_list bucket_node; /* its endpoint's idle list in the pool */
+	void *bucket;		    /* that endpoint's bucket (peer_pool.c) while idle */
 	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
 };
 

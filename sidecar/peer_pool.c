@@ -5,10 +5,16 @@
  * keeps authenticated idle connections per endpoint for reuse. The requests that run on a
  * connection (OPEN, READ, WRITE, DONE, PING, generic) are in peer_request.c.
  *
- * Threads: any. The pool's idle list is guarded by pool->mu (never held during I/O, except the
- * cheap liveness peek of an idle connection that is not yet handed out). A connection belongs to
- * the thread that got it until it is put back; sc_peer_conn_abort may come from another thread.
- * The pool owns its idle connections; a connection handed out is owned by its caller.
+ * Idle connections are kept per endpoint (a bucket found by hash, so a get or put looks at that
+ * peer's connections only) and on one list of all of them, most recently used first. The pool's
+ * reaper thread closes those idle longer than SC_PEER_POOL_IDLE_MS, and those the peer closed
+ * (no socket left in CLOSE-WAIT), every REAP_MS: by a timer, not on the next dial.
+ *
+ * Threads: any, and the reaper. The idle lists are guarded by pool->mu (never held during I/O,
+ * except the cheap liveness peek of an idle connection that is not yet handed out). A connection
+ * belongs to the thread that got it until it is put back; sc_peer_conn_abort may come from another
+ * thread. The pool owns its idle connections and the reaper; a connection handed out is owned by
+ * its caller.
  */
 #include "peer_pool.h"
 #include "peer_conn.h"
@@ -16,6 +22,7 @@
 #include "log.h"
 #include "peer_proto.h"
 #include "peer_tls.h"
+#include "idmap.h"
 #include "timer.h"
 
 #include <errno.h>
@@ -32,13 +39,54 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#define REAP_MS 1000 /* how often the reaper looks at the idle connections */
+
+/* One endpoint's idle connections, most recently used first. */
+struct bucket {
+	char endpoint[80];
+	struct sc_list idle; /* struct sc_peer_conn, by bucket_node */
+	size_t n;
+};
+
 struct sc_peer_pool {
 	char self_id[SC_NAME_MAX];
 	struct sc_keyring_source keys; /* for each hello */
 	struct sc_peer_tls *tls; /* NULL: plain TCP */
 	pthread_mutex_t mu;
-	struct sc_list idle; /* struct sc_peer_conn, most recently used first */
+	pthread_cond_t cv;	  /* stops the reaper */
+	struct sc_list idle;	  /* every idle struct sc_peer_conn, most recently used first */
+	struct sc_idmap *buckets; /* hash of the endpoint -> struct bucket */
+	pthread_t reaper;
+	bool reaper_running, stop;
 };
+
+/* The buckets' key: FNV-1a of the endpoint (the bucket keeps the text to compare). */
+static uint64_t endpoint_key(const char *endpoint)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (const char *p = endpoint; *p; p++)
+		h = (h ^ (uint8_t)*p) * 1099511628211ull;
+	return h;
+}
+
+static struct bucket *bucket_find_locked(struct sc_peer_pool *pool, const char *endpoint)
+{
+	uint64_t k = endpoint_key(endpoint);
+	struct bucket *b = sc_idmap_get(pool->buckets, &k, sizeof(k));
+	return b && strcmp(b->endpoint, endpoint) == 0 ? b : NULL;
+}
+
+/* Take an idle connection off both lists. Under pool->mu. */
+static void idle_unlink_locked(struct sc_peer_conn *c)
+{
+	struct bucket *b = c->bucket;
+	sc_list_remove(&c->idle_node);
+	sc_list_remove(&c->bucket_node);
+	b->n--;
+	c->bucket = NULL;
+}
+
+static void *reaper_main(void *arg);
 
 static void conn_close(struct sc_peer_conn *c)
 {
@@ -62,20 +110,50 @@ int sc_peer_pool_create(const char *self_id, const struct sc_keyring_source *key
 	snprintf(pool->self_id, sizeof(pool->self_id), "%s", self_id);
 	pool->keys = *keys;
 	pthread_mutex_init(&pool->mu, NULL);
+	pthread_cond_init(&pool->cv, NULL);
 	sc_list_init(&pool->idle);
+	if (!(pool->buckets = sc_idmap_create())) {
+		sc_peer_pool_destroy(pool);
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	}
+	int rc = pthread_create(&pool->reaper, NULL, reaper_main, pool);
+	if (rc != 0) {
+		sc_peer_pool_destroy(pool);
+		return sc_err_set(err, SC_INTERNAL, "cannot start the peer pool's reaper: %s",
+				  strerror(rc));
+	}
+	pool->reaper_running = true;
 	*out = pool;
 	return 0;
+}
+
+static void free_bucket(void *ctx, void *value)
+{
+	(void)ctx;
+	free(value);
 }
 
 void sc_peer_pool_destroy(struct sc_peer_pool *pool)
 {
 	if (!pool)
 		return;
+	if (pool->reaper_running) {
+		pthread_mutex_lock(&pool->mu);
+		pool->stop = true;
+		pthread_cond_signal(&pool->cv);
+		pthread_mutex_unlock(&pool->mu);
+		pthread_join(pool->reaper, NULL);
+	}
 	struct sc_list *pos, *tmp;
 	sc_list_foreach_safe(pos, tmp, &pool->idle) {
-		sc_list_remove(pos);
-		conn_close(sc_list_entry(pos, struct sc_peer_conn, idle_node));
+		struct sc_peer_conn *c = sc_list_entry(pos, struct sc_peer_conn, idle_node);
+		idle_unlink_locked(c);
+		conn_close(c);
 	}
+	if (pool->buckets)
+		sc_idmap_each(pool->buckets, free_bucket, NULL);
+	sc_idmap_destroy(pool->buckets);
+	pthread_cond_destroy(&pool->cv);
 	pthread_mutex_destroy(&pool->mu);
 	free(pool);
 }
@@ -287,6 +365,7 @@ static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadli
 	}
 	c->fd = -1;
 	sc_list_init(&c->idle_node);
+	sc_list_init(&c->bucket_node);
 	atomic_init(&c->broken, false);
 	snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
 
@@ -352,15 +431,14 @@ int sc_peer_pool_get_cancellable(struct sc_peer_pool *pool, const char *endpoint
 	struct sc_peer_conn *found = NULL;
 	struct sc_list stale = SC_LIST_INIT(stale), *pos, *tmp;
 	pthread_mutex_lock(&pool->mu);
-	sc_list_foreach_safe(pos, tmp, &pool->idle) {
-		struct sc_peer_conn *c = sc_list_entry(pos, struct sc_peer_conn, idle_node);
-		bool expired = now >= c->idle_since_ms + SC_PEER_POOL_IDLE_MS;
-		bool mine = !found && !expired && strcmp(c->endpoint, endpoint) == 0;
-		if (expired || (mine && !idle_alive(c))) {
-			sc_list_remove(pos);
-			sc_list_insert_tail(&stale, pos);
-		} else if (mine) {
-			sc_list_remove(pos);
+	struct bucket *b = bucket_find_locked(pool, endpoint);
+	while (b && b->n && !found) {
+		struct sc_peer_conn *c =
+		    sc_list_entry(sc_list_first(&b->idle), struct sc_peer_conn, bucket_node);
+		idle_unlink_locked(c);
+		if (now >= c->idle_since_ms + SC_PEER_POOL_IDLE_MS || !idle_alive(c)) {
+			sc_list_insert_tail(&stale, &c->idle_node);
+		} else {
 			c->reused = true;
 			found = c;
 		}
@@ -395,18 +473,62 @@ void sc_peer_pool_put(struct sc_peer_pool *pool, struct sc_peer_conn *conn, bool
 	conn->hold_next = false;
 	conn->stall_ms = 0;
 	conn->idle_since_ms = sc_clock_mono_ms();
-	size_t same = 0;
 	pthread_mutex_lock(&pool->mu);
-	struct sc_list *pos;
-	sc_list_foreach(pos, &pool->idle)
-		same += strcmp(sc_list_entry(pos, struct sc_peer_conn, idle_node)->endpoint,
-			       conn->endpoint) == 0;
-	if (same < SC_PEER_POOL_IDLE_PER_ENDPOINT) {
+	struct bucket *b = bucket_find_locked(pool, conn->endpoint);
+	if (!b) {
+		uint64_t k = endpoint_key(conn->endpoint);
+		/* A key taken by another endpoint (a hash collision): that one keeps it. */
+		b = sc_idmap_get(pool->buckets, &k, sizeof(k)) ? NULL : calloc(1, sizeof(*b));
+		if (b) {
+			snprintf(b->endpoint, sizeof(b->endpoint), "%s", conn->endpoint);
+			sc_list_init(&b->idle);
+			if (sc_idmap_put(pool->buckets, &k, sizeof(k), b) != 0) {
+				free(b);
+				b = NULL;
+			}
+		}
+	}
+	if (b && b->n < SC_PEER_POOL_IDLE_PER_ENDPOINT) {
 		sc_list_insert_head(&pool->idle, &conn->idle_node);
+		sc_list_insert_head(&b->idle, &conn->bucket_node);
+		conn->bucket = b;
+		b->n++;
 		conn = NULL;
 	}
 	pthread_mutex_unlock(&pool->mu);
 	conn_close(conn);
+}
+
+/* ---- the reaper ------------------------------------------------------------------------------ */
+
+/* Every REAP_MS: close the idle connections past SC_PEER_POOL_IDLE_MS (the oldest are at the
+ * tail) and those the peer has closed or written to. Its own thread. */
+static void *reaper_main(void *arg)
+{
+	struct sc_peer_pool *pool = arg;
+	pthread_mutex_lock(&pool->mu);
+	while (!pool->stop) {
+		sc_cond_wait_ms(&pool->cv, &pool->mu, REAP_MS);
+		if (pool->stop)
+			break;
+		uint64_t now = sc_clock_mono_ms();
+		struct sc_list stale = SC_LIST_INIT(stale), *pos, *tmp;
+		sc_list_foreach_safe(pos, tmp, &pool->idle) {
+			struct sc_peer_conn *c = sc_list_entry(pos, struct sc_peer_conn, idle_node);
+			if (now >= c->idle_since_ms + SC_PEER_POOL_IDLE_MS || !idle_alive(c)) {
+				idle_unlink_locked(c);
+				sc_list_insert_tail(&stale, &c->idle_node);
+			}
+		}
+		pthread_mutex_unlock(&pool->mu);
+		sc_list_foreach_safe(pos, tmp, &stale) {
+			sc_list_remove(pos);
+			conn_close(sc_list_entry(pos, struct sc_peer_conn, idle_node));
+		}
+		pthread_mutex_lock(&pool->mu);
+	}
+	pthread_mutex_unlock(&pool->mu);
+	return NULL;
 }
 
 int sc_peer_conn_fd(const struct sc_peer_conn *conn)

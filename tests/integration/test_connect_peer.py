@@ -106,6 +106,29 @@ class ConnectPeerTest(SidecarTest):
         time.sleep(1.0)
         self.assertNotIn("ConnectPeer", c.read_log())
 
+    def test_connections_the_peer_closed_do_not_linger(self):
+        """The pool's reaper closes idle connections the peer closed, by a timer, not on the next
+        dial: no socket of a's stays in CLOSE-WAIT towards b once b is gone (issue 25)."""
+        a, b = self.pair()
+        op, _ = self.readable(b, 100)
+        got = self.connect(a, op.metadata)
+        self.assertTrue(got.paths[0].ready, got)
+        bport = int(b.info().data_endpoints[0].rsplit(":", 1)[1])
+
+        def close_wait():
+            n = 0
+            for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+                with open(table) as f:
+                    for line in f.readlines()[1:]:
+                        fields = line.split()
+                        if fields[3] == "08" and int(fields[2].rsplit(":", 1)[1], 16) == bport:
+                            n += 1
+            return n
+        b.stop()
+        self._procs.remove(b)
+        time.sleep(0.3)
+        wait_until(lambda: close_wait() == 0, 5 * SLOW, "a's pooled connections to the stopped b to close")
+
 
 if __name__ == "__main__":
     main()
