@@ -43,6 +43,12 @@ struct sc_backend_env {
 	struct sc_peer_pool *pool;     /* authenticated peer connections; NULL: tcp and ibverbs off */
 	struct sc_peer_server *server; /* the peer control channel's server; NULL likewise */
 	struct sc_gpu *gpu;            /* GPU memory access (gpu.h); NULL without CUDA */
+	/* The node's topology (rail_table.c): which of backend b's rails should carry memory of GPU
+	 * `gpu` (SC_GPU_HOST: host memory whose NUMA node is unknown). Fills allow[i] for each of
+	 * b's rails and returns true, or returns false when it has no opinion (every rail may).
+	 * NULL: none. Any thread, once the engine has started. */
+	bool (*rail_choice)(void *ctx, const struct sc_backend *b, int gpu, bool *allow);
+	void *rail_choice_ctx;
 };
 
 /* One contiguous piece of an active transfer: local memory <-> remote descriptor remote_desc. */

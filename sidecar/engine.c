@@ -323,7 +323,9 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 	 * (ibverbs). */
 	const struct sc_backend_env env = {.cfg = cfg, .self_id = eng->id,
 					   .passive = sc_op_passive(eng), .pool = eng->peer_pool,
-					   .server = eng->peer_server, .gpu = eng->gpu};
+					   .server = eng->peer_server, .gpu = eng->gpu,
+					   .rail_choice = sc_engine_rail_choice,
+					   .rail_choice_ctx = eng};
 	struct sc_backend_env peer_env = env;
 	if (eng->peer_server)
 		peer_env.passive = sc_peer_server_passive(eng->peer_server);

@@ -184,6 +184,8 @@ void sc_warmer_stop(struct sc_warmer *w);
 void sc_engine_topology_load(struct sc_engine *eng);  /* create, main thread */
 void sc_engine_topology_build(struct sc_engine *eng); /* start, after the backends */
 void sc_engine_topology_free(struct sc_engine *eng);
+/* struct sc_backend_env.rail_choice over the engine's rail table (ctx: the engine). */
+bool sc_engine_rail_choice(void *ctx, const struct sc_backend *b, int gpu, bool *allow);
 
 struct sc_engine {
 	const struct sc_config *cfg;

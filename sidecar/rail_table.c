@@ -115,3 +115,25 @@ void sc_engine_topology_free(struct sc_engine *eng)
 	sc_topo_destroy(eng->topo);
 	eng->topo = NULL;
 }
+
+bool sc_engine_rail_choice(void *ctx, const struct sc_backend *b, int gpu, bool *allow)
+{
+	const struct sc_engine *eng = ctx;
+	const struct sc_topo_table *t = eng->topo_table;
+	if (!t || gpu < 0 || !b->n_rails)
+		return false; /* host memory: its NUMA node is not known here; any rail */
+	const struct sc_topo_choice *row = NULL;
+	for (size_t r = 0; r < t->n_rows && !row; r++)
+		if (t->rows[r].mem.kind == SC_TOPO_MEM_GPU && t->rows[r].mem.gpu == gpu)
+			row = &t->rows[r];
+	if (!row || row->best == SC_TOPO_UNKNOWN)
+		return false;
+	bool any = false;
+	for (size_t i = 0; i < b->n_rails; i++) {
+		allow[i] = false;
+		for (size_t k = 0; k < row->n_chosen && !allow[i]; k++)
+			allow[i] = strcmp(t->rails[row->chosen[k]].name, b->rails[i].name) == 0;
+		any |= allow[i];
+	}
+	return any; /* none of b's rails chosen (another backend's are): no opinion for b */
+}
