@@ -63,6 +63,8 @@ struct sc_config {
 	char *ib_devices;                             /* --ib-devices; NULL = auto (rail_filter.h) */
 	int ib_port;                                  /* --ib-port; 0 = first active */
 	int ib_gid_index;                             /* --ib-gid-index; -1 = first RoCEv2 */
+	uint64_t ib_stripe_min_bytes;                 /* --ib-stripe-min, 4 MiB; 0 = never stripe */
+	uint64_t ib_slice_bytes;                      /* --ib-slice-size, 1 MiB */
 	enum sc_log_level log_level;                  /* --log-level, info */
 	bool log_json;                                /* --log-json */
 	char *metrics_listen;                         /* --metrics-listen HOST:PORT; NULL = off */

@@ -945,8 +945,8 @@ TEST(usage_documents_every_option)
 	}
 	free(text);
 	/* 47 + --reflection + --cancel-wait + --max-progress-records + --progress-grace + 3
-	 * identity/reload flags */
-	CHECK_INT_EQ(options, 55);
+	 * identity/reload flags + --ib-stripe-min + --ib-slice-size */
+	CHECK_INT_EQ(options, 57);
 }
 
 /* ---- free ---- */
