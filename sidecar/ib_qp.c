@@ -1161,5 +1161,21 @@ int ib_connect(struct sc_backend *b, const struct sc_metadata *md, uint64_t dead
 		 endpoint >= 0 ? md->endpoints[endpoint] : "?");
 	sc_peer_pool_put(ib->pool, conn, sc_peer_conn_usable(conn));
 	ib_qp_put(ib, qp);
+	/* The other lanes' QPs, for striped transfers; a lane that fails here is only reported
+	 * (its transfers fail over to the others). */
+	for (size_t k = 1; k < ib->n_lanes; k++) {
+		struct ib_backend *l = ib->lanes[k];
+		struct sc_err e2;
+		sc_err_clear(&e2);
+		size_t used = strlen(detail);
+		if (ib_qp_get(l, md, deadline_mono_ms, NULL, &qp, NULL, NULL, &e2) != 0) {
+			snprintf(detail + used, cap - used, "; rail %s: %s",
+				 ib->base.rails[l->rail].name, e2.msg);
+			continue;
+		}
+		snprintf(detail + used, cap - used, "; QP %u on %s to its rail %u", qp->qp->qp_num,
+			 ib->base.rails[l->rail].name, qp->remote_lane);
+		ib_qp_put(l, qp);
+	}
 	return 0;
 }

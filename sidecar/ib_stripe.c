@@ -110,6 +110,7 @@ struct sx {
 	size_t q_head, q_len;
 	struct sc_list flying, ended;
 	unsigned inflight[SC_MAX_IB_RAILS];
+	uint64_t lane_last[SC_MAX_IB_RAILS]; /* the lane's last progress (or first slice out) */
 	bool eligible[SC_MAX_IB_RAILS]; /* the lane has this transfer's local and remote memory */
 	unsigned failures[SC_MAX_IB_RAILS];
 	int rj[SC_MAX_IB_RAILS]; /* the metadata's IbverbsRail the lane pairs with; -1: rail 0 */
@@ -223,6 +224,7 @@ static void child_progress(struct sc_xfer *x, uint64_t delta)
 	pthread_mutex_lock(&sx->mu);
 	c->acked += delta;
 	c->last_progress_ms = sc_clock_mono_ms();
+	sx->lane_last[c->lane] = c->last_progress_ms;
 	struct slice *s = &sx->slices[c->slice];
 	if (c->acked > s->reported) {
 		fwd = c->acked - s->reported;
@@ -314,7 +316,8 @@ static int slice_start(struct sx *sx, unsigned k, size_t n, struct sc_err *err)
 		free(c);
 		return -1;
 	}
-	sx->inflight[k]++;
+	if (sx->inflight[k]++ == 0)
+		sx->lane_last[k] = c->last_progress_ms;
 	return 0;
 }
 
@@ -421,17 +424,27 @@ static void run_slices(struct sx *sx, struct sc_peer_conn *conn)
 			if (sc_list_empty(&sx->flying))
 				break;
 		} else {
-			/* Stalled slices: their lane stopped completing. */
-			struct sc_list *pos;
-			sc_list_foreach(pos, &sx->flying) {
-				struct child *c = sc_list_entry(pos, struct child, node);
-				if (c->cancelled || now - c->last_progress_ms < STALL_MS)
+			/* A lane whose slices made no progress for STALL_MS stopped completing
+			 * (a dead link: rxe retransmits for ever): its slices go elsewhere. */
+			for (unsigned k = 0; k < ib->n_lanes; k++) {
+				if (!sx->inflight[k] || now - sx->lane_last[k] < STALL_MS)
 					continue;
-				c->cancelled = c->stalled = true;
-				char why[96];
-				snprintf(why, sizeof(why), "no progress for %d s", STALL_MS / 1000);
-				lane_fail(sx, c->lane, why);
-				ib_xfer_cancel(&ib->lanes[c->lane]->base, &c->x);
+				bool any = false;
+				struct sc_list *pos;
+				sc_list_foreach(pos, &sx->flying) {
+					struct child *c = sc_list_entry(pos, struct child, node);
+					if (c->lane != k || c->cancelled)
+						continue;
+					c->cancelled = c->stalled = true;
+					ib_xfer_cancel(&ib->lanes[k]->base, &c->x);
+					any = true;
+				}
+				if (any) {
+					char why[96];
+					snprintf(why, sizeof(why), "no progress for %d s",
+						 STALL_MS / 1000);
+					lane_fail(sx, k, why);
+				}
 			}
 			/* Hand out. */
 			for (unsigned k = 0; k < ib->n_lanes && sx->q_len; k++) {
