@@ -41,8 +41,8 @@ route 11 10.99.0.1 v1 10.99.0.2
 route 12 10.98.0.2 v2 10.98.0.1
 route 13 10.98.0.1 v3 10.98.0.2
 for x in "10.99.0.2 v0 v1" "10.99.0.1 v1 v0" "10.98.0.2 v2 v3" "10.98.0.1 v3 v2"; do
-    set -- $x
-    ip neigh replace "$1" lladdr "$(cat /sys/class/net/$3/address)" dev "$2" nud permanent
+    read -r addr dev peer <<<"$x"
+    ip neigh replace "$addr" lladdr "$(cat "/sys/class/net/$peer/address")" dev "$dev" nud permanent
 done
 ip rule add pref 1000 lookup local
 ip rule del pref 0

@@ -66,11 +66,17 @@ void ib_lanes_open(struct ib_backend *ib, struct ibv_device **list, int n)
 		SC_INFO("ibverbs", "lane %u on rail %s: %s", l->lane, ib->base.rails[r].name,
 			l->base.detail);
 	}
-	if (ib->n_lanes > 1) {
-		size_t used = strlen(ib->base.detail);
-		snprintf(ib->base.detail + used, sizeof(ib->base.detail) - used,
-			 "; %zu rails (lanes), transfers of %llu bytes and more striped", ib->n_lanes,
-			 (unsigned long long)ib->stripe_min);
+	if (ib->n_lanes > 1) { /* said before the (long) remote-access part */
+		char *d = ib->base.detail, rest[sizeof(ib->base.detail)];
+		char *cut = strstr(d, "; remote access:");
+		snprintf(rest, sizeof(rest), "%s", cut ? cut : "");
+		if (cut)
+			*cut = '\0';
+		size_t used = strlen(d);
+		snprintf(d + used, sizeof(ib->base.detail) - used,
+			 "; %zu rails, transfers from %llu KiB striped in %llu KiB slices%s",
+			 ib->n_lanes, (unsigned long long)(ib->stripe_min >> 10),
+			 (unsigned long long)(ib->slice_bytes >> 10), rest);
 	}
 }
 

@@ -2,7 +2,8 @@
 /*
  * ib_stripe.c: striped transfers over the ibverbs lanes (ib_lanes.c). Lane 0's submit sends a
  * transfer of at least --ib-stripe-min bytes, when the backend has two lanes or more, here;
- * anything smaller goes whole to lane 0 (ib_xfer.c), the lowest latency, exactly as with one rail.
+ * anything smaller goes whole to lane 0 (ib_xfer.c), the lowest latency, exactly as with one rail,
+ * unless lane 0's rail is down or cooling down: then it comes here too, to go around it.
  *
  * A striped transfer does what ib_xfer.c does for one, once: OPEN on an authenticated control
  * connection (so the passive operation goes IN_PROGRESS and watches that connection) and, at the
@@ -638,13 +639,30 @@ out:
 	return rc;
 }
 
+/* Lane 0 is down or cooling: a small transfer then takes the striped path too (as one or a few
+ * slices), which goes around it. */
+static bool lane0_failing(struct ib_backend *ib)
+{
+	if (ib->rail >= 0) {
+		struct sc_rail_report rep;
+		sc_rail_snapshot(&ib->base, (size_t)ib->rail, &rep);
+		if (rep.state == SC_RAIL_DOWN || rep.state == SC_RAIL_COOLING)
+			return true;
+	}
+	pthread_mutex_lock(&ib->stripe->mu);
+	bool cooling = ib->stripe->lane[0].backoff_ms != 0;
+	pthread_mutex_unlock(&ib->stripe->mu);
+	return cooling;
+}
+
 int ib_stripe_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err)
 {
 	struct ib_backend *ib = to_ib(b);
 	struct ib_stripe *st = ib->stripe;
 	const struct sc_metadata *md = x->meta;
-	if (!st || ib->n_lanes < 2 || !ib->stripe_min || x->total < ib->stripe_min ||
-	    (x->kind != SC_OP_READ && x->kind != SC_OP_WRITE) || md->n_endpoints == 0)
+	if (!st || ib->n_lanes < 2 || !ib->stripe_min ||
+	    (x->kind != SC_OP_READ && x->kind != SC_OP_WRITE) || md->n_endpoints == 0 ||
+	    (x->total < ib->stripe_min && !lane0_failing(ib)))
 		return ib_xfer_submit(b, x, err);
 	for (size_t i = 0; i < x->n_segs; i++) {
 		if (!x->segs[i].local_mr)

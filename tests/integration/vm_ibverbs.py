@@ -1217,6 +1217,41 @@ class IbverbsTest(SidecarTest):
         print("  healed: rxe2:1 carries bytes again %.1f s after the link came back (%s); state %s"
               % (time.monotonic() - t0, used, self.ib_rails(a)["rxe2:1"].state))
 
+    def test_rail0_failover(self):
+        """The first rail (rxe0-rxe1, the one a transfer below --ib-stripe-min takes) stops carrying
+        anything mid-transfer (netem loss 100% on v0/v1; the control connections go over lo): the
+        64 MiB WRITE completes on rxe2, and while rxe0 cools down a 1 MiB READ goes around it,
+        on rxe2 alone, bytes compared."""
+        self.second_rail()
+        self.shape(["v0", "v1", "v2", "v3"], ["rate", THROTTLE])
+        a, b = self.rail_sides("rxe0,rxe2", "rxe1,rxe3")
+        import threading
+        cut_at = []
+
+        def cut():
+            end = time.monotonic() + 60 * SLOW
+            while time.monotonic() < end:
+                ops = a.stub.ListOperations(pb.ListOperationsRequest(), timeout=10).operations
+                if any(o.status == pb.OPERATION_STATUS_IN_PROGRESS and o.bytes_done > (4 << 20) and
+                       o.kind == pb.OPERATION_KIND_WRITE for o in ops):
+                    break
+                time.sleep(0.05)
+            self.shape(["v0", "v1"], ["loss", "100%"])
+            cut_at.append(time.monotonic())
+        th = threading.Thread(target=cut, daemon=True)
+        th.start()
+        done, _ = self.move(b, a, BIG, 3, "write", timeout_ms=180000)
+        th.join(30)
+        self.assertTrue(cut_at, "the transfer ended before the cut")
+        used = {u.rail: u.bytes for u in done.rails}
+        self.assertGreater(used.get("rxe2:1", 0), BIG // 2, used)
+        self.assertEqual(self.ib_rails(a)["rxe0:1"].state, "cooling")
+        small, _ = self.move(b, a, (1 << 20) + 3, 2, "read", timeout_ms=60000)
+        sused = {u.rail: u.bytes for u in small.rails}
+        self.assertEqual(list(sused), ["rxe2:1"], sused)
+        print("  rail 0 cut mid-WRITE: COMPLETE %.1f s after the cut, bytes per rail %s; a 1 MiB READ "
+              "while it cools: %s" % (time.monotonic() - cut_at[0], used, sused))
+
     def test_partition_roce(self):
         """A partition between rxe0 (a) and rxe1 (b), across the veth pair (netem loss 100% on both
         ends: RoCE and the control connection alike): for 2 s in the middle of a READ with a 60 s
