@@ -284,6 +284,18 @@ int main(int argc, char **argv)
 		}
 		md.descs = v >= 5 ? kv : descs;
 		md.n_descs = v == 3 || v >= 5 ? 16 : (size_t)v + 1;
+		/* Seed 5 (the KV shape, 4 rkeys) also lists two more ibverbs rails (field 17). */
+		uint32_t rail_rkeys[2 * 4] = {0x31, 0x32, 0x33, 0x34, 0x41, 0x42, 0x43, 0x44};
+		if (v == 5) {
+			md.n_ib_rails = 2;
+			md.ib_rkeys = rail_rkeys;
+			md.n_ib_groups = 4;
+			for (uint32_t j = 0; j < 2; j++) {
+				md.ib_rails[j].index = j + 1;
+				md.ib_rails[j].ep = md.ib;
+				md.ib_rails[j].ep.gid[15] = (uint8_t)j;
+			}
+		}
 		md.issued_unix_ms = FUZZ_NOW - 1000;
 		md.expires_unix_ms = FUZZ_NOW + 60000;
 		md.max_uses = (uint32_t)v;
