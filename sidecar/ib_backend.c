@@ -3,11 +3,15 @@
  * ib_backend.c: the ibverbs backend's ops table and what it owns per device. At create (main
  * thread, before the engine starts) it finds the rails (ib_rails.c: every port of every device,
  * in --ib-devices order, each with its GID: --ib-gid-index or the first RoCE v2 GID with an IPv4
- * address), opens the first usable one and allocates its protection domain; `detail` says
- * exactly what was chosen or why nothing is usable. Data moves on that one rail for now. Region MRs and per-operation remote access (memory windows, or MRs
- * where the device has none) live in ib_access.c.
+ * address), opens the first usable one (lane 0, this object) and allocates its protection
+ * domain, then every other usable rail as a lane of its own (ib_lanes.c); `detail` says exactly
+ * what was chosen or why nothing is usable. With one lane the ops table is the one-rail backend's;
+ * with several, regions and grants go to every lane and large transfers are striped (ib_stripe.c).
+ * Region MRs and per-operation remote access (memory windows, or MRs where the device has none)
+ * live in ib_access.c.
  *
- * Owns: the device context, the PD (and through ib_qp.c / ib_xfer.c, the CQ, QPs and threads).
+ * Owns: the device context, the PD (and through ib_qp.c / ib_xfer.c, the CQ, QPs and threads),
+ * the other lanes (ib_lanes.c).
  */
 #include "ib_internal.h"
 

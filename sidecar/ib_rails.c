@@ -6,8 +6,9 @@
  * (sysfs, under the device), netdev (the GID's interface), link rate (ibv_query_port's speed x
  * width), and its state: up (ACTIVE with a usable GID), down (port not ACTIVE), unusable (why),
  * excluded (--ib-devices, --ib-device, --ib-port). Port events on the open device (completion
- * thread) move its rails between up and down. Owns nothing: the devices are opened only while
- * they are looked at, except the data rail's (ib_backend.c).
+ * thread) move its rails between up and down; every usable rail that opens is a lane and carries
+ * data (ib_lanes.c), and a lane that fails is "cooling" (ib_stripe.c). Owns nothing: the devices
+ * are opened only while they are looked at, except the lanes' (ib_backend.c, ib_lanes.c).
  */
 #include "ib_internal.h"
 
