@@ -8,6 +8,7 @@
 # Usage: bench/run-vm-bench.sh [ib_bench.py ARGS...]   e.g. --sizes 1M:64,64M:5 --depth 4
 #        bench/run-vm-bench.sh kv [kv_bench.py ARGS...]   e.g. kv --shapes 1k,70b --reps 3
 #        bench/run-vm-bench.sh first [first_transfer_bench.py ARGS...]   e.g. first --rounds 10
+#        bench/run-vm-bench.sh rails [rails_bench.py ARGS...]   1 rail vs 2 (guest-rails-bench.sh)
 # Environment: SC_BUILD_DIR (default build/), SC_BINARY, SC_PYTHON_STUBS;
 #   RDMA_SIDECAR_BENCH_OUT  results directory (default: a new /tmp/rdma-sidecar-bench.XXXXXX, kept)
 #   RDMA_SIDECAR_VM_TIMEOUT whole VM run in seconds (default 1200)
@@ -27,7 +28,12 @@ mkdir -p "$out"
 export RDMA_SIDECAR_VM_OUT="$out"
 
 rc=0
-(cd "$src" && bash tests/vm/run-in-vm.sh "$here/guest-bench.sh" "$@") || rc=$?
+guest="$here/guest-bench.sh"
+if [[ "${1:-}" == rails ]]; then # one ibverbs rail against two (bench/rails_bench.py)
+    shift
+    guest="$here/guest-rails-bench.sh"
+fi
+(cd "$src" && bash tests/vm/run-in-vm.sh "$guest" "$@") || rc=$?
 echo
 if [[ -s "$out/bench.txt" ]]; then
     echo "==== benchmark ($(git -C "$src" describe --always --dirty 2>/dev/null || echo '?'), $(nproc) host CPUs)"

@@ -80,6 +80,8 @@ enum opt_id {
 	OPT_IB_STALL_TIMEOUT,
 	OPT_IB_PORT,
 	OPT_IB_GID_INDEX,
+	OPT_IB_STRIPE_MIN,
+	OPT_IB_SLICE_SIZE,
 	OPT_DEFAULT_TIMEOUT,
 	OPT_RETENTION,
 	OPT_CANCEL_WAIT,
@@ -316,6 +318,11 @@ static const struct sc_option sc_options[] = {
 	 .def = "10s"},
 	{.id = OPT_IB_GID_INDEX, T_INT(ib_gid_index, -1, 255), .name = "ib-gid-index", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "RDMA", .help = "GID table index, 0-255, or -1 to pick", .def = "-1, first RoCEv2"},
+	{.id = OPT_IB_STRIPE_MIN, T_SIZE_ANY(ib_stripe_min_bytes), .name = "ib-stripe-min", .arg = ARG_REQUIRED, .value = "SIZE",
+	 .group = "RDMA", .help = "transfers this large are striped over every usable rail; smaller ones take one (0: never stripe)",
+	 .def = "4MiB"},
+	{.id = OPT_IB_SLICE_SIZE, T_SIZE(ib_slice_bytes, 64 * KIB, GIB, "64KiB-1GiB"), .name = "ib-slice-size", .arg = ARG_REQUIRED, .value = "SIZE",
+	 .group = "RDMA", .help = "bytes per slice of a striped transfer, 64KiB-1GiB", .def = "1MiB"},
 
 	{.id = OPT_DEFAULT_TIMEOUT, .name = "default-timeout", .arg = ARG_REQUIRED,
 	 .value = "DURATION", .group = "Limits",
@@ -1339,6 +1346,8 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->grpc_threads = 4;
 	cfg->tcp_streams = 2;
 	cfg->tcp_chunk_bytes = 8 * MIB;
+	cfg->ib_stripe_min_bytes = 4 * MIB;
+	cfg->ib_slice_bytes = MIB;
 	cfg->data_max_unauth_per_ip = 16;
 	cfg->data_max_unauth = 64;
 	cfg->data_max_peers = 1024;

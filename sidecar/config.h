@@ -71,6 +71,8 @@ struct sc_config {
 	int ib_port;                                  /* --ib-port; 0 = first active */
 	int ib_gid_index;                             /* --ib-gid-index; -1 = first RoCEv2 */
 	uint64_t ib_stall_ms;                         /* --ib-stall-timeout, 10000; 0 = never */
+	uint64_t ib_stripe_min_bytes;                 /* --ib-stripe-min, 4 MiB; 0 = never stripe */
+	uint64_t ib_slice_bytes;                      /* --ib-slice-size, 1 MiB */
 	enum sc_log_level log_level;                  /* --log-level, info */
 	bool log_json;                                /* --log-json */
 	char *metrics_listen;                         /* --metrics-listen HOST:PORT; NULL = off */

@@ -3,11 +3,15 @@
  * ib_backend.c: the ibverbs backend's ops table and what it owns per device. At create (main
  * thread, before the engine starts) it finds the rails (ib_rails.c: every port of every device,
  * in --ib-devices order, each with its GID: --ib-gid-index or the first RoCE v2 GID with an IPv4
- * address), opens the first usable one and allocates its protection domain; `detail` says
- * exactly what was chosen or why nothing is usable. Data moves on that one rail for now. Region MRs and per-operation remote access (memory windows, or MRs
- * where the device has none) live in ib_access.c.
+ * address), opens the first usable one (lane 0, this object) and allocates its protection
+ * domain, then every other usable rail as a lane of its own (ib_lanes.c); `detail` says exactly
+ * what was chosen or why nothing is usable. With one lane the ops table is the one-rail backend's;
+ * with several, regions and grants go to every lane and large transfers are striped (ib_stripe.c).
+ * Region MRs and per-operation remote access (memory windows, or MRs where the device has none)
+ * live in ib_access.c.
  *
- * Owns: the device context, the PD (and through ib_qp.c / ib_xfer.c, the CQ, QPs and threads).
+ * Owns: the device context, the PD (and through ib_qp.c / ib_xfer.c, the CQ, QPs and threads),
+ * the other lanes (ib_lanes.c).
  */
 #include "ib_internal.h"
 
@@ -147,8 +151,8 @@ int ib_pick_gid(struct ibv_context *ctx, const char *dev, struct ib_pick *p, int
 
 /* Open rail r's device and allocate the protection domain: the rail that carries ibverbs data.
  * 0, or -1 with why filled. */
-static int open_rail(struct ib_backend *ib, struct ibv_device **list, int n, size_t r, char *why,
-		     size_t cap)
+int ib_open_rail(struct ib_backend *ib, struct ibv_device **list, int n, size_t r, char *why,
+		 size_t cap)
 {
 	struct sc_backend *b = &ib->base;
 	const struct ib_rail_port *rp = &ib->rail_port[r];
@@ -229,16 +233,18 @@ static void choose_device(struct ib_backend *ib, const struct sc_config *cfg)
 		if (!ib->rail_port[r].usable)
 			continue;
 		char reason[256];
-		if (open_rail(ib, list, n, r, reason, sizeof(reason)) != 0) {
+		if (ib_open_rail(ib, list, n, r, reason, sizeof(reason)) != 0) {
 			sc_rail_set_state(b, r, SC_RAIL_UNUSABLE, "%s", reason);
 			if (!why[0])
 				snprintf(why, sizeof(why), "%s", reason);
 		}
 	}
-	if (!ib->pd)
+	if (!ib->pd) {
 		snprintf(b->detail, sizeof(b->detail), "%s", why);
-	else
+	} else {
+		ib_lanes_open(ib, list, n);
 		ib_rails_mark_data_rail(ib);
+	}
 	ibv_free_device_list(list);
 }
 
@@ -256,6 +262,8 @@ static int ib_start(struct sc_backend *b, struct sc_err *err)
 		return -1; /* stop() undoes what started */
 	if (ib_qp_start(ib, err) != 0)
 		return -1;
+	if (ib_lanes_start(ib, err) != 0)
+		return -1;
 	SC_INFO("ibverbs", "using %s (%u KiB per work request, %u READs in flight per QP)",
 		b->detail, ib->max_msg >> 10, ib->max_init_rd);
 	return 0;
@@ -264,15 +272,16 @@ static int ib_start(struct sc_backend *b, struct sc_err *err)
 static void ib_stop(struct sc_backend *b)
 {
 	struct ib_backend *ib = to_ib(b);
+	ib_stripe_stop(ib);
 	ib_qp_stop_handler(ib);
 	ib_xfer_stop(ib);
+	ib_lanes_stop(ib);
 	ib_qp_drop_all(ib);
 }
 
-static void ib_destroy(struct sc_backend *b)
+/* A lane's own teardown (stopped before): CQ, channel, bind QP, PD, device. */
+void ib_backend_free(struct ib_backend *ib)
 {
-	struct ib_backend *ib = to_ib(b);
-	ib_stop(b);
 	if (ib->cq && ibv_destroy_cq(ib->cq) != 0)
 		SC_WARN("ibverbs", "ibv_destroy_cq: %s", strerror(errno));
 	if (ib->chan && ibv_destroy_comp_channel(ib->chan) != 0)
@@ -294,7 +303,17 @@ static void ib_destroy(struct sc_backend *b)
 	sc_xr_destroy(&ib->xr);
 	pthread_cond_destroy(&ib->cv);
 	pthread_mutex_destroy(&ib->mu);
+	pthread_mutex_destroy(&ib->regs_mu);
 	free(ib);
+}
+
+static void ib_destroy(struct sc_backend *b)
+{
+	struct ib_backend *ib = to_ib(b);
+	ib_stop(b);
+	ib_lanes_destroy(ib);
+	ib_stripe_fini(ib);
+	ib_backend_free(ib);
 }
 
 static const struct sc_backend_ops ib_ops = {
@@ -311,9 +330,24 @@ static const struct sc_backend_ops ib_ops = {
     .connect = ib_connect,
 };
 
-struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)
+/* Several lanes: regions and grants on every lane, large transfers striped (ib_lanes.c,
+ * ib_stripe.c). */
+static const struct sc_backend_ops ib_lanes_ops = {
+    .kind = SC_BACKEND_IBVERBS,
+    .start = ib_start,
+    .stop = ib_stop,
+    .destroy = ib_destroy,
+    .register_region = ib_lanes_register,
+    .deregister_region = ib_lanes_deregister,
+    .expose = ib_lanes_expose,
+    .revoke = ib_lanes_revoke,
+    .submit = ib_stripe_submit,
+    .cancel = ib_stripe_cancel,
+    .connect = ib_connect,
+};
+
+struct ib_backend *ib_backend_new(const struct sc_backend_env *env)
 {
-	const struct sc_config *cfg = env->cfg;
 	struct ib_backend *ib = calloc(1, sizeof(*ib));
 	if (!ib)
 		return NULL;
@@ -321,7 +355,12 @@ struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)
 	ib->base.env = *env;
 	ib->wake_fd = -1;
 	ib->rail = -1;
+	ib->primary = ib;
+	ib->top = &ib->base;
+	ib->lanes[0] = ib;
+	ib->n_lanes = 1;
 	pthread_mutex_init(&ib->mu, NULL);
+	pthread_mutex_init(&ib->regs_mu, NULL);
 	pthread_cond_init(&ib->cv, NULL);
 	sc_xr_init(&ib->xr, "ibverbs", &ib->mu);
 	sc_list_init(&ib->peers);
@@ -334,6 +373,17 @@ struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)
 	ib->stall_ms = cfg->ib_stall_ms;
 	ib->pool = env->pool;
 	ib->srv = env->server;
+	ib->stripe_min = env->cfg->ib_stripe_min_bytes;
+	ib->slice_bytes = env->cfg->ib_slice_bytes ? env->cfg->ib_slice_bytes : (1u << 20);
+	return ib;
+}
+
+struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)
+{
+	const struct sc_config *cfg = env->cfg;
+	struct ib_backend *ib = ib_backend_new(env);
+	if (!ib)
+		return NULL;
 	if (cfg->backends && !(cfg->backends & SC_BACKEND_BIT_IBVERBS)) {
 		snprintf(ib->base.detail, sizeof(ib->base.detail), "disabled by --backends");
 		return &ib->base;
@@ -352,6 +402,14 @@ struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)
 	snprintf(ib->base.endpoint, sizeof(ib->base.endpoint), "%s",
 		 sc_peer_server_endpoint(ib->srv));
 	ib->base.available = true;
+	if (ib->n_lanes > 1) {
+		ib->base.ops = &ib_lanes_ops;
+		if (ib_stripe_init(ib) != 0) {
+			ib->base.available = false;
+			snprintf(ib->base.detail, sizeof(ib->base.detail), "out of memory");
+			return &ib->base;
+		}
+	}
 	SC_INFO("ibverbs", "chose %s", ib->base.detail);
 	return &ib->base;
 }

@@ -6,6 +6,9 @@
  *   ib_backend.c  the ops table, opening the data rail's device, the protection domain,
  *                 start/stop/destroy
  *   ib_rails.c    the rails: every port of every device, their facts and state
+ *   ib_lanes.c    one lane (a struct ib_backend of its own) per usable rail: opening the others,
+ *                 registering regions and granting access on every lane, the metadata's rails
+ *   ib_stripe.c   striped transfers: one OPEN/DONE, slices spread over the lane pairs, failover
  *   ib_access.c   region MRs (one per region) and per-operation remote access (expose/revoke):
  *                 type-1 memory windows, one per (operation, region), or MRs where there are none
  *   ib_qp.c       RC queue pairs per peer sidecar: the QP_CONNECT rendezvous on the peer control
@@ -118,6 +121,7 @@ struct ib_qp {
 	struct ib_notice_ring *nr;
 	uint32_t gen;	  /* names the QP in receive wr_ids (never reused) */
 	bool peer_notice; /* outgoing: the peer's QP_CONNECT reply said it takes notices */
+	uint8_t remote_lane; /* outgoing: the peer's rail it is connected to (QP_CONNECT) */
 	struct sc_list node; /* on ib->out_qps or ib->in_qps (newest first) */
 };
 
@@ -163,6 +167,7 @@ struct ib_xfer {
 	struct sc_peer_conn *conn; /* the control connection the OPEN went over */
 	int endpoint;		   /* index into x->meta->endpoints that answered; -1 before */
 	bool opened;
+	bool data_only; /* a slice of a striped transfer (ib_stripe.c): no OPEN, notice or DONE */
 	enum ib_xstate state;
 	/* Under ib->mu. */
 	struct sc_xr_cursor cur; /* next chunk to post */
@@ -198,10 +203,28 @@ struct ib_rail_port {
 	bool usable;	     /* port ACTIVE with a GID, not excluded */
 };
 
+struct ib_lane_regs;
+struct ib_stripe;
+
 struct ib_backend {
 	struct sc_backend base;
 	struct ib_rail_port rail_port[SC_MAX_RAILS]; /* base.rails[i]'s device and port */
 	int rail; /* the rail data moves on (its device is ctx); -1 none */
+	/*
+	 * Lanes (ib_lanes.c): the backend the registry holds is lane 0, on the first usable rail;
+	 * every other usable rail is a lane of its own, a struct ib_backend made by lane 0 with its
+	 * own device, PD, CQ, threads and QP cache, never seen by the registry. Rails, their state
+	 * and counters live on lane 0's base (top). Fixed after create.
+	 */
+	struct ib_backend *primary; /* lane 0 (itself there) */
+	struct sc_backend *top;	    /* &primary->base */
+	unsigned lane;		    /* this one's number; the metadata's IbverbsRail.index */
+	struct ib_backend *lanes[SC_MAX_IB_RAILS]; /* lane 0 only: [0] itself */
+	size_t n_lanes;				   /* lane 0 only */
+	struct ib_lane_regs *regs; /* lane 0 with n_lanes > 1: per-lane MRs of each region */
+	pthread_mutex_t regs_mu;
+	uint64_t stripe_min, slice_bytes; /* --ib-stripe-min, --ib-slice-size */
+	struct ib_stripe *stripe;	  /* lane 0: lane-pair health, striped transfers */
 	struct sc_peer_pool *pool;
 	struct sc_peer_server *srv;
 	char self_id[SC_NAME_MAX];
@@ -268,6 +291,13 @@ static inline struct ib_backend *to_ib(struct sc_backend *b)
 }
 
 /* ib_backend.c */
+/* A backend object with its locks and lists, no device yet (lane 0 or another lane). */
+struct ib_backend *ib_backend_new(const struct sc_backend_env *env);
+/* Open rail r's device into ib (ctx, PD, port, GID, limits, remote access). 0 or -1 with why. */
+int ib_open_rail(struct ib_backend *ib, struct ibv_device **list, int n, size_t r, char *why,
+		 size_t cap);
+/* Free a stopped lane: CQ, channel, bind QP, PD, device, the object. */
+void ib_backend_free(struct ib_backend *ib);
 /* The GID of (ctx, p->port, p->pa): index `want` (>= 0), else the first RoCE v2 one with an IPv4
  * address (Ethernet), else index 0 (InfiniBand). -1 with why filled when there is none. */
 int ib_pick_gid(struct ibv_context *ctx, const char *dev, struct ib_pick *p, int want, char *why,
@@ -287,6 +317,36 @@ void ib_rails_discover(struct ib_backend *ib, const struct sc_config *cfg,
 void ib_rails_mark_data_rail(struct ib_backend *ib);
 /* A port event of the open device (IBV_EVENT_PORT_ERR / PORT_ACTIVE). Completion thread. */
 void ib_rails_port_event(struct ib_backend *ib, uint8_t port, bool active, const char *what);
+
+/* ib_lanes.c */
+/* Open a lane on every usable rail after the first (lane 0, ib, is open). Main thread, create. */
+void ib_lanes_open(struct ib_backend *ib, struct ibv_device **list, int n);
+int ib_lanes_start(struct ib_backend *ib, struct sc_err *err);
+void ib_lanes_stop(struct ib_backend *ib);
+void ib_lanes_destroy(struct ib_backend *ib);
+/* The issuer's rail (its lane number) that lane ib pairs with for md: rail i to rail i modulo
+ * the issuer's rail count (0 when md lists no other rails). */
+unsigned ib_lane_remote(const struct ib_backend *ib, const struct sc_metadata *md);
+/* The lane-k MR of the region whose lane-0 registration is mr0 (NULL: none). Any thread. */
+struct ibv_mr *ib_lane_mr(struct ib_backend *ib, const void *mr0, unsigned k);
+/* The registry's ops when there are several lanes (else ib_register & co directly). */
+int ib_lanes_register(struct sc_backend *b, void *addr, uint64_t len, int gpu, void **handle,
+		      struct sc_err *err);
+void ib_lanes_deregister(struct sc_backend *b, void *handle);
+int ib_lanes_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs,
+		    const int *gpus, void *const *region_handles, void **handle,
+		    struct sc_err *err);
+void ib_lanes_revoke(struct sc_backend *b, void *handle);
+
+/* ib_stripe.c */
+int ib_stripe_init(struct ib_backend *ib);
+void ib_stripe_fini(struct ib_backend *ib);
+/* submit/cancel of lane 0: striped when large enough and two lane pairs are usable, else the
+ * whole transfer on lane 0 exactly as ib_xfer_submit. */
+int ib_stripe_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
+void ib_stripe_cancel(struct sc_backend *b, struct sc_xfer *x);
+/* Cancel every striped transfer (stop). */
+void ib_stripe_stop(struct ib_backend *ib);
 
 /* ib_access.c */
 /* Choose how passive operations get remote access (sets grant_mw, grant_why; makes the bind QP).
@@ -363,6 +423,9 @@ static inline bool ib_xfer_stopped(const struct ib_xfer *xf)
 	     xr_ = xr_->next)
 void ib_xfer_stop(struct ib_backend *ib);
 int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
+/* A slice of a striped transfer on lane ib: data only (no OPEN, no completion notice, no DONE:
+ * the striped transfer does those once). x->meta's endpoints reach the issuer. */
+int ib_xfer_submit_slice(struct ib_backend *ib, struct sc_xfer *x, struct sc_err *err);
 void ib_xfer_cancel(struct sc_backend *b, struct sc_xfer *x);
 
 /* ib_retry.c */

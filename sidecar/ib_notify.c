@@ -173,7 +173,7 @@ void ib_notice_maybe_post_locked(struct ib_backend *ib, struct ib_xfer *xf)
 	struct sc_xfer *x = xf->xr.x;
 	if (xf->notice != IB_NOTICE_NONE || ib_xfer_stopped(xf) || !ib_xfer_all_posted(xf))
 		return;
-	if (!qp->nr || !qp->peer_notice) {
+	if (!qp->nr || !qp->peer_notice || xf->data_only) {
 		xf->notice = IB_NOTICE_UNUSED;
 		return;
 	}

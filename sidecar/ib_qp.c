@@ -31,7 +31,10 @@
  * u32 psn, gid[16], u16 lid, u8 link_layer, u8 flags (QPC_F_NOTICE: the sender posts receives
  * for completion notices, ib_notify.c; older releases send 0), u32 mtu (bytes), u32
  * max_rd_atomic (initiator depth), u32 max_dest_rd_atomic (responder resources), u32 prev_qpn
- * (verify: the responder's qpn asked about), u16 id length + id (requester or responder id).
+ * (verify: the responder's qpn asked about), u16 id length + id (requester or responder id),
+ * then, only when it is not 0, u8 rail: which of the responder's rails (lanes, ib_lanes.c) the
+ * request and verify are for (absent: rail 0, so older peers, which know one rail, still
+ * work; a requester asks for another rail only of a peer whose metadata lists it).
  */
 #include "ib_internal.h"
 
@@ -57,7 +60,7 @@
 #define QPC_VERIFY_REPLY 4
 #define QPC_F_NOTICE 1
 #define QPC_FIXED 48
-#define QPC_MAX (QPC_FIXED + 2 + SC_NAME_MAX)
+#define QPC_MAX (QPC_FIXED + 2 + SC_NAME_MAX + 1)
 /* The rendezvous gives up after this long even when the transfer's deadline is later. */
 #define RENDEZVOUS_MS 15000
 
@@ -73,12 +76,13 @@ struct qpc {
 	uint32_t max_rd, max_dest_rd;
 	uint32_t prev_qpn;
 	char id[SC_NAME_MAX];
+	uint8_t lane; /* the responder's rail asked for (0: the first) */
 };
 
 static size_t qpc_encode(const struct qpc *m, uint8_t *out, size_t cap)
 {
 	size_t idlen = strlen(m->id);
-	if (cap < QPC_FIXED + 2 + idlen || idlen >= SC_NAME_MAX)
+	if (cap < QPC_FIXED + 2 + idlen + (m->lane != 0) || idlen >= SC_NAME_MAX)
 		return 0;
 	memset(out, 0, QPC_FIXED);
 	out[0] = QPC_VERSION;
@@ -96,6 +100,10 @@ static size_t qpc_encode(const struct qpc *m, uint8_t *out, size_t cap)
 	ib_put_le(out + 44, m->prev_qpn, 4);
 	ib_put_le(out + 48, idlen, 2);
 	memcpy(out + 50, m->id, idlen);
+	if (m->lane) {
+		out[50 + idlen] = m->lane;
+		return QPC_FIXED + 2 + idlen + 1;
+	}
 	return QPC_FIXED + 2 + idlen;
 }
 
@@ -127,10 +135,17 @@ static int qpc_decode(const uint8_t *in, size_t len, uint8_t want_op, struct qpc
 	m->max_dest_rd = (uint32_t)ib_get_le(in + 40, 4);
 	m->prev_qpn = (uint32_t)ib_get_le(in + 44, 4);
 	size_t idlen = (size_t)ib_get_le(in + 48, 2);
-	if (idlen >= SC_NAME_MAX || len != QPC_FIXED + 2 + idlen || memchr(in + 50, 0, idlen))
+	if (idlen >= SC_NAME_MAX ||
+	    (len != QPC_FIXED + 2 + idlen && len != QPC_FIXED + 2 + idlen + 1) ||
+	    memchr(in + 50, 0, idlen))
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "QP_CONNECT: bad sidecar id");
 	memcpy(m->id, in + 50, idlen);
 	m->id[idlen] = '\0';
+	if (len == QPC_FIXED + 2 + idlen + 1) {
+		m->lane = in[50 + idlen];
+		if (m->lane == 0 || m->lane >= SC_MAX_IB_RAILS)
+			return sc_err_set(err, SC_INVALID_ARGUMENT, "QP_CONNECT: rail %u", m->lane);
+	}
 	if (m->qpn == 0 || m->qpn > 0xffffff || m->psn > 0xffffff || m->mtu < 256 ||
 	    m->max_rd == 0 || m->max_dest_rd == 0)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
@@ -306,12 +321,14 @@ static int rendezvous(struct ib_backend *ib, struct ib_qp *q, struct sc_peer_con
 		      uint32_t prev_qpn, uint64_t deadline_mono_ms, const atomic_bool *cancel,
 		      struct sc_err *err)
 {
+	uint8_t lane = q->remote_lane;
 	if (qp_to_init(ib, q, err) != 0)
 		return -1;
 	uint32_t psn = random_psn();
 	struct qpc req;
 	qpc_fill_local(ib, q, QPC_REQUEST, psn, &req);
 	req.prev_qpn = prev_qpn;
+	req.lane = lane;
 	uint8_t body[QPC_MAX], reply[QPC_MAX];
 	size_t len = qpc_encode(&req, body, sizeof(body)), rlen = 0;
 	uint64_t limit = sc_clock_mono_ms() + RENDEZVOUS_MS;
@@ -462,14 +479,18 @@ static int connect_peer(struct ib_backend *ib, const struct sc_metadata *md, uin
 		sc_peer_pool_put(ib->pool, c, true);
 		return -1;
 	}
+	q->remote_lane = (uint8_t)ib_lane_remote(ib, md);
 	if (rendezvous(ib, q, c, prev_qpn, deadline_mono_ms, cancel, err) != 0) {
 		*failed_qpn = q->qp->qp_num;
 		sc_peer_pool_put(ib->pool, c, sc_peer_conn_usable(c));
 		qp_free(q);
 		return -1;
 	}
-	SC_INFO("ibverbs", "QP to peer %s connected: qpn %u <-> %u, mtu %u, %u READs in flight",
-		md->issuer, q->qp->qp_num, q->remote_qpn, q->path_mtu, q->max_rd);
+	SC_INFO("ibverbs",
+		"QP to peer %s connected: qpn %u <-> %u, mtu %u, %u READs in flight; %s to its "
+		"rail %u",
+		md->issuer, q->qp->qp_num, q->remote_qpn, q->path_mtu, q->max_rd, ib->dev_name,
+		q->remote_lane);
 	*out = q;
 	*conn = c;
 	return 0;
@@ -562,6 +583,7 @@ static int verify_peer(struct ib_backend *ib, struct ib_qp *q, struct sc_peer_co
 	struct qpc req;
 	qpc_fill_local(ib, q, QPC_VERIFY, 0, &req);
 	req.prev_qpn = q->remote_qpn;
+	req.lane = q->remote_lane;
 	uint8_t body[QPC_MAX], reply[QPC_MAX];
 	size_t len = qpc_encode(&req, body, sizeof(body)), rlen = 0;
 	uint64_t limit = sc_clock_mono_ms() + RENDEZVOUS_MS;
@@ -835,6 +857,13 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 	uint8_t op = len > 1 ? body[1] : 0;
 	if (qpc_decode(body, len, op == QPC_VERIFY ? QPC_VERIFY : QPC_REQUEST, &req, err) != 0)
 		return -1;
+	if (req.lane) { /* another of this sidecar's rails: its own device, CQ and QPs */
+		if (req.lane >= ib->n_lanes || !ib->lanes[req.lane])
+			return sc_err_set(err, SC_UNAVAILABLE,
+					  "sidecar %s has no ibverbs rail %u (it has %zu)",
+					  ib->self_id, req.lane, ib->n_lanes);
+		ib = ib->lanes[req.lane];
+	}
 	if (op == QPC_VERIFY) {
 		if (strcmp(req.id, peer_id) != 0)
 			return sc_err_set(err, SC_PERMISSION_DENIED,
@@ -1132,5 +1161,21 @@ int ib_connect(struct sc_backend *b, const struct sc_metadata *md, uint64_t dead
 		 endpoint >= 0 ? md->endpoints[endpoint] : "?");
 	sc_peer_pool_put(ib->pool, conn, sc_peer_conn_usable(conn));
 	ib_qp_put(ib, qp);
+	/* The other lanes' QPs, for striped transfers; a lane that fails here is only reported
+	 * (its transfers fail over to the others). */
+	for (size_t k = 1; k < ib->n_lanes; k++) {
+		struct ib_backend *l = ib->lanes[k];
+		struct sc_err e2;
+		sc_err_clear(&e2);
+		size_t used = strlen(detail);
+		if (ib_qp_get(l, md, deadline_mono_ms, NULL, &qp, NULL, NULL, &e2) != 0) {
+			snprintf(detail + used, cap - used, "; rail %s: %s",
+				 ib->base.rails[l->rail].name, e2.msg);
+			continue;
+		}
+		snprintf(detail + used, cap - used, "; QP %u on %s to its rail %u", qp->qp->qp_num,
+			 ib->base.rails[l->rail].name, qp->remote_lane);
+		ib_qp_put(l, qp);
+	}
 	return 0;
 }

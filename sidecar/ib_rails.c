@@ -6,8 +6,9 @@
  * (sysfs, under the device), netdev (the GID's interface), link rate (ibv_query_port's speed x
  * width), and its state: up (ACTIVE with a usable GID), down (port not ACTIVE), unusable (why),
  * excluded (--ib-devices, --ib-device, --ib-port). Port events on the open device (completion
- * thread) move its rails between up and down. Owns nothing: the devices are opened only while
- * they are looked at, except the data rail's (ib_backend.c).
+ * thread) move its rails between up and down; every usable rail that opens is a lane and carries
+ * data (ib_lanes.c), and a lane that fails is "cooling" (ib_stripe.c). Owns nothing: the devices
+ * are opened only while they are looked at, except the lanes' (ib_backend.c, ib_lanes.c).
  */
 #include "ib_internal.h"
 
@@ -302,21 +303,31 @@ void ib_rails_mark_data_rail(struct ib_backend *ib)
 {
 	struct sc_backend *b = &ib->base;
 	for (size_t r = 0; r < b->n_rails; r++) {
-		if (!ib->rail_port[r].usable || (int)r == ib->rail)
+		if (!ib->rail_port[r].usable)
 			continue;
+		int lane = -1;
+		for (size_t k = 0; k < ib->n_lanes; k++)
+			if (ib->lanes[k] && ib->lanes[k]->rail == (int)r)
+				lane = (int)k;
 		struct sc_rail_report rep;
 		sc_rail_snapshot(b, r, &rep);
-		sc_rail_set_state(b, r, SC_RAIL_UP, "%.120s; carries no data yet: ibverbs moves bytes "
-				  "on one rail (%s) in this version", rep.detail, b->rails[ib->rail].name);
+		if (lane < 0)
+			sc_rail_set_state(b, r, SC_RAIL_UNUSABLE,
+					  "%.120s; could not be opened as a lane (see the log)",
+					  rep.detail);
+		else if (ib->n_lanes > 1)
+			sc_rail_set_state(b, r, SC_RAIL_UP, "%.150s; lane %d of %zu", rep.detail,
+					  lane, ib->n_lanes);
 	}
 }
 
 void ib_rails_port_event(struct ib_backend *ib, uint8_t port, bool active, const char *what)
 {
-	struct sc_backend *b = &ib->base;
+	struct ib_backend *p = ib->primary;
+	struct sc_backend *b = ib->top;
 	for (size_t r = 0; r < b->n_rails; r++) {
-		if (strcmp(ib->rail_port[r].dev, ib->dev_name) != 0 ||
-		    ib->rail_port[r].pick.port != port || !ib->rail_port[r].usable)
+		if (strcmp(p->rail_port[r].dev, ib->dev_name) != 0 ||
+		    p->rail_port[r].pick.port != port || !p->rail_port[r].usable)
 			continue;
 		if (active)
 			sc_rail_set_state(b, r, SC_RAIL_UP, "port %u ACTIVE again", port);

@@ -139,7 +139,7 @@ static void finish(struct ib_xfer *xf)
 	    !sc_xr_deadline_passed(x, sc_clock_mono_ms())) {
 		status = SC_ABORTED;
 		if (ib->rail >= 0)
-			atomic_fetch_add_explicit(&ib->base.rails[ib->rail].failovers, 1,
+			atomic_fetch_add_explicit(&ib->top->rails[ib->rail].failovers, 1,
 						  memory_order_relaxed);
 	}
 	if (xf->opened && !noticed) {
@@ -183,6 +183,12 @@ static void setup(struct ib_xfer *xf)
 	struct sc_peer_conn *c = NULL;
 	if (atomic_load(&x->cancel_requested))
 		goto fail;
+	if (xf->data_only) { /* a slice: the striped transfer holds the OPEN */
+		if (ib_qp_get(ib, x->meta, x->deadline_mono_ms, &x->cancel_requested, &xf->qp,
+			      NULL, NULL, &err) != 0)
+			goto fail;
+		goto running;
+	}
 	if (ib_qp_get(ib, x->meta, x->deadline_mono_ms, &x->cancel_requested, &xf->qp, &c,
 		      &xf->endpoint, &err) != 0)
 		goto fail;
@@ -202,9 +208,10 @@ static void setup(struct ib_xfer *xf)
 	SC_DEBUG("ibverbs",
 		 "transfer %016" PRIx64 ": opened on %s, QP %u, %zu segment(s), %" PRIu64 " bytes",
 		 x->xfer_id, x->meta->issuer, xf->qp->qp->qp_num, x->n_segs, x->total);
+running:
 	pthread_mutex_lock(&ib->mu);
 	xf->conn = c;
-	xf->opened = true;
+	xf->opened = c != NULL;
 	xf->task = IB_TASK_NONE;
 	xf->state = IB_XS_RUNNING;
 	xf->last_ping_mono_ms = sc_clock_mono_ms();
@@ -323,7 +330,7 @@ static bool stalled_locked(const struct ib_backend *ib, const struct ib_xfer *xf
  * transfers move to a fresh one; the peer is tombstoned for a while. Under ib->mu. */
 static void stall_locked(struct ib_backend *ib, struct ib_xfer *xf, uint64_t now)
 {
-	const char *rail = ib->rail >= 0 ? ib->base.rails[ib->rail].name : ib->dev_name;
+	const char *rail = ib->rail >= 0 ? ib->top->rails[ib->rail].name : ib->dev_name;
 	xfer_fail_locked(xf, SC_UNAVAILABLE,
 			 "the RDMA path to peer %s stalled: no work request of this transfer completed "
 			 "for %" PRIu64 " ms (--ib-stall-timeout) on rail %s, %" PRIu64 " of %" PRIu64
@@ -336,7 +343,7 @@ static void stall_locked(struct ib_backend *ib, struct ib_xfer *xf, uint64_t now
 		xf->xr.x->xfer_id, now - xf->last_progress_mono_ms, xf->qp->peer, rail,
 		xf->qp->qp->qp_num);
 	if (ib->rail >= 0)
-		atomic_fetch_add_explicit(&ib->base.rails[ib->rail].errors, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&ib->top->rails[ib->rail].errors, 1, memory_order_relaxed);
 	fail_qp_locked(ib, xf->qp, true, "stalled: no completion within --ib-stall-timeout");
 	ib_qp_flush(xf->qp);
 }
@@ -502,7 +509,7 @@ static void wc_error_locked(struct ib_backend *ib, const struct ibv_wc *wc, stru
 		 ibv_wc_status_str(wc->status), (int)wc->status, wc->vendor_err, op, w->len);
 	fail_qp_locked(ib, qp, transport_error(wc->status), why);
 	if (ib->rail >= 0)
-		atomic_fetch_add_explicit(&ib->base.rails[ib->rail].errors, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&ib->top->rails[ib->rail].errors, 1, memory_order_relaxed);
 	switch (wc->status) {
 	case IBV_WC_REM_ACCESS_ERR:
 		xfer_fail_locked(xf, SC_FAILED_PRECONDITION,
@@ -559,7 +566,7 @@ static void wr_retire_locked(struct ib_backend *ib, struct ib_qp *qp, const stru
 		xf->bytes_acked += w->len;
 		xf->progress += w->len;
 		xf->last_progress_mono_ms = qp->last_ok_mono_ms;
-		sc_rail_add_bytes(&ib->base, xf->xr.x, (size_t)ib->rail, w->len);
+		sc_rail_add_bytes(ib->top, xf->xr.x, (size_t)ib->rail, w->len);
 	} else {
 		wc_error_locked(ib, wc, w);
 	}
@@ -683,7 +690,7 @@ static void tick(struct ib_backend *ib)
 			fail_qp_locked(ib, xf->qp, false, "flushed to end a stopped transfer");
 			ib_qp_flush(xf->qp);
 		}
-		if (!ib_xfer_stopped(xf) && xf->task == IB_TASK_NONE &&
+		if (!ib_xfer_stopped(xf) && xf->task == IB_TASK_NONE && xf->conn &&
 		    now - xf->last_ping_mono_ms >= KEEPALIVE_MS)
 			queue_task_locked(ib, xf, IB_TASK_PING);
 	}
@@ -863,9 +870,8 @@ static void *cq_main(void *arg)
 
 /* ---- ops ------------------------------------------------------------------------------------- */
 
-int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err)
+static int submit(struct ib_backend *ib, struct sc_xfer *x, bool data_only, struct sc_err *err)
 {
-	struct ib_backend *ib = to_ib(b);
 	if (x->kind != SC_OP_READ && x->kind != SC_OP_WRITE)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "ibverbs backend: not a READ or WRITE");
 	if (x->n_segs == 0 || x->total == 0)
@@ -887,14 +893,15 @@ int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err)
 	if (!xf)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 	xf->ib = ib;
+	xf->data_only = data_only;
 	xf->endpoint = -1;
 	xf->state = IB_XS_SETUP;
 	xf->t_submit_us = now_us();
 	xf->run.run = run_task;
 	xf->task = IB_TASK_SETUP;
 	x->priv = xf;
-	if (ib->rail >= 0)
-		atomic_fetch_add_explicit(&ib->base.rails[ib->rail].operations, 1,
+	if (ib->rail >= 0 && !xf->data_only)
+		atomic_fetch_add_explicit(&ib->top->rails[ib->rail].operations, 1,
 					  memory_order_relaxed);
 	if (sc_xr_admit(&ib->xr, &xf->xr, x, &xf->run, err) != 0) {
 		x->priv = NULL;
@@ -902,6 +909,16 @@ int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err)
 		return -1;
 	}
 	return 0;
+}
+
+int ib_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err)
+{
+	return submit(to_ib(b), x, false, err);
+}
+
+int ib_xfer_submit_slice(struct ib_backend *ib, struct sc_xfer *x, struct sc_err *err)
+{
+	return submit(ib, x, true, err);
 }
 
 void ib_xfer_cancel(struct sc_backend *b, struct sc_xfer *x)

@@ -27,6 +27,7 @@ typedef RdmaSidecar__V1__RdmaMetadata pb_metadata;
 typedef RdmaSidecar__V1__SignedMetadata pb_signed;
 typedef RdmaSidecar__V1__RemoteDescriptor pb_desc;
 typedef RdmaSidecar__V1__IbverbsEndpoint pb_ib;
+typedef RdmaSidecar__V1__IbverbsRail pb_ib_rail;
 
 static const struct {
 	unsigned bit;
@@ -93,6 +94,14 @@ int sc_metadata_sign(const struct sc_keyring *ring, const struct sc_metadata *md
 	if (md->n_descs && !md->descs)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "metadata has %zu descriptors but no array", md->n_descs);
+	if (md->n_ib_rails > SC_MAX_IB_RAILS - 1 || (md->n_ib_rails && !md->ib_rkeys && md->n_ib_groups))
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "metadata has %zu ibverbs rails",
+				  md->n_ib_rails);
+	for (size_t j = 0; j < md->n_ib_rails; j++) {
+		if (!field_terminated(md->ib_rails[j].ep.device, sizeof(md->ib_rails[j].ep.device)))
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "metadata ibverbs rail device not terminated");
+	}
 	if (md->n_descs > SIZE_MAX / sizeof(pb_desc))
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "too many descriptors");
 
@@ -131,6 +140,29 @@ int sc_metadata_sign(const struct sc_keyring *ring, const struct sc_metadata *md
 		ib.device = (char *)md->ib.device;
 		m.ibverbs = &ib;
 	}
+	pb_ib_rail rails[SC_MAX_IB_RAILS - 1];
+	pb_ib rail_eps[SC_MAX_IB_RAILS - 1];
+	pb_ib_rail *rail_ptrs[SC_MAX_IB_RAILS - 1];
+	for (size_t j = 0; j < md->n_ib_rails; j++) {
+		const struct sc_ib_rail *r = &md->ib_rails[j];
+		pb_ib e = RDMA_SIDECAR__V1__IBVERBS_ENDPOINT__INIT;
+		e.gid.data = (uint8_t *)r->ep.gid;
+		e.gid.len = sizeof(r->ep.gid);
+		e.lid = r->ep.lid;
+		e.port = r->ep.port;
+		e.mtu = r->ep.mtu;
+		e.device = (char *)r->ep.device;
+		rail_eps[j] = e;
+		pb_ib_rail pr = RDMA_SIDECAR__V1__IBVERBS_RAIL__INIT;
+		pr.index = r->index;
+		pr.endpoint = &rail_eps[j];
+		pr.n_rkeys = md->n_ib_groups;
+		pr.rkeys = md->n_ib_groups ? md->ib_rkeys + j * md->n_ib_groups : NULL;
+		rails[j] = pr;
+		rail_ptrs[j] = &rails[j];
+	}
+	m.n_ib_rails = md->n_ib_rails;
+	m.ib_rails = md->n_ib_rails ? rail_ptrs : NULL;
 	if (m.version != 1) {
 		/* version 2 and later: runs (metadata_runs.c) */
 		if (sc_meta_runs_encode(md->descs, md->n_descs, &runs, err) != 0)
@@ -245,6 +277,60 @@ static bool copy_field(char *dst, size_t cap, const char *src)
 	return true;
 }
 
+/* The issuer's other ibverbs rails (field 17): at most SC_MAX_IB_RAILS - 1, numbers 1..15 and
+ * distinct, an endpoint with a 16-byte gid each, and one rkey per group of the descriptors. */
+static int ib_rails_from_pb(const pb_metadata *m, struct sc_metadata *out, struct sc_err *err)
+{
+	if (m->n_ib_rails == 0)
+		return 0;
+	if (m->n_ib_rails > SC_MAX_IB_RAILS - 1)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "metadata has %zu ibverbs rails, at most %d", m->n_ib_rails,
+				  SC_MAX_IB_RAILS - 1);
+	size_t groups = sc_metadata_rkey_groups(out->descs, out->n_descs, NULL);
+	if (groups == (size_t)-1)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory verifying metadata");
+	uint32_t seen = 0;
+	for (size_t j = 0; j < m->n_ib_rails; j++) {
+		const pb_ib_rail *r = m->ib_rails[j];
+		if (r->index == 0 || r->index >= SC_MAX_IB_RAILS || (seen & (1u << r->index)))
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "metadata ibverbs rail %zu has number %u (1..%d, each once)",
+					  j, r->index, SC_MAX_IB_RAILS - 1);
+		seen |= 1u << r->index;
+		if (!r->endpoint || r->endpoint->gid.len != 16)
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "metadata ibverbs rail %u has no endpoint with a 16-byte gid",
+					  r->index);
+		if (r->n_rkeys != groups)
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "metadata ibverbs rail %u has %zu rkeys for %zu groups",
+					  r->index, r->n_rkeys, groups);
+	}
+	out->ib_rkeys = calloc(m->n_ib_rails * (groups ? groups : 1), sizeof(uint32_t));
+	if (!out->ib_rkeys)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory verifying metadata");
+	out->n_ib_groups = groups;
+	for (size_t j = 0; j < m->n_ib_rails; j++) {
+		const pb_ib_rail *r = m->ib_rails[j];
+		struct sc_ib_rail *o = &out->ib_rails[j];
+		if (!copy_field(o->ep.device, sizeof(o->ep.device), r->endpoint->device))
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "metadata ibverbs rail %u device name is longer than %zu",
+					  r->index, sizeof(o->ep.device) - 1);
+		o->index = r->index;
+		o->ep.present = true;
+		memcpy(o->ep.gid, r->endpoint->gid.data, 16);
+		o->ep.lid = r->endpoint->lid;
+		o->ep.port = r->endpoint->port;
+		o->ep.mtu = r->endpoint->mtu;
+		if (groups)
+			memcpy(out->ib_rkeys + j * groups, r->rkeys, groups * sizeof(uint32_t));
+	}
+	out->n_ib_rails = m->n_ib_rails;
+	return 0;
+}
+
 /*
  * Step 9 of verification: everything the struct needs. Fills *out (descs malloc'd) or returns -1.
  * Strings from here on are authenticated (a key holder wrote them), but are still bounded in
@@ -349,20 +435,25 @@ static int metadata_from_pb(const pb_metadata *m, const char *key_id, struct sc_
 	out->max_uses = m->max_uses;
 	memcpy(out->key_id, key_id, strlen(key_id) + 1); /* sc_key_id_valid: fits */
 
-	if (m->version >= 2)
-		return sc_meta_runs_decode(m->runs, m->n_runs, SC_METADATA_MAX_DESCS, &out->descs,
-					   &out->n_descs, err);
-	out->descs = calloc(m->n_descriptors, sizeof(*out->descs));
-	if (!out->descs)
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory verifying metadata");
-	for (size_t i = 0; i < m->n_descriptors; i++) {
-		out->descs[i].length = m->descriptors[i]->length;
-		out->descs[i].device_kind = (enum sc_device_kind)m->descriptors[i]->device_kind;
-		out->descs[i].remote_addr = m->descriptors[i]->remote_addr;
-		out->descs[i].rkey = m->descriptors[i]->rkey;
+	if (m->version >= 2) {
+		if (sc_meta_runs_decode(m->runs, m->n_runs, SC_METADATA_MAX_DESCS, &out->descs,
+					&out->n_descs, err) != 0)
+			return -1;
+	} else {
+		out->descs = calloc(m->n_descriptors, sizeof(*out->descs));
+		if (!out->descs)
+			return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+					  "out of memory verifying metadata");
+		for (size_t i = 0; i < m->n_descriptors; i++) {
+			out->descs[i].length = m->descriptors[i]->length;
+			out->descs[i].device_kind =
+			    (enum sc_device_kind)m->descriptors[i]->device_kind;
+			out->descs[i].remote_addr = m->descriptors[i]->remote_addr;
+			out->descs[i].rkey = m->descriptors[i]->rkey;
+		}
+		out->n_descs = m->n_descriptors;
 	}
-	out->n_descs = m->n_descriptors;
-	return 0;
+	return ib_rails_from_pb(m, out, err);
 }
 
 /* The checks, in order; *why is set where a failure is not SC_MD_MALFORMED. */
@@ -560,6 +651,52 @@ void sc_metadata_free(struct sc_metadata *md)
 	free(md->descs);
 	md->descs = NULL;
 	md->n_descs = 0;
+	free(md->ib_rkeys);
+	md->ib_rkeys = NULL;
+	md->n_ib_rails = 0;
+	md->n_ib_groups = 0;
+}
+
+struct rkey_at {
+	uint32_t rkey;
+	size_t at;
+};
+
+static int rkey_at_cmp(const void *pa, const void *pb)
+{
+	const struct rkey_at *a = pa, *b = pb;
+	if (a->rkey != b->rkey)
+		return a->rkey < b->rkey ? -1 : 1;
+	return a->at < b->at ? -1 : a->at > b->at;
+}
+
+static int at_cmp(const void *pa, const void *pb)
+{
+	const struct rkey_at *a = pa, *b = pb;
+	return a->at < b->at ? -1 : a->at > b->at;
+}
+
+size_t sc_metadata_rkey_groups(const struct sc_meta_desc *descs, size_t n, uint32_t *out)
+{
+	/* Runs of one rkey are the common case (a window per region): collapse them first. */
+	struct rkey_at *v = malloc((n ? n : 1) * sizeof(*v));
+	if (!v)
+		return (size_t)-1;
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		if (i == 0 || descs[i].rkey != descs[i - 1].rkey)
+			v[k++] = (struct rkey_at){descs[i].rkey, i};
+	qsort(v, k, sizeof(*v), rkey_at_cmp);
+	size_t u = 0;
+	for (size_t i = 0; i < k; i++)
+		if (i == 0 || v[i].rkey != v[i - 1].rkey)
+			v[u++] = v[i]; /* the first appearance of each rkey */
+	qsort(v, u, sizeof(*v), at_cmp);
+	if (out)
+		for (size_t i = 0; i < u; i++)
+			out[i] = v[i].rkey;
+	free(v);
+	return u;
 }
 
 int sc_random_bytes(void *buf, size_t len)

@@ -47,6 +47,14 @@ struct sc_ib_endpoint {
 	char device[64];
 };
 
+/* One more ibverbs rail of the issuer (IbverbsRail): its number (1..SC_MAX_IB_RAILS-1) and
+ * endpoint; its rkeys are in sc_metadata.ib_rkeys. */
+#define SC_MAX_IB_RAILS 16
+struct sc_ib_rail {
+	uint32_t index;
+	struct sc_ib_endpoint ep;
+};
+
 struct sc_metadata {
 	uint32_t version;
 	char issuer[SC_NAME_MAX];
@@ -57,6 +65,13 @@ struct sc_metadata {
 	size_t n_endpoints;
 	unsigned backends; /* SC_BACKEND_BIT_* the issuer can serve with */
 	struct sc_ib_endpoint ib;
+	/* The issuer's other ibverbs rails. Rail ib_rails[j]'s rkey for group g (the g-th distinct
+	 * rkey of the descriptors, in order of first appearance) is ib_rkeys[j * n_ib_groups + g].
+	 * ib_rkeys is owned (freed by sc_metadata_free). */
+	struct sc_ib_rail ib_rails[SC_MAX_IB_RAILS - 1];
+	size_t n_ib_rails;
+	uint32_t *ib_rkeys;
+	size_t n_ib_groups;
 	struct sc_meta_desc *descs; /* owned */
 	size_t n_descs;
 	uint64_t issued_unix_ms;
@@ -94,6 +109,9 @@ int sc_metadata_verify_why(const struct sc_keyring *ring, const char *text, cons
 			   uint64_t now_unix_ms, struct sc_metadata *out, enum sc_md_reject *why,
 			   struct sc_err *err);
 void sc_metadata_free(struct sc_metadata *md);
+/* The distinct rkeys of descs in order of first appearance into out[] (NULL: count only); returns
+ * how many. (size_t)-1 when out of memory. */
+size_t sc_metadata_rkey_groups(const struct sc_meta_desc *descs, size_t n, uint32_t *out);
 
 
 /* Fill buf with cryptographically random bytes (OpenSSL RAND_bytes). Returns 0 or -1. */

@@ -660,12 +660,12 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 	md.expires_unix_ms = op->deadline_unix_ms;
 	md.max_uses = op->max_uses;
 	if (sc_random_bytes(md.nonce, sizeof(md.nonce)) != 0) {
-		free(md.descs);
+		sc_metadata_free(&md); /* descs, and the other rails' rkeys (ibverbs expose) */
 		sc_err_set(err, SC_INTERNAL, "no randomness for the metadata nonce");
 		goto fail;
 	}
 	int rc = sc_metadata_sign(eng->keys, &md, &op->metadata, err);
-	free(md.descs);
+	sc_metadata_free(&md);
 	if (rc != 0)
 		goto fail;
 	if (sc_idmap_put(eng->tokens, op->token, SC_TOKEN_LEN, op) != 0) {

@@ -108,6 +108,20 @@ static void check_invariants(const struct sc_metadata *md)
 			abort();
 		total += md->descs[i].length;
 	}
+	/* Field 17: the other ibverbs rails, numbers 1..15 each once, one rkey per group. */
+	if (md->n_ib_rails > SC_MAX_IB_RAILS - 1 || (md->n_ib_rails && !md->ib_rkeys))
+		abort();
+	uint32_t seen = 0;
+	for (size_t j = 0; j < md->n_ib_rails; j++) {
+		uint32_t k = md->ib_rails[j].index;
+		if (k == 0 || k >= SC_MAX_IB_RAILS || (seen & (1u << k)) ||
+		    !memchr(md->ib_rails[j].ep.device, 0, sizeof(md->ib_rails[j].ep.device)))
+			abort();
+		seen |= 1u << k;
+	}
+	if (md->n_ib_rails &&
+	    md->n_ib_groups != sc_metadata_rkey_groups(md->descs, md->n_descs, NULL))
+		abort();
 	if (md->expires_unix_ms == 0 || (FUZZ_NOW > md->expires_unix_ms &&
 					 FUZZ_NOW - md->expires_unix_ms > SC_METADATA_SKEW_MS))
 		abort();
@@ -147,6 +161,17 @@ static void check_resign(const struct sc_metadata *md, size_t in_len)
 		same = memcmp(a->ib.gid, b->ib.gid, 16) == 0 && a->ib.lid == b->ib.lid &&
 		       a->ib.port == b->ib.port && a->ib.mtu == b->ib.mtu &&
 		       strcmp(a->ib.device, b->ib.device) == 0;
+	same = same && a->n_ib_rails == b->n_ib_rails &&
+	       (!a->n_ib_rails || a->n_ib_groups == b->n_ib_groups);
+	for (size_t j = 0; same && j < a->n_ib_rails; j++) {
+		const struct sc_ib_rail *x = &a->ib_rails[j], *y = &b->ib_rails[j];
+		same = x->index == y->index && memcmp(x->ep.gid, y->ep.gid, 16) == 0 &&
+		       x->ep.lid == y->ep.lid && x->ep.port == y->ep.port &&
+		       x->ep.mtu == y->ep.mtu && strcmp(x->ep.device, y->ep.device) == 0;
+		for (size_t g = 0; same && g < a->n_ib_groups; g++)
+			same = a->ib_rkeys[j * a->n_ib_groups + g] ==
+			       b->ib_rkeys[j * b->n_ib_groups + g];
+	}
 	for (size_t i = 0; same && i < a->n_descs; i++)
 		same = a->descs[i].length == b->descs[i].length &&
 		       a->descs[i].device_kind == b->descs[i].device_kind &&
@@ -259,6 +284,18 @@ int main(int argc, char **argv)
 		}
 		md.descs = v >= 5 ? kv : descs;
 		md.n_descs = v == 3 || v >= 5 ? 16 : (size_t)v + 1;
+		/* Seed 5 (the KV shape, 4 rkeys) also lists two more ibverbs rails (field 17). */
+		uint32_t rail_rkeys[2 * 4] = {0x31, 0x32, 0x33, 0x34, 0x41, 0x42, 0x43, 0x44};
+		if (v == 5) {
+			md.n_ib_rails = 2;
+			md.ib_rkeys = rail_rkeys;
+			md.n_ib_groups = 4;
+			for (uint32_t j = 0; j < 2; j++) {
+				md.ib_rails[j].index = j + 1;
+				md.ib_rails[j].ep = md.ib;
+				md.ib_rails[j].ep.gid[15] = (uint8_t)j;
+			}
+		}
 		md.issued_unix_ms = FUZZ_NOW - 1000;
 		md.expires_unix_ms = FUZZ_NOW + 60000;
 		md.max_uses = (uint32_t)v;

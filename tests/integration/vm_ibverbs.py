@@ -36,6 +36,7 @@ from harness import SLOW, SidecarTest, desc, free_port, pb, wait_until
 DEV = os.environ.get("RXE_DEV", "rxe0")
 IP = os.environ.get("RXE_IP", "10.99.0.1")
 IP2 = "10.99.0.2"  # the veth peer v1, for the second rxe device of test_netem_roce
+IP3, IP4 = "10.98.0.1", "10.98.0.2"  # a second veth pair v2/v3 with rxe2/rxe3: two rails
 GID_INDEX = os.environ.get("RXE_GID_INDEX", "1")
 IB = pb.BACKEND_IBVERBS
 TCP = pb.BACKEND_TCP
@@ -285,7 +286,7 @@ class IbverbsTest(SidecarTest):
         for r in ra:
             self.assertIn("RoCE v2", r.detail, r)
             self.assertEqual(r.numa_node, -1, r)  # soft devices: no PCI device, no NUMA node
-        self.assertIn("carries no data yet", ra[1].detail)
+        self.assertIn("lane 1 of 2", ra[1].detail)  # both rails carry data (striping)
         b = self.side("b", keys)
         before = ra[0].bytes
         done, _ = self.move(b, a, (3 << 20) + 7, 5, "read", timeout_ms=60000)
@@ -1052,6 +1053,204 @@ class IbverbsTest(SidecarTest):
             subprocess.run(["tc", "qdisc", "replace", "dev", dev, "root", "netem", "rate", rate,
                             "limit", "100000"], check=True, timeout=30)
         return a, b
+
+    # ---- two rails: striping and failover (issue 24) ----------------------------------------------
+
+    def second_rail(self):
+        """rxe0/rxe1 over v0/v1 (second_device), doubled: a veth pair v2/v3 (IP3/IP4) with rxe2 on
+        v2 and rxe3 on v3 and the same policy routing, so traffic between IP3 and IP4 crosses the
+        pair. Side a's rails are rxe0 and rxe2, side b's rxe1 and rxe3. Undone at cleanup."""
+        self.second_device()
+
+        def sh(*cmd, check=True):
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            if check and r.returncode != 0:
+                self.fail("%s: %s" % (" ".join(cmd), r.stderr.strip()))
+        if not os.path.isdir("/sys/class/net/v2"):
+            sh("ip", "link", "add", "v2", "type", "veth", "peer", "name", "v3")
+            self.addCleanup(sh, "ip", "link", "del", "v2", check=False)
+        for dev, addr in (("v2", IP3), ("v3", IP4)):
+            sh("ip", "addr", "replace", addr + "/24", "dev", dev)
+            sh("ip", "link", "set", dev, "up")
+        for rxe, dev in (("rxe2", "v2"), ("rxe3", "v3")):
+            if not os.path.isdir("/sys/class/infiniband/" + rxe):
+                sh("rdma", "link", "add", rxe, "type", "rxe", "netdev", dev)
+                self.addCleanup(sh, "rdma", "link", "delete", rxe, check=False)
+        for c in ("v2", "v3"):
+            for k, v in (("accept_local", "1"), ("rp_filter", "0")):
+                with open("/proc/sys/net/ipv4/conf/%s/%s" % (c, k), "w") as f:
+                    f.write(v)
+        for table, dst, dev, src in ((12, IP4, "v2", IP3), (13, IP3, "v3", IP4)):
+            sh("ip", "route", "replace", dst, "dev", dev, "src", src, "table", str(table))
+            sh("ip", "rule", "add", "pref", str(table), "iif", "lo", "from", src, "to", dst, "lookup", str(table))
+            self.addCleanup(sh, "ip", "rule", "del", "pref", str(table), check=False)
+        for addr, dev, peer in ((IP4, "v2", "v3"), (IP3, "v3", "v2")):
+            with open("/sys/class/net/%s/address" % peer) as f:
+                mac = f.read().strip()
+            sh("ip", "neigh", "replace", addr, "lladdr", mac, "dev", dev, "nud", "permanent")
+            self.addCleanup(sh, "ip", "neigh", "del", addr, "dev", dev, check=False)
+        want = b"\0" * 10 + b"\xff\xff" + socket.inet_aton(IP4)
+
+        def gid():
+            for i in range(8):
+                try:
+                    with open("/sys/class/infiniband/rxe3/ports/1/gids/%d" % i) as f:
+                        if bytes.fromhex(f.read().strip().replace(":", "")) == want:
+                            return str(i)
+                except OSError:
+                    pass
+            return None
+        wait_until(gid, 10, "rxe3's RoCEv2 GID for %s" % IP4)
+
+    def shape(self, devs, what):
+        """tc netem `what` (a list of words) as the root qdisc of every netdev in devs (undone at
+        cleanup)."""
+        for dev in devs:
+            subprocess.run(["tc", "qdisc", "replace", "dev", dev, "root", "netem"] + what + ["limit", "100000"],
+                           check=True, timeout=30)
+            self.addCleanup(subprocess.run, ["tc", "qdisc", "del", "dev", dev, "root"], timeout=30,
+                            stderr=subprocess.DEVNULL)
+
+    def rail_sides(self, a_devs, b_devs, name="", extra_a=()):
+        """a (IP, --ib-devices a_devs) and b (IP2, --ib-devices b_devs)."""
+        keys = getattr(self, "pair_keys", None) or self.key_file()
+        self.pair_keys = keys
+        a = self.sidecar("a" + name, key_file=keys, extra=["--backends", "ibverbs,tcp", "--ib-devices", a_devs,
+                                                           "--data-listen", IP + ":0", "--advertise", IP] + list(extra_a))
+        b = self.sidecar("b" + name, key_file=keys, extra=["--backends", "ibverbs,tcp", "--ib-devices", b_devs,
+                                                           "--data-listen", IP2 + ":0", "--advertise", IP2])
+        b.rxe_ip, b.rxe_dev = IP2, b_devs.split(",")[0]
+        return a, b
+
+    def ib_rails(self, s):
+        return {r.name: r for r in s.info().rails if r.backend == IB and r.state != "excluded"}
+
+    def test_two_rails_stripe(self):
+        """Two rails per side (a: rxe0, rxe2; b: rxe1, rxe3), each held to 40 Mbit/s by netem: a
+        64 MiB READ and WRITE striped over both run at least 1.7x the same transfers between two
+        sidecars with one rail each (same run, same shaping), every byte compared; Operation.rails
+        shows both rails' bytes, and the metadata lists b's second rail."""
+        self.second_rail()
+        self.shape(["v0", "v1", "v2", "v3"], ["rate", THROTTLE])
+        a, b = self.rail_sides("rxe0,rxe2", "rxe1,rxe3")
+        c, d = self.rail_sides("rxe0", "rxe1", name="1")
+        ra = self.ib_rails(a)
+        self.assertEqual(sorted(ra), ["rxe0:1", "rxe2:1"], ra)
+        self.assertIn("lane 1 of 2", ra["rxe2:1"].detail)
+        r = b.create_region(1 << 20)
+        ro = b.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(r, 0, 4096), desc(r, 65536, 4096)]),
+                                   timeout=10 * SLOW)
+        md = decode_metadata(ro.metadata)
+        self.assertEqual([x.index for x in md.ib_rails], [1], md)
+        self.assertEqual(md.ib_rails[0].endpoint.device, "rxe3")
+        self.assertEqual(len(md.ib_rails[0].rkeys), 1)  # one region: one rkey group
+        b.stub.CancelOperation(pb.CancelOperationRequest(operation_id=ro.operation_id), timeout=10 * SLOW)
+
+        def took(op):
+            return (op.completed_unix_ms - op.created_unix_ms) / 1000.0
+        for direction in ("read", "write"):
+            one, _ = self.move(d, c, BIG, 4, direction, timeout_ms=180000)
+            two, _ = self.move(b, a, BIG, 4, direction, timeout_ms=180000)
+            used = {u.rail: u.bytes for u in two.rails}
+            self.assertEqual(set(used), {"rxe0:1", "rxe2:1"}, two.rails)
+            self.assertGreaterEqual(sum(used.values()), BIG)
+            for v in used.values():
+                self.assertGreater(v, BIG // 4, used)
+            t1, t2 = took(one), took(two)
+            print("  64 MiB %s at %s per rail: one rail %.1f s, two rails %.1f s (%.2fx); bytes per rail %s"
+                  % (direction, THROTTLE, t1, t2, t1 / t2, used))
+            self.assertGreaterEqual(t1 / t2, 1.7, "%s: two rails %.1f s vs one %.1f s" % (direction, t2, t1))
+
+    def test_rail_failover(self):
+        """Mid-transfer, rail rxe2-rxe3 stops carrying anything (netem loss 100% on v2/v3): the
+        64 MiB READ completes on rxe0-rxe1, bytes compared; GetInfo shows rxe2:1 cooling with the
+        reason and the metrics count the failover; once the link is back and the cool-down has
+        passed, a striped transfer moves bytes on rxe2 again."""
+        self.second_rail()
+        self.shape(["v0", "v1", "v2", "v3"], ["rate", THROTTLE])
+        port = free_port()
+        a, b = self.rail_sides("rxe0,rxe2", "rxe1,rxe3",
+                               extra_a=["--metrics-listen", "127.0.0.1:%d" % port])
+        import threading
+        cut_at = []
+
+        def cut():
+            end = time.monotonic() + 60 * SLOW
+            while time.monotonic() < end:
+                ops = a.stub.ListOperations(pb.ListOperationsRequest(), timeout=10).operations
+                if any(o.status == pb.OPERATION_STATUS_IN_PROGRESS and o.bytes_done > (4 << 20) and
+                       o.kind == pb.OPERATION_KIND_READ for o in ops):
+                    break
+                time.sleep(0.05)
+            for dev in ("v2", "v3"):
+                subprocess.run(["tc", "qdisc", "replace", "dev", dev, "root", "netem", "loss", "100%"],
+                               check=True, timeout=30)
+            cut_at.append(time.monotonic())
+        th = threading.Thread(target=cut, daemon=True)
+        th.start()
+        t0 = time.monotonic()
+        done, _ = self.move(b, a, BIG, 4, "read", timeout_ms=180000)
+        th.join(30)
+        self.assertTrue(cut_at, "the transfer ended before the cut")
+        used = {u.rail: u.bytes for u in done.rails}
+        print("  rail cut mid-READ: COMPLETE %.1f s after the cut (%.1f s in all); bytes per rail %s"
+              % (time.monotonic() - cut_at[0], time.monotonic() - t0, used))
+        self.assertGreater(used.get("rxe0:1", 0), BIG // 2, used)
+        rail = self.ib_rails(a)["rxe2:1"]
+        self.assertEqual(rail.state, "cooling", rail)
+        self.assertIn("no progress", rail.detail)
+        self.assertGreaterEqual(rail.failovers, 1)
+        body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
+        m = re.search(r'rdma_sidecar_rail_failovers_total\{backend="ibverbs",rail="rxe2:1"\} (\d+)', body)
+        self.assertTrue(m and int(m.group(1)) >= 1, "no failover counted for rxe2:1")
+        print("  GetInfo: rxe2:1 %s (%s), failovers %d" % (rail.state, rail.detail, rail.failovers))
+        # heal; the cool-down ends (at most 60 s), a probe slice goes through, and it carries again
+        self.shape(["v2", "v3"], ["rate", THROTTLE])
+        t0 = time.monotonic()
+        while True:
+            again, _ = self.move(b, a, 16 << 20, 2, "read", timeout_ms=120000)
+            used = {u.rail: u.bytes for u in again.rails}
+            if used.get("rxe2:1", 0) > 0:
+                break
+            self.assertLess(time.monotonic() - t0, 90, "rxe2:1 never carried bytes again: %s" % used)
+            time.sleep(2)
+        print("  healed: rxe2:1 carries bytes again %.1f s after the link came back (%s); state %s"
+              % (time.monotonic() - t0, used, self.ib_rails(a)["rxe2:1"].state))
+
+    def test_rail0_failover(self):
+        """The first rail (rxe0-rxe1, the one a transfer below --ib-stripe-min takes) stops carrying
+        anything mid-transfer (netem loss 100% on v0/v1; the control connections go over lo): the
+        64 MiB WRITE completes on rxe2, and while rxe0 cools down a 1 MiB READ goes around it,
+        on rxe2 alone, bytes compared."""
+        self.second_rail()
+        self.shape(["v0", "v1", "v2", "v3"], ["rate", THROTTLE])
+        a, b = self.rail_sides("rxe0,rxe2", "rxe1,rxe3")
+        import threading
+        cut_at = []
+
+        def cut():
+            end = time.monotonic() + 60 * SLOW
+            while time.monotonic() < end:
+                ops = a.stub.ListOperations(pb.ListOperationsRequest(), timeout=10).operations
+                if any(o.status == pb.OPERATION_STATUS_IN_PROGRESS and o.bytes_done > (4 << 20) and
+                       o.kind == pb.OPERATION_KIND_WRITE for o in ops):
+                    break
+                time.sleep(0.05)
+            self.shape(["v0", "v1"], ["loss", "100%"])
+            cut_at.append(time.monotonic())
+        th = threading.Thread(target=cut, daemon=True)
+        th.start()
+        done, _ = self.move(b, a, BIG, 3, "write", timeout_ms=180000)
+        th.join(30)
+        self.assertTrue(cut_at, "the transfer ended before the cut")
+        used = {u.rail: u.bytes for u in done.rails}
+        self.assertGreater(used.get("rxe2:1", 0), BIG // 2, used)
+        self.assertEqual(self.ib_rails(a)["rxe0:1"].state, "cooling")
+        small, _ = self.move(b, a, (1 << 20) + 3, 2, "read", timeout_ms=60000)
+        sused = {u.rail: u.bytes for u in small.rails}
+        self.assertEqual(list(sused), ["rxe2:1"], sused)
+        print("  rail 0 cut mid-WRITE: COMPLETE %.1f s after the cut, bytes per rail %s; a 1 MiB READ "
+              "while it cools: %s" % (time.monotonic() - cut_at[0], used, sused))
 
     def test_partition_roce(self):
         """A partition between rxe0 (a) and rxe1 (b), across the veth pair (netem loss 100% on both

@@ -955,8 +955,9 @@ TEST(usage_documents_every_option)
 	}
 	free(text);
 	/* 47 + --reflection + --cancel-wait + --max-progress-records + --progress-grace + 3
-	 * identity/reload flags */
-	CHECK_INT_EQ(options, 58);
+	 * identity/reload flags + --ib-devices + --warm-peers + --ib-stall-timeout +
+	 * --data-max-peers + --ib-stripe-min + --ib-slice-size */
+	CHECK_INT_EQ(options, 60);
 }
 
 /* ---- free ---- */

@@ -784,6 +784,91 @@ TEST(descriptor_sanity)
 	free(many);
 }
 
+/* Field 17: the issuer's other ibverbs rails, one rkey per distinct rail-0 rkey in order of first
+ * appearance. Round trip; counts, numbers and gids checked; small for the KV shape. */
+TEST(ib_rails)
+{
+	rings_setup();
+	struct sc_metadata md;
+	struct sc_meta_desc descs[3];
+	sample(&md, descs);
+	descs[2].rkey = 0x1234; /* groups: 0x1234, 0xffffffff */
+	uint32_t rk[4] = {0x11, 0x22, 0x33, 0x44};
+	md.n_ib_rails = 2;
+	md.ib_rkeys = rk;
+	md.n_ib_groups = 2;
+	for (size_t j = 0; j < 2; j++) {
+		md.ib_rails[j].index = (uint32_t)(j + 1);
+		md.ib_rails[j].ep = md.ib;
+		md.ib_rails[j].ep.gid[15] = (uint8_t)j;
+		snprintf(md.ib_rails[j].ep.device, sizeof(md.ib_rails[j].ep.device), "mlx5_%zu",
+			 j + 1);
+	}
+	uint32_t g[3];
+	CHECK_INT_EQ((int)sc_metadata_rkey_groups(descs, 3, g), 2);
+	CHECK_INT_EQ((int)g[0], 0x1234);
+	CHECK_INT_EQ((int)g[1], (int)0xffffffffu);
+	char *text = sign_or_die(ring_a, &md);
+	struct sc_metadata out;
+	struct sc_err err = {0};
+	CHECK_INT_EQ(sc_metadata_verify(ring_a, text, "self", NOW, &out, &err), 0);
+	free(text);
+	CHECK_INT_EQ((int)out.n_ib_rails, 2);
+	CHECK_INT_EQ((int)out.n_ib_groups, 2);
+	CHECK_INT_EQ((int)out.ib_rails[1].index, 2);
+	CHECK_STR_EQ(out.ib_rails[1].ep.device, "mlx5_2");
+	CHECK_INT_EQ(out.ib_rails[1].ep.gid[15], 1);
+	CHECK_INT_EQ((int)out.ib_rkeys[3], 0x44);
+	CHECK_INT_EQ((int)out.descs[1].rkey, (int)0xffffffffu); /* rail 0 unchanged */
+	sc_metadata_free(&out);
+
+	md.ib_rails[1].index = 1;
+	CHECK_INT_EQ(expect_crafted(&md, SC_INVALID_ARGUMENT, "each once"), 0);
+	md.ib_rails[1].index = 0;
+	CHECK_INT_EQ(expect_crafted(&md, SC_INVALID_ARGUMENT, "each once"), 0);
+	md.ib_rails[1].index = SC_MAX_IB_RAILS;
+	CHECK_INT_EQ(expect_crafted(&md, SC_INVALID_ARGUMENT, "each once"), 0);
+	md.ib_rails[1].index = 2;
+	md.n_ib_groups = 1; /* one rkey per rail for two groups */
+	CHECK_INT_EQ(expect_crafted(&md, SC_INVALID_ARGUMENT, "1 rkeys for 2 groups"), 0);
+	md.n_ib_groups = 2;
+	CHECK_INT_EQ(expect_crafted(&md, SC_OK, NULL), 0);
+
+	/* The KV shape with memory windows: 16,384 x 32 KiB in 64 regions, eight rails. */
+	enum { N = 16384, R = 64, RAILS = 8 };
+	struct sc_meta_desc *d = calloc(N, sizeof(*d));
+	uint32_t *keys = calloc((RAILS - 1) * R, sizeof(*keys));
+	for (size_t i = 0; i < N; i++)
+		d[i] = (struct sc_meta_desc){.length = 32768, .device_kind = SC_DEVICE_CUDA,
+					     .remote_addr = 0x7f0000000000ull + i * 32768 +
+							    (i / (N / R)) * 4096,
+					     .rkey = (uint32_t)(0x100 + i / (N / R))};
+	for (size_t i = 0; i < (RAILS - 1) * R; i++)
+		keys[i] = 0x01000000u + (uint32_t)i * 977;
+	sample(&md, descs);
+	md.descs = d;
+	md.n_descs = N;
+	text = sign_or_die(ring_a, &md);
+	size_t one = strlen(text);
+	free(text);
+	md.n_ib_rails = RAILS - 1;
+	md.ib_rkeys = keys;
+	md.n_ib_groups = R;
+	for (size_t j = 0; j < RAILS - 1; j++) {
+		md.ib_rails[j].index = (uint32_t)(j + 1);
+		md.ib_rails[j].ep = md.ib;
+	}
+	text = sign_or_die(ring_a, &md);
+	size_t eight = strlen(text);
+	free(text);
+	printf("  KV shape (16,384 x 32 KiB, 64 regions): %zu bytes of text on one rail, %zu on "
+	       "eight (%zu per more rail)\n",
+	       one, eight, (eight - one) / (RAILS - 1));
+	CHECK((eight - one) / (RAILS - 1) < 600);
+	free(keys);
+	free(d);
+}
+
 TEST(version_and_kind)
 {
 	rings_setup();
@@ -1270,7 +1355,7 @@ RUN_TESTS(T(base64url_round_trip_matches_openssl), T(base64url_rejects_bad_input
 	  T(same_key_id_different_key_fails_mac), T(no_keys_sign_and_verify),
 	  T(tamper_every_position), T(truncation_every_length), T(garbage),
 	  T(wrong_prefix_and_empty), T(oversized_text_capped_before_decoding), T(envelope_checks),
-	  T(expiry_with_skew), T(audience), T(reject_reasons), T(descriptor_sanity),
+	  T(expiry_with_skew), T(audience), T(reject_reasons), T(descriptor_sanity), T(ib_rails),
 	  T(version_and_kind), T(verification_order), T(raw_payload_limits),
 	  T(runs_kv_shared_block_ids), T(runs_arbitrary_offsets), T(runs_adjacent_strided), T(runs_malformed),
 	  T(out_untouched_on_failure), T(sign_rejects_unreadable_struct), T(random_bytes),
