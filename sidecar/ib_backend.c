@@ -370,7 +370,7 @@ struct ib_backend *ib_backend_new(const struct sc_backend_env *env)
 	atomic_init(&ib->cq_stop, false);
 	atomic_init(&ib->n_grants, 0);
 	snprintf(ib->self_id, sizeof(ib->self_id), "%s", env->self_id);
-	ib->stall_ms = cfg->ib_stall_ms;
+	ib->stall_ms = env->cfg->ib_stall_ms;
 	ib->pool = env->pool;
 	ib->srv = env->server;
 	ib->stripe_min = env->cfg->ib_stripe_min_bytes;
