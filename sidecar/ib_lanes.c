@@ -6,7 +6,8 @@
  * cache and remote access, never seen by the registry, its rails and counters kept on lane 0's
  * base. With one usable rail nothing here runs and the backend is exactly the one-rail backend.
  *
- * With several lanes, lane 0's ops table (ib_backend.c) registers each region on every lane (the
+ * With several lanes, lane 0's ops table (ib_backend.c) registers each region on every lane (GPU
+ * memory only on the lanes whose rails the topology puts nearest to its GPU, and lane 0; the
  * handle stays lane 0's MR, what the engine hands back as seg->local_mr; the other lanes' MRs are
  * found from it, ib_lane_mr) and grants each passive operation's remote access on every lane. The
  * metadata keeps lane 0 where it always was (the descriptors' rkeys, the `ibverbs` endpoint: older
@@ -152,10 +153,22 @@ int ib_lanes_register(struct sc_backend *b, void *addr, uint64_t len, int gpu, v
 		return -1;
 	}
 	r->mr[0] = h;
+	/* GPU memory goes on its nearest rails (the node's topology, rail_table.c); lane 0 always
+	 * holds it too, since its MR is the handle and one-rail peers use that rail. */
+	bool allow[SC_MAX_RAILS];
+	const struct sc_backend_env *env = &ib->base.env;
+	bool chosen = gpu != SC_GPU_HOST && env->rail_choice &&
+		      env->rail_choice(env->rail_choice_ctx, ib->top, gpu, allow);
 	for (size_t k = 1; k < ib->n_lanes; k++) {
 		struct sc_err e2;
 		sc_err_clear(&e2);
 		void *hk = NULL;
+		int rail = ib->lanes[k]->rail;
+		if (chosen && rail >= 0 && !allow[rail]) {
+			SC_DEBUG("ibverbs", "GPU %d's region not registered on rail %s: the topology "
+				 "puts other rails nearer to it", gpu, ib->top->rails[rail].name);
+			continue;
+		}
 		if (ib_register(&ib->lanes[k]->base, addr, len, gpu, &hk, &e2) != 0) {
 			SC_INFO("ibverbs", "region of %llu bytes not registered on lane %zu (%s): %s",
 				(unsigned long long)len, k, ib->lanes[k]->dev_name, e2.msg);
