@@ -405,6 +405,13 @@ void ib_qp_async_error(struct ib_backend *ib, struct ibv_qp *qp, const char *wha
 void ib_qp_drop_all(struct ib_backend *ib);
 
 /* ib_xfer.c */
+/* A transfer whose RDMA path failed (UNAVAILABLE, its own rails' fault): when the engine may move
+ * it to tcp (x->fallback_ok), it was OPENed, and the peer still answers on the control connection
+ * c and takes this attempt back (DONE ABORTED, its use stays open), count the failover on `rails`
+ * and return true: the caller completes with SC_ABORTED and tells no verdict. Else false: tell the
+ * verdict as usual. Worker threads. */
+bool ib_hand_to_tcp(struct ib_backend *ib, struct sc_xfer *x, struct sc_peer_conn *c, bool opened,
+		    const char *msg, size_t n_rails, const int *rails);
 int ib_xfer_start(struct ib_backend *ib, struct sc_err *err);
 /* Whether every chunk of the transfer has been posted. Under ib->mu. */
 static inline bool ib_xfer_all_posted(const struct ib_xfer *xf)

@@ -573,11 +573,15 @@ static void *sx_main(void *arg)
 		snprintf(msg, sizeof(msg), "%s", sx->msg);
 	}
 	/* No rail is left but the peer offers tcp: the same transfer goes on over tcp (ABORTED
-	 * tells the peer this attempt ended, and the engine to move it; ib_xfer.c finish()). */
-	if (status == SC_UNAVAILABLE && x->fallback_ok && !cancelled &&
-	    !sc_xr_deadline_passed(x, sc_clock_mono_ms()))
+	 * tells the peer this attempt ended, and the engine to move it; ib_hand_to_tcp). */
+	int lane_rails[SC_MAX_IB_RAILS];
+	for (size_t k = 0; k < ib->n_lanes; k++)
+		lane_rails[k] = ib->lanes[k]->rail;
+	bool to_tcp = status == SC_UNAVAILABLE && !cancelled &&
+		     ib_hand_to_tcp(ib, x, c, opened, msg, ib->n_lanes, lane_rails);
+	if (to_tcp)
 		status = SC_ABORTED;
-	if (opened)
+	if (opened && !to_tcp)
 		sc_peer_tell_verdict(ib->pool, &c, x->meta->endpoints[ep], x->meta->token,
 				     x->xfer_id, x->deadline_mono_ms, &status, msg, sizeof(msg),
 				     "ibverbs");

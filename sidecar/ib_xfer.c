@@ -132,17 +132,11 @@ static void finish(struct ib_xfer *xf)
 	bool noticed = xf->notice == IB_NOTICE_POSTED && status == SC_OK;
 	if (noticed)
 		atomic_fetch_add(&ib->n_notice_sent, 1);
-	/* The RDMA path failed, not the operation: where the engine can go on over tcp, the peer is
-	 * told ABORTED (this attempt ends, the same transfer comes back on another path) and so is
-	 * the engine. */
-	if (status == SC_UNAVAILABLE && x->fallback_ok && !atomic_load(&x->cancel_requested) &&
-	    !sc_xr_deadline_passed(x, sc_clock_mono_ms())) {
+	bool moved = status == SC_UNAVAILABLE &&
+		     ib_hand_to_tcp(ib, x, c, xf->opened, msg, ib->rail >= 0 ? 1 : 0, &ib->rail);
+	if (moved)
 		status = SC_ABORTED;
-		if (ib->rail >= 0)
-			atomic_fetch_add_explicit(&ib->top->rails[ib->rail].failovers, 1,
-						  memory_order_relaxed);
-	}
-	if (xf->opened && !noticed) {
+	if (xf->opened && !noticed && !moved) {
 		sc_peer_tell_verdict(ib->pool, &c, x->meta->endpoints[xf->endpoint], x->meta->token,
 				     x->xfer_id, x->deadline_mono_ms, &status, msg, sizeof(msg),
 				     "ibverbs");
@@ -168,6 +162,33 @@ static void finish(struct ib_xfer *xf)
 	pthread_mutex_unlock(&ib->mu);
 	free(xf);
 	sc_xr_complete(x, status, msg);
+}
+
+/* ---- moving a transfer to tcp ---------------------------------------------------------------- */
+
+bool ib_hand_to_tcp(struct ib_backend *ib, struct sc_xfer *x, struct sc_peer_conn *c, bool opened,
+		    const char *msg, size_t n_rails, const int *rails)
+{
+	/* Only a transfer the peer knows (OPENed) whose control connection still answers: a peer
+	 * that is unreachable or gone is not reached over tcp either. */
+	if (!x->fallback_ok || !opened || !c || !sc_peer_conn_usable(c) ||
+	    atomic_load(&x->cancel_requested) || sc_xr_deadline_passed(x, sc_clock_mono_ms()))
+		return false;
+	uint64_t until = sc_clock_mono_ms() + 2000;
+	if (x->deadline_mono_ms && x->deadline_mono_ms < until)
+		until = x->deadline_mono_ms;
+	struct sc_err e;
+	sc_err_clear(&e);
+	if (sc_peer_done(c, x->meta->token, x->xfer_id, SC_ABORTED, msg, until, NULL, &e) != 0) {
+		SC_INFO("ibverbs", "transfer %016" PRIx64 " not moved to tcp: peer %s did not take "
+			"the attempt back: %s", x->xfer_id, x->meta->issuer, e.msg);
+		return false;
+	}
+	for (size_t i = 0; i < n_rails; i++)
+		if (rails[i] >= 0)
+			atomic_fetch_add_explicit(&ib->top->rails[rails[i]].failovers, 1,
+						  memory_order_relaxed);
+	return true;
 }
 
 /* ---- setup and keep-alive (worker) ----------------------------------------------------------- */

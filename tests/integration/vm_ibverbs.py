@@ -854,8 +854,9 @@ class IbverbsTest(SidecarTest):
     def test_moves_are_bounded(self):
         """A transfer whose shared QP fails under it a third time (after two moves to a fresh QP)
         ends ERRORED and says the limit was reached; its passive side is told the same (the DONE
-        frame carries the whole message)."""
-        a, b = self.throttled_pair()  # moving for seconds by construction, not by BIG
+        frame carries the whole message). a offers ibverbs only: with tcp offered too the transfer
+        would go on over tcp instead (test_stalled_rdma_goes_on_over_tcp)."""
+        a, b = self.throttled_pair(a_backends="ibverbs")  # moving for seconds by construction
         self.move(a, b, 4096, 1, "read")
         size, vsize = 3 * BIG, BIG // 2
         ra, rb = a.create_region(size), b.create_region(size)
@@ -1022,13 +1023,13 @@ class IbverbsTest(SidecarTest):
                 subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], timeout=30,
                                stderr=subprocess.DEVNULL)
 
-    def roce_pair(self):
+    def roce_pair(self, a_backends="ibverbs,tcp"):
         """a on rxe0 (IP), b on rxe1 (IP2): their RoCE and control traffic crosses the veth pair,
         where the test can cut it (the cut is healed at cleanup)."""
         gid2 = self.second_device()
         self.addCleanup(self.cut, False)
         keys = self.pair_keys = self.key_file()
-        a = self.side("a", keys)
+        a = self.side("a", keys, a_backends)
         # b dials a's control endpoint on IP, a local address: without this rule that TCP
         # connection would take lo (source IP too) and never cross the veth pair, so a cut or a
         # shaper would miss it. Locally generated traffic to a's data port goes out by v1 with
@@ -1043,12 +1044,12 @@ class IbverbsTest(SidecarTest):
         b.rxe_ip, b.rxe_dev = IP2, "rxe1"
         return a, b
 
-    def throttled_pair(self, rate=THROTTLE):
+    def throttled_pair(self, rate=THROTTLE, a_backends="ibverbs,tcp"):
         """roce_pair with every packet between them (RoCE and control alike) held to `rate` by
         netem on both veth ends: a BIG transfer then takes BIG / rate whatever the emulator's or
         the host's speed (64 MiB at 40 Mbit/s: over 13 s), so a fault injected while it moves
         finds it moving by construction, not by a guess about how fast this machine is."""
-        a, b = self.roce_pair()
+        a, b = self.roce_pair(a_backends)
         for dev in ("v0", "v1"):
             subprocess.run(["tc", "qdisc", "replace", "dev", dev, "root", "netem", "rate", rate,
                             "limit", "100000"], check=True, timeout=30)
