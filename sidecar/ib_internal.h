@@ -329,6 +329,10 @@ void ib_lanes_destroy(struct ib_backend *ib);
 unsigned ib_lane_remote(const struct ib_backend *ib, const struct sc_metadata *md);
 /* The lane-k MR of the region whose lane-0 registration is mr0 (NULL: none). Any thread. */
 struct ibv_mr *ib_lane_mr(struct ib_backend *ib, const void *mr0, unsigned k);
+/* Whether lane 0 holds the region of lane-0 MR mr0 only for the handle: the topology (or, in
+ * tests, SC_TEST_IB_HOST_RAILS) puts its memory nearer other rails, so transfers of it leave
+ * lane 0 out. Any thread. */
+bool ib_lane_far0(struct ib_backend *ib, const void *mr0);
 /* The registry's ops when there are several lanes (else ib_register & co directly). */
 int ib_lanes_register(struct sc_backend *b, void *addr, uint64_t len, int gpu, void **handle,
 		      struct sc_err *err);

@@ -32,6 +32,7 @@
 /* One region's MRs on every lane; [0] is the handle the engine holds. */
 struct ib_lane_regs {
 	struct ibv_mr *mr[SC_MAX_IB_RAILS];
+	bool far0; /* lane 0 holds it for the handle only: the topology puts other rails nearer */
 	struct ib_lane_regs *next;
 };
 
@@ -140,6 +141,53 @@ struct ibv_mr *ib_lane_mr(struct ib_backend *ib, const void *mr0, unsigned k)
 
 /* ---- regions ---------------------------------------------------------------------------------- */
 
+/* Whether `name` is an entry of the comma list `list`. */
+static bool in_list(const char *list, const char *name)
+{
+	size_t n = strlen(name);
+	for (const char *p = list; p && *p;) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		if (len == n && strncmp(p, name, n) == 0)
+			return true;
+		p = end ? end + 1 : NULL;
+	}
+	return false;
+}
+
+/* Which rails should carry memory of `gpu` (allow[] over the rails of ib->top): the topology's
+ * answer for GPU memory (struct sc_backend_env.rail_choice). Host memory has no known NUMA node
+ * here, so no choice, except in tests: SC_TEST_IB_HOST_RAILS names the rails host memory is near
+ * (the VM's soft devices have no PCI address, so no topology places them). False: any rail. */
+static bool lane_choice(struct ib_backend *ib, int gpu, bool *allow)
+{
+	const struct sc_backend_env *env = &ib->base.env;
+	if (gpu != SC_GPU_HOST)
+		return env->rail_choice && env->rail_choice(env->rail_choice_ctx, ib->top, gpu, allow);
+	const char *test = getenv("SC_TEST_IB_HOST_RAILS");
+	if (!test || !*test)
+		return false;
+	bool any = false;
+	for (size_t i = 0; i < ib->top->n_rails && i < SC_MAX_RAILS; i++)
+		any |= allow[i] = in_list(test, ib->top->rails[i].name);
+	return any;
+}
+
+bool ib_lane_far0(struct ib_backend *ib, const void *mr0)
+{
+	struct ib_backend *p = ib->primary;
+	bool far = false;
+	pthread_mutex_lock(&p->regs_mu);
+	for (struct ib_lane_regs *r = p->regs; r; r = r->next) {
+		if (r->mr[0] == mr0) {
+			far = r->far0;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&p->regs_mu);
+	return far;
+}
+
 int ib_lanes_register(struct sc_backend *b, void *addr, uint64_t len, int gpu, void **handle,
 		      struct sc_err *err)
 {
@@ -153,12 +201,12 @@ int ib_lanes_register(struct sc_backend *b, void *addr, uint64_t len, int gpu, v
 		return -1;
 	}
 	r->mr[0] = h;
-	/* GPU memory goes on its nearest rails (the node's topology, rail_table.c); lane 0 always
-	 * holds it too, since its MR is the handle and one-rail peers use that rail. */
+	/* Memory goes on its nearest rails (the node's topology, rail_table.c); lane 0 always holds
+	 * it too, since its MR is the handle and one-rail peers use that rail, but when it is not
+	 * among them (far0) this side's transfers of it leave lane 0 out (ib_stripe.c). */
 	bool allow[SC_MAX_RAILS];
-	const struct sc_backend_env *env = &ib->base.env;
-	bool chosen = gpu != SC_GPU_HOST && env->rail_choice &&
-		      env->rail_choice(env->rail_choice_ctx, ib->top, gpu, allow);
+	bool chosen = lane_choice(ib, gpu, allow);
+	r->far0 = chosen && ib->rail >= 0 && !allow[ib->rail];
 	for (size_t k = 1; k < ib->n_lanes; k++) {
 		struct sc_err e2;
 		sc_err_clear(&e2);

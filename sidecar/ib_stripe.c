@@ -3,7 +3,8 @@
  * ib_stripe.c: striped transfers over the ibverbs lanes (ib_lanes.c). Lane 0's submit sends a
  * transfer of at least --ib-stripe-min bytes, when the backend has two lanes or more, here;
  * anything smaller goes whole to lane 0 (ib_xfer.c), the lowest latency, exactly as with one rail,
- * unless lane 0's rail is down or cooling down: then it comes here too, to go around it.
+ * unless lane 0's rail is down or cooling down, or the local memory is nearer other rails (GPU
+ * memory by the topology: ib_lane_far0): then it comes here too, to go around lane 0.
  *
  * A striped transfer does what ib_xfer.c does for one, once: OPEN on an authenticated control
  * connection (so the passive operation goes IN_PROGRESS and watches that connection) and, at the
@@ -670,13 +671,22 @@ int ib_stripe_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err
 	struct ib_stripe *st = ib->stripe;
 	const struct sc_metadata *md = x->meta;
 	if (!st || ib->n_lanes < 2 || !ib->stripe_min ||
-	    (x->kind != SC_OP_READ && x->kind != SC_OP_WRITE) || md->n_endpoints == 0 ||
-	    (x->total < ib->stripe_min && !lane0_failing(ib)))
+	    (x->kind != SC_OP_READ && x->kind != SC_OP_WRITE) || md->n_endpoints == 0)
 		return ib_xfer_submit(b, x, err);
+	/* Local memory nearer other rails than lane 0's (GPU memory by the topology): lane 0 is
+	 * left out, and a small transfer takes this path too, to its nearest rails. */
+	bool far0 = false;
+	const void *seen = NULL;
 	for (size_t i = 0; i < x->n_segs; i++) {
 		if (!x->segs[i].local_mr)
 			return ib_xfer_submit(b, x, err); /* it says why */
+		if (x->segs[i].local_mr != seen) {
+			seen = x->segs[i].local_mr;
+			far0 = far0 || ib_lane_far0(ib, seen);
+		}
 	}
+	if (x->total < ib->stripe_min && !far0 && !lane0_failing(ib))
+		return ib_xfer_submit(b, x, err);
 	struct sx *sx = calloc(1, sizeof(*sx));
 	if (!sx)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
@@ -695,7 +705,7 @@ int ib_stripe_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err
 		for (size_t j = 0; j < md->n_ib_rails && rl; j++)
 			if (md->ib_rails[j].index == rl)
 				sx->rj[k] = (int)j;
-		bool ok = rl == 0 || sx->rj[k] >= 0;
+		bool ok = (rl == 0 || sx->rj[k] >= 0) && !(k == 0 && far0);
 		const void *last = NULL;
 		for (size_t i = 0; i < x->n_segs && ok && k; i++) {
 			if (x->segs[i].local_mr == last)
@@ -707,7 +717,7 @@ int ib_stripe_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err
 		eligible += ok;
 		need_groups = need_groups || (ok && sx->rj[k] >= 0);
 	}
-	if (eligible < 2 || (need_groups && build_groups(sx) != 0)) {
+	if (eligible == 0 || (eligible < 2 && !far0) || (need_groups && build_groups(sx) != 0)) {
 		sx_free(sx);
 		return ib_xfer_submit(b, x, err);
 	}

@@ -1162,6 +1162,29 @@ class IbverbsTest(SidecarTest):
                   % (direction, THROTTLE, t1, t2, t1 / t2, used))
             self.assertGreaterEqual(t1 / t2, 1.7, "%s: two rails %.1f s vs one %.1f s" % (direction, t2, t1))
 
+    def test_memory_goes_through_its_nearest_rails(self):
+        """Memory the topology puts nearer other rails than the first (GPU memory on a real node;
+        here host memory told so by SC_TEST_IB_HOST_RAILS, since soft devices have no PCI address
+        for hwloc to place) is moved through those rails only, a small transfer as well as a big
+        one, every byte compared; the same sidecars' other transfers still start on the first rail
+        (the choice itself, from hwloc and the rail table, is tested as a unit: test_rail_choice)."""
+        self.second_rail()
+        keys = self.pair_keys = self.key_file()
+        a = self.sidecar("a", key_file=keys, env={"SC_TEST_IB_HOST_RAILS": "rxe2:1"},
+                         extra=["--backends", "ibverbs,tcp", "--ib-devices", "rxe0,rxe2",
+                                "--data-listen", IP + ":0", "--advertise", IP])
+        b = self.sidecar("b", key_file=keys, extra=["--backends", "ibverbs,tcp", "--ib-devices", "rxe1,rxe3",
+                                                    "--data-listen", IP2 + ":0", "--advertise", IP2])
+        b.rxe_ip, b.rxe_dev = IP2, "rxe1"
+        for size, direction in (((1 << 20) + 7, "read"), (12 << 20, "write"), (4099, "read")):
+            done, _ = self.move(b, a, size, 3, direction, timeout_ms=60000)
+            used = {u.rail: u.bytes for u in done.rails}
+            self.assertEqual(set(used), {"rxe2:1"}, "%s of %d bytes: %s" % (direction, size, used))
+            self.assertGreaterEqual(used["rxe2:1"], size)
+        # b has no choice: its small transfers start on its first rail, as always.
+        done, _ = self.move(a, b, (1 << 20) + 7, 2, "read", timeout_ms=60000)
+        self.assertEqual({u.rail for u in done.rails}, {"rxe1:1"}, done.rails)
+
     def test_rail_failover(self):
         """Mid-transfer, rail rxe2-rxe3 stops carrying anything (netem loss 100% on v2/v3): the
         64 MiB READ completes on rxe0-rxe1, bytes compared; GetInfo shows rxe2:1 cooling with the
