@@ -78,7 +78,8 @@ class ReflectionTest(SidecarTest):
                 self.assertEqual(sorted(out["services"]), sorted(SERVICES))
                 self.assertIn("GetInfo", out["methods"])
                 self.assertIn("WriteRegion", out["methods"])
-                self.assertEqual(len(out["methods"]), 20)
+                self.assertIn("ConnectPeer", out["methods"])
+                self.assertEqual(len(out["methods"]), 21)
                 self.assertGreater(out["file_types"], 30)
                 self.assertIn('symbol "rdma_sidecar.v1.NoSuchThing" not found', out["missing_symbol"])
                 # GetInfo through the reflected client: the same answer the generated stub gets.
