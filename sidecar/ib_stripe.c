@@ -49,7 +49,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define SLICE_DEPTH 4	      /* slices in flight per lane */
 #define COOL_MIN_MS 2000      /* a failed lane's first cool-down ... */
@@ -493,16 +492,8 @@ static void run_slices(struct sx *sx, struct sc_peer_conn *conn)
 					  x->meta->issuer, err.msg);
 			continue;
 		}
-		if (sc_list_empty(&sx->ended)) {
-			struct timespec ts;
-			clock_gettime(CLOCK_REALTIME, &ts);
-			ts.tv_nsec += WAIT_MS * 1000000L;
-			if (ts.tv_nsec >= 1000000000L) {
-				ts.tv_sec++;
-				ts.tv_nsec -= 1000000000L;
-			}
-			pthread_cond_timedwait(&sx->cv, &sx->mu, &ts);
-		}
+		if (sc_list_empty(&sx->ended))
+			sc_cond_wait_ms(&sx->cv, &sx->mu, WAIT_MS);
 	}
 	pthread_mutex_unlock(&sx->mu);
 }
@@ -833,16 +824,8 @@ void ib_stripe_stop(struct ib_backend *ib)
 		pthread_cond_broadcast(&sx->cv);
 	}
 	uint64_t end = sc_clock_mono_ms() + STOP_WAIT_MS;
-	while (st->n_live && sc_clock_mono_ms() < end) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += WAIT_MS * 1000000L;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&st->cv, &st->mu, &ts);
-	}
+	while (st->n_live && sc_clock_mono_ms() < end)
+		sc_cond_wait_ms(&st->cv, &st->mu, WAIT_MS);
 	if (st->n_live)
 		SC_ERROR("ibverbs", "%zu striped transfer(s) still running %d s after stop",
 			 st->n_live, STOP_WAIT_MS / 1000);
