@@ -35,17 +35,9 @@ int sc_engine_connect_peer(struct sc_engine *eng, const char *text, uint64_t tim
 				  "metadata is empty: pass \"rsm1.\" text the peer issued "
 				  "(CreateReadable/CreateWritable)");
 	uint64_t deadline = sc_clock_mono_after_ms(timeout_ms ? timeout_ms : CONNECT_DEFAULT_MS);
-	pthread_mutex_lock(&eng->mu);
-	struct sc_keyring *ring = sc_keyring_retain(eng->keys);
-	pthread_mutex_unlock(&eng->mu);
 	struct sc_metadata md;
-	enum sc_md_reject why;
-	int rc = sc_metadata_verify_why(ring, text, eng->id, sc_clock_unix_ms(), &md, &why, err);
-	sc_keyring_release(ring);
-	if (rc != 0) {
-		sc_metrics_metadata_rejected(eng->metrics, SC_MD_SOURCE_BEGIN, why);
+	if (sc_engine_verify_metadata(eng, text, eng->id, SC_MD_SOURCE_BEGIN, &md, err) != 0)
 		return -1;
-	}
 	struct sc_peer_paths res;
 	memset(&res, 0, sizeof(res));
 	snprintf(res.peer, sizeof(res.peer), "%s", md.issuer);

@@ -171,6 +171,11 @@ struct sc_progress {
 
 struct sc_bus_sub;
 
+/* bus.c: verify metadata text with the current keyring (taken under mu, verified outside it),
+ * counting a refusal in rdma_sidecar_metadata_rejected_total{source}. Fills *md on success. */
+int sc_engine_verify_metadata(struct sc_engine *eng, const char *text, const char *self_id,
+			      enum sc_md_source source, struct sc_metadata *md, struct sc_err *err);
+
 /* connect_peer.c: background warm-up of the issuers of metadata received over NATS. */
 struct sc_warmer;
 int sc_warmer_start(struct sc_engine *eng, struct sc_warmer **out, struct sc_err *err);

@@ -962,19 +962,9 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 				  "metadata is empty: pass the \"rsm1.\" text from the remote "
 				  "CreateReadable/CreateWritable");
 
-	/* Verify outside the lock: it is pure and may be slow for big metadata. */
-	pthread_mutex_lock(&eng->mu);
-	struct sc_keyring *ring = sc_keyring_retain(eng->keys);
-	pthread_mutex_unlock(&eng->mu);
 	struct sc_metadata md;
-	enum sc_md_reject why;
-	int rc = sc_metadata_verify_why(ring, req->metadata, eng->id, sc_clock_unix_ms(), &md, &why,
-					err);
-	sc_keyring_release(ring);
-	if (rc != 0) {
-		sc_metrics_metadata_rejected(eng->metrics, SC_MD_SOURCE_BEGIN, why);
+	if (sc_engine_verify_metadata(eng, req->metadata, eng->id, SC_MD_SOURCE_BEGIN, &md, err) != 0)
 		return -1;
-	}
 
 	enum sc_op_kind need = kind == SC_OP_READ ? SC_OP_READABLE : SC_OP_WRITABLE;
 	if (md.kind != need) {
