@@ -104,6 +104,7 @@ struct conn {
 	 * accept side closed it to admit a new peer (only an idle one is: compare-and-swap). */
 	atomic_int state;
 	atomic_uint_fast64_t last_active_mono_ms; /* the end of its last request (or the hello) */
+	atomic_uint_fast64_t last_active_seq;     /* the same moment in srv->activity order */
 	struct sc_list node; /* on srv->live, then srv->dead; newest first */
 	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
 };
@@ -134,6 +135,9 @@ struct sc_peer_server {
 	size_t n_authed; /* live connections after it (limit: max_peers) */
 	uint32_t max_peers; /* --data-max-peers */
 	atomic_uint_fast64_t n_evicted; /* idle connections closed to admit a new peer */
+	/* Orders the ends of requests exactly (milliseconds tie): the least recently used idle
+	 * connection is the one with the smallest number. */
+	atomic_uint_fast64_t activity_seq;
 	uint32_t max_unauth_per_ip, max_unauth;
 	struct sc_peer_tls *tls; /* NULL: plain TCP */
 	struct sc_list orphans; /* struct orphan */
@@ -851,6 +855,13 @@ static int serve_handler(struct conn *c, const struct sc_peer_msg *m, char *why,
 	return sent;
 }
 
+/* The connection finished a request (or its hello): it is now the most recently used. */
+static void mark_active(struct conn *c)
+{
+	atomic_store(&c->last_active_mono_ms, sc_clock_mono_ms());
+	atomic_store(&c->last_active_seq, atomic_fetch_add(&c->srv->activity_seq, 1) + 1);
+}
+
 /* Serve requests until the connection ends; `why` says how it ended. */
 static void serve(struct conn *c, char *why, size_t why_cap)
 {
@@ -936,7 +947,7 @@ static void serve(struct conn *c, char *why, size_t why_cap)
 		}
 		if (rc != 0)
 			return;
-		atomic_store(&c->last_active_mono_ms, sc_clock_mono_ms());
+		mark_active(c);
 		atomic_store(&c->state, CONN_IDLE);
 		if (atomic_load(&c->revoked)) { /* it finished as the operation ended: end anyway */
 			snprintf(why, why_cap, "an operation it served ended: connection cut");
@@ -1020,9 +1031,9 @@ static bool evict_idle_locked(struct sc_peer_server *srv, const struct conn *for
 		if (o == for_conn || !o->authed || o->n_opened || o->serving ||
 		    atomic_load(&o->state) != CONN_IDLE)
 			continue;
-		uint64_t t = atomic_load(&o->last_active_mono_ms);
-		if (t < oldest) {
-			oldest = t;
+		uint64_t seq = atomic_load(&o->last_active_seq);
+		if (seq < oldest) {
+			oldest = seq;
 			lru = o;
 		}
 	}
@@ -1039,7 +1050,9 @@ static bool evict_idle_locked(struct sc_peer_server *srv, const struct conn *for
 			"%u peer connections (--data-max-peers): closed the one idle longest, %s, "
 			"idle %llu ms, to admit %s",
 			srv->max_peers, lru->what,
-			(unsigned long long)(sc_clock_mono_ms() - oldest), for_conn->addr);
+			(unsigned long long)(sc_clock_mono_ms() -
+					     atomic_load(&lru->last_active_mono_ms)),
+			for_conn->addr);
 	return true;
 }
 
@@ -1078,7 +1091,7 @@ static void *conn_main(void *arg)
 			c->authed = true;
 			srv->n_unauth--;
 			srv->n_authed++;
-			atomic_store(&c->last_active_mono_ms, sc_clock_mono_ms());
+			mark_active(c);
 		}
 		pthread_mutex_unlock(&srv->mu);
 		if (!room) {
@@ -1250,6 +1263,7 @@ static void accept_one(struct sc_peer_server *srv, int listen_fd)
 	c->srv = srv;
 	c->fd = fd;
 	atomic_init(&c->revoked, false);
+	atomic_init(&c->last_active_seq, 0);
 	snprintf(c->addr, sizeof(c->addr), "%s", addr);
 	snprintf(c->ip, sizeof(c->ip), "%s", ip);
 
@@ -1400,6 +1414,7 @@ int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_
 	srv->max_unauth = cfg->data_max_unauth ? cfg->data_max_unauth : 64;
 	srv->max_peers = cfg->data_max_peers ? cfg->data_max_peers : SC_PEER_SERVER_MAX_CONNS;
 	atomic_init(&srv->n_evicted, 0);
+	atomic_init(&srv->activity_seq, 0);
 	if ((srv->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
 		sc_err_set(err, SC_INTERNAL, "eventfd: %s", strerror(errno));
 		goto fail;

@@ -14,7 +14,7 @@ from harness import pb
 
 VERSION = 1
 HELLO, HELLO_ACK, HELLO_FIN, OK, ERROR, OPEN = 1, 2, 3, 4, 5, 6
-DATA, DONE, READV, WRITEV = 8, 10, 14, 15
+DATA, DONE, PING, PONG, READV, WRITEV = 8, 10, 11, 12, 14, 15
 PEER_READ, PEER_WRITE = 3, 4  # sc_op_kind: what the peer does with the passive operation
 HDR = struct.Struct("<BBHI")
 
@@ -84,6 +84,14 @@ class Peer:
             code, n = struct.unpack_from("<IH", body)
             raise PeerError(code, body[6:6 + n].decode(errors="replace"))
         assert typ == want, "frame %d, expected %d" % (typ, want)
+
+    def ping(self):
+        """One PING/PONG round trip: the sidecar has admitted the connection and served it."""
+        cookie = os.urandom(8)
+        self.send(PING, cookie)
+        typ, body = self.recv_frame()
+        self.check(typ, body, PONG)
+        assert body == cookie, "PONG %r for PING %r" % (body, cookie)
 
     def open(self, token, xfer_id, peer_kind, total):
         self.send(OPEN, token + struct.pack("<QBQ", xfer_id, peer_kind, total))

@@ -84,9 +84,11 @@ class LimitsTest(SidecarTest):
         s = self.sidecar("cap", key_file=self.key_file(keys=[("k1", key)]),
                          extra=["--data-max-peers", "4", "--metrics-listen", "127.0.0.1:%d" % port])
         host, dport = s.info().data_endpoints[0].rsplit(":", 1)
-        peers = [Peer(host, int(dport), "k1", key, client_id="p%d" % i) for i in range(4)]
+        peers = []
         self.addCleanup(lambda: [p.sock.close() for p in peers])
-        time.sleep(0.05)
+        for i in range(4):  # each served once, in order: p0 is the least recently used
+            peers.append(Peer(host, int(dport), "k1", key, client_id="p%d" % i))
+            peers[-1].ping()
         peers.append(Peer(host, int(dport), "k1", key, client_id="p4"))  # admitted: p0 was idle longest
         with self.assertRaises(ConnectionError):
             peers[0].sock.settimeout(10 * SLOW)
