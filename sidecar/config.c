@@ -74,6 +74,7 @@ enum opt_id {
 	OPT_DATA_MAX_UNAUTH_PER_IP,
 	OPT_DATA_MAX_UNAUTH,
 	OPT_DATA_MAX_PEERS,
+	OPT_DATA_IO_THREADS,
 	OPT_IB_DEVICE,
 	OPT_IB_DEVICES,
 	OPT_WARM_PEERS,
@@ -246,6 +247,11 @@ static const struct sc_option sc_options[] = {
 	 .help = "authenticated peer connections served at once, 1-65536; at the limit the "
 		 "longest idle one is closed for a new peer, and only when all are busy is it refused",
 	 .def = "1024"},
+	{.id = OPT_DATA_IO_THREADS, T_U32(data_io_threads, 1, 256), .name = "data-io-threads",
+	 .arg = ARG_REQUIRED, .value = "N", .group = "Data plane",
+	 .help = "threads waiting for peer requests, 1-256; idle peer connections hold none (epoll). "
+		 "While all are busy one more starts per request in progress; extra ones end when idle",
+	 .def = "4"},
 	{.id = OPT_KEY_FILE, T_STR(key_file), .name = "key-file", .arg = ARG_REQUIRED, .value = "PATH",
 	 .group = "Security",
 	 .help = "metadata keys, lines KEY_ID:BASE64KEY; first signs, all verify; SIGHUP reloads",
@@ -1351,6 +1357,7 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->data_max_unauth_per_ip = 16;
 	cfg->data_max_unauth = 64;
 	cfg->data_max_peers = 1024;
+	cfg->data_io_threads = 4;
 	cfg->max_region_bytes = 64 * GIB;
 	cfg->max_regions = 4096;
 	cfg->max_operations = 16384;

@@ -110,6 +110,7 @@ struct sc_config {
 	uint32_t data_max_unauth_per_ip;              /* --data-max-unauth-per-ip, 16 */
 	uint32_t data_max_unauth;                     /* --data-max-unauth, 64 */
 	uint32_t data_max_peers;                      /* --data-max-peers, 1024 */
+	uint32_t data_io_threads;                     /* --data-io-threads, 4 */
 };
 
 /* Result of sc_config_parse. */

@@ -9,9 +9,17 @@
  * (sc_peer_server_passive), for the ibverbs completion notices. READ sends straight from the pinned span and
  * WRITE receives straight into it: no staging copy.
  *
- * Threads: the accept thread (accepts on every listener, joins finished connection threads, reports orphaned
- * transfers) and one thread per connection. The server owns the listening socket, a wake-up
- * eventfd, every connection (its fd, thread and buffers) and the list of orphaned transfers.
+ * Threads: the accept thread (accepts on every listener, closes connections idle too long or
+ * still without their hello, frees finished ones, reports orphaned transfers) and a pool of
+ * connection threads, not one per connection. A connection with no request in hand is parked in
+ * an epoll set (one-shot); whichever pool thread is waiting takes it when bytes arrive, serves the
+ * hello or the requests that are there (each with the blocking, deadline-bounded I/O of
+ * peer_proto.h, in the thread's own frame buffer) and parks it again. --data-io-threads threads
+ * wait; while every one is busy another starts, so a stalled peer holds one thread and never
+ * another peer; those beyond the number end after WORKER_IDLE_MS without work. A parked
+ * connection costs its struct conn (about 1 KB) and its socket, whatever the number of peers.
+ * The server owns the listening sockets, the epoll set, a wake-up eventfd, every connection and
+ * the list of orphaned transfers.
  *
  * A transfer (token, xfer_id) opened on a connection is tracked until its DONE arrives (on any
  * connection, since the active side spreads one transfer over several). When the last connection
@@ -53,6 +61,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
@@ -63,6 +72,10 @@
 /* A request or reply that stops moving for this long ends its connection. */
 #define STALL_MS 30000
 #define CONN_STACK_BYTES (512u * 1024u)
+/* A pool thread beyond --data-io-threads ends after this long without a connection to serve. */
+#define WORKER_IDLE_MS 10000
+/* How often the accept thread looks for connections idle too long or without their hello. */
+#define SWEEP_MS 250
 #define SERVER_SLICE_MS 1000
 /* A connection must finish the TLS handshake and the hello this fast (an idle flood is dropped
  * sooner than the dialing side's SC_PEER_HELLO_TIMEOUT_MS). */
@@ -89,7 +102,7 @@ struct orphan {
 struct conn {
 	struct sc_peer_server *srv;
 	int fd;
-	pthread_t thread;
+	uint64_t accepted_mono_ms;
 	char addr[80];          /* "1.2.3.4:5678" */
 	char ip[INET6_ADDRSTRLEN]; /* "1.2.3.4": the source address the flood limits count by */
 	bool authed;               /* under srv->mu: the hello succeeded */
@@ -100,16 +113,26 @@ struct conn {
 	bool serving;                       /* under srv->mu: a data request holds spans of... */
 	uint8_t serving_token[SC_TOKEN_LEN]; /* ...this operation */
 	atomic_bool revoked; /* that operation ended mid-request: stop moving bytes, end */
-	/* CONN_IDLE between requests, CONN_BUSY while one is handled, CONN_EVICTED once the
-	 * accept side closed it to admit a new peer (only an idle one is: compare-and-swap). */
+	/* CONN_IDLE while parked, CONN_BUSY while a pool thread serves it (its hello or a
+	 * request), CONN_EVICTED once closed to admit a new peer, CONN_EXPIRED once closed for
+	 * idling (only a parked one is: compare-and-swap; its shutdown wakes a pool thread). */
 	atomic_int state;
 	atomic_uint_fast64_t last_active_mono_ms; /* the end of its last request (or the hello) */
 	atomic_uint_fast64_t last_active_seq;     /* the same moment in srv->activity order */
 	struct sc_list node; /* on srv->live, then srv->dead; newest first */
-	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
+	uint8_t *buf; /* while served: the pool thread's frame buffer */
+	size_t buf_cap;
 };
 
-enum { CONN_IDLE = 0, CONN_BUSY, CONN_EVICTED };
+enum { CONN_IDLE = 0, CONN_BUSY, CONN_EVICTED, CONN_EXPIRED };
+
+/* A pool thread. */
+struct worker {
+	struct sc_peer_server *srv;
+	pthread_t thread;
+	struct sc_list node; /* on srv->workers, then srv->dead_workers */
+	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
+};
 
 struct sc_peer_server {
 	struct sc_passive passive; /* the engine's passive operations (passive.h) */
@@ -119,17 +142,24 @@ struct sc_peer_server {
 	int listen_fd[SC_MAX_ENDPOINTS]; /* one per --data-listen entry */
 	size_t n_listen;
 	int wake_fd;
+	int epfd;    /* parked connections (one-shot) and stop_fd */
+	int stop_fd; /* written once, at destroy: level-triggered, it wakes every pool thread */
 	int spare_fd; /* /dev/null, given up to refuse a peer with a reason when out of fds */
 	char listen_addr[SC_MAX_ENDPOINTS][300];
 	char endpoint[SC_MAX_ENDPOINTS][80]; /* what peers dial, in --data-listen order */
 	pthread_t accept_thread;
-	bool started;
+	bool started, accept_started;
 	atomic_bool stopping;
 
 	pthread_mutex_t mu;
 	pthread_cond_t cv;   /* a connection ended; a handler call ended */
 	struct sc_list live; /* struct conn: threads running */
-	struct sc_list dead; /* struct conn: threads ended, to join */
+	struct sc_list dead; /* struct conn: ended, to free */
+	struct sc_list workers;      /* struct worker: running */
+	struct sc_list dead_workers; /* struct worker: ended, to join */
+	uint32_t n_workers, n_waiting; /* running; of them, waiting for a connection */
+	uint32_t min_workers;          /* --data-io-threads */
+	uint64_t last_sweep_mono_ms;   /* accept thread only */
 	size_t n_live;
 	size_t n_unauth; /* live connections before their hello (limits: max_unauth*) */
 	size_t n_authed; /* live connections after it (limit: max_peers) */
@@ -862,98 +892,86 @@ static void mark_active(struct conn *c)
 	atomic_store(&c->last_active_seq, atomic_fetch_add(&c->srv->activity_seq, 1) + 1);
 }
 
-/* Serve requests until the connection ends; `why` says how it ended. */
-static void serve(struct conn *c, char *why, size_t why_cap)
+/* One request, its bytes already arriving: 0 when served (the connection goes on), else -1 with
+ * `why` saying how the connection ends. */
+static int serve_one(struct conn *c, char *why, size_t why_cap)
 {
 	struct sc_peer_server *srv = c->srv;
-	for (;;) {
-		struct sc_peer_wait idle = {.deadline_mono_ms =
-						    sc_clock_mono_ms() + SC_PEER_SERVER_IDLE_MS,
-					    .stop = &srv->stopping};
-		struct sc_peer_msg m;
-		struct sc_err err;
-		sc_err_clear(&err);
-		enum sc_peer_io io = sc_peer_recv_msg(c->fd, c->buf, sizeof(c->buf), &m, &idle,
-						      c->what, &err);
-		int was_idle = CONN_IDLE;
-		if (io == SC_PEER_IO_OK &&
-		    !atomic_compare_exchange_strong(&c->state, &was_idle, CONN_BUSY)) {
-			snprintf(why, why_cap, "closed to admit another peer (--data-max-peers %u)",
-				 srv->max_peers);
-			return;
-		}
-		if (io != SC_PEER_IO_OK && atomic_load(&c->state) == CONN_EVICTED) {
-			snprintf(why, why_cap, "closed to admit another peer (--data-max-peers %u)",
-				 srv->max_peers);
-			return;
-		}
-		if (io != SC_PEER_IO_OK) {
-			if (io == SC_PEER_IO_PROTOCOL)
-				SC_WARN("peer", "closing connection from %s: %s", c->what, err.msg);
-			if (io == SC_PEER_IO_DEADLINE)
-				snprintf(why, why_cap, "idle for %u s",
-					 SC_PEER_SERVER_IDLE_MS / 1000);
-			else if (io == SC_PEER_IO_CANCELLED)
-				snprintf(why, why_cap, "sidecar \"%s\" is shutting down",
-					 srv->self_id);
-			else
-				snprintf(why, why_cap, "%s", err.msg);
-			return;
-		}
-		int rc;
-		switch (m.type) {
-		case SC_FRAME_OPEN:
-			rc = serve_open(c, &m, why, why_cap);
-			break;
-		case SC_FRAME_READ:
-			serving_begin(c, m.token);
-			rc = serve_read(c, &m, why, why_cap);
-			serving_end(c);
-			break;
-		case SC_FRAME_WRITE:
-			serving_begin(c, m.token);
-			rc = serve_write(c, &m, why, why_cap);
-			serving_end(c);
-			break;
-		case SC_FRAME_READV:
-			serving_begin(c, m.token);
-			rc = serve_readv(c, &m, why, why_cap);
-			serving_end(c);
-			break;
-		case SC_FRAME_WRITEV:
-			serving_begin(c, m.token);
-			rc = serve_writev(c, &m, why, why_cap);
-			serving_end(c);
-			break;
-		case SC_FRAME_DONE:
-			rc = serve_done(c, &m, why, why_cap);
-			break;
-		case SC_FRAME_PING: {
-			struct sc_peer_msg pong = {.type = SC_FRAME_PONG, .cookie = m.cookie};
-			rc = reply(c, &pong, why, why_cap);
-			break;
-		}
-		case SC_FRAME_QP_CONNECT:
-			rc = serve_handler(c, &m, why, why_cap);
-			break;
-		default:
-			SC_WARN("peer", "closing connection from %s: protocol error: unexpected %s "
-					"frame from a client",
-				c->what, sc_frame_type_name(m.type));
-			snprintf(why, why_cap, "protocol error: unexpected %s frame",
-				 sc_frame_type_name(m.type));
-			rc = -1;
-			break;
-		}
-		if (rc != 0)
-			return;
-		mark_active(c);
-		atomic_store(&c->state, CONN_IDLE);
-		if (atomic_load(&c->revoked)) { /* it finished as the operation ended: end anyway */
-			snprintf(why, why_cap, "an operation it served ended: connection cut");
-			return;
-		}
+	/* The frame has begun to arrive: the rest must keep coming. */
+	struct sc_peer_wait w = {.stall_ms = STALL_MS, .stop = &srv->stopping};
+	struct sc_peer_msg m;
+	struct sc_err err;
+	sc_err_clear(&err);
+	enum sc_peer_io io = sc_peer_recv_msg(c->fd, c->buf, c->buf_cap, &m, &w, c->what, &err);
+	if (io != SC_PEER_IO_OK) {
+		if (io == SC_PEER_IO_PROTOCOL)
+			SC_WARN("peer", "closing connection from %s: %s", c->what, err.msg);
+		if (io == SC_PEER_IO_CANCELLED)
+			snprintf(why, why_cap, "sidecar \"%s\" is shutting down", srv->self_id);
+		else
+			snprintf(why, why_cap, "%s", err.msg);
+		return -1;
 	}
+	int rc;
+	switch (m.type) {
+	case SC_FRAME_OPEN:
+		rc = serve_open(c, &m, why, why_cap);
+		break;
+	case SC_FRAME_READ:
+		serving_begin(c, m.token);
+		rc = serve_read(c, &m, why, why_cap);
+		serving_end(c);
+		break;
+	case SC_FRAME_WRITE:
+		serving_begin(c, m.token);
+		rc = serve_write(c, &m, why, why_cap);
+		serving_end(c);
+		break;
+	case SC_FRAME_READV:
+		serving_begin(c, m.token);
+		rc = serve_readv(c, &m, why, why_cap);
+		serving_end(c);
+		break;
+	case SC_FRAME_WRITEV:
+		serving_begin(c, m.token);
+		rc = serve_writev(c, &m, why, why_cap);
+		serving_end(c);
+		break;
+	case SC_FRAME_DONE:
+		rc = serve_done(c, &m, why, why_cap);
+		break;
+	case SC_FRAME_PING: {
+		struct sc_peer_msg pong = {.type = SC_FRAME_PONG, .cookie = m.cookie};
+		rc = reply(c, &pong, why, why_cap);
+		break;
+	}
+	case SC_FRAME_QP_CONNECT:
+		rc = serve_handler(c, &m, why, why_cap);
+		break;
+	default:
+		SC_WARN("peer", "closing connection from %s: protocol error: unexpected %s "
+				"frame from a client",
+			c->what, sc_frame_type_name(m.type));
+		snprintf(why, why_cap, "protocol error: unexpected %s frame",
+			 sc_frame_type_name(m.type));
+		rc = -1;
+		break;
+	}
+	if (rc != 0)
+		return -1;
+	mark_active(c);
+	if (atomic_load(&c->revoked)) { /* it finished as the operation ended: end anyway */
+		snprintf(why, why_cap, "an operation it served ended: connection cut");
+		return -1;
+	}
+	return 0;
+}
+
+/* Are bytes of a next request already here (on the socket, or read ahead by TLS)? */
+static bool input_waiting(const struct conn *c)
+{
+	uint8_t b;
+	return recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 1 || sc_peer_tls_pending(c->fd);
 }
 
 /* ---- connection threads ---------------------------------------------------------------------- */
@@ -1056,19 +1074,12 @@ static bool evict_idle_locked(struct sc_peer_server *srv, const struct conn *for
 	return true;
 }
 
-static void *conn_main(void *arg)
+/* The TLS handshake and the hello of a new connection, then its admission under --data-max-peers.
+ * 0 when authenticated; else -1 with `why` (the refusal was sent and logged). */
+static int handshake(struct conn *c, char *why, size_t why_cap)
 {
-	struct conn *c = arg;
 	struct sc_peer_server *srv = c->srv;
-	char why[SC_ERR_MSG_MAX + 64] = "closed";
-	snprintf(c->what, sizeof(c->what), "peer at %s", c->addr);
-	/* Server threads wait with coarser slices than clients: their limits are seconds long and
-	 * shutdown() wakes them at once when the server stops. */
-	if (sc_peer_tune_socket(c->fd) != 0 || sc_peer_set_io_slice(c->fd, SERVER_SLICE_MS) != 0)
-		SC_WARN("peer", "connection from %s: cannot set socket options: %s", c->addr,
-			strerror(errno));
-
-	struct sc_peer_wait w = {.deadline_mono_ms = sc_clock_mono_ms() + UNAUTH_DEADLINE_MS,
+	struct sc_peer_wait w = {.deadline_mono_ms = c->accepted_mono_ms + UNAUTH_DEADLINE_MS,
 				 .stop = &srv->stopping};
 	struct sc_err err;
 	sc_err_clear(&err);
@@ -1102,46 +1113,196 @@ static void *conn_main(void *arg)
 			sc_peer_send_refusal(c->fd, &w, &err);
 		}
 	}
-	if (rc != 0) {
-		/* A bare connect-and-close (a port probe) is not worth a warning; an idle or
-		 * refused one is, but rate-limited: anyone who can reach the port can cause it. */
-		if (err.code == SC_UNAVAILABLE && strstr(err.msg, "closed the connection"))
-			SC_DEBUG("peer", "connection from %s ended during the hello: %s", c->addr,
-				 err.msg);
-		else if (err.code != SC_CANCELLED) {
-			/* One limit per kind of failure: a flood of garbage or idle connections
-			 * does not hide a peer that fails to authenticate. */
-			char key[32];
-			snprintf(key, sizeof(key), "peer-hello-rejected-%d", (int)err.code);
-			SC_WARN_LIMITED("peer", key, "rejected connection from %s: %s", c->addr,
-					err.msg);
-		}
-		snprintf(why, sizeof(why), "hello failed: %s", err.msg);
-		if (err.code != SC_DEADLINE_EXCEEDED && err.code != SC_CANCELLED)
-			drain_before_close(c->fd);
-		goto out;
+	if (rc == 0) {
+		snprintf(c->what, sizeof(c->what), "peer sidecar \"%s\" at %s", c->peer_id,
+			 c->addr);
+		SC_DEBUG("peer", "authenticated %s", c->what);
+		return 0;
 	}
-	snprintf(c->what, sizeof(c->what), "peer sidecar \"%s\" at %s", c->peer_id, c->addr);
-	SC_DEBUG("peer", "authenticated %s", c->what);
-	serve(c, why, sizeof(why));
+	/* A bare connect-and-close (a port probe) is not worth a warning; an idle or refused one
+	 * is, but rate-limited: anyone who can reach the port can cause it. */
+	if (err.code == SC_UNAVAILABLE && strstr(err.msg, "closed the connection"))
+		SC_DEBUG("peer", "connection from %s ended during the hello: %s", c->addr, err.msg);
+	else if (err.code != SC_CANCELLED) {
+		/* One limit per kind of failure: a flood of garbage or idle connections does not
+		 * hide a peer that fails to authenticate. */
+		char key[32];
+		snprintf(key, sizeof(key), "peer-hello-rejected-%d", (int)err.code);
+		SC_WARN_LIMITED("peer", key, "rejected connection from %s: %s", c->addr, err.msg);
+	}
+	snprintf(why, why_cap, "hello failed: %s", err.msg);
+	if (err.code != SC_DEADLINE_EXCEEDED && err.code != SC_CANCELLED)
+		drain_before_close(c->fd);
+	return -1;
+}
+
+/* Park a connection with no request in hand until its next bytes (or its end) arrive. Its state
+ * is IDLE first, so an eviction or expiry may close it from then on: the shutdown wakes the epoll
+ * set at once. -1 (errno) when it cannot be parked. */
+static int park(struct conn *c)
+{
+	atomic_store(&c->state, CONN_IDLE);
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
+	return epoll_ctl(c->srv->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
+/*
+ * A pool thread took a connection whose bytes arrived: serve its hello or its requests for as
+ * long as they keep coming, then park it again, or end it (conn_finish).
+ */
+static void take(struct conn *c, struct worker *wk)
+{
+	struct sc_peer_server *srv = c->srv;
+	char why[SC_ERR_MSG_MAX + 64] = "closed";
+	int was = CONN_IDLE;
+	if (!atomic_compare_exchange_strong(&c->state, &was, CONN_BUSY)) {
+		if (was == CONN_EVICTED)
+			snprintf(why, sizeof(why), "closed to admit another peer (--data-max-peers %u)",
+				 srv->max_peers);
+		else if (c->authed)
+			snprintf(why, sizeof(why), "idle for %u s", SC_PEER_SERVER_IDLE_MS / 1000);
+		else
+			snprintf(why, sizeof(why), "hello failed: no hello within %u ms",
+				 UNAUTH_DEADLINE_MS);
+		goto end;
+	}
+	c->buf = wk->buf;
+	c->buf_cap = sizeof(wk->buf);
+	if (!c->authed && handshake(c, why, sizeof(why)) != 0)
+		goto end;
+	do {
+		if (atomic_load(&srv->stopping)) {
+			snprintf(why, sizeof(why), "sidecar \"%s\" is shutting down", srv->self_id);
+			goto end;
+		}
+		if (serve_one(c, why, sizeof(why)) != 0)
+			goto end;
+	} while (input_waiting(c));
+	c->buf = NULL;
+	if (park(c) == 0)
+		return;
+	snprintf(why, sizeof(why), "cannot wait for its next request: %s", strerror(errno));
+end:
+	c->buf = NULL;
 	SC_DEBUG("peer", "connection from %s ended: %s", c->what, why);
-out:
 	conn_finish(c, why);
+}
+
+/*
+ * Close connections that have waited too long: authenticated ones idle for SC_PEER_SERVER_IDLE_MS,
+ * new ones without their hello for UNAUTH_DEADLINE_MS (a parked connection is never served, so
+ * the hello's own deadline cannot run for it). Only a parked one is closed (compare-and-swap);
+ * its shutdown wakes a pool thread, which ends it. Accept thread.
+ */
+static void sweep(struct sc_peer_server *srv)
+{
+	uint64_t now = sc_clock_mono_ms();
+	pthread_mutex_lock(&srv->mu);
+	struct sc_list *pos;
+	sc_list_foreach(pos, &srv->live) {
+		struct conn *c = sc_list_entry(pos, struct conn, node);
+		uint64_t since = c->authed ? atomic_load(&c->last_active_mono_ms) : c->accepted_mono_ms;
+		uint64_t limit = c->authed ? SC_PEER_SERVER_IDLE_MS : UNAUTH_DEADLINE_MS;
+		int idle = CONN_IDLE;
+		if (now - since >= limit &&
+		    atomic_compare_exchange_strong(&c->state, &idle, CONN_EXPIRED))
+			shutdown(c->fd, SHUT_RDWR);
+	}
+	pthread_mutex_unlock(&srv->mu);
+}
+
+/* ---- the pool -------------------------------------------------------------------------------- */
+
+static void *worker_main(void *arg);
+
+/* Start one more pool thread. Under srv->mu. */
+static int spawn_worker_locked(struct sc_peer_server *srv)
+{
+	struct worker *wk = calloc(1, sizeof(*wk));
+	if (!wk)
+		return -1;
+	wk->srv = srv;
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setstacksize(&attr, CONN_STACK_BYTES);
+	int rc = pthread_create(&wk->thread, &attr, worker_main, wk);
+	pthread_attr_destroy(&attr);
+	if (rc != 0) {
+		free(wk);
+		errno = rc;
+		return -1;
+	}
+	sc_list_insert_head(&srv->workers, &wk->node);
+	srv->n_workers++;
+	srv->n_waiting++;
+	return 0;
+}
+
+/*
+ * Wait for a parked connection whose bytes arrived, take it, and go back to waiting. When this
+ * thread takes one and no other is left waiting, another starts first, so new requests never
+ * queue behind a slow one. A thread beyond --data-io-threads that waited WORKER_IDLE_MS for
+ * nothing ends.
+ */
+static void *worker_main(void *arg)
+{
+	struct worker *wk = arg;
+	struct sc_peer_server *srv = wk->srv;
+	for (;;) {
+		struct epoll_event ev;
+		int n = epoll_wait(srv->epfd, &ev, 1, WORKER_IDLE_MS);
+		if (atomic_load(&srv->stopping))
+			break;
+		if (n < 0 && errno != EINTR) {
+			SC_ERROR("peer", "epoll_wait on the peer connections failed: %s",
+				 strerror(errno));
+			usleep(100 * 1000);
+			continue;
+		}
+		pthread_mutex_lock(&srv->mu);
+		if (n == 0 && srv->n_workers > srv->min_workers && !atomic_load(&srv->stopping)) {
+			srv->n_workers--;
+			srv->n_waiting--;
+			sc_list_remove(&wk->node);
+			sc_list_insert_head(&srv->dead_workers, &wk->node);
+			pthread_mutex_unlock(&srv->mu);
+			wake(srv);
+			return NULL;
+		}
+		if (n <= 0 || !ev.data.ptr) { /* a timeout, or stop_fd */
+			pthread_mutex_unlock(&srv->mu);
+			continue;
+		}
+		if (--srv->n_waiting == 0 && spawn_worker_locked(srv) != 0)
+			SC_WARN_LIMITED("peer", "peer-pool-thread",
+					"cannot start another peer connection thread (%u running): %s; "
+					"new requests wait for a running one",
+					srv->n_workers, strerror(errno));
+		pthread_mutex_unlock(&srv->mu);
+		take(ev.data.ptr, wk);
+		pthread_mutex_lock(&srv->mu);
+		srv->n_waiting++;
+		pthread_mutex_unlock(&srv->mu);
+	}
 	return NULL;
 }
 
-/* Join the threads of connections that ended, and free them. Accept thread or destroy. */
+/* Free the connections that ended and join the pool threads that did. Accept thread or destroy. */
 static void reap(struct sc_peer_server *srv)
 {
-	struct sc_list dead = SC_LIST_INIT(dead);
+	struct sc_list dead = SC_LIST_INIT(dead), dead_workers = SC_LIST_INIT(dead_workers);
 	struct sc_list *pos, *tmp;
 	pthread_mutex_lock(&srv->mu);
 	sc_list_move_all(&srv->dead, &dead);
+	sc_list_move_all(&srv->dead_workers, &dead_workers);
 	pthread_mutex_unlock(&srv->mu);
 	sc_list_foreach_safe(pos, tmp, &dead) {
-		struct conn *c = sc_list_entry(pos, struct conn, node);
-		pthread_join(c->thread, NULL);
-		free(c);
+		free(sc_list_entry(pos, struct conn, node));
+	}
+	sc_list_foreach_safe(pos, tmp, &dead_workers) {
+		struct worker *wk = sc_list_entry(pos, struct worker, node);
+		pthread_join(wk->thread, NULL);
+		free(wk);
 	}
 }
 
@@ -1262,29 +1423,36 @@ static void accept_one(struct sc_peer_server *srv, int listen_fd)
 	}
 	c->srv = srv;
 	c->fd = fd;
+	c->accepted_mono_ms = sc_clock_mono_ms();
 	atomic_init(&c->revoked, false);
+	atomic_init(&c->state, CONN_IDLE);
 	atomic_init(&c->last_active_seq, 0);
 	snprintf(c->addr, sizeof(c->addr), "%s", addr);
 	snprintf(c->ip, sizeof(c->ip), "%s", ip);
+	snprintf(c->what, sizeof(c->what), "peer at %s", c->addr);
+	/* Server I/O waits with coarser slices than clients: its limits are seconds long and
+	 * shutdown() wakes it at once when the server stops. */
+	if (sc_peer_tune_socket(c->fd) != 0 || sc_peer_set_io_slice(c->fd, SERVER_SLICE_MS) != 0)
+		SC_WARN("peer", "connection from %s: cannot set socket options: %s", c->addr,
+			strerror(errno));
 
+	/* Parked until its hello arrives (a pool thread takes it then; sweep ends it when none
+	 * comes in time). Live first: from the moment it is in the epoll set a thread may take
+	 * it. */
 	pthread_mutex_lock(&srv->mu);
 	sc_list_insert_head(&srv->live, &c->node);
 	srv->n_live++;
 	srv->n_unauth++;
 	pthread_mutex_unlock(&srv->mu);
-
-	pthread_attr_t attr;
-	pthread_attr_init(&attr);
-	pthread_attr_setstacksize(&attr, CONN_STACK_BYTES);
-	int rc = pthread_create(&c->thread, &attr, conn_main, c);
-	pthread_attr_destroy(&attr);
-	if (rc != 0) {
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
+	if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+		int e = errno;
 		pthread_mutex_lock(&srv->mu);
 		sc_list_remove(&c->node);
 		srv->n_live--;
 		srv->n_unauth--;
 		pthread_mutex_unlock(&srv->mu);
-		log_refusal("peer-refused-resources", addr, strerror(rc));
+		log_refusal("peer-refused-resources", addr, strerror(e));
 		close(fd);
 		free(c);
 	}
@@ -1295,11 +1463,12 @@ static void *accept_main(void *arg)
 	struct sc_peer_server *srv = arg;
 	while (!atomic_load(&srv->stopping)) {
 		uint64_t next_due = expire_orphans(srv, false);
-		int timeout = 1000;
+		int timeout = SWEEP_MS;
 		if (next_due) {
 			uint64_t now = sc_clock_mono_ms();
-			timeout = next_due <= now ? 0 : (int)(next_due - now < 1000 ? next_due - now
-										    : 1000);
+			timeout = next_due <= now ? 0
+						  : (int)(next_due - now < SWEEP_MS ? next_due - now
+										    : SWEEP_MS);
 		}
 		/* pfd[0]: the wake-up; then one per listening endpoint */
 		struct pollfd pfd[1 + SC_MAX_ENDPOINTS] = {{.fd = srv->wake_fd, .events = POLLIN}};
@@ -1319,6 +1488,11 @@ static void *accept_main(void *arg)
 		reap(srv);
 		if (atomic_load(&srv->stopping))
 			break;
+		uint64_t now = sc_clock_mono_ms();
+		if (now - srv->last_sweep_mono_ms >= SWEEP_MS) {
+			srv->last_sweep_mono_ms = now;
+			sweep(srv);
+		}
 		for (size_t i = 0; n > 0 && i < srv->n_listen; i++)
 			if (pfd[1 + i].revents & POLLIN)
 				accept_one(srv, srv->listen_fd[i]);
@@ -1401,6 +1575,8 @@ int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_
 	for (size_t i = 0; i < SC_MAX_ENDPOINTS; i++)
 		srv->listen_fd[i] = -1;
 	srv->wake_fd = -1;
+	srv->epfd = -1;
+	srv->stop_fd = -1;
 	/* Held in reserve: when the process runs out of descriptors, closing it lets the accept
 	 * thread take one more connection to tell that peer why it is refused. */
 	srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -1408,15 +1584,25 @@ int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_
 	pthread_cond_init(&srv->cv, NULL);
 	sc_list_init(&srv->live);
 	sc_list_init(&srv->dead);
+	sc_list_init(&srv->workers);
+	sc_list_init(&srv->dead_workers);
 	sc_list_init(&srv->orphans);
+	srv->min_workers = cfg->data_io_threads ? cfg->data_io_threads : 4;
 	atomic_init(&srv->stopping, false);
 	srv->max_unauth_per_ip = cfg->data_max_unauth_per_ip ? cfg->data_max_unauth_per_ip : 16;
 	srv->max_unauth = cfg->data_max_unauth ? cfg->data_max_unauth : 64;
 	srv->max_peers = cfg->data_max_peers ? cfg->data_max_peers : SC_PEER_SERVER_MAX_CONNS;
 	atomic_init(&srv->n_evicted, 0);
 	atomic_init(&srv->activity_seq, 0);
-	if ((srv->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
+	if ((srv->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
+	    (srv->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
 		sc_err_set(err, SC_INTERNAL, "eventfd: %s", strerror(errno));
+		goto fail;
+	}
+	struct epoll_event stop_ev = {.events = EPOLLIN, .data.ptr = NULL};
+	if ((srv->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
+	    epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->stop_fd, &stop_ev) != 0) {
+		sc_err_set(err, SC_INTERNAL, "epoll for the peer connections: %s", strerror(errno));
 		goto fail;
 	}
 	/* --data-listen and --advertise are comma lists, entry i of one going with entry i of
@@ -1457,11 +1643,20 @@ int sc_peer_server_start(struct sc_peer_server *srv, struct sc_err *err)
 {
 	if (srv->started)
 		return 0;
-	int rc = pthread_create(&srv->accept_thread, NULL, accept_main, srv);
-	if (rc != 0)
-		return sc_err_set(err, SC_INTERNAL, "cannot start the data listener thread: %s",
+	pthread_mutex_lock(&srv->mu);
+	int rc = 0;
+	while (rc == 0 && srv->n_workers < srv->min_workers)
+		rc = spawn_worker_locked(srv) != 0 ? errno : 0;
+	pthread_mutex_unlock(&srv->mu);
+	if (rc == 0)
+		rc = pthread_create(&srv->accept_thread, NULL, accept_main, srv);
+	srv->started = true; /* destroy joins what did start */
+	if (rc != 0) {
+		srv->accept_started = false;
+		return sc_err_set(err, SC_INTERNAL, "cannot start the peer connection threads: %s",
 				  strerror(rc));
-	srv->started = true;
+	}
+	srv->accept_started = true;
 	return 0;
 }
 
@@ -1595,27 +1790,60 @@ void sc_peer_server_destroy(struct sc_peer_server *srv)
 	if (!srv)
 		return;
 	atomic_store(&srv->stopping, true);
-	if (srv->started) {
+	if (srv->accept_started) {
 		wake(srv);
 		pthread_join(srv->accept_thread, NULL);
-		srv->started = false;
+		srv->accept_started = false;
 	}
 	for (size_t i = 0; i < SC_MAX_ENDPOINTS; i++) {
 		if (srv->listen_fd[i] >= 0)
 			close(srv->listen_fd[i]);
 		srv->listen_fd[i] = -1;
 	}
-	/* Cut every connection; each thread notices at once, queues itself and ends. */
+	/* Cut every connection: a request in hand ends at once; then wake every pool thread
+	 * (stop_fd stays readable) and join them all. */
 	pthread_mutex_lock(&srv->mu);
-	struct sc_list *pos;
+	struct sc_list *pos, *tmp;
 	sc_list_foreach(pos, &srv->live) {
 		shutdown(sc_list_entry(pos, struct conn, node)->fd, SHUT_RDWR);
 	}
-	while (!sc_list_empty(&srv->live))
-		pthread_cond_wait(&srv->cv, &srv->mu);
 	pthread_mutex_unlock(&srv->mu);
+	if (srv->stop_fd >= 0) {
+		uint64_t one = 1;
+		ssize_t n = write(srv->stop_fd, &one, sizeof(one));
+		(void)n;
+	}
+	if (srv->started) {
+		struct sc_list running = SC_LIST_INIT(running);
+		pthread_mutex_lock(&srv->mu);
+		sc_list_move_all(&srv->workers, &running);
+		pthread_mutex_unlock(&srv->mu);
+		sc_list_foreach_safe(pos, tmp, &running) {
+			struct worker *wk = sc_list_entry(pos, struct worker, node);
+			pthread_join(wk->thread, NULL);
+			free(wk);
+		}
+		srv->started = false;
+	}
+	/* No thread is left to take them: end the parked connections here. */
+	for (;;) {
+		pthread_mutex_lock(&srv->mu);
+		struct conn *c = sc_list_empty(&srv->live)
+				     ? NULL
+				     : sc_list_entry(srv->live.next, struct conn, node);
+		pthread_mutex_unlock(&srv->mu);
+		if (!c)
+			break;
+		char why[SC_NAME_MAX + 40];
+		snprintf(why, sizeof(why), "sidecar \"%s\" is shutting down", srv->self_id);
+		conn_finish(c, why);
+	}
 	reap(srv);
 	expire_orphans(srv, true);
+	if (srv->epfd >= 0)
+		close(srv->epfd);
+	if (srv->stop_fd >= 0)
+		close(srv->stop_fd);
 	if (srv->wake_fd >= 0)
 		close(srv->wake_fd);
 	if (srv->spare_fd >= 0)

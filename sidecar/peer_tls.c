@@ -890,6 +890,12 @@ static bool tls_user_tx(void *ctx, int fd)
 	return l && !l->ktls_tx;
 }
 
+bool sc_peer_tls_pending(int fd)
+{
+	struct link *l = link_of(fd);
+	return l && !l->ktls_rx && SSL_has_pending(l->ssl) == 1;
+}
+
 /* After SSL_read/SSL_write returned r <= 0: 0 for EOF, else -1 with errno. */
 static ssize_t io_fail(struct link *l, int r, int sys)
 {

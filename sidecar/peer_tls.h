@@ -128,6 +128,11 @@ int sc_peer_tls_server(struct sc_peer_tls *tls, int fd, const struct sc_peer_wai
  * most recent handshake used (before one: what is expected). Never NULL. */
 const char *sc_peer_tls_mode(const struct sc_peer_tls *tls);
 
+/* Has TLS on fd read ahead bytes the socket no longer shows (OpenSSL's buffer; not with kernel
+ * TLS receive)? A connection parked for its next request must not have any: epoll would not see
+ * them. False for a plain connection. The thread that owns the connection. */
+bool sc_peer_tls_pending(int fd);
+
 /* Free the TLS state attached to fd (if any), then close(fd). fd < 0: nothing. */
 void sc_peer_tls_close(int fd);
 
