@@ -1,0 +1,198 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What a sidecar costs as the cluster grows (issue 25), for one or more builds side by side.
+
+Two shapes, with real sidecars on loopback and default flags:
+- all-to-all: N sidecars, each with a 1 MiB readable of random bytes open to any number of uses;
+  every sidecar reads every other's once (N x (N-1) reads, one reader thread per sidecar).
+- fan-in: one hub and N readers; each reader reads the hub's readable once, all at once.
+
+After the reads, with every connection still pooled, each process is measured from /proc: threads,
+open fds, established TCP connections and anonymous memory (RssAnon). The table gives the mean per
+sidecar (all-to-all) or the hub's (fan-in), the reads that failed and the time. Every read is
+checked: status COMPLETE and the bytes equal to the source's.
+
+Usage: /usr/bin/python3 bench/scale_bench.py [--build LABEL=BUILD_DIR ...] [--all-to-all 2,16,48]
+       [--fan-in 300] [--json FILE]
+A baseline build (e.g. the commit before a change, built in another directory) goes beside the
+current one with a second --build.
+"""
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import resource
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+
+MiB = 1 << 20
+
+
+def proc_stats(pid):
+    out = {}
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("Threads", "RssAnon"):
+                out[k] = int(v.split()[0])
+    fd_dir = "/proc/%d/fd" % pid
+    inodes = set()
+    fds = 0
+    for name in os.listdir(fd_dir):
+        fds += 1
+        try:
+            link = os.readlink(os.path.join(fd_dir, name))
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    established = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    cols = line.split()
+                    if cols[3] == "01" and cols[9] in inodes:
+                        established += 1
+        except FileNotFoundError:
+            pass
+    return {"threads": out["Threads"], "fds": fds, "tcp": established, "anon_kib": out["RssAnon"]}
+
+
+def start_all(harness, workdir, names, keys, pool):
+    return list(pool.map(lambda n: harness.Sidecar(workdir, n, key_file=keys, tcp=False,
+                                                   extra=["--log-level", "warn"]), names))
+
+
+def readable(h, s, size):
+    r = s.stub.CreateRegion(h.pb.CreateRegionRequest(size=size), timeout=30)
+    data = os.urandom(size)
+    s.fill(r, 0, data)
+    op = s.stub.CreateReadable(h.pb.CreatePassiveRequest(descriptors=[h.desc(r, 0, size)], any_uses=True,
+                                                         timeout_ms=3600 * 1000), timeout=30)
+    return op.metadata, data
+
+
+def read_once(h, s, region, off, metadata, data):
+    done = s.stub.BeginRead(h.pb.BeginTransferRequest(metadata=metadata, descriptors=[h.desc(region, off, len(data))],
+                                                      timeout_ms=120000, wait=True), timeout=180)
+    if done.status != h.pb.OPERATION_STATUS_COMPLETE:
+        return done.error.message or "status %d" % done.status
+    if s.peek(region, off, len(data)) != data:
+        return "bytes differ"
+    return None
+
+
+def stop_all(sidecars, pool):
+    list(pool.map(lambda s: s.stop(timeout=60), sidecars))
+    for s in sidecars:
+        s.log.close()
+
+
+def all_to_all(h, n, size, pool):
+    workdir = tempfile.mkdtemp(prefix="sc-scale-", dir="/tmp")
+    keys = h.write_key_file(os.path.join(workdir, "keys"))
+    sidecars = start_all(h, workdir, ["s%03d" % i for i in range(n)], keys, pool)
+    try:
+        sources = [readable(h, s, size) for s in sidecars]
+        failures = []
+        lock = threading.Lock()
+
+        def reader(i):
+            s = sidecars[i]
+            region = s.stub.CreateRegion(h.pb.CreateRegionRequest(size=size * (n - 1) or size), timeout=30)
+            k = 0
+            for j in range(n):
+                if j != i:
+                    err = read_once(h, s, region, k * size, *sources[j])
+                    k += 1
+                    if err:
+                        with lock:
+                            failures.append(err)
+        t0 = time.monotonic()
+        list(pool.map(reader, range(n)))
+        seconds = time.monotonic() - t0
+        stats = [proc_stats(s.proc.pid) for s in sidecars]
+        mean = {k: sum(st[k] for st in stats) / n for k in stats[0]}
+        return dict(mean, reads=n * (n - 1), failed=len(failures), seconds=seconds,
+                    first_failure=failures[0] if failures else "")
+    finally:
+        stop_all(sidecars, pool)
+
+
+def fan_in(h, n, size, pool):
+    workdir = tempfile.mkdtemp(prefix="sc-scale-", dir="/tmp")
+    keys = h.write_key_file(os.path.join(workdir, "keys"))
+    hub = start_all(h, workdir, ["hub"], keys, pool)[0]
+    readers = []
+    try:
+        readers = start_all(h, workdir, ["r%03d" % i for i in range(n)], keys, pool)
+        metadata, data = readable(h, hub, size)
+        base = proc_stats(hub.proc.pid)
+
+        def one(s):
+            region = s.stub.CreateRegion(h.pb.CreateRegionRequest(size=size), timeout=30)
+            return read_once(h, s, region, 0, metadata, data)
+        t0 = time.monotonic()
+        errors = [e for e in pool.map(one, readers) if e]
+        seconds = time.monotonic() - t0
+        st = proc_stats(hub.proc.pid)
+        return dict(st, threads_before=base["threads"], reads=n, failed=len(errors), seconds=seconds,
+                    first_failure=errors[0] if errors else "")
+    finally:
+        stop_all(readers + [hub], pool)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", action="append", default=[],
+                    help="LABEL=BUILD_DIR (its rdma-sidecar and python stubs); repeat for a baseline")
+    ap.add_argument("--all-to-all", default="2,16,48", help="sidecar counts, comma list ('' for none)")
+    ap.add_argument("--fan-in", default="300", help="reader counts, comma list ('' for none)")
+    ap.add_argument("--size", type=int, default=MiB, help="bytes per read")
+    ap.add_argument("--json", help="write the results here too")
+    args = ap.parse_args()
+    builds = [b.split("=", 1) for b in args.build] or [["this", os.path.join(HERE, "..", "build")]]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    a2a = [int(x) for x in args.all_to_all.split(",") if x]
+    fan = [int(x) for x in args.fan_in.split(",") if x]
+    results = []
+    for label, build in builds:
+        os.environ["SC_BINARY"] = os.path.abspath(os.path.join(build, "rdma-sidecar"))
+        os.environ["SC_PYTHON_STUBS"] = os.path.abspath(os.path.join(build, "python"))
+        import harness as h  # the stubs path is read at import; every build has the same proto
+        h.BINARY = os.environ["SC_BINARY"]
+        workers = max(a2a + fan + [2]) + 1
+        with cf.ThreadPoolExecutor(max_workers=workers) as pool:
+            for n in a2a:
+                r = all_to_all(h, n, args.size, pool)
+                results.append(dict(r, build=label, shape="all-to-all", n=n))
+                print(json.dumps(results[-1]), file=sys.stderr)
+            for n in fan:
+                r = fan_in(h, n, args.size, pool)
+                results.append(dict(r, build=label, shape="fan-in", n=n))
+                print(json.dumps(results[-1]), file=sys.stderr)
+    print("| build | shape | sidecars | reads | failed | threads | fds | TCP conns | anon memory | time |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in results:
+        n = r["n"] if r["shape"] == "all-to-all" else r["n"] + 1
+        who = "per sidecar" if r["shape"] == "all-to-all" else "hub"
+        print("| %s | %s (%s) | %d | %d | %d | %.1f | %.0f | %.0f | %.1f MB | %.1f s |"
+              % (r["build"], r["shape"], who, n, r["reads"], r["failed"], r["threads"], r["fds"], r["tcp"],
+                 r["anon_kib"] / 1024, r["seconds"]))
+    for r in results:
+        if r["failed"]:
+            print("%s %s %d: first failure: %s" % (r["build"], r["shape"], r["n"], r["first_failure"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

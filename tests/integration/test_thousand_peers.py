@@ -1,0 +1,100 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A thousand peers (issue 25): one sidecar with default flags holds 1,024 authenticated peer
+connections (the default --data-max-peers) without a thread per connection: its thread count stays
+where it was, and each idle connection costs it under 16 KiB of memory (VmRSS growth over the 1,024,
+measured, printed). Every connection is served while the others stay open (a PING on each, twice,
+in order and then in reverse), nothing is evicted while there is room, and then a real sidecar
+reads random bytes from it: the connection used longest ago makes room, the bytes compare, and the
+eviction is counted. The peers are hand-written protocol clients (peer_client.py), one Python
+process holding all 1,024 sockets; the reader is a real sidecar."""
+import os
+import resource
+import sys
+import urllib.request
+
+from harness import SLOW, SidecarTest, desc, free_port, main, pb
+from peer_client import Peer
+
+PEERS = 1024  # --data-max-peers' default
+# Memory a parked connection may cost the sidecar: its struct conn is about 1 KB; kernel socket
+# buffers are not in VmRSS. A thread per connection cost ~125 KB (stack pages touched, frame
+# buffer).
+PER_CONN_LIMIT = 16 * 1024
+
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+need = PEERS + 256
+if hard != resource.RLIM_INFINITY and hard < need:
+    print("SKIP: this test holds %d sockets; the open-file hard limit is %d" % (PEERS, hard))
+    sys.exit(77)
+resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
+
+
+def status_field(pid, field):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError("no %s in /proc/%d/status" % (field, pid))
+
+
+class ThousandPeersTest(SidecarTest):
+    def test_1024_peers_hold_no_thread_each(self):
+        key = os.urandom(32)
+        keys = self.key_file(keys=[("k1", key)])
+        mport = free_port()
+        hub = self.sidecar("hub", key_file=keys, extra=["--metrics-listen", "127.0.0.1:%d" % mport])
+        host, dport = hub.info().data_endpoints[0].rsplit(":", 1)
+        # One peer served first: the pool and the allocator are warm before the baseline.
+        warm = Peer(host, int(dport), "k1", key, client_id="warm")
+        warm.ping()
+        warm.sock.close()
+        pid = hub.proc.pid
+        threads0, rss0 = status_field(pid, "Threads"), status_field(pid, "VmRSS")
+
+        peers = []
+        self.addCleanup(lambda: [p.sock.close() for p in peers])
+        for i in range(PEERS):
+            peers.append(Peer(host, int(dport), "k1", key, client_id="p%04d" % i, timeout=30 * SLOW))
+            peers[-1].ping()
+        for p in reversed(peers):  # all still open and served
+            p.ping()
+        threads1, rss1 = status_field(pid, "Threads"), status_field(pid, "VmRSS")
+        per_conn = (rss1 - rss0) * 1024 / PEERS
+        print("\n%d peer connections: threads %d -> %d, VmRSS %d -> %d KiB (%.0f bytes each)"
+              % (PEERS, threads0, threads1, rss0, rss1, per_conn))
+        # Sequential requests keep at most one pool thread busy: no more threads than before,
+        # but for one started while that one served (the pool keeps one waiting).
+        self.assertLessEqual(threads1, threads0 + 1)
+        if SLOW == 1:  # sanitizers and valgrind count their own shadow memory
+            self.assertLess(per_conn, PER_CONN_LIMIT)
+        metrics = lambda: urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport,  # noqa: E731
+                                                 timeout=10).read().decode()
+        self.assertIn("rdma_sidecar_peer_connections_evicted_total 0", metrics())
+
+        # A real sidecar reads while all 1,024 are open: p1023, served longest ago (the second
+        # round went in reverse), makes room.
+        reader = self.sidecar("reader", key_file=keys)
+        size = (1 << 20) + 13
+        data = os.urandom(size)
+        src = hub.create_region(size + 100)
+        hub.fill(src, 7, data)
+        op = hub.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(src, 7, size)], timeout_ms=60000),
+                                     timeout=10 * SLOW)
+        dst = reader.create_region(size + 5)
+        done = reader.stub.BeginRead(pb.BeginTransferRequest(metadata=op.metadata, descriptors=[desc(dst, 5, size)],
+                                                             timeout_ms=60000, wait=True), timeout=90 * SLOW)
+        self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, done.error.message)
+        self.assertEqual(reader.peek(dst, 5, size), data)
+        self.assertIn('closed the one idle longest, peer sidecar "p1023"', hub.read_log())
+        evicted = [line for line in metrics().splitlines()
+                   if line.startswith("rdma_sidecar_peer_connections_evicted_total ")]
+        self.assertEqual(len(evicted), 1)
+        self.assertGreaterEqual(int(evicted[0].split()[1]), 1)
+        with self.assertRaises(ConnectionError):  # the evicted one was told by a close
+            peers[-1].sock.settimeout(10 * SLOW)
+            peers[-1].ping()
+        peers[0].ping()  # the most recent ones are still served
+
+
+if __name__ == "__main__":
+    main()
