@@ -976,7 +976,8 @@ static bool input_waiting(const struct conn *c)
 
 /* ---- connection threads ---------------------------------------------------------------------- */
 
-/* The connection's thread is about to end: hand its transfers over, queue it for joining. */
+/* The connection ends: hand its transfers over, close it, queue it for freeing. The pool thread
+ * that served it (or destroy) calls this last: the connection may be freed as it returns. */
 static void conn_finish(struct conn *c, const char *why)
 {
 	struct sc_peer_server *srv = c->srv;
@@ -1009,12 +1010,16 @@ static void conn_finish(struct conn *c, const char *why)
 	free(c->opened);
 	c->opened = NULL;
 	c->n_opened = c->cap_opened = 0;
+	int fd = c->fd;
+	c->fd = -1;
+	pthread_mutex_unlock(&srv->mu);
+	/* Nobody else touches the fd once the connection left the live list. Closed before the
+	 * connection goes on the dead list: from there the accept thread may free it any time. */
+	sc_peer_tls_close(fd);
+	pthread_mutex_lock(&srv->mu);
 	sc_list_insert_head(&srv->dead, &c->node);
 	pthread_cond_broadcast(&srv->cv);
 	pthread_mutex_unlock(&srv->mu);
-	/* Nobody else touches the fd once the connection left the live list. */
-	sc_peer_tls_close(c->fd);
-	c->fd = -1;
 	wake(srv);
 }
 
