@@ -375,6 +375,7 @@ struct ib_backend *ib_backend_new(const struct sc_backend_env *env)
 	ib->srv = env->server;
 	ib->stripe_min = env->cfg->ib_stripe_min_bytes;
 	ib->slice_bytes = env->cfg->ib_slice_bytes ? env->cfg->ib_slice_bytes : (1u << 20);
+	ib->max_qps = env->cfg->ib_max_qps ? env->cfg->ib_max_qps : 1024;
 	return ib;
 }
 

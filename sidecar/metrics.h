@@ -46,6 +46,9 @@ struct sc_gauges {
 	} certs[2];
 	size_t n_certs;
 	uint64_t peers_evicted; /* idle peer connections closed to admit a new peer (a counter) */
+	/* ibverbs incoming QPs (counters): destroyed to admit a new peer at --ib-max-qps, expired
+	 * after idling, peers refused because every QP was in use. */
+	uint64_t ib_qps_evicted, ib_qps_expired, ib_qps_refused;
 	struct sc_rail_entry rails[SC_METRICS_MAX_RAILS]; /* every backend's rails */
 	size_t n_rails;
 };

@@ -1629,3 +1629,48 @@ uint64_t sc_peer_server_evicted(const struct sc_peer_server *srv)
 {
 	return srv ? atomic_load(&srv->n_evicted) : 0;
 }
+
+int sc_peer_server_retire_peer(struct sc_peer_server *srv, const char *peer_id,
+			       uint64_t min_idle_ms)
+{
+	if (!srv)
+		return 0;
+	int rc = 0;
+	uint64_t now = sc_clock_mono_ms();
+	pthread_mutex_lock(&srv->mu);
+	struct sc_list *pos;
+	sc_list_foreach(pos, &srv->orphans) {
+		if (strcmp(sc_list_entry(pos, struct orphan, node)->peer_id, peer_id) == 0) {
+			rc = -1; /* a transfer of it may still be moving bytes */
+			goto out;
+		}
+	}
+	sc_list_foreach(pos, &srv->live) {
+		struct conn *o = sc_list_entry(pos, struct conn, node);
+		if (!o->authed || strcmp(o->peer_id, peer_id) != 0)
+			continue;
+		if (o->n_opened || o->serving || atomic_load(&o->state) != CONN_IDLE ||
+		    atomic_load(&o->last_active_mono_ms) + min_idle_ms > now) {
+			rc = -1;
+			goto out;
+		}
+	}
+	sc_list_foreach(pos, &srv->live) {
+		struct conn *o = sc_list_entry(pos, struct conn, node);
+		if (!o->authed || strcmp(o->peer_id, peer_id) != 0)
+			continue;
+		int idle = CONN_IDLE;
+		if (!atomic_compare_exchange_strong(&o->state, &idle, CONN_EVICTED)) {
+			rc = -1; /* a request just arrived on it */
+			goto out;
+		}
+		shutdown(o->fd, SHUT_RDWR);
+		/* As evict_idle_locked: the room is free now, its thread ends soon. */
+		srv->n_authed--;
+		o->authed = false;
+		srv->n_unauth++;
+	}
+out:
+	pthread_mutex_unlock(&srv->mu);
+	return rc;
+}
