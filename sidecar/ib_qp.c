@@ -14,7 +14,20 @@
  * uses it for every transfer to that peer; the responder keeps its side ("incoming" QPs, which
  * never post anything) keyed by (peer id, requester qpn); when that peer connects again it drops
  * the one the requester says it replaced (prev_qpn) and those in the error state, keeps at most
- * IB_MAX_IN_PER_PEER per peer, and it destroys at once those an async event reports in error. A QP that fails takes its peer out of the cache; transport failures
+ * IB_MAX_IN_PER_PEER per peer, and it destroys at once those an async event reports in error.
+ *
+ * Incoming QPs are capped at --ib-max-qps (ib->max_qps) and do not hold their slot for ever: at
+ * the cap the least recently used one whose peer is idle here (no request in hand, no transfer
+ * OPENed on the control channel: the peer server knows) is destroyed to admit the new peer
+ * (logged, rdma_sidecar_ib_qps_evicted_total), and one whose peer made no request for
+ * IB_IN_IDLE_MS expires (the completion thread looks every IB_IN_EXPIRE_CHECK_MS). Only when
+ * every one is in use is the new peer refused (RESOURCE_EXHAUSTED, saying so). A QP in use is
+ * never destroyed: a running transfer holds its OPEN until its DONE or completion notice. The
+ * peer server closes the victim's idle control connections in the same step, so the victim's
+ * next transfer has to dial anew, and a cached QP behind a newly dialled connection is checked
+ * with the peer first (VERIFY, below): it learns the QP is gone and reconnects, instead of posting
+ * RDMA into a QP number that no longer exists. Outgoing QPs are capped the same way (LRU, idle
+ * ones dropped). A QP that fails takes its peer out of the cache; transport failures
  * (retry exceeded, setup failures) also tombstone the peer for IB_TOMBSTONE_MS, during which
  * transfers to it fail at once with UNAVAILABLE and the reason, rather than hang.
  *
@@ -779,7 +792,8 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 		if (rc == 0) {
 			pthread_mutex_lock(&ib->mu);
 			ib_qp_fail_locked(ib, q, false,
-					  "the peer no longer has its end of this QP (it restarted)",
+					  "the peer no longer has its end of this QP (it restarted, or "
+					  "gave it up while idle)",
 					  &drop);
 			pthread_mutex_unlock(&ib->mu);
 		}
@@ -797,7 +811,8 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 					  "in a loop?)",
 					  md->issuer);
 		SC_INFO("ibverbs",
-			"peer %s no longer has its end of QP %u (it restarted): reconnecting",
+			"peer %s no longer has its end of QP %u (it restarted, or gave the idle QP up "
+			"at its --ib-max-qps): reconnecting",
 			md->issuer, qpn);
 	}
 }
