@@ -283,9 +283,10 @@ struct ib_backend {
 	struct sc_list out_qps, in_qps; /* struct ib_qp */
 	size_t n_out, n_in;
 	uint32_t max_qps;   /* --ib-max-qps: n_out and n_in each stay within it */
+	uint64_t in_idle_ms; /* IB_IN_IDLE_MS (tests: SC_TEST_IB_QP_IDLE_MS) */
 	uint64_t use_seq;   /* orders uses of incoming QPs (LRU) */
 	uint64_t evict_round;
-	uint64_t last_expire_mono_ms; /* completion thread */
+	uint64_t last_expire_mono_ms; /* the completion thread's alone (ib_qp_expire_idle) */
 	atomic_uint_fast64_t n_grants; /* live exposures, for the destroy check */
 
 	/* The completion notice (ib_notify.c). */

@@ -20,7 +20,8 @@
  * the cap the least recently used one whose peer is idle here (no request in hand, no transfer
  * OPENed on the control channel: the peer server knows) is destroyed to admit the new peer
  * (logged, rdma_sidecar_ib_qps_evicted_total), and one whose peer made no request for
- * IB_IN_IDLE_MS expires (the completion thread looks every IB_IN_EXPIRE_CHECK_MS). Only when
+ * IB_IN_IDLE_MS expires (the completion thread looks every IB_IN_EXPIRE_CHECK_MS; tests shorten it
+ * with SC_TEST_IB_QP_IDLE_MS). Only when
  * every one is in use is the new peer refused (RESOURCE_EXHAUSTED, saying so). A QP in use is
  * never destroyed: a running transfer holds its OPEN until its DONE or completion notice. The
  * peer server closes the victim's idle control connections in the same step, so the victim's
@@ -897,15 +898,18 @@ static int evict_idle_in(struct ib_backend *ib, const char *requester)
 void ib_qp_expire_idle(struct ib_backend *ib)
 {
 	uint64_t now = sc_clock_mono_ms();
-	pthread_mutex_lock(&ib->mu);
-	bool due = now - ib->last_expire_mono_ms >= IB_IN_EXPIRE_CHECK_MS && ib->n_in > 0;
-	if (due)
-		ib->last_expire_mono_ms = now;
-	pthread_mutex_unlock(&ib->mu);
-	if (!due)
+	if (now - ib->last_expire_mono_ms < IB_IN_EXPIRE_CHECK_MS) /* the completion thread's own */
 		return;
-	while (retire_one_in(ib, NULL, IB_IN_IDLE_MS, false, "its peer made no request for 180 s") ==
-	       0)
+	ib->last_expire_mono_ms = now;
+	pthread_mutex_lock(&ib->mu);
+	bool any = ib->n_in > 0;
+	pthread_mutex_unlock(&ib->mu);
+	if (!any)
+		return;
+	char why[96];
+	snprintf(why, sizeof(why), "expired: its peer made no request for %" PRIu64 " s",
+		 ib->in_idle_ms / 1000);
+	while (retire_one_in(ib, NULL, ib->in_idle_ms, false, why) == 0)
 		atomic_fetch_add(&ib->top->qps_expired, 1);
 }
 

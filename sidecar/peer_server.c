@@ -103,6 +103,7 @@ struct conn {
 	/* CONN_IDLE between requests, CONN_BUSY while one is handled, CONN_EVICTED once the
 	 * accept side closed it to admit a new peer (only an idle one is: compare-and-swap). */
 	atomic_int state;
+	atomic_bool retired; /* evicted by sc_peer_server_retire_peer, not for --data-max-peers */
 	atomic_uint_fast64_t last_active_mono_ms; /* the end of its last request (or the hello) */
 	atomic_uint_fast64_t last_active_seq;     /* the same moment in srv->activity order */
 	struct sc_list node; /* on srv->live, then srv->dead; newest first */
@@ -876,15 +877,17 @@ static void serve(struct conn *c, char *why, size_t why_cap)
 		enum sc_peer_io io = sc_peer_recv_msg(c->fd, c->buf, sizeof(c->buf), &m, &idle,
 						      c->what, &err);
 		int was_idle = CONN_IDLE;
-		if (io == SC_PEER_IO_OK &&
-		    !atomic_compare_exchange_strong(&c->state, &was_idle, CONN_BUSY)) {
-			snprintf(why, why_cap, "closed to admit another peer (--data-max-peers %u)",
-				 srv->max_peers);
-			return;
-		}
-		if (io != SC_PEER_IO_OK && atomic_load(&c->state) == CONN_EVICTED) {
-			snprintf(why, why_cap, "closed to admit another peer (--data-max-peers %u)",
-				 srv->max_peers);
+		if ((io == SC_PEER_IO_OK &&
+		     !atomic_compare_exchange_strong(&c->state, &was_idle, CONN_BUSY)) ||
+		    (io != SC_PEER_IO_OK && atomic_load(&c->state) == CONN_EVICTED)) {
+			if (atomic_load(&c->retired))
+				snprintf(why, why_cap,
+					 "closed with its idle ibverbs QP (given up to admit another "
+					 "peer, or expired)");
+			else
+				snprintf(why, why_cap,
+					 "closed to admit another peer (--data-max-peers %u)",
+					 srv->max_peers);
 			return;
 		}
 		if (io != SC_PEER_IO_OK) {
@@ -1659,8 +1662,10 @@ int sc_peer_server_retire_peer(struct sc_peer_server *srv, const char *peer_id,
 		struct conn *o = sc_list_entry(pos, struct conn, node);
 		if (!o->authed || strcmp(o->peer_id, peer_id) != 0)
 			continue;
+		atomic_store(&o->retired, true);
 		int idle = CONN_IDLE;
 		if (!atomic_compare_exchange_strong(&o->state, &idle, CONN_EVICTED)) {
+			atomic_store(&o->retired, false);
 			rc = -1; /* a request just arrived on it */
 			goto out;
 		}

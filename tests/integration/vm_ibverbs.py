@@ -963,6 +963,28 @@ class IbverbsTest(SidecarTest):
             self.assertNotIn("did not answer the RDMA", p.read_log())
             self.assertNotIn("refusing it for", p.read_log())
 
+    def test_qp_idle_expiry(self):
+        """An incoming QP whose peer made no request for the idle time (180 s; 2 s here through
+        SC_TEST_IB_QP_IDLE_MS) is destroyed by the completion thread's timer and counted in
+        rdma_sidecar_ib_qps_expired_total; the peer's next read finds out by asking (VERIFY),
+        reconnects, and moves every byte over ibverbs."""
+        keys = self.key_file()
+        mport = free_port()
+        s = self.sidecar("s", key_file=keys, env={"SC_TEST_IB_QP_IDLE_MS": "2000"},
+                         extra=IB_FLAGS + ["--backends", "ibverbs,tcp",
+                                           "--metrics-listen", "127.0.0.1:%d" % mport])
+        p = self.side("p", keys)
+        self.move(s, p, (1 << 20) + 5, 2, "read", timeout_ms=60000)
+        t0 = time.monotonic()
+        wait_until(lambda: "expired: its peer made no request for 2 s" in s.read_log(), 20 * SLOW,
+                   "the idle incoming QP to expire")
+        print("  expired %.1fs after the read" % (time.monotonic() - t0))
+        self.assertEqual(self.metric(mport, "rdma_sidecar_ib_qps_expired_total"), 1)
+        self.assertEqual(self.metric(mport, "rdma_sidecar_ib_qps_evicted_total"), 0)
+        self.move(s, p, 70001, 2, "read", timeout_ms=60000)
+        self.assertRegex(p.read_log(), r"no longer has its end of QP \d+|went stale while idle")
+        self.assertNotIn("did not answer the RDMA", p.read_log())
+
     def test_qp_cap_all_busy_refuses(self):
         """s serves one incoming QP (--ib-max-qps 1) and b's BIG read holds it (throttled, so it
         moves for seconds by construction). A third sidecar c asking for a QP meanwhile is refused:
