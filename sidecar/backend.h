@@ -161,6 +161,9 @@ struct sc_backend {
 	/* Its rails (see struct sc_rail). n_rails is fixed once the backend is created. */
 	struct sc_rail rails[SC_MAX_RAILS];
 	size_t n_rails;
+	/* ibverbs (every lane counts on the first's): incoming QPs destroyed to admit a new peer,
+	 * destroyed after idling, and peers refused because every QP was in use. Any thread. */
+	atomic_uint_fast64_t qps_evicted, qps_expired, qps_refused;
 };
 
 /* Set rail i's state and detail (printf-style; NULL keeps the detail). Any thread. */

@@ -83,6 +83,7 @@ enum opt_id {
 	OPT_IB_GID_INDEX,
 	OPT_IB_STRIPE_MIN,
 	OPT_IB_SLICE_SIZE,
+	OPT_IB_MAX_QPS,
 	OPT_DEFAULT_TIMEOUT,
 	OPT_RETENTION,
 	OPT_CANCEL_WAIT,
@@ -329,6 +330,15 @@ static const struct sc_option sc_options[] = {
 	 .def = "4MiB"},
 	{.id = OPT_IB_SLICE_SIZE, T_SIZE(ib_slice_bytes, 64 * KIB, GIB, "64KiB-1GiB"), .name = "ib-slice-size", .arg = ARG_REQUIRED, .value = "SIZE",
 	 .group = "RDMA", .help = "bytes per slice of a striped transfer, 64KiB-1GiB", .def = "1MiB"},
+	{.id = OPT_IB_MAX_QPS, T_U32(ib_max_qps, 1, 65536), .name = "ib-max-qps", .arg = ARG_REQUIRED, .value = "N",
+	 .group = "RDMA",
+	 .help = "RDMA queue pairs per rail, 1-65536, for each direction (one per peer that reads or "
+		 "writes here, one per peer this sidecar reads or writes); at the cap the least "
+		 "recently used idle one is destroyed for a new peer, and only when all are in use is "
+		 "the peer refused; incoming ones idle for 180 s expire. Each costs about 16 KiB of "
+		 "host memory outgoing (work-request records and notice buffers), 2 KiB incoming, "
+		 "plus the NIC's queues and 32 completion-queue entries per incoming QP",
+	 .def = "1024"},
 
 	{.id = OPT_DEFAULT_TIMEOUT, .name = "default-timeout", .arg = ARG_REQUIRED,
 	 .value = "DURATION", .group = "Limits",
@@ -1354,6 +1364,7 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->tcp_chunk_bytes = 8 * MIB;
 	cfg->ib_stripe_min_bytes = 4 * MIB;
 	cfg->ib_slice_bytes = MIB;
+	cfg->ib_max_qps = 1024;
 	cfg->data_max_unauth_per_ip = 16;
 	cfg->data_max_unauth = 64;
 	cfg->data_max_peers = 1024;

@@ -73,6 +73,7 @@ struct sc_config {
 	uint64_t ib_stall_ms;                         /* --ib-stall-timeout, 10000; 0 = never */
 	uint64_t ib_stripe_min_bytes;                 /* --ib-stripe-min, 4 MiB; 0 = never stripe */
 	uint64_t ib_slice_bytes;                      /* --ib-slice-size, 1 MiB */
+	uint32_t ib_max_qps;                          /* --ib-max-qps, 1024 (each way, per rail) */
 	enum sc_log_level log_level;                  /* --log-level, info */
 	bool log_json;                                /* --log-json */
 	char *metrics_listen;                         /* --metrics-listen HOST:PORT; NULL = off */

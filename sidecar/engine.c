@@ -213,6 +213,13 @@ static void read_gauges(void *ctx, struct sc_gauges *g)
 		g->available[b] = eng->backends[b] && eng->backends[b]->available;
 	g->n_rails = collect_rails_locked(eng, g->rails, SC_INFO_MAX_RAILS);
 	g->peers_evicted = sc_peer_server_evicted(eng->peer_server);
+	sc_peer_server_load(eng->peer_server, &g->peer_load);
+	const struct sc_backend *ibb = eng->backends[SC_BACKEND_IBVERBS];
+	if (ibb) {
+		g->ib_qps_evicted = atomic_load(&ibb->qps_evicted);
+		g->ib_qps_expired = atomic_load(&ibb->qps_expired);
+		g->ib_qps_refused = atomic_load(&ibb->qps_refused);
+	}
 	if (eng->grpc_cert_serial[0]) {
 		struct sc_cert_gauge *c = &g->certs[g->n_certs++];
 		c->use = "grpc";

@@ -36,8 +36,10 @@
 #include "backend.h"
 #include "config.h"
 #include "metadata.h"
+#include "peer_server.h"
 #include "sc_types.h"
 #include "status.h"
+#include "timer.h"
 #include "xfer_runner.h"
 
 #include <infiniband/verbs.h>
@@ -69,8 +71,11 @@ struct ib_xfer;
 #define IB_TOMBSTONE_MS 2000		/* a peer whose QP failed is refused this long */
 #define IB_XFER_MOVES 2 /* a transfer moves to a fresh QP at most this often (ib_retry.c) */
 #define IB_VERIFY_IDLE_MS 5000 /* a cached QP idle this long is checked with the peer first */
-#define IB_MAX_OUT_QPS 256     /* outgoing QPs (one per peer sidecar) */
-#define IB_MAX_IN_QPS 256      /* incoming QPs (created for requesting peers) */
+/* --ib-max-qps (ib->max_qps) caps outgoing QPs (one per peer sidecar) and incoming ones
+ * (created for requesting peers), each, per lane. An incoming QP whose peer made no request for
+ * this long expires (the peer server's idle time for connections, peer_server.h). */
+#define IB_IN_IDLE_MS SC_PEER_SERVER_IDLE_MS
+#define IB_IN_EXPIRE_CHECK_MS 1000 /* how often the completion thread looks for them */
 #define IB_MAX_IN_PER_PEER 4   /* older incoming QPs of a peer beyond this are dropped */
 
 /* One posted work request; wr_id points at it. Records live in an array per outgoing QP. */
@@ -102,6 +107,8 @@ struct ib_qp {
 	uint32_t path_mtu; /* bytes */
 	uint64_t created_mono_ms;
 	uint64_t last_used_mono_ms;
+	uint64_t used_seq; /* incoming: ib->use_seq when last used (orders ties exactly) */
+	uint64_t busy_round; /* incoming: the eviction round that found its peer busy */
 	uint64_t last_ok_mono_ms; /* a work request completed (or the peer vouched for it) */
 	int refs;		  /* under ib->mu */
 	/* Outgoing only, under ib->mu. */
@@ -275,6 +282,11 @@ struct ib_backend {
 	struct sc_list peers;		/* struct ib_peer */
 	struct sc_list out_qps, in_qps; /* struct ib_qp */
 	size_t n_out, n_in;
+	uint32_t max_qps;   /* --ib-max-qps: n_out and n_in each stay within it */
+	uint64_t in_idle_ms; /* IB_IN_IDLE_MS (tests: SC_TEST_IB_QP_IDLE_MS) */
+	uint64_t use_seq;   /* orders uses of incoming QPs (LRU) */
+	uint64_t evict_round;
+	uint64_t last_expire_mono_ms; /* the completion thread's alone (ib_qp_expire_idle) */
 	atomic_uint_fast64_t n_grants; /* live exposures, for the destroy check */
 
 	/* The completion notice (ib_notify.c). */
@@ -407,6 +419,15 @@ void ib_qp_flush(struct ib_qp *qp);
 void ib_qp_async_error(struct ib_backend *ib, struct ibv_qp *qp, const char *what);
 /* Drop every cached and incoming QP (stop/destroy): cached ones once their transfers are done. */
 void ib_qp_drop_all(struct ib_backend *ib);
+/* Destroy the incoming QPs whose peer has been idle for IB_IN_IDLE_MS (checked at most every
+ * IB_IN_EXPIRE_CHECK_MS). Completion thread, not under ib->mu. */
+void ib_qp_expire_idle(struct ib_backend *ib);
+/* An incoming QP was used (a completion notice arrived on it). Under ib->mu. */
+static inline void ib_qp_touch_in_locked(struct ib_backend *ib, struct ib_qp *q)
+{
+	q->last_used_mono_ms = sc_clock_mono_ms();
+	q->used_seq = ++ib->use_seq;
+}
 
 /* ib_xfer.c */
 /* A transfer whose RDMA path failed (UNAVAILABLE, its own rails' fault): when the engine may move

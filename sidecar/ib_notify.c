@@ -29,7 +29,9 @@
  * after its completion. Receive wr_ids carry RECV_MARK, the QP's generation and the slot, never a
  * pointer: a completion still queued for a QP that was destroyed meanwhile names no live QP and
  * is dropped. The buffers are freed only after ibv_destroy_qp (nothing is posted any more).
- * The CQ is sized for the receives of IB_MAX_IN_QPS incoming QPs on top of the send budget.
+ * The CQ is sized for the receives of --ib-max-qps incoming QPs on top of the send budget: up to
+ * NOTICE_RECVS each, fewer when the device's max_cqe leaves less room (at least NOTICE_MIN_RECVS,
+ * else notices are off).
  *
  * Threads: posting runs under ib->mu on whichever thread posts data (a worker or the completion
  * thread); receive completions and their delivery to the engine run on the completion thread.
@@ -74,7 +76,7 @@ struct ib_notice_msg {
 
 uint32_t ib_notice_cq_reserve(struct ib_backend *ib, uint32_t max_cqe, uint32_t send_cqe)
 {
-	uint32_t room = max_cqe > send_cqe ? (max_cqe - send_cqe) / IB_MAX_IN_QPS : 0;
+	uint32_t room = max_cqe > send_cqe ? (max_cqe - send_cqe) / ib->max_qps : 0;
 	uint32_t want = NOTICE_RECVS;
 	uint32_t n = room < want ? room : want;
 	if (n > ib->max_qp_wr)
@@ -82,10 +84,10 @@ uint32_t ib_notice_cq_reserve(struct ib_backend *ib, uint32_t max_cqe, uint32_t 
 	ib->notice_recvs = n >= NOTICE_MIN_RECVS ? n : 0;
 	if (!ib->notice_recvs)
 		SC_INFO("ibverbs",
-			"%s: no room for completion-notice receives (max_cqe %u): DONE goes on "
-			"the control connection",
-			ib->dev_name, max_cqe);
-	return ib->notice_recvs * IB_MAX_IN_QPS;
+			"%s: no room for completion-notice receives (max_cqe %u, --ib-max-qps %u): "
+			"DONE goes on the control connection",
+			ib->dev_name, max_cqe, ib->max_qps);
+	return ib->notice_recvs * ib->max_qps;
 }
 
 uint32_t ib_notice_recv_wr(const struct ib_backend *ib, bool incoming)
@@ -243,6 +245,7 @@ bool ib_notice_wc_locked(struct ib_backend *ib, const struct ibv_wc *wc)
 				q->qp->qp_num, q->peer, ibv_wc_status_str(wc->status));
 		return true; /* the QP is in error: it is dropped on the peer's next connect */
 	}
+	ib_qp_touch_in_locked(ib, q);
 	const uint8_t *m = q->nr->buf + (size_t)slot * NOTICE_LEN;
 	bool ok = wc->opcode == IBV_WC_RECV && wc->byte_len == NOTICE_LEN &&
 		  m[0] == NOTICE_VERSION && m[1] == NOTICE_DONE;

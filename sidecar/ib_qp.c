@@ -14,7 +14,21 @@
  * uses it for every transfer to that peer; the responder keeps its side ("incoming" QPs, which
  * never post anything) keyed by (peer id, requester qpn); when that peer connects again it drops
  * the one the requester says it replaced (prev_qpn) and those in the error state, keeps at most
- * IB_MAX_IN_PER_PEER per peer, and it destroys at once those an async event reports in error. A QP that fails takes its peer out of the cache; transport failures
+ * IB_MAX_IN_PER_PEER per peer, and it destroys at once those an async event reports in error.
+ *
+ * Incoming QPs are capped at --ib-max-qps (ib->max_qps) and do not hold their slot for ever: at
+ * the cap the least recently used one whose peer is idle here (no request in hand, no transfer
+ * OPENed on the control channel: the peer server knows) is destroyed to admit the new peer
+ * (logged, rdma_sidecar_ib_qps_evicted_total), and one whose peer made no request for
+ * IB_IN_IDLE_MS expires (the completion thread looks every IB_IN_EXPIRE_CHECK_MS; tests shorten it
+ * with SC_TEST_IB_QP_IDLE_MS). Only when
+ * every one is in use is the new peer refused (RESOURCE_EXHAUSTED, saying so). A QP in use is
+ * never destroyed: a running transfer holds its OPEN until its DONE or completion notice. The
+ * peer server closes the victim's idle control connections in the same step, so the victim's
+ * next transfer has to dial anew, and a cached QP behind a newly dialled connection is checked
+ * with the peer first (VERIFY, below): it learns the QP is gone and reconnects, instead of posting
+ * RDMA into a QP number that no longer exists. Outgoing QPs are capped the same way (LRU, idle
+ * ones dropped). A QP that fails takes its peer out of the cache; transport failures
  * (retry exceeded, setup failures) also tombstone the peer for IB_TOMBSTONE_MS, during which
  * transfers to it fail at once with UNAVAILABLE and the reason, rather than hang.
  *
@@ -500,7 +514,7 @@ static int connect_peer(struct ib_backend *ib, const struct sc_metadata *md, uin
 static int make_room_locked(struct ib_backend *ib, struct ib_qp **drop)
 {
 	*drop = NULL;
-	if (ib->n_out < IB_MAX_OUT_QPS)
+	if (ib->n_out < ib->max_qps)
 		return 0;
 	struct ib_peer *victim = NULL;
 	struct sc_list *pos;
@@ -512,8 +526,8 @@ static int make_room_locked(struct ib_backend *ib, struct ib_qp **drop)
 	}
 	if (!victim)
 		return -1;
-	SC_INFO("ibverbs", "dropping the idle QP to peer %s (at the cap of %d QPs)", victim->id,
-		IB_MAX_OUT_QPS);
+	SC_INFO("ibverbs", "dropping the idle QP to peer %s (at the cap of %u QPs, --ib-max-qps)",
+		victim->id, ib->max_qps);
 	victim->prev_qpn = victim->qp->qp->qp_num;
 	*drop = victim->qp;
 	victim->qp = NULL;
@@ -709,9 +723,9 @@ static int qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t 
 				pthread_mutex_unlock(&ib->mu);
 				return sc_err_set(
 				    err, SC_RESOURCE_EXHAUSTED,
-				    "this sidecar has %d ibverbs QPs in use (the cap): "
-				    "retry later",
-				    IB_MAX_OUT_QPS);
+				    "this sidecar has %u outgoing ibverbs QPs, every one in use by a "
+				    "transfer (--ib-max-qps): retry once one of them ends",
+				    ib->max_qps);
 			}
 			p->connecting = true;
 			ib->n_out++; /* reserved */
@@ -779,7 +793,8 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 		if (rc == 0) {
 			pthread_mutex_lock(&ib->mu);
 			ib_qp_fail_locked(ib, q, false,
-					  "the peer no longer has its end of this QP (it restarted)",
+					  "the peer no longer has its end of this QP (it restarted, or "
+					  "gave it up while idle)",
 					  &drop);
 			pthread_mutex_unlock(&ib->mu);
 		}
@@ -797,12 +812,106 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 					  "in a loop?)",
 					  md->issuer);
 		SC_INFO("ibverbs",
-			"peer %s no longer has its end of QP %u (it restarted): reconnecting",
+			"peer %s no longer has its end of QP %u (it restarted, or gave the idle QP up "
+			"at its --ib-max-qps): reconnecting",
 			md->issuer, qpn);
 	}
 }
 
 /* ---- incoming QPs (responder) ---------------------------------------------------------------- */
+
+/*
+ * Destroy an incoming QP whose peer is idle: the least recently used one (not the requester's own:
+ * `except`) whose peer has no request in hand, no transfer OPENed here and no request for
+ * min_idle_ms, and whose QP was last used (created, verified, a notice) min_idle_ms ago or more.
+ * The peer server closes that peer's idle control connections in the same step
+ * (sc_peer_server_retire_peer), so its next transfer dials anew and checks its QP with us first
+ * (ib_qp_get: VERIFY says "unknown", it reconnects) rather than posting into a QP that is gone.
+ * Returns 0 (one destroyed; the slot it frees is the caller's: n_in stays) or -1 (every one is in
+ * use). Not under ib->mu; a peer-server thread (at the cap) or the completion thread (expiry).
+ */
+static int retire_one_in(struct ib_backend *ib, const char *except, uint64_t min_idle_ms,
+			 bool keep_slot, const char *why)
+{
+	pthread_mutex_lock(&ib->mu);
+	uint64_t round = ++ib->evict_round;
+	for (;;) {
+		struct ib_qp *lru = NULL;
+		uint64_t now = sc_clock_mono_ms();
+		struct sc_list *pos;
+		sc_list_foreach(pos, &ib->in_qps) {
+			struct ib_qp *q = sc_list_entry(pos, struct ib_qp, node);
+			if (q->busy_round == round || (except && strcmp(q->peer, except) == 0) ||
+			    q->last_used_mono_ms + min_idle_ms > now)
+				continue;
+			if (!lru || q->used_seq < lru->used_seq)
+				lru = q;
+		}
+		if (!lru) {
+			pthread_mutex_unlock(&ib->mu);
+			return -1;
+		}
+		char peer[SC_NAME_MAX];
+		snprintf(peer, sizeof(peer), "%s", lru->peer);
+		uint64_t seq = lru->used_seq;
+		pthread_mutex_unlock(&ib->mu);
+		int busy = sc_peer_server_retire_peer(ib->srv, peer, min_idle_ms);
+		pthread_mutex_lock(&ib->mu);
+		/* Still listed and unused since (the list may have changed while unlocked)? */
+		struct ib_qp *still = NULL;
+		sc_list_foreach(pos, &ib->in_qps) {
+			if (sc_list_entry(pos, struct ib_qp, node) == lru) {
+				still = lru;
+				break;
+			}
+		}
+		if (!still)
+			continue;
+		if (busy != 0 || still->used_seq != seq) {
+			still->busy_round = round;
+			continue;
+		}
+		sc_list_remove(&still->node);
+		if (!keep_slot)
+			ib->n_in--;
+		uint64_t idle_ms = now - still->last_used_mono_ms;
+		pthread_mutex_unlock(&ib->mu);
+		SC_INFO("ibverbs", "destroyed incoming QP %u from peer %s (%s; idle %" PRIu64 " ms)",
+			still->qp->qp_num, still->peer, why, idle_ms);
+		qp_free(still);
+		return 0;
+	}
+}
+
+/* At the cap: make room for requester by destroying the least recently used idle incoming QP. */
+static int evict_idle_in(struct ib_backend *ib, const char *requester)
+{
+	char why[160];
+	snprintf(why, sizeof(why), "evicted at --ib-max-qps %u to admit peer %s", ib->max_qps,
+		 requester);
+	if (retire_one_in(ib, requester, 0, true, why) != 0)
+		return -1;
+	atomic_fetch_add(&ib->top->qps_evicted, 1);
+	return 0;
+}
+
+void ib_qp_expire_idle(struct ib_backend *ib)
+{
+	uint64_t now = sc_clock_mono_ms();
+	if (now - ib->last_expire_mono_ms < IB_IN_EXPIRE_CHECK_MS) /* the completion thread's own */
+		return;
+	ib->last_expire_mono_ms = now;
+	pthread_mutex_lock(&ib->mu);
+	bool any = ib->n_in > 0;
+	pthread_mutex_unlock(&ib->mu);
+	if (!any)
+		return;
+	char why[96];
+	snprintf(why, sizeof(why), "expired: its peer made no request for %" PRIu64 " s",
+		 ib->in_idle_ms / 1000);
+	while (retire_one_in(ib, NULL, ib->in_idle_ms, false, why) == 0)
+		atomic_fetch_add(&ib->top->qps_expired, 1);
+}
 
 /* VERIFY: is the incoming QP the requester asks about still connected to it? */
 static int serve_verify(struct ib_backend *ib, const char *peer_id, const struct qpc *req,
@@ -826,6 +935,8 @@ static int serve_verify(struct ib_backend *ib, const char *peer_id, const struct
 		struct ibv_qp_init_attr ia;
 		alive = ibv_query_qp(found->qp, &a, IBV_QP_STATE, &ia) == 0 &&
 			a.qp_state == IBV_QPS_RTS;
+		if (alive)
+			ib_qp_touch_in_locked(ib, found); /* the peer is about to use it */
 	}
 	pthread_mutex_unlock(&ib->mu);
 	SC_DEBUG("ibverbs", "peer %s asks about QP %u <-> %u: %s", peer_id, req->prev_qpn, req->qpn,
@@ -925,7 +1036,7 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 		drops[n_drops++] = oldest;
 		mine--;
 	}
-	bool full = ib->n_in >= IB_MAX_IN_QPS;
+	bool full = ib->n_in >= ib->max_qps;
 	if (!full)
 		ib->n_in++; /* reserved */
 	pthread_mutex_unlock(&ib->mu);
@@ -934,10 +1045,18 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 			drops[i]->qp->qp_num, drops[i]->peer);
 		qp_free(drops[i]);
 	}
-	if (full)
+	if (full && evict_idle_in(ib, peer_id) != 0) {
+		atomic_fetch_add(&ib->top->qps_refused, 1);
+		SC_WARN_LIMITED("ibverbs", "ib-qps-refused",
+				"refused a QP to peer %s: all %u incoming QPs (--ib-max-qps) are in "
+				"use by transfers",
+				peer_id, ib->max_qps);
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
-				  "sidecar %s serves %d ibverbs QPs already (the cap)", ib->self_id,
-				  IB_MAX_IN_QPS);
+				  "sidecar %s serves %u ibverbs QPs (--ib-max-qps), every one in use "
+				  "by a transfer of its peer: retry once one of them ends (in seconds; "
+				  "an idle one is given up at once)",
+				  ib->self_id, ib->max_qps);
+	}
 
 	struct ib_qp *q = qp_create(ib, ib->cq, 0, peer_id, err);
 	uint32_t psn = random_psn();
@@ -967,6 +1086,7 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 	}
 	pthread_mutex_lock(&ib->mu);
 	q->refs = 1;
+	ib_qp_touch_in_locked(ib, q);
 	sc_list_insert_head(&ib->in_qps, &q->node);
 	pthread_mutex_unlock(&ib->mu);
 	SC_INFO("ibverbs", "QP from peer %s accepted: qpn %u <-> %u, mtu %u", peer_id,

@@ -210,21 +210,43 @@ static void setup(struct ib_xfer *xf)
 			goto fail;
 		goto running;
 	}
-	if (ib_qp_get(ib, x->meta, x->deadline_mono_ms, &x->cancel_requested, &xf->qp, &c,
-		      &xf->endpoint, &err) != 0)
-		goto fail;
-	if (!c && !(c = ib_control_conn(ib, x->meta, x->deadline_mono_ms, &x->cancel_requested,
-						   &xf->endpoint, &err)))
-		goto fail;
-	enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
-	if (sc_peer_open_via(c, x->meta->token, x->xfer_id, peer_kind, x->total,
-			     SC_BACKEND_IBVERBS, x->deadline_mono_ms, &x->cancel_requested,
-			     &err) != 0) {
+	for (int tries = 0;; tries++) {
+		struct ib_qp *qp = NULL;
+		if (ib_qp_get(ib, x->meta, x->deadline_mono_ms, &x->cancel_requested, &qp, &c,
+			      &xf->endpoint, &err) != 0)
+			goto fail;
+		pthread_mutex_lock(&ib->mu);
+		xf->qp = qp;
+		pthread_mutex_unlock(&ib->mu);
+		if (!c && !(c = ib_control_conn(ib, x->meta, x->deadline_mono_ms,
+						&x->cancel_requested, &xf->endpoint, &err)))
+			goto fail;
+		enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
+		if (sc_peer_open_via(c, x->meta->token, x->xfer_id, peer_kind, x->total,
+				     SC_BACKEND_IBVERBS, x->deadline_mono_ms, &x->cancel_requested,
+				     &err) == 0)
+			break;
 		/* After a refused OPEN the connection is still good; one broken mid-OPEN is closed
-		 * (the server abandons whatever it may have opened). */
+		 * (the server abandons whatever it may have opened). A pooled one that the peer
+		 * closed just then (it gave up our idle QP to admit another peer, ib_qp.c, and closed
+		 * our connections with it) is no failure of this transfer: once more, on a fresh
+		 * connection, which checks the QP with the peer first. */
+		bool again = tries == 0 && sc_peer_conn_reused(c) && !sc_peer_conn_usable(c) &&
+			     err.code != SC_CANCELLED && !atomic_load(&x->cancel_requested) &&
+			     !sc_xr_deadline_passed(x, sc_clock_mono_ms());
 		sc_peer_pool_put(ib->pool, c, sc_peer_conn_usable(c));
 		c = NULL;
-		goto fail;
+		if (!again)
+			goto fail;
+		SC_INFO("ibverbs",
+			"transfer %016" PRIx64 ": the control connection to %s closed under the OPEN "
+			"(%s): once more on a fresh one",
+			x->xfer_id, x->meta->issuer, err.msg);
+		sc_err_clear(&err);
+		pthread_mutex_lock(&ib->mu);
+		xf->qp = NULL;
+		pthread_mutex_unlock(&ib->mu);
+		ib_qp_put(ib, qp);
 	}
 	SC_DEBUG("ibverbs",
 		 "transfer %016" PRIx64 ": opened on %s, QP %u, %zu segment(s), %" PRIu64 " bytes",
@@ -882,6 +904,7 @@ static void *cq_main(void *arg)
 		/* Poll after re-arming, so no completion waits for the next event. */
 		drain_cq(ib, &prog, &prog_cap);
 		tick(ib);
+		ib_qp_expire_idle(ib);
 	}
 	free(ps.fds);
 	free(ps.xfs);

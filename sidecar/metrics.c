@@ -287,10 +287,31 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 		 "Times the rail's work moved to another rail (or to TCP).",
 		 offsetof(struct sc_rail_report, failovers)},
 	};
+	family(f, "rdma_sidecar_peer_connections", "gauge",
+	       "Peer data connections now: authenticated and parked (idle), authenticated with a "
+	       "request in hand (busy), before their hello (hello).");
+	fprintf(f, "rdma_sidecar_peer_connections{state=\"idle\"} %u\n", g.peer_load.idle);
+	fprintf(f, "rdma_sidecar_peer_connections{state=\"busy\"} %u\n", g.peer_load.busy);
+	fprintf(f, "rdma_sidecar_peer_connections{state=\"hello\"} %u\n", g.peer_load.hello);
+	family(f, "rdma_sidecar_peer_io_threads", "gauge",
+	       "Threads of the peer connection pool: waiting for a request, or serving one.");
+	fprintf(f, "rdma_sidecar_peer_io_threads{state=\"waiting\"} %u\n",
+		g.peer_load.threads_waiting);
+	fprintf(f, "rdma_sidecar_peer_io_threads{state=\"busy\"} %u\n",
+		g.peer_load.threads - g.peer_load.threads_waiting);
 	family(f, "rdma_sidecar_peer_connections_evicted_total", "counter",
 	       "Idle peer connections closed to admit a new peer at --data-max-peers.");
 	fprintf(f, "rdma_sidecar_peer_connections_evicted_total %llu\n",
 		(unsigned long long)g.peers_evicted);
+	family(f, "rdma_sidecar_ib_qps_evicted_total", "counter",
+	       "Idle incoming ibverbs QPs destroyed to admit a new peer at --ib-max-qps.");
+	fprintf(f, "rdma_sidecar_ib_qps_evicted_total %llu\n", (unsigned long long)g.ib_qps_evicted);
+	family(f, "rdma_sidecar_ib_qps_expired_total", "counter",
+	       "Incoming ibverbs QPs destroyed after their peer made no request for 180 s.");
+	fprintf(f, "rdma_sidecar_ib_qps_expired_total %llu\n", (unsigned long long)g.ib_qps_expired);
+	family(f, "rdma_sidecar_ib_qps_refused_total", "counter",
+	       "Peers refused a QP because every one of --ib-max-qps was in use.");
+	fprintf(f, "rdma_sidecar_ib_qps_refused_total %llu\n", (unsigned long long)g.ib_qps_refused);
 
 	family(f, "rdma_sidecar_rail_up", "gauge",
 	       "1 while the rail can carry data (GetInfo rails says why not), by backend and rail.");

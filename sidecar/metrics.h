@@ -16,6 +16,7 @@
 #define SC_METRICS_H
 
 #include "metadata.h"
+#include "peer_server.h"
 #include "sc_types.h"
 #include "status.h"
 
@@ -46,6 +47,10 @@ struct sc_gauges {
 	} certs[2];
 	size_t n_certs;
 	uint64_t peers_evicted; /* idle peer connections closed to admit a new peer (a counter) */
+	struct sc_peer_server_load peer_load; /* peer connections and the pool's threads now */
+	/* ibverbs incoming QPs (counters): destroyed to admit a new peer at --ib-max-qps, expired
+	 * after idling, peers refused because every QP was in use. */
+	uint64_t ib_qps_evicted, ib_qps_expired, ib_qps_refused;
 	struct sc_rail_entry rails[SC_METRICS_MAX_RAILS]; /* every backend's rails */
 	size_t n_rails;
 };

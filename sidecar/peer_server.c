@@ -117,6 +117,7 @@ struct conn {
 	 * request), CONN_EVICTED once closed to admit a new peer, CONN_EXPIRED once closed for
 	 * idling (only a parked one is: compare-and-swap; its shutdown wakes a pool thread). */
 	atomic_int state;
+	atomic_bool retired; /* evicted by sc_peer_server_retire_peer, not for --data-max-peers */
 	atomic_uint_fast64_t last_active_mono_ms; /* the end of its last request (or the hello) */
 	atomic_uint_fast64_t last_active_seq;     /* the same moment in srv->activity order */
 	struct sc_list node; /* on srv->live, then srv->dead; newest first */
@@ -1161,7 +1162,11 @@ static void take(struct conn *c, struct worker *wk)
 	char why[SC_ERR_MSG_MAX + 64] = "closed";
 	int was = CONN_IDLE;
 	if (!atomic_compare_exchange_strong(&c->state, &was, CONN_BUSY)) {
-		if (was == CONN_EVICTED)
+		if (was == CONN_EVICTED && atomic_load(&c->retired))
+			snprintf(why, sizeof(why),
+				 "closed with its idle ibverbs QP (given up to admit another peer, "
+				 "or expired)");
+		else if (was == CONN_EVICTED)
 			snprintf(why, sizeof(why), "closed to admit another peer (--data-max-peers %u)",
 				 srv->max_peers);
 		else if (c->authed)
@@ -1431,6 +1436,7 @@ static void accept_one(struct sc_peer_server *srv, int listen_fd)
 	c->accepted_mono_ms = sc_clock_mono_ms();
 	atomic_init(&c->revoked, false);
 	atomic_init(&c->state, CONN_IDLE);
+	atomic_init(&c->retired, false);
 	atomic_init(&c->last_active_seq, 0);
 	snprintf(c->addr, sizeof(c->addr), "%s", addr);
 	snprintf(c->ip, sizeof(c->ip), "%s", ip);
@@ -1861,4 +1867,72 @@ void sc_peer_server_destroy(struct sc_peer_server *srv)
 uint64_t sc_peer_server_evicted(const struct sc_peer_server *srv)
 {
 	return srv ? atomic_load(&srv->n_evicted) : 0;
+}
+
+void sc_peer_server_load(struct sc_peer_server *srv, struct sc_peer_server_load *out)
+{
+	*out = (struct sc_peer_server_load){0};
+	if (!srv)
+		return;
+	pthread_mutex_lock(&srv->mu);
+	const struct sc_list *pos;
+	sc_list_foreach(pos, &srv->live) {
+		const struct conn *c = sc_list_entry(pos, struct conn, node);
+		if (!c->authed)
+			out->hello++;
+		else if (atomic_load(&c->state) == CONN_IDLE)
+			out->idle++;
+		else
+			out->busy++;
+	}
+	out->threads = srv->n_workers;
+	out->threads_waiting = srv->n_waiting;
+	pthread_mutex_unlock(&srv->mu);
+}
+
+int sc_peer_server_retire_peer(struct sc_peer_server *srv, const char *peer_id,
+			       uint64_t min_idle_ms)
+{
+	if (!srv)
+		return 0;
+	int rc = 0;
+	uint64_t now = sc_clock_mono_ms();
+	pthread_mutex_lock(&srv->mu);
+	struct sc_list *pos;
+	sc_list_foreach(pos, &srv->orphans) {
+		if (strcmp(sc_list_entry(pos, struct orphan, node)->peer_id, peer_id) == 0) {
+			rc = -1; /* a transfer of it may still be moving bytes */
+			goto out;
+		}
+	}
+	sc_list_foreach(pos, &srv->live) {
+		struct conn *o = sc_list_entry(pos, struct conn, node);
+		if (!o->authed || strcmp(o->peer_id, peer_id) != 0)
+			continue;
+		if (o->n_opened || o->serving || atomic_load(&o->state) != CONN_IDLE ||
+		    atomic_load(&o->last_active_mono_ms) + min_idle_ms > now) {
+			rc = -1;
+			goto out;
+		}
+	}
+	sc_list_foreach(pos, &srv->live) {
+		struct conn *o = sc_list_entry(pos, struct conn, node);
+		if (!o->authed || strcmp(o->peer_id, peer_id) != 0)
+			continue;
+		atomic_store(&o->retired, true);
+		int idle = CONN_IDLE;
+		if (!atomic_compare_exchange_strong(&o->state, &idle, CONN_EVICTED)) {
+			atomic_store(&o->retired, false);
+			rc = -1; /* a request just arrived on it */
+			goto out;
+		}
+		shutdown(o->fd, SHUT_RDWR);
+		/* As evict_idle_locked: the room is free now; a pool thread ends it soon. */
+		srv->n_authed--;
+		o->authed = false;
+		srv->n_unauth++;
+	}
+out:
+	pthread_mutex_unlock(&srv->mu);
+	return rc;
 }

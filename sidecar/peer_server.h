@@ -105,4 +105,24 @@ void sc_peer_server_revoke(struct sc_peer_server *srv, const uint8_t token[SC_TO
 /* Idle peer connections closed so far to admit a new peer at --data-max-peers. Any thread. */
 uint64_t sc_peer_server_evicted(const struct sc_peer_server *srv);
 
+/* What the peer server holds now, for the metrics: authenticated connections parked (idle) or
+ * being served (busy), connections before their hello, and the pool's threads. */
+struct sc_peer_server_load {
+	uint32_t idle, busy, hello;
+	uint32_t threads, threads_waiting;
+};
+/* Zeroes for NULL. Takes the server's lock (walks its connections). */
+void sc_peer_server_load(struct sc_peer_server *srv, struct sc_peer_server_load *out);
+
+/*
+ * Whether peer_id is idle here, and if so make it start afresh: 0 when none of its connections is
+ * handling a request, holds an OPENed transfer (or left one orphaned), or finished a request less
+ * than min_idle_ms ago; its idle connections are then closed, so that its next request dials anew
+ * (an ibverbs requester then checks its QP with us before using it: ib_qp.c). -1 (busy) otherwise;
+ * connections closed before a busy one was met stay closed, which is harmless. The ibverbs backend
+ * calls it before destroying the peer's incoming QP. Any thread; takes only the server's lock.
+ */
+int sc_peer_server_retire_peer(struct sc_peer_server *srv, const char *peer_id,
+			       uint64_t min_idle_ms);
+
 #endif

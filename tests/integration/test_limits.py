@@ -84,19 +84,23 @@ class LimitsTest(SidecarTest):
         s = self.sidecar("cap", key_file=self.key_file(keys=[("k1", key)]),
                          extra=["--data-max-peers", "4", "--metrics-listen", "127.0.0.1:%d" % port])
         host, dport = s.info().data_endpoints[0].rsplit(":", 1)
+        metrics = lambda: urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port,  # noqa: E731
+                                                 timeout=10).read().decode()
         peers = []
         self.addCleanup(lambda: [p.sock.close() for p in peers])
         for i in range(4):  # each served once, in order: p0 is the least recently used
             peers.append(Peer(host, int(dport), "k1", key, client_id="p%d" % i))
             peers[-1].ping()
+        # The PONG leaves before the sidecar parks the connection: wait until all four are.
+        wait_until(lambda: 'rdma_sidecar_peer_connections{state="idle"} 4' in metrics(), 10 * SLOW,
+                   "the four connections to be parked")
         peers.append(Peer(host, int(dport), "k1", key, client_id="p4"))  # admitted: p0 was idle longest
         with self.assertRaises(ConnectionError):
             peers[0].sock.settimeout(10 * SLOW)
             peers[0].recv_frame()
         wait_until(lambda: 'closed the one idle longest, peer sidecar "p0"' in s.read_log(), 10 * SLOW,
                    "the eviction in the log")
-        body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
-        self.assertIn("rdma_sidecar_peer_connections_evicted_total 1", body)
+        self.assertIn("rdma_sidecar_peer_connections_evicted_total 1", metrics())
         # Every connection busy (a transfer opened on each): the next peer is refused, told why.
         r = s.create_region(4096)
         for p in peers[1:]:

@@ -12,7 +12,7 @@ import resource
 import sys
 import urllib.request
 
-from harness import SLOW, SidecarTest, desc, free_port, main, pb
+from harness import SLOW, SidecarTest, desc, free_port, main, pb, wait_until
 from peer_client import Peer
 
 PEERS = 1024  # --data-max-peers' default
@@ -70,6 +70,8 @@ class ThousandPeersTest(SidecarTest):
         metrics = lambda: urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport,  # noqa: E731
                                                  timeout=10).read().decode()
         self.assertIn("rdma_sidecar_peer_connections_evicted_total 0", metrics())
+        wait_until(lambda: 'rdma_sidecar_peer_connections{state="idle"} %d' % PEERS in metrics(), 10 * SLOW,
+                   "every connection to be parked")
 
         # A real sidecar reads while all 1,024 are open: p1023, served longest ago (the second
         # round went in reverse), makes room.

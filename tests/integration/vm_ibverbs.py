@@ -924,6 +924,101 @@ class IbverbsTest(SidecarTest):
         print("  first transfer to the restarted peer: %.2fs; QP %d -> %s" % (first, old_qps[0], sorted(set(new_qps))))
         self.move(b, a, 4095, 2, "read", timeout_ms=30000)  # and the other way round
 
+    # ---- queue pairs at the cap: eviction, expiry, refusal (issue 25) ------------------------------
+
+    def metric(self, port, name):
+        body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10 * SLOW).read().decode()
+        m = re.search(r"^%s (\d+)$" % re.escape(name), body, re.M)
+        self.assertIsNotNone(m, "%s missing from the metrics" % name)
+        return int(m.group(1))
+
+    def test_qp_cap_evicts_idle(self):
+        """s serves at most 2 incoming QPs (--ib-max-qps 2); three peers read from it in turn: the
+        third one's QP is admitted by destroying the least recently used idle one (logged and
+        counted), and every read moves every byte over ibverbs. Then the peer whose QP was evicted
+        reads again: its cached QP is gone at s, so it reconnects (VERIFY says so, not a failed
+        RDMA) and evicts the next idle one; a fourth round checks nothing was lost."""
+        keys = self.key_file()
+        mport = free_port()
+        s = self.side("s", keys, extra=["--ib-max-qps", "2", "--metrics-listen", "127.0.0.1:%d" % mport])
+        peers = [self.side("p%d" % i, keys) for i in range(3)]
+        for rnd in range(2):
+            for i, p in enumerate(peers):
+                with self.subTest(round=rnd, peer=i):
+                    t0 = time.monotonic()
+                    self.move(s, p, (1 << 20) + 17 * i + rnd, 3, "read", timeout_ms=60000)
+                    print("  round %d: p%d read 1 MiB from s in %.2fs" % (rnd, i, time.monotonic() - t0))
+        log = s.read_log()
+        evictions = re.findall(r"destroyed incoming QP \d+ from peer (\S+) \(evicted at --ib-max-qps 2 to admit "
+                               r"peer (\S+);", log)
+        print("  evictions (victim, admitted): %s" % evictions)
+        self.assertGreaterEqual(len(evictions), 4, "expected an eviction for every read after the first two")
+        self.assertEqual(evictions[0], ("p0", "p2"), evictions)  # p0 was the least recently used
+        self.assertEqual(self.metric(mport, "rdma_sidecar_ib_qps_evicted_total"), len(evictions))
+        self.assertEqual(self.metric(mport, "rdma_sidecar_ib_qps_refused_total"), 0)
+        # p0's next read found its QP gone at s by asking, not by a failed RDMA.
+        p0 = peers[0].read_log()
+        self.assertRegex(p0, r"no longer has its end of QP \d+|went stale while idle", "p0 never checked its QP")
+        for p in peers:
+            self.assertNotIn("did not answer the RDMA", p.read_log())
+            self.assertNotIn("refusing it for", p.read_log())
+
+    def test_qp_idle_expiry(self):
+        """An incoming QP whose peer made no request for the idle time (180 s; 2 s here through
+        SC_TEST_IB_QP_IDLE_MS) is destroyed by the completion thread's timer and counted in
+        rdma_sidecar_ib_qps_expired_total; the peer's next read finds out by asking (VERIFY),
+        reconnects, and moves every byte over ibverbs."""
+        keys = self.key_file()
+        mport = free_port()
+        s = self.sidecar("s", key_file=keys, env={"SC_TEST_IB_QP_IDLE_MS": "2000"},
+                         extra=IB_FLAGS + ["--backends", "ibverbs,tcp",
+                                           "--metrics-listen", "127.0.0.1:%d" % mport])
+        p = self.side("p", keys)
+        self.move(s, p, (1 << 20) + 5, 2, "read", timeout_ms=60000)
+        t0 = time.monotonic()
+        wait_until(lambda: "expired: its peer made no request for 2 s" in s.read_log(), 20 * SLOW,
+                   "the idle incoming QP to expire")
+        print("  expired %.1fs after the read" % (time.monotonic() - t0))
+        self.assertEqual(self.metric(mport, "rdma_sidecar_ib_qps_expired_total"), 1)
+        self.assertEqual(self.metric(mport, "rdma_sidecar_ib_qps_evicted_total"), 0)
+        self.move(s, p, 70001, 2, "read", timeout_ms=60000)
+        self.assertRegex(p.read_log(), r"no longer has its end of QP \d+|went stale while idle")
+        self.assertNotIn("did not answer the RDMA", p.read_log())
+
+    def test_qp_cap_all_busy_refuses(self):
+        """s serves one incoming QP (--ib-max-qps 1) and b's BIG read holds it (throttled, so it
+        moves for seconds by construction). A third sidecar c asking for a QP meanwhile is refused:
+        its read (ibverbs required) fails saying every QP is in use and when to retry, counted in
+        rdma_sidecar_ib_qps_refused_total; b's read is untouched. Once b's read ended, c's next
+        read evicts b's idle QP and completes over ibverbs."""
+        mport = free_port()
+        s, b = self.throttled_pair(a_extra=["--ib-max-qps", "1", "--metrics-listen", "127.0.0.1:%d" % mport])
+        c = self.side("c", self.pair_keys)
+        po, op = self.start_big(s, b, "read")
+        self.wait_moving(s, po, b, op)
+        r = s.create_region(4096)
+        rc = c.create_region(4096)
+        ro = s.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(r, 0, 4096)], timeout_ms=60000),
+                                   timeout=30 * SLOW)
+        got = c.stub.BeginRead(pb.BeginTransferRequest(metadata=ro.metadata, descriptors=[desc(rc, 0, 4096)],
+                                                       timeout_ms=30000, backend=IB), timeout=30 * SLOW)
+        w = c.wait(got.operation_id, 40000)
+        print("  c while every QP of s is busy: %s: %s" % (sname(w.status), w.error.message))
+        self.assertEqual(w.status, pb.OPERATION_STATUS_ERRORED, w)
+        self.assertIn("every one in use by a transfer", w.error.message)
+        self.assertIn("--ib-max-qps", w.error.message)
+        self.assertIn("retry once one of them ends", w.error.message)
+        self.assertEqual(self.get(b, op.operation_id).status, pb.OPERATION_STATUS_IN_PROGRESS)
+        self.assertEqual(self.metric(mport, "rdma_sidecar_ib_qps_refused_total"), 1)
+        self.assertEqual(self.metric(mport, "rdma_sidecar_ib_qps_evicted_total"), 0)
+        done = b.wait(op.operation_id, 120000)
+        self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, done.error.message)
+        self.assertEqual(done.bytes_done, BIG)
+        time.sleep(2.5)  # c's tombstone for s (IB_TOMBSTONE_MS)
+        self.move(s, c, 5000, 2, "read", timeout_ms=60000)
+        self.assertIn("(evicted at --ib-max-qps 1 to admit peer c;", s.read_log())
+        self.assertEqual(self.metric(mport, "rdma_sidecar_ib_qps_evicted_total"), 1)
+
     # ---- netem on RoCE traffic: a second rxe device across the veth pair (issue 12) -------------
 
     def second_device(self):
@@ -1023,13 +1118,13 @@ class IbverbsTest(SidecarTest):
                 subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], timeout=30,
                                stderr=subprocess.DEVNULL)
 
-    def roce_pair(self, a_backends="ibverbs,tcp"):
+    def roce_pair(self, a_backends="ibverbs,tcp", a_extra=()):
         """a on rxe0 (IP), b on rxe1 (IP2): their RoCE and control traffic crosses the veth pair,
         where the test can cut it (the cut is healed at cleanup)."""
         gid2 = self.second_device()
         self.addCleanup(self.cut, False)
         keys = self.pair_keys = self.key_file()
-        a = self.side("a", keys, a_backends)
+        a = self.side("a", keys, a_backends, a_extra)
         # b dials a's control endpoint on IP, a local address: without this rule that TCP
         # connection would take lo (source IP too) and never cross the veth pair, so a cut or a
         # shaper would miss it. Locally generated traffic to a's data port goes out by v1 with
@@ -1044,12 +1139,12 @@ class IbverbsTest(SidecarTest):
         b.rxe_ip, b.rxe_dev = IP2, "rxe1"
         return a, b
 
-    def throttled_pair(self, rate=THROTTLE, a_backends="ibverbs,tcp"):
+    def throttled_pair(self, rate=THROTTLE, a_backends="ibverbs,tcp", a_extra=()):
         """roce_pair with every packet between them (RoCE and control alike) held to `rate` by
         netem on both veth ends: a BIG transfer then takes BIG / rate whatever the emulator's or
         the host's speed (64 MiB at 40 Mbit/s: over 13 s), so a fault injected while it moves
         finds it moving by construction, not by a guess about how fast this machine is."""
-        a, b = self.roce_pair(a_backends)
+        a, b = self.roce_pair(a_backends, a_extra)
         for dev in ("v0", "v1"):
             subprocess.run(["tc", "qdisc", "replace", "dev", dev, "root", "netem", "rate", rate,
                             "limit", "100000"], check=True, timeout=30)

@@ -956,8 +956,8 @@ TEST(usage_documents_every_option)
 	free(text);
 	/* 47 + --reflection + --cancel-wait + --max-progress-records + --progress-grace + 3
 	 * identity/reload flags + --ib-devices + --warm-peers + --ib-stall-timeout +
-	 * --data-max-peers + --ib-stripe-min + --ib-slice-size */
-	CHECK_INT_EQ(options, 61);
+	 * --data-max-peers + --ib-stripe-min + --ib-slice-size + --ib-max-qps + --data-io-threads */
+	CHECK_INT_EQ(options, 62);
 }
 
 /* ---- free ---- */
