@@ -11,6 +11,7 @@
  */
 #include "handlers.h"
 #include "paging.h"
+#include "trace.h"
 
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -109,6 +110,7 @@ static void cancel_not_yet(struct sc_call *c, const struct sc_op_info *info);
 static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind)
 {
 	RdmaSidecar__V1__BeginTransferRequest *r = (RdmaSidecar__V1__BeginTransferRequest *)req;
+	sc_trace_call_in();
 	struct sc_err err;
 	sc_err_clear(&err);
 	struct sc_desc *descs;
@@ -336,6 +338,7 @@ static bool waiter_on_change(void *ctx, const struct sc_op_info *info)
 		return true;
 	if (waiter_claim(w)) {
 		reply_op(w->call, info);
+		sc_trace_mark(sc_trace_current(), "grpc_reply_queued");
 		/* Free the call now rather than when the timeout would have fired. */
 		waiter_drop_timer(w);
 	}

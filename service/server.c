@@ -30,6 +30,7 @@
 #include "handlers.h"
 #include "log.h"
 #include "service.h"
+#include "trace.h"
 #include "uds_accept.h"
 
 #include <grpc/byte_buffer.h>
@@ -101,6 +102,7 @@ struct sc_call {
 	void (*cancel_fn)(struct sc_call *c);
 	void (*drained_fn)(struct sc_call *c);
 	bool cancel_fired;
+	uint64_t trace_xfer; /* the hand-off trace (trace.h): the transfer this call answers */
 };
 
 struct sc_service {
@@ -363,7 +365,10 @@ static void on_send_done(struct tag *t, bool ok)
 	pump_locked(c);
 	if (!c->send_in_flight && !c->q_head && !c->answered)
 		drained = c->drained_fn;
+	uint64_t traced = !c->send_in_flight && c->answered ? c->trace_xfer : 0;
 	pthread_mutex_unlock(&c->mu);
+	if (traced)
+		sc_trace_mark(traced, "grpc_reply_sent");
 	if (drained)
 		drained(c);
 	sc_call_unref(c);
@@ -448,6 +453,8 @@ void sc_call_finish(struct sc_call *c, enum sc_status code, const char *msg)
 
 void sc_call_reply(struct sc_call *c, const ProtobufCMessage *msg)
 {
+	if (sc_trace_on())
+		c->trace_xfer = sc_trace_current();
 	if (sc_call_send(c, msg))
 		sc_call_finish(c, SC_OK, NULL);
 }

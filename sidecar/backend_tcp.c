@@ -46,6 +46,7 @@
 #include "peer_request.h"
 #include "peer_server.h"
 #include "timer.h"
+#include "trace.h"
 #include "xfer_runner.h"
 
 #include <inttypes.h>
@@ -678,9 +679,11 @@ static enum moved move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn
 				break;
 			sc_peer_conn_flush(c); /* stopping: no DONE to carry the held request */
 		}
+		sc_trace_mark(x->xfer_id, "tcp_requests_sent");
 		if (take_open_reply(c, open_pending, &b, &err) != 0 ||
 		    piece_recv(tx, c, &cur, &b, &err) != 0)
 			break;
+		sc_trace_mark(x->xfer_id, "tcp_reply_received");
 		atomic_fetch_add(&tx->bytes_moved, cur.len);
 		moved_here += cur.len;
 		sc_rail_add_bytes(&tx->tb->base, x, rail, cur.len);
@@ -704,8 +707,8 @@ static enum moved move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn
 		have_next = false;
 		have_cur = true;
 	}
-	if (tx->done_sent && err.code == SC_OK)
-		take_done_reply(c, &b, &err);
+	if (tx->done_sent && err.code == SC_OK && take_done_reply(c, &b, &err) == 0)
+		sc_trace_mark(x->xfer_id, "tcp_done_confirmed");
 out:
 	if (*open_pending == 1 && err.code == SC_OK && sc_peer_conn_usable(c)) {
 		sc_peer_conn_flush(c); /* no piece went out on this stream to carry the OPEN */
@@ -812,6 +815,7 @@ static void finish(struct tcp_xfer *tx, struct sc_peer_conn *c, bool opened)
 	sc_xr_retire_locked(&tb->xr, &tx->xr);
 	pthread_mutex_unlock(&tb->mu);
 	free_tx(tx);
+	sc_trace_mark(x->xfer_id, "tcp_finished");
 	sc_xr_complete(x, status, msg);
 }
 
@@ -945,9 +949,12 @@ static void lead(struct tcp_xfer *tx)
 	bool pipelined = streams == 1, opened = false, helpers_queued = false;
 	unsigned stale = 0;
 	struct sc_peer_conn *c = NULL;
+	sc_trace_mark(tx->xr.x->xfer_id, "runner_picked_up");
 	for (;;) {
 		sc_err_clear(&err);
 		c = open_stream(tx, 0, path, pipelined, &open_pending, &err);
+		if (c)
+			sc_trace_mark(tx->xr.x->xfer_id, "tcp_connection_ready");
 		if (!c) {
 			if (err.code != SC_OK && is_path_failure(tx, NULL, &err) &&
 			    fail_over(tx, &path, &err)) {
