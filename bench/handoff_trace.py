@@ -77,7 +77,7 @@ def table(direction, rtt, r, timelines):
             if s not in seen:  # a stage recorded twice (a second chunk): its first time
                 seen.add(s)
                 offs.setdefault(s, []).append(t - t0)
-    order = sorted(offs, key=lambda s: (pct(offs[s], 50), s))
+    order = sorted(offs, key=lambda s: (pct(offs[s], 50), sum(offs[s]) / len(offs[s]), s))
     print("\n%s of %d B, %d transfers traced; client (sc-bench, C): p50 %.1f us, p99 %.1f us; bare gRPC "
           "round trip (GetOperation) p50 %.1f us\n" % (direction.upper(), r["size"], len(timelines), r["p50_us"],
                                                        r["p99_us"], rtt["p50_us"]))
