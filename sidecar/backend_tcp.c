@@ -25,18 +25,21 @@
  *
  * Threads: submit() and cancel() run on engine threads (with the engine lock held: they only
  * queue and flag); the runner's 2 x --tcp-streams worker threads (at least 2), started by start()
- * and joined by stop(), run the transfers. The worker that picks a transfer up leads it: it connects,
- * opens, queues helper streams for the other workers when there is more than one chunk, moves
- * chunks itself, reclaims helpers that never started, waits for the running ones, sends DONE and
- * completes. A one-chunk transfer therefore costs one hand-off (submit -> worker).
+ * and joined by stop(), run the transfers. The worker that picks a transfer up leads it: it
+ * connects, opens, queues helper streams for the other workers when there is more than one chunk,
+ * moves chunks itself, reclaims helpers that never started, waits for the running ones, sends DONE
+ * and completes. A one-chunk transfer therefore costs one hand-off (submit -> worker), or none: a
+ * small one-request transfer with an idle pooled connection, begun inside the gRPC handler's
+ * run-here window (engine.h, sc_op_run_here_open), runs on that handler's thread once the
+ * engine lock is released (at most RUN_HERE_MAX at once).
  *
  * Owns: the runner, the paths' health, and one struct tcp_xfer per transfer in flight (with the
  * chunks given back). The connections belong to the peer pool; a stream holds one while it runs.
  *
  * Locking: tb->mu guards the runner (its queue and list of transfers in flight) and each
- * transfer's stream table and verdict. It is never held while calling the engine (on_progress, on_complete, the
- * pool's keyring look-up) or doing I/O, so the engine lock (held around submit and cancel) always
- * comes first.
+ * transfer's stream table and verdict. It is never held while calling the engine (on_progress,
+ * on_complete, the pool's keyring look-up) or doing I/O, so the engine lock (held around submit and
+ * cancel) always comes first.
  */
 #include "backend.h"
 #include "backend_tcp_paths.h"
@@ -67,6 +70,11 @@
 /* While another path is live, a stream on which no byte moves for this long takes its path as
  * dead (sooner than the socket's TCP_USER_TIMEOUT, SC_PEER_USER_TIMEOUT_MS). */
 #define PATH_STALL_MS 5000
+/* A transfer runs on the thread that began it (xfer_runner.h, run-here window) when it is at most
+ * this big, fits one request, is host memory only, and an idle pooled connection to its first
+ * path is there; at most RUN_HERE_MAX such transfers at once (they hold gRPC threads). */
+#define RUN_HERE_MAX_BYTES (256u << 10)
+#define RUN_HERE_MAX 2
 
 struct tcp_xfer;
 
@@ -85,6 +93,7 @@ struct tcp_backend {
 	pthread_mutex_t mu; /* guards xr and health too */
 	struct sc_xr xr;
 	struct sc_tcp_health health; /* per peer endpoint: cooling down after a failure */
+	atomic_uint here_running;    /* transfers running on the threads that began them */
 };
 
 /* Chunks a failed stream gave back, taken before the cursor's (under cursor_mu). */
@@ -127,6 +136,7 @@ struct tcp_xfer {
 	bool done_sent; /* the leader's own: DONE {OK} was sent (finish tells no verdict) */
 	bool path_dead[MAX_PATHS];     /* failed during this transfer: not used again by it */
 	char path_why[MAX_PATHS][160]; /* and why */
+	bool here; /* runs on the thread that began it (counted in tb->here_running) */
 
 	struct task tasks[MAX_STREAMS];
 };
@@ -1050,10 +1060,43 @@ static void help(struct tcp_xfer *tx, int slot)
 static void run_task(struct sc_xr_task *t)
 {
 	struct task *task = container_of(t, struct task, t);
-	if (task->slot == 0)
-		lead(task->tx);
-	else
+	if (task->slot != 0) {
 		help(task->tx, task->slot);
+		return;
+	}
+	struct tcp_backend *tb = task->tx->tb;
+	bool here = task->tx->here;
+	lead(task->tx); /* frees tx */
+	if (here)
+		atomic_fetch_sub(&tb->here_running, 1);
+}
+
+/* Whether a transfer may run on the thread that began it (see RUN_HERE_MAX_BYTES): one request
+ * on a warm connection, so the hand-off to a worker would cost more than the transfer. Counts it
+ * in tb->here_running when it may. */
+static bool may_run_here(struct tcp_xfer *tx)
+{
+	struct tcp_backend *tb = tx->tb;
+	const struct sc_xfer *x = tx->xr.x;
+	if (!sc_xr_here_possible() || x->total > RUN_HERE_MAX_BYTES || x->total > tb->chunk ||
+	    count_chunks(tx, tb->chunk) != 1)
+		return false;
+	for (size_t i = 0; i < x->n_segs; i++)
+		if (x->segs[i].local_gpu != SC_GPU_HOST)
+			return false;
+	uint64_t cooling;
+	pthread_mutex_lock(&tb->mu);
+	bool usable =
+	    sc_tcp_health_usable(&tb->health, path_endpoint(tx, 0), sc_clock_mono_ms(), &cooling);
+	pthread_mutex_unlock(&tb->mu);
+	if (!usable || !sc_peer_pool_has_idle(tb->pool, path_endpoint(tx, 0)))
+		return false;
+	unsigned n = atomic_load(&tb->here_running);
+	do {
+		if (n >= RUN_HERE_MAX)
+			return false;
+	} while (!atomic_compare_exchange_weak(&tb->here_running, &n, n + 1));
+	return true;
 }
 
 /* ---- ops ------------------------------------------------------------------------------------- */
@@ -1086,7 +1129,12 @@ static int tcp_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *er
 				  "backend is off)",
 				  x->meta->issuer);
 	}
-	if (sc_xr_admit(&tb->xr, &tx->xr, x, &tx->tasks[0].t, err) != 0) {
+	tx->xr.x = x;
+	tx->here = may_run_here(tx);
+	if ((tx->here ? sc_xr_admit_here : sc_xr_admit)(&tb->xr, &tx->xr, x, &tx->tasks[0].t,
+							err) != 0) {
+		if (tx->here)
+			atomic_fetch_sub(&tb->here_running, 1);
 		x->priv = NULL;
 		free_tx(tx);
 		return -1;

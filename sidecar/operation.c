@@ -19,6 +19,7 @@
 #include "passive.h"
 #include "peer_server.h"
 #include "trace.h"
+#include "xfer_runner.h"
 
 #include <inttypes.h>
 #include <stddef.h>
@@ -784,6 +785,16 @@ static void xfer_complete(struct sc_xfer *x, enum sc_status status, const char *
 	sc_op_unref(eng, op); /* the transfer's */
 	pthread_mutex_unlock(&eng->mu);
 	sc_trace_set_current(0);
+}
+
+void sc_op_run_here_open(void)
+{
+	sc_xr_here_open();
+}
+
+void sc_op_run_here_close(void)
+{
+	sc_xr_here_close();
 }
 
 void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op)
