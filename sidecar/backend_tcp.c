@@ -71,8 +71,10 @@
  * dead (sooner than the socket's TCP_USER_TIMEOUT, SC_PEER_USER_TIMEOUT_MS). */
 #define PATH_STALL_MS 5000
 /* A transfer runs on the thread that began it (xfer_runner.h, run-here window) when it is at most
- * this big, fits one request, is host memory only, and an idle pooled connection to its first
- * path is there; at most RUN_HERE_MAX such transfers at once (they hold gRPC threads). */
+ * this big, fits one request, is host memory only, no other transfer of this backend is in flight
+ * (under load the workers overlap transfers better than gRPC threads blocked in them) and an idle
+ * pooled connection to its first path is there; at most RUN_HERE_MAX such transfers at once (they
+ * hold gRPC threads). */
 #define RUN_HERE_MAX_BYTES (256u << 10)
 #define RUN_HERE_MAX 2
 
@@ -1086,8 +1088,8 @@ static bool may_run_here(struct tcp_xfer *tx)
 			return false;
 	uint64_t cooling;
 	pthread_mutex_lock(&tb->mu);
-	bool usable =
-	    sc_tcp_health_usable(&tb->health, path_endpoint(tx, 0), sc_clock_mono_ms(), &cooling);
+	bool usable = tb->xr.n_live == 0 && sc_tcp_health_usable(&tb->health, path_endpoint(tx, 0),
+								 sc_clock_mono_ms(), &cooling);
 	pthread_mutex_unlock(&tb->mu);
 	if (!usable || !sc_peer_pool_has_idle(tb->pool, path_endpoint(tx, 0)))
 		return false;
