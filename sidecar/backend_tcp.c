@@ -120,6 +120,11 @@ struct tcp_xfer {
 	 * A request's local pieces are all host memory or all one GPU's (staged, packed). Set at
 	 * submit, read-only after. */
 	bool batch;
+	/* Pieces in one request: SC_PEER_MAX_PIECES, or fewer when the transfer has fewer segments
+	 * (a batch holds at most one piece of each), so a small transfer's piece arrays stay small
+	 * (the full ones, ~150 KiB, went to mmap or grew and trimmed a malloc arena per transfer).
+	 */
+	size_t max_pieces;
 	pthread_mutex_t cursor_mu; /* guards cur, given and in_flight */
 	pthread_cond_t work_cv;	   /* chunks given back, or in_flight reached 0 */
 	struct sc_xr_cursor cur;
@@ -155,7 +160,7 @@ struct piece {
 	uint64_t off; /* within the segment, which is also the offset in its remote descriptor */
 	uint64_t len; /* a batch: the pieces' total */
 	/* A batch (tx->batch): n pieces, each a (remote descriptor, offset, length) on the wire and
-	 * an iovec of local memory; the arrays belong to the stream (SC_PEER_MAX_PIECES each). */
+	 * an iovec of local memory; the arrays belong to the stream (tx->max_pieces each). */
 	uint32_t n;
 	struct sc_peer_piece *pp;
 	struct iovec *iov;
@@ -197,7 +202,7 @@ static bool next_piece(struct tcp_xfer *tx, struct piece *p, bool wait)
 		}
 		/* A batch: up to SC_PEER_MAX_PIECES pieces and --tcp-chunk-size bytes, in list
 		 * order. */
-		n = tx->batch ? sc_xr_cursor_take(&tx->cur, tx->xr.x, chunk, SC_PEER_MAX_PIECES,
+		n = tx->batch ? sc_xr_cursor_take(&tx->cur, tx->xr.x, chunk, tx->max_pieces,
 						  same_local_memory, p->cut)
 			      : sc_xr_cursor_take(&tx->cur, tx->xr.x, chunk, 1, NULL, p->cut);
 		if (n || !wait || tx->in_flight == 0 || should_stop(tx))
@@ -647,19 +652,19 @@ static enum moved move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn
 	if (tx->batch) {
 		/* two batches' piece lists, iovecs and cursor pieces (the one in flight and the
 		 * next) */
-		size_t one = SC_PEER_MAX_PIECES * (sizeof(struct sc_peer_piece) + sizeof(struct iovec) +
-						   sizeof(struct sc_xr_piece));
+		size_t one = tx->max_pieces * (sizeof(struct sc_peer_piece) + sizeof(struct iovec) +
+					       sizeof(struct sc_xr_piece));
 		arrays = malloc(2 * one);
 		if (!arrays) {
 			sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "out of memory");
 			goto out;
 		}
 		cur.pp = arrays;
-		cur.iov = (struct iovec *)(cur.pp + SC_PEER_MAX_PIECES);
-		cur.cut = (struct sc_xr_piece *)(cur.iov + SC_PEER_MAX_PIECES);
+		cur.iov = (struct iovec *)(cur.pp + tx->max_pieces);
+		cur.cut = (struct sc_xr_piece *)(cur.iov + tx->max_pieces);
 		next.pp = (struct sc_peer_piece *)((uint8_t *)arrays + one);
-		next.iov = (struct iovec *)(next.pp + SC_PEER_MAX_PIECES);
-		next.cut = (struct sc_xr_piece *)(next.iov + SC_PEER_MAX_PIECES);
+		next.iov = (struct iovec *)(next.pp + tx->max_pieces);
+		next.cut = (struct sc_xr_piece *)(next.iov + tx->max_pieces);
 	}
 	pthread_mutex_lock(&tx->tb->mu);
 	bool others = live_paths_locked(tx) > 1;
@@ -1114,6 +1119,8 @@ static int tcp_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *er
 	tx->tb = tb;
 	tx->n_paths = x->meta->n_endpoints < MAX_PATHS ? x->meta->n_endpoints : MAX_PATHS;
 	tx->batch = x->meta->version >= 2;
+	tx->max_pieces =
+	    x->n_segs && x->n_segs < SC_PEER_MAX_PIECES ? x->n_segs : SC_PEER_MAX_PIECES;
 	pthread_mutex_init(&tx->cursor_mu, NULL);
 	pthread_cond_init(&tx->work_cv, NULL);
 	pthread_cond_init(&tx->helpers_cv, NULL);

@@ -27,6 +27,7 @@ void sc_xr_init(struct sc_xr *r, const char *name, pthread_mutex_t *mu)
 	sc_list_init(&r->queue);
 	sc_list_init(&r->live);
 	pthread_cond_init(&r->cv, NULL);
+	pthread_cond_init(&r->idle_cv, NULL);
 }
 
 void sc_xr_destroy(struct sc_xr *r)
@@ -34,6 +35,7 @@ void sc_xr_destroy(struct sc_xr *r)
 	if (r->n_workers)
 		sc_xr_stop_workers(r);
 	pthread_cond_destroy(&r->cv);
+	pthread_cond_destroy(&r->idle_cv);
 }
 
 static void *worker_main(void *arg)
@@ -97,7 +99,7 @@ bool sc_xr_wait_idle_locked(struct sc_xr *r, uint64_t until_mono_ms)
 		uint64_t now = sc_clock_mono_ms();
 		if (now >= until_mono_ms)
 			break;
-		sc_cond_wait_ms(&r->cv, r->mu, until_mono_ms - now);
+		sc_cond_wait_ms(&r->idle_cv, r->mu, until_mono_ms - now);
 	}
 	return r->n_live == 0;
 }
@@ -191,8 +193,8 @@ static int admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struc
 void sc_xr_retire_locked(struct sc_xr *r, struct sc_xr_xfer *t)
 {
 	sc_list_remove(&t->node);
-	r->n_live--;
-	pthread_cond_broadcast(&r->cv);
+	if (--r->n_live == 0)
+		pthread_cond_broadcast(&r->idle_cv);
 }
 
 void sc_xr_queue_locked(struct sc_xr *r, struct sc_xr_task *task)

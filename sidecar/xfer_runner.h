@@ -59,7 +59,10 @@ struct sc_xr_xfer {
 struct sc_xr {
 	const char *name;    /* "tcp", "ibverbs": in messages */
 	pthread_mutex_t *mu; /* the backend's */
-	pthread_cond_t cv;   /* a task queued, a transfer retired, or stopping */
+	pthread_cond_t cv;   /* a task queued, or stopping: the workers wait on it */
+	/* The last transfer in flight retired (n_live reached 0): sc_xr_wait_idle_locked waits on
+	 * it. Not cv: a retire must not wake every idle worker (one futex storm per transfer). */
+	pthread_cond_t idle_cv;
 	struct sc_list queue; /* struct sc_xr_task, first in first out */
 	struct sc_list live;  /* struct sc_xr_xfer, newest first */
 	size_t n_live;
