@@ -50,7 +50,7 @@ bool sc_trace_init(void)
 
 void sc_trace_record(uint64_t xfer_id, const char *stage, uint64_t mono_us)
 {
-	if (!table)
+	if (!table || !xfer_id) /* 0: no transfer (e.g. an answer not delivered by a completion) */
 		return;
 	uint64_t i = atomic_fetch_add_explicit(&next_slot, 1, memory_order_relaxed);
 	if (i >= SC_TRACE_MAX)

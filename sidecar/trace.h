@@ -37,7 +37,7 @@ static inline bool sc_trace_on(void)
 }
 
 /* Record that transfer xfer_id reached `stage` (a string literal: it is kept, not copied) now,
- * or at mono_us when that is not 0. */
+ * or at mono_us when that is not 0. xfer_id 0 (no transfer) records nothing. */
 void sc_trace_record(uint64_t xfer_id, const char *stage, uint64_t mono_us);
 #define sc_trace_mark(xfer_id, stage)                                                              \
 	do {                                                                                       \
