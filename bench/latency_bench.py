@@ -10,7 +10,7 @@ every 20 ms). Baselines in the same run, where installed: iperf3 with one stream
 streams as the sidecar uses (--tcp-streams), and `UCX_TLS=tcp ucx_perftest` ucp_get, ucp_put_bw
 and tag_lat at 4 KiB. Each sidecar figure is printed beside its baseline with the ratio.
 
-Usage: /usr/bin/python3 bench/latency_bench.py [--quick] [--build build] [--json FILE]
+Usage: /usr/bin/python3 bench/latency_bench.py [--quick] [--build build] [--json FILE] [--sizes 4096,65536]
 """
 import argparse
 import json
@@ -150,6 +150,7 @@ def main():
     ap.add_argument("--multi", type=int, default=16, help="concurrent clients of the multi-client rows")
     ap.add_argument("--multi-max-size", type=int, default=MiB, help="largest size run with --multi clients")
     ap.add_argument("--modes", default="tcp,local", help="tcp,local")
+    ap.add_argument("--sizes", help="comma-separated transfer sizes in bytes, instead of the default list")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     os.environ.setdefault("SC_PYTHON_STUBS", os.path.join(build, "python"))
@@ -162,6 +163,8 @@ def main():
 
     q = args.quick
     sizes = [4 * KiB, 64 * KiB, MiB, 16 * MiB] if q else [4 * KiB << (2 * i) for i in range(10)]  # 4 KiB..1 GiB
+    if args.sizes:
+        sizes = [int(s) for s in args.sizes.split(",") if s]
     seconds = 1.0 if q else 3.0
 
     def iters_for(size):

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ctl.c: rdma-sidecar-ctl, the operator's command line on librdma-sidecar-client. One command per
- * run (info, health, regions, ops, op, wait, cancel, publish, subscribe, read, write, connect),
+ * run (info, health, ping, regions, ops, op, wait, cancel, publish, subscribe, read, write,
+ * connect),
  * text or --json output on stdout, errors on stderr. Exit codes: 0 ok, 1 the operation failed
  * (connect: no path ready), 2 usage, 3 cannot reach the sidecar. Single-threaded; owns one client
  * for the run.
@@ -26,7 +27,8 @@ struct ctl {
 	rsc_client *c;
 	int json;
 	double timeout_s; /* waits and transfers; < 0 = not given */
-	long count;	  /* subscribe: stop after N events (0 = no limit) */
+	long count;	  /* subscribe: stop after N events (0 = no limit); ping: calls */
+	long interval_ms; /* ping: pause between calls; < 0 = not given */
 	const char *queue;
 	const char *target;
 };
@@ -391,6 +393,91 @@ static int cmd_health(struct ctl *x, char **argv)
 		puts(name);
 	}
 	return s == 1 ? 0 : EXIT_FAILED;
+}
+
+static double mono_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* The nearest-rank percentile p (0..100) of n sorted values. */
+static double percentile(const double *v, size_t n, double p)
+{
+	size_t rank = (size_t)(p / 100.0 * (double)n + 0.999999);
+	return v[rank ? (rank > n ? n : rank) - 1 : 0];
+}
+
+/* ping: the gRPC round trip, timed: --count N grpc.health.v1 Check calls (the cheapest call the
+ * sidecar answers), --interval-ms M apart; a summary like ping(8)'s. Exit 1 when any call
+ * failed. */
+static int cmd_ping(struct ctl *x, char **argv)
+{
+	(void)argv;
+	long n = x->count > 0 ? x->count : 10,
+	     interval = x->interval_ms >= 0 ? x->interval_ms : 100;
+	double *rtt = calloc((size_t)n, sizeof(*rtt));
+	if (!rtt) {
+		fprintf(stderr, "rdma-sidecar-ctl: ping: out of memory for %ld calls\n", n);
+		return EXIT_FAILED;
+	}
+	size_t ok = 0;
+	long failed = 0;
+	double t_begin = mono_us();
+	if (!x->json)
+		printf("PING %s: grpc.health.v1 Check, %ld calls, %ld ms apart\n", x->target, n,
+		       interval);
+	for (long i = 0; i < n; i++) {
+		if (i && interval) {
+			struct timespec ts = {.tv_sec = interval / 1000,
+					      .tv_nsec = (interval % 1000) * 1000000L};
+			nanosleep(&ts, NULL);
+		}
+		rsc_status st;
+		int serving = 0;
+		double t0 = mono_us();
+		int r = rsc_health_check(x->c, NULL, &serving, &st);
+		double dt = mono_us() - t0;
+		if (r != RSC_OK) {
+			failed++;
+			if (!x->json)
+				printf("seq=%ld failed: %s\n", i + 1, st.message);
+			continue;
+		}
+		rtt[ok++] = dt;
+		if (!x->json)
+			printf("seq=%ld time=%.1f us%s\n", i + 1, dt,
+			       serving == 1 ? "" : " (not serving)");
+	}
+	double total_ms = (mono_us() - t_begin) / 1e3;
+	qsort(rtt, ok, sizeof(*rtt), cmp_double);
+	double mn = ok ? rtt[0] : 0, p50 = ok ? percentile(rtt, ok, 50) : 0,
+	       p99 = ok ? percentile(rtt, ok, 99) : 0, mx = ok ? rtt[ok - 1] : 0;
+	if (x->json) {
+		int f = 1;
+		putchar('{');
+		jkv_s("target", x->target, &f);
+		jkv_u("calls", (uint64_t)n, &f);
+		jkv_u("answered", ok, &f);
+		jkv_u("failed", (uint64_t)failed, &f);
+		printf(",\"min_us\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f,\"max_us\":%.1f}\n", mn,
+		       p50, p99, mx);
+	} else {
+		printf("\n--- %s ping statistics ---\n", x->target);
+		printf("%ld calls, %zu answered, %.0f%% failed, time %.0f ms\n", n, ok,
+		       100.0 * (double)failed / (double)n, total_ms);
+		if (ok)
+			printf("rtt min/p50/p99/max = %.1f/%.1f/%.1f/%.1f us\n", mn, p50, p99, mx);
+	}
+	free(rtt);
+	return failed ? EXIT_FAILED : 0;
 }
 
 static int cmd_regions(struct ctl *x, char **argv)
@@ -833,6 +920,12 @@ static const struct command commands[] = {
      cmd_info},
     {"health", "", 0, "grpc.health.v1 Check of the whole server; exit 1 unless SERVING",
      cmd_health},
+    {"ping", "", 0,
+     "time the gRPC round trip to the sidecar: --count N calls (default 10), --interval-ms M "
+     "apart (default 100), each a grpc.health.v1 Check (the cheapest call it answers); prints each "
+     "call's time and a summary (min/p50/p99/max microseconds) like ping(8); exit 1 when any "
+     "call failed",
+     cmd_ping},
     {"regions", "", 0, "the registered regions", cmd_regions},
     {"ops", "", 0, "the operations the sidecar knows", cmd_ops},
     {"op", "ID", 1, "one operation, with the bytes each rail moved for it (NOT_FOUND: exit 1)",
@@ -884,7 +977,8 @@ static void usage(FILE *out)
 	    "default " DEFAULT_ADDR ")\n"
 	    "  --json             machine-readable output (one JSON object per line)\n"
 	    "  --timeout S        seconds: wait/read/write/connect bound, subscribe duration\n"
-	    "  --count N          subscribe: stop after N events\n"
+	    "  --count N          subscribe: stop after N events; ping: calls (default 10)\n"
+	    "  --interval-ms M    ping: milliseconds between calls (default 100)\n"
 	    "  --queue G          subscribe: NATS queue group\n"
 	    "  --connect-timeout S  seconds to reach the sidecar (default 5)\n"
 	    "  --tls-ca FILE      TLS: PEM roots of the sidecar's certificate (env "
@@ -929,6 +1023,7 @@ int main(int argc, char **argv)
 		O_JSON,
 		O_TIMEOUT,
 		O_COUNT,
+		O_INTERVAL,
 		O_QUEUE,
 		O_CONNECT,
 		O_CA,
@@ -941,6 +1036,7 @@ int main(int argc, char **argv)
 	    {"json", no_argument, NULL, O_JSON},
 	    {"timeout", required_argument, NULL, O_TIMEOUT},
 	    {"count", required_argument, NULL, O_COUNT},
+	    {"interval-ms", required_argument, NULL, O_INTERVAL},
 	    {"queue", required_argument, NULL, O_QUEUE},
 	    {"connect-timeout", required_argument, NULL, O_CONNECT},
 	    {"tls-ca", required_argument, NULL, O_CA},
@@ -950,12 +1046,12 @@ int main(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	struct ctl x = {.timeout_s = -1};
+	struct ctl x = {.timeout_s = -1, .interval_ms = -1};
 	rsc_options o = {.target = getenv("RDMA_SIDECAR_ADDR"),
 			 .tls_ca_file = getenv("RDMA_SIDECAR_TLS_CA")};
 	double connect_s = 5;
-	int help = 0, opt;
-	while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+	int help = 0, opt, li = -1;
+	while ((opt = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
 		switch (opt) {
 		case O_SIDECAR:
 			o.target = optarg;
@@ -975,6 +1071,15 @@ int main(int argc, char **argv)
 			char *end;
 			x.count = strtol(optarg, &end, 10);
 			if (*end || end == optarg || x.count <= 0)
+				goto bad_value;
+			break;
+		}
+		case O_INTERVAL: {
+			char *end;
+			errno = 0;
+			x.interval_ms = strtol(optarg, &end, 10);
+			if (errno || *end || end == optarg || x.interval_ms < 0 ||
+			    x.interval_ms > 3600000)
 				goto bad_value;
 			break;
 		}
@@ -1054,6 +1159,7 @@ int main(int argc, char **argv)
 	rsc_client_destroy(x.c);
 	return rc;
 bad_value:
-	fprintf(stderr, "rdma-sidecar-ctl: bad value %s for %s\n", optarg, argv[optind - 1]);
+	fprintf(stderr, "rdma-sidecar-ctl: bad value %s for --%s (see --help)\n", optarg,
+		li >= 0 ? longopts[li].name : "an option");
 	return EXIT_USAGE;
 }

@@ -11,6 +11,7 @@
  */
 #include "handlers.h"
 #include "paging.h"
+#include "trace.h"
 
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -109,6 +110,7 @@ static void cancel_not_yet(struct sc_call *c, const struct sc_op_info *info);
 static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind)
 {
 	RdmaSidecar__V1__BeginTransferRequest *r = (RdmaSidecar__V1__BeginTransferRequest *)req;
+	sc_trace_call_in();
 	struct sc_err err;
 	sc_err_clear(&err);
 	struct sc_desc *descs;
@@ -145,10 +147,14 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 		return;
 	}
 	struct sc_op_info info;
+	/* A small transfer on a warm connection may run on this thread, once it has answered (or
+	 * its waiter is in place): no hand-off to a worker thread and back. */
+	sc_op_run_here_open();
 	int rc = sc_op_begin(sc_call_engine(c), kind, &ar, &info, &err);
 	free(descs);
 	if (rc != 0 || !r->wait || sc_op_status_terminal(info.status)) {
 		answer(c, rc, &info, &err);
+		sc_op_run_here_close();
 		return;
 	}
 	/* One call to the end: the operation's own deadline ends it, so waiting until then (plus a
@@ -160,6 +166,7 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 	uint64_t left = info.deadline_unix_ms > now ? info.deadline_unix_ms - now : 0;
 	sc_op_info_free(&info);
 	wait_or_watch(c, id, left + 1000, WAIT_ONCE);
+	sc_op_run_here_close();
 }
 
 void sc_h_begin_read(struct sc_call *c, ProtobufCMessage *req)
@@ -336,6 +343,7 @@ static bool waiter_on_change(void *ctx, const struct sc_op_info *info)
 		return true;
 	if (waiter_claim(w)) {
 		reply_op(w->call, info);
+		sc_trace_mark(sc_trace_current(), "grpc_reply_queued");
 		/* Free the call now rather than when the timeout would have fired. */
 		waiter_drop_timer(w);
 	}

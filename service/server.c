@@ -30,6 +30,7 @@
 #include "handlers.h"
 #include "log.h"
 #include "service.h"
+#include "trace.h"
 #include "uds_accept.h"
 
 #include <grpc/byte_buffer.h>
@@ -101,6 +102,7 @@ struct sc_call {
 	void (*cancel_fn)(struct sc_call *c);
 	void (*drained_fn)(struct sc_call *c);
 	bool cancel_fired;
+	uint64_t trace_xfer; /* the hand-off trace (trace.h): the transfer this call answers */
 };
 
 struct sc_service {
@@ -294,6 +296,7 @@ static void pump_locked(struct sc_call *c)
 	grpc_op ops[3];
 	memset(ops, 0, sizeof(ops));
 	size_t n = 0;
+	grpc_byte_buffer *sending = m->bb;
 	/* Headers sent on purpose (sc_call_send_headers: "ready", e.g. a subscription in place)
 	 * carry one entry, so a client can tell them from the empty headers of a failed call. */
 	grpc_metadata ready = {.key = grpc_slice_from_static_string(SC_READY_HEADER),
@@ -310,6 +313,15 @@ static void pump_locked(struct sc_call *c)
 		ops[n].data.send_message.send_message = m->bb;
 		n++;
 	}
+	if (m->bb && c->q_head && !c->q_head->bb && !c->q_head->md_only) {
+		/* A message right before the status (a unary answer): both in one batch, so the
+		 * client gets them in one write and no completion round trip separates them. */
+		struct out_msg *st = c->q_head;
+		c->q_head = NULL;
+		c->q_tail = NULL;
+		free(m);
+		m = st;
+	}
 	if (!m->bb && !m->md_only) { /* the status: always last in the queue */
 		ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
 		ops[n].data.send_status_from_server.trailing_metadata_count = 0;
@@ -323,7 +335,7 @@ static void pump_locked(struct sc_call *c)
 		pump_locked(c);
 		return;
 	}
-	c->sending = m->bb;
+	c->sending = sending;
 	free(m);
 	c->send_in_flight = true;
 	sc_call_ref(c);
@@ -363,29 +375,47 @@ static void on_send_done(struct tag *t, bool ok)
 	pump_locked(c);
 	if (!c->send_in_flight && !c->q_head && !c->answered)
 		drained = c->drained_fn;
+	uint64_t traced = !c->send_in_flight && c->answered ? c->trace_xfer : 0;
 	pthread_mutex_unlock(&c->mu);
+	if (traced)
+		sc_trace_mark(traced, "grpc_reply_sent");
 	if (drained)
 		drained(c);
 	sc_call_unref(c);
 }
 
-/* Queue a message behind what is queued; false once the call has been answered. */
-static bool enqueue(struct sc_call *c, grpc_byte_buffer *bb)
+/* Append an entry to the send queue. Caller holds c->mu. */
+static void queue_locked(struct sc_call *c, struct out_msg *m)
 {
-	struct out_msg *m = calloc(1, sizeof(*m));
-	pthread_mutex_lock(&c->mu);
-	if (!m || c->answered) {
-		pthread_mutex_unlock(&c->mu);
-		grpc_byte_buffer_destroy(bb);
-		free(m);
-		return false;
-	}
-	m->bb = bb;
 	if (c->q_tail)
 		c->q_tail->next = m;
 	else
 		c->q_head = m;
 	c->q_tail = m;
+}
+
+/* Queue a message behind what is queued; false once the call has been answered. final: the OK
+ * status goes right behind it (sc_call_reply), queued under the same lock so that both leave in
+ * one batch. */
+static bool enqueue(struct sc_call *c, grpc_byte_buffer *bb, bool final)
+{
+	struct out_msg *m = calloc(1, sizeof(*m));
+	struct out_msg *st = final ? calloc(1, sizeof(*st)) : NULL;
+	pthread_mutex_lock(&c->mu);
+	if (!m || (final && !st) || c->answered) {
+		pthread_mutex_unlock(&c->mu);
+		grpc_byte_buffer_destroy(bb);
+		free(m);
+		free(st);
+		return false;
+	}
+	m->bb = bb;
+	queue_locked(c, m);
+	if (final) {
+		c->answered = true;
+		c->final_code = SC_OK;
+		queue_locked(c, st);
+	}
 	pump_locked(c);
 	pthread_mutex_unlock(&c->mu);
 	return true;
@@ -414,7 +444,7 @@ void sc_call_send_headers(struct sc_call *c)
 
 bool sc_call_send(struct sc_call *c, const ProtobufCMessage *msg)
 {
-	return enqueue(c, pack(msg));
+	return enqueue(c, pack(msg), false);
 }
 
 void sc_call_finish(struct sc_call *c, enum sc_status code, const char *msg)
@@ -448,8 +478,9 @@ void sc_call_finish(struct sc_call *c, enum sc_status code, const char *msg)
 
 void sc_call_reply(struct sc_call *c, const ProtobufCMessage *msg)
 {
-	if (sc_call_send(c, msg))
-		sc_call_finish(c, SC_OK, NULL);
+	if (sc_trace_on())
+		c->trace_xfer = sc_trace_current();
+	enqueue(c, pack(msg), true);
 }
 
 void sc_call_fail(struct sc_call *c, enum sc_status code, const char *msg)

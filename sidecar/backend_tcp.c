@@ -25,18 +25,21 @@
  *
  * Threads: submit() and cancel() run on engine threads (with the engine lock held: they only
  * queue and flag); the runner's 2 x --tcp-streams worker threads (at least 2), started by start()
- * and joined by stop(), run the transfers. The worker that picks a transfer up leads it: it connects,
- * opens, queues helper streams for the other workers when there is more than one chunk, moves
- * chunks itself, reclaims helpers that never started, waits for the running ones, sends DONE and
- * completes. A one-chunk transfer therefore costs one hand-off (submit -> worker).
+ * and joined by stop(), run the transfers. The worker that picks a transfer up leads it: it
+ * connects, opens, queues helper streams for the other workers when there is more than one chunk,
+ * moves chunks itself, reclaims helpers that never started, waits for the running ones, sends DONE
+ * and completes. A one-chunk transfer therefore costs one hand-off (submit -> worker), or none: a
+ * small one-request transfer with an idle pooled connection, begun inside the gRPC handler's
+ * run-here window (engine.h, sc_op_run_here_open), runs on that handler's thread once the
+ * engine lock is released (at most RUN_HERE_MAX at once).
  *
  * Owns: the runner, the paths' health, and one struct tcp_xfer per transfer in flight (with the
  * chunks given back). The connections belong to the peer pool; a stream holds one while it runs.
  *
  * Locking: tb->mu guards the runner (its queue and list of transfers in flight) and each
- * transfer's stream table and verdict. It is never held while calling the engine (on_progress, on_complete, the
- * pool's keyring look-up) or doing I/O, so the engine lock (held around submit and cancel) always
- * comes first.
+ * transfer's stream table and verdict. It is never held while calling the engine (on_progress,
+ * on_complete, the pool's keyring look-up) or doing I/O, so the engine lock (held around submit and
+ * cancel) always comes first.
  */
 #include "backend.h"
 #include "backend_tcp_paths.h"
@@ -46,6 +49,7 @@
 #include "peer_request.h"
 #include "peer_server.h"
 #include "timer.h"
+#include "trace.h"
 #include "xfer_runner.h"
 
 #include <inttypes.h>
@@ -66,6 +70,13 @@
 /* While another path is live, a stream on which no byte moves for this long takes its path as
  * dead (sooner than the socket's TCP_USER_TIMEOUT, SC_PEER_USER_TIMEOUT_MS). */
 #define PATH_STALL_MS 5000
+/* A transfer runs on the thread that began it (xfer_runner.h, run-here window) when it is at most
+ * this big, fits one request, is host memory only, no other transfer of this backend is in flight
+ * (under load the workers overlap transfers better than gRPC threads blocked in them) and an idle
+ * pooled connection to its first path is there; at most RUN_HERE_MAX such transfers at once (they
+ * hold gRPC threads). */
+#define RUN_HERE_MAX_BYTES (256u << 10)
+#define RUN_HERE_MAX 2
 
 struct tcp_xfer;
 
@@ -84,6 +95,7 @@ struct tcp_backend {
 	pthread_mutex_t mu; /* guards xr and health too */
 	struct sc_xr xr;
 	struct sc_tcp_health health; /* per peer endpoint: cooling down after a failure */
+	atomic_uint here_running;    /* transfers running on the threads that began them */
 };
 
 /* Chunks a failed stream gave back, taken before the cursor's (under cursor_mu). */
@@ -108,6 +120,11 @@ struct tcp_xfer {
 	 * A request's local pieces are all host memory or all one GPU's (staged, packed). Set at
 	 * submit, read-only after. */
 	bool batch;
+	/* Pieces in one request: SC_PEER_MAX_PIECES, or fewer when the transfer has fewer segments
+	 * (a batch holds at most one piece of each), so a small transfer's piece arrays stay small
+	 * (the full ones, ~150 KiB, went to mmap or grew and trimmed a malloc arena per transfer).
+	 */
+	size_t max_pieces;
 	pthread_mutex_t cursor_mu; /* guards cur, given and in_flight */
 	pthread_cond_t work_cv;	   /* chunks given back, or in_flight reached 0 */
 	struct sc_xr_cursor cur;
@@ -126,6 +143,7 @@ struct tcp_xfer {
 	bool done_sent; /* the leader's own: DONE {OK} was sent (finish tells no verdict) */
 	bool path_dead[MAX_PATHS];     /* failed during this transfer: not used again by it */
 	char path_why[MAX_PATHS][160]; /* and why */
+	bool here; /* runs on the thread that began it (counted in tb->here_running) */
 
 	struct task tasks[MAX_STREAMS];
 };
@@ -142,7 +160,7 @@ struct piece {
 	uint64_t off; /* within the segment, which is also the offset in its remote descriptor */
 	uint64_t len; /* a batch: the pieces' total */
 	/* A batch (tx->batch): n pieces, each a (remote descriptor, offset, length) on the wire and
-	 * an iovec of local memory; the arrays belong to the stream (SC_PEER_MAX_PIECES each). */
+	 * an iovec of local memory; the arrays belong to the stream (tx->max_pieces each). */
 	uint32_t n;
 	struct sc_peer_piece *pp;
 	struct iovec *iov;
@@ -184,7 +202,7 @@ static bool next_piece(struct tcp_xfer *tx, struct piece *p, bool wait)
 		}
 		/* A batch: up to SC_PEER_MAX_PIECES pieces and --tcp-chunk-size bytes, in list
 		 * order. */
-		n = tx->batch ? sc_xr_cursor_take(&tx->cur, tx->xr.x, chunk, SC_PEER_MAX_PIECES,
+		n = tx->batch ? sc_xr_cursor_take(&tx->cur, tx->xr.x, chunk, tx->max_pieces,
 						  same_local_memory, p->cut)
 			      : sc_xr_cursor_take(&tx->cur, tx->xr.x, chunk, 1, NULL, p->cut);
 		if (n || !wait || tx->in_flight == 0 || should_stop(tx))
@@ -634,19 +652,19 @@ static enum moved move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn
 	if (tx->batch) {
 		/* two batches' piece lists, iovecs and cursor pieces (the one in flight and the
 		 * next) */
-		size_t one = SC_PEER_MAX_PIECES * (sizeof(struct sc_peer_piece) + sizeof(struct iovec) +
-						   sizeof(struct sc_xr_piece));
+		size_t one = tx->max_pieces * (sizeof(struct sc_peer_piece) + sizeof(struct iovec) +
+					       sizeof(struct sc_xr_piece));
 		arrays = malloc(2 * one);
 		if (!arrays) {
 			sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "out of memory");
 			goto out;
 		}
 		cur.pp = arrays;
-		cur.iov = (struct iovec *)(cur.pp + SC_PEER_MAX_PIECES);
-		cur.cut = (struct sc_xr_piece *)(cur.iov + SC_PEER_MAX_PIECES);
+		cur.iov = (struct iovec *)(cur.pp + tx->max_pieces);
+		cur.cut = (struct sc_xr_piece *)(cur.iov + tx->max_pieces);
 		next.pp = (struct sc_peer_piece *)((uint8_t *)arrays + one);
-		next.iov = (struct iovec *)(next.pp + SC_PEER_MAX_PIECES);
-		next.cut = (struct sc_xr_piece *)(next.iov + SC_PEER_MAX_PIECES);
+		next.iov = (struct iovec *)(next.pp + tx->max_pieces);
+		next.cut = (struct sc_xr_piece *)(next.iov + tx->max_pieces);
 	}
 	pthread_mutex_lock(&tx->tb->mu);
 	bool others = live_paths_locked(tx) > 1;
@@ -678,9 +696,11 @@ static enum moved move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn
 				break;
 			sc_peer_conn_flush(c); /* stopping: no DONE to carry the held request */
 		}
+		sc_trace_mark(x->xfer_id, "tcp_requests_sent");
 		if (take_open_reply(c, open_pending, &b, &err) != 0 ||
 		    piece_recv(tx, c, &cur, &b, &err) != 0)
 			break;
+		sc_trace_mark(x->xfer_id, "tcp_reply_received");
 		atomic_fetch_add(&tx->bytes_moved, cur.len);
 		moved_here += cur.len;
 		sc_rail_add_bytes(&tx->tb->base, x, rail, cur.len);
@@ -704,8 +724,8 @@ static enum moved move_chunks(struct tcp_xfer *tx, int slot, struct sc_peer_conn
 		have_next = false;
 		have_cur = true;
 	}
-	if (tx->done_sent && err.code == SC_OK)
-		take_done_reply(c, &b, &err);
+	if (tx->done_sent && err.code == SC_OK && take_done_reply(c, &b, &err) == 0)
+		sc_trace_mark(x->xfer_id, "tcp_done_confirmed");
 out:
 	if (*open_pending == 1 && err.code == SC_OK && sc_peer_conn_usable(c)) {
 		sc_peer_conn_flush(c); /* no piece went out on this stream to carry the OPEN */
@@ -812,6 +832,7 @@ static void finish(struct tcp_xfer *tx, struct sc_peer_conn *c, bool opened)
 	sc_xr_retire_locked(&tb->xr, &tx->xr);
 	pthread_mutex_unlock(&tb->mu);
 	free_tx(tx);
+	sc_trace_mark(x->xfer_id, "tcp_finished");
 	sc_xr_complete(x, status, msg);
 }
 
@@ -945,9 +966,12 @@ static void lead(struct tcp_xfer *tx)
 	bool pipelined = streams == 1, opened = false, helpers_queued = false;
 	unsigned stale = 0;
 	struct sc_peer_conn *c = NULL;
+	sc_trace_mark(tx->xr.x->xfer_id, "runner_picked_up");
 	for (;;) {
 		sc_err_clear(&err);
 		c = open_stream(tx, 0, path, pipelined, &open_pending, &err);
+		if (c)
+			sc_trace_mark(tx->xr.x->xfer_id, "tcp_connection_ready");
 		if (!c) {
 			if (err.code != SC_OK && is_path_failure(tx, NULL, &err) &&
 			    fail_over(tx, &path, &err)) {
@@ -1043,10 +1067,43 @@ static void help(struct tcp_xfer *tx, int slot)
 static void run_task(struct sc_xr_task *t)
 {
 	struct task *task = container_of(t, struct task, t);
-	if (task->slot == 0)
-		lead(task->tx);
-	else
+	if (task->slot != 0) {
 		help(task->tx, task->slot);
+		return;
+	}
+	struct tcp_backend *tb = task->tx->tb;
+	bool here = task->tx->here;
+	lead(task->tx); /* frees tx */
+	if (here)
+		atomic_fetch_sub(&tb->here_running, 1);
+}
+
+/* Whether a transfer may run on the thread that began it (see RUN_HERE_MAX_BYTES): one request
+ * on a warm connection, so the hand-off to a worker would cost more than the transfer. Counts it
+ * in tb->here_running when it may. */
+static bool may_run_here(struct tcp_xfer *tx)
+{
+	struct tcp_backend *tb = tx->tb;
+	const struct sc_xfer *x = tx->xr.x;
+	if (!sc_xr_here_possible() || x->total > RUN_HERE_MAX_BYTES || x->total > tb->chunk ||
+	    count_chunks(tx, tb->chunk) != 1)
+		return false;
+	for (size_t i = 0; i < x->n_segs; i++)
+		if (x->segs[i].local_gpu != SC_GPU_HOST)
+			return false;
+	uint64_t cooling;
+	pthread_mutex_lock(&tb->mu);
+	bool usable = tb->xr.n_live == 0 && sc_tcp_health_usable(&tb->health, path_endpoint(tx, 0),
+								 sc_clock_mono_ms(), &cooling);
+	pthread_mutex_unlock(&tb->mu);
+	if (!usable || !sc_peer_pool_has_idle(tb->pool, path_endpoint(tx, 0)))
+		return false;
+	unsigned n = atomic_load(&tb->here_running);
+	do {
+		if (n >= RUN_HERE_MAX)
+			return false;
+	} while (!atomic_compare_exchange_weak(&tb->here_running, &n, n + 1));
+	return true;
 }
 
 /* ---- ops ------------------------------------------------------------------------------------- */
@@ -1062,6 +1119,8 @@ static int tcp_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *er
 	tx->tb = tb;
 	tx->n_paths = x->meta->n_endpoints < MAX_PATHS ? x->meta->n_endpoints : MAX_PATHS;
 	tx->batch = x->meta->version >= 2;
+	tx->max_pieces =
+	    x->n_segs && x->n_segs < SC_PEER_MAX_PIECES ? x->n_segs : SC_PEER_MAX_PIECES;
 	pthread_mutex_init(&tx->cursor_mu, NULL);
 	pthread_cond_init(&tx->work_cv, NULL);
 	pthread_cond_init(&tx->helpers_cv, NULL);
@@ -1079,7 +1138,12 @@ static int tcp_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *er
 				  "backend is off)",
 				  x->meta->issuer);
 	}
-	if (sc_xr_admit(&tb->xr, &tx->xr, x, &tx->tasks[0].t, err) != 0) {
+	tx->xr.x = x;
+	tx->here = may_run_here(tx);
+	if ((tx->here ? sc_xr_admit_here : sc_xr_admit)(&tb->xr, &tx->xr, x, &tx->tasks[0].t,
+							err) != 0) {
+		if (tx->here)
+			atomic_fetch_sub(&tb->here_running, 1);
 		x->priv = NULL;
 		free_tx(tx);
 		return -1;

@@ -13,6 +13,7 @@
 #include "log.h"
 #include "nats_bus.h"
 #include "service.h"
+#include "trace.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -99,6 +100,7 @@ int main(int argc, char **argv)
 			(unsigned long long)cfg.grace_ms);
 		break;
 	}
+	sc_trace_dump(); /* RDMA_SIDECAR_TRACE_HANDOFFS=1: the hand-off trace, into the log */
 	sc_service_begin_drain(svc);
 	sc_engine_begin_drain(eng);
 	if (!sc_engine_wait_idle(eng, cfg.grace_ms))

@@ -18,6 +18,8 @@
 #include "log.h"
 #include "passive.h"
 #include "peer_server.h"
+#include "trace.h"
+#include "xfer_runner.h"
 
 #include <inttypes.h>
 #include <stddef.h>
@@ -753,10 +755,13 @@ static void xfer_complete(struct sc_xfer *x, enum sc_status status, const char *
 {
 	struct sc_op *op = x->owner;
 	struct sc_engine *eng = op->eng;
+	sc_trace_mark(x->xfer_id, "engine_complete");
+	sc_trace_set_current(x->xfer_id); /* the waiters answered below say which transfer */
 	pthread_mutex_lock(&eng->mu);
 	if (status == SC_ABORTED) {
 		if (fall_back_locked(eng, op, msg) == 0) {
 			pthread_mutex_unlock(&eng->mu);
+			sc_trace_set_current(0);
 			return; /* the same transfer, its pins and references, now on tcp */
 		}
 		status = SC_UNAVAILABLE;
@@ -779,6 +784,17 @@ static void xfer_complete(struct sc_xfer *x, enum sc_status status, const char *
 	pthread_cond_broadcast(&eng->idle_cv);
 	sc_op_unref(eng, op); /* the transfer's */
 	pthread_mutex_unlock(&eng->mu);
+	sc_trace_set_current(0);
+}
+
+void sc_op_run_here_open(void)
+{
+	sc_xr_here_open();
+}
+
+void sc_op_run_here_close(void)
+{
+	sc_xr_here_close();
 }
 
 void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op)
@@ -797,6 +813,12 @@ void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op)
 			 (op->meta.backends & SC_BACKEND_BIT_TCP) && op->meta.n_endpoints > 0;
 	if (sc_random_bytes(&x->xfer_id, sizeof(x->xfer_id)) != 0)
 		x->xfer_id = (uint64_t)(uintptr_t)op ^ sc_clock_mono_ms();
+	if (sc_trace_on()) {
+		uint64_t in_us = sc_trace_call_take();
+		if (in_us)
+			sc_trace_record(x->xfer_id, "grpc_in", in_us);
+		sc_trace_record(x->xfer_id, "engine_submit", 0);
+	}
 	op->status = SC_OPS_IN_PROGRESS;
 	op->xfer_in_flight = true;
 	op->pins++;

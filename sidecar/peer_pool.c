@@ -459,6 +459,15 @@ int sc_peer_pool_get_cancellable(struct sc_peer_pool *pool, const char *endpoint
 	return dial(pool, endpoint, deadline_mono_ms, cancel, out, err);
 }
 
+bool sc_peer_pool_has_idle(struct sc_peer_pool *pool, const char *endpoint)
+{
+	pthread_mutex_lock(&pool->mu);
+	struct bucket *b = bucket_find_locked(pool, endpoint);
+	bool idle = b && b->n > 0;
+	pthread_mutex_unlock(&pool->mu);
+	return idle;
+}
+
 void sc_peer_pool_put(struct sc_peer_pool *pool, struct sc_peer_conn *conn, bool reusable)
 {
 	if (!conn)

@@ -65,6 +65,9 @@ int sc_peer_pool_get_cancellable(struct sc_peer_pool *pool, const char *endpoint
 /* Give a connection back: kept for reuse when reusable, not broken and there is room; else
  * closed. NULL conn ok. */
 void sc_peer_pool_put(struct sc_peer_pool *pool, struct sc_peer_conn *conn, bool reusable);
+/* Whether an idle connection to endpoint is pooled now (a hint: another thread may take it, and
+ * sc_peer_pool_get may still find it dead and dial). */
+bool sc_peer_pool_has_idle(struct sc_peer_pool *pool, const char *endpoint);
 
 int sc_peer_conn_fd(const struct sc_peer_conn *conn);
 /* The authenticated id of the sidecar at the other end: the one its verified certificate names

@@ -48,6 +48,7 @@
 #include "peer_proto.h"
 #include "peer_tls.h"
 #include "timer.h"
+#include "trace.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -893,6 +894,43 @@ static void mark_active(struct conn *c)
 	atomic_store(&c->last_active_seq, atomic_fetch_add(&c->srv->activity_seq, 1) + 1);
 }
 
+/* The hand-off trace's stage names (trace.h) for a request received and answered. */
+static const char *trace_in_stage(enum sc_frame_type t)
+{
+	switch (t) {
+	case SC_FRAME_OPEN:
+		return "passive_open_received";
+	case SC_FRAME_READ:
+	case SC_FRAME_READV:
+		return "passive_read_received";
+	case SC_FRAME_WRITE:
+	case SC_FRAME_WRITEV:
+		return "passive_write_received";
+	case SC_FRAME_DONE:
+		return "passive_done_received";
+	default:
+		return "passive_other_received";
+	}
+}
+
+static const char *trace_out_stage(enum sc_frame_type t)
+{
+	switch (t) {
+	case SC_FRAME_OPEN:
+		return "passive_open_answered";
+	case SC_FRAME_READ:
+	case SC_FRAME_READV:
+		return "passive_read_served";
+	case SC_FRAME_WRITE:
+	case SC_FRAME_WRITEV:
+		return "passive_write_stored";
+	case SC_FRAME_DONE:
+		return "passive_done_answered";
+	default:
+		return "passive_other_answered";
+	}
+}
+
 /* One request, its bytes already arriving: 0 when served (the connection goes on), else -1 with
  * `why` saying how the connection ends. */
 static int serve_one(struct conn *c, char *why, size_t why_cap)
@@ -913,6 +951,8 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 			snprintf(why, why_cap, "%s", err.msg);
 		return -1;
 	}
+	if (sc_trace_on())
+		sc_trace_record(m.xfer_id, trace_in_stage(m.type), 0);
 	int rc;
 	switch (m.type) {
 	case SC_FRAME_OPEN:
@@ -958,6 +998,8 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 		rc = -1;
 		break;
 	}
+	if (sc_trace_on())
+		sc_trace_record(m.xfer_id, trace_out_stage(m.type), 0);
 	if (rc != 0)
 		return -1;
 	mark_active(c);

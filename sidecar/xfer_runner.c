@@ -6,7 +6,9 @@
  *
  * Threads: sc_xr_start creates the workers; each waits on r->cv under the backend's mutex, takes
  * the first queued task, and runs it without the lock. Everything else runs on the caller's thread
- * (engine threads for admit, worker and completion threads for the rest). Owns: the workers.
+ * (engine threads for admit, worker and completion threads for the rest). A task admitted inside
+ * a thread's run-here window (sc_xr_admit_here) runs on that thread when the window closes, with
+ * no hand-off to a worker. Owns: the workers.
  */
 #include "xfer_runner.h"
 
@@ -25,6 +27,7 @@ void sc_xr_init(struct sc_xr *r, const char *name, pthread_mutex_t *mu)
 	sc_list_init(&r->queue);
 	sc_list_init(&r->live);
 	pthread_cond_init(&r->cv, NULL);
+	pthread_cond_init(&r->idle_cv, NULL);
 }
 
 void sc_xr_destroy(struct sc_xr *r)
@@ -32,6 +35,7 @@ void sc_xr_destroy(struct sc_xr *r)
 	if (r->n_workers)
 		sc_xr_stop_workers(r);
 	pthread_cond_destroy(&r->cv);
+	pthread_cond_destroy(&r->idle_cv);
 }
 
 static void *worker_main(void *arg)
@@ -95,7 +99,7 @@ bool sc_xr_wait_idle_locked(struct sc_xr *r, uint64_t until_mono_ms)
 		uint64_t now = sc_clock_mono_ms();
 		if (now >= until_mono_ms)
 			break;
-		sc_cond_wait_ms(&r->cv, r->mu, until_mono_ms - now);
+		sc_cond_wait_ms(&r->idle_cv, r->mu, until_mono_ms - now);
 	}
 	return r->n_live == 0;
 }
@@ -116,8 +120,51 @@ void sc_xr_stop_workers(struct sc_xr *r)
 	pthread_mutex_unlock(r->mu);
 }
 
+/* This thread's run-here window: open, and the task parked in it. */
+static _Thread_local struct {
+	bool open;
+	struct sc_xr_task *task;
+} here;
+
+void sc_xr_here_open(void)
+{
+	here.open = true;
+	here.task = NULL;
+}
+
+void sc_xr_here_close(void)
+{
+	struct sc_xr_task *t = here.task;
+	here.open = false;
+	here.task = NULL;
+	if (t)
+		t->run(t);
+}
+
+bool sc_xr_here_possible(void)
+{
+	return here.open && !here.task;
+}
+
+static int admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struct sc_xr_task *first,
+		 bool park, struct sc_err *err);
+
+int sc_xr_admit_here(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x,
+		     struct sc_xr_task *first, struct sc_err *err)
+{
+	return admit(r, t, x, first, sc_xr_here_possible(), err);
+}
+
 int sc_xr_admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struct sc_xr_task *first,
 		struct sc_err *err)
+{
+	return admit(r, t, x, first, false, err);
+}
+
+/* park: the first task waits in this thread's run-here window (it is live, so a cancel or a stop
+ * reaches it, and wait-until-idle waits for it) instead of on the queue. */
+static int admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struct sc_xr_task *first,
+		 bool park, struct sc_err *err)
 {
 	t->x = x;
 	sc_list_init(&t->node);
@@ -135,7 +182,10 @@ int sc_xr_admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struct
 	}
 	sc_list_insert_head(&r->live, &t->node);
 	r->n_live++;
-	sc_xr_queue_locked(r, first);
+	if (park)
+		here.task = first;
+	else
+		sc_xr_queue_locked(r, first);
 	pthread_mutex_unlock(r->mu);
 	return 0;
 }
@@ -143,8 +193,8 @@ int sc_xr_admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struct
 void sc_xr_retire_locked(struct sc_xr *r, struct sc_xr_xfer *t)
 {
 	sc_list_remove(&t->node);
-	r->n_live--;
-	pthread_cond_broadcast(&r->cv);
+	if (--r->n_live == 0)
+		pthread_cond_broadcast(&r->idle_cv);
 }
 
 void sc_xr_queue_locked(struct sc_xr *r, struct sc_xr_task *task)

@@ -31,6 +31,11 @@
 
 #define SC_XR_MAX_WORKERS 32
 
+/* The run-here window of this thread (engine.h, sc_op_run_here_open): sc_xr_here_open opens it;
+ * sc_xr_here_close closes it and runs the task parked in it, if any. */
+void sc_xr_here_open(void);
+void sc_xr_here_close(void);
+
 /* One unit of work for a worker thread (the backend embeds it in its transfer). */
 struct sc_xr_task {
 	struct sc_list node; /* on the runner's queue */
@@ -54,7 +59,10 @@ struct sc_xr_xfer {
 struct sc_xr {
 	const char *name;    /* "tcp", "ibverbs": in messages */
 	pthread_mutex_t *mu; /* the backend's */
-	pthread_cond_t cv;   /* a task queued, a transfer retired, or stopping */
+	pthread_cond_t cv;   /* a task queued, or stopping: the workers wait on it */
+	/* The last transfer in flight retired (n_live reached 0): sc_xr_wait_idle_locked waits on
+	 * it. Not cv: a retire must not wake every idle worker (one futex storm per transfer). */
+	pthread_cond_t idle_cv;
 	struct sc_list queue; /* struct sc_xr_task, first in first out */
 	struct sc_list live;  /* struct sc_xr_xfer, newest first */
 	size_t n_live;
@@ -82,6 +90,14 @@ void sc_xr_stop_workers(struct sc_xr *r);
 
 /* Makes t live for x and queues first (the task that starts it). UNAVAILABLE when the runner is
  * not started or stopping ("<name> backend is shutting down"). */
+/* Whether a transfer admitted now could be parked on this thread (sc_xr_admit_here): the window
+ * is open and holds no task yet. */
+bool sc_xr_here_possible(void);
+/* As sc_xr_admit, but the first task is parked in this thread's open window (to run when it
+ * closes) instead of queued for a worker; queued when the window is closed or already holds one.
+ */
+int sc_xr_admit_here(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x,
+		     struct sc_xr_task *first, struct sc_err *err);
 int sc_xr_admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struct sc_xr_task *first,
 		struct sc_err *err);
 /* t is no longer live (before its on_complete). Under the lock. */

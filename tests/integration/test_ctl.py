@@ -6,6 +6,7 @@ bytes outside the ranges unchanged, rails and the topology table (a sidecar on t
 fixture), `connect` to a peer, and the installed library used through pkg-config."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -46,6 +47,52 @@ class CtlTest(SidecarTest):
             off += ln + gap
         op = s.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=descs, timeout_ms=60000), timeout=10)
         return op, descs
+
+    def test_ping(self):
+        """ping: --count calls timed, one line each, a ping(8)-like summary; --json; bad flags and
+        values refused with a clear message (exit 2); an unreachable sidecar exits 3."""
+        a = self.sidecar("a")
+        r = self.ctl(a, "ping", "--count", "20", "--interval-ms", "0")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertTrue(lines[0].startswith("PING unix:%s: grpc.health.v1 Check, 20 calls" % a.sock), lines[0])
+        seqs = [ln for ln in lines if ln.startswith("seq=")]
+        self.assertEqual([int(ln.split()[0][4:]) for ln in seqs], list(range(1, 21)))
+        for ln in seqs:
+            self.assertRegex(ln, r"^seq=\d+ time=\d+\.\d us$")
+        self.assertIn("--- unix:%s ping statistics ---" % a.sock, lines)
+        self.assertRegex(r.stdout, r"\n20 calls, 20 answered, 0% failed, time \d+ ms\n")
+        m = re.search(r"rtt min/p50/p99/max = ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) us", r.stdout)
+        self.assertIsNotNone(m, r.stdout)
+        mn, p50, p99, mx = (float(v) for v in m.groups())
+        self.assertTrue(0 < mn <= p50 <= p99 <= mx, m.group(0))
+        # --json: one summary object; the interval is honoured (4 calls, 3 pauses of 50 ms)
+        t0 = time.monotonic()
+        j = self.ok_json(a, "ping", "--count", "4", "--interval-ms", "50")
+        self.assertGreaterEqual(time.monotonic() - t0, 0.15)
+        self.assertEqual((j["calls"], j["answered"], j["failed"]), (4, 4, 0))
+        self.assertTrue(0 < j["min_us"] <= j["p50_us"] <= j["p99_us"] <= j["max_us"], j)
+        # bad flags and values: exit 2, saying which
+        r = self.ctl(a, "ping", "--bogus")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("unrecognized option '--bogus'", r.stderr)
+        self.assertEqual(r.stdout, "")
+        for flag, value in (("--count", "0"), ("--count", "x"), ("--interval-ms", "-1"), ("--interval-ms", "1.5")):
+            r = self.ctl(a, "ping", flag, value)
+            self.assertEqual(r.returncode, 2, (flag, value))
+            self.assertIn("bad value %s for %s" % (value, flag), r.stderr)
+        r = self.ctl(a, "ping", "extra")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("ping takes 0 arguments", r.stderr)
+        # --help documents it
+        r = self.ctl(None, "ping", "--help")
+        self.assertEqual(r.returncode, 0)
+        self.assertIn("--interval-ms", r.stdout)
+        self.assertIn("min/p50/p99/max", r.stdout)
+        # nobody there: exit 3
+        r = self.ctl(None, "--sidecar", "unix:" + os.path.join(self.workdir, "none.sock"), "--connect-timeout", "0.5",
+                     "ping", "--count", "2")
+        self.assertEqual(r.returncode, 3, r.stderr)
 
     def test_info_health_regions_ops(self):
         a = self.sidecar("a", key_file=self.key_file())
