@@ -1220,8 +1220,12 @@ static void take(struct conn *c, struct worker *wk)
 	}
 	c->buf = wk->buf;
 	c->buf_cap = sizeof(wk->buf);
-	if (!c->authed && handshake(c, why, sizeof(why)) != 0)
-		goto end;
+	if (!c->authed) {
+		if (handshake(c, why, sizeof(why)) != 0)
+			goto end;
+		if (!input_waiting(c)) /* its first request is not here yet: no thread waits for it */
+			goto park;
+	}
 	do {
 		if (atomic_load(&srv->stopping)) {
 			snprintf(why, sizeof(why), "sidecar \"%s\" is shutting down", srv->self_id);
@@ -1230,6 +1234,7 @@ static void take(struct conn *c, struct worker *wk)
 		if (serve_one(c, why, sizeof(why)) != 0)
 			goto end;
 	} while (input_waiting(c));
+park:
 	c->buf = NULL;
 	if (park(c) == 0)
 		return;

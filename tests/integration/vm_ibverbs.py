@@ -1223,7 +1223,7 @@ class IbverbsTest(SidecarTest):
 
     def test_two_rails_stripe(self):
         """Two rails per side (a: rxe0, rxe2; b: rxe1, rxe3), each held to 40 Mbit/s by netem: a
-        64 MiB READ and WRITE striped over both run at least 1.7x the same transfers between two
+        64 MiB READ and WRITE striped over both run at least 1.3x the same transfers between two
         sidecars with one rail each (same run, same shaping), every byte compared; Operation.rails
         shows both rails' bytes, and the metadata lists b's second rail."""
         self.second_rail()
@@ -1255,7 +1255,10 @@ class IbverbsTest(SidecarTest):
             t1, t2 = took(one), took(two)
             print("  64 MiB %s at %s per rail: one rail %.1f s, two rails %.1f s (%.2fx); bytes per rail %s"
                   % (direction, THROTTLE, t1, t2, t1 / t2, used))
-            self.assertGreaterEqual(t1 / t2, 1.7, "%s: two rails %.1f s vs one %.1f s" % (direction, t2, t1))
+            # The throttle bounds each rail by construction; 1.3x, not 2x, leaves room for
+            # Soft-RoCE's CPU cost on a busy 2-core host (measured 1.99x quiet, 1.52x under a load
+            # of 17); rails taking turns instead of sharing the transfer would give about 1.0x.
+            self.assertGreaterEqual(t1 / t2, 1.3, "%s: two rails %.1f s vs one %.1f s" % (direction, t2, t1))
 
     def test_memory_goes_through_its_nearest_rails(self):
         """Memory the topology puts nearer other rails than the first (GPU memory on a real node;
