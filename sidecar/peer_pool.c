@@ -58,6 +58,7 @@ struct sc_peer_pool {
 	struct sc_idmap *buckets; /* hash of the endpoint -> struct bucket */
 	pthread_t reaper;
 	bool reaper_running, stop;
+	uint64_t idle_ms; /* SC_PEER_POOL_IDLE_MS (tests: SC_TEST_PEER_IDLE_MS) */
 };
 
 /* The buckets' key: FNV-1a of the endpoint (the bucket keeps the text to compare). */
@@ -109,6 +110,7 @@ int sc_peer_pool_create(const char *self_id, const struct sc_keyring_source *key
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 	snprintf(pool->self_id, sizeof(pool->self_id), "%s", self_id);
 	pool->keys = *keys;
+	pool->idle_ms = sc_peer_test_idle_ms(SC_PEER_POOL_IDLE_MS);
 	pthread_mutex_init(&pool->mu, NULL);
 	pthread_cond_init(&pool->cv, NULL);
 	sc_list_init(&pool->idle);
@@ -436,7 +438,7 @@ int sc_peer_pool_get_cancellable(struct sc_peer_pool *pool, const char *endpoint
 		struct sc_peer_conn *c =
 		    sc_list_entry(sc_list_first(&b->idle), struct sc_peer_conn, bucket_node);
 		idle_unlink_locked(c);
-		if (now >= c->idle_since_ms + SC_PEER_POOL_IDLE_MS || !idle_alive(c)) {
+		if (now >= c->idle_since_ms + pool->idle_ms || !idle_alive(c)) {
 			sc_list_insert_tail(&stale, &c->idle_node);
 		} else {
 			c->reused = true;
@@ -524,7 +526,7 @@ static void *reaper_main(void *arg)
 		struct sc_list stale = SC_LIST_INIT(stale), *pos, *tmp;
 		sc_list_foreach_safe(pos, tmp, &pool->idle) {
 			struct sc_peer_conn *c = sc_list_entry(pos, struct sc_peer_conn, idle_node);
-			if (now >= c->idle_since_ms + SC_PEER_POOL_IDLE_MS || !idle_alive(c)) {
+			if (now >= c->idle_since_ms + pool->idle_ms || !idle_alive(c)) {
 				idle_unlink_locked(c);
 				sc_list_insert_tail(&stale, &c->idle_node);
 			}

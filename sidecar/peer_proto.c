@@ -405,6 +405,14 @@ int sc_peer_set_io_slice(int fd, unsigned ms)
 	return 0;
 }
 
+uint64_t sc_peer_test_idle_ms(uint64_t dflt)
+{
+	const char *v = getenv("SC_TEST_PEER_IDLE_MS");
+	char *end;
+	unsigned long long ms = v ? strtoull(v, &end, 10) : 0;
+	return v && *v && !*end && ms > 0 ? (uint64_t)ms : dflt;
+}
+
 int sc_peer_tune_socket(int fd)
 {
 	int one = 1, idle = 5, intvl = 2, cnt = 3;

@@ -210,6 +210,10 @@ int sc_peer_set_io_slice(int fd, unsigned ms);
  * option cannot be set. */
 #define SC_PEER_USER_TIMEOUT_MS 12000
 int sc_peer_tune_socket(int fd);
+
+/* How long an idle peer connection is kept (by the pool and by the server): `dflt`, or the
+ * milliseconds in the environment variable SC_TEST_PEER_IDLE_MS (tests: seconds, not minutes). */
+uint64_t sc_peer_test_idle_ms(uint64_t dflt);
 /* Receive exactly len bytes. */
 enum sc_peer_io sc_peer_recv_all(int fd, void *buf, size_t len, const struct sc_peer_wait *w,
 				 size_t *got, int *errno_out);

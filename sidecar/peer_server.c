@@ -161,6 +161,7 @@ struct sc_peer_server {
 	struct sc_list dead_workers; /* struct worker: ended, to join */
 	uint32_t n_workers, n_waiting; /* running; of them, waiting for a connection */
 	uint32_t min_workers;          /* --data-io-threads */
+	uint64_t idle_ms; /* SC_PEER_SERVER_IDLE_MS (tests: SC_TEST_PEER_IDLE_MS) */
 	uint64_t last_sweep_mono_ms;   /* accept thread only */
 	size_t n_live;
 	size_t n_unauth; /* live connections before their hello (limits: max_unauth*) */
@@ -1212,7 +1213,8 @@ static void take(struct conn *c, struct worker *wk)
 			snprintf(why, sizeof(why), "closed to admit another peer (--data-max-peers %u)",
 				 srv->max_peers);
 		else if (c->authed)
-			snprintf(why, sizeof(why), "idle for %u s", SC_PEER_SERVER_IDLE_MS / 1000);
+			snprintf(why, sizeof(why), "idle for %llu ms",
+				 (unsigned long long)srv->idle_ms);
 		else
 			snprintf(why, sizeof(why), "hello failed: no hello within %u ms",
 				 UNAUTH_DEADLINE_MS);
@@ -1246,7 +1248,7 @@ end:
 }
 
 /*
- * Close connections that have waited too long: authenticated ones idle for SC_PEER_SERVER_IDLE_MS,
+ * Close connections that have waited too long: authenticated ones idle for srv->idle_ms,
  * new ones without their hello for UNAUTH_DEADLINE_MS (a parked connection is never served, so
  * the hello's own deadline cannot run for it). Only a parked one is closed (compare-and-swap);
  * its shutdown wakes a pool thread, which ends it. Accept thread.
@@ -1259,7 +1261,7 @@ static void sweep(struct sc_peer_server *srv)
 	sc_list_foreach(pos, &srv->live) {
 		struct conn *c = sc_list_entry(pos, struct conn, node);
 		uint64_t since = c->authed ? atomic_load(&c->last_active_mono_ms) : c->accepted_mono_ms;
-		uint64_t limit = c->authed ? SC_PEER_SERVER_IDLE_MS : UNAUTH_DEADLINE_MS;
+		uint64_t limit = c->authed ? srv->idle_ms : UNAUTH_DEADLINE_MS;
 		int idle = CONN_IDLE;
 		if (now - since >= limit &&
 		    atomic_compare_exchange_strong(&c->state, &idle, CONN_EXPIRED))
@@ -1646,6 +1648,7 @@ int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_
 	sc_list_init(&srv->dead_workers);
 	sc_list_init(&srv->orphans);
 	srv->min_workers = cfg->data_io_threads ? cfg->data_io_threads : 4;
+	srv->idle_ms = sc_peer_test_idle_ms(SC_PEER_SERVER_IDLE_MS);
 	atomic_init(&srv->stopping, false);
 	srv->max_unauth_per_ip = cfg->data_max_unauth_per_ip ? cfg->data_max_unauth_per_ip : 16;
 	srv->max_unauth = cfg->data_max_unauth ? cfg->data_max_unauth : 64;

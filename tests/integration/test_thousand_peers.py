@@ -5,7 +5,9 @@ where it was, and each idle connection costs it under 16 KiB of memory (VmRSS gr
 measured, printed). Every connection is served while the others stay open (a PING on each, twice,
 in order and then in reverse), nothing is evicted while there is room, and then a real sidecar
 reads random bytes from it: the connection used longest ago makes room, the bytes compare, and the
-eviction is counted. The peers are hand-written protocol clients (peer_client.py), one Python
+eviction is counted; 300 more light peers after that are each admitted at once, an idle one closed
+for each. Idle connections expire on both ends by their timers (shortened for the test with
+SC_TEST_PEER_IDLE_MS), with no socket left behind in CLOSE-WAIT. The peers are hand-written protocol clients (peer_client.py), one Python
 process holding all 1,024 sockets; the reader is a real sidecar."""
 import os
 import resource
@@ -35,6 +37,20 @@ def status_field(pid, field):
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise AssertionError("no %s in /proc/%d/status" % (field, pid))
+
+
+def tcp_states(port):
+    """The states (hex, /proc/net/tcp) of the TCP sockets from or to `port` on this host, but
+    TIME-WAIT (06), which belongs to no process."""
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                ports = {int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)}
+                if port in ports and fields[3] not in ("06", "0A"):  # TIME-WAIT, the listener
+                    out.append(fields[3])
+    return out
 
 
 class ThousandPeersTest(SidecarTest):
@@ -96,6 +112,55 @@ class ThousandPeersTest(SidecarTest):
             peers[-1].sock.settimeout(10 * SLOW)
             peers[-1].ping()
         peers[0].ping()  # the most recent ones are still served
+
+        # 300 more peers after the first 1,024 went idle: each is admitted at once, an idle one
+        # closed for it; the newest are served.
+        before = int(evicted[0].split()[1])
+        more = []
+        self.addCleanup(lambda: [p.sock.close() for p in more])
+        for i in range(300):
+            more.append(Peer(host, int(dport), "k1", key, client_id="q%03d" % i, timeout=30 * SLOW))
+            more[-1].ping()
+        for p in more:
+            p.ping()
+        count = lambda: int([line for line in metrics().splitlines()  # noqa: E731
+                             if line.startswith("rdma_sidecar_peer_connections_evicted_total ")][0].split()[1])
+        self.assertEqual(count(), before + 300)
+        self.assertLessEqual(status_field(pid, "Threads"), threads0 + 1)
+
+    def expiry_pair(self, a_idle_ms, b_idle_ms):
+        """a reads 100 KiB from b; SC_TEST_PEER_IDLE_MS sets each side's idle time (None: the
+        default, minutes). Returns (a, b, b's data port)."""
+        keys = self.key_file()
+        env = lambda ms: {"SC_TEST_PEER_IDLE_MS": str(ms)} if ms else {}  # noqa: E731
+        a = self.sidecar("a", key_file=keys, env=env(a_idle_ms))
+        b = self.sidecar("b", key_file=keys, env=env(b_idle_ms))
+        size = 100 * 1024 + 3
+        data = os.urandom(size)
+        src = b.create_region(size)
+        b.fill(src, 0, data)
+        op = b.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(src, 0, size)], timeout_ms=60000),
+                                   timeout=10 * SLOW)
+        dst = a.create_region(size)
+        done = a.stub.BeginRead(pb.BeginTransferRequest(metadata=op.metadata, descriptors=[desc(dst, 0, size)],
+                                                        timeout_ms=60000, wait=True), timeout=60 * SLOW)
+        self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, done.error.message)
+        self.assertEqual(a.peek(dst, 0, size), data)
+        port = int(b.info().data_endpoints[0].rsplit(":", 1)[1])
+        self.assertGreater(len(tcp_states(port)), 0)  # the pool keeps its connections
+        return a, b, port
+
+    def test_the_server_closes_idle_connections_by_its_timer(self):
+        a, b, port = self.expiry_pair(None, 1500)
+        wait_until(lambda: "ended: idle for 1500 ms" in b.read_log(), 10 * SLOW, "b to close the idle connections")
+        # a's pool notices by its own timer: nothing left, not even in CLOSE-WAIT.
+        wait_until(lambda: not tcp_states(port), 10 * SLOW, "a's pooled connections to b to close")
+
+    def test_the_pool_closes_idle_connections_by_its_timer(self):
+        a, b, port = self.expiry_pair(1500, None)
+        wait_until(lambda: not tcp_states(port), 10 * SLOW, "a's pool to close its idle connections to b")
+        self.assertIn("closed the connection", b.read_log())
+        self.assertNotIn("ended: idle for", b.read_log())
 
 
 if __name__ == "__main__":
