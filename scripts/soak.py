@@ -18,7 +18,8 @@ touched), open fds, threads, mappings (/proc/PID/maps lines), and operations (li
 all = live and retained).
 
 Pass condition (exit 0), for each sidecar and each of heap_in_use_kb, other_anon_kb, fds, threads
-and mappings: take the per-second samples of the last half of the run (t >= seconds/2), fit a
+(but the peer connection pool's, which grow while every one is busy and end after 10 s idle:
+reported as pool_threads) and mappings: take the per-second samples of the last half of the run (t >= seconds/2), fit a
 least-squares line, and call its rise over that half the growth. Pass when the growth is below 1%
 of the mean or within three standard errors of the fitted slope (a rise the sample-to-sample noise
 explains: the in-use heap swings by ~100 KB with the calls in flight at the sampled instant), and,
@@ -100,9 +101,9 @@ SIZES = [(1, 20), (4096, 20), (65537, 15), (1 << 20, 20), (8 << 20, 15), (64 << 
 TERMINAL = (pb.OPERATION_STATUS_COMPLETE, pb.OPERATION_STATUS_ERRORED, pb.OPERATION_STATUS_CANCELLED)
 HEAP = ["heap_in_use_kb", "other_anon_kb"]  # judged against --heap-growth-pct
 JUDGED = HEAP + ["fds", "threads", "maps"]
-REPORTED = ["anon_kb", "malloc_kb"]  # resident heap, for diagnosis (not judged)
+REPORTED = ["anon_kb", "malloc_kb", "pool_threads"]  # for diagnosis (not judged)
 COLS = ["rss_kb", "anon_kb", "malloc_kb", "other_anon_kb", "heap_in_use_kb", "shmem_kb", "fds", "threads",
-        "maps", "ops_live", "ops_all"]
+        "pool_threads", "maps", "ops_live", "ops_all"]
 ARENA = 64 << 10  # kB: glibc's non-main arena heaps are 64 MiB reservations aligned to 64 MiB
 
 
@@ -155,14 +156,20 @@ def smaps_malloc(pid):
     return len(vmas), kb
 
 
-def heap_in_use_kb(side):
-    """malloc's in-use bytes (mallinfo2, all arenas) from the sidecar's metrics endpoint, in kB."""
+def from_metrics(side):
+    """(malloc's in-use bytes (mallinfo2, all arenas) in kB, the peer connection pool's threads),
+    from the sidecar's metrics endpoint."""
     url = "http://127.0.0.1:%d/metrics" % side.metrics_port
+    heap, pool = None, 0
     with urllib.request.urlopen(url, timeout=5) as r:
         for line in r.read().decode().splitlines():
             if line.startswith('rdma_sidecar_heap_bytes{state="in_use"}'):
-                return int(line.split()[-1]) // 1024
-    raise OSError("no rdma_sidecar_heap_bytes{state=\"in_use\"} at %s" % url)
+                heap = int(line.split()[-1]) // 1024
+            elif line.startswith("rdma_sidecar_peer_io_threads{"):
+                pool += int(line.split()[-1])
+    if heap is None:
+        raise OSError("no rdma_sidecar_heap_bytes{state=\"in_use\"} at %s" % url)
+    return heap, pool
 
 
 def op_counts(side):
@@ -327,7 +334,10 @@ class Soak:
             try:
                 s = proc_sample(side.proc.pid)
                 s["ops_live"], s["ops_all"] = op_counts(side)
-                s["heap_in_use_kb"] = heap_in_use_kb(side)
+                s["heap_in_use_kb"], s["pool_threads"] = from_metrics(side)
+                # The pool grows while every thread is busy and shrinks after 10 s idle: judged
+                # are the other threads, which must stay flat.
+                s["threads"] -= s["pool_threads"]
             except (OSError, grpc.RpcError):
                 continue  # a is being restarted
             for k in COLS:
