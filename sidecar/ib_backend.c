@@ -376,10 +376,8 @@ struct ib_backend *ib_backend_new(const struct sc_backend_env *env)
 	ib->stripe_min = env->cfg->ib_stripe_min_bytes;
 	ib->slice_bytes = env->cfg->ib_slice_bytes ? env->cfg->ib_slice_bytes : (1u << 20);
 	ib->max_qps = env->cfg->ib_max_qps ? env->cfg->ib_max_qps : 1024;
-	ib->in_idle_ms = IB_IN_IDLE_MS;
-	const char *idle = getenv("SC_TEST_IB_QP_IDLE_MS"); /* tests: expiry in seconds, not minutes */
-	if (idle && strtoull(idle, NULL, 10) > 0)
-		ib->in_idle_ms = strtoull(idle, NULL, 10);
+	/* tests: expiry in seconds, not minutes */
+	ib->in_idle_ms = sc_test_env_ms("SC_TEST_IB_QP_IDLE_MS", IB_IN_IDLE_MS);
 	return ib;
 }
 

@@ -407,10 +407,7 @@ int sc_peer_set_io_slice(int fd, unsigned ms)
 
 uint64_t sc_peer_test_idle_ms(uint64_t dflt)
 {
-	const char *v = getenv("SC_TEST_PEER_IDLE_MS");
-	char *end;
-	unsigned long long ms = v ? strtoull(v, &end, 10) : 0;
-	return v && *v && !*end && ms > 0 ? (uint64_t)ms : dflt;
+	return sc_test_env_ms("SC_TEST_PEER_IDLE_MS", dflt);
 }
 
 int sc_peer_tune_socket(int fd)

@@ -895,40 +895,22 @@ static void mark_active(struct conn *c)
 	atomic_store(&c->last_active_seq, atomic_fetch_add(&c->srv->activity_seq, 1) + 1);
 }
 
-/* The hand-off trace's stage names (trace.h) for a request received and answered. */
-static const char *trace_in_stage(enum sc_frame_type t)
+/* The hand-off trace's stage name (trace.h) for a request received, or answered. */
+static const char *trace_stage(enum sc_frame_type t, bool answered)
 {
 	switch (t) {
 	case SC_FRAME_OPEN:
-		return "passive_open_received";
+		return answered ? "passive_open_answered" : "passive_open_received";
 	case SC_FRAME_READ:
 	case SC_FRAME_READV:
-		return "passive_read_received";
+		return answered ? "passive_read_served" : "passive_read_received";
 	case SC_FRAME_WRITE:
 	case SC_FRAME_WRITEV:
-		return "passive_write_received";
+		return answered ? "passive_write_stored" : "passive_write_received";
 	case SC_FRAME_DONE:
-		return "passive_done_received";
+		return answered ? "passive_done_answered" : "passive_done_received";
 	default:
-		return "passive_other_received";
-	}
-}
-
-static const char *trace_out_stage(enum sc_frame_type t)
-{
-	switch (t) {
-	case SC_FRAME_OPEN:
-		return "passive_open_answered";
-	case SC_FRAME_READ:
-	case SC_FRAME_READV:
-		return "passive_read_served";
-	case SC_FRAME_WRITE:
-	case SC_FRAME_WRITEV:
-		return "passive_write_stored";
-	case SC_FRAME_DONE:
-		return "passive_done_answered";
-	default:
-		return "passive_other_answered";
+		return answered ? "passive_other_answered" : "passive_other_received";
 	}
 }
 
@@ -953,7 +935,7 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 		return -1;
 	}
 	if (sc_trace_on())
-		sc_trace_record(m.xfer_id, trace_in_stage(m.type), 0);
+		sc_trace_record(m.xfer_id, trace_stage(m.type, false), 0);
 	int rc;
 	switch (m.type) {
 	case SC_FRAME_OPEN:
@@ -1000,7 +982,7 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 		break;
 	}
 	if (sc_trace_on())
-		sc_trace_record(m.xfer_id, trace_out_stage(m.type), 0);
+		sc_trace_record(m.xfer_id, trace_stage(m.type, true), 0);
 	if (rc != 0)
 		return -1;
 	mark_active(c);
@@ -1083,6 +1065,32 @@ static void drain_before_close(int fd)
 	}
 }
 
+/* May this connection be closed for another peer? Authenticated, parked, no transfer opened on
+ * it, no request in hand. Under srv->mu. */
+static bool idle_locked(const struct conn *o)
+{
+	return o->authed && !o->n_opened && !o->serving && atomic_load(&o->state) == CONN_IDLE;
+}
+
+/* Close an idle connection now and give its room back at once: it still counts until a pool
+ * thread ends it (its shutdown wakes one). False when a request just arrived on it
+ * (compare-and-swap). retired: closed with its peer's ibverbs QP (sc_peer_server_retire_peer),
+ * which its log line says. Under srv->mu. */
+static bool evict_locked(struct sc_peer_server *srv, struct conn *o, bool retired)
+{
+	atomic_store(&o->retired, retired);
+	int idle = CONN_IDLE;
+	if (!atomic_compare_exchange_strong(&o->state, &idle, CONN_EVICTED)) {
+		atomic_store(&o->retired, false);
+		return false;
+	}
+	shutdown(o->fd, SHUT_RDWR);
+	srv->n_authed--;
+	o->authed = false;
+	srv->n_unauth++;
+	return true;
+}
+
 /*
  * The cap is reached: close the authenticated connection idle the longest (no request in hand,
  * no transfer opened on it) to make room for `for_conn`. Its thread sees the shutdown and ends;
@@ -1095,8 +1103,7 @@ static bool evict_idle_locked(struct sc_peer_server *srv, const struct conn *for
 	struct sc_list *pos;
 	sc_list_foreach(pos, &srv->live) {
 		struct conn *o = sc_list_entry(pos, struct conn, node);
-		if (o == for_conn || !o->authed || o->n_opened || o->serving ||
-		    atomic_load(&o->state) != CONN_IDLE)
+		if (o == for_conn || !idle_locked(o))
 			continue;
 		uint64_t seq = atomic_load(&o->last_active_seq);
 		if (seq < oldest) {
@@ -1104,14 +1111,8 @@ static bool evict_idle_locked(struct sc_peer_server *srv, const struct conn *for
 			lru = o;
 		}
 	}
-	int idle = CONN_IDLE;
-	if (!lru || !atomic_compare_exchange_strong(&lru->state, &idle, CONN_EVICTED))
+	if (!lru || !evict_locked(srv, lru, false))
 		return false;
-	shutdown(lru->fd, SHUT_RDWR);
-	/* It still counts until its thread ends: the room it leaves is taken now. */
-	srv->n_authed--;
-	lru->authed = false;
-	srv->n_unauth++;
 	atomic_fetch_add(&srv->n_evicted, 1);
 	SC_WARN_LIMITED("peer", "peer-evicted",
 			"%u peer connections (--data-max-peers): closed the one idle longest, %s, "
@@ -1959,8 +1960,7 @@ int sc_peer_server_retire_peer(struct sc_peer_server *srv, const char *peer_id,
 		struct conn *o = sc_list_entry(pos, struct conn, node);
 		if (!o->authed || strcmp(o->peer_id, peer_id) != 0)
 			continue;
-		if (o->n_opened || o->serving || atomic_load(&o->state) != CONN_IDLE ||
-		    atomic_load(&o->last_active_mono_ms) + min_idle_ms > now) {
+		if (!idle_locked(o) || atomic_load(&o->last_active_mono_ms) + min_idle_ms > now) {
 			rc = -1;
 			goto out;
 		}
@@ -1969,18 +1969,10 @@ int sc_peer_server_retire_peer(struct sc_peer_server *srv, const char *peer_id,
 		struct conn *o = sc_list_entry(pos, struct conn, node);
 		if (!o->authed || strcmp(o->peer_id, peer_id) != 0)
 			continue;
-		atomic_store(&o->retired, true);
-		int idle = CONN_IDLE;
-		if (!atomic_compare_exchange_strong(&o->state, &idle, CONN_EVICTED)) {
-			atomic_store(&o->retired, false);
+		if (!evict_locked(srv, o, true)) {
 			rc = -1; /* a request just arrived on it */
 			goto out;
 		}
-		shutdown(o->fd, SHUT_RDWR);
-		/* As evict_idle_locked: the room is free now; a pool thread ends it soon. */
-		srv->n_authed--;
-		o->authed = false;
-		srv->n_unauth++;
 	}
 out:
 	pthread_mutex_unlock(&srv->mu);

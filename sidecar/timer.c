@@ -356,3 +356,11 @@ size_t sc_timers_pending(struct sc_timers *t)
 	pthread_mutex_unlock(&t->mu);
 	return n;
 }
+
+uint64_t sc_test_env_ms(const char *name, uint64_t dflt)
+{
+	const char *v = getenv(name);
+	char *end;
+	unsigned long long ms = v ? strtoull(v, &end, 10) : 0;
+	return v && *v && !*end && ms > 0 ? (uint64_t)ms : dflt;
+}

@@ -36,6 +36,10 @@ size_t sc_timers_pending(struct sc_timers *t);
 uint64_t sc_clock_mono_ms(void);
 uint64_t sc_clock_mono_us(void);
 uint64_t sc_clock_unix_ms(void);
+
+/* A duration a test may shorten: the positive milliseconds in environment variable `name`
+ * (digits only), else `dflt`. For tests that need seconds where the product waits minutes. */
+uint64_t sc_test_env_ms(const char *name, uint64_t dflt);
 /* base + delay, saturated at UINT64_MAX: every "now + timeout" goes through one of these, so a
  * huge timeout (a client's 2^64-1) means "never" rather than wrapping into the past. */
 uint64_t sc_deadline_add_ms(uint64_t base_ms, uint64_t delay_ms);
