@@ -138,7 +138,10 @@ def all_to_all(h, n, size, pool):
         stop_all(sidecars, pool)
 
 
-def fan_in(h, n, size, pool):
+def readers_of_one(h, n, size, pool):
+    """One readable of `size` bytes (any number of uses) on a hub, read once by each of n reader
+    sidecars, all at once (fan-in and one-to-many): the hub's cost, the time until the last read
+    completes, the aggregate GB/s."""
     workdir = tempfile.mkdtemp(prefix="sc-scale-", dir="/tmp")
     keys = h.write_key_file(os.path.join(workdir, "keys"))
     hub = start_all(h, workdir, ["hub"], keys, pool)[0]
@@ -146,45 +149,17 @@ def fan_in(h, n, size, pool):
     try:
         readers = start_all(h, workdir, ["r%03d" % i for i in range(n)], keys, pool)
         metadata, data = readable(h, hub, size)
+        regions = [s.stub.CreateRegion(h.pb.CreateRegionRequest(size=size), timeout=30) for s in readers]
         base = proc_stats(hub.proc.pid)
-
-        def one(s):
-            region = s.stub.CreateRegion(h.pb.CreateRegionRequest(size=size), timeout=30)
-            return read_once(h, s, region, 0, metadata, data)
         t0 = time.monotonic()
-        errors = [e for e in pool.map(one, readers) if e]
+        errors = [e for e in pool.map(lambda i: read_once(h, readers[i], regions[i], 0, metadata, data), range(n))
+                  if e]
         seconds = time.monotonic() - t0
         st = proc_stats(hub.proc.pid)
         return dict(st, threads_before=base["threads"], reads=n, failed=len(errors), seconds=seconds,
-                    first_failure=errors[0] if errors else "")
+                    gbps=n * size / seconds / 1e9, first_failure=errors[0] if errors else "")
     finally:
         stop_all(readers + [hub], pool)
-
-
-def one_to_many(h, n, size, pool):
-    """One readable of `size` bytes read once by each of n reader sidecars, all at once."""
-    workdir = tempfile.mkdtemp(prefix="sc-scale-", dir="/tmp")
-    keys = h.write_key_file(os.path.join(workdir, "keys"))
-    src = start_all(h, workdir, ["src"], keys, pool)[0]
-    readers = []
-    try:
-        readers = start_all(h, workdir, ["r%03d" % i for i in range(n)], keys, pool)
-        metadata, data = readable(h, src, size)
-        regions = [s.stub.CreateRegion(h.pb.CreateRegionRequest(size=size), timeout=30) for s in readers]
-        t0 = time.monotonic()
-        ends = []
-
-        def one(i):
-            err = read_once(h, readers[i], regions[i], 0, metadata, data)
-            ends.append(time.monotonic())
-            return err
-        errors = [e for e in pool.map(one, range(n)) if e]
-        seconds = max(ends) - t0
-        st = proc_stats(src.proc.pid)
-        return dict(st, reads=n, failed=len(errors), seconds=seconds, gbps=n * size / seconds / 1e9,
-                    first_failure=errors[0] if errors else "")
-    finally:
-        stop_all(readers + [src], pool)
 
 
 def light_peers(h, n):
@@ -252,11 +227,11 @@ def main():
                 results.append(dict(r, build=label, shape="all-to-all", n=n))
                 print(json.dumps(results[-1]), file=sys.stderr)
             for n in fan:
-                r = fan_in(h, n, args.size, pool)
+                r = readers_of_one(h, n, args.size, pool)
                 results.append(dict(r, build=label, shape="fan-in", n=n))
                 print(json.dumps(results[-1]), file=sys.stderr)
             for n in otm:
-                r = one_to_many(h, n, args.otm_size, pool)
+                r = readers_of_one(h, n, args.otm_size, pool)
                 results.append(dict(r, build=label, shape="one-to-many", n=n))
                 print(json.dumps(results[-1]), file=sys.stderr)
             for n in light:

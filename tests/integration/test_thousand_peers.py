@@ -10,12 +10,18 @@ for each. Idle connections expire on both ends by their timers (shortened for th
 SC_TEST_PEER_IDLE_MS), with no socket left behind in CLOSE-WAIT. The peers are hand-written protocol clients (peer_client.py), one Python
 process holding all 1,024 sockets; the reader is a real sidecar."""
 import os
+import random
 import resource
 import sys
 import urllib.request
 
-from harness import SLOW, SidecarTest, desc, free_port, main, pb, wait_until
+from harness import SLOW, SidecarTest, free_port, main, pb, wait_until
 from peer_client import Peer
+import test_transfers
+
+# A read of random bytes over several descriptors, every byte of the destination compared
+# (test_transfers' helper, as valgrind_subset.py uses it).
+move = test_transfers.TransferTest.__dict__["move"]
 
 PEERS = 1024  # --data-max-peers' default
 # Memory a parked connection may cost the sidecar: its struct conn is about 1 KB; kernel socket
@@ -54,6 +60,9 @@ def tcp_states(port):
 
 
 class ThousandPeersTest(SidecarTest):
+    def setUp(self):
+        super().setUp()
+        self.rnd = random.Random(int.from_bytes(os.urandom(8), "little"))  # for move()
     def test_1024_peers_hold_no_thread_each(self):
         key = os.urandom(32)
         keys = self.key_file(keys=[("k1", key)])
@@ -92,17 +101,7 @@ class ThousandPeersTest(SidecarTest):
         # A real sidecar reads while all 1,024 are open: p1023, served longest ago (the second
         # round went in reverse), makes room.
         reader = self.sidecar("reader", key_file=keys)
-        size = (1 << 20) + 13
-        data = os.urandom(size)
-        src = hub.create_region(size + 100)
-        hub.fill(src, 7, data)
-        op = hub.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(src, 7, size)], timeout_ms=60000),
-                                     timeout=10 * SLOW)
-        dst = reader.create_region(size + 5)
-        done = reader.stub.BeginRead(pb.BeginTransferRequest(metadata=op.metadata, descriptors=[desc(dst, 5, size)],
-                                                             timeout_ms=60000, wait=True), timeout=90 * SLOW)
-        self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, done.error.message)
-        self.assertEqual(reader.peek(dst, 5, size), data)
+        move(self, hub, reader, (1 << 20) + 13, 3, "read", pb.BACKEND_TCP)
         self.assertIn('closed the one idle longest, peer sidecar "p1023"', hub.read_log())
         evicted = [line for line in metrics().splitlines()
                    if line.startswith("rdma_sidecar_peer_connections_evicted_total ")]
@@ -135,17 +134,7 @@ class ThousandPeersTest(SidecarTest):
         env = lambda ms: {"SC_TEST_PEER_IDLE_MS": str(ms)} if ms else {}  # noqa: E731
         a = self.sidecar("a", key_file=keys, env=env(a_idle_ms))
         b = self.sidecar("b", key_file=keys, env=env(b_idle_ms))
-        size = 100 * 1024 + 3
-        data = os.urandom(size)
-        src = b.create_region(size)
-        b.fill(src, 0, data)
-        op = b.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(src, 0, size)], timeout_ms=60000),
-                                   timeout=10 * SLOW)
-        dst = a.create_region(size)
-        done = a.stub.BeginRead(pb.BeginTransferRequest(metadata=op.metadata, descriptors=[desc(dst, 0, size)],
-                                                        timeout_ms=60000, wait=True), timeout=60 * SLOW)
-        self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, done.error.message)
-        self.assertEqual(a.peek(dst, 0, size), data)
+        move(self, b, a, 100 * 1024 + 3, 2, "read", pb.BACKEND_TCP)
         port = int(b.info().data_endpoints[0].rsplit(":", 1)[1])
         self.assertGreater(len(tcp_states(port)), 0)  # the pool keeps its connections
         return a, b, port
