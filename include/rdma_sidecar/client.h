@@ -506,6 +506,70 @@ int rsc_subscribe_ready(rsc_client *c, const char *subject, const char *queue_gr
 int rsc_report_progress(rsc_client *c, const char *request_id, uint64_t iteration, int has_layer,
 			uint32_t layer, int iteration_complete, uint32_t *released, rsc_status *st);
 
+
+/* ---- fast path (shared-memory rings beside gRPC; rdma_sidecar/fast_ring.h) ---------------------
+ *
+ * For a small READ or WRITE repeated many times: prepare it once (the peer's metadata, whose
+ * passive operation accepts many uses, and the local descriptors), then run it by handle. A run
+ * is a 64-byte entry in a ring the sidecar shares with this process and a doorbell, not a gRPC
+ * call; no operation id is kept (the sidecar releases each run's operation when it ends).
+ *
+ * rsc_fast_open connects to the sidecar's fast-path socket. When the sidecar offers none (it runs
+ * with --fast-path-socket off, an older version, or the client's target is not a unix socket),
+ * the handle still works in "grpc" mode: each run is one rsc_read/rsc_write, with the same
+ * results. rsc_fast_mode says which. A rsc_fast is for one thread at a time.
+ */
+typedef struct rsc_fast rsc_fast;
+
+typedef struct rsc_fast_options {
+	/* The fast-path socket; NULL = the client's unix target + ".fast". */
+	const char *socket_path;
+	/* Poll for a completion this long before sleeping on the doorbell; 0 = 50 us. UINT32_MAX:
+	 * never poll. */
+	uint32_t spin_us;
+	/* 1: fail with RSC_UNAVAILABLE instead of falling back to gRPC. */
+	int require_ring;
+} rsc_fast_options;
+
+/* The end of one run. code 0: COMPLETE; otherwise the gRPC code of the failure (the run was
+ * refused, or the transfer ended CANCELLED or ERRORED: see status) and message says why. */
+typedef struct rsc_fast_completion {
+	uint64_t user_data;
+	int code;
+	int status;  /* enum rsc_op_status; 0: refused before a transfer began */
+	int backend; /* enum rsc_backend */
+	uint64_t bytes;
+	char message[512];
+} rsc_fast_completion;
+
+/* *out is set only on RSC_OK. opts may be NULL (defaults). */
+int rsc_fast_open(rsc_client *c, const rsc_fast_options *opts, rsc_fast **out, rsc_status *st);
+/* Ends the session: runs still in flight are cancelled. NULL is accepted. */
+void rsc_fast_close(rsc_fast *f);
+/* "ring" or "grpc". */
+const char *rsc_fast_mode(const rsc_fast *f);
+/* kind: RSC_KIND_READ or RSC_KIND_WRITE; a: as rsc_read/rsc_write take (no requirement, no
+ * sets). *handle (never 0) names it until rsc_fast_unprepare or close. Checks the descriptors
+ * against the metadata once, here. */
+int rsc_fast_prepare(rsc_fast *f, int kind, const rsc_transfer_args *a, uint32_t *handle,
+		     rsc_status *st);
+int rsc_fast_unprepare(rsc_fast *f, uint32_t handle, rsc_status *st);
+/* Runs handle once and waits for its end (timeout_ms 0: the handle's). RSC_OK when the run ended
+ * (compare out->code); a call failure (RSC_UNAVAILABLE: the session ended) otherwise. */
+int rsc_fast_run(rsc_fast *f, uint32_t handle, uint64_t timeout_ms, rsc_fast_completion *out,
+		 rsc_status *st);
+/* Queues a run without waiting (RSC_RESOURCE_EXHAUSTED while the ring is full: reap first). */
+int rsc_fast_submit(rsc_fast *f, uint32_t handle, uint64_t user_data, uint64_t timeout_ms,
+		    rsc_status *st);
+/* Asks the sidecar to cancel the run submitted with user_data; its completion says how it ended.
+ * The cancel's own completion (code 0, or NOT_FOUND when no such run is in flight) carries
+ * cancel_user_data. */
+int rsc_fast_cancel(rsc_fast *f, uint64_t user_data, uint64_t cancel_user_data, rsc_status *st);
+/* Waits up to timeout_ms for at least one completion and returns up to max of them in out[];
+ * *n = how many (0 at the timeout, still RSC_OK). */
+int rsc_fast_reap(rsc_fast *f, rsc_fast_completion *out, size_t max, size_t *n,
+		  uint64_t timeout_ms, rsc_status *st);
+
 #ifdef __cplusplus
 }
 #endif
