@@ -163,11 +163,11 @@ static void fuzz_ring(const uint8_t *data, size_t size)
 		struct rsc_fast_cqe c;
 		memset(&err, 0, sizeof(err));
 		if (sc_fast_check_sqe(&e, &err) == 0) {
-			if (e.opcode == RSC_FAST_OP_RUN ? e.handle == 0
-							: e.opcode != RSC_FAST_OP_CANCEL || e.handle != 0)
+			bool run = e.opcode == RSC_FAST_OP_RUN;
+			if (run ? e.handle == 0 : e.opcode != RSC_FAST_OP_CANCEL || e.handle != 0)
 				abort();
-			sc_fast_cqe_fill(&c, e.user_data, 0, e.opcode == RSC_FAST_OP_RUN ? 3 : 0,
-					 e.timeout_ms, 1, NULL);
+			sc_fast_cqe_fill(&c, e.user_data, 0, run ? SC_OPS_COMPLETE : 0,
+					 e.timeout_ms, SC_BACKEND_TCP, NULL);
 		} else {
 			check_refusal(&err);
 			sc_fast_cqe_fill(&c, e.user_data, err.code, 0, 0, 0, err.msg);
@@ -304,7 +304,7 @@ int main(int argc, char **argv)
 	rc |= write_seed(dir, "ring-wrap-full", seed, len);
 	len = ring_image(seed, 0x13, UINT32_MAX - 1, 5, true); /* 8 sq, 2 cq: room runs out */
 	rc |= write_seed(dir, "ring-small-cq", seed, len);
-	/* The worker's script after the image: tail jumps ahead, then back to sane, cq_head moves. */
+	/* The worker's script after the image: tail jumps ahead, then back, cq_head moves. */
 	len = ring_image(seed, 0x22, 100, 2, false);
 	uint32_t script[] = {102, 100, 110, 100, 104, 102, 104, 106, 99, 106};
 	memcpy(seed + len, script, sizeof(script));

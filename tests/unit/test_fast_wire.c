@@ -228,7 +228,8 @@ static const struct reject rejects[] = {
 	{"kind READABLE", 0, PREP_AT(kind), 4, 1, NULL, 0, "kind 1 is neither"},
 	{"kind 5", 0, PREP_AT(kind), 4, 5, NULL, 0, "kind 5 is neither 3 (READ) nor 4 (WRITE)"},
 	{"backend 4", 0, PREP_AT(backend), 4, 4, NULL, 0, "backend 4 is not"},
-	{"metadata_len 0", 0, PREP_AT(metadata_len), 4, 0, NULL, 0, "metadata_len 0 is outside 1..65536"},
+	{"metadata_len 0", 0, PREP_AT(metadata_len), 4, 0, NULL, 0,
+	 "metadata_len 0 is outside 1..65536"},
 	{"metadata_len too big", 0, PREP_AT(metadata_len), 4, RSC_FAST_MSG_MAX + 1, NULL, 0,
 	 "metadata_len 65537 is outside"},
 	{"no descriptors", 0, PREP_AT(n_descs), 4, 0, NULL, 0, "n_descs 0 is outside 1..1024"},
@@ -244,7 +245,8 @@ static const struct reject rejects[] = {
 	 "descriptor 2: region_id is empty"},
 	{"slash in id", 0, DESC_AT(1, region_id), 0, 0, "ab/c", 4,
 	 "descriptor 1: region_id byte 2 (0x2f) is outside [A-Za-z0-9._-]"},
-	{"space in id", 0, DESC_AT(0, region_id), 0, 0, " a", 2, "descriptor 0: region_id byte 0 (0x20)"},
+	{"space in id", 0, DESC_AT(0, region_id), 0, 0, " a", 2,
+	 "descriptor 0: region_id byte 0 (0x20)"},
 	{"40-character id", 0, DESC_AT(0, region_id), 0, 0, id40, 40,
 	 "descriptor 0: region_id longer than 39 characters"},
 	{"junk after the id's NUL", 0, DESC_AT(1, region_id), 0, 0, "ab\0x", 4,
@@ -420,7 +422,8 @@ TEST(ring_layout)
 	CHECK_U64_EQ(sq, 4096);
 	CHECK_U64_EQ(cq, 8192);
 	CHECK_U64_EQ(size, 12288);
-	CHECK_INT_EQ(sc_fast_ring_layout(64, 128, &size, &sq, &cq), 0); /* 4 KiB of SQEs, 16 KiB of CQEs */
+	/* 4 KiB of SQEs, 16 KiB of CQEs */
+	CHECK_INT_EQ(sc_fast_ring_layout(64, 128, &size, &sq, &cq), 0);
 	CHECK_U64_EQ(sq, 4096);
 	CHECK_U64_EQ(cq, 8192);
 	CHECK_U64_EQ(size, 8192 + 16384);
@@ -499,7 +502,8 @@ TEST(take_in_order_across_wrap)
 			memset(&e, 0, sizeof(e));
 			int rc = sc_fast_ring_take(&r, 8, &e, &err);
 			if (rc != 1)
-				CHECK_FAIL_("round %d: take %u returned %d (%s)", round, k, rc, err.msg);
+				CHECK_FAIL_("round %d: take %u returned %d (%s)", round, k, rc,
+					    err.msg);
 			if (e.user_data != next_out)
 				CHECK_FAIL_("round %d: took %" PRIu64 ", expected %" PRIu64, round,
 					    e.user_data, next_out);
