@@ -210,8 +210,9 @@ class FastPath:
         socket (default: the unix address + ".fast"). spin_us: how long run()/reap() poll the
         completion ring before sleeping on its doorbell. When the sidecar offers no fast path, the
         session runs over gRPC (mode "grpc"), or with require_ring raises UnavailableError. A socket
-        that accepts and then closes before its HELLO (a uid outside --allowed-uids, no session
-        left) raises UnavailableError (PermissionDeniedError when the sidecar said so)."""
+        that refuses the session raises what the sidecar answers in place of HELLO
+        (PermissionDeniedError for a uid outside --allowed-uids, ResourceExhaustedError when it
+        holds --fast-path-max-sessions), or UnavailableError when it closes without a word."""
         from . import connector as aio
         from . import sync
         self = cls()
@@ -268,6 +269,11 @@ class FastPath:
             if len(fds) != 3:
                 for fd in fds:
                     os.close(fd)
+                if len(msg) >= HDR.size and HDR.unpack_from(msg)[0] == MSG_RESULT:
+                    # A refusal in place of HELLO (a uid outside --allowed-uids, no session left).
+                    _tok, code, _h, _n, message = unpack_result(msg)
+                    raise errors.error_for(errors._BY_VALUE.get(code, grpc.StatusCode.UNKNOWN),
+                                           "fast path %s refused: %s" % (path, message))
                 raise errors.UnavailableError(grpc.StatusCode.UNAVAILABLE,
                                               "fast-path HELLO came with %d descriptors, not 3" % len(fds))
             self._memfd, self._sq_efd, self._cq_efd = fds
