@@ -22,6 +22,8 @@ import sys
 import time
 import urllib.request
 
+import grpc
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.environ.get("SC_SOURCE_DIR", os.path.join(HERE, "..", "..")))
 sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
@@ -325,6 +327,58 @@ time.sleep(600)
         wait_until(lambda: not runs(), 20, "the killed worker's runs to end")
         wait_until(lambda: self.gauge(b, "rdma_sidecar_fast_path_sessions") == 0, 20, "its session to go")
 
+    def test_prepare_errors_as_grpc(self):
+        """PREPARE is checked as BeginRead is (the metadata, the descriptors against it, the
+        regions): each bad one is refused at once with the code gRPC gives, and nothing runs."""
+        s = self.sidecar("solo")
+        fp = self.fast(s, require_ring=True)
+        r = s.create_region(8192)
+        ro = s.stub.CreateReadable(pb.CreatePassiveRequest(
+            descriptors=[pb.Descriptor(region_id=r.region_id, offset=0, length=4096)], any_uses=True), timeout=10)
+        self.addCleanup(lambda: s.proc.poll() is None and s.stub.ReleaseOperation(
+            pb.ReleaseOperationRequest(operation_id=ro.operation_id), timeout=10))
+        cases = {"descriptor count": (ro.metadata, [(r.region_id, 0, 2048), (r.region_id, 2048, 2048)]),
+                 "descriptor length": (ro.metadata, [(r.region_id, 4096, 100)]),
+                 "unknown region": (ro.metadata, [("rgn-nosuch", 0, 4096)]),
+                 "outside the region": (ro.metadata, [(r.region_id, 8000, 4096)]),
+                 "garbage metadata": ("rsm1.garbage", [(r.region_id, 4096, 4096)])}
+        wrong = []
+        for name, (meta, descs) in cases.items():
+            with self.assertRaises(grpc.RpcError) as g:
+                s.stub.BeginRead(pb.BeginTransferRequest(metadata=meta, descriptors=[
+                    pb.Descriptor(region_id=a, offset=b, length=c) for a, b, c in descs]), timeout=10)
+            want = g.exception.code().value[0]
+            try:
+                h = fp.prepare(READ, meta, descs)
+            except rs.SidecarError as e:
+                if e.code.value[0] != want:
+                    wrong.append("%s: PREPARE answered %s (%s), BeginRead %s" % (
+                        name, e.code.name, e.message, g.exception.code().name))
+                continue
+            c = fp.run(h)
+            wrong.append("%s: PREPARE accepted it (handle %d), BeginRead %s; its RUN: code %d status %d (%s)"
+                         % (name, h, g.exception.code().name, c.code, c.status, c.message))
+        with self.assertRaises(rs.NotFoundError):
+            fp.unprepare(987654)
+        self.assertEqual(wrong, [])
+
+    def test_max_sessions(self):
+        s = self.sidecar("few", extra=["--fast-path-max-sessions", "2"])
+        first, second = self.fast(s, require_ring=True), self.fast(s, require_ring=True)
+        with self.assertRaises(rs.ResourceExhaustedError):
+            rs.FastPath.open("unix:" + s.sock, require_ring=True)
+        first.close()
+        m = Move(self, s, s, 4097, 2, READ)
+        wait_until(lambda: self.try_open(s), 10, "a session after one closed")
+        m.check(second, m.prepare(second), rs.Backend.LOCAL, "a run of the second session")
+
+    def try_open(self, s):
+        try:
+            self.fast(s, require_ring=True)
+            return True
+        except rs.ResourceExhaustedError:
+            return False
+
     # ---- hostile workers ----------------------------------------------------------------------
 
     def test_random_sqes_and_garbage_prepare(self):
@@ -359,7 +413,8 @@ time.sleep(600)
         os.write(bad._sq_efd, (1).to_bytes(8, "little"))
         with self.assertRaises(rs.UnavailableError):
             bad.reap(timeout_ms=int(10000 * SLOW))
-        wait_until(lambda: "sq_tail" in s.read_log() or "submission" in s.read_log(), 10, "the error in the log")
+        wait_until(lambda: "ended: the worker broke its submission ring" in s.read_log(), 10, "the end in the log")
+        self.assertRegex(s.read_log(), r"WARN  \[fast\] session of pid %d: .*; ending the session" % os.getpid())
         m.check(good, hg, rs.Backend.LOCAL, "the other session's run")
         del hb
 
