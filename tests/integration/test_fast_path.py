@@ -379,6 +379,18 @@ time.sleep(600)
         except rs.ResourceExhaustedError:
             return False
 
+    def test_sidecar_stops_with_a_session_open(self):
+        """SIGTERM with a worker's session open (idle, a handle prepared): the sidecar exits 0
+        and the worker's next wait says the session ended."""
+        s = self.sidecar("solo")
+        fp = self.fast(s, require_ring=True)
+        m = Move(self, s, s, 4097, 2, READ)
+        h = m.prepare(fp)
+        m.check(fp, h, rs.Backend.LOCAL)
+        self.assertEqual(s.stop(), 0)
+        with self.assertRaises(rs.UnavailableError):
+            fp.run(h)
+
     # ---- hostile workers ----------------------------------------------------------------------
 
     def test_random_sqes_and_garbage_prepare(self):

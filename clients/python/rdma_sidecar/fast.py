@@ -293,6 +293,9 @@ class FastPath:
             self.max_handles, self.map_size, self.sidecar_id = h["max_handles"], h["map_size"], h["sidecar_id"]
             self._sq_tail = u[CTL_SQ_TAIL]
             self._cq_head = u[CTL_CQ_HEAD]
+            self._poll = select.poll()
+            self._poll.register(self._cq_efd, select.POLLIN)
+            self._poll.register(s.fileno(), select.POLLIN | select.POLLHUP)
             self._sock = s
             self.mode = "ring"
         except BaseException:
@@ -527,11 +530,8 @@ class FastPath:
         while time.perf_counter() < spin_end:
             if u[CTL_CQ_TAIL] != self._cq_head:
                 return
-        p = select.poll()
-        p.register(self._cq_efd, select.POLLIN)
-        p.register(self._sock.fileno(), select.POLLIN | select.POLLHUP)  # type: ignore[union-attr]
         ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
-        for fd, ev in p.poll(ms):
+        for fd, _ev in self._poll.poll(ms):
             if fd == self._cq_efd:
                 os.read(self._cq_efd, 8)  # only this thread reads it: readable means it will not block
             elif u[CTL_CQ_TAIL] == self._cq_head and self._session_ended():
