@@ -258,7 +258,7 @@ class FastPathTest(SidecarTest):
             fp.submit(h, 1, timeout_ms=int(60000 * SLOW))
             time.sleep(0.2)
             fp.cancel(1, 2)
-            got = self.reap_all(fp, [1, 2])
+            got = self.reap_all(fp, [1, 2], timeout=10)  # the run's deadline is 60 s away
             print("  cancel: both completions after %.3f s" % (time.monotonic() - t0))
             self.assertEqual((got[1].code, got[1].status), (1, CANCELLED), got[1])
             self.assertEqual(got[2].code, 0, got[2])
@@ -323,7 +323,7 @@ time.sleep(600)
             self.assertEqual(self.gauge(b, "rdma_sidecar_fast_path_sessions"), 1)
         finally:
             w.kill()
-            w.wait()
+            w.communicate()
         wait_until(lambda: not runs(), 20, "the killed worker's runs to end")
         wait_until(lambda: self.gauge(b, "rdma_sidecar_fast_path_sessions") == 0, 20, "its session to go")
 
@@ -458,7 +458,11 @@ time.sleep(600)
             m2.check(other, h2, rs.Backend.LOCAL, "run %d of the other session" % i)
         self.assertEqual(lazy._u32[fast.CTL_SQ_HEAD], taken)
         # once it reads its completions the rest are served
-        got = self.reap_all(lazy, range(submitted), timeout=60)
+        got = self.reap_all(lazy, range(taken), timeout=10)
+        wait_until(lambda: lazy._u32[fast.CTL_SQ_HEAD] != taken, 10,
+                   "the sidecar to take the submissions waiting behind the full completion ring, once the "
+                   "worker read its completions")
+        got.update(self.reap_all(lazy, range(taken, submitted), timeout=30))
         self.assertTrue(all(c.code == 0 and c.bytes == 4096 for c in got.values()),
                         [c for c in got.values() if c.code][:3])
 
