@@ -11,7 +11,11 @@
 - A worker killed (SIGKILL) with runs in flight: its operations and its session go.
 - Hostile workers: random SQEs, a PREPARE of garbage, an impossible sq_tail, a worker that stops
   reading completions (only its own submissions stop), ftruncate of the sealed ring memory.
-- --allowed-uids: a uid outside the list gets neither the fast path nor gRPC.
+- --allowed-uids: a uid outside the list gets neither the fast path nor gRPC (the refusal comes as
+  a RESULT in place of HELLO); --fast-path-max-sessions refuses one more, and admits it again once
+  a session closed.
+- PREPARE is refused at once, with the code BeginRead gives, for what BeginRead refuses.
+- SIGTERM with a session open: the sidecar exits 0 and the worker sees the session end.
 """
 import os
 import random
