@@ -129,6 +129,7 @@ class Move:
 
 
 class FastPathTest(SidecarTest):
+    maxDiff = None
     def setUp(self):
         super().setUp()
         self.rnd = random.Random(int.from_bytes(os.urandom(8), "little"))
