@@ -23,6 +23,7 @@ from .connector import (ANY_USES, Backend, Connector, MetadataEvent, Operation, 
 from .errors import (CancelledError, DeadlineExceededError, FailedPreconditionError, InvalidArgumentError,  # noqa: F401
                      NotFoundError, PermissionDeniedError, ResourceExhaustedError, SidecarError, UnavailableError)
 from .memory import Descriptor, NotInRegionError, Region  # noqa: F401
+from .fast import FastCompletion, FastPath  # noqa: F401
 from .kv import KVBlocks, StridedRun, metadata_descriptor_lengths  # noqa: F401
 
 __version__ = "0.1.0"
@@ -31,4 +32,4 @@ __all__ = ["ANY_USES", "Backend", "Connector", "MetadataEvent", "Operation", "Op
            "TransferRequirement", "WritableOperation", "WriteOperation", "CancelledError", "DeadlineExceededError",
            "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "PermissionDeniedError",
            "ResourceExhaustedError", "SidecarError", "UnavailableError", "Descriptor", "NotInRegionError", "Region",
-           "KVBlocks", "StridedRun", "metadata_descriptor_lengths"]
+           "FastCompletion", "FastPath", "KVBlocks", "StridedRun", "metadata_descriptor_lengths"]

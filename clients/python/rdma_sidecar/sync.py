@@ -308,3 +308,10 @@ class Connector:
                         iteration_complete: bool = False) -> int:
         """Reports worker progress; returns how many scheduled operations it released."""
         return _drive(self.aio.report_progress(request_id, iteration, layer, iteration_complete))
+
+    def fast_path(self, socket_path: Optional[str] = None, spin_us: int = 50, require_ring: bool = False) -> Any:
+        """A fast-path session (rdma_sidecar.FastPath) with this connector's sidecar: READs and
+        WRITEs prepared once and run many times through shared-memory rings, or over gRPC when the
+        sidecar offers none. Host descriptors are found among this connector's regions."""
+        from .fast import FastPath
+        return FastPath.open(self, socket_path=socket_path, spin_us=spin_us, require_ring=require_ring)
