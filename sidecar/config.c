@@ -53,6 +53,8 @@ enum opt_id {
 	OPT_ALLOWED_UIDS,
 	OPT_GRPC_THREADS,
 	OPT_MAX_MESSAGE_SIZE,
+	OPT_FAST_PATH_SOCKET,
+	OPT_FAST_PATH_MAX_SESSIONS,
 	OPT_DATA_LISTEN,
 	OPT_ADVERTISE,
 	OPT_BACKENDS,
@@ -213,6 +215,16 @@ static const struct sc_option sc_options[] = {
 	{.id = OPT_MAX_MESSAGE_SIZE, T_SIZE(max_message_bytes, KIB, GIB, "1KiB-1GiB"), .name = "max-message-size", .arg = ARG_REQUIRED,
 	 .value = "SIZE", .group = "gRPC",
 	 .help = "largest gRPC message sent or received, 1KiB-1GiB", .def = "64MiB"},
+	{.id = OPT_FAST_PATH_SOCKET, T_STR(fast_path_socket), .name = "fast-path-socket",
+	 .arg = ARG_REQUIRED, .value = "PATH", .group = "Fast path",
+	 .help = "unix socket of the shared-memory fast path for small repeated transfers (same "
+		 "--unix-socket-mode and --allowed-uids as gRPC); \"off\" turns it off",
+	 .def = "the first unix --grpc-listen socket + \".fast\"; off without one"},
+	{.id = OPT_FAST_PATH_MAX_SESSIONS, T_U32(fast_path_max_sessions, 1, 1024),
+	 .name = "fast-path-max-sessions", .arg = ARG_REQUIRED, .value = "N", .group = "Fast path",
+	 .help = "fast-path sessions (worker connections, a thread each) at once, 1-1024; more are "
+		 "refused with a message",
+	 .def = "64"},
 
 	{.id = OPT_DATA_LISTEN, .name = "data-listen", .arg = ARG_REQUIRED, .value = "HOST:PORT[,...]",
 	 .group = "Data plane",
@@ -954,6 +966,36 @@ static int parse_mode(const char *v, uint32_t *out, struct sc_err *err)
 	return 0;
 }
 
+/*
+ * --fast-path-socket: "off" -> NULL (no fast path); unset -> the first unix --grpc-listen path +
+ * ".fast" (NULL without a unix listener: the fast path is local, like the unix socket).
+ */
+static int resolve_fast_path_socket(struct sc_config *cfg, struct sc_err *err)
+{
+	char *p = cfg->fast_path_socket;
+	if (p && strcmp(p, "off") == 0) {
+		free(p);
+		cfg->fast_path_socket = NULL;
+		return 0;
+	}
+	if (!p) {
+		for (size_t i = 0; i < cfg->n_grpc_listen && !p; i++) {
+			const char *a = cfg->grpc_listen[i];
+			if (a && strncmp(a, "unix:", 5) == 0 && asprintf(&p, "%s.fast", a + 5) < 0)
+				return sc_err_set(err, SC_INTERNAL, "out of memory");
+		}
+		cfg->fast_path_socket = p;
+		if (!p)
+			return 0;
+	}
+	if (p[0] != '/' || strlen(p) >= 108)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "--fast-path-socket \"%.*s\": expected an absolute path shorter than "
+				  "108 bytes (a unix socket's limit), or \"off\"",
+				  VALUE_SHOWN, p);
+	return 0;
+}
+
 /* TLS files come as a set: cert and key together; a client CA needs both. */
 static int check_tls_set(const struct sc_config *cfg, struct sc_err *err)
 {
@@ -1369,6 +1411,7 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->data_max_unauth = 64;
 	cfg->data_max_peers = 1024;
 	cfg->data_io_threads = 4;
+	cfg->fast_path_max_sessions = 64;
 	cfg->max_region_bytes = 64 * GIB;
 	cfg->max_regions = 4096;
 	cfg->max_operations = 16384;
@@ -1571,6 +1614,8 @@ enum sc_config_result sc_config_parse(struct sc_config *cfg, int argc, char **ar
 		return SC_CONFIG_ERROR;
 	if (check_tls_set(cfg, err) != 0)
 		return SC_CONFIG_ERROR;
+	if (resolve_fast_path_socket(cfg, err) != 0)
+		return SC_CONFIG_ERROR;
 	if (cfg->ib_device && cfg->ib_device[0] && cfg->ib_devices && cfg->ib_devices[0] &&
 	    strcmp(cfg->ib_devices, "auto") != 0) {
 		sc_err_set(err, SC_INVALID_ARGUMENT,
@@ -1613,6 +1658,7 @@ void sc_config_free(struct sc_config *cfg)
 	free(cfg->grpc_tls_key);
 	free(cfg->grpc_tls_client_ca);
 	free(cfg->grpc_token_file);
+	free(cfg->fast_path_socket);
 	memset(cfg, 0, sizeof(*cfg));
 }
 

@@ -112,6 +112,8 @@ struct sc_config {
 	uint32_t data_max_unauth;                     /* --data-max-unauth, 64 */
 	uint32_t data_max_peers;                      /* --data-max-peers, 1024 */
 	uint32_t data_io_threads;                     /* --data-io-threads, 4 */
+	char *fast_path_socket;                       /* --fast-path-socket; NULL = derived, "off" */
+	uint32_t fast_path_max_sessions;              /* --fast-path-max-sessions, 64 */
 };
 
 /* Result of sc_config_parse. */

@@ -220,6 +220,8 @@ static void read_gauges(void *ctx, struct sc_gauges *g)
 		g->ib_qps_expired = atomic_load(&ibb->qps_expired);
 		g->ib_qps_refused = atomic_load(&ibb->qps_refused);
 	}
+	for (int i = 0; i < SC_FAST_EVENTS; i++)
+		g->fast_events[i] = atomic_load(&eng->fast_events[i]);
 	if (eng->grpc_cert_serial[0]) {
 		struct sc_cert_gauge *c = &g->certs[g->n_certs++];
 		c->use = "grpc";
@@ -513,6 +515,12 @@ void sc_engine_destroy(struct sc_engine *eng)
 	pthread_cond_destroy(&eng->idle_cv);
 	pthread_mutex_destroy(&eng->mu);
 	free(eng);
+}
+
+void sc_engine_fast_path_note(struct sc_engine *eng, enum sc_fast_event ev)
+{
+	if (eng && ev < SC_FAST_EVENTS)
+		atomic_fetch_add(&eng->fast_events[ev], 1);
 }
 
 void sc_engine_set_grpc_certificate(struct sc_engine *eng, const char *serial, int64_t not_after)

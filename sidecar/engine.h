@@ -55,6 +55,9 @@ void sc_engine_set_grpc_certificate(struct sc_engine *eng, const char *serial,
  * ones stay on failure (logged). New connections use the new certificate; live ones go on. */
 int sc_engine_reload_tls(struct sc_engine *eng, struct sc_err *err);
 
+/* The fast path counts what happens to its sessions and runs (metrics). Any thread, lock-free. */
+void sc_engine_fast_path_note(struct sc_engine *eng, enum sc_fast_event ev);
+
 /* ---- info ------------------------------------------------------------------------------------ */
 
 struct sc_backend_report {

@@ -218,6 +218,7 @@ struct sc_engine {
 	struct sc_peer_tls *peer_tls; /* NULL: peer data channel in clear text */
 	char grpc_cert_serial[80];    /* under mu: the gRPC listeners' certificate ("" none) */
 	int64_t grpc_cert_not_after;  /* under mu: its notAfter, unix seconds */
+	atomic_uint_fast64_t fast_events[SC_FAST_EVENTS]; /* sc_engine_fast_path_note */
 	struct sc_nats_bus *bus;
 	struct sc_metrics *metrics; /* counters; the --metrics-listen server */
 	struct sc_list subs; /* struct sc_bus_sub (bus.c), newest first */

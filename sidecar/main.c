@@ -10,6 +10,7 @@
  */
 #include "config.h"
 #include "engine.h"
+#include "fast_path.h"
 #include "log.h"
 #include "nats_bus.h"
 #include "service.h"
@@ -49,6 +50,7 @@ int main(int argc, char **argv)
 	int rc = 0;
 	struct sc_engine *eng = NULL;
 	struct sc_service *svc = NULL;
+	struct sc_fast_path *fast = NULL;
 	/* Creation fails only on configuration the host cannot honour (shm dir, key file, data
 	 * port, listeners): exit 2 like a bad flag. */
 	if (sc_engine_create(&cfg, &eng, &err) != 0) {
@@ -61,12 +63,17 @@ int main(int argc, char **argv)
 		rc = 2;
 		goto out;
 	}
+	if (sc_fast_path_create(eng, &cfg, &fast, &err) != 0) {
+		fprintf(stderr, "rdma-sidecar: %s\n", err.msg);
+		rc = 2;
+		goto out;
+	}
 	if (sc_engine_start(eng, &err) != 0) {
 		fprintf(stderr, "rdma-sidecar: %s\n", err.msg);
 		rc = err.code == SC_INVALID_ARGUMENT ? 2 : 1;
 		goto out;
 	}
-	if (sc_service_start(svc, &err) != 0) {
+	if (sc_service_start(svc, &err) != 0 || sc_fast_path_start(fast, &err) != 0) {
 		fprintf(stderr, "rdma-sidecar: %s\n", err.msg);
 		rc = 1;
 		goto out;
@@ -107,6 +114,8 @@ int main(int argc, char **argv)
 		SC_WARN("main", "grace period over: cancelling the transfers still running");
 	sc_service_shutdown(svc, 250); /* unary calls in flight; streams are then cancelled */
 out:
+	/* Fast-path sessions end before the engine: they cancel and release their runs. */
+	sc_fast_path_destroy(fast);
 	/* The engine goes first: it cancels and waits for its transfers, which gRPC calls watch. */
 	sc_engine_destroy(eng);
 	sc_service_destroy(svc);

@@ -313,6 +313,28 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 	       "Peers refused a QP because every one of --ib-max-qps was in use.");
 	fprintf(f, "rdma_sidecar_ib_qps_refused_total %llu\n", (unsigned long long)g.ib_qps_refused);
 
+	const uint64_t *fe = g.fast_events;
+	family(f, "rdma_sidecar_fast_path_sessions", "gauge",
+	       "Fast-path sessions open now (workers connected to --fast-path-socket).");
+	fprintf(f, "rdma_sidecar_fast_path_sessions %llu\n",
+		(unsigned long long)(fe[SC_FAST_SESSION_OPENED] - fe[SC_FAST_SESSION_CLOSED]));
+	family(f, "rdma_sidecar_fast_path_sessions_total", "counter",
+	       "Fast-path connections: opened, or refused (--allowed-uids, "
+	       "--fast-path-max-sessions).");
+	fprintf(f, "rdma_sidecar_fast_path_sessions_total{result=\"opened\"} %llu\n",
+		(unsigned long long)fe[SC_FAST_SESSION_OPENED]);
+	fprintf(f, "rdma_sidecar_fast_path_sessions_total{result=\"refused\"} %llu\n",
+		(unsigned long long)fe[SC_FAST_SESSION_REFUSED]);
+	family(f, "rdma_sidecar_fast_path_runs_total", "counter",
+	       "Fast-path runs by how they ended: complete, failed (cancelled or errored), or "
+	       "refused before a transfer began (a bad entry, an unknown handle).");
+	fprintf(f, "rdma_sidecar_fast_path_runs_total{result=\"complete\"} %llu\n",
+		(unsigned long long)fe[SC_FAST_RUN_COMPLETE]);
+	fprintf(f, "rdma_sidecar_fast_path_runs_total{result=\"failed\"} %llu\n",
+		(unsigned long long)fe[SC_FAST_RUN_FAILED]);
+	fprintf(f, "rdma_sidecar_fast_path_runs_total{result=\"refused\"} %llu\n",
+		(unsigned long long)fe[SC_FAST_RUN_REFUSED]);
+
 	family(f, "rdma_sidecar_rail_up", "gauge",
 	       "1 while the rail can carry data (GetInfo rails says why not), by backend and rail.");
 	for (size_t i = 0; i < g.n_rails; i++) {

@@ -85,4 +85,15 @@ static inline const char *sc_rail_state_name(enum sc_rail_state s)
 	return "unknown";
 }
 
+/* What the fast path (fast_path.c, fast_session.c) counts, for the metrics. */
+enum sc_fast_event {
+	SC_FAST_SESSION_OPENED,
+	SC_FAST_SESSION_CLOSED,
+	SC_FAST_SESSION_REFUSED, /* --allowed-uids, --fast-path-max-sessions */
+	SC_FAST_RUN_COMPLETE,
+	SC_FAST_RUN_FAILED,  /* the transfer ended CANCELLED or ERRORED */
+	SC_FAST_RUN_REFUSED, /* a bad entry, an unknown handle, or sc_op_begin refused it */
+	SC_FAST_EVENTS,
+};
+
 #endif

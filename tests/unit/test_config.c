@@ -957,7 +957,7 @@ TEST(usage_documents_every_option)
 	/* 47 + --reflection + --cancel-wait + --max-progress-records + --progress-grace + 3
 	 * identity/reload flags + --ib-devices + --warm-peers + --ib-stall-timeout +
 	 * --data-max-peers + --ib-stripe-min + --ib-slice-size + --ib-max-qps + --data-io-threads */
-	CHECK_INT_EQ(options, 62);
+	CHECK_INT_EQ(options, 64);
 }
 
 /* ---- free ---- */

@@ -1,0 +1,605 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * fast_session.c: one worker's fast-path session (fast_session.h; the format is
+ * rdma_sidecar/fast_ring.h). It makes the ring memory (a sealed memfd) and the two doorbells, hands
+ * them over in HELLO, answers PREPARE and UNPREPARE on the socket, and turns each submission into
+ * a transfer: sc_op_begin with the prepared metadata and descriptors, as BeginRead/BeginWrite do.
+ *
+ * Threads. The session's own thread reads the socket and the submission ring and begins every run;
+ * a small run on a warm connection runs right on it (sc_op_run_here_open/close), with no hand-off.
+ * A run ends on whichever thread finishes it: the watch callback (engine lock held, must not block)
+ * writes the completion under cq_mu, rings the completion doorbell and wakes this thread through
+ * reap_fd, which then releases the run's operation (nothing of it stays in the sidecar).
+ *
+ * Flow: a submission is taken only when the completion ring has room for it and for every run
+ * still in flight (pending), so posting never waits; a worker that does not read its completions
+ * stops only its own submissions. Everything read from shared memory is read once and checked in a
+ * copy (fast_wire.c). A worker that breaks the ring (an impossible tail) loses its session.
+ */
+#include "fast_session.h"
+#include "fast_wire.h"
+#include "log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define MAX_HANDLES 256
+
+/* A run in flight: begun, its completion not yet released. */
+struct run {
+	struct sc_fast_session *s;
+	bool used;
+	atomic_bool done; /* its completion is posted: the session thread may release it */
+	uint64_t user_data;
+	char op_id[SC_ID_MAX];
+	uint64_t watch_id;
+};
+
+/* A prepared transfer: what every run of it begins with. */
+struct handle {
+	uint32_t id; /* 0: free */
+	enum sc_op_kind kind;
+	struct sc_active_req req;
+	char *metadata;
+	struct sc_desc *descs;
+	uint64_t bytes;
+};
+
+struct sc_fast_session {
+	struct sc_fast_session_params p;
+	int sock, mem_fd, sq_fd, cq_fd, reap_fd, stop_fd;
+	void *map;
+	uint64_t map_size;
+	struct sc_fast_ring ring;
+	pthread_mutex_t cq_mu;
+	uint32_t pending; /* under cq_mu: runs taken whose completion is not yet posted */
+	struct run *runs; /* ring.cq_entries of them; the session thread owns .used */
+	struct handle handles[MAX_HANDLES];
+	uint32_t next_handle;
+	pthread_t thread;
+	uint8_t msg[RSC_FAST_MSG_MAX];
+};
+
+/* ---- completions (any thread) ------------------------------------------------------------------ */
+
+static void post(struct sc_fast_session *s, const struct rsc_fast_cqe *c)
+{
+	pthread_mutex_lock(&s->cq_mu);
+	sc_fast_ring_post(&s->ring, c);
+	s->pending--;
+	pthread_mutex_unlock(&s->cq_mu);
+	uint64_t one = 1;
+	(void)!write(s->cq_fd, &one, sizeof(one)); /* EAGAIN: the counter is full, still signalled */
+}
+
+static void post_error(struct sc_fast_session *s, uint64_t user_data, const struct sc_err *err)
+{
+	struct rsc_fast_cqe c;
+	sc_fast_cqe_fill(&c, user_data, (int)err->code, 0, 0, 0, err->msg);
+	post(s, &c);
+	sc_engine_fast_path_note(s->p.eng, SC_FAST_RUN_REFUSED);
+}
+
+/* The run's end: its completion, then a wake-up for the session thread to release it. Once done
+ * is set the slot may be reused (reap unwatches first, which waits for this callback to return),
+ * so nothing below reads r. */
+static void post_end(struct run *r, const struct sc_op_info *info)
+{
+	struct sc_fast_session *s = r->s;
+	struct rsc_fast_cqe c;
+	bool ok = info->status == SC_OPS_COMPLETE;
+	sc_fast_cqe_fill(&c, r->user_data, ok ? 0 : (int)(info->err_code ? info->err_code : SC_INTERNAL),
+			 (uint32_t)info->status, info->bytes_done, (uint32_t)info->backend,
+			 ok ? "" : info->err_msg);
+	atomic_store(&r->done, true);
+	post(s, &c);
+	sc_engine_fast_path_note(s->p.eng, ok ? SC_FAST_RUN_COMPLETE : SC_FAST_RUN_FAILED);
+	uint64_t one = 1;
+	(void)!write(s->reap_fd, &one, sizeof(one));
+}
+
+/* Watch callback: an engine thread, engine lock held. */
+static bool on_change(void *ctx, const struct sc_op_info *info)
+{
+	if (!sc_op_status_terminal(info->status))
+		return true;
+	post_end(ctx, info);
+	return false;
+}
+
+/* ---- runs (the session's thread) --------------------------------------------------------------- */
+
+static struct handle *handle_find(struct sc_fast_session *s, uint32_t id)
+{
+	for (size_t i = 0; id && i < MAX_HANDLES; i++)
+		if (s->handles[i].id == id)
+			return &s->handles[i];
+	return NULL;
+}
+
+static struct run *run_slot(struct sc_fast_session *s)
+{
+	for (uint32_t i = 0; i < s->ring.cq_entries; i++)
+		if (!s->runs[i].used)
+			return &s->runs[i];
+	return NULL;
+}
+
+/* Releases every run whose completion is posted: its operation goes. */
+static void reap(struct sc_fast_session *s)
+{
+	for (uint32_t i = 0; i < s->ring.cq_entries; i++) {
+		struct run *r = &s->runs[i];
+		if (!r->used || !atomic_load(&r->done))
+			continue;
+		sc_op_unwatch(s->p.eng, r->watch_id);
+		struct sc_err err;
+		sc_err_clear(&err);
+		sc_op_release(s->p.eng, r->op_id, &err); /* NOT_FOUND: already forgotten */
+		r->used = false;
+	}
+}
+
+static void run_begin(struct sc_fast_session *s, const struct rsc_fast_sqe *e)
+{
+	struct sc_err err;
+	sc_err_clear(&err);
+	struct handle *h = handle_find(s, e->handle);
+	if (!h) {
+		sc_err_set(&err, SC_NOT_FOUND,
+			   "no prepared transfer with handle %u in this session (PREPARE it first)",
+			   e->handle);
+		post_error(s, e->user_data, &err);
+		return;
+	}
+	struct run *r = run_slot(s);
+	if (!r) {
+		reap(s); /* runs that ended but are not released yet; the room bounds the others */
+		r = run_slot(s);
+	}
+	if (!r) {
+		sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "every run slot of this session is in use");
+		post_error(s, e->user_data, &err);
+		return;
+	}
+	struct sc_active_req req = h->req;
+	if (e->timeout_ms)
+		req.timeout_ms = e->timeout_ms;
+	struct sc_op_info info;
+	sc_op_run_here_open();
+	if (sc_op_begin(s->p.eng, h->kind, &req, &info, &err) != 0) {
+		sc_op_run_here_close();
+		post_error(s, e->user_data, &err);
+		return;
+	}
+	r->used = true;
+	r->s = s;
+	r->user_data = e->user_data;
+	atomic_store(&r->done, false);
+	memcpy(r->op_id, info.id, sizeof(r->op_id));
+	sc_op_info_free(&info);
+	struct sc_op_info first;
+	if (sc_op_watch(s->p.eng, r->op_id, on_change, r, &r->watch_id, &first, &err) != 0) {
+		/* Forgotten already (released by someone holding its id): say so. */
+		sc_op_run_here_close();
+		sc_op_release(s->p.eng, r->op_id, NULL);
+		r->used = false;
+		post_error(s, e->user_data, &err);
+		return;
+	}
+	if (sc_op_status_terminal(first.status))
+		post_end(r, &first); /* ended before the watch: the watch is over already */
+	sc_op_info_free(&first);
+	sc_op_run_here_close(); /* a small transfer runs here now; its end comes through on_change */
+}
+
+static void run_cancel(struct sc_fast_session *s, const struct rsc_fast_sqe *e)
+{
+	struct sc_err err;
+	sc_err_clear(&err);
+	for (uint32_t i = 0; i < s->ring.cq_entries; i++) {
+		struct run *r = &s->runs[i];
+		if (!r->used || atomic_load(&r->done) || r->user_data != e->target)
+			continue;
+		struct sc_op_info info;
+		if (sc_op_cancel(s->p.eng, r->op_id, &info, &err) == 0)
+			sc_op_info_free(&info);
+		struct rsc_fast_cqe c;
+		sc_fast_cqe_fill(&c, e->user_data, 0, 0, 0, 0, "");
+		post(s, &c);
+		return;
+	}
+	sc_err_set(&err, SC_NOT_FOUND, "no run with user_data %llu in flight in this session",
+		   (unsigned long long)e->target);
+	post_error(s, e->user_data, &err);
+}
+
+/* Room for one more submission: the completion ring must hold it and every run in flight. */
+static bool take_room(struct sc_fast_session *s)
+{
+	pthread_mutex_lock(&s->cq_mu);
+	bool room = sc_fast_ring_cq_room(&s->ring) > s->pending;
+	if (room)
+		s->pending++;
+	pthread_mutex_unlock(&s->cq_mu);
+	return room;
+}
+
+static void unreserve(struct sc_fast_session *s)
+{
+	pthread_mutex_lock(&s->cq_mu);
+	s->pending--;
+	pthread_mutex_unlock(&s->cq_mu);
+}
+
+/* Takes and runs what the worker submitted. -1: the worker broke its ring (end the session). */
+static int drain(struct sc_fast_session *s)
+{
+	for (;;) {
+		if (!take_room(s))
+			return 0;
+		struct rsc_fast_sqe e;
+		struct sc_err err;
+		sc_err_clear(&err);
+		int rc = sc_fast_ring_take(&s->ring, 1, &e, &err);
+		if (rc <= 0) {
+			unreserve(s);
+			if (rc < 0)
+				SC_WARN("fast", "session of pid %d: %s; ending the session", (int)s->p.pid,
+					err.msg);
+			return rc;
+		}
+		if (sc_fast_check_sqe(&e, &err) != 0)
+			post_error(s, e.user_data, &err);
+		else if (e.opcode == RSC_FAST_OP_RUN)
+			run_begin(s, &e);
+		else
+			run_cancel(s, &e);
+	}
+}
+
+/* ---- socket messages (the session's thread) --------------------------------------------------- */
+
+static void answer(struct sc_fast_session *s, uint64_t token, const struct sc_err *err,
+		   uint32_t handle, uint64_t bytes)
+{
+	struct rsc_fast_result m;
+	memset(&m, 0, sizeof(m));
+	m.hdr.type = RSC_FAST_MSG_RESULT;
+	m.hdr.len = sizeof(m);
+	m.hdr.token = token;
+	m.code = err ? (int32_t)err->code : 0;
+	m.handle = handle;
+	m.bytes = bytes;
+	if (err)
+		snprintf(m.message, sizeof(m.message), "%s", err->msg);
+	/* The socket buffer holds many answers; a worker that never reads them loses the session. */
+	if (send(s->sock, &m, sizeof(m), MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof(m))
+		shutdown(s->sock, SHUT_RDWR);
+}
+
+static void handle_clear(struct handle *h)
+{
+	free(h->metadata);
+	free(h->descs);
+	memset(h, 0, sizeof(*h));
+}
+
+static void prepare(struct sc_fast_session *s, size_t len)
+{
+	struct sc_err err;
+	sc_err_clear(&err);
+	uint64_t token;
+	memcpy(&token, s->msg + offsetof(struct rsc_fast_msg_hdr, token), sizeof(token));
+	struct sc_fast_prepared pr;
+	if (sc_fast_parse_prepare(s->msg, len, &pr, &err) != 0) {
+		answer(s, token, &err, 0, 0);
+		return;
+	}
+	struct handle *h = NULL;
+	for (size_t i = 0; i < MAX_HANDLES && !h; i++)
+		if (!s->handles[i].id)
+			h = &s->handles[i];
+	if (!h) {
+		sc_err_set(&err, SC_RESOURCE_EXHAUSTED,
+			   "this session holds %d prepared transfers already: UNPREPARE one",
+			   MAX_HANDLES);
+		goto fail;
+	}
+	h->descs = calloc(pr.n_descs, sizeof(*h->descs));
+	if (!h->descs) {
+		sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "out of memory");
+		goto fail;
+	}
+	/* The regions and bounds are checked once here; the metadata by every run, as BeginRead
+	 * checks it (it may expire, or its passive operation run out of uses). */
+	for (size_t i = 0; i < pr.n_descs; i++) {
+		struct sc_region_info ri;
+		const struct sc_fast_prepared_desc *d = &pr.descs[i];
+		if (sc_region_get(s->p.eng, d->region_id, &ri, &err) != 0)
+			goto fail_descs;
+		if (d->offset > ri.size || d->length > ri.size - d->offset) {
+			sc_err_set(&err, SC_OUT_OF_RANGE,
+				   "descriptor %zu: [%llu, +%llu) is outside region %s (%llu bytes)", i,
+				   (unsigned long long)d->offset, (unsigned long long)d->length,
+				   d->region_id, (unsigned long long)ri.size);
+			goto fail_descs;
+		}
+		memcpy(h->descs[i].region_id, d->region_id, SC_ID_MAX);
+		h->descs[i].offset = d->offset;
+		h->descs[i].length = d->length;
+		h->bytes += d->length;
+	}
+	h->kind = pr.kind == 3 ? SC_OP_READ : SC_OP_WRITE;
+	h->metadata = pr.metadata;
+	pr.metadata = NULL;
+	h->req = (struct sc_active_req){
+	    .metadata = h->metadata,
+	    .descs = h->descs,
+	    .n_descs = pr.n_descs,
+	    .timeout_ms = pr.timeout_ms,
+	    .backend = (enum sc_backend_kind)pr.backend,
+	    .request_id = "",
+	};
+	if (++s->next_handle == 0)
+		s->next_handle = 1;
+	h->id = s->next_handle;
+	sc_fast_prepared_free(&pr);
+	answer(s, token, NULL, h->id, h->bytes);
+	return;
+fail_descs:
+	handle_clear(h);
+fail:
+	sc_fast_prepared_free(&pr);
+	answer(s, token, &err, 0, 0);
+}
+
+static void unprepare(struct sc_fast_session *s, size_t len)
+{
+	struct sc_err err;
+	sc_err_clear(&err);
+	uint64_t token;
+	memcpy(&token, s->msg + offsetof(struct rsc_fast_msg_hdr, token), sizeof(token));
+	uint32_t id;
+	if (sc_fast_parse_unprepare(s->msg, len, &id, &err) != 0) {
+		answer(s, token, &err, 0, 0);
+		return;
+	}
+	struct handle *h = handle_find(s, id);
+	if (!h) {
+		sc_err_set(&err, SC_NOT_FOUND, "no prepared transfer with handle %u in this session",
+			   id);
+		answer(s, token, &err, 0, 0);
+		return;
+	}
+	/* Runs in flight keep their own copy of nothing: sc_op_begin copied what it needs. */
+	handle_clear(h);
+	answer(s, token, NULL, id, 0);
+}
+
+/* One datagram from the worker. -1: the socket is closed or broken (end the session). */
+static int read_message(struct sc_fast_session *s)
+{
+	ssize_t n = recv(s->sock, s->msg, sizeof(s->msg), MSG_DONTWAIT | MSG_TRUNC);
+	if (n < 0)
+		return errno == EAGAIN || errno == EINTR ? 0 : -1;
+	if (n == 0)
+		return -1;
+	struct sc_err err;
+	sc_err_clear(&err);
+	if ((size_t)n > sizeof(s->msg)) {
+		sc_err_set(&err, SC_INVALID_ARGUMENT,
+			   "message of %zd bytes: the fast path takes at most %u", n, RSC_FAST_MSG_MAX);
+		answer(s, 0, &err, 0, 0);
+		return 0;
+	}
+	switch (sc_fast_msg_type(s->msg, (size_t)n)) {
+	case RSC_FAST_MSG_PREPARE:
+		prepare(s, (size_t)n);
+		break;
+	case RSC_FAST_MSG_UNPREPARE:
+		unprepare(s, (size_t)n);
+		break;
+	default:
+		sc_err_set(&err, SC_INVALID_ARGUMENT,
+			   "message of %zd bytes is neither PREPARE nor UNPREPARE (rdma_sidecar/"
+			   "fast_ring.h: type, then len equal to the datagram's size)",
+			   n);
+		answer(s, 0, &err, 0, 0);
+	}
+	return 0;
+}
+
+static void drain_fd(int fd)
+{
+	uint64_t v;
+	(void)!read(fd, &v, sizeof(v));
+}
+
+/* Ends every run still in flight and releases its operation; the worker's memory is its own. */
+static void end_runs(struct sc_fast_session *s)
+{
+	for (uint32_t i = 0; i < s->ring.cq_entries; i++) {
+		struct run *r = &s->runs[i];
+		if (!r->used)
+			continue;
+		sc_op_unwatch(s->p.eng, r->watch_id);
+		struct sc_err err;
+		sc_err_clear(&err);
+		sc_op_release(s->p.eng, r->op_id, &err);
+		r->used = false;
+	}
+}
+
+static void *session_main(void *arg)
+{
+	struct sc_fast_session *s = arg;
+	struct pollfd pfd[4] = {{.fd = s->sock, .events = POLLIN},
+				{.fd = s->sq_fd, .events = POLLIN},
+				{.fd = s->reap_fd, .events = POLLIN},
+				{.fd = s->stop_fd, .events = POLLIN}};
+	const char *why = "the worker closed the socket";
+	for (;;) {
+		if (poll(pfd, 4, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			why = "poll failed";
+			break;
+		}
+		if (pfd[3].revents) {
+			why = "the sidecar is stopping";
+			break;
+		}
+		if (pfd[2].revents) {
+			drain_fd(s->reap_fd);
+			reap(s);
+		}
+		if ((pfd[0].revents & POLLIN) && read_message(s) != 0)
+			break;
+		if (pfd[0].revents & (POLLHUP | POLLERR | POLLNVAL))
+			break;
+		if (pfd[1].revents)
+			drain_fd(s->sq_fd);
+		if (drain(s) != 0) {
+			why = "the worker broke its submission ring";
+			break;
+		}
+	}
+	end_runs(s);
+	SC_INFO("fast", "fast-path session of pid %d (uid %u) ended: %s", (int)s->p.pid,
+		(unsigned)s->p.uid, why);
+	s->p.on_exit(s->p.ctx, s);
+	return NULL;
+}
+
+/* ---- set-up and teardown ---------------------------------------------------------------------- */
+
+static void session_free(struct sc_fast_session *s)
+{
+	for (size_t i = 0; i < MAX_HANDLES; i++)
+		handle_clear(&s->handles[i]);
+	if (s->map)
+		munmap(s->map, s->map_size);
+	int fds[] = {s->sock, s->mem_fd, s->sq_fd, s->cq_fd, s->reap_fd, s->stop_fd};
+	for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	pthread_mutex_destroy(&s->cq_mu);
+	free(s->runs);
+	free(s);
+}
+
+/* The ring memory: a memfd sealed against shrinking (a worker's ftruncate would turn the sidecar's
+ * next access into SIGBUS) and growing. */
+static int make_rings(struct sc_fast_session *s, struct sc_err *err)
+{
+	uint64_t sq_off, cq_off;
+	if (sc_fast_ring_layout(s->p.entries, s->p.entries, &s->map_size, &sq_off, &cq_off) != 0)
+		return sc_err_set(err, SC_INTERNAL, "bad ring size %u", s->p.entries);
+	s->mem_fd = memfd_create("rdma-sidecar-fast", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (s->mem_fd < 0 || ftruncate(s->mem_fd, (off_t)s->map_size) != 0 ||
+	    fcntl(s->mem_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "fast-path ring memory: %s",
+				  strerror(errno));
+	s->map = mmap(NULL, s->map_size, PROT_READ | PROT_WRITE, MAP_SHARED, s->mem_fd, 0);
+	if (s->map == MAP_FAILED) {
+		s->map = NULL;
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "fast-path ring memory: mmap: %s",
+				  strerror(errno));
+	}
+	sc_fast_ring_init(&s->ring, s->map, s->p.entries, s->p.entries);
+	s->runs = calloc(s->p.entries, sizeof(*s->runs));
+	s->sq_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	s->cq_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	s->reap_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	s->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (!s->runs || s->sq_fd < 0 || s->cq_fd < 0 || s->reap_fd < 0 || s->stop_fd < 0)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "fast-path session: %s",
+				  strerror(errno ? errno : ENOMEM));
+	return 0;
+}
+
+static int send_hello(struct sc_fast_session *s, struct sc_err *err)
+{
+	struct rsc_fast_hello h;
+	memset(&h, 0, sizeof(h));
+	h.hdr.type = RSC_FAST_MSG_HELLO;
+	h.hdr.len = sizeof(h);
+	h.magic = RSC_FAST_MAGIC;
+	h.version = RSC_FAST_VERSION;
+	h.sq_entries = s->ring.sq_entries;
+	h.cq_entries = s->ring.cq_entries;
+	h.map_size = s->map_size;
+	h.sq_offset = (uint64_t)((uint8_t *)s->ring.sq - (uint8_t *)s->map);
+	h.cq_offset = (uint64_t)((uint8_t *)s->ring.cq - (uint8_t *)s->map);
+	h.max_handles = MAX_HANDLES;
+	struct sc_info info;
+	sc_engine_info(s->p.eng, &info);
+	snprintf(h.sidecar_id, sizeof(h.sidecar_id), "%s", info.sidecar_id);
+
+	int fds[3] = {s->mem_fd, s->sq_fd, s->cq_fd};
+	union {
+		char buf[CMSG_SPACE(sizeof(fds))];
+		struct cmsghdr align;
+	} u;
+	memset(&u, 0, sizeof(u));
+	struct iovec iov = {.iov_base = &h, .iov_len = sizeof(h)};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			    .msg_controllen = sizeof(u.buf)};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(fds));
+	memcpy(CMSG_DATA(c), fds, sizeof(fds));
+	if (sendmsg(s->sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof(h))
+		return sc_err_set(err, SC_UNAVAILABLE, "fast-path HELLO: %s", strerror(errno));
+	return 0;
+}
+
+int sc_fast_session_start(const struct sc_fast_session_params *p, struct sc_fast_session **out,
+			  struct sc_err *err)
+{
+	struct sc_fast_session *s = calloc(1, sizeof(*s));
+	if (!s) {
+		close(p->sock);
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	}
+	s->p = *p;
+	s->sock = p->sock;
+	s->mem_fd = s->sq_fd = s->cq_fd = s->reap_fd = s->stop_fd = -1;
+	pthread_mutex_init(&s->cq_mu, NULL);
+	if (make_rings(s, err) != 0 || send_hello(s, err) != 0)
+		goto fail;
+	int rc = pthread_create(&s->thread, NULL, session_main, s);
+	if (rc != 0) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "fast-path session thread: %s", strerror(rc));
+		goto fail;
+	}
+	*out = s;
+	return 0;
+fail:
+	session_free(s);
+	return -1;
+}
+
+void sc_fast_session_stop(struct sc_fast_session *s)
+{
+	uint64_t one = 1;
+	(void)!write(s->stop_fd, &one, sizeof(one));
+}
+
+void sc_fast_session_join_free(struct sc_fast_session *s)
+{
+	pthread_join(s->thread, NULL);
+	session_free(s);
+}
