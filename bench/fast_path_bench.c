@@ -10,7 +10,8 @@
  * path, prepared) before the clock starts. Prints one JSON object on stdout.
  *
  *   sc-fast-bench --mode tcp|grpc|fast --direction read|write --size BYTES [--clients N]
- *                 [--iters N] [--seconds S] [--passive ADDR --active ADDR]
+ *                 [--iters N] [--seconds S] [--passive ADDR --active ADDR] [--spin-us US|none]
+ * --spin-us: rsc_fast_options.spin_us (default 0: the library's 50 us; none: never poll).
  */
 #include <rdma_sidecar/client.h>
 
@@ -40,6 +41,7 @@ struct bench {
 	int clients;
 	long iters;
 	double seconds;
+	uint32_t spin_us; /* rsc_fast_options.spin_us */
 };
 
 struct worker {
@@ -158,12 +160,12 @@ static int tcp_once(struct worker *w)
 	uint64_t word = 1;
 	if (w->b->write)
 		return send_all(w->cli_fd, w->buf, w->b->size) ||
-				       recv_all(w->cli_fd, &word, sizeof(word))
-			       ? -1
-			       : 0;
+			       recv_all(w->cli_fd, &word, sizeof(word))
+			   ? -1
+			   : 0;
 	return send_all(w->cli_fd, &word, sizeof(word)) || recv_all(w->cli_fd, w->buf, w->b->size)
-		       ? -1
-		       : 0;
+		   ? -1
+		   : 0;
 }
 
 /* ---- the sidecar -----------------------------------------------------------------------------
@@ -178,14 +180,15 @@ static int sidecar_setup(struct worker *w, rsc_status *st)
 	    rsc_region_create(w->ac, b->size, "fbench-active", &w->ar, st) ||
 	    rsc_region_map(&w->pr, &w->pmem, st) || rsc_region_map(&w->ar, &w->amem, st))
 		return -1;
-	/* The holder of the data gets a pattern; the other side zeros. Checked after the warm-up. */
+	/* The holder of the data gets a pattern; the other side zeros. Checked after the warm-up.
+	 */
 	unsigned char *holder = b->write ? w->amem : w->pmem;
 	for (uint64_t i = 0; i < b->size; i += 4096)
 		holder[i] = (unsigned char)(i / 4096 * 31 + (uint64_t)w->index + 1);
 	holder[b->size - 1] = 0x5a;
 	rsc_descriptor pd = {.region_id = w->pr.region_id, .offset = 0, .length = b->size};
 	rsc_passive_args pa = {
-		.descriptors = &pd, .n_descriptors = 1, .timeout_ms = 3600000, .max_uses = USES};
+	    .descriptors = &pd, .n_descriptors = 1, .timeout_ms = 3600000, .max_uses = USES};
 	if (b->write ? rsc_create_writable(w->pc, &pa, &w->passive, st)
 		     : rsc_create_readable(w->pc, &pa, &w->passive, st))
 		return -1;
@@ -196,7 +199,8 @@ static int sidecar_setup(struct worker *w, rsc_status *st)
 				.descriptors = &ad,
 				.n_descriptors = 1,
 				.timeout_ms = 600000};
-	if (rsc_fast_open(w->ac, NULL, &w->f, st) ||
+	rsc_fast_options fo = {.spin_us = b->spin_us};
+	if (rsc_fast_open(w->ac, &fo, &w->f, st) ||
 	    rsc_fast_prepare(w->f, b->write ? RSC_KIND_WRITE : RSC_KIND_READ, &ta, &w->handle, st))
 		return -1;
 	w->fast_mode = rsc_fast_mode(w->f);
@@ -224,7 +228,8 @@ static int sidecar_once(struct worker *w, rsc_status *st)
 				.n_descriptors = 1,
 				.timeout_ms = 600000};
 	rsc_operation op;
-	if (b->write ? rsc_write(w->ac, &ta, 600000, &op, st) : rsc_read(w->ac, &ta, 600000, &op, st))
+	if (b->write ? rsc_write(w->ac, &ta, 600000, &op, st)
+		     : rsc_read(w->ac, &ta, 600000, &op, st))
 		return -1;
 	int ok = op.status == RSC_STATUS_COMPLETE;
 	if (!ok)
@@ -288,7 +293,8 @@ static void *run(void *arg)
 			if (w->error[0])
 				goto out;
 			if (b->mode == MODE_TCP)
-				snprintf(st.message, sizeof(st.message), "tcp: %s", strerror(errno));
+				snprintf(st.message, sizeof(st.message), "tcp: %s",
+					 strerror(errno));
 			goto fail;
 		}
 		if (i >= 0) {
@@ -350,6 +356,7 @@ int main(int argc, char **argv)
 		{"clients", required_argument, NULL, 'c'},
 		{"iters", required_argument, NULL, 'n'},
 		{"seconds", required_argument, NULL, 't'},
+		{"spin-us", required_argument, NULL, 'u'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -358,9 +365,9 @@ int main(int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'm':
-			b.mode = strcmp(optarg, "tcp") == 0	 ? MODE_TCP
+			b.mode = strcmp(optarg, "tcp") == 0    ? MODE_TCP
 				 : strcmp(optarg, "grpc") == 0 ? MODE_GRPC
-								 : MODE_FAST;
+							       : MODE_FAST;
 			bad_mode = strcmp(optarg, mode_name(b.mode)) != 0;
 			break;
 		case 'p':
@@ -384,10 +391,14 @@ int main(int argc, char **argv)
 		case 't':
 			b.seconds = atof(optarg);
 			break;
+		case 'u': /* "none": never poll (UINT32_MAX) */
+			b.spin_us = strcmp(optarg, "none") == 0 ? UINT32_MAX
+								 : (uint32_t)strtoul(optarg, NULL, 0);
+			break;
 		default:
 			fprintf(stderr, "usage: sc-fast-bench --mode tcp|grpc|fast --direction "
 					"read|write --size BYTES [--clients N] [--iters N] "
-					"[--seconds S] [--passive ADDR --active ADDR]\n");
+					"[--seconds S] [--passive ADDR --active ADDR] [--spin-us US|none]\n");
 			return opt == 'h' ? 0 : 2;
 		}
 	}
@@ -403,7 +414,7 @@ int main(int argc, char **argv)
 	pthread_barrier_init(&start_line, NULL, (unsigned)b.clients + 1);
 	for (int i = 0; i < b.clients; i++) {
 		ws[i] = (struct worker){
-			.b = &b, .index = i, .lat = calloc((size_t)b.iters, sizeof(double))};
+		    .b = &b, .index = i, .lat = calloc((size_t)b.iters, sizeof(double))};
 		if (!ws[i].lat || pthread_create(&ws[i].thread, NULL, run, &ws[i]) != 0)
 			return 1;
 	}
@@ -434,16 +445,16 @@ int main(int argc, char **argv)
 		}
 	qsort(all, (size_t)total, sizeof(double), cmp);
 	if (total > 0)
-		printf("{\"mode\":\"%s\",\"fast_mode\":\"%s\",\"direction\":\"%s\",\"size\":%" PRIu64
-		       ",\"clients\":%d,\"ops\":%ld,\"backend\":\"%s\",\"seconds\":%.6f,"
-		       "\"gb_per_s\":%.4f,\"ops_per_s\":%.1f,\"t_min_us\":%.1f,\"p50_us\":%.1f,"
-		       "\"p99_us\":%.1f,\"p999_us\":%.1f,\"mean_us\":%.1f,\"ok\":%s}\n",
-		       mode_name(b.mode), fast_mode, b.write ? "write" : "read", b.size, b.clients,
-		       total, b.mode == MODE_TCP ? "none" : rsc_backend_name(backend), wall,
-		       (double)b.size * (double)total / wall / 1e9, (double)total / wall,
-		       all[0] * 1e6, pct(all, total, 50) * 1e6, pct(all, total, 99) * 1e6,
-		       pct(all, total, 99.9) * 1e6, sum / (double)total * 1e6,
-		       rc ? "false" : "true");
+		printf(
+		    "{\"mode\":\"%s\",\"fast_mode\":\"%s\",\"direction\":\"%s\",\"size\":%" PRIu64
+		    ",\"clients\":%d,\"ops\":%ld,\"backend\":\"%s\",\"seconds\":%.6f,"
+		    "\"gb_per_s\":%.4f,\"ops_per_s\":%.1f,\"t_min_us\":%.1f,\"p50_us\":%.1f,"
+		    "\"p99_us\":%.1f,\"p999_us\":%.1f,\"mean_us\":%.1f,\"ok\":%s}\n",
+		    mode_name(b.mode), fast_mode, b.write ? "write" : "read", b.size, b.clients,
+		    total, b.mode == MODE_TCP ? "none" : rsc_backend_name(backend), wall,
+		    (double)b.size * (double)total / wall / 1e9, (double)total / wall, all[0] * 1e6,
+		    pct(all, total, 50) * 1e6, pct(all, total, 99) * 1e6,
+		    pct(all, total, 99.9) * 1e6, sum / (double)total * 1e6, rc ? "false" : "true");
 	else
 		rc = 1;
 	for (int i = 0; i < b.clients; i++)

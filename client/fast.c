@@ -266,19 +266,28 @@ static int recv_hello(rsc_fast *f, struct rsc_fast_hello *h, int fds[3], rsc_sta
 		;
 	if (pr == 0)
 		return rsc_fail(st, RSC_UNAVAILABLE,
-				"the sidecar's fast path sent no HELLO within %d ms", HELLO_WAIT_MS);
+				"the sidecar's fast path sent no HELLO within %d ms",
+				HELLO_WAIT_MS);
 	union {
 		struct cmsghdr h;
 		char buf[CMSG_SPACE(3 * sizeof(int))];
 	} cm;
-	struct iovec iov = {.iov_base = h, .iov_len = sizeof(*h)};
-	struct msghdr m = {
-		.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)};
+	union {
+		struct rsc_fast_hello h;
+		struct rsc_fast_result r; /* a refusal in place of HELLO */
+		char buf[1024];
+	} u;
+	struct iovec iov = {.iov_base = &u, .iov_len = sizeof(u)};
+	struct msghdr m = {.msg_iov = &iov,
+			   .msg_iovlen = 1,
+			   .msg_control = cm.buf,
+			   .msg_controllen = sizeof(cm.buf)};
 	ssize_t n;
 	while ((n = recvmsg(f->sock, &m, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
 		;
 	if (n < 0)
-		return rsc_fail(st, RSC_UNAVAILABLE, "fast path: receiving HELLO: %s", strerror(errno));
+		return rsc_fail(st, RSC_UNAVAILABLE, "fast path: receiving HELLO: %s",
+				strerror(errno));
 	size_t got_fds = 0;
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
 		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
@@ -294,18 +303,26 @@ static int recv_hello(rsc_fast *f, struct rsc_fast_hello *h, int fds[3], rsc_sta
 		}
 	}
 	if (n == 0)
-		return rsc_fail(st, RSC_UNAVAILABLE,
-				"the sidecar closed the fast path socket before HELLO (is this uid in "
-				"its --allowed-uids?)");
-	if (got_fds != 3 || (m.msg_flags & (MSG_CTRUNC | MSG_TRUNC)))
+		return rsc_fail(
+		    st, RSC_UNAVAILABLE,
+		    "the sidecar closed the fast path socket before HELLO (is this uid in "
+		    "its --allowed-uids?)");
+	if ((size_t)n == sizeof(u.r) && u.r.hdr.type == RSC_FAST_MSG_RESULT && u.r.code != 0) {
+		u.r.message[sizeof(u.r.message) - 1] = '\0';
+		return rsc_fail(st, u.r.code, "the sidecar refused the fast path session: %s",
+				u.r.message);
+	}
+	memcpy(h, &u.h, sizeof(*h));
+	if (got_fds != 3 || (m.msg_flags & MSG_CTRUNC))
+		return rsc_fail(
+		    st, RSC_INTERNAL,
+		    "fast path HELLO came with %zu file descriptors, not 3 (or was cut)", got_fds);
+	if ((size_t)n != sizeof(*h) || (m.msg_flags & MSG_TRUNC) ||
+	    h->hdr.type != RSC_FAST_MSG_HELLO || h->hdr.len != sizeof(*h) ||
+	    h->magic != RSC_FAST_MAGIC)
 		return rsc_fail(st, RSC_INTERNAL,
-				"fast path HELLO came with %zu file descriptors, not 3 (or was cut)",
-				got_fds);
-	if ((size_t)n != sizeof(*h) || h->hdr.type != RSC_FAST_MSG_HELLO ||
-	    h->hdr.len != sizeof(*h) || h->magic != RSC_FAST_MAGIC)
-		return rsc_fail(st, RSC_INTERNAL,
-				"fast path: the first message is not a HELLO (%zd bytes, type %u)", n,
-				n >= 4 ? h->hdr.type : 0);
+				"fast path: the first message is not a HELLO (%zd bytes, type %u)",
+				n, n >= 4 ? h->hdr.type : 0);
 	if (h->version != RSC_FAST_VERSION)
 		return rsc_fail(st, RSC_UNIMPLEMENTED,
 				"the sidecar's fast path speaks version %u, this library %u: use a "
@@ -328,17 +345,19 @@ static int map_ring(rsc_fast *f, const struct rsc_fast_hello *h, int memfd, rsc_
 	    h->cq_offset > h->map_size || sq_end > h->map_size || cq_end > h->map_size ||
 	    h->map_size < sizeof(struct rsc_fast_ctl) || h->sq_offset % 64 || h->cq_offset % 64 ||
 	    h->map_size > ((uint64_t)1 << 40))
-		return rsc_fail(st, RSC_INTERNAL,
-				"fast path HELLO sizes do not fit: map_size %llu, sq %u at %llu, cq %u "
-				"at %llu",
-				(unsigned long long)h->map_size, h->sq_entries,
-				(unsigned long long)h->sq_offset, h->cq_entries,
-				(unsigned long long)h->cq_offset);
+		return rsc_fail(
+		    st, RSC_INTERNAL,
+		    "fast path HELLO sizes do not fit: map_size %llu, sq %u at %llu, cq %u "
+		    "at %llu",
+		    (unsigned long long)h->map_size, h->sq_entries,
+		    (unsigned long long)h->sq_offset, h->cq_entries,
+		    (unsigned long long)h->cq_offset);
 	struct stat sb;
 	if (fstat(memfd, &sb) != 0 || (uint64_t)sb.st_size < h->map_size)
-		return rsc_fail(st, RSC_INTERNAL,
-				"fast path ring memory is smaller (%lld bytes) than HELLO says (%llu)",
-				(long long)sb.st_size, (unsigned long long)h->map_size);
+		return rsc_fail(
+		    st, RSC_INTERNAL,
+		    "fast path ring memory is smaller (%lld bytes) than HELLO says (%llu)",
+		    (long long)sb.st_size, (unsigned long long)h->map_size);
 	void *m = mmap(NULL, h->map_size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
 	if (m == MAP_FAILED)
 		return rsc_fail(st, RSC_RESOURCE_EXHAUSTED, "fast path: mapping the ring: %s",
@@ -384,7 +403,7 @@ static int ring_open(rsc_fast *f, const rsc_fast_options *o, rsc_status *st)
 			 sa.sun_path, strerror(e));
 		return e == ENOENT || e == ECONNREFUSED ? 1 : RSC_UNAVAILABLE;
 	}
-	struct rsc_fast_hello h;
+	struct rsc_fast_hello h = {0};
 	int fds[3] = {-1, -1, -1};
 	int rc = recv_hello(f, &h, fds, st);
 	f->sq_efd = fds[1];
@@ -447,10 +466,11 @@ static int ring_prepare(rsc_fast *f, int kind, const rsc_transfer_args *a, uint3
 	size_t descs_at = (sizeof(struct rsc_fast_prepare) + mlen + 7) & ~(size_t)7;
 	size_t len = descs_at + a->n_descriptors * sizeof(struct rsc_fast_desc);
 	if (len > RSC_FAST_MSG_MAX)
-		return rsc_fail(st, RSC_INVALID_ARGUMENT,
-				"the PREPARE would be %zu bytes, over the fast path's %u: use fewer "
-				"descriptors or shorter metadata",
-				len, RSC_FAST_MSG_MAX);
+		return rsc_fail(
+		    st, RSC_INVALID_ARGUMENT,
+		    "the PREPARE would be %zu bytes, over the fast path's %u: use fewer "
+		    "descriptors or shorter metadata",
+		    len, RSC_FAST_MSG_MAX);
 	char *msg = calloc(1, len);
 	if (!msg)
 		return rsc_fail(st, RSC_RESOURCE_EXHAUSTED, "out of memory building PREPARE");
@@ -494,10 +514,9 @@ static int ring_prepare(rsc_fast *f, int kind, const rsc_transfer_args *a, uint3
 
 static int ring_unprepare(rsc_fast *f, uint32_t handle, rsc_status *st)
 {
-	struct rsc_fast_unprepare u = {.hdr = {.type = RSC_FAST_MSG_UNPREPARE,
-					       .len = sizeof(u),
-					       .token = ++f->next_token},
-				       .handle = handle};
+	struct rsc_fast_unprepare u = {
+	    .hdr = {.type = RSC_FAST_MSG_UNPREPARE, .len = sizeof(u), .token = ++f->next_token},
+	    .handle = handle};
 	struct rsc_fast_result res;
 	int rc = send_msg(f, &u, sizeof(u), st);
 	if (rc == RSC_OK)
@@ -600,7 +619,8 @@ static int ring_wait(rsc_fast *f, uint64_t deadline, rsc_status *st)
 		if (poll(p, 1, 0) == 1 && (p[0].revents & POLLIN)) {
 			uint64_t v;
 			if (read(f->cq_efd, &v, sizeof(v)) < 0 && errno != EAGAIN && errno != EINTR)
-				return rsc_fail(st, RSC_INTERNAL, "fast path: reading the doorbell: %s",
+				return rsc_fail(st, RSC_INTERNAL,
+						"fast path: reading the doorbell: %s",
 						strerror(errno));
 		}
 		if (cq_ready(f))
@@ -639,6 +659,9 @@ static int ring_run(rsc_fast *f, uint32_t handle, uint64_t timeout_ms, rsc_fast_
 	       RSC_RESOURCE_EXHAUSTED) {
 		/* Room comes as the sidecar takes entries; completions it could not post are in
 		 * our way only while unread. */
+		struct pollfd sp = {.fd = f->sock, .events = 0};
+		if (poll(&sp, 1, 0) == 1 && (sp.revents & (POLLHUP | POLLERR)))
+			return session_ended(f, st);
 		if (ring_drain(f, 0, NULL, NULL) < 0 || (deadline && now_ns() >= deadline))
 			return rc;
 		struct timespec ts = {0, 20000};
@@ -648,7 +671,8 @@ static int ring_run(rsc_fast *f, uint32_t handle, uint64_t timeout_ms, rsc_fast_
 		return rc;
 	for (;;) {
 		if (ring_drain(f, id, out, &found) < 0)
-			return rsc_fail(st, RSC_RESOURCE_EXHAUSTED, "out of memory queueing completions");
+			return rsc_fail(st, RSC_RESOURCE_EXHAUSTED,
+					"out of memory queueing completions");
 		if (found)
 			return rsc_ok(st);
 		rc = ring_wait(f, deadline, st);
@@ -723,7 +747,10 @@ static int grpc_run(rsc_fast *f, uint32_t handle, uint64_t user_data, uint64_t t
 		return rsc_ok(st);
 	}
 	int done = op.status == RSC_STATUS_COMPLETE;
-	completion_set(out, user_data, done ? 0 : op.error_code ? op.error_code : RSC_UNKNOWN,
+	completion_set(out, user_data,
+		       done	       ? 0
+		       : op.error_code ? op.error_code
+				       : RSC_UNKNOWN,
 		       op.status, op.backend, op.bytes_done, done ? "" : op.error_message);
 	if (rsc_op_status_terminal(op.status) && op.operation_id)
 		rsc_operation_release(f->c, op.operation_id, NULL);
@@ -753,7 +780,8 @@ static void ring_close(rsc_fast *f)
 int rsc_fast_open(rsc_client *c, const rsc_fast_options *opts, rsc_fast **out, rsc_status *st)
 {
 	if (!c || !out)
-		return rsc_fail(st, RSC_INVALID_ARGUMENT, "rsc_fast_open: client and out are needed");
+		return rsc_fail(st, RSC_INVALID_ARGUMENT,
+				"rsc_fast_open: client and out are needed");
 	rsc_fast *f = calloc(1, sizeof(*f));
 	if (!f)
 		return rsc_fail(st, RSC_RESOURCE_EXHAUSTED, "out of memory opening the fast path");
@@ -800,22 +828,24 @@ int rsc_fast_prepare(rsc_fast *f, int kind, const rsc_transfer_args *a, uint32_t
 		     rsc_status *st)
 {
 	if (!f || !a || !handle)
-		return rsc_fail(st, RSC_INVALID_ARGUMENT, "rsc_fast_prepare: f, a and handle are needed");
-	if (kind != RSC_KIND_READ && kind != RSC_KIND_WRITE)
 		return rsc_fail(st, RSC_INVALID_ARGUMENT,
-				"rsc_fast_prepare: kind must be RSC_KIND_READ or RSC_KIND_WRITE, not %d",
-				kind);
+				"rsc_fast_prepare: f, a and handle are needed");
+	if (kind != RSC_KIND_READ && kind != RSC_KIND_WRITE)
+		return rsc_fail(
+		    st, RSC_INVALID_ARGUMENT,
+		    "rsc_fast_prepare: kind must be RSC_KIND_READ or RSC_KIND_WRITE, not %d", kind);
 	if (!a->metadata || !a->metadata[0])
 		return rsc_fail(st, RSC_INVALID_ARGUMENT,
 				"rsc_fast_prepare: metadata (the peer's \"rsm1.\" text) is needed");
 	if (a->has_requirement)
-		return rsc_fail(st, RSC_INVALID_ARGUMENT,
-				"rsc_fast_prepare: the fast path takes no requirement (ReportProgress "
-				"gate): use rsc_begin_read/rsc_begin_write for gated transfers");
+		return rsc_fail(
+		    st, RSC_INVALID_ARGUMENT,
+		    "rsc_fast_prepare: the fast path takes no requirement (ReportProgress "
+		    "gate): use rsc_begin_read/rsc_begin_write for gated transfers");
 	if (a->n_descriptors < 1 || a->n_descriptors > RSC_FAST_DESCS_MAX || !a->descriptors)
 		return rsc_fail(st, RSC_INVALID_ARGUMENT,
-				"rsc_fast_prepare: 1 to %u descriptors, not %zu", RSC_FAST_DESCS_MAX,
-				a->n_descriptors);
+				"rsc_fast_prepare: 1 to %u descriptors, not %zu",
+				RSC_FAST_DESCS_MAX, a->n_descriptors);
 	for (size_t i = 0; i < a->n_descriptors; i++) {
 		const char *id = a->descriptors[i].region_id;
 		if (!id || !id[0] || strlen(id) >= RSC_FAST_ID_MAX)
@@ -825,7 +855,8 @@ int rsc_fast_prepare(rsc_fast *f, int kind, const rsc_transfer_args *a, uint32_t
 	}
 	if (f->dead)
 		return session_ended(f, st);
-	return f->ring ? ring_prepare(f, kind, a, handle, st) : grpc_prepare(f, kind, a, handle, st);
+	return f->ring ? ring_prepare(f, kind, a, handle, st)
+		       : grpc_prepare(f, kind, a, handle, st);
 }
 
 int rsc_fast_unprepare(rsc_fast *f, uint32_t handle, rsc_status *st)
@@ -889,8 +920,8 @@ int rsc_fast_cancel(rsc_fast *f, uint64_t user_data, uint64_t cancel_user_data, 
 	return rsc_ok(st);
 }
 
-int rsc_fast_reap(rsc_fast *f, rsc_fast_completion *out, size_t max, size_t *n,
-		  uint64_t timeout_ms, rsc_status *st)
+int rsc_fast_reap(rsc_fast *f, rsc_fast_completion *out, size_t max, size_t *n, uint64_t timeout_ms,
+		  rsc_status *st)
 {
 	if (!f || !n || (max && !out))
 		return rsc_fail(st, RSC_INVALID_ARGUMENT, "rsc_fast_reap: f, out and n are needed");
@@ -900,7 +931,8 @@ int rsc_fast_reap(rsc_fast *f, rsc_fast_completion *out, size_t max, size_t *n,
 	uint64_t deadline = timeout_ms ? deadline_after(timeout_ms) : 0;
 	for (;;) {
 		if (f->ring && ring_drain(f, 0, NULL, NULL) < 0 && !f->q_len)
-			return rsc_fail(st, RSC_RESOURCE_EXHAUSTED, "out of memory queueing completions");
+			return rsc_fail(st, RSC_RESOURCE_EXHAUSTED,
+					"out of memory queueing completions");
 		if ((*n = queue_pop(f, out, max)) > 0 || !f->ring || !timeout_ms)
 			return rsc_ok(st);
 		if (f->dead)

@@ -61,10 +61,10 @@ struct shape {
 };
 
 static const struct shape shapes[] = {
-	{"1 B", 1, {1}, {7}, {13}},
-	{"4097 B", 1, {4097}, {4099}, {8195}},
-	{"1 MiB + 3", 1, {MIB + 3}, {12345}, {2 * MIB + 1}},
-	{"three descriptors", 3, {100, 5000, 77}, {3, 1001, 70001}, {50001, 9, 30003}},
+    {"1 B", 1, {1}, {7}, {13}},
+    {"4097 B", 1, {4097}, {4099}, {8195}},
+    {"1 MiB + 3", 1, {MIB + 3}, {12345}, {2 * MIB + 1}},
+    {"three descriptors", 3, {100, 5000, 77}, {3, 1001, 70001}, {50001, 9, 30003}},
 };
 
 struct env {
@@ -86,12 +86,13 @@ static void descs(const struct shape *s, const char *region_id, const uint64_t *
 		  rsc_descriptor *out)
 {
 	for (size_t i = 0; i < s->n; i++)
-		out[i] = (rsc_descriptor){.region_id = region_id, .offset = off[i], .length = s->len[i]};
+		out[i] =
+		    (rsc_descriptor){.region_id = region_id, .offset = off[i], .length = s->len[i]};
 }
 
 /* Writes fresh random bytes into every range of the source (kept in saved, in order). */
-static void fresh(rsc_client *c, const char *id, const uint64_t *off,
-		  const struct shape *s, unsigned char *saved)
+static void fresh(rsc_client *c, const char *id, const uint64_t *off, const struct shape *s,
+		  unsigned char *saved)
 {
 	rsc_status st;
 	size_t at = 0;
@@ -125,7 +126,7 @@ static int passive(struct env *e, int readable, const struct shape *s, rsc_opera
 	rsc_descriptor d[MAX_DESCS];
 	descs(s, e->rb.region_id, s->off_b, d);
 	rsc_passive_args pa = {
-		.descriptors = d, .n_descriptors = s->n, .timeout_ms = 600000, .max_uses = 1000};
+	    .descriptors = d, .n_descriptors = s->n, .timeout_ms = 600000, .max_uses = 1000};
 	int rc = readable ? rsc_create_readable(e->b, &pa, op, &st)
 			  : rsc_create_writable(e->b, &pa, op, &st);
 	CHECK(rc == RSC_OK, "create %s %s: %s", readable ? "readable" : "writable", s->name,
