@@ -459,6 +459,8 @@ static int wait_result(rsc_fast *f, uint64_t token, struct rsc_fast_result *res,
 	}
 }
 
+static int ring_unprepare(rsc_fast *f, uint32_t handle, rsc_status *st);
+
 static int ring_prepare(rsc_fast *f, int kind, const rsc_transfer_args *a, uint32_t *handle,
 			rsc_status *st)
 {
@@ -505,7 +507,7 @@ static int ring_prepare(rsc_fast *f, int kind, const rsc_transfer_args *a, uint3
 		return rsc_fail(st, RSC_INTERNAL, "the sidecar answered PREPARE with handle 0");
 	struct prep pr = {.handle = res.handle, .kind = kind, .timeout_ms = a->timeout_ms};
 	if (prep_add(f, &pr) != 0) {
-		/* The handle exists in the sidecar; without our record its runs wait unbounded. */
+		ring_unprepare(f, res.handle, NULL); /* nobody would know its handle */
 		return rsc_fail(st, RSC_RESOURCE_EXHAUSTED, "out of memory recording a handle");
 	}
 	*handle = res.handle;
