@@ -45,7 +45,7 @@ if [[ "${SC_SKIP_SANITIZE:-0}" != 1 ]]; then
 fi
 
 if [[ "${SC_SKIP_FUZZ:-0}" != 1 ]]; then
-  echo "== fuzzing: metadata, peer frames and hello, config, key file (${SC_FUZZ_SECONDS:-20} s each)"
+  echo "== fuzzing: metadata, peer frames and hello, config, key file, fast-path wire (${SC_FUZZ_SECONDS:-20} s each)"
   if sh tests/fuzz/build-and-run.sh build "${SC_FUZZ_SECONDS:-20}"; then
     passed=$((passed + 1))
   else

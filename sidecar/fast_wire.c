@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * fast_wire.c: the fast path's wire format on the sidecar's side (rdma_sidecar/fast_ring.h): PREPARE
- * and UNPREPARE decoded and checked field by field, submission entries checked, and the ring
- * indices of one session taken and published (see fast_wire.h).
+ * fast_wire.c: the fast path's wire format on the sidecar's side (rdma_sidecar/fast_ring.h):
+ * PREPARE and UNPREPARE decoded and checked field by field, submission entries checked, and the
+ * ring indices of one session taken and published (see fast_wire.h).
  * Runs on whichever thread calls it (the fast path's session thread); a struct sc_fast_ring is used
  * by one thread at a time. It owns nothing but the copies sc_fast_parse_prepare hands back. Every
  * byte a worker wrote is read once, into a private copy (memcpy or an acquire load), and checked
@@ -48,19 +48,21 @@ static int check_hdr(const struct rsc_fast_msg_hdr *h, size_t len, uint32_t type
 		     struct sc_err *err)
 {
 	if (h->type != type)
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "message type %" PRIu32 " is not %s (%" PRIu32 ")",
-				  h->type, what, type);
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "message type %" PRIu32 " is not %s (%" PRIu32 ")", h->type, what,
+				  type);
 	if (h->len != len)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "%s: its len field says %" PRIu32 " bytes but the message has %zu", what,
-				  h->len, len);
+				  "%s: its len field says %" PRIu32
+				  " bytes but the message has %zu",
+				  what, h->len, len);
 	return 0;
 }
 
 static bool id_char(unsigned char c)
 {
-	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
-	       c == '_' || c == '-';
+	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+	       c == '.' || c == '_' || c == '-';
 }
 
 /* Descriptor i's region_id (wire: RSC_FAST_ID_MAX bytes, NUL-padded) into out (NUL-terminated). */
@@ -68,10 +70,12 @@ static int take_region_id(const char *id, size_t i, char out[SC_ID_MAX], struct 
 {
 	size_t n = strnlen(id, RSC_FAST_ID_MAX);
 	if (n == 0)
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "descriptor %zu: region_id is empty", i);
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "descriptor %zu: region_id is empty",
+				  i);
 	if (n >= SC_ID_MAX)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "descriptor %zu: region_id longer than %d characters", i, SC_ID_MAX - 1);
+				  "descriptor %zu: region_id longer than %d characters", i,
+				  SC_ID_MAX - 1);
 	for (size_t k = 0; k < n; k++) {
 		unsigned char c = (unsigned char)id[k];
 		if (!id_char(c))
@@ -83,8 +87,8 @@ static int take_region_id(const char *id, size_t i, char out[SC_ID_MAX], struct 
 	for (size_t k = n + 1; k < RSC_FAST_ID_MAX; k++) {
 		if (id[k] != '\0')
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "descriptor %zu: region_id has byte %zu (0x%02x) after its NUL; "
-					  "pad it with NULs",
+					  "descriptor %zu: region_id has byte %zu (0x%02x) after "
+					  "its NUL; pad it with NULs",
 					  i, k, (unsigned char)id[k]);
 	}
 	memcpy(out, id, n);
@@ -98,12 +102,14 @@ static int check_metadata(const unsigned char *m, uint32_t n, struct sc_err *err
 	for (uint32_t k = 0; k < n; k++) {
 		if (m[k] == 0)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "metadata has a NUL byte at offset %" PRIu32 " (of %" PRIu32 ")", k,
-					  n);
+					  "metadata has a NUL byte at offset %" PRIu32
+					  " (of %" PRIu32 ")",
+					  k, n);
 		if (m[k] < 0x20 || m[k] > 0x7e)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "metadata byte %" PRIu32 " (0x%02x) is not printable ASCII", k,
-					  m[k]);
+					  "metadata byte %" PRIu32 " (0x%02x) is not printable "
+					  "ASCII",
+					  k, m[k]);
 	}
 	return 0;
 }
@@ -115,7 +121,8 @@ int sc_fast_parse_prepare(const void *msg, size_t len, struct sc_fast_prepared *
 	struct rsc_fast_prepare p;
 	if (!msg || len < sizeof(p))
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "PREPARE is %zu bytes; its fixed part alone is %zu", len, sizeof(p));
+				  "PREPARE is %zu bytes; its fixed part alone is %zu", len,
+				  sizeof(p));
 	memcpy(&p, b, sizeof(p));
 	if (check_hdr(&p.hdr, len, RSC_FAST_MSG_PREPARE, "PREPARE", err) != 0)
 		return -1;
@@ -124,8 +131,8 @@ int sc_fast_parse_prepare(const void *msg, size_t len, struct sc_fast_prepared *
 				  "kind %" PRIu32 " is neither 3 (READ) nor 4 (WRITE)", p.kind);
 	if (p.backend > SC_BACKEND_LOCAL)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "backend %" PRIu32 " is not 0 (the fastest both sides offer), 1 (tcp), "
-				  "2 (ibverbs) or 3 (local)",
+				  "backend %" PRIu32 " is not 0 (the fastest both sides offer), "
+				  "1 (tcp), 2 (ibverbs) or 3 (local)",
 				  p.backend);
 	if (p.metadata_len < 1 || p.metadata_len > RSC_FAST_MSG_MAX)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
@@ -223,8 +230,9 @@ int sc_fast_check_sqe(const struct rsc_fast_sqe *e, struct sc_err *err)
 	for (size_t k = 0; k < sizeof(e->reserved); k++) {
 		if (e->reserved[k] != 0)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "reserved byte %zu is 0x%02x; reserved bytes must be zero", k,
-					  e->reserved[k]);
+					  "reserved byte %zu is 0x%02x; reserved bytes must be "
+					  "zero",
+					  k, e->reserved[k]);
 	}
 	if (e->opcode == RSC_FAST_OP_RUN) {
 		if (e->handle == 0)

@@ -3,7 +3,8 @@
 # Build the libFuzzer targets with clang (libFuzzer + ASan + UBSan) and run each for a while.
 #   tests/fuzz/build-and-run.sh BUILD_DIR [SECONDS [TARGET...]]   (SECONDS default 30 per target)
 # Targets (default: all): metadata (sc_metadata_verify), peer (peer frame decoder and both sides
-# of the hello), config (command line and environment), keys (the --key-file parser).
+# of the hello), config (command line and environment), keys (the --key-file parser), fast (the
+# fast path's PREPARE/UNPREPARE decoder and ring indices against a hostile worker).
 # BUILD_DIR is a cmake build dir of this repo: its gen/ holds the protobuf-c code and its
 # build_config.h the version (built here with `cmake --build BUILD_DIR --target sc_proto` when
 # missing). Output goes to BUILD_DIR/fuzz/: seeds/<target>/ (generated first by the target's seed
@@ -22,7 +23,7 @@ fi
 BUILD=$(cd "$1" && pwd)
 SECONDS_TO_RUN=${2:-30}
 [ $# -ge 2 ] && shift 2 || shift $#
-TARGETS=${*:-metadata peer config keys}
+TARGETS=${*:-metadata peer config keys fast}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 CC=${CC:-clang}
 if ! command -v "$CC" >/dev/null 2>&1; then
@@ -44,7 +45,7 @@ OUT=$BUILD/fuzz
 mkdir -p "$OUT/artifacts"
 
 CFLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter
-	-I$GEN -I$SRC/sidecar -I$BUILD"
+	-I$GEN -I$SRC/sidecar -I$SRC/include -I$BUILD"
 S=$SRC/sidecar
 status=0
 for t in $TARGETS; do
@@ -57,7 +58,9 @@ for t in $TARGETS; do
 		LIBS="-lcrypto -lpthread" ;;
 	keys) SOURCES="$S/status.c $S/keys.c $S/base64.c $S/metadata.c $S/metadata_runs.c $PB_C"
 		LIBS="-lprotobuf-c -lcrypto" ;;
-	*) echo "unknown fuzz target $t (metadata, peer, config, keys)" >&2; exit 2 ;;
+	fast) SOURCES="$S/status.c $S/fast_wire.c"
+		LIBS="" ;;
+	*) echo "unknown fuzz target $t (metadata, peer, config, keys, fast)" >&2; exit 2 ;;
 	esac
 	mkdir -p "$OUT/seeds/$t" "$OUT/corpus/$t"
 	echo "== building fuzz_$t with $CC"
