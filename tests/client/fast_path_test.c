@@ -8,7 +8,9 @@
  * its own is kept for rsc_fast_reap; a cancel of nothing, an unknown handle and an unprepared
  * one are refused with a code and a message. Single-threaded.
  *
- *   sc-fast-path-test unix:A.sock unix:B.sock [--expect-mode ring|grpc]
+ *   sc-fast-path-test unix:A.sock unix:B.sock [--expect-mode ring|grpc | --session-end]
+ * --session-end: run once, print "ready", wait for a line on stdin (the driver stops A
+ * meanwhile), then expect every call to say the session ended.
  */
 #include <rdma_sidecar/client.h>
 
@@ -276,13 +278,61 @@ static void refusals(struct env *e, uint32_t h)
 	CHECK(rc == RSC_INVALID_ARGUMENT, "kind READABLE: %s", rsc_code_name(rc));
 }
 
+/* --session-end: one run, then "ready" and a wait for a line on stdin while the driver stops
+ * sidecar A; the next calls must say the session ended (RSC_UNAVAILABLE), with no hang. */
+static int session_end(struct env *e)
+{
+	rsc_status st;
+	rsc_operation ro = {0};
+	rsc_fast_completion c;
+	uint32_t h = 0;
+	const struct shape *s = &shapes[1];
+	if (passive(e, 1, s, &ro) || prepare(e, RSC_KIND_READ, s, ro.metadata, &h))
+		return 1;
+	OK(rsc_fast_run(e->f, h, 0, &c, &st));
+	DONE(&c, total(s));
+	printf("ready\n");
+	fflush(stdout);
+	char line[16];
+	if (!fgets(line, sizeof(line), stdin))
+		return 1;
+	int rc = rsc_fast_run(e->f, h, 0, &c, &st);
+	CHECK(rc == RSC_UNAVAILABLE && strstr(st.message, "closed the fast path session"),
+	      "run after the sidecar stopped: %s: %s", rsc_code_name(rc), st.message);
+	size_t n = 0;
+	rc = rsc_fast_reap(e->f, &c, 1, &n, 1000, &st);
+	CHECK(rc == RSC_UNAVAILABLE && n == 0, "reap after the end: %s, %zu", rsc_code_name(rc), n);
+	rc = rsc_fast_submit(e->f, h, 1, 0, &st);
+	CHECK(rc == RSC_UNAVAILABLE, "submit after the end: %s", rsc_code_name(rc));
+	rsc_fast_close(e->f);
+	rsc_operation_clear(&ro);
+	rsc_region_deregister(e->b, e->rb.region_id, 1, NULL);
+	rsc_region_clear(&e->ra);
+	rsc_region_clear(&e->rb);
+	rsc_client_destroy(e->a);
+	rsc_client_destroy(e->b);
+	free(e->buf);
+	free(e->back);
+	if (failures) {
+		fprintf(stderr, "%d checks failed\n", failures);
+		return 1;
+	}
+	printf("all checks passed\n");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *expect = NULL;
+	int end = 0;
 	if (argc == 5 && strcmp(argv[3], "--expect-mode") == 0)
 		expect = argv[4];
+	else if (argc == 4 && strcmp(argv[3], "--session-end") == 0)
+		end = 1;
 	else if (argc != 3) {
-		fprintf(stderr, "usage: %s unix:A.sock unix:B.sock [--expect-mode ring|grpc]\n",
+		fprintf(stderr,
+			"usage: %s unix:A.sock unix:B.sock [--expect-mode ring|grpc | "
+			"--session-end]\n",
 			argv[0]);
 		return 2;
 	}
@@ -303,6 +353,8 @@ int main(int argc, char **argv)
 	if (failures)
 		return 1;
 	printf("mode %s\n", rsc_fast_mode(e.f));
+	if (end)
+		return session_end(&e);
 	if (expect)
 		CHECK(strcmp(rsc_fast_mode(e.f), expect) == 0, "mode %s, expected %s",
 		      rsc_fast_mode(e.f), expect);
