@@ -584,7 +584,7 @@ static int ring_drain(rsc_fast *f, uint64_t want_id, rsc_fast_completion *want, 
 			break;
 		}
 		f->cq_head++;
-		n += n >= 0;
+		n++;
 	}
 	__atomic_store_n(&f->ctl->cq_head, f->cq_head, __ATOMIC_RELEASE);
 	return n;
@@ -633,6 +633,8 @@ static int ring_wait(rsc_fast *f, uint64_t deadline, rsc_status *st)
 			continue;
 		if (pr < 0)
 			return rsc_fail(st, RSC_INTERNAL, "fast path: poll: %s", strerror(errno));
+		if (cq_ready(f)) /* what the sidecar posted before it went */
+			return RSC_OK;
 		if (p[1].revents & (POLLHUP | POLLERR | POLLNVAL))
 			return session_ended(f, st);
 		if (p[1].revents & POLLIN) {
