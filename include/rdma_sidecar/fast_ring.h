@@ -72,7 +72,7 @@ struct rsc_fast_hello {
 
 /* A descriptor in PREPARE: a range of a region of this sidecar. */
 struct rsc_fast_desc {
-	char region_id[RSC_FAST_ID_MAX]; /* NUL-padded; need not end in NUL when 40 long */
+	char region_id[RSC_FAST_ID_MAX]; /* 1-39 characters, NUL-padded (every byte after them 0) */
 	uint64_t offset;
 	uint64_t length;
 };
