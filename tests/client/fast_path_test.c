@@ -5,8 +5,8 @@
  * accept many uses; A runs prepared READs and WRITEs by handle (1 B, 4097 B, 1 MiB + 3 and three
  * descriptors at odd offsets), with every destination byte compared after each run; 16 runs
  * submitted at once and reaped; a run's completion that arrives while rsc_fast_run waits for
- * its own is kept for rsc_fast_reap; a cancel of nothing, an unknown handle and an unprepared
- * one are refused with a code and a message. Single-threaded.
+ * its own is kept for rsc_fast_reap; a cancel right behind its run; a cancel of nothing, an
+ * unknown handle and an unprepared one are refused with a code and a message. Single-threaded.
  *
  *   sc-fast-path-test unix:A.sock unix:B.sock [--expect-mode ring|grpc | --session-end]
  * --session-end: run once, print "ready", wait for a line on stdin (the driver stops A
@@ -237,6 +237,47 @@ static void interleave(struct env *e, uint32_t h1, uint32_t h2, uint64_t bytes2)
 	printf("a submitted run's completion kept while rsc_fast_run waited\n");
 }
 
+/* A cancel right behind its run: either it was delivered (the run ends CANCELLED, or COMPLETE
+ * when too late to stop) or the run had ended (NOT_FOUND, and the run COMPLETE). Both
+ * completions come, once each. */
+static void cancel_race(struct env *e, uint32_t h, uint64_t bytes)
+{
+	rsc_status st;
+	rsc_fast_completion c[2], run = {0}, cancel = {0};
+	int got_run = 0, got_cancel = 0;
+	OK(rsc_fast_submit(e->f, h, 900, 0, &st));
+	OK(rsc_fast_cancel(e->f, 900, 901, &st));
+	for (int tries = 0; tries < 20 && got_run + got_cancel < 2; tries++) {
+		size_t n = 0;
+		OK(rsc_fast_reap(e->f, c, 2, &n, 10000, &st));
+		for (size_t i = 0; i < n; i++) {
+			if (c[i].user_data == 900) {
+				run = c[i];
+				got_run++;
+			} else if (c[i].user_data == 901) {
+				cancel = c[i];
+				got_cancel++;
+			} else {
+				CHECK(0, "unexpected completion %llu",
+				      (unsigned long long)c[i].user_data);
+			}
+		}
+	}
+	CHECK(got_run == 1 && got_cancel == 1, "run completions %d, cancel completions %d", got_run,
+	      got_cancel);
+	CHECK(cancel.code == 0 || cancel.code == RSC_NOT_FOUND, "cancel: %s %s",
+	      rsc_code_name(cancel.code), cancel.message);
+	if (cancel.code == RSC_NOT_FOUND)
+		DONE(&run, bytes);
+	else
+		CHECK((run.code == 0 && run.status == RSC_STATUS_COMPLETE) ||
+			  (run.code != 0 && run.status == RSC_STATUS_CANCELLED),
+		      "cancelled run: %s %s: %s", rsc_code_name(run.code),
+		      rsc_op_status_name(run.status), run.message);
+	printf("cancel behind its run: cancel %s, run %s\n", rsc_code_name(cancel.code),
+	       rsc_op_status_name(run.status));
+}
+
 static void refusals(struct env *e, uint32_t h)
 {
 	rsc_status st;
@@ -372,6 +413,8 @@ int main(int argc, char **argv)
 		burst(&e, rh[1], total(&shapes[1]));
 	if (rh[0] && wh[3])
 		interleave(&e, rh[0], wh[3], total(&shapes[3]));
+	if (rh[2])
+		cancel_race(&e, rh[2], total(&shapes[2]));
 	if (wh[0])
 		refusals(&e, wh[0]);
 
