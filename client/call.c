@@ -153,6 +153,11 @@ const char *rsc_client_target(const rsc_client *c)
 	return c ? c->target : "";
 }
 
+uint32_t rsc_client_call_timeout(const rsc_client *c)
+{
+	return c->call_timeout_ms;
+}
+
 void rsc_client_destroy(rsc_client *c)
 {
 	if (!c)

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * internal.h: what the client library's files share (never installed). call.c owns the gRPC
- * channel and runs calls; api.c turns each RPC into protobuf-c messages and back into C types.
+ * channel and runs calls; api.c turns each RPC into protobuf-c messages and back into C types;
+ * fast.c is the fast path (rings shared with the sidecar, or rsc_read/rsc_write without them).
  */
 #ifndef RSC_INTERNAL_H
 #define RSC_INTERNAL_H
@@ -13,6 +14,8 @@
 
 int rsc_fail(rsc_status *st, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int rsc_ok(rsc_status *st);
+/* The client's deadline of each unary call, in ms (its options' call_timeout_ms, or 30000). */
+uint32_t rsc_client_call_timeout(const rsc_client *c);
 
 /* One unary call: packs req, waits up to timeout_ms (0 = the client's call timeout) and unpacks
  * the answer with resp_desc into *resp (free with protobuf_c_message_free_unpacked). */

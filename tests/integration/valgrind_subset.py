@@ -8,6 +8,7 @@ import random
 
 import grpc
 from harness import SidecarTest, desc, main, pb
+import test_fast_path_c
 import test_faults
 import test_transfers
 
@@ -34,6 +35,14 @@ class ValgrindSubset(SidecarTest):
                           [g.GpuMem(b, 5 << 20), g.GpuMem(b, 4097)], [(5 << 20) - 3, 4097], direction)
             t["transfer"](self, a, [g.GpuMem(a, 3 << 20)], a, [g.GpuMem(a, 3 << 20)], [(3 << 20) - 1],
                           direction)
+
+    def test_fast_path_ring(self):
+        # The fast path's sessions, rings and runs under valgrind, driven by the C client
+        # (sc-fast-path-test: every shape, 16 at once, the refusals).
+        keys = self.key_file()
+        a = self.sidecar("fa", key_file=keys)
+        b = self.sidecar("fb", key_file=keys)
+        test_fast_path_c.FastPathCTest.run_program(self, a, b, "ring")
 
     def test_service_basics(self):
         s = self.sidecar("v1")

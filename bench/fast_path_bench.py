@@ -1,0 +1,171 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The sidecar's fast path (shared-memory rings, issue 26 part 2) against gRPC and the floors, in one run.
+
+Starts two real sidecars on this host (passive on one, active on the other: the TCP data plane
+between them) and drives sc-fast-bench (bench/fast_path_bench.c) for READ and WRITE of 4 KiB,
+64 KiB and 1 MiB, with 1 and 16 client threads, through:
+  tcp   raw TCP ping-pong of the same bytes over loopback (the floor; in sc-fast-bench)
+  ucx   UCX_TLS=tcp ucx_perftest tag_lat (baselines.ucx; one client only: it has no client count;
+        its typical latency doubled: a ping-pong of SIZE bytes each way)
+  grpc  the sidecar over gRPC, rsc_read/rsc_write (one round trip each)
+  fast  the sidecar's fast path, rsc_fast_run on a prepared handle (the library's default: poll the
+        completion ring 50 us before sleeping on its doorbell)
+  fast-nospin  the same, spin_us UINT32_MAX (sleep on the doorbell at once): on a host with fewer
+        cores than busy threads, polling takes the CPU the sidecars need
+Each transfer is timed from the call to its end as the caller sees it; the passive side's metadata
+is made (and prepared) before the clock starts. Prints p50/p99/p99.9 and transfers/s per path and
+the ratios fast/raw-TCP and fast/gRPC (p50 latency; rate).
+
+Usage: /usr/bin/python3 bench/fast_path_bench.py [--quick] [--build build] [--json FILE]
+       [--sizes 4096,65536,1048576] [--clients 1,16]
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+sys.path.insert(0, HERE)
+from baselines import ucx  # noqa: E402
+from latency_bench import git_commit, human, machine  # noqa: E402
+
+KiB, MiB = 1 << 10, 1 << 20
+PATHS = ("tcp", "ucx", "grpc", "fast", "fast-nospin")
+
+
+def sc_fast_bench(exe, path, a, b, direction, size, clients, iters, seconds):
+    mode = "fast" if path.startswith("fast") else path
+    cmd = [exe, "--mode", mode, "--direction", direction, "--size", str(size), "--clients", str(clients),
+           "--iters", str(iters), "--seconds", str(seconds)]
+    if mode != "tcp":
+        cmd += ["--passive", "unix:" + a.sock, "--active", "unix:" + b.sock]
+    if path == "fast-nospin":
+        cmd += ["--spin-us", "none"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit("sc-fast-bench failed (%s):\n%s%s" % (" ".join(cmd), out.stdout, out.stderr))
+    return json.loads(out.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="shorter runs (about a minute)")
+    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"), help="the build directory")
+    ap.add_argument("--json", metavar="FILE", help="write every figure to FILE")
+    ap.add_argument("--sizes", default="4096,65536,1048576", help="comma-separated transfer sizes in bytes")
+    ap.add_argument("--clients", default="1,16", help="comma-separated client counts")
+    ap.add_argument("--seconds", type=float, help="time per row (default 2, --quick 0.5)")
+    args = ap.parse_args()
+    build = os.path.abspath(args.build)
+    os.environ.setdefault("SC_PYTHON_STUBS", os.path.join(build, "python"))
+    import harness as H
+    H.BINARY = os.path.join(build, "rdma-sidecar")
+    exe = os.path.join(build, "client", "sc-fast-bench")
+    for p in (H.BINARY, exe):
+        if not os.path.exists(p):
+            raise SystemExit("%s is missing: build first (cmake --build %s)" % (p, build))
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    clients = [int(c) for c in args.clients.split(",") if c]
+    seconds = args.seconds or (0.5 if args.quick else 2.0)
+
+    def iters_for(size):
+        return max(50, min(200000, int((64 * MiB if args.quick else 512 * MiB) / size)))
+
+    t_begin = time.monotonic()
+    res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": git_commit(),
+           "machine": machine(), "quick": args.quick, "seconds_per_row": seconds, "rows": []}
+    # ucx_perftest first, alone on the host (it has no client count: 1-client rows only).
+    for size in sizes:
+        u = ucx("tag_lat", size, min(20000, iters_for(size)))
+        for direction in ("read", "write"):
+            if u:
+                # tag_lat reports half a ping-pong: doubled here, a round trip as the other rows time.
+                rtt = 2 * u["lat_us"]
+                res["rows"].append({"path": "ucx", "direction": direction, "size": size, "clients": 1,
+                                    "p50_us": rtt, "p99_us": None, "p999_us": None, "ops_per_s": 1e6 / rtt})
+    wd = tempfile.mkdtemp(prefix="sc-fbench-", dir="/tmp")
+    keys = H.write_key_file(os.path.join(wd, "keys"))
+    # As latency_bench: a short retention and a high --max-operations for the gRPC rows' operations.
+    extra = ["--log-level", "warn", "--retention", "2s", "--max-operations", "1000000"]
+    a = H.Sidecar(wd, "fbench-a", key_file=keys, extra=extra)
+    b = H.Sidecar(wd, "fbench-b", key_file=keys, extra=extra)
+    try:
+        for size in sizes:
+            for direction in ("read", "write"):
+                for n in clients:
+                    for path in ("tcp", "grpc", "fast", "fast-nospin"):
+                        r = sc_fast_bench(exe, path, a, b, direction, size, n, iters_for(size), seconds)
+                        if r["mode"] == "fast" and r["fast_mode"] != "ring":
+                            raise SystemExit("the fast path ran in %s mode, not ring" % r["fast_mode"])
+                        r["path"] = path
+                        res["rows"].append(r)
+                        print("%-11s %-5s %8s %2d clients: p50 %8.1f us  p99 %8.1f us  p99.9 %8.1f us  %9.0f /s"
+                              % (path, direction, human(size), n, r["p50_us"], r["p99_us"], r["p999_us"],
+                                 r["ops_per_s"]), flush=True)
+    finally:
+        ca, cb = a.stop(), b.stop()
+        shutil.rmtree(wd, ignore_errors=True)
+    if ca or cb:
+        raise SystemExit("a sidecar exited with %s / %s" % (ca, cb))
+    res["seconds"] = round(time.monotonic() - t_begin, 1)
+    report(res, sizes, clients)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def report(res, sizes, clients):
+    def row(path, direction, size, n):
+        for r in res["rows"]:
+            if (r["path"], r["direction"], r["size"], r["clients"]) == (path, direction, size, n):
+                return r
+        return None
+
+    def us(v):
+        return "%.1f" % v if v is not None else "-"
+
+    print()
+    print("date %s, commit %s, machine %s%s" % (res["date"], res["commit"], res["machine"],
+                                                 ", --quick" if res["quick"] else ""))
+    print()
+    print("| dir | size | clients | path | p50 us | p99 us | p99.9 us | transfers/s |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
+    for size in sizes:
+        for direction in ("read", "write"):
+            for n in clients:
+                for path in PATHS:
+                    r = row(path, direction, size, n)
+                    if r:
+                        print("| %s | %s | %d | %s | %s | %s | %s | %.0f |"
+                              % (direction.upper(), human(size), n, path, us(r["p50_us"]), us(r["p99_us"]),
+                                 us(r["p999_us"]), r["ops_per_s"]))
+    print()
+    print("ucx: twice tag_lat's typical latency (ucx_perftest reports half a ping-pong of SIZE bytes each "
+          "way), in the p50 column, and 1/that as the rate; no percentiles")
+    print()
+    print("| dir | size | clients | fast path | fast p50 / raw TCP p50 | fast p50 / gRPC p50 | fast p99 / gRPC p99 "
+          "| fast rate / raw TCP rate | fast rate / gRPC rate |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for size in sizes:
+        for direction in ("read", "write"):
+            for n in clients:
+                for fp in ("fast", "fast-nospin"):
+                    f, t = row(fp, direction, size, n), row("tcp", direction, size, n)
+                    g = row("grpc", direction, size, n)
+                    if not (f and t and g):
+                        continue
+                    print("| %s | %s | %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f |"
+                          % (direction.upper(), human(size), n, fp, f["p50_us"] / t["p50_us"],
+                             f["p50_us"] / g["p50_us"], f["p99_us"] / g["p99_us"], f["ops_per_s"] / t["ops_per_s"],
+                             f["ops_per_s"] / g["ops_per_s"]))
+    print()
+    print("total bench time %.1f s" % res["seconds"])
+
+
+if __name__ == "__main__":
+    main()
