@@ -219,7 +219,8 @@ static const struct sc_option sc_options[] = {
 	 .arg = ARG_REQUIRED, .value = "PATH", .group = "Fast path",
 	 .help = "unix socket of the shared-memory fast path for small repeated transfers (same "
 		 "--unix-socket-mode and --allowed-uids as gRPC); \"off\" turns it off",
-	 .def = "the first unix --grpc-listen socket + \".fast\"; off without one"},
+	 .def = "the first unix --grpc-listen socket + \".fast\"; off without one (or when that is "
+		"too long)"},
 	{.id = OPT_FAST_PATH_MAX_SESSIONS, T_U32(fast_path_max_sessions, 1, 1024),
 	 .name = "fast-path-max-sessions", .arg = ARG_REQUIRED, .value = "N", .group = "Fast path",
 	 .help = "fast-path sessions (worker connections, a thread each) at once, 1-1024; more are "
@@ -983,6 +984,12 @@ static int resolve_fast_path_socket(struct sc_config *cfg, struct sc_err *err)
 			const char *a = cfg->grpc_listen[i];
 			if (a && strncmp(a, "unix:", 5) == 0 && asprintf(&p, "%s.fast", a + 5) < 0)
 				return sc_err_set(err, SC_INTERNAL, "out of memory");
+		}
+		/* A gRPC socket path near the limit leaves no room for ".fast": no fast path then
+		 * (the flag names one that fits). */
+		if (p && strlen(p) >= 108) {
+			free(p);
+			p = NULL;
 		}
 		cfg->fast_path_socket = p;
 		if (!p)

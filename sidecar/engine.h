@@ -260,6 +260,11 @@ struct sc_active_req {
 /* kind: SC_OP_READABLE or SC_OP_WRITABLE. */
 int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 			 const struct sc_passive_req *req, struct sc_op_info *out, struct sc_err *err);
+/* What sc_op_begin checks before the operation exists (kind, metadata, descriptors against it,
+ * their regions and bounds), without creating one or using the metadata up: the fast path's
+ * PREPARE. 0, or -1 with the same err as sc_op_begin would give. */
+int sc_op_check_active(struct sc_engine *eng, enum sc_op_kind kind,
+		       const struct sc_active_req *req, struct sc_err *err);
 /* kind: SC_OP_READ or SC_OP_WRITE. Returns once the operation exists (SCHEDULED/IN_PROGRESS). */
 int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_active_req *req,
 		struct sc_op_info *out, struct sc_err *err);

@@ -5,7 +5,8 @@
  * --allowed-uids as the gRPC socket does, holds at most --fast-path-max-sessions sessions, and
  * joins the sessions that ended.
  *
- * Threads: one accept thread (poll on the socket, a stop eventfd and the ended-sessions eventfd).
+ * Threads: one accept thread (poll on the socket, a stop eventfd and the ended-sessions eventfd;
+ * every WATCH_MS while sessions exist it also watches those busy with a transfer).
  * Sessions run on their own threads (fast_session.c) and report their end through `ended`.
  */
 #include "fast_path.h"
@@ -28,6 +29,8 @@
 #include <unistd.h>
 
 #define RING_ENTRIES 256
+/* How often the accept thread looks at sessions busy with a transfer (sc_fast_session_watch). */
+#define WATCH_MS 50
 
 struct entry {
 	struct sc_list node;
@@ -91,6 +94,20 @@ static void join_sessions(struct sc_fast_path *fp, bool all)
 		sc_engine_fast_path_note(fp->eng, SC_FAST_SESSION_CLOSED);
 		free(found);
 	}
+}
+
+/* Cancels the transfers sessions run on their own threads when their workers asked (CANCEL, or a
+ * closed socket): sc_fast_session_watch. */
+static void watch_sessions(struct sc_fast_path *fp)
+{
+	pthread_mutex_lock(&fp->mu);
+	struct sc_list *pos;
+	sc_list_foreach(pos, &fp->sessions) {
+		struct entry *e = sc_list_entry(pos, struct entry, node);
+		if (!e->ended && e->s)
+			sc_fast_session_watch(e->s);
+	}
+	pthread_mutex_unlock(&fp->mu);
 }
 
 /* A refusal the worker can read: a RESULT in place of HELLO, then the socket closes. */
@@ -179,7 +196,10 @@ static void *accept_main(void *arg)
 				{.fd = fp->stop_fd, .events = POLLIN},
 				{.fd = fp->ended_fd, .events = POLLIN}};
 	for (;;) {
-		if (poll(pfd, 3, -1) < 0) {
+		pthread_mutex_lock(&fp->mu);
+		int wait_ms = fp->n_sessions ? WATCH_MS : -1;
+		pthread_mutex_unlock(&fp->mu);
+		if (poll(pfd, 3, wait_ms) < 0) {
 			if (errno == EINTR)
 				continue;
 			SC_ERROR("fast", "fast-path socket %s: poll: %s", fp->path, strerror(errno));
@@ -192,6 +212,7 @@ static void *accept_main(void *arg)
 			(void)!read(fp->ended_fd, &v, sizeof(v));
 			join_sessions(fp, false);
 		}
+		watch_sessions(fp);
 		if (!(pfd[0].revents & POLLIN))
 			continue;
 		int fd = accept4(fp->fd, NULL, NULL, SOCK_CLOEXEC);

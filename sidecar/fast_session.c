@@ -34,6 +34,8 @@
 #include <unistd.h>
 
 #define MAX_HANDLES 256
+/* How often a session whose completion ring is full looks for room the worker made. */
+#define STALL_POLL_MS 1
 
 /* A run in flight: begun, its completion not yet released. */
 struct run {
@@ -67,6 +69,11 @@ struct sc_fast_session {
 	struct handle handles[MAX_HANDLES];
 	uint32_t next_handle;
 	pthread_t thread;
+	/* The run the session thread is running itself (sc_op_run_here_close), for the watcher
+	 * (sc_fast_session_watch) to cancel while this thread cannot look at its ring or socket. */
+	pthread_mutex_t busy_mu;
+	struct run *busy;	      /* under busy_mu */
+	uint64_t watch_cancelled;     /* under busy_mu: user_data the watcher cancelled (+1; 0 none) */
 	uint8_t msg[RSC_FAST_MSG_MAX];
 };
 
@@ -197,10 +204,20 @@ static void run_begin(struct sc_fast_session *s, const struct rsc_fast_sqe *e)
 		post_error(s, e->user_data, &err);
 		return;
 	}
-	if (sc_op_status_terminal(first.status))
+	bool ended = sc_op_status_terminal(first.status);
+	if (ended)
 		post_end(r, &first); /* ended before the watch: the watch is over already */
 	sc_op_info_free(&first);
-	sc_op_run_here_close(); /* a small transfer runs here now; its end comes through on_change */
+	/* A small transfer runs here now (its end comes through on_change). Meanwhile this thread
+	 * sees neither the ring nor the socket: the watcher cancels it for a CANCEL entry or a
+	 * closed socket. */
+	pthread_mutex_lock(&s->busy_mu);
+	s->busy = ended ? NULL : r;
+	pthread_mutex_unlock(&s->busy_mu);
+	sc_op_run_here_close();
+	pthread_mutex_lock(&s->busy_mu);
+	s->busy = NULL;
+	pthread_mutex_unlock(&s->busy_mu);
 }
 
 static void run_cancel(struct sc_fast_session *s, const struct rsc_fast_sqe *e)
@@ -219,9 +236,61 @@ static void run_cancel(struct sc_fast_session *s, const struct rsc_fast_sqe *e)
 		post(s, &c);
 		return;
 	}
+	pthread_mutex_lock(&s->busy_mu);
+	bool by_watcher = s->watch_cancelled == e->target + 1;
+	if (by_watcher)
+		s->watch_cancelled = 0;
+	pthread_mutex_unlock(&s->busy_mu);
+	if (by_watcher) { /* delivered while the run ran on this thread */
+		struct rsc_fast_cqe c;
+		sc_fast_cqe_fill(&c, e->user_data, 0, 0, 0, 0, "");
+		post(s, &c);
+		return;
+	}
 	sc_err_set(&err, SC_NOT_FOUND, "no run with user_data %llu in flight in this session",
 		   (unsigned long long)e->target);
 	post_error(s, e->user_data, &err);
+}
+
+/* Whether the worker queued a CANCEL of user_data behind what was taken: a look at the entries
+ * between the published head and the worker's tail, copies only, nothing taken. */
+static bool cancel_queued(struct sc_fast_session *s, uint64_t user_data)
+{
+	uint32_t head = __atomic_load_n(&s->ring.ctl->sq_head, __ATOMIC_ACQUIRE);
+	uint32_t tail = __atomic_load_n(&s->ring.ctl->sq_tail, __ATOMIC_ACQUIRE);
+	uint32_t n = tail - head;
+	if (n > s->ring.sq_entries)
+		return false;
+	for (uint32_t i = 0; i < n; i++) {
+		struct rsc_fast_sqe e;
+		memcpy(&e, &s->ring.sq[(head + i) & (s->ring.sq_entries - 1)], sizeof(e));
+		if (e.opcode == RSC_FAST_OP_CANCEL && e.target == user_data)
+			return true;
+	}
+	return false;
+}
+
+void sc_fast_session_watch(struct sc_fast_session *s)
+{
+	pthread_mutex_lock(&s->busy_mu);
+	struct run *r = s->busy;
+	if (r && !atomic_load(&r->done)) {
+		struct pollfd p = {.fd = s->sock, .events = POLLIN};
+		char c;
+		bool closed = poll(&p, 1, 0) == 1 &&
+			      ((p.revents & (POLLHUP | POLLERR)) ||
+			       recv(s->sock, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0);
+		bool cancel = cancel_queued(s, r->user_data);
+		if (closed || cancel) {
+			struct sc_op_info info;
+			if (sc_op_cancel(s->p.eng, r->op_id, &info, NULL) == 0)
+				sc_op_info_free(&info);
+			if (cancel)
+				s->watch_cancelled = r->user_data + 1;
+			s->busy = NULL;
+		}
+	}
+	pthread_mutex_unlock(&s->busy_mu);
 }
 
 /* Room for one more submission: the completion ring must hold it and every run in flight. */
@@ -242,12 +311,16 @@ static void unreserve(struct sc_fast_session *s)
 	pthread_mutex_unlock(&s->cq_mu);
 }
 
-/* Takes and runs what the worker submitted. -1: the worker broke its ring (end the session). */
+/* Takes and runs what the worker submitted. -1: the worker broke its ring (end the session);
+ * 1: entries wait for room in the completion ring (nothing wakes this thread when the worker
+ * reads completions: look again soon). */
 static int drain(struct sc_fast_session *s)
 {
 	for (;;) {
-		if (!take_room(s))
-			return 0;
+		if (!take_room(s)) {
+			uint32_t tail = __atomic_load_n(&s->ring.ctl->sq_tail, __ATOMIC_ACQUIRE);
+			return tail != s->ring.sq_head ? 1 : 0;
+		}
 		struct rsc_fast_sqe e;
 		struct sc_err err;
 		sc_err_clear(&err);
@@ -321,20 +394,8 @@ static void prepare(struct sc_fast_session *s, size_t len)
 		sc_err_set(&err, SC_RESOURCE_EXHAUSTED, "out of memory");
 		goto fail;
 	}
-	/* The regions and bounds are checked once here; the metadata by every run, as BeginRead
-	 * checks it (it may expire, or its passive operation run out of uses). */
 	for (size_t i = 0; i < pr.n_descs; i++) {
-		struct sc_region_info ri;
 		const struct sc_fast_prepared_desc *d = &pr.descs[i];
-		if (sc_region_get(s->p.eng, d->region_id, &ri, &err) != 0)
-			goto fail_descs;
-		if (d->offset > ri.size || d->length > ri.size - d->offset) {
-			sc_err_set(&err, SC_OUT_OF_RANGE,
-				   "descriptor %zu: [%llu, +%llu) is outside region %s (%llu bytes)", i,
-				   (unsigned long long)d->offset, (unsigned long long)d->length,
-				   d->region_id, (unsigned long long)ri.size);
-			goto fail_descs;
-		}
 		memcpy(h->descs[i].region_id, d->region_id, SC_ID_MAX);
 		h->descs[i].offset = d->offset;
 		h->descs[i].length = d->length;
@@ -351,6 +412,11 @@ static void prepare(struct sc_fast_session *s, size_t len)
 	    .backend = (enum sc_backend_kind)pr.backend,
 	    .request_id = "",
 	};
+	/* Checked once here as BeginRead/BeginWrite check it (metadata, descriptors against it,
+	 * regions and bounds), without using the metadata up; each run checks the metadata again
+	 * (it may expire, or its passive operation run out of uses). */
+	if (sc_op_check_active(s->p.eng, h->kind, &h->req, &err) != 0)
+		goto fail_descs;
 	if (++s->next_handle == 0)
 		s->next_handle = 1;
 	h->id = s->next_handle;
@@ -449,8 +515,9 @@ static void *session_main(void *arg)
 				{.fd = s->reap_fd, .events = POLLIN},
 				{.fd = s->stop_fd, .events = POLLIN}};
 	const char *why = "the worker closed the socket";
+	int wait_ms = -1;
 	for (;;) {
-		if (poll(pfd, 4, -1) < 0) {
+		if (poll(pfd, 4, wait_ms) < 0) {
 			if (errno == EINTR)
 				continue;
 			why = "poll failed";
@@ -470,10 +537,12 @@ static void *session_main(void *arg)
 			break;
 		if (pfd[1].revents)
 			drain_fd(s->sq_fd);
-		if (drain(s) != 0) {
+		int rc = drain(s);
+		if (rc < 0) {
 			why = "the worker broke its submission ring";
 			break;
 		}
+		wait_ms = rc > 0 ? STALL_POLL_MS : -1;
 	}
 	end_runs(s);
 	SC_INFO("fast", "fast-path session of pid %d (uid %u) ended: %s", (int)s->p.pid,
@@ -495,6 +564,7 @@ static void session_free(struct sc_fast_session *s)
 		if (fds[i] >= 0)
 			close(fds[i]);
 	pthread_mutex_destroy(&s->cq_mu);
+	pthread_mutex_destroy(&s->busy_mu);
 	free(s->runs);
 	free(s);
 }
@@ -578,6 +648,7 @@ int sc_fast_session_start(const struct sc_fast_session_params *p, struct sc_fast
 	s->sock = p->sock;
 	s->mem_fd = s->sq_fd = s->cq_fd = s->reap_fd = s->stop_fd = -1;
 	pthread_mutex_init(&s->cq_mu, NULL);
+	pthread_mutex_init(&s->busy_mu, NULL);
 	if (make_rings(s, err) != 0 || send_hello(s, err) != 0)
 		goto fail;
 	int rc = pthread_create(&s->thread, NULL, session_main, s);

@@ -31,6 +31,10 @@ struct sc_fast_session_params {
 /* 0, or -1 with err (the socket is closed either way on failure). */
 int sc_fast_session_start(const struct sc_fast_session_params *p, struct sc_fast_session **out,
 			  struct sc_err *err);
+/* While the session's thread runs a small transfer itself, it looks at neither its ring nor its
+ * socket: this, called every WATCH_MS by fast_path.c's thread, cancels that transfer when the
+ * worker queued a CANCEL for it or closed the socket. Never blocks. */
+void sc_fast_session_watch(struct sc_fast_session *s);
 /* Asks the session to end (its runs are cancelled); returns at once. Any thread. */
 void sc_fast_session_stop(struct sc_fast_session *s);
 /* Joins the session's thread and frees it. Not from the session's own thread. */

@@ -974,8 +974,10 @@ static int choose_backend(struct sc_engine *eng, struct sc_op *op, enum sc_backe
 	return 0;
 }
 
-int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_active_req *req,
-		struct sc_op_info *out, struct sc_err *err)
+/* What BeginRead/BeginWrite check before an operation exists: the kind, the metadata (signature,
+ * audience, expiry, kind) and the descriptors against it. *md is filled on 0. */
+static int check_active(struct sc_engine *eng, enum sc_op_kind kind,
+			const struct sc_active_req *req, struct sc_metadata *md_out, struct sc_err *err)
 {
 	if (kind != SC_OP_READ && kind != SC_OP_WRITE)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "not an active operation kind");
@@ -1015,6 +1017,36 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 					  i, remote, req->descs[i].length);
 		}
 	}
+
+	*md_out = md;
+	return 0;
+}
+
+int sc_op_check_active(struct sc_engine *eng, enum sc_op_kind kind,
+		       const struct sc_active_req *req, struct sc_err *err)
+{
+	struct sc_metadata md;
+	if (check_active(eng, kind, req, &md, err) != 0)
+		return -1;
+	sc_metadata_free(&md);
+	pthread_mutex_lock(&eng->mu);
+	int rc = 0;
+	for (size_t i = 0; i < req->n_descs && rc == 0; i++) {
+		struct sc_region *r;
+		rc = sc_region_resolve(eng, &req->descs[i], &r, err);
+		if (rc != 0)
+			sc_err_prefix(err, "descriptor %zu", i);
+	}
+	pthread_mutex_unlock(&eng->mu);
+	return rc;
+}
+
+int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_active_req *req,
+		struct sc_op_info *out, struct sc_err *err)
+{
+	struct sc_metadata md;
+	if (check_active(eng, kind, req, &md, err) != 0)
+		return -1;
 
 	pthread_mutex_lock(&eng->mu);
 	struct sc_op *op = op_new(eng, kind, req->descs, req->n_descs, req->timeout_ms,

@@ -559,6 +559,24 @@ TEST(grpc_listen_address_forms)
 	struct sc_config c;
 	EXPECT_OK(&c, no_env, "--grpc-listen", longpath);
 	sc_config_free(&c);
+	char fast[120];
+	memset(fast, 'f', sizeof(fast));
+	fast[0] = '/';
+	fast[108] = '\0'; /* 108 characters: no room for the NUL in sun_path */
+	EXPECT_ERROR(no_env, "shorter than 108 bytes", "--fast-path-socket", fast);
+	EXPECT_OK(&c, no_env, "--grpc-listen", longpath);
+	CHECK(c.fast_path_socket == NULL); /* 107 + ".fast" does not fit: no fast path */
+	sc_config_free(&c);
+	EXPECT_ERROR(no_env, "expected an absolute path", "--fast-path-socket", "rel.fast");
+	EXPECT_OK(&c, no_env, "--grpc-listen", "unix:/run/x.sock");
+	CHECK_STR_EQ(c.fast_path_socket, "/run/x.sock.fast");
+	sc_config_free(&c);
+	EXPECT_OK(&c, no_env, "--grpc-listen", "unix:/run/x.sock", "--fast-path-socket", "off");
+	CHECK(c.fast_path_socket == NULL);
+	sc_config_free(&c);
+	EXPECT_OK(&c, no_env, "--grpc-listen", "127.0.0.1:7000");
+	CHECK(c.fast_path_socket == NULL); /* the fast path is local: no unix listener, none */
+	sc_config_free(&c);
 	EXPECT_ERROR(no_env,
 		     "--grpc-listen \"localhost\": expected unix:/ABS/PATH, HOST:PORT or [V6]:PORT",
 		     "--grpc-listen", "localhost");
