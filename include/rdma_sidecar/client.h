@@ -524,8 +524,9 @@ typedef struct rsc_fast rsc_fast;
 typedef struct rsc_fast_options {
 	/* The fast-path socket; NULL = the client's unix target + ".fast". */
 	const char *socket_path;
-	/* Poll for a completion this long before sleeping on the doorbell; 0 = 50 us. UINT32_MAX:
-	 * never poll. */
+	/* Poll for a completion this long before sleeping on the doorbell. 0: 50 us where the
+	 * process may run on 4 CPUs or more, else none (a poller with fewer CPUs takes the one the
+	 * sidecar needs to finish the run). UINT32_MAX: never poll. */
 	uint32_t spin_us;
 	/* 1: fail with RSC_UNAVAILABLE instead of falling back to gRPC. */
 	int require_ring;

@@ -203,12 +203,13 @@ class FastPath:
 
     # ---- opening ----
     @classmethod
-    def open(cls, connector_or_address: Any = None, socket_path: Optional[str] = None, spin_us: int = 50,
+    def open(cls, connector_or_address: Any = None, socket_path: Optional[str] = None, spin_us: Optional[int] = None,
              require_ring: bool = False) -> "FastPath":
         """A session with the sidecar of `connector_or_address` (a sync or asyncio Connector, or a
         gRPC address; None: $RDMA_SIDECAR_ADDR or the default socket). socket_path: the fast-path
         socket (default: the unix address + ".fast"). spin_us: how long run()/reap() poll the
-        completion ring before sleeping on its doorbell. When the sidecar offers no fast path, the
+        completion ring before sleeping on its doorbell (None: 50 where this process may run on 4 CPUs
+        or more, else 0: a poller with fewer takes the CPU the sidecar needs). When the sidecar offers no fast path, the
         session runs over gRPC (mode "grpc"), or with require_ring raises UnavailableError. A socket
         that refuses the session raises what the sidecar answers in place of HELLO
         (PermissionDeniedError for a uid outside --allowed-uids, ResourceExhaustedError when it
@@ -216,6 +217,8 @@ class FastPath:
         from . import connector as aio
         from . import sync
         self = cls()
+        if spin_us is None:
+            spin_us = 50 if len(os.sched_getaffinity(0)) >= 4 else 0
         self.spin_us = spin_us
         c = connector_or_address
         if isinstance(c, sync.Connector):
