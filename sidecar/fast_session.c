@@ -19,6 +19,7 @@
 #include "fast_session.h"
 #include "fast_wire.h"
 #include "log.h"
+#include "trace.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -110,6 +111,7 @@ static void post_end(struct run *r, const struct sc_op_info *info)
 			 ok ? "" : info->err_msg);
 	atomic_store(&r->done, true);
 	post(s, &c);
+	sc_trace_mark(sc_trace_current(), "fast_cqe_posted");
 	sc_engine_fast_path_note(s->p.eng, ok ? SC_FAST_RUN_COMPLETE : SC_FAST_RUN_FAILED);
 	uint64_t one = 1;
 	(void)!write(s->reap_fd, &one, sizeof(one));
@@ -183,6 +185,7 @@ static void run_begin(struct sc_fast_session *s, const struct rsc_fast_sqe *e)
 	if (e->timeout_ms)
 		req.timeout_ms = e->timeout_ms;
 	struct sc_op_info info;
+	sc_trace_call_in(); /* the hand-off trace's first stage: the entry was taken now */
 	sc_op_run_here_open();
 	if (sc_op_begin(s->p.eng, h->kind, &req, &info, &err) != 0) {
 		sc_op_run_here_close();
