@@ -63,6 +63,7 @@ class StandIn:
         self.srv.bind(path)
         self.srv.listen(1)
         self.hold = threading.Event()
+        self.held = threading.Event()  # the server saw hold: it takes nothing until hold clears
         self.stop = False
         self.t = threading.Thread(target=self.serve, daemon=True)
         self.t.start()
@@ -96,6 +97,7 @@ class StandIn:
             except ConnectionResetError:
                 break
             if self.hold.is_set():
+                self.held.set()
                 continue
             while head != struct.unpack_from("<I", mm, 128)[0]:
                 ud, op, h, _tmo, target, _r = struct.unpack_from("<QIIQQ32s", mm, SQ_OFF + (head % SQ) * 64)
@@ -150,10 +152,12 @@ def test_ring_against_a_stand_in(standin):
         assert fp.reap(timeout_ms=0) == []
         # a submission ring that is not taken: full after SQ entries
         s.hold.set()
+        assert s.held.wait(5)  # not in the middle of taking entries any more
         for i in range(SQ):
             fp.submit(h, i)
         with pytest.raises(errors.ResourceExhaustedError):
             fp.submit(h, 99)
+        s.held.clear()
         s.hold.clear()
         got = []
         while len(got) < SQ:
