@@ -144,14 +144,15 @@ static struct run *run_slot(struct sc_fast_session *s)
 	return NULL;
 }
 
-/* Releases every run whose completion is posted: its operation goes. */
+/* Releases every run whose completion is posted: its operation goes. Its watch is over (it saw
+ * the terminal state, and post_end reads nothing of the run after setting done), so there is
+ * nothing to unwatch. */
 static void reap(struct sc_fast_session *s)
 {
 	for (uint32_t i = 0; i < s->ring.cq_entries; i++) {
 		struct run *r = &s->runs[i];
 		if (!r->used || !atomic_load(&r->done))
 			continue;
-		sc_op_unwatch(s->p.eng, r->watch_id);
 		struct sc_err err;
 		sc_err_clear(&err);
 		sc_op_release(s->p.eng, r->op_id, &err); /* NOT_FOUND: already forgotten */
@@ -670,6 +671,15 @@ void sc_fast_session_stop(struct sc_fast_session *s)
 {
 	uint64_t one = 1;
 	(void)!write(s->stop_fd, &one, sizeof(one));
+	/* A run on the session's own thread would hold the stop until its deadline: cancel it. */
+	pthread_mutex_lock(&s->busy_mu);
+	if (s->busy && !atomic_load(&s->busy->done)) {
+		struct sc_op_info info;
+		if (sc_op_cancel(s->p.eng, s->busy->op_id, &info, NULL) == 0)
+			sc_op_info_free(&info);
+		s->busy = NULL;
+	}
+	pthread_mutex_unlock(&s->busy_mu);
 }
 
 void sc_fast_session_join_free(struct sc_fast_session *s)

@@ -396,6 +396,33 @@ time.sleep(600)
         with self.assertRaises(rs.UnavailableError):
             fp.run(h)
 
+    def test_sidecar_stops_with_a_small_run_on_the_session_thread(self):
+        """SIGTERM while a small run (on the session's own thread) waits for a stopped peer: the
+        grace period ends the wait, the run is cancelled, and the sidecar exits 0 long before the
+        run's own deadline (600 s)."""
+        keys = self.key_file()
+        a = self.sidecar("a", key_file=keys)
+        b = self.sidecar("b", key_file=keys, extra=["--grace-period", "1s"])
+        fp = self.fast(b, require_ring=True)
+        m = Move(self, a, b, 64 * KiB, 2, READ)
+        h = m.prepare(fp)
+        m.check(fp, h, rs.Backend.TCP, "the first run")  # warm: the next runs on the session thread
+        a.pause()
+        try:
+            fp.submit(h, 1, timeout_ms=600000)
+            time.sleep(0.2)
+            t0 = time.monotonic()
+            self.assertEqual(b.stop(timeout=30), 0)
+            self.assertLess(time.monotonic() - t0, 30 * SLOW)
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        # the worker hears of the end: the run's completion (cancelled) or the session's end
+        try:
+            got = fp.reap(timeout_ms=5000)
+            self.assertTrue(got and got[0].user_data == 1 and got[0].code != 0, got)
+        except rs.UnavailableError:
+            pass
+
     # ---- hostile workers ----------------------------------------------------------------------
 
     def test_random_sqes_and_garbage_prepare(self):
