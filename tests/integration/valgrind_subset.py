@@ -6,11 +6,17 @@ bare."""
 import os
 import random
 
+import sys
+
 import grpc
-from harness import SidecarTest, desc, main, pb
-import test_fast_path_c
-import test_faults
-import test_transfers
+
+# The Python package's source (test_fast_path's workers), ahead of the generated stubs' copy.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python"))
+from harness import SidecarTest, desc, main, pb  # noqa: E402
+import test_fast_path  # noqa: E402
+import test_fast_path_c  # noqa: E402
+import test_faults  # noqa: E402
+import test_transfers  # noqa: E402
 
 FaultTest = test_faults.FaultTest.__dict__
 TransferTest = test_transfers.TransferTest.__dict__
@@ -83,6 +89,20 @@ class ValgrindSubset(SidecarTest):
     # state the borrowed helpers expect
     rnd = random.Random(11)
 
+
+# Hostile workers against the fast path's session code (garbage entries and messages, a broken
+# ring, a worker killed with runs in flight): its error paths under valgrind.
+FAST_PATH_UNDER_VALGRIND = ("test_random_sqes_and_garbage_prepare", "test_impossible_sq_tail_ends_only_that_session",
+                            "test_killed_worker_leaves_nothing", "test_cancel_and_deadline_of_a_small_run")
+
+
+class FastPathHostile(test_fast_path.FastPathTest):
+    pass
+
+
+for _name in dir(test_fast_path.FastPathTest):
+    if _name.startswith("test_") and _name not in FAST_PATH_UNDER_VALGRIND:
+        setattr(FastPathHostile, _name, None)  # unittest runs only the callable ones
 
 if __name__ == "__main__":
     main()
