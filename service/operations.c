@@ -147,8 +147,8 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 		return;
 	}
 	struct sc_op_info info;
-	/* A small transfer on a warm connection may run on this thread, once it has answered (or
-	 * its waiter is in place): no hand-off to a worker thread and back. */
+	/* A small transfer on a warm connection may run on this thread once it has answered (or, for
+	 * a call that waits, before it waits): no hand-off to a worker thread and back. */
 	sc_op_run_here_open();
 	int rc = sc_op_begin(sc_call_engine(c), kind, &ar, &info, &err);
 	free(descs);
@@ -157,16 +157,27 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 		sc_op_run_here_close();
 		return;
 	}
-	/* One call to the end: the operation's own deadline ends it, so waiting until then (plus a
-	 * second for the verdict to arrive) always sees a terminal state unless the client's gRPC
-	 * deadline is shorter. */
+	/* One call to the end. A small transfer parked for this thread runs now, before any waiter
+	 * exists: when it ends here the answer needs no watch, no timer and no hand-off. */
 	char id[SC_ID_MAX];
 	memcpy(id, info.id, sizeof(id));
+	sc_op_run_here_close();
+	sc_op_info_free(&info);
+	if (sc_op_get(sc_call_engine(c), id, &info, &err) != 0) {
+		sc_call_fail_err(c, &err); /* released meanwhile by another call */
+		return;
+	}
+	if (sc_op_status_terminal(info.status)) {
+		answer(c, 0, &info, &err);
+		return;
+	}
+	/* The operation's own deadline ends it, so waiting until then (plus a second for the
+	 * verdict to arrive) always sees a terminal state unless the client's gRPC deadline is
+	 * shorter. */
 	uint64_t now = sc_now_unix_ms();
 	uint64_t left = info.deadline_unix_ms > now ? info.deadline_unix_ms - now : 0;
 	sc_op_info_free(&info);
 	wait_or_watch(c, id, left + 1000, WAIT_ONCE);
-	sc_op_run_here_close();
 }
 
 void sc_h_begin_read(struct sc_call *c, ProtobufCMessage *req)

@@ -270,9 +270,9 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 		struct sc_op_info *out, struct sc_err *err);
 /*
  * Running a small transfer on the calling thread. A caller that answers or waits for the
- * operation itself (the gRPC BeginRead/BeginWrite handler) calls sc_op_run_here_open before
- * sc_op_begin and sc_op_run_here_close once it has answered or put its waiter in place (with no
- * engine lock held: never from inside a watcher). In between, a backend may park the first task
+ * operation itself (the gRPC BeginRead/BeginWrite handler, a fast-path session) calls
+ * sc_op_run_here_open before sc_op_begin and sc_op_run_here_close once it has answered, or before
+ * it waits for the end (with no engine lock held: never from inside a watcher). In between, a backend may park the first task
  * of a transfer that fits one request on an idle pooled connection on this thread instead of
  * handing it to a worker thread; close runs it here (blocking for the transfer: one round trip
  * to the peer, at worst until its deadline). Thread-local; every open must be closed.
