@@ -9,15 +9,23 @@ between them) and drives sc-fast-bench (bench/fast_path_bench.c) for READ and WR
         its typical latency doubled: a ping-pong of SIZE bytes each way)
   grpc  the sidecar over gRPC, rsc_read/rsc_write (one round trip each)
   fast  the sidecar's fast path, rsc_fast_run on a prepared handle (the library's default: poll the
-        completion ring 50 us before sleeping on its doorbell)
+        completion ring 50 us before sleeping on its doorbell where the client may run on 4 CPUs or
+        more; with fewer, sleep at once, as fast-nospin)
   fast-nospin  the same, spin_us UINT32_MAX (sleep on the doorbell at once): on a host with fewer
         cores than busy threads, polling takes the CPU the sidecars need
+and, 1 client only, the Python package (clients/python/rdma_sidecar) against the same two sidecars,
+in a child process of this script (--py-worker):
+  python-grpc  rdma_sidecar.sync: begin_read/begin_write, then wait_for_completion (two RPCs: the
+        package has no BeginX-with-wait); the release after it is outside the clock (in the rate)
+  python-fast  rdma_sidecar.fast.FastPath.run on a prepared handle, FastPath.open's default spin
+        (50 us with 4 CPUs or more, else 0: sleep on the doorbell at once)
 Each transfer is timed from the call to its end as the caller sees it; the passive side's metadata
 is made (and prepared) before the clock starts. Prints p50/p99/p99.9 and transfers/s per path and
-the ratios fast/raw-TCP and fast/gRPC (p50 latency; rate).
+the ratios fast/raw-TCP and fast/gRPC (p50 latency; rate), and Python/C for the fast path and gRPC.
+--py-profile FILE: the python-fast rows also run once more under cProfile (FILE.<dir>.<size>).
 
 Usage: /usr/bin/python3 bench/fast_path_bench.py [--quick] [--build build] [--json FILE]
-       [--sizes 4096,65536,1048576] [--clients 1,16]
+       [--sizes 4096,65536,1048576] [--clients 1,16] [--no-python] [--py-profile FILE]
 """
 import argparse
 import json
@@ -35,7 +43,7 @@ from baselines import ucx  # noqa: E402
 from latency_bench import git_commit, human, machine  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
-PATHS = ("tcp", "ucx", "grpc", "fast", "fast-nospin")
+PATHS = ("tcp", "ucx", "grpc", "fast", "fast-nospin", "python-fast", "python-grpc")
 
 
 def sc_fast_bench(exe, path, a, b, direction, size, clients, iters, seconds):
@@ -52,6 +60,106 @@ def sc_fast_bench(exe, path, a, b, direction, size, clients, iters, seconds):
     return json.loads(out.stdout)
 
 
+def pct(v, p):
+    """As sc-fast-bench's pct(): v sorted, nearest rank."""
+    i = int(p / 100.0 * (len(v) - 1) + 0.5)
+    return v[min(i, len(v) - 1)]
+
+
+def py_worker(args):
+    """One Python row (--py-worker): prints sc-fast-bench's JSON for it."""
+    sys.path[:0] = [os.path.join(HERE, "..", "clients", "python"), args.stubs]  # the package, its generated modules
+    import numpy as np
+    import rdma_sidecar as rs
+    import rdma_sidecar.sync  # noqa: F401
+    from rdma_sidecar.fast import FastPath
+    size, write = args.size, args.direction == "write"
+    ca, cb = rs.sync.Connector(args.passive), rs.sync.Connector(args.active)
+    fp = None
+    try:
+        pmem, amem = ca.zeros(size, np.uint8), cb.zeros(size, np.uint8)
+        holder, other = (amem, pmem) if write else (pmem, amem)
+        holder[::4096] = (np.arange(len(holder[::4096])) * 31 + 1).astype(np.uint8)
+        holder[-1] = 0x5A
+        create = ca.create_writable if write else ca.create_readable
+        passive = create(rs.Descriptor(pmem), timeout=3600, uses=1 << 20)
+        kind = rs.OperationKind.WRITE if write else rs.OperationKind.READ
+        if args.py_path == "fast":
+            fp = FastPath.open(cb)
+            h = fp.prepare(kind, passive, rs.Descriptor(amem), timeout_ms=600000)
+            run = fp.run
+
+            def once():
+                t0 = time.perf_counter()
+                c = run(h)
+                dt = time.perf_counter() - t0
+                if c.code:
+                    c.raise_for_code()
+                return dt, c.backend
+        else:
+            begin = cb.begin_write if write else cb.begin_read
+            d = rs.Descriptor(amem)
+
+            def once():
+                t0 = time.perf_counter()
+                op = begin(passive, d, timeout=600)
+                st = op.wait_for_completion(600)
+                dt = time.perf_counter() - t0
+                if st != rs.OperationStatus.COMPLETE:
+                    raise SystemExit("transfer %s: %s" % (st, op.error))
+                backend = op.backend
+                op.release()
+                return dt, backend
+        _, backend = once()  # the warm-up, not timed
+        if bytes(holder) != bytes(other):
+            raise SystemExit("bytes differ after the warm-up transfer")
+        lat = []
+        start = time.perf_counter()
+        prof = None
+        if args.py_profile:
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
+        while len(lat) < args.iters and (time.perf_counter() - start <= args.seconds or len(lat) < 3):
+            dt, backend = once()
+            lat.append(dt)
+        wall = time.perf_counter() - start
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(args.py_profile)
+        lat.sort()
+        print(json.dumps({
+            "mode": "python-" + args.py_path, "fast_mode": fp.mode if fp else "", "direction": args.direction,
+            "size": size, "clients": 1, "ops": len(lat), "backend": getattr(backend, "name", str(backend)).lower(),
+            "seconds": wall, "gb_per_s": size * len(lat) / wall / 1e9, "ops_per_s": len(lat) / wall,
+            "t_min_us": lat[0] * 1e6, "p50_us": pct(lat, 50) * 1e6, "p99_us": pct(lat, 99) * 1e6,
+            "p999_us": pct(lat, 99.9) * 1e6, "mean_us": sum(lat) / len(lat) * 1e6, "ok": True}))
+        if fp is not None:
+            fp.close()
+            fp = None
+        passive.release()
+        ca.free(pmem)
+        cb.free(amem)
+    finally:
+        if fp is not None:
+            fp.close()
+        ca.close()
+        cb.close()
+
+
+def python_bench(path, a, b, direction, size, iters, seconds, profile=None):
+    cmd = [sys.executable, os.path.abspath(__file__), "--py-worker", path, "--stubs", os.environ["SC_PYTHON_STUBS"],
+           "--direction", direction,
+           "--size", str(size), "--iters", str(iters), "--seconds", str(seconds),
+           "--passive", "unix:" + a.sock, "--active", "unix:" + b.sock]
+    if profile:
+        cmd += ["--py-profile", profile]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit("the Python bench failed (%s):\n%s%s" % (" ".join(cmd), out.stdout, out.stderr))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="shorter runs (about a minute)")
@@ -60,7 +168,20 @@ def main():
     ap.add_argument("--sizes", default="4096,65536,1048576", help="comma-separated transfer sizes in bytes")
     ap.add_argument("--clients", default="1,16", help="comma-separated client counts")
     ap.add_argument("--seconds", type=float, help="time per row (default 2, --quick 0.5)")
+    ap.add_argument("--no-python", action="store_true", help="leave out the Python package's rows")
+    ap.add_argument("--py-profile", metavar="FILE", help="profile the python-fast rows (cProfile) into FILE.<dir>.<size>")
+    # The child process of one Python row (internal).
+    ap.add_argument("--py-worker", choices=("fast", "grpc"), dest="py_path", help=argparse.SUPPRESS)
+    ap.add_argument("--direction", help=argparse.SUPPRESS)
+    ap.add_argument("--size", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--iters", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--passive", help=argparse.SUPPRESS)
+    ap.add_argument("--active", help=argparse.SUPPRESS)
+    ap.add_argument("--stubs", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.py_path:
+        py_worker(args)
+        return
     build = os.path.abspath(args.build)
     os.environ.setdefault("SC_PYTHON_STUBS", os.path.join(build, "python"))
     import harness as H
@@ -94,6 +215,11 @@ def main():
     extra = ["--log-level", "warn", "--retention", "2s", "--max-operations", "1000000"]
     a = H.Sidecar(wd, "fbench-a", key_file=keys, extra=extra)
     b = H.Sidecar(wd, "fbench-b", key_file=keys, extra=extra)
+    def show(r):
+        print("%-11s %-5s %8s %2d clients: p50 %8.1f us  p99 %8.1f us  p99.9 %8.1f us  %9.0f /s"
+              % (r["path"], r["direction"], human(r["size"]), r["clients"], r["p50_us"], r["p99_us"], r["p999_us"],
+                 r["ops_per_s"]), flush=True)
+
     try:
         for size in sizes:
             for direction in ("read", "write"):
@@ -104,9 +230,20 @@ def main():
                             raise SystemExit("the fast path ran in %s mode, not ring" % r["fast_mode"])
                         r["path"] = path
                         res["rows"].append(r)
-                        print("%-11s %-5s %8s %2d clients: p50 %8.1f us  p99 %8.1f us  p99.9 %8.1f us  %9.0f /s"
-                              % (path, direction, human(size), n, r["p50_us"], r["p99_us"], r["p999_us"],
-                                 r["ops_per_s"]), flush=True)
+                        show(r)
+                    if n != 1 or args.no_python:
+                        continue
+                    for path in ("fast", "grpc"):  # python-fast right after the C fast rows it is compared with
+                        r = python_bench(path, a, b, direction, size, iters_for(size), seconds)
+                        if path == "fast" and r["fast_mode"] != "ring":
+                            raise SystemExit("the Python fast path ran in %s mode, not ring" % r["fast_mode"])
+                        r["path"] = "python-" + path
+                        res["rows"].append(r)
+                        show(r)
+                    if args.py_profile:
+                        prof = "%s.%s.%d" % (args.py_profile, direction, size)
+                        python_bench("fast", a, b, direction, size, iters_for(size), seconds, prof)
+                        print("cProfile of python-fast: %s" % prof, flush=True)
     finally:
         ca, cb = a.stop(), b.stop()
         shutil.rmtree(wd, ignore_errors=True)
@@ -163,6 +300,26 @@ def report(res, sizes, clients):
                           % (direction.upper(), human(size), n, fp, f["p50_us"] / t["p50_us"],
                              f["p50_us"] / g["p50_us"], f["p99_us"] / g["p99_us"], f["ops_per_s"] / t["ops_per_s"],
                              f["ops_per_s"] / g["ops_per_s"]))
+    py = [(size, direction) for size in sizes for direction in ("read", "write")
+          if row("python-fast", direction, size, 1) or row("python-grpc", direction, size, 1)]
+    if py:
+        print()
+        print("Python package / C client, 1 client (the issue's target for the fast path: p50 within 1.3x)")
+        print()
+        print("| dir | size | python fast / C fast p50 | p99 | p99.9 | python gRPC / C gRPC p50 | p99 "
+              "| python fast p50 / python gRPC p50 |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+
+        def ratio(x, y, k):
+            return "%.2f" % (x[k] / y[k]) if x and y and x.get(k) and y.get(k) else "-"
+
+        for size, direction in py:
+            pf, cf = row("python-fast", direction, size, 1), row("fast", direction, size, 1)
+            pg, cg = row("python-grpc", direction, size, 1), row("grpc", direction, size, 1)
+            print("| %s | %s | %s | %s | %s | %s | %s | %s |"
+                  % (direction.upper(), human(size), ratio(pf, cf, "p50_us"), ratio(pf, cf, "p99_us"),
+                     ratio(pf, cf, "p999_us"), ratio(pg, cg, "p50_us"), ratio(pg, cg, "p99_us"),
+                     ratio(pf, pg, "p50_us")))
     print()
     print("total bench time %.1f s" % res["seconds"])
 

@@ -54,6 +54,8 @@ UNPREPARE = struct.Struct("<IIQII")               # hdr, handle, reserved
 RESULT = struct.Struct("<IIQiIQ512s")             # hdr, code, handle, bytes, message
 SQE = struct.Struct("<QIIQQ32s")                  # user_data, opcode, handle, timeout_ms, target, reserved
 CQE = struct.Struct("<QiIQII96s")                 # user_data, code, status, bytes, backend, reserved, message
+_CQE_HEAD = struct.Struct("<QiIQI")               # the CQE's fields before reserved (the hot path's unpack)
+_CQE_MESSAGE = 32                                 # offset of the CQE's message
 CTL_SIZE = 320
 # uint32 indices into the control block (byte offset / 4)
 CTL_MAGIC, CTL_VERSION, CTL_SQ_ENTRIES, CTL_CQ_ENTRIES = 0, 1, 2, 3
@@ -122,14 +124,7 @@ def unpack_result(msg: bytes) -> Tuple[int, int, int, int, str]:
 
 
 def pack_sqe(user_data: int, opcode: int, handle: int = 0, timeout_ms: int = 0, target: int = 0) -> bytes:
-    return SQE.pack(user_data, opcode, handle, timeout_ms, target, bytes(32))
-
-
-def _enum(cls: Any, v: int) -> Any:
-    try:
-        return cls(v)
-    except ValueError:
-        return v
+    return SQE.pack(user_data, opcode, handle, timeout_ms, target, b"")  # "32s" pads b"" with zeros
 
 
 @dataclasses.dataclass
@@ -160,10 +155,17 @@ class FastCompletion:
         return self
 
 
+_STATUS = {int(m): m for m in OperationStatus}
+_BACKEND = {int(m): m for m in Backend}
+
+
 def unpack_cqe(buf: Any, offset: int = 0) -> FastCompletion:
-    user_data, code, status, nbytes, backend, _r, message = CQE.unpack_from(buf, offset)
-    return FastCompletion(user_data, code, _enum(OperationStatus, status), _enum(Backend, backend), nbytes,
-                          _cstr(message))
+    # Hot path (every run): the fields without the 96-byte message, the enums from a dict, and the
+    # message decoded only when it is not empty (a successful run's is).
+    user_data, code, status, nbytes, backend = _CQE_HEAD.unpack_from(buf, offset)
+    m = offset + _CQE_MESSAGE
+    return FastCompletion(user_data, code, _STATUS.get(status, status), _BACKEND.get(backend, backend), nbytes,
+                          _cstr(buf[m:m + CQE.size - _CQE_MESSAGE]) if buf[m] else "")
 
 
 # ---- the client -----------------------------------------------------------------------------------
@@ -438,7 +440,7 @@ class FastPath:
         if self.mode == "grpc":
             self._grpc_begin(handle, user_data, timeout_ms)
             return
-        self._post(pack_sqe(user_data, OP_RUN, handle, int(timeout_ms)))
+        self._post(None, user_data, OP_RUN, handle, int(timeout_ms), 0)
 
     def cancel(self, user_data: int, cancel_user_data: int) -> None:
         """Asks the sidecar to cancel the run submitted with user_data; that run's completion says
@@ -457,10 +459,12 @@ class FastPath:
                 pass  # its own completion tells how it ends
             self._backlog.append(FastCompletion(cancel_user_data, 0, 0, 0, 0, ""))
             return
-        self._post(pack_sqe(cancel_user_data, OP_CANCEL, 0, 0, user_data))
+        self._post(None, cancel_user_data, OP_CANCEL, 0, 0, user_data)
 
-    def _post(self, sqe: bytes) -> None:
-        """Writes one entry at sq tail, then publishes the tail, then rings the doorbell."""
+    def _post(self, sqe: Optional[bytes], *fields: int) -> None:
+        """Writes one entry at sq tail (the SQE bytes, or with sqe None its fields: user_data,
+        opcode, handle, timeout_ms, target, packed in place), then publishes the tail, then rings
+        the doorbell."""
         u = self._u32
         assert u is not None and self._mm is not None
         tail = self._sq_tail
@@ -468,8 +472,11 @@ class FastPath:
             raise errors.ResourceExhaustedError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 "the submission ring is full (%d entries not yet taken): reap completions first" % self.sq_entries)
-        off = self.sq_offset + (tail % self.sq_entries) * SQE.size
-        self._mm[off:off + SQE.size] = sqe
+        off = self.sq_offset + (tail & (self.sq_entries - 1)) * SQE.size
+        if sqe is None:
+            SQE.pack_into(self._mm, off, *fields, b"")
+        else:
+            self._mm[off:off + SQE.size] = sqe
         self._sq_tail = (tail + 1) & _U32
         u[CTL_SQ_TAIL] = self._sq_tail  # the entry's bytes are stored before the tail (TSO)
         os.write(self._sq_efd, _ONE)
@@ -478,16 +485,19 @@ class FastPath:
         """Runs handle once and waits for its end (timeout_ms: this run's deadline, 0: the handle's).
         Returns the completion (check .ok, or .raise_for_code()); completions of submit()ted runs
         that arrive meanwhile wait for reap()."""
-        self._check_open()
+        if self.closed:
+            self._check_open()
         ud = next(self._internal)
         if self.mode == "grpc":
             return self._grpc_run(handle, ud, timeout_ms)
-        self._submit(handle, ud, timeout_ms)
+        self._post(None, ud, OP_RUN, handle, int(timeout_ms), 0)
+        u = self._u32
         while True:
-            for c in self._drain():
-                if c.user_data == ud:
-                    return c
-                self._backlog.append(c)
+            if u[CTL_CQ_TAIL] != self._cq_head:  # what _drain would find: nothing else to do
+                for c in self._drain():
+                    if c.user_data == ud:
+                        return c
+                    self._backlog.append(c)
             self._sleep(None)
 
     def reap(self, max: int = 64, timeout_ms: Optional[int] = None) -> List[FastCompletion]:  # noqa: A002
@@ -516,8 +526,9 @@ class FastPath:
         assert u is not None and self._mm is not None
         out = []
         head, tail = self._cq_head, u[CTL_CQ_TAIL]
+        mm, base, mask = self._mm, self.cq_offset, self.cq_entries - 1
         while head != tail:
-            out.append(unpack_cqe(self._mm, self.cq_offset + (head % self.cq_entries) * CQE.size))
+            out.append(unpack_cqe(mm, base + (head & mask) * CQE.size))
             head = (head + 1) & _U32
         if out:
             self._cq_head = head
@@ -529,10 +540,11 @@ class FastPath:
         the sidecar closes when it ends the session) for at most timeout seconds."""
         u = self._u32
         assert u is not None
-        spin_end = time.perf_counter() + self.spin_us / 1e6
-        while time.perf_counter() < spin_end:
-            if u[CTL_CQ_TAIL] != self._cq_head:
-                return
+        if self.spin_us:
+            spin_end = time.perf_counter() + self.spin_us / 1e6
+            while time.perf_counter() < spin_end:
+                if u[CTL_CQ_TAIL] != self._cq_head:
+                    return
         ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
         for fd, _ev in self._poll.poll(ms):
             if fd == self._cq_efd:

@@ -309,9 +309,11 @@ class Connector:
         """Reports worker progress; returns how many scheduled operations it released."""
         return _drive(self.aio.report_progress(request_id, iteration, layer, iteration_complete))
 
-    def fast_path(self, socket_path: Optional[str] = None, spin_us: int = 50, require_ring: bool = False) -> Any:
+    def fast_path(self, socket_path: Optional[str] = None, spin_us: Optional[int] = None,
+                  require_ring: bool = False) -> Any:
         """A fast-path session (rdma_sidecar.FastPath) with this connector's sidecar: READs and
         WRITEs prepared once and run many times through shared-memory rings, or over gRPC when the
-        sidecar offers none. Host descriptors are found among this connector's regions."""
+        sidecar offers none. Host descriptors are found among this connector's regions. spin_us:
+        as FastPath.open (None: poll 50 us only where this process may run on 4 CPUs or more)."""
         from .fast import FastPath
         return FastPath.open(self, socket_path=socket_path, spin_us=spin_us, require_ring=require_ring)
