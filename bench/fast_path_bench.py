@@ -30,17 +30,15 @@ Usage: /usr/bin/python3 bench/fast_path_bench.py [--quick] [--build build] [--js
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 sys.path.insert(0, HERE)
 from baselines import ucx  # noqa: E402
-from latency_bench import git_commit, human, machine  # noqa: E402
+from latency_bench import (human, open_build, pct, print_run_info, run_info, run_tool,  # noqa: E402
+                           sidecar_pair, write_json)
 
 KiB, MiB = 1 << 10, 1 << 20
 PATHS = ("tcp", "ucx", "grpc", "fast", "fast-nospin", "python-fast", "python-grpc")
@@ -54,16 +52,7 @@ def sc_fast_bench(exe, path, a, b, direction, size, clients, iters, seconds):
         cmd += ["--passive", "unix:" + a.sock, "--active", "unix:" + b.sock]
     if path == "fast-nospin":
         cmd += ["--spin-us", "none"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise SystemExit("sc-fast-bench failed (%s):\n%s%s" % (" ".join(cmd), out.stdout, out.stderr))
-    return json.loads(out.stdout)
-
-
-def pct(v, p):
-    """As sc-fast-bench's pct(): v sorted, nearest rank."""
-    i = int(p / 100.0 * (len(v) - 1) + 0.5)
-    return v[min(i, len(v) - 1)]
+    return json.loads(run_tool("sc-fast-bench", cmd))
 
 
 def py_worker(args):
@@ -154,10 +143,7 @@ def python_bench(path, a, b, direction, size, iters, seconds, profile=None):
            "--passive", "unix:" + a.sock, "--active", "unix:" + b.sock]
     if profile:
         cmd += ["--py-profile", profile]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise SystemExit("the Python bench failed (%s):\n%s%s" % (" ".join(cmd), out.stdout, out.stderr))
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(run_tool("the Python bench", cmd).strip().splitlines()[-1])
 
 
 def main():
@@ -182,14 +168,7 @@ def main():
     if args.py_path:
         py_worker(args)
         return
-    build = os.path.abspath(args.build)
-    os.environ.setdefault("SC_PYTHON_STUBS", os.path.join(build, "python"))
-    import harness as H
-    H.BINARY = os.path.join(build, "rdma-sidecar")
-    exe = os.path.join(build, "client", "sc-fast-bench")
-    for p in (H.BINARY, exe):
-        if not os.path.exists(p):
-            raise SystemExit("%s is missing: build first (cmake --build %s)" % (p, build))
+    H, exe = open_build(args.build, "sc-fast-bench")
     sizes = [int(s) for s in args.sizes.split(",") if s]
     clients = [int(c) for c in args.clients.split(",") if c]
     seconds = args.seconds or (0.5 if args.quick else 2.0)
@@ -198,8 +177,7 @@ def main():
         return max(50, min(200000, int((64 * MiB if args.quick else 512 * MiB) / size)))
 
     t_begin = time.monotonic()
-    res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": git_commit(),
-           "machine": machine(), "quick": args.quick, "seconds_per_row": seconds, "rows": []}
+    res = dict(run_info(args.quick), seconds_per_row=seconds, rows=[])
     # ucx_perftest first, alone on the host (it has no client count: 1-client rows only).
     for size in sizes:
         u = ucx("tag_lat", size, min(20000, iters_for(size)))
@@ -209,18 +187,15 @@ def main():
                 rtt = 2 * u["lat_us"]
                 res["rows"].append({"path": "ucx", "direction": direction, "size": size, "clients": 1,
                                     "p50_us": rtt, "p99_us": None, "p999_us": None, "ops_per_s": 1e6 / rtt})
-    wd = tempfile.mkdtemp(prefix="sc-fbench-", dir="/tmp")
-    keys = H.write_key_file(os.path.join(wd, "keys"))
     # As latency_bench: a short retention and a high --max-operations for the gRPC rows' operations.
     extra = ["--log-level", "warn", "--retention", "2s", "--max-operations", "1000000"]
-    a = H.Sidecar(wd, "fbench-a", key_file=keys, extra=extra)
-    b = H.Sidecar(wd, "fbench-b", key_file=keys, extra=extra)
+
     def show(r):
         print("%-11s %-5s %8s %2d clients: p50 %8.1f us  p99 %8.1f us  p99.9 %8.1f us  %9.0f /s"
               % (r["path"], r["direction"], human(r["size"]), r["clients"], r["p50_us"], r["p99_us"], r["p999_us"],
                  r["ops_per_s"]), flush=True)
 
-    try:
+    with sidecar_pair(H, "sc-fbench-", "fbench", extra) as (a, b):
         for size in sizes:
             for direction in ("read", "write"):
                 for n in clients:
@@ -244,16 +219,9 @@ def main():
                         prof = "%s.%s.%d" % (args.py_profile, direction, size)
                         python_bench("fast", a, b, direction, size, iters_for(size), seconds, prof)
                         print("cProfile of python-fast: %s" % prof, flush=True)
-    finally:
-        ca, cb = a.stop(), b.stop()
-        shutil.rmtree(wd, ignore_errors=True)
-    if ca or cb:
-        raise SystemExit("a sidecar exited with %s / %s" % (ca, cb))
     res["seconds"] = round(time.monotonic() - t_begin, 1)
     report(res, sizes, clients)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    write_json(args.json, res)
 
 
 def report(res, sizes, clients):
@@ -266,9 +234,7 @@ def report(res, sizes, clients):
     def us(v):
         return "%.1f" % v if v is not None else "-"
 
-    print()
-    print("date %s, commit %s, machine %s%s" % (res["date"], res["commit"], res["machine"],
-                                                 ", --quick" if res["quick"] else ""))
+    print_run_info(res)
     print()
     print("| dir | size | clients | path | p50 us | p99 us | p99.9 us | transfers/s |")
     print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |")

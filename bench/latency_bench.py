@@ -13,6 +13,7 @@ and tag_lat at 4 KiB. Each sidecar figure is printed beside its baseline with th
 Usage: /usr/bin/python3 bench/latency_bench.py [--quick] [--build build] [--json FILE] [--sizes 4096,65536]
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -70,13 +71,24 @@ class RssPeak:
         self._t.join()
 
 
+def run_tool(what, cmd):
+    """Runs a bench program (up to 600 s) and returns its stdout; exits naming it when it fails."""
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit("%s failed (%s):\n%s%s" % (what, " ".join(cmd), out.stdout, out.stderr))
+    return out.stdout
+
+
 def sc_bench(exe, passive, active, direction, size, clients, iters, seconds):
     cmd = [exe, "--passive", "unix:" + passive.sock, "--active", "unix:" + active.sock, "--direction", direction,
            "--size", str(size), "--clients", str(clients), "--iters", str(iters), "--seconds", str(seconds)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise SystemExit("sc-bench failed (%s):\n%s%s" % (" ".join(cmd), out.stdout, out.stderr))
-    return json.loads(out.stdout)
+    return json.loads(run_tool("sc-bench", cmd))
+
+
+def pct(v, p):
+    """As the C benches' pct(): v sorted, nearest rank."""
+    i = int(p / 100.0 * (len(v) - 1) + 0.5)
+    return v[min(i, len(v) - 1)]
 
 
 def python_read(H, a, b, iters):
@@ -113,10 +125,8 @@ def python_read(H, a, b, iters):
 
     def summary(v):
         v.sort()
-
-        def pct(p):
-            return v[min(len(v) - 1, int(p / 100.0 * (len(v) - 1) + 0.5))] * 1e6
-        return {"ops": len(v), "t_min_us": v[0] * 1e6, "p50_us": pct(50), "p99_us": pct(99), "p999_us": pct(99.9)}
+        return {"ops": len(v), "t_min_us": v[0] * 1e6, "p50_us": pct(v, 50) * 1e6, "p99_us": pct(v, 99) * 1e6,
+                "p999_us": pct(v, 99.9) * 1e6}
     out = summary(lat["one_call"])
     out["two_calls"] = summary(lat["two_calls"])
     return out
@@ -141,6 +151,55 @@ def machine():
     return "%d cpus (%s), %s" % (os.cpu_count() or 0, cpu, os.uname().release)
 
 
+def run_info(quick):
+    """The head of a run's JSON: when, which commit, which machine."""
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": git_commit(),
+            "machine": machine(), "quick": quick}
+
+
+def print_run_info(res):
+    print()
+    print("date %s, commit %s, machine %s%s" % (res["date"], res["commit"], res["machine"],
+                                                 ", --quick" if res["quick"] else ""))
+
+
+def open_build(build, exe_name):
+    """The test harness pointed at BUILD's sidecar, and the path of BUILD's client/EXE_NAME; exits
+    when either is missing."""
+    build = os.path.abspath(build)
+    os.environ.setdefault("SC_PYTHON_STUBS", os.path.join(build, "python"))
+    import harness as H
+    H.BINARY = os.path.join(build, "rdma-sidecar")
+    exe = os.path.join(build, "client", exe_name)
+    for p in (H.BINARY, exe):
+        if not os.path.exists(p):
+            raise SystemExit("%s is missing: build first (cmake --build %s)" % (p, build))
+    return H, exe
+
+
+@contextlib.contextmanager
+def sidecar_pair(H, tmp_prefix, name, extra):
+    """Two sidecars, NAME-a and NAME-b, sharing a key file in a fresh directory under /tmp; stopped
+    and the directory removed after the block, then exits if either sidecar had failed."""
+    wd = tempfile.mkdtemp(prefix=tmp_prefix, dir="/tmp")
+    keys = H.write_key_file(os.path.join(wd, "keys"))
+    a = H.Sidecar(wd, name + "-a", key_file=keys, extra=extra)
+    b = H.Sidecar(wd, name + "-b", key_file=keys, extra=extra)
+    try:
+        yield a, b
+    finally:
+        ca, cb = a.stop(), b.stop()
+        shutil.rmtree(wd, ignore_errors=True)
+    if ca or cb:
+        raise SystemExit("a sidecar exited with %s / %s" % (ca, cb))
+
+
+def write_json(path, res):
+    if path:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer and smaller sizes, shorter runs (under 2 minutes)")
@@ -152,14 +211,7 @@ def main():
     ap.add_argument("--modes", default="tcp,local", help="tcp,local")
     ap.add_argument("--sizes", help="comma-separated transfer sizes in bytes, instead of the default list")
     args = ap.parse_args()
-    build = os.path.abspath(args.build)
-    os.environ.setdefault("SC_PYTHON_STUBS", os.path.join(build, "python"))
-    import harness as H
-    H.BINARY = os.path.join(build, "rdma-sidecar")
-    exe = os.path.join(build, "client", "sc-bench")
-    for p in (H.BINARY, exe):
-        if not os.path.exists(p):
-            raise SystemExit("%s is missing: build first (cmake --build %s)" % (p, build))
+    H, exe = open_build(args.build, "sc-bench")
 
     q = args.quick
     sizes = [4 * KiB, 64 * KiB, MiB, 16 * MiB] if q else [4 * KiB << (2 * i) for i in range(10)]  # 4 KiB..1 GiB
@@ -171,9 +223,7 @@ def main():
         return max(5, min(20000, int((256 * MiB if q else 2 * GiB) / size)))
 
     t_begin = time.monotonic()
-    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": git_commit(),
-              "machine": machine(), "quick": q, "tcp_streams": args.tcp_streams, "rows": [], "baselines": {},
-              "rss_kib": {}}
+    result = dict(run_info(q), tcp_streams=args.tcp_streams, rows=[], baselines={}, rss_kib={})
     # ---- baselines ----
     bl = result["baselines"]
     bl["iperf3_1"] = iperf3(2 if q else 5, 1)
@@ -184,16 +234,12 @@ def main():
     bl["tag_lat_4k"] = ucx("tag_lat", 4096, n_ucx)
 
     # ---- the sidecar ----
-    wd = tempfile.mkdtemp(prefix="sc-lbench-", dir="/tmp")
-    keys = H.write_key_file(os.path.join(wd, "keys"))
     # A short retention and a high --max-operations: at 10k+ transfers/s the default quota (16384
     # live and retained operations) would refuse transfers within 2 s; a real high-rate worker
     # releases its operations (ReleaseOperation) instead.
     extra = ["--log-level", "warn", "--tcp-streams", str(args.tcp_streams), "--retention", "2s",
              "--max-operations", "1000000"]
-    a = H.Sidecar(wd, "bench-a", key_file=keys, extra=extra)
-    b = H.Sidecar(wd, "bench-b", key_file=keys, extra=extra)
-    try:
+    with sidecar_pair(H, "sc-lbench-", "bench", extra) as (a, b):
         time.sleep(0.5)
         result["rss_kib"]["idle"] = {"a": rss_kib(a.proc.pid), "b": rss_kib(b.proc.pid)}
         peaks = {}
@@ -223,23 +269,14 @@ def main():
         result["rss_kib"]["load"] = peaks
         time.sleep(2.5)  # retention 2s: terminal operations forgotten
         result["rss_kib"]["after"] = {"a": rss_kib(a.proc.pid), "b": rss_kib(b.proc.pid)}
-    finally:
-        ca, cb = a.stop(), b.stop()
-        shutil.rmtree(wd, ignore_errors=True)
-    if ca or cb:
-        raise SystemExit("a sidecar exited with %s / %s" % (ca, cb))
     result["seconds"] = round(time.monotonic() - t_begin, 1)
     report(result)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
 
 
 def report(res):
     bl = res["baselines"]
-    print()
-    print("date %s, commit %s, machine %s%s" % (res["date"], res["commit"], res["machine"],
-                                                 ", --quick" if res["quick"] else ""))
+    print_run_info(res)
     print()
     print("| mode | dir | size | clients | GB/s | transfers/s | t_min us | p50 us | p99 us | p99.9 us |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

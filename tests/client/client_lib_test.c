@@ -9,6 +9,8 @@
  * (FILE_FOR_B: an existing 1 MiB file B can open read-write, registered as a host-file region;
  * A runs with RDMA_SIDECAR_TOPOLOGY_XML=tests/unit/topology/dgx8.xml, B on this host's sysfs)
  */
+#include "client_check.h"
+
 #include <rdma_sidecar/client.h>
 
 #include <pthread.h>
@@ -18,38 +20,10 @@
 #include <time.h>
 #include <unistd.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-	do {                                                                                       \
-		if (!(cond)) {                                                                     \
-			fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);   \
-			fprintf(stderr, __VA_ARGS__);                                              \
-			fputc('\n', stderr);                                                       \
-			failures++;                                                                \
-		}                                                                                  \
-	} while (0)
-#define OK(call) CHECK((call) == RSC_OK, "%s: %s", rsc_code_name(st.code), st.message)
-#define CODE(call, want, substr)                                                                   \
-	do {                                                                                       \
-		int got_ = (call);                                                                 \
-		CHECK(got_ == (want) && st.code == (want), "code %s, want %s (%s)",                \
-		      rsc_code_name(got_), rsc_code_name(want), st.message);                       \
-		CHECK(strstr(st.message, (substr)) != NULL, "message \"%s\" lacks \"%s\"",         \
-		      st.message, (substr));                                                       \
-	} while (0)
-
-#define MIB (1u << 20)
-
 static void fill(unsigned char *p, size_t n, unsigned seed)
 {
 	uint32_t x = seed * 2654435761u + 1;
-	for (size_t i = 0; i < n; i++) {
-		x ^= x << 13;
-		x ^= x >> 17;
-		x ^= x << 5;
-		p[i] = (unsigned char)x;
-	}
+	check_fill_xorshift(p, n, &x);
 }
 
 struct watch_log {
@@ -449,8 +423,10 @@ int main(int argc, char **argv)
 	OK(rsc_create_readable(
 	    a, &(rsc_passive_args){.descriptors = src, .n_descriptors = 1, .timeout_ms = 60000},
 	    &op, &st));
-	struct publisher pub = {.addr = argv[1], .op_id = op.operation_id,
-				.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+	struct publisher pub = {.addr = argv[1],
+				.op_id = op.operation_id,
+				.mu = PTHREAD_MUTEX_INITIALIZER,
+				.cv = PTHREAD_COND_INITIALIZER};
 	pthread_t th;
 	pthread_create(&th, NULL, publish_once, &pub);
 	struct sub_log sl = {.pub = &pub};

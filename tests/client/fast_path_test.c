@@ -12,24 +12,14 @@
  * --session-end: run once, print "ready", wait for a line on stdin (the driver stops A
  * meanwhile), then expect every call to say the session ended.
  */
+#include "client_check.h"
+
 #include <rdma_sidecar/client.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-	do {                                                                                       \
-		if (!(cond)) {                                                                     \
-			fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);   \
-			fprintf(stderr, __VA_ARGS__);                                              \
-			fputc('\n', stderr);                                                       \
-			failures++;                                                                \
-		}                                                                                  \
-	} while (0)
-#define OK(call) CHECK((call) == RSC_OK, "%s: %s", rsc_code_name(st.code), st.message)
 #define DONE(cp, want_bytes)                                                                       \
 	CHECK((cp)->code == 0 && (cp)->status == RSC_STATUS_COMPLETE &&                            \
 		  (cp)->bytes == (want_bytes),                                                     \
@@ -37,7 +27,6 @@ static int failures;
 	      rsc_code_name((cp)->code), rsc_op_status_name((cp)->status),                         \
 	      (unsigned long long)(cp)->bytes, (unsigned long long)(want_bytes), (cp)->message)
 
-#define MIB (1u << 20)
 #define REGION_SIZE (4 * MIB)
 #define RUNS 3
 #define MAX_DESCS 3
@@ -46,12 +35,7 @@ static uint32_t rng = 0x9e3779b9u;
 
 static void fill_random(unsigned char *p, size_t n)
 {
-	for (size_t i = 0; i < n; i++) {
-		rng ^= rng << 13;
-		rng ^= rng >> 17;
-		rng ^= rng << 5;
-		p[i] = (unsigned char)rng;
-	}
+	check_fill_xorshift(p, n, &rng);
 }
 
 /* One shape of transfer: the same lengths on both sides, at different odd offsets. */
