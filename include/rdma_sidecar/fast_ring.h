@@ -25,7 +25,9 @@
  *
  * Ring indices are free-running uint32 counters (entry = index % entries); each is written by one
  * side only (sq_tail, cq_head: the worker; sq_head, cq_tail: the sidecar) with release stores and
- * read with acquire loads. The sidecar takes a submission only while the completion ring has room
+ * read with acquire loads. Each store must be one aligned 4-byte store: a byte-wise copy shows the
+ * other side values that were never meant (Python's struct.pack_into zero-fills first, so the
+ * sidecar may read a tail of 0 and end the session; a memoryview cast to "I" stores whole). The sidecar takes a submission only while the completion ring has room
  * for it and for every transfer already in flight, so a completion never waits for room: a worker
  * that stops reading completions stops its own submissions, nobody else's.
  *
