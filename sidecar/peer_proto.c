@@ -666,9 +666,132 @@ enum sc_peer_io sc_peer_recv_msg(int fd, uint8_t *buf, size_t cap, struct sc_pee
 				 const struct sc_peer_wait *w, const char *what,
 				 struct sc_err *err)
 {
+	return sc_peer_recv_msg_rb(fd, NULL, buf, cap, m, w, what, err);
+}
+
+/* ---- read-ahead ------------------------------------------------------------------------------ */
+
+size_t sc_peer_rxbuf_take(struct sc_peer_rxbuf *rb, void *dst, size_t len)
+{
+	size_t n = sc_peer_rxbuf_avail(rb);
+	if (n > len)
+		n = len;
+	if (n) {
+		memcpy(dst, rb->p + rb->off, n);
+		rb->off += n;
+	}
+	if (rb && rb->off == rb->len)
+		rb->off = rb->len = 0;
+	return n;
+}
+
+/* Room at the end of the buffer for the next recv: the unread bytes move to the front. */
+static void rxbuf_compact(struct sc_peer_rxbuf *rb)
+{
+	if (rb->off == 0)
+		return;
+	memmove(rb->p, rb->p + rb->off, rb->len - rb->off);
+	rb->len -= rb->off;
+	rb->off = 0;
+}
+
+ssize_t sc_peer_rxbuf_fill_nowait(int fd, struct sc_peer_rxbuf *rb)
+{
+	rxbuf_compact(rb);
+	if (rb->len == rb->cap) {
+		errno = EAGAIN;
+		return -1;
+	}
+	ssize_t n;
+	do
+		n = recv(fd, rb->p + rb->len, rb->cap - rb->len, MSG_DONTWAIT);
+	while (n < 0 && errno == EINTR);
+	if (n > 0)
+		rb->len += (size_t)n;
+	return n;
+}
+
+/* Block (in I/O slices, checking w) until the empty buffer holds at least one byte. */
+static enum sc_peer_io rxbuf_fill(int fd, struct sc_peer_rxbuf *rb, const struct sc_peer_wait *w,
+				  int *errno_out)
+{
+	uint64_t progress_ms = (w && w->stall_ms) ? sc_clock_mono_ms() : 0;
+	enum sc_peer_io rc;
+	rb->off = rb->len = 0;
+	if ((rc = wait_check(w, progress_ms)) != SC_PEER_IO_OK)
+		return rc;
+	for (;;) {
+		ssize_t n = recv(fd, rb->p, rb->cap, 0);
+		if (n > 0) {
+			rb->len = (size_t)n;
+			return SC_PEER_IO_OK;
+		}
+		if (n == 0)
+			return SC_PEER_IO_EOF;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			return classify_errno(errno, errno_out);
+		if ((rc = wait_check(w, progress_ms)) != SC_PEER_IO_OK)
+			return rc;
+	}
+}
+
+enum sc_peer_io sc_peer_recv_rb(int fd, struct sc_peer_rxbuf *rb, void *buf, size_t len,
+				const struct sc_peer_wait *w, size_t *got, int *errno_out)
+{
+	uint8_t *p = buf;
+	size_t done = sc_peer_rxbuf_take(rb, p, len);
+	enum sc_peer_io rc = SC_PEER_IO_OK;
+	*errno_out = 0;
+	while (done < len) {
+		if (!rb || len - done >= rb->cap / 2) {
+			size_t more = 0;
+			rc = sc_peer_recv_all(fd, p + done, len - done, w, &more, errno_out);
+			done += more;
+			break;
+		}
+		if ((rc = rxbuf_fill(fd, rb, w, errno_out)) != SC_PEER_IO_OK)
+			break;
+		done += sc_peer_rxbuf_take(rb, p + done, len - done);
+	}
+	if (got)
+		*got = done;
+	return rc;
+}
+
+enum sc_peer_io sc_peer_recvv_rb(int fd, struct sc_peer_rxbuf *rb, struct iovec *iov, int iovcnt,
+				 const struct sc_peer_wait *w, size_t *got, int *errno_out)
+{
+	size_t done = 0;
+	*errno_out = 0;
+	/* What is buffered goes first, into the iovecs in order; then recvmsg for the rest. */
+	while (iovcnt > 0 && sc_peer_rxbuf_avail(rb)) {
+		size_t n = sc_peer_rxbuf_take(rb, iov->iov_base, iov->iov_len);
+		done += n;
+		iov->iov_base = (uint8_t *)iov->iov_base + n;
+		iov->iov_len -= n;
+		if (iov->iov_len == 0) {
+			iov++;
+			iovcnt--;
+		}
+	}
+	size_t more = 0;
+	enum sc_peer_io rc = SC_PEER_IO_OK;
+	if (iovcnt > 0)
+		rc = sc_peer_recvv_all(fd, iov, iovcnt, w, &more, errno_out);
+	if (got)
+		*got = done + more;
+	return rc;
+}
+
+enum sc_peer_io sc_peer_recv_msg_rb(int fd, struct sc_peer_rxbuf *rb, uint8_t *buf, size_t cap,
+				    struct sc_peer_msg *m, const struct sc_peer_wait *w,
+				    const char *what, struct sc_err *err)
+{
 	struct sc_frame_hdr h;
 	int e;
-	enum sc_peer_io rc = sc_peer_recv_all(fd, buf, SC_PEER_HDR_LEN, w, NULL, &e);
+	enum sc_peer_io rc = sc_peer_recv_rb(fd, rb, buf, SC_PEER_HDR_LEN, w, NULL, &e);
 	if (rc == SC_PEER_IO_OK && sc_peer_decode_hdr(buf, &h, err) != 0)
 		return SC_PEER_IO_PROTOCOL;
 	if (rc == SC_PEER_IO_OK && h.body_len > cap - SC_PEER_HDR_LEN) {
@@ -678,7 +801,7 @@ enum sc_peer_io sc_peer_recv_msg(int fd, uint8_t *buf, size_t cap, struct sc_pee
 		return SC_PEER_IO_PROTOCOL;
 	}
 	if (rc == SC_PEER_IO_OK)
-		rc = sc_peer_recv_all(fd, buf + SC_PEER_HDR_LEN, h.body_len, w, NULL, &e);
+		rc = sc_peer_recv_rb(fd, rb, buf + SC_PEER_HDR_LEN, h.body_len, w, NULL, &e);
 	if (rc != SC_PEER_IO_OK) {
 		sc_peer_io_err(rc, e, what, err);
 		return rc;

@@ -245,6 +245,39 @@ enum sc_peer_io sc_peer_recv_msg(int fd, uint8_t *buf, size_t cap, struct sc_pee
 				 const struct sc_peer_wait *w, const char *what,
 				 struct sc_err *err);
 
+/* ---- read-ahead ------------------------------------------------------------------------------
+ * A caller-owned buffer that frames are read through, so that one recv brings a header, its body
+ * and whatever else has arrived (a pipelined OPEN + READV, a small WRITE's bulk) instead of one
+ * recv per header and per body. Bytes in it have left the socket: whoever owns it must consume
+ * them (through the calls below) before anything else reads the fd or waits on it for input
+ * (epoll, poll), or they are lost or never noticed. Plain sockets only: a fd whose receiving side
+ * goes through the stream (peer TLS without kernel offload) must be read with rb NULL.
+ * Reads of sizes at least cap / 2 go straight to their destination (after what is buffered). */
+struct sc_peer_rxbuf {
+	uint8_t *p;
+	size_t cap;
+	size_t off, len; /* the unread bytes are p[off..len) */
+};
+
+static inline size_t sc_peer_rxbuf_avail(const struct sc_peer_rxbuf *rb)
+{
+	return rb ? rb->len - rb->off : 0;
+}
+/* Move up to len buffered bytes to dst; returns how many. */
+size_t sc_peer_rxbuf_take(struct sc_peer_rxbuf *rb, void *dst, size_t len);
+/* One recv(MSG_DONTWAIT) into the buffer's free room (when it has some): > 0 bytes added, 0 at EOF,
+ * -1 with errno (EAGAIN: nothing has arrived). */
+ssize_t sc_peer_rxbuf_fill_nowait(int fd, struct sc_peer_rxbuf *rb);
+/* sc_peer_recv_all / sc_peer_recvv_all through rb (NULL: straight from the fd). */
+enum sc_peer_io sc_peer_recv_rb(int fd, struct sc_peer_rxbuf *rb, void *buf, size_t len,
+				const struct sc_peer_wait *w, size_t *got, int *errno_out);
+enum sc_peer_io sc_peer_recvv_rb(int fd, struct sc_peer_rxbuf *rb, struct iovec *iov, int iovcnt,
+				 const struct sc_peer_wait *w, size_t *got, int *errno_out);
+/* sc_peer_recv_msg through rb (NULL: as sc_peer_recv_msg). */
+enum sc_peer_io sc_peer_recv_msg_rb(int fd, struct sc_peer_rxbuf *rb, uint8_t *buf, size_t cap,
+				    struct sc_peer_msg *m, const struct sc_peer_wait *w,
+				    const char *what, struct sc_err *err);
+
 /* ---- hello ----------------------------------------------------------------------------------
  * Both return 0 with the authenticated peer's id in peer_id, or -1: UNAUTHENTICATED for a failed
  * proof, an unknown key id or a missing keyring (either side); INVALID_ARGUMENT for a protocol

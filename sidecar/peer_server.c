@@ -21,6 +21,19 @@
  * The server owns the listening sockets, the epoll set, a wake-up eventfd, every connection and
  * the list of orphaned transfers.
  *
+ * Read-ahead: without TLS a pool thread reads a connection's frames through its own buffer
+ * (worker.rb, RX_AHEAD bytes; peer_proto.h), so one recv brings a pipelined OPEN + READV, or a
+ * request and the next. The invariant: the buffer is empty whenever the thread has no connection
+ * taken. A connection is parked only when input_waiting() says nothing is here, and input_waiting
+ * answers yes while the buffer holds a byte (epoll would never announce bytes already read); a
+ * connection that ends drops what was read ahead with it. Every read of the connection's bytes
+ * (frames, WRITE/WRITEV bulk into host or GPU memory) takes what is buffered first. So the
+ * buffering costs a parked connection nothing. Under TLS the stream reads records itself and
+ * the buffer is not used (c->rb NULL). An OPEN's OK whose transfer's READ or READV is already
+ * read ahead whole (the pipelined OPEN + READV of a small transfer) is held back (worker.held)
+ * and leaves in the same sendmsg as that READ's DATA header and bulk; whatever is held is sent
+ * before any other reply, and before the connection is parked or closed.
+ *
  * A transfer (token, xfer_id) opened on a connection is tracked until its DONE arrives (on any
  * connection, since the active side spreads one transfer over several). When the last connection
  * that opened it ends without a DONE, the transfer becomes an orphan: after ORPHAN_GRACE_MS (time
@@ -84,6 +97,11 @@
 /* After refusing a hello with an ERROR frame, read what the peer still sends for this long, so
  * the close does not reset the connection before the peer has read why. */
 #define REFUSAL_DRAIN_MS 200
+/* A pool thread's read-ahead (struct sc_peer_rxbuf): enough for a pipelined OPEN + READV + DONE
+ * with a few dozen pieces, or a small WRITE with its bulk, in one recv. */
+#define RX_AHEAD (16u * 1024u)
+/* Replies held back at most (one OK: 8 bytes). */
+#define HELD_CAP 64u
 
 struct xref {
 	uint8_t token[SC_TOKEN_LEN];
@@ -124,6 +142,14 @@ struct conn {
 	struct sc_list node; /* on srv->live, then srv->dead; newest first */
 	uint8_t *buf; /* while served: the pool thread's frame buffer */
 	size_t buf_cap;
+	struct sc_peer_rxbuf *rb; /* while served without TLS: the pool thread's read-ahead */
+	struct held *held;        /* while served without TLS: replies held back (struct held) */
+};
+
+/* A reply held back to leave with the next send (a pool thread's; see serve_open()). */
+struct held {
+	size_t len;
+	uint8_t p[HELD_CAP];
 };
 
 enum { CONN_IDLE = 0, CONN_BUSY, CONN_EVICTED, CONN_EXPIRED };
@@ -134,6 +160,9 @@ struct worker {
 	pthread_t thread;
 	struct sc_list node; /* on srv->workers, then srv->dead_workers */
 	uint8_t buf[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
+	struct sc_peer_rxbuf rb; /* over rx_mem; empty whenever no connection is taken */
+	uint8_t rx_mem[RX_AHEAD];
+	struct held held; /* empty whenever no connection is taken */
 };
 
 struct sc_peer_server {
@@ -432,10 +461,14 @@ static void io_stop_reason(const struct conn *c, enum sc_peer_io rc, int e, stru
  */
 static bool next_request_prompt(const struct conn *c)
 {
-	if (c->srv->tls)
+	struct sc_peer_rxbuf *rb = c->rb;
+	if (c->srv->tls || !rb)
 		return false;
-	uint8_t peek[SC_PEER_HDR_LEN + 128];
-	ssize_t n = recv(c->fd, peek, sizeof(peek), MSG_PEEK | MSG_DONTWAIT);
+	/* What has arrived is read ahead (not peeked): the next request is served from it. */
+	if (sc_peer_rxbuf_avail(rb) < SC_PEER_HDR_LEN)
+		sc_peer_rxbuf_fill_nowait(c->fd, rb);
+	const uint8_t *peek = rb->p + rb->off;
+	size_t n = sc_peer_rxbuf_avail(rb);
 	if (n < 2 || peek[0] != SC_PEER_VERSION)
 		return false;
 	if (peek[1] == SC_FRAME_OPEN || peek[1] == SC_FRAME_READ || peek[1] == SC_FRAME_READV ||
@@ -445,27 +478,97 @@ static bool next_request_prompt(const struct conn *c)
 	struct sc_peer_msg m;
 	struct sc_err err;
 	int avail = 0;
-	return peek[1] == SC_FRAME_WRITE && n >= SC_PEER_HDR_LEN &&
-	       sc_peer_decode_hdr(peek, &h, &err) == 0 &&
-	       (size_t)n >= SC_PEER_HDR_LEN + h.body_len &&
+	if (peek[1] != SC_FRAME_WRITE || n < SC_PEER_HDR_LEN ||
+	    sc_peer_decode_hdr(peek, &h, &err) != 0)
+		return false;
+	if (n < SC_PEER_HDR_LEN + h.body_len) {
+		sc_peer_rxbuf_fill_nowait(c->fd, rb);
+		peek = rb->p + rb->off;
+		n = sc_peer_rxbuf_avail(rb);
+	}
+	return n >= SC_PEER_HDR_LEN + h.body_len &&
 	       sc_peer_decode_body(h.type, peek + SC_PEER_HDR_LEN, h.body_len, &m, &err) == 0 &&
 	       ioctl(c->fd, FIONREAD, &avail) == 0 &&
-	       (uint64_t)avail >= SC_PEER_HDR_LEN + h.body_len + m.len;
+	       (uint64_t)avail + n >= SC_PEER_HDR_LEN + h.body_len + m.len;
 }
 
-/* Send a reply; on failure say why in `why` and return -1 (the connection ends). */
+/*
+ * Is the next request a READ or READV of the transfer `open` just opened, read ahead whole (the
+ * pipelined OPEN + READV of a small transfer)? It is answered without reading anything more, so
+ * the OPEN's OK may wait to leave in the same sendmsg as its DATA. Only the same transfer's: if
+ * that READ is cut (its operation ended: revoked), the OK lost with it concerned that transfer.
+ */
+static bool next_read_buffered(const struct conn *c, const struct sc_peer_msg *open)
+{
+	size_t n = sc_peer_rxbuf_avail(c->rb);
+	if (n < SC_PEER_HDR_LEN)
+		return false;
+	const uint8_t *p = c->rb->p + c->rb->off;
+	struct sc_frame_hdr h;
+	struct sc_peer_msg next;
+	struct sc_err err;
+	return sc_peer_decode_hdr(p, &h, &err) == 0 && n >= SC_PEER_HDR_LEN + h.body_len &&
+	       (h.type == SC_FRAME_READ || h.type == SC_FRAME_READV) &&
+	       sc_peer_decode_body(h.type, p + SC_PEER_HDR_LEN, h.body_len, &next, &err) == 0 &&
+	       next.xfer_id == open->xfer_id &&
+	       memcmp(next.token, open->token, SC_TOKEN_LEN) == 0;
+}
+
+/* The replies held back, as the first iovec of a send (empty when none): call held_sent after. */
+static size_t held_iov(const struct conn *c, struct iovec *v)
+{
+	size_t n = c->held ? c->held->len : 0;
+	*v = (struct iovec){.iov_base = n ? c->held->p : NULL, .iov_len = n};
+	return n;
+}
+
+static void held_sent(struct conn *c)
+{
+	if (c->held)
+		c->held->len = 0;
+}
+
+/* Send what is held back now (before parking or closing the connection); best effort. */
+static void held_flush(struct conn *c)
+{
+	struct iovec v;
+	if (!held_iov(c, &v))
+		return;
+	struct sc_peer_wait w;
+	int e;
+	busy_wait(c, &w);
+	w.deadline_mono_ms = sc_clock_mono_ms() + SERVER_SLICE_MS;
+	sc_peer_sendv_all(c->fd, &v, 1, &w, NULL, &e);
+	held_sent(c);
+}
+
+/* Send a reply (after what is held back, in one sendmsg); on failure say why in `why` and return
+ * -1 (the connection ends). */
 static int reply(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
 {
 	struct sc_peer_wait w;
 	struct sc_err err;
 	busy_wait(c, &w);
 	w.more = next_request_prompt(c);
-	if (sc_peer_send_msg(c->fd, m, &w, c->what, &err) != SC_PEER_IO_OK) {
-		snprintf(why, why_cap, "sending %s failed: %s", sc_frame_type_name(m->type),
-			 err.msg);
-		return -1;
+	uint8_t buf[SC_PEER_HDR_LEN + 1024];
+	size_t n = m->type == SC_FRAME_QP_CONNECT ? 0 : sc_peer_encode(m, buf, sizeof(buf));
+	struct iovec iov[2];
+	if (!held_iov(c, &iov[0]) || n == 0) {
+		held_flush(c);
+		if (sc_peer_send_msg(c->fd, m, &w, c->what, &err) != SC_PEER_IO_OK)
+			goto fail;
+		return 0;
 	}
-	return 0;
+	iov[1] = (struct iovec){.iov_base = buf, .iov_len = n};
+	int e;
+	enum sc_peer_io rc = sc_peer_sendv_all(c->fd, iov, 2, &w, NULL, &e);
+	held_sent(c);
+	if (rc == SC_PEER_IO_OK)
+		return 0;
+	sc_peer_io_err(rc, e, c->what, &err);
+fail:
+	snprintf(why, why_cap, "sending %s failed: %s", sc_frame_type_name(m->type), err.msg);
+	return -1;
 }
 
 static int reply_ok(struct conn *c, char *why, size_t why_cap)
@@ -499,6 +602,13 @@ static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, si
 	}
 	if (via != SC_BACKEND_NONE)
 		sc_passive_set_backend(&c->srv->passive, m->token, m->xfer_id, via);
+	/* This transfer's pipelined READ / READV is already here: its DATA takes the OK along. */
+	if (c->held && c->held->len == 0 && next_request_prompt(c) && next_read_buffered(c, m)) {
+		struct sc_peer_msg ok = {.type = SC_FRAME_OK};
+		c->held->len = sc_peer_encode(&ok, c->held->p, HELD_CAP);
+		if (c->held->len)
+			return 0;
+	}
 	return reply_ok(c, why, why_cap);
 }
 
@@ -535,10 +645,13 @@ static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, si
 	busy_wait(c, &w);
 	w.deadline_mono_ms = span.deadline_mono_ms;
 	w.more = next_request_prompt(c);
-	/* The DATA header and the first bytes go in one sendmsg (GPU memory: staged after it). */
-	struct iovec iov[2] = {{.iov_base = hdr, .iov_len = hdr_len},
-			       {.iov_base = span.addr, .iov_len = span.len}};
-	int iovcnt = span.gpu == SC_GPU_HOST ? 2 : 1;
+	/* Replies held back, the DATA header and the first bytes go in one sendmsg (GPU memory:
+	 * staged after it). */
+	struct iovec iov[3];
+	size_t lead = held_iov(c, &iov[0]) + hdr_len;
+	iov[1] = (struct iovec){.iov_base = hdr, .iov_len = hdr_len};
+	iov[2] = (struct iovec){.iov_base = span.addr, .iov_len = span.len};
+	int iovcnt = span.gpu == SC_GPU_HOST ? 3 : 2;
 	bool hdr_pending = true;
 	uint64_t done = 0;
 	for (;;) {
@@ -546,8 +659,10 @@ static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, si
 		int e = 0;
 		enum sc_peer_io rc = SC_PEER_IO_OK;
 		uint64_t moved;
-		if (hdr_pending && iovcnt == 1)
-			rc = sc_peer_sendv_all(c->fd, iov, 1, &w, &sent, &e);
+		if (hdr_pending && iovcnt == 2)
+			rc = sc_peer_sendv_all(c->fd, iov, 2, &w, &sent, &e);
+		if (hdr_pending)
+			held_sent(c);
 		if (rc == SC_PEER_IO_OK && span.gpu != SC_GPU_HOST) {
 			if (sc_peer_send_gpu(c->srv->gpu, span.gpu, c->fd, span.addr,
 					     span.len, &w, c->what, &rc, &err) != 0) {
@@ -559,8 +674,7 @@ static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, si
 			moved = span.len;
 		} else if (rc == SC_PEER_IO_OK) {
 			rc = sc_peer_sendv_all(c->fd, iov, iovcnt, &w, &sent, &e);
-			moved = hdr_pending && iovcnt == 2 ? (sent > hdr_len ? sent - hdr_len : 0)
-							   : sent;
+			moved = hdr_pending && iovcnt == 3 ? (sent > lead ? sent - lead : 0) : sent;
 		} else {
 			moved = 0;
 		}
@@ -583,6 +697,28 @@ static int serve_read(struct conn *c, const struct sc_peer_msg *m, char *why, si
 		iov[0] = (struct iovec){.iov_base = span.addr, .iov_len = span.len};
 		iovcnt = 1;
 	}
+}
+
+/* Receive len bytes into GPU memory: what was read ahead first (copied up), then the socket's
+ * bytes through the stager. As sc_peer_recv_gpu. */
+static int recv_gpu(struct conn *c, int dev, uint8_t *dst, uint64_t len,
+		    const struct sc_peer_wait *w, enum sc_peer_io *io, struct sc_err *err)
+{
+	*io = SC_PEER_IO_OK;
+	size_t k = sc_peer_rxbuf_avail(c->rb);
+	if (k > len)
+		k = (size_t)len;
+	if (k) {
+		if (sc_gpu_copy(c->srv->gpu, dst, dev, c->rb->p + c->rb->off, SC_GPU_HOST, k,
+				err) != 0)
+			return -1;
+		c->rb->off += k;
+		if (c->rb->off == c->rb->len)
+			c->rb->off = c->rb->len = 0;
+	}
+	if (k == len)
+		return 0;
+	return sc_peer_recv_gpu(c->srv->gpu, dev, c->fd, dst + k, len - k, w, c->what, io, err);
 }
 
 static int serve_write(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
@@ -608,8 +744,7 @@ static int serve_write(struct conn *c, const struct sc_peer_msg *m, char *why, s
 		w.deadline_mono_ms = span.deadline_mono_ms;
 		if (span.gpu != SC_GPU_HOST) {
 			/* Staged: acknowledged (OK below) only once the bytes are in GPU memory. */
-			if (sc_peer_recv_gpu(c->srv->gpu, span.gpu, c->fd, span.addr, span.len,
-					     &w, c->what, &rc, &err) != 0) {
+			if (recv_gpu(c, span.gpu, span.addr, span.len, &w, &rc, &err) != 0) {
 				sc_passive_span_release(pv, &span, 0);
 				if (rc == SC_PEER_IO_OK) /* the driver failed: tell the peer why */
 					reply_error(c, &err, why, why_cap);
@@ -619,7 +754,7 @@ static int serve_write(struct conn *c, const struct sc_peer_msg *m, char *why, s
 			}
 			got = span.len;
 		} else {
-			rc = sc_peer_recv_all(c->fd, span.addr, span.len, &w, &got, &e);
+			rc = sc_peer_recv_rb(c->fd, c->rb, span.addr, span.len, &w, &got, &e);
 		}
 		sc_passive_span_release(pv, &span, got);
 		if (rc != SC_PEER_IO_OK) {
@@ -644,8 +779,9 @@ static void release_spans(const struct sc_passive *pv, struct sc_span *spans, si
 	}
 }
 
-/* Pin every piece of a READV/WRITEV into *spans / *iov, in order; *gpu_out: SC_GPU_HOST when
- * every piece is host memory, else a GPU that holds one. */
+/* Pin every piece of a READV/WRITEV into *spans / *iov, in order (*iov has two empty iovecs
+ * first, for what goes ahead of the pieces in a sendmsg); *gpu_out: SC_GPU_HOST when every piece
+ * is host memory, else a GPU that holds one. */
 static int pin_pieces(struct conn *c, const struct sc_peer_msg *m, enum sc_op_kind kind,
 		      struct sc_span **spans_out, struct iovec **iov_out, size_t *n_out,
 		      int *gpu_out, struct sc_err *err)
@@ -685,13 +821,14 @@ static int pin_pieces(struct conn *c, const struct sc_peer_msg *m, enum sc_op_ki
 			done += sp->len;
 		}
 	}
-	struct iovec *iov = malloc((n ? n : 1) * sizeof(*iov));
+	struct iovec *iov = malloc((n + 2) * sizeof(*iov));
 	if (!iov) {
 		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "sidecar out of memory");
 		goto fail;
 	}
+	iov[0] = iov[1] = (struct iovec){0};
 	for (size_t i = 0; i < n; i++)
-		iov[i] = (struct iovec){.iov_base = spans[i].addr, .iov_len = spans[i].len};
+		iov[2 + i] = (struct iovec){.iov_base = spans[i].addr, .iov_len = spans[i].len};
 	*spans_out = spans;
 	*iov_out = iov;
 	*n_out = n;
@@ -719,7 +856,26 @@ static int staged_pieces(struct conn *c, const struct sc_span *spans, size_t n, 
 		    .addr = spans[i].addr, .len = spans[i].len, .gpu = spans[i].gpu};
 	struct sc_gpu *g = c->srv->gpu;
 	int rc = 0;
-	for (size_t i = 0; rc == 0 && i < n;) {
+	size_t i = 0;
+	/* Receiving: the bytes read ahead come first (read-ahead invariant, top of file). */
+	for (; !send && i < n && sc_peer_rxbuf_avail(c->rb); i++) {
+		size_t k = sc_peer_rxbuf_avail(c->rb);
+		if (k > p[i].len)
+			k = (size_t)p[i].len;
+		if (sc_gpu_copy(g, p[i].addr, p[i].gpu, c->rb->p + c->rb->off, SC_GPU_HOST, k,
+				err) != 0) {
+			free(p);
+			return -1;
+		}
+		c->rb->off += k;
+		p[i].addr += k;
+		p[i].len -= k;
+		if (p[i].len)
+			break;
+	}
+	if (!sc_peer_rxbuf_avail(c->rb) && c->rb)
+		c->rb->off = c->rb->len = 0;
+	for (; rc == 0 && i < n;) {
 		int dev = SC_GPU_HOST;
 		size_t j = i;
 		for (; j < n && (p[j].gpu == SC_GPU_HOST || dev == SC_GPU_HOST || p[j].gpu == dev);
@@ -753,10 +909,14 @@ static int serve_readv(struct conn *c, const struct sc_peer_msg *m, char *why, s
 	busy_wait(c, &w);
 	w.deadline_mono_ms = n ? spans[0].deadline_mono_ms : 0;
 	w.more = next_request_prompt(c);
-	struct iovec first = {.iov_base = hdr, .iov_len = hdr_len};
+	/* Replies held back, the DATA header and (host memory) every piece in one sendmsg. */
+	size_t lead = held_iov(c, &iov[0]) + hdr_len;
+	iov[1] = (struct iovec){.iov_base = hdr, .iov_len = hdr_len};
 	size_t sent = 0;
 	int e = 0;
-	enum sc_peer_io rc = sc_peer_sendv_all(c->fd, &first, 1, &w, &sent, &e);
+	enum sc_peer_io rc =
+	    sc_peer_sendv_all(c->fd, iov, gpu != SC_GPU_HOST ? 2 : (int)n + 2, &w, &sent, &e);
+	held_sent(c);
 	if (rc == SC_PEER_IO_OK && gpu != SC_GPU_HOST) {
 		if (staged_pieces(c, spans, n, true, &w, &rc, &err) != 0) {
 			release_spans(&c->srv->passive, spans, n, 0);
@@ -766,10 +926,8 @@ static int serve_readv(struct conn *c, const struct sc_peer_msg *m, char *why, s
 			return -1;
 		}
 		sent = (size_t)m->len;
-	} else if (rc == SC_PEER_IO_OK) {
-		rc = sc_peer_sendv_all(c->fd, iov, (int)n, &w, &sent, &e);
 	} else {
-		sent = 0;
+		sent = sent > lead ? sent - lead : 0;
 	}
 	release_spans(&c->srv->passive, spans, n, sent);
 	free(spans);
@@ -818,7 +976,7 @@ static int serve_writev(struct conn *c, const struct sc_peer_msg *m, char *why, 
 		}
 		got = (size_t)m->len;
 	} else {
-		rc = sc_peer_recvv_all(c->fd, iov, (int)n, &w, &got, &e);
+		rc = sc_peer_recvv_rb(c->fd, c->rb, iov + 2, (int)n, &w, &got, &e);
 	}
 	release_spans(&c->srv->passive, spans, n, got);
 	free(spans);
@@ -924,7 +1082,8 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 	struct sc_peer_msg m;
 	struct sc_err err;
 	sc_err_clear(&err);
-	enum sc_peer_io io = sc_peer_recv_msg(c->fd, c->buf, c->buf_cap, &m, &w, c->what, &err);
+	enum sc_peer_io io =
+	    sc_peer_recv_msg_rb(c->fd, c->rb, c->buf, c->buf_cap, &m, &w, c->what, &err);
 	if (io != SC_PEER_IO_OK) {
 		if (io == SC_PEER_IO_PROTOCOL)
 			SC_WARN("peer", "closing connection from %s: %s", c->what, err.msg);
@@ -993,9 +1152,16 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 	return 0;
 }
 
-/* Are bytes of a next request already here (on the socket, or read ahead by TLS)? */
+/* Are bytes of a next request already here (read ahead by us or by TLS, or on the socket)? Without
+ * TLS what is on the socket is read ahead now, so the request is served without another recv; an
+ * end or error of the connection also counts (serving it ends the connection at once). */
 static bool input_waiting(const struct conn *c)
 {
+	if (sc_peer_rxbuf_avail(c->rb))
+		return true;
+	if (c->rb)
+		return sc_peer_rxbuf_fill_nowait(c->fd, c->rb) >= 0 ||
+		       (errno != EAGAIN && errno != EWOULDBLOCK);
 	uint8_t b;
 	return recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 1 || sc_peer_tls_pending(c->fd);
 }
@@ -1223,6 +1389,11 @@ static void take(struct conn *c, struct worker *wk)
 	}
 	c->buf = wk->buf;
 	c->buf_cap = sizeof(wk->buf);
+	/* Read-ahead only on plain sockets (TLS records are read by the stream, peer_proto.h). */
+	wk->rb = (struct sc_peer_rxbuf){.p = wk->rx_mem, .cap = sizeof(wk->rx_mem)};
+	c->rb = srv->tls ? NULL : &wk->rb;
+	wk->held.len = 0;
+	c->held = srv->tls ? NULL : &wk->held;
 	if (!c->authed) {
 		if (handshake(c, why, sizeof(why)) != 0)
 			goto end;
@@ -1238,12 +1409,19 @@ static void take(struct conn *c, struct worker *wk)
 			goto end;
 	} while (input_waiting(c));
 park:
+	/* input_waiting said no: nothing is read ahead that epoll would never announce. */
+	held_flush(c); /* (every request answers, so nothing is held here) */
 	c->buf = NULL;
+	c->rb = NULL;
+	c->held = NULL;
 	if (park(c) == 0)
 		return;
 	snprintf(why, sizeof(why), "cannot wait for its next request: %s", strerror(errno));
 end:
+	held_flush(c); /* replies held back still leave, as they would have */
 	c->buf = NULL;
+	c->rb = NULL; /* what was read ahead ends with the connection */
+	c->held = NULL;
 	SC_DEBUG("peer", "connection from %s ended: %s", c->what, why);
 	conn_finish(c, why);
 }

@@ -4,7 +4,8 @@
  * input byte picks what the rest is fed to:
  *   0: the frame decoder: the bytes as a stream of frames (header, then body_len bytes of body).
  *      Every frame that decodes must re-encode, and its encoding must decode to a message that
- *      encodes to the same bytes (a fixed point), else abort.
+ *      encodes to the same bytes (a fixed point), else abort. The same bytes read from a socket
+ *      straight and through a small read-ahead buffer must give the same frames and bulk.
  *   1: the serving side of the hello (sc_peer_hello_server): the bytes are what a client sent.
  *   2: the dialling side (sc_peer_hello_client): the bytes are what the server answered.
  * The hello runs on one end of a socketpair; the input is written to the other end, which is then
@@ -96,6 +97,66 @@ static void fuzz_frames(const uint8_t *data, size_t size)
 	}
 }
 
+/* A socketpair holding the bytes, shut for writing after them (cut at 1 MiB). */
+static void pair_with(int sv[2], const uint8_t *data, size_t size)
+{
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+		abort();
+	int big = 1 << 20;
+	setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+	sc_peer_set_io_slice(sv[0], 100);
+	size_t off = 0;
+	while (off < size) {
+		ssize_t n = write(sv[1], data + off, size - off);
+		if (n <= 0)
+			break;
+		off += (size_t)n;
+	}
+	shutdown(sv[1], SHUT_WR);
+}
+
+/* Mode 0 also: the bytes read as frames (and the bulk of DATA / WRITE / WRITEV) straight from the
+ * socket and through a small read-ahead buffer (sc_peer_recv_msg_rb, sc_peer_recv_rb) must give
+ * the same frames, bulk bytes and outcomes. */
+static void fuzz_read_ahead(const uint8_t *data, size_t size)
+{
+	static uint8_t fa[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
+	static uint8_t fb[SC_PEER_HDR_LEN + SC_PEER_MAX_BODY];
+	static uint8_t ba[4096], bb[4096];
+	uint8_t mem[200];
+	struct sc_peer_rxbuf rb = {.p = mem, .cap = 24 + (size ? data[0] % 176 : 0)};
+	int a[2], b[2];
+	pair_with(a, data, size);
+	pair_with(b, data, size);
+	for (int i = 0; i < 64; i++) {
+		struct sc_peer_wait w = {.deadline_mono_ms = sc_clock_mono_ms() + 2000};
+		struct sc_peer_msg ma, mb;
+		struct sc_err ea = {0}, eb = {0};
+		enum sc_peer_io ra = sc_peer_recv_msg(a[0], fa, sizeof(fa), &ma, &w, "a", &ea);
+		enum sc_peer_io rb_rc =
+		    sc_peer_recv_msg_rb(b[0], &rb, fb, sizeof(fb), &mb, &w, "b", &eb);
+		if (ra != rb_rc || (ra == SC_PEER_IO_OK && ma.type != mb.type))
+			abort();
+		if (ra != SC_PEER_IO_OK)
+			break;
+		if (ma.type != SC_FRAME_DATA && ma.type != SC_FRAME_WRITE &&
+		    ma.type != SC_FRAME_WRITEV)
+			continue;
+		size_t len = ma.len < sizeof(ba) ? (size_t)ma.len : sizeof(ba), ga = 0, gb = 0;
+		int e;
+		ra = sc_peer_recv_all(a[0], ba, len, &w, &ga, &e);
+		rb_rc = sc_peer_recv_rb(b[0], &rb, bb, len, &w, &gb, &e);
+		if (ra != rb_rc || ga != gb || memcmp(ba, bb, ga) != 0)
+			abort();
+		if (ra != SC_PEER_IO_OK)
+			break;
+	}
+	close(a[0]);
+	close(a[1]);
+	close(b[0]);
+	close(b[1]);
+}
+
 static void fuzz_hello(bool server, const uint8_t *data, size_t size)
 {
 	int sv[2];
@@ -136,6 +197,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	switch (data[0] % 3) {
 	case 0:
 		fuzz_frames(data + 1, size - 1);
+		fuzz_read_ahead(data + 1, size - 1);
 		break;
 	case 1:
 		fuzz_hello(true, data + 1, size - 1);
