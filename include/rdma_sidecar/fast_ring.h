@@ -10,7 +10,10 @@
  *    default its gRPC unix socket's path + ".fast"). The sidecar checks the peer's uid
  *    (SO_PEERCRED) against --allowed-uids, as on the gRPC socket, and sends HELLO with three file
  *    descriptors (SCM_RIGHTS, in this order): the ring memory (a sealed memfd: it can be neither
- *    shrunk nor grown), the submission doorbell and the completion doorbell (eventfds).
+ *    shrunk nor grown), the submission doorbell and the completion doorbell (eventfds). A sidecar
+ *    that refuses the worker (a uid --allowed-uids does not list: PERMISSION_DENIED; all of
+ *    --fast-path-max-sessions in use: RESOURCE_EXHAUSTED) sends a RESULT with token 0, the code
+ *    and why, in place of HELLO, and closes the socket.
  * 2. PREPARE (on the socket) hands the sidecar a READ or WRITE once: the peer's "rsm1." metadata
  *    and the local descriptors, as BeginRead/BeginWrite would. The answer (RESULT) carries a
  *    handle. Use metadata whose passive operation accepts many uses (max_uses, any_uses): every
