@@ -138,7 +138,8 @@ struct conn {
 	atomic_int state;
 	atomic_bool retired; /* evicted by sc_peer_server_retire_peer, not for --data-max-peers */
 	atomic_uint_fast64_t last_active_mono_ms; /* the end of its last request (or the hello) */
-	atomic_uint_fast64_t last_active_seq;     /* the same moment in srv->activity order */
+	atomic_uint_fast64_t last_active_seq;     /* its last request's arrival (or the hello) in
+						   * srv->activity order: the LRU order */
 	struct sc_list node; /* on srv->live, then srv->dead; newest first */
 	uint8_t *buf; /* while served: the pool thread's frame buffer */
 	size_t buf_cap;
@@ -1046,7 +1047,7 @@ static int serve_handler(struct conn *c, const struct sc_peer_msg *m, char *why,
 	return sent;
 }
 
-/* The connection finished a request (or its hello): it is now the most recently used. */
+/* The connection received a request (or finished its hello): it is now the most recently used. */
 static void mark_active(struct conn *c)
 {
 	atomic_store(&c->last_active_mono_ms, sc_clock_mono_ms());
@@ -1095,6 +1096,10 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 	}
 	if (sc_trace_on())
 		sc_trace_record(m.xfer_id, trace_stage(m.type, false), 0);
+	/* Most recently used from the request's arrival, before any reply leaves: a peer that has its
+	 * answer is already ordered after every earlier one (marking after the reply raced with the
+	 * next peer's requests when this thread was slow to run on). */
+	mark_active(c);
 	int rc;
 	switch (m.type) {
 	case SC_FRAME_OPEN:
@@ -1144,7 +1149,7 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 		sc_trace_record(m.xfer_id, trace_stage(m.type, true), 0);
 	if (rc != 0)
 		return -1;
-	mark_active(c);
+	atomic_store(&c->last_active_mono_ms, sc_clock_mono_ms()); /* idle from the request's end */
 	if (atomic_load(&c->revoked)) { /* it finished as the operation ended: end anyway */
 		snprintf(why, why_cap, "an operation it served ended: connection cut");
 		return -1;
