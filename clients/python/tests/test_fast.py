@@ -168,6 +168,7 @@ def test_ring_against_a_stand_in(standin):
             os.ftruncate(fp._memfd, 0)
         # the other side ends the session: a wait sees it
         s.hold.set()
+        assert s.held.wait(5)  # it will take nothing more: the submission stays unanswered
         fp.submit(h, 1)
         s.stop = True
         with pytest.raises(errors.UnavailableError):
