@@ -187,8 +187,24 @@ class NatsClusterTest(SidecarTest):
         return result
 
     def settle(self, collectors, expect, timeout=15):
-        wait_until(lambda: sum(len(c.events) for c in collectors) >= expect, timeout,
-                   "%d events" % expect)
+        try:
+            wait_until(lambda: sum(len(c.events) for c in collectors) >= expect, timeout,
+                       "%d events" % expect)
+        except AssertionError as e:
+            # What each subscriber got, and what each live node knows of interest and routes: the
+            # clues for a delivery that never came (seen rarely under ASan, cause not yet known).
+            nodes = []
+            for n in self.nodes:
+                try:
+                    z = n.monitor("subsz")
+                    r = n.monitor("routez")
+                    nodes.append("node%d: %s subscriptions, routes %s" % (
+                        n.idx, z.get("num_subscriptions"),
+                        [(x.get("rid"), x.get("port"), x.get("subscriptions", x.get("num_subs"))) for x in r.get("routes", [])]))
+                except OSError as err:
+                    nodes.append("node%d: %s" % (n.idx, err))
+            raise AssertionError("%s; events per subscriber %s; %s" % (
+                e, [len(c.events) for c in collectors], "; ".join(nodes))) from None
         time.sleep(0.5 * SLOW)  # duplicates, if any, would come now
 
     def exchange_while_down(self, pub, sub):
