@@ -251,9 +251,13 @@ static void run_cancel(struct sc_fast_session *s, const struct rsc_fast_sqe *e)
 		post(s, &c);
 		return;
 	}
-	sc_err_set(&err, SC_NOT_FOUND, "no run with user_data %llu in flight in this session",
-		   (unsigned long long)e->target);
-	post_error(s, e->user_data, &err);
+	/* Not a refused run: the cancel's own answer, not counted in the runs' metrics. */
+	struct rsc_fast_cqe c;
+	char msg[96];
+	snprintf(msg, sizeof(msg), "no run with user_data %llu in flight in this session",
+		 (unsigned long long)e->target);
+	sc_fast_cqe_fill(&c, e->user_data, SC_NOT_FOUND, 0, 0, 0, msg);
+	post(s, &c);
 }
 
 /* Whether the worker queued a CANCEL of user_data behind what was taken: a look at the entries
