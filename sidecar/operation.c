@@ -255,6 +255,10 @@ static void op_retention_cb(void *ctx)
 	struct sc_engine *eng = op->eng;
 	pthread_mutex_lock(&eng->mu);
 	op->retention_timer = 0;
+	if (op->in_table)
+		SC_DEBUG("op", "operation %s forgotten: --retention (%llu ms) passed since it ended; "
+			 "GetOperation/WaitOperation/ReleaseOperation now answer NOT_FOUND",
+			 op->id, (unsigned long long)eng->cfg->retention_ms);
 	op_forget_locked(eng, op);
 	sc_op_unref(eng, op);
 	pthread_mutex_unlock(&eng->mu);
