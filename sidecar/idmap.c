@@ -6,13 +6,20 @@
  * the heap: a busy map rehashes every so many inserts (tombstones), and large arrays freed back to
  * the heap leave holes that small allocations fragment, so the heap would grow with every rehash
  * even though the map does not.
+ *
+ * sc_u64map (the transfer ids of passive uses and peer OPENs) hashes with a seeded mix instead:
+ * its keys come from peers, and an unkeyed hash would let one pick keys that all probe one run.
  */
 #include "idmap.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 struct slot {
 	uint8_t state; /* 0 empty, 1 used, 2 tombstone */
@@ -170,4 +177,133 @@ void sc_idmap_each(const struct sc_idmap *m, void (*fn)(void *ctx, void *value),
 	for (size_t i = 0; i < m->cap; i++)
 		if (m->slots[i].state == 1)
 			fn(ctx, m->slots[i].value);
+}
+
+/* ---- sc_u64map ------------------------------------------------------------------------------- */
+
+struct sc_u64slot {
+	uint64_t key;
+	void *value; /* NULL: empty */
+};
+
+#define U64MAP_MIN 8
+
+static uint64_t u64_seed;
+static pthread_once_t u64_seed_once = PTHREAD_ONCE_INIT;
+
+static void u64_seed_init(void)
+{
+	uint64_t s = 0;
+	if (getrandom(&s, sizeof(s), GRND_NONBLOCK) != (ssize_t)sizeof(s)) {
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		s = (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() << 32 ^
+		    (uint64_t)(uintptr_t)&s;
+	}
+	u64_seed = s | 1;
+}
+
+/* splitmix64's finalizer over the seeded key: a bijection, so distinct keys differ somewhere. */
+static size_t u64_slot(uint64_t key, size_t mask)
+{
+	uint64_t z = key ^ u64_seed;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return (size_t)(z ^ (z >> 31)) & mask;
+}
+
+static int u64_resize(struct sc_u64map *m, size_t ncap)
+{
+	struct sc_u64slot *ns = calloc(ncap, sizeof(*ns));
+	if (!ns)
+		return -1;
+	for (size_t i = 0; i < m->cap; i++) {
+		if (!m->slots[i].value)
+			continue;
+		size_t j = u64_slot(m->slots[i].key, ncap - 1);
+		while (ns[j].value)
+			j = (j + 1) & (ncap - 1);
+		ns[j] = m->slots[i];
+	}
+	free(m->slots);
+	m->slots = ns;
+	m->cap = ncap;
+	return 0;
+}
+
+static struct sc_u64slot *u64_find(const struct sc_u64map *m, uint64_t key)
+{
+	if (!m->cap)
+		return NULL;
+	size_t mask = m->cap - 1;
+	for (size_t i = u64_slot(key, mask);; i = (i + 1) & mask) {
+		struct sc_u64slot *s = &m->slots[i];
+		if (!s->value)
+			return NULL;
+		if (s->key == key)
+			return s;
+	}
+}
+
+int sc_u64map_put(struct sc_u64map *m, uint64_t key, void *value)
+{
+	pthread_once(&u64_seed_once, u64_seed_init);
+	if (!value || u64_find(m, key))
+		return -1;
+	if ((m->used + 1) * 2 > m->cap &&
+	    u64_resize(m, m->cap ? m->cap * 2 : U64MAP_MIN) != 0)
+		return -1;
+	size_t mask = m->cap - 1;
+	size_t i = u64_slot(key, mask);
+	while (m->slots[i].value)
+		i = (i + 1) & mask;
+	m->slots[i] = (struct sc_u64slot){.key = key, .value = value};
+	m->used++;
+	return 0;
+}
+
+void *sc_u64map_get(const struct sc_u64map *m, uint64_t key)
+{
+	struct sc_u64slot *s = u64_find(m, key);
+	return s ? s->value : NULL;
+}
+
+void *sc_u64map_del(struct sc_u64map *m, uint64_t key)
+{
+	struct sc_u64slot *s = u64_find(m, key);
+	if (!s)
+		return NULL;
+	void *v = s->value;
+	/* Backward shift: move up every later entry of the run that may sit at the hole. */
+	size_t mask = m->cap - 1;
+	size_t hole = (size_t)(s - m->slots);
+	for (size_t j = (hole + 1) & mask; m->slots[j].value; j = (j + 1) & mask) {
+		size_t home = u64_slot(m->slots[j].key, mask);
+		/* j's entry may fill the hole unless its home lies cyclically in (hole, j]. */
+		bool stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+		if (stays)
+			continue;
+		m->slots[hole] = m->slots[j];
+		hole = j;
+	}
+	m->slots[hole] = (struct sc_u64slot){0};
+	m->used--;
+	if (m->used == 0)
+		sc_u64map_clear(m);
+	else if (m->cap > U64MAP_MIN && m->used * 8 < m->cap)
+		(void)u64_resize(m, m->cap / 2); /* out of memory: stays as large, still correct */
+	return v;
+}
+
+void sc_u64map_each(const struct sc_u64map *m, void (*fn)(void *ctx, void *value), void *ctx)
+{
+	for (size_t i = 0; i < m->cap; i++)
+		if (m->slots[i].value)
+			fn(ctx, m->slots[i].value);
+}
+
+void sc_u64map_clear(struct sc_u64map *m)
+{
+	free(m->slots);
+	*m = (struct sc_u64map){0};
 }

@@ -4,7 +4,7 @@
  * prefix of a key, a key put again over its tombstone, and churn: 200,000 distinct keys through a
  * map that holds at most 4,096 at once (tombstones force rehashes), then a map that grows to 65,536
  * keys (its slot array past the size mapped on its own) and empties, every live key still found and
- * every deleted one gone. Single-threaded.
+ * every deleted one gone; and sc_u64map against a reference array. Single-threaded.
  */
 #include "check.h"
 #include "idmap.h"
@@ -101,4 +101,46 @@ TEST(churn_through_rehashes)
 	sc_idmap_destroy(m);
 }
 
-RUN_TESTS(T(put_get_del), T(churn_through_rehashes))
+
+/* sc_u64map: random puts and deletes against a reference array (backward-shift deletion keeps
+ * every key findable), keys that differ only in their high bits, and a map that empties. */
+TEST(u64map_against_reference)
+{
+	enum { N = 4096 };
+	static uint8_t present[N];
+	static int vals[N];
+	struct sc_u64map m = {0};
+	uint64_t x = 88172645463325252ull;
+	CHECK(sc_u64map_get(&m, 7) == NULL);
+	CHECK(sc_u64map_del(&m, 7) == NULL);
+	for (int step = 0; step < 400000; step++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		unsigned k = (unsigned)(x % N);
+		uint64_t key = (uint64_t)k << 40 | 0x5a5a; /* the low bits alike: the mix spreads them */
+		if (x & (1ull << 62)) {
+			CHECK_INT_EQ(sc_u64map_put(&m, key, &vals[k]), present[k] ? -1 : 0);
+			present[k] = 1;
+		} else {
+			CHECK(sc_u64map_del(&m, key) == (present[k] ? &vals[k] : NULL));
+			present[k] = 0;
+		}
+		if (step % 50000 == 0) {
+			size_t n = 0;
+			for (unsigned i = 0; i < N; i++) {
+				n += present[i];
+				CHECK(sc_u64map_get(&m, (uint64_t)i << 40 | 0x5a5a) ==
+				      (present[i] ? &vals[i] : NULL));
+			}
+			CHECK_U64_EQ(sc_u64map_count(&m), n);
+		}
+	}
+	CHECK_INT_EQ(sc_u64map_put(&m, 1, NULL), -1);
+	for (unsigned i = 0; i < N; i++)
+		if (present[i])
+			CHECK(sc_u64map_del(&m, (uint64_t)i << 40 | 0x5a5a) == &vals[i]);
+	CHECK_U64_EQ(sc_u64map_count(&m), 0);
+	CHECK(m.slots == NULL); /* empty: nothing held */
+	sc_u64map_clear(&m);
+}
+
+RUN_TESTS(T(put_get_del), T(churn_through_rehashes), T(u64map_against_reference))
