@@ -122,9 +122,8 @@ struct sc_op {
 	uint64_t uses_begun; /* uses OPENed so far (checked against max_uses) */
 	uint64_t uses_done;  /* uses whose DONE reported success */
 	uint64_t uses_failed; /* any_uses: uses that failed or vanished (the others go on) */
-	uint32_t n_uses;     /* records in uses[]: the uses in flight (a finished one is dropped) */
-	uint32_t cap_uses;
-	struct sc_use *uses;
+	uint32_t n_uses;     /* records in uses: the uses in flight (a finished one is dropped) */
+	struct sc_u64map uses; /* xfer_id -> struct sc_use (owned), at most SC_OP_MAX_OPEN_USES */
 	atomic_uint_fast64_t bytes_served; /* passive: bytes every use moved, all together */
 	void *exposure[SC_NUM_BACKENDS];
 

@@ -191,6 +191,12 @@ static void op_notify(struct sc_engine *eng, struct sc_op *op)
 
 /* ---- lifetime -------------------------------------------------------------------------------- */
 
+static void free_use(void *ctx, void *use)
+{
+	(void)ctx;
+	free(use);
+}
+
 static void op_free(struct sc_engine *eng, struct sc_op *op)
 {
 	sc_sched_ungate(eng, op); /* one that failed before it was published */
@@ -205,7 +211,8 @@ static void op_free(struct sc_engine *eng, struct sc_op *op)
 	if (op->meta_valid)
 		sc_metadata_free(&op->meta);
 	free(op->xfer.segs);
-	free(op->uses);
+	sc_u64map_each(&op->uses, free_use, NULL);
+	sc_u64map_clear(&op->uses);
 	free(op->regions);
 	free(op->descs);
 	free(op->metadata);
@@ -561,12 +568,6 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 	op->omit_descs = req->omit_descs;
 	op->any_uses = req->any_uses;
 	op->max_uses = req->any_uses ? UINT32_MAX : req->max_uses ? req->max_uses : 1;
-	op->cap_uses = op->max_uses < 4 ? op->max_uses : 4; /* grows with the uses in flight */
-	op->uses = calloc(op->cap_uses, sizeof(*op->uses));
-	if (!op->uses) {
-		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
-		goto fail;
-	}
 	op->status = SC_OPS_INITIALIZED;
 	do {
 		if (sc_random_bytes(op->token, SC_TOKEN_LEN) != 0) {
@@ -1366,10 +1367,12 @@ static struct sc_op *open_lookup(struct sc_engine *eng, const uint8_t *token, st
 	return NULL;
 }
 
-/* A use that finished leaves the records (the last one takes its place). Under mu. */
+/* A use that finished leaves the records. Under mu; O(1). */
 static void drop_use(struct sc_op *op, struct sc_use *use)
 {
-	*use = op->uses[--op->n_uses];
+	sc_u64map_del(&op->uses, use->xfer_id);
+	op->n_uses--;
+	free(use);
 }
 
 /* One use of an any_uses operation failed: the others go on (a reader that fails or vanishes
@@ -1384,12 +1387,11 @@ static void use_failed_locked(struct sc_engine *eng, struct sc_op *op, uint64_t 
 	op_notify(eng, op);
 }
 
+/* The use transfer xfer_id holds, or NULL. Under mu; O(1) (a hash, whatever the uses in
+ * flight). */
 static struct sc_use *find_use(struct sc_op *op, uint64_t xfer_id)
 {
-	for (uint32_t i = 0; i < op->n_uses; i++)
-		if (op->uses[i].xfer_id == xfer_id)
-			return &op->uses[i];
-	return NULL;
+	return sc_u64map_get(&op->uses, xfer_id);
 }
 
 static int passive_open(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
@@ -1432,21 +1434,23 @@ static int passive_open(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 				   op->uses_begun, op->max_uses);
 			goto out;
 		}
-		if (op->n_uses == op->cap_uses) {
-			uint32_t cap = op->cap_uses ? op->cap_uses * 2 : 4;
-			struct sc_use *grown = realloc(op->uses, cap * sizeof(*grown));
-			if (!grown) {
-				sc_err_set(err, SC_RESOURCE_EXHAUSTED,
-					   "sidecar out of memory for another use of operation %s",
-					   op->id);
-				goto out;
-			}
-			op->uses = grown;
-			op->cap_uses = cap;
+		if (op->n_uses >= SC_OP_MAX_OPEN_USES) {
+			sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+				   "operation %s on sidecar %s already has %u transfers open at once "
+				   "(the most a passive operation serves at once): finish some (DONE) "
+				   "and retry",
+				   op->id, eng->id, op->n_uses);
+			goto out;
 		}
-		op->uses[op->n_uses].xfer_id = xfer_id;
-		op->uses[op->n_uses].done = false;
-		op->uses[op->n_uses].refused = SC_OK;
+		struct sc_use *use = calloc(1, sizeof(*use));
+		if (!use || sc_u64map_put(&op->uses, xfer_id, use) != 0) {
+			free(use);
+			sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+				   "sidecar out of memory for another use of operation %s", op->id);
+			goto out;
+		}
+		use->xfer_id = xfer_id;
+		use->refused = SC_OK;
 		op->n_uses++;
 		op->uses_begun++;
 		snprintf(op->peer, sizeof(op->peer), "%s", peer_id ? peer_id : "");

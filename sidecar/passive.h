@@ -26,6 +26,13 @@
 
 struct sc_op;
 
+/* The uses of one passive operation open at once (OPENed, their DONE not yet come): an OPEN past
+ * it is refused RESOURCE_EXHAUSTED "operation X ... already has N transfers open at once", and
+ * goes through once some finish. Bounds the engine's bookkeeping per operation (a hash of the
+ * uses in flight, each OPEN and DONE O(1) under the engine lock), whatever a peer holding an
+ * any_uses token sends. */
+#define SC_OP_MAX_OPEN_USES 1024u
+
 /* A pinned range of a passive operation's memory. While held, the memory stays mapped even if the
  * operation is cancelled or its region force-deregistered; so the holder moves it within a bound:
  * by deadline_mono_ms, and no further once the operation ends (the engine then tells the data
@@ -51,7 +58,8 @@ struct sc_passive_ops {
 	 * allowed (several connections of one transfer). Errors: NOT_FOUND (unknown token:
 	 * "metadata does not name a live operation"), FAILED_PRECONDITION (expired, uses
 	 * exhausted, cancelled, completed), INVALID_ARGUMENT (direction or size mismatch),
-	 * PERMISSION_DENIED (peer is not the audience).
+	 * PERMISSION_DENIED (peer is not the audience), RESOURCE_EXHAUSTED (SC_OP_MAX_OPEN_USES
+	 * uses already open).
 	 */
 	int (*open)(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		    enum sc_op_kind peer_kind, const char *peer_id, uint64_t total_bytes,
