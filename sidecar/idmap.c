@@ -295,6 +295,15 @@ void *sc_u64map_del(struct sc_u64map *m, uint64_t key)
 	return v;
 }
 
+int sc_u64map_replace(struct sc_u64map *m, uint64_t key, void *value)
+{
+	struct sc_u64slot *s = u64_find(m, key);
+	if (!s || !value)
+		return -1;
+	s->value = value;
+	return 0;
+}
+
 void sc_u64map_each(const struct sc_u64map *m, void (*fn)(void *ctx, void *value), void *ctx)
 {
 	for (size_t i = 0; i < m->cap; i++)

@@ -45,6 +45,8 @@ int sc_u64map_put(struct sc_u64map *m, uint64_t key, void *value);
 void *sc_u64map_get(const struct sc_u64map *m, uint64_t key);
 /* The removed value, or NULL. */
 void *sc_u64map_del(struct sc_u64map *m, uint64_t key);
+/* Give a present key another (non-NULL) value in place, never allocating: 0, or -1 when absent. */
+int sc_u64map_replace(struct sc_u64map *m, uint64_t key, void *value);
 static inline size_t sc_u64map_count(const struct sc_u64map *m)
 {
 	return m->used;

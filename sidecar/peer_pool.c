@@ -18,6 +18,7 @@
  */
 #include "peer_pool.h"
 #include "peer_conn.h"
+#include "peer_request.h"
 
 #include "log.h"
 #include "peer_proto.h"
@@ -219,14 +220,18 @@ fail:;
 /*
  * A failure worth another try: the peer's data port refused or reset the connection, or closed
  * it before saying anything (what a busy data port does to connections it cannot take, see
- * peer_server.c). A refusal the peer explained (ERROR frame), a certificate or a key that does
- * not verify, and garbage are final.
+ * peer_server.c), or it said it is busy and to retry (RESOURCE_EXHAUSTED "... busy: retry in a
+ * few seconds": --data-max-peers, or this sidecar's share of it, all with a request in hand). Any
+ * other refusal the peer explained (ERROR frame), a certificate or a key that does not verify,
+ * and garbage are final.
  */
 static bool retryable(const struct sc_err *err, int connect_errno)
 {
 	if (connect_errno)
 		return connect_errno == ECONNREFUSED || connect_errno == ECONNRESET ||
 		       connect_errno == EAGAIN;
+	if (err->code == SC_RESOURCE_EXHAUSTED && strstr(err->msg, "busy: retry in"))
+		return true;
 	return err->code == SC_UNAVAILABLE && !strstr(err->msg, "refused the hello") &&
 	       (strstr(err->msg, "closed the connection") || strstr(err->msg, strerror(ECONNRESET)) ||
 		strstr(err->msg, strerror(EPIPE)));
@@ -241,6 +246,9 @@ static int dial_once(struct sc_peer_pool *pool, struct sc_keyring *ring, struct 
 {
 	const char *endpoint = c->endpoint;
 	*connect_errno = 0;
+	atomic_store(&c->broken, false); /* a fresh attempt (after a failed one) */
+	c->peer_closed = c->hold_next = c->held = false;
+	c->outstanding = 0;
 	snprintf(c->what, sizeof(c->what), "peer sidecar at %s", endpoint);
 	char port_text[8];
 	snprintf(port_text, sizeof(port_text), "%u", port);
@@ -291,6 +299,17 @@ static int dial_once(struct sc_peer_pool *pool, struct sc_keyring *ring, struct 
 					  c->peer_id, err);
 	if (rc == 0) /* whom its certificate names (checked against the issuer by the caller) */
 		rc = sc_peer_tls_reached(pool->tls, c->fd, c->peer_id, c->what, c->cert_id, err);
+	if (rc == 0) {
+		/* The peer admits a connection under its caps only after the hello (peer_server.c),
+		 * and a refusal then answers the first request. Ask with a PING now (one round
+		 * trip per new connection), so that "busy: retry" is an answer here, retried with
+		 * backoff within the caller's deadline, and never fails a transfer. */
+		snprintf(c->what, sizeof(c->what), "peer sidecar \"%s\" at %s", c->peer_id, endpoint);
+		rc = sc_peer_ping(c, w.deadline_mono_ms, cancel, err);
+		if (rc != 0 && err && err->code == SC_DEADLINE_EXCEEDED &&
+		    w.deadline_mono_ms == hello_until)
+			err->code = SC_UNAVAILABLE;
+	}
 	if (rc != 0) {
 		if (err && err->code == SC_INVALID_ARGUMENT) /* garbage: not a sidecar */
 			err->code = SC_UNAVAILABLE;

@@ -56,9 +56,11 @@ void sc_peer_pool_destroy(struct sc_peer_pool *pool);
  */
 int sc_peer_pool_get(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadline_mono_ms,
 		     struct sc_peer_conn **out, struct sc_err *err);
-/* The same; a new connection that was refused, reset or closed before the hello is dialed again
- * with backoff (50 ms doubling to 1 s) until the deadline (SC_PEER_CONNECT_TIMEOUT_MS when 0),
- * and cancel (NULL: none) ends the retries with CANCELLED. */
+/* The same; a new connection that was refused, reset or closed before the hello, or that the peer
+ * refused as busy (RESOURCE_EXHAUSTED "... busy: retry in a few seconds", asked with a PING after
+ * the hello: its caps admit a connection only then), is dialed again with backoff (50 ms
+ * doubling to 1 s) until the deadline (SC_PEER_CONNECT_TIMEOUT_MS when 0), and cancel (NULL:
+ * none) ends the retries with CANCELLED. */
 int sc_peer_pool_get_cancellable(struct sc_peer_pool *pool, const char *endpoint,
 				 uint64_t deadline_mono_ms, const atomic_bool *cancel,
 				 struct sc_peer_conn **out, struct sc_err *err);

@@ -6,9 +6,10 @@
  * the server was created with, so the engine checks direction, bounds, deadline and state, and
  * bytes move straight between region memory and the socket.
  *
- * Threads: one accept thread, one thread per accepted connection (at most --data-max-peers
- * authenticated ones: at the cap the one idle longest is closed for a new peer, and only when
- * every one is busy is a peer refused). Handlers registered for extra frame types (the ibverbs backend's
+ * Threads: one accept thread, and a pool of threads serving the connections (at most
+ * --data-max-peers authenticated ones, a quarter of them per peer id: at a cap an idle one, with
+ * no request in hand whatever it has OPENed, is closed for a new peer, and only when every one
+ * is busy is a peer refused, told to retry). Handlers registered for extra frame types (the ibverbs backend's
  * QP_CONNECT) run on connection threads. Create, start and destroy are called from the engine's
  * lifecycle thread; the other calls from any thread.
  */
@@ -31,6 +32,12 @@ struct sc_peer_server;
 /* Authenticated connections (after the hello). Connections still before their hello have their
  * own limits, --data-max-unauth and --data-max-unauth-per-ip, and a 3 s deadline. */
 #define SC_PEER_SERVER_MAX_CONNS 1024 /* --data-max-peers' default */
+/* One peer id holds at most a quarter of --data-max-peers (at least 1): at its share a new
+ * connection of it closes its own idle one, or is refused while all of them are busy. */
+/* Transfers one connection may hold OPENed at once (DONE not yet come, operation not ended): an
+ * OPEN past it is refused RESOURCE_EXHAUSTED "this connection already has N transfers open",
+ * the connection goes on. */
+#define SC_PEER_SERVER_MAX_OPEN 256u
 /* A connection with no request for this long is closed (the pool forgets idle ones sooner). */
 #define SC_PEER_SERVER_IDLE_MS (180u * 1000u)
 
@@ -97,8 +104,9 @@ struct sc_passive sc_peer_server_passive(struct sc_peer_server *srv);
  * its region deregistered): every connection now serving a READ, WRITE, READV or WRITEV of it is
  * cut (shut down; its thread stops between two system calls, releases its spans and ends the
  * connection), so no further byte of the operation's memory is read or written. Connections that
- * only opened it are left alone: their next request finds no live operation. Any thread; takes
- * only the server's lock and never blocks.
+ * only opened it are left open, but their records of it are dropped (they hold no room for it,
+ * and no orphan of it is reported): their next request of it is refused. Any thread; takes only
+ * the server's lock, costs O(connections serving + records of the token), never blocks.
  */
 void sc_peer_server_revoke(struct sc_peer_server *srv, const uint8_t token[SC_TOKEN_LEN]);
 
