@@ -11,11 +11,10 @@ import shutil
 import sys
 import time
 
-import random
 import urllib.request
 
-from harness import SLOW, SidecarTest, desc, free_port, main, pb, wait_until
-from peer_client import PEER_READ, Peer, PeerError, metadata_token
+from harness import SLOW, SidecarTest, free_port, main, wait_until
+from peer_client import Peer, PeerError
 
 if not shutil.which("prlimit"):
     print("SKIP: prlimit (util-linux) is not installed")
@@ -101,12 +100,13 @@ class LimitsTest(SidecarTest):
         wait_until(lambda: 'closed the one idle longest, peer sidecar "p0"' in s.read_log(), 10 * SLOW,
                    "the eviction in the log")
         self.assertIn("rdma_sidecar_peer_connections_evicted_total 1", metrics())
-        # Every connection busy (a transfer opened on each): the next peer is refused, told why.
-        r = s.create_region(4096)
+        # Every connection busy (a request in hand on each: a frame begun, its rest not sent): the
+        # next peer is refused, told why. A transfer OPENed without its DONE does not make a
+        # connection busy (issue 32: test_peer_slots.py).
         for p in peers[1:]:
-            op = s.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(r, 0, 4096)], timeout_ms=60000),
-                                       timeout=10)
-            p.open(metadata_token(op.metadata), random.getrandbits(64), PEER_READ, 4096)
+            p.sock.sendall(b"\x01\x0b")  # the first two bytes of a PING's header
+        wait_until(lambda: 'rdma_sidecar_peer_connections{state="busy"} 4' in metrics(), 10 * SLOW,
+                   "the four connections to be busy")
         late = Peer(host, int(dport), "k1", key, client_id="late")  # the refusal follows the hello
         late.sock.settimeout(10 * SLOW)
         with self.assertRaises(PeerError) as cm:
