@@ -75,6 +75,7 @@ enum opt_id {
 	OPT_NATS_NKEY_SEED,
 	OPT_DATA_MAX_UNAUTH_PER_IP,
 	OPT_DATA_MAX_UNAUTH,
+	OPT_DATA_FIRST_BYTE_TIMEOUT,
 	OPT_DATA_MAX_PEERS,
 	OPT_DATA_IO_THREADS,
 	OPT_IB_DEVICE,
@@ -254,7 +255,14 @@ static const struct sc_option sc_options[] = {
 	 .help = "data connections one address may hold before its hello, 1-1024", .def = "16"},
 	{.id = OPT_DATA_MAX_UNAUTH, T_U32(data_max_unauth, 1, 1024), .name = "data-max-unauth", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "Data plane",
-	 .help = "data connections before their hello, all addresses, 1-1024", .def = "64"},
+	 .help = "data connections before their hello, all addresses, 1-1024; when full, the "
+		 "oldest silent one is closed for a new one",
+	 .def = "64"},
+	{.id = OPT_DATA_FIRST_BYTE_TIMEOUT, .name = "data-first-byte-timeout", .arg = ARG_REQUIRED,
+	 .value = "DURATION", .group = "Data plane",
+	 .help = "a data connection that sends nothing for this long after it is accepted is "
+		 "closed, 10ms-60s (its TLS handshake and hello then have 2s more)",
+	 .def = "1s"},
 
 	{.id = OPT_DATA_MAX_PEERS, T_U32(data_max_peers, 1, 65536), .name = "data-max-peers", .arg = ARG_REQUIRED,
 	 .value = "N", .group = "Data plane",
@@ -1342,6 +1350,14 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 					"\"%.*s\": must be longer than 0 (e.g. 60s)", VALUE_SHOWN,
 					v);
 		break;
+	case OPT_DATA_FIRST_BYTE_TIMEOUT:
+		rc = sc_parse_duration_ms(v, &cfg->data_first_byte_timeout_ms, err);
+		if (rc == 0 && (cfg->data_first_byte_timeout_ms < 10 ||
+				cfg->data_first_byte_timeout_ms > 60 * 1000))
+			rc = sc_err_set(err, SC_INVALID_ARGUMENT,
+					"\"%.*s\": expected a duration from 10ms to 60s (e.g. 1s)",
+					VALUE_SHOWN, v);
+		break;
 	case OPT_CANCEL_WAIT:
 		rc = sc_parse_duration_ms(v, &cfg->cancel_wait_ms, err);
 		if (rc == 0 && cfg->cancel_wait_ms > 30 * 1000)
@@ -1416,6 +1432,7 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->ib_max_qps = 1024;
 	cfg->data_max_unauth_per_ip = 16;
 	cfg->data_max_unauth = 64;
+	cfg->data_first_byte_timeout_ms = 1000;
 	cfg->data_max_peers = 1024;
 	cfg->data_io_threads = 4;
 	cfg->fast_path_max_sessions = 64;

@@ -110,6 +110,7 @@ struct sc_config {
 	char *nats_nkey_seed;                         /* --nats-nkey-seed */
 	uint32_t data_max_unauth_per_ip;              /* --data-max-unauth-per-ip, 16 */
 	uint32_t data_max_unauth;                     /* --data-max-unauth, 64 */
+	uint64_t data_first_byte_timeout_ms;          /* --data-first-byte-timeout, 1000 */
 	uint32_t data_max_peers;                      /* --data-max-peers, 1024 */
 	uint32_t data_io_threads;                     /* --data-io-threads, 4 */
 	char *fast_path_socket;                       /* --fast-path-socket; NULL = derived, "off" */

@@ -57,7 +57,6 @@
 #include "list.h"
 #include "listen.h"
 #include "log.h"
-#include "idmap.h"
 #include "passive.h"
 #include "peer_proto.h"
 #include "peer_tls.h"
@@ -92,9 +91,17 @@
 /* How often the accept thread looks for connections idle too long or without their hello. */
 #define SWEEP_MS 250
 #define SERVER_SLICE_MS 1000
-/* A connection must finish the TLS handshake and the hello this fast (an idle flood is dropped
- * sooner than the dialing side's SC_PEER_HELLO_TIMEOUT_MS). */
-#define UNAUTH_DEADLINE_MS 3000
+/* A new connection's first byte (its TLS ClientHello or its hello) must arrive within
+ * --data-first-byte-timeout (1 s; a dialing sidecar sends at once), and the TLS handshake and the
+ * hello must end within UNAUTH_HELLO_MS after that: 3 s from the accept by default, sooner than
+ * the dialing side's SC_PEER_HELLO_TIMEOUT_MS. */
+#define UNAUTH_HELLO_MS 2000
+/* Room before the hello (see accept_one): addresses whose hello succeeded within RECENT_AUTH_MS
+ * (at most RECENT_AUTH_SLOTS of them, the longest-silent forgotten first) have a quarter of
+ * --data-max-unauth kept for them; a /24 (IPv4) or /64 (IPv6) may hold at most a quarter of the
+ * rest, or --data-max-unauth-per-ip when that is larger. */
+#define RECENT_AUTH_SLOTS 64
+#define RECENT_AUTH_MS (10u * 60u * 1000u)
 /* After refusing a hello with an ERROR frame, read what the peer still sends for this long, so
  * the close does not reset the connection before the peer has read why. */
 #define REFUSAL_DRAIN_MS 200
@@ -104,57 +111,19 @@
 /* Replies held back at most (one OK: 8 bytes). */
 #define HELD_CAP 64u
 
-/*
- * The transfer records. A transfer (token, xfer_id) OPENed here whose DONE has not come and whose
- * operation has not ended is a struct rec, held (struct hold) by each live connection that OPENed
- * it; once the last of them ended it is an orphan for ORPHAN_GRACE_MS. Records are indexed by
- * (token, xfer_id) (srv->recs), by xfer_id (srv->by_xfer: the claim) and by token (srv->toks: the
- * revoke), so an OPEN, READ, DONE, claim or revoke costs O(1) under srv->mu whatever the number
- * of connections and records, and a connection's end O(its own records), at most
- * SC_PEER_SERVER_MAX_OPEN. The two u64 maps chain records whose keys meet (only transfers of
- * different tokens can: for one token the key is the xfer_id's bijection).
- */
-struct rec;
-
-struct orphan {
+struct xref {
 	uint8_t token[SC_TOKEN_LEN];
 	uint64_t xfer_id;
-	enum sc_backend_kind via;
+	enum sc_op_kind kind; /* what the peer OPENed it for: SC_OP_READ or SC_OP_WRITE */
+	enum sc_backend_kind via; /* OPENed saying this backend moves the bytes (NONE: this channel) */
+};
+
+struct orphan {
+	struct xref ref;
 	char peer_id[SC_NAME_MAX]; /* who opened it */
 	uint64_t due_mono_ms;
 	char why[SC_ERR_MSG_MAX];
-	struct sc_list node; /* on srv->orphans, first due first */
-	struct rec *rec;
-};
-
-struct tok { /* the records of one token */
-	uint8_t token[SC_TOKEN_LEN];
-	struct sc_list recs; /* struct rec */
-};
-
-struct rec {
-	uint8_t token[SC_TOKEN_LEN];
-	uint64_t xfer_id;
-	struct sc_list holds;  /* struct hold: the live connections that OPENed it */
-	struct orphan *orphan; /* once the last of them ended without its DONE */
-	struct tok *tok;
-	struct sc_list tok_node;
-	struct rec *hash_next, *xfer_next; /* chains in srv->recs and srv->by_xfer */
-};
-
-struct hold { /* connection c OPENed rec */
-	struct rec *rec;
-	struct conn *c;
-	enum sc_op_kind kind; /* what the peer OPENed it for: SC_OP_READ or SC_OP_WRITE */
-	enum sc_backend_kind via; /* OPENed saying this backend moves the bytes (NONE: this channel) */
-	struct sc_list conn_node; /* on c->opened */
-	struct sc_list rec_node;  /* on rec->holds */
-};
-
-/* The authenticated connections of one peer id (its share of --data-max-peers). */
-struct ident {
-	char id[SC_NAME_MAX];
-	uint32_t n;
+	struct sc_list node; /* on srv->orphans, newest first */
 };
 
 struct conn {
@@ -162,15 +131,19 @@ struct conn {
 	int fd;
 	uint64_t accepted_mono_ms;
 	char addr[80];          /* "1.2.3.4:5678" */
-	char ip[INET6_ADDRSTRLEN]; /* "1.2.3.4": the source address the flood limits count by */
+	char ip[INET6_ADDRSTRLEN]; /* "1.2.3.4": the source address, for messages */
+	uint8_t net[16]; /* the source address the flood limits count by (IPv4 as ::ffff:a.b.c.d) */
 	bool authed;               /* under srv->mu: the hello succeeded */
+	/* Before the hello (under srv->mu): on srv->prehello, oldest first, while it holds room
+	 * there; in the room kept for recently authenticated addresses; closed to admit a newer
+	 * connection. */
+	struct sc_list wait_node;
+	bool reserved;
+	bool displaced;
 	char peer_id[SC_NAME_MAX];
 	char what[SC_NAME_MAX + 120]; /* "peer sidecar \"id\" at addr", for messages */
-	/* Under srv->mu: struct hold, the transfers it OPENed (set up when it is admitted: zeroed
-	 * before), and their number (at most SC_PEER_SERVER_MAX_OPEN). */
-	struct sc_list opened;
-	size_t n_opened;
-	struct sc_list serving_node;        /* under srv->mu: on srv->serving while serving */
+	struct xref *opened;          /* under srv->mu */
+	size_t n_opened, cap_opened;
 	bool serving;                       /* under srv->mu: a data request holds spans of... */
 	uint8_t serving_token[SC_TOKEN_LEN]; /* ...this operation */
 	atomic_bool revoked; /* that operation ended mid-request: stop moving bytes, end */
@@ -244,14 +217,18 @@ struct sc_peer_server {
 	 * connection is the one with the smallest number. */
 	atomic_uint_fast64_t activity_seq;
 	uint32_t max_unauth_per_ip, max_unauth;
+	/* Before the hello (accept_one): connections holding room, oldest first; of them, in the
+	 * general room [0] and in the room kept for recently authenticated addresses [1]. */
+	struct sc_list prehello;
+	size_t n_waiting_room[2];
+	uint32_t reserved_room, max_unauth_per_prefix; /* derived from max_unauth, max_unauth_per_ip */
+	uint64_t first_byte_ms; /* --data-first-byte-timeout */
+	struct recent_auth {
+		uint8_t net[16];
+		uint64_t mono_ms; /* its last hello that succeeded; 0: a free slot */
+	} recent_auth[RECENT_AUTH_SLOTS]; /* under mu */
 	struct sc_peer_tls *tls; /* NULL: plain TCP */
 	struct sc_list orphans; /* struct orphan */
-	struct sc_u64map recs;    /* struct rec by rec_key(token, xfer_id), chained */
-	struct sc_u64map by_xfer; /* struct rec by xfer_id, chained */
-	struct sc_idmap *toks;    /* struct tok by token */
-	struct sc_idmap *idents;  /* struct ident by ident_key(peer id) */
-	struct sc_list serving;   /* struct conn: serving a data request (serving_node) */
-	uint32_t max_per_id;      /* one peer id's share of max_peers */
 	sc_peer_handler_fn qp_fn;
 	void *qp_ctx;
 	unsigned qp_busy;
@@ -285,172 +262,23 @@ static void format_addr(const struct sockaddr *sa, char *out, size_t cap)
 	}
 }
 
-/* ---- transfer records (struct rec; all under srv->mu) ---------------------------------------- */
-
-static uint64_t rd64(const uint8_t *p)
+static bool xref_eq(const struct xref *a, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id)
 {
-	uint64_t v;
-	memcpy(&v, p, sizeof(v));
-	return v;
+	return a->xfer_id == xfer_id && memcmp(a->token, token, SC_TOKEN_LEN) == 0;
 }
 
-/* For one token a bijection of xfer_id, so only records of different tokens share a key. */
-static uint64_t rec_key(const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id)
+/* Remove (token, xfer_id) from the orphans. Under mu. */
+static void orphan_forget_locked(struct sc_peer_server *srv, const uint8_t token[SC_TOKEN_LEN],
+				 uint64_t xfer_id)
 {
-	uint64_t t = rd64(token + 8);
-	return xfer_id ^ rd64(token) ^ (t << 29 | t >> 35);
-}
-
-static struct rec **chain_next(struct rec *r, bool by_xfer)
-{
-	return by_xfer ? &r->xfer_next : &r->hash_next;
-}
-
-/* Add r to the chain at key (second when there is one: the map is not touched). */
-static int chain_add(struct sc_u64map *m, uint64_t key, struct rec *r, bool by_xfer)
-{
-	struct rec *head = sc_u64map_get(m, key);
-	if (!head) {
-		*chain_next(r, by_xfer) = NULL;
-		return sc_u64map_put(m, key, r);
-	}
-	*chain_next(r, by_xfer) = *chain_next(head, by_xfer);
-	*chain_next(head, by_xfer) = r;
-	return 0;
-}
-
-static void chain_del(struct sc_u64map *m, uint64_t key, struct rec *r, bool by_xfer)
-{
-	struct rec *head = sc_u64map_get(m, key);
-	if (head == r) {
-		struct rec *next = *chain_next(r, by_xfer);
-		if (next)
-			sc_u64map_replace(m, key, next);
-		else
-			sc_u64map_del(m, key);
-		return;
-	}
-	for (struct rec *p = head; p; p = *chain_next(p, by_xfer)) {
-		if (*chain_next(p, by_xfer) == r) {
-			*chain_next(p, by_xfer) = *chain_next(r, by_xfer);
-			return;
+	struct sc_list *pos, *tmp;
+	sc_list_foreach_safe(pos, tmp, &srv->orphans) {
+		struct orphan *o = sc_list_entry(pos, struct orphan, node);
+		if (xref_eq(&o->ref, token, xfer_id)) {
+			sc_list_remove(&o->node);
+			free(o);
 		}
 	}
-}
-
-static struct rec *rec_find_locked(const struct sc_peer_server *srv,
-				   const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id)
-{
-	for (struct rec *r = sc_u64map_get(&srv->recs, rec_key(token, xfer_id)); r; r = r->hash_next)
-		if (r->xfer_id == xfer_id && memcmp(r->token, token, SC_TOKEN_LEN) == 0)
-			return r;
-	return NULL;
-}
-
-/* A new record, indexed three ways; NULL when out of memory. */
-static struct rec *rec_new_locked(struct sc_peer_server *srv, const uint8_t token[SC_TOKEN_LEN],
-				  uint64_t xfer_id)
-{
-	struct rec *r = calloc(1, sizeof(*r));
-	if (!r)
-		return NULL;
-	memcpy(r->token, token, SC_TOKEN_LEN);
-	r->xfer_id = xfer_id;
-	sc_list_init(&r->holds);
-	struct tok *t = sc_idmap_get(srv->toks, token, SC_TOKEN_LEN);
-	bool new_tok = !t;
-	if (new_tok) {
-		t = calloc(1, sizeof(*t));
-		if (!t)
-			goto fail;
-		memcpy(t->token, token, SC_TOKEN_LEN);
-		sc_list_init(&t->recs);
-		if (sc_idmap_put(srv->toks, token, SC_TOKEN_LEN, t) != 0) {
-			free(t);
-			goto fail;
-		}
-	}
-	if (chain_add(&srv->recs, rec_key(token, xfer_id), r, false) != 0)
-		goto fail_tok;
-	if (chain_add(&srv->by_xfer, xfer_id, r, true) != 0) {
-		chain_del(&srv->recs, rec_key(token, xfer_id), r, false);
-		goto fail_tok;
-	}
-	r->tok = t;
-	sc_list_insert_tail(&t->recs, &r->tok_node);
-	return r;
-fail_tok:
-	if (new_tok) {
-		sc_idmap_del(srv->toks, token, SC_TOKEN_LEN);
-		free(t);
-	}
-fail:
-	free(r);
-	return NULL;
-}
-
-static void hold_free_locked(struct hold *h)
-{
-	sc_list_remove(&h->conn_node);
-	sc_list_remove(&h->rec_node);
-	h->c->n_opened--;
-	free(h);
-}
-
-/* The transfer ended (its DONE, its claim, its operation's end, or as an orphan told): forget it
- * everywhere. */
-static void rec_drop_locked(struct sc_peer_server *srv, struct rec *r)
-{
-	while (!sc_list_empty(&r->holds))
-		hold_free_locked(sc_list_entry(sc_list_first(&r->holds), struct hold, rec_node));
-	if (r->orphan) {
-		sc_list_remove(&r->orphan->node);
-		free(r->orphan);
-	}
-	chain_del(&srv->recs, rec_key(r->token, r->xfer_id), r, false);
-	chain_del(&srv->by_xfer, r->xfer_id, r, true);
-	sc_list_remove(&r->tok_node);
-	if (sc_list_empty(&r->tok->recs)) {
-		sc_idmap_del(srv->toks, r->token, SC_TOKEN_LEN);
-		free(r->tok);
-	}
-	free(r);
-}
-
-static struct hold *hold_of(const struct rec *r, const struct conn *c)
-{
-	const struct sc_list *pos;
-	sc_list_foreach(pos, &r->holds) {
-		struct hold *h = sc_list_entry(pos, struct hold, rec_node);
-		if (h->c == c)
-			return h;
-	}
-	return NULL;
-}
-
-/* May this connection OPEN (token, xfer_id)? Not past SC_PEER_SERVER_MAX_OPEN open transfers,
- * unless it holds this one already (another OPEN of it). Asked before the engine, so a refused
- * OPEN claims no use. Only the connection's own thread adds to its records, so the room is still
- * there when it tracks the transfer. */
-static bool open_room(struct conn *c, const struct sc_peer_msg *m, struct sc_err *err)
-{
-	struct sc_peer_server *srv = c->srv;
-	pthread_mutex_lock(&srv->mu);
-	bool ok = c->n_opened < SC_PEER_SERVER_MAX_OPEN;
-	if (!ok) {
-		const struct rec *r = rec_find_locked(srv, m->token, m->xfer_id);
-		ok = r && hold_of(r, c);
-	}
-	size_t n = c->n_opened;
-	pthread_mutex_unlock(&srv->mu);
-	if (ok)
-		return true;
-	sc_err_set(err, SC_RESOURCE_EXHAUSTED,
-		   "this connection already has %zu transfers open on sidecar %s (the most one "
-		   "peer connection may hold): send their DONE, or OPEN on another connection",
-		   n, srv->self_id);
-	SC_WARN_LIMITED("peer", "peer-open-cap", "refused an OPEN from %s: %s", c->what, err->msg);
-	return false;
 }
 
 /* Track a transfer this connection opened. Returns -1 when out of memory. */
@@ -460,32 +288,24 @@ static int track(struct conn *c, const uint8_t token[SC_TOKEN_LEN], uint64_t xfe
 	struct sc_peer_server *srv = c->srv;
 	int rc = 0;
 	pthread_mutex_lock(&srv->mu);
-	struct rec *r = rec_find_locked(srv, token, xfer_id);
-	if (!r && !(r = rec_new_locked(srv, token, xfer_id))) {
-		rc = -1;
-		goto out;
+	orphan_forget_locked(srv, token, xfer_id);
+	for (size_t i = 0; i < c->n_opened; i++)
+		if (xref_eq(&c->opened[i], token, xfer_id))
+			goto out;
+	if (c->n_opened == c->cap_opened) {
+		size_t cap = c->cap_opened ? 2 * c->cap_opened : 4;
+		struct xref *grown = realloc(c->opened, cap * sizeof(*grown));
+		if (!grown) {
+			rc = -1;
+			goto out;
+		}
+		c->opened = grown;
+		c->cap_opened = cap;
 	}
-	if (r->orphan) { /* OPENed again: no longer an orphan */
-		sc_list_remove(&r->orphan->node);
-		free(r->orphan);
-		r->orphan = NULL;
-	}
-	if (hold_of(r, c))
-		goto out;
-	struct hold *h = calloc(1, sizeof(*h));
-	if (!h) {
-		if (sc_list_empty(&r->holds))
-			rec_drop_locked(srv, r);
-		rc = -1;
-		goto out;
-	}
-	h->rec = r;
-	h->c = c;
-	h->kind = kind;
-	h->via = via;
-	sc_list_insert_tail(&r->holds, &h->rec_node);
-	sc_list_insert_tail(&c->opened, &h->conn_node);
-	c->n_opened++;
+	memcpy(c->opened[c->n_opened].token, token, SC_TOKEN_LEN);
+	c->opened[c->n_opened].xfer_id = xfer_id;
+	c->opened[c->n_opened].via = via;
+	c->opened[c->n_opened++].kind = kind;
 out:
 	pthread_mutex_unlock(&srv->mu);
 	return rc;
@@ -498,17 +318,17 @@ static bool opened_here(struct conn *c, const struct sc_peer_msg *m, enum sc_op_
 {
 	bool found = false, ok = false;
 	pthread_mutex_lock(&c->srv->mu);
-	const struct rec *r = rec_find_locked(c->srv, m->token, m->xfer_id);
-	const struct hold *h = r ? hold_of(r, c) : NULL;
-	if (h) {
-		found = true;
-		ok = h->kind == kind;
+	for (size_t i = 0; i < c->n_opened && !found; i++) {
+		if (xref_eq(&c->opened[i], m->token, m->xfer_id)) {
+			found = true;
+			ok = c->opened[i].kind == kind;
+		}
 	}
 	pthread_mutex_unlock(&c->srv->mu);
 	if (!found)
 		sc_err_set(err, SC_FAILED_PRECONDITION,
 			   "%s of transfer %016" PRIx64 " before its OPEN on this connection (or "
-			   "after its DONE, or after its operation ended)",
+			   "after its DONE)",
 			   sc_frame_type_name(m->type), m->xfer_id);
 	else if (!ok)
 		sc_err_set(err, SC_FAILED_PRECONDITION,
@@ -523,9 +343,17 @@ static void untrack_everywhere(struct sc_peer_server *srv, const uint8_t token[S
 			       uint64_t xfer_id)
 {
 	pthread_mutex_lock(&srv->mu);
-	struct rec *r = rec_find_locked(srv, token, xfer_id);
-	if (r)
-		rec_drop_locked(srv, r);
+	orphan_forget_locked(srv, token, xfer_id);
+	struct sc_list *pos;
+	sc_list_foreach(pos, &srv->live) {
+		struct conn *c = sc_list_entry(pos, struct conn, node);
+		for (size_t i = 0; i < c->n_opened; i++) {
+			if (xref_eq(&c->opened[i], token, xfer_id)) {
+				c->opened[i] = c->opened[--c->n_opened];
+				break;
+			}
+		}
+	}
 	pthread_mutex_unlock(&srv->mu);
 }
 
@@ -533,106 +361,79 @@ static void untrack_everywhere(struct sc_peer_server *srv, const uint8_t token[S
 static int claim(struct sc_peer_server *srv, const char *peer_id, uint64_t xfer_id,
 		 enum sc_backend_kind via, uint8_t token[SC_TOKEN_LEN])
 {
-	struct rec *found = NULL;
+	bool found = false;
 	if (via == SC_BACKEND_NONE)
 		return -1;
 	pthread_mutex_lock(&srv->mu);
-	for (struct rec *r = sc_u64map_get(&srv->by_xfer, xfer_id); r && !found; r = r->xfer_next) {
-		if (r->xfer_id != xfer_id)
+	struct sc_list *pos;
+	sc_list_foreach(pos, &srv->live) {
+		struct conn *c = sc_list_entry(pos, struct conn, node);
+		if (found)
+			break;
+		if (!c->authed || strcmp(c->peer_id, peer_id) != 0)
 			continue;
-		if (r->orphan && r->orphan->via == via && strcmp(r->orphan->peer_id, peer_id) == 0)
-			found = r;
-		const struct sc_list *pos;
-		sc_list_foreach(pos, &r->holds) {
-			const struct hold *h = sc_list_entry(pos, struct hold, rec_node);
-			if (h->via == via && h->c->authed && strcmp(h->c->peer_id, peer_id) == 0)
-				found = r;
+		for (size_t i = 0; i < c->n_opened && !found; i++) {
+			if (c->opened[i].xfer_id == xfer_id && c->opened[i].via == via) {
+				memcpy(token, c->opened[i].token, SC_TOKEN_LEN);
+				found = true;
+			}
 		}
 	}
-	if (found) {
-		memcpy(token, found->token, SC_TOKEN_LEN);
-		rec_drop_locked(srv, found);
+	sc_list_foreach(pos, &srv->orphans) {
+		const struct orphan *o = sc_list_entry(pos, struct orphan, node);
+		if (found)
+			break;
+		if (o->ref.xfer_id == xfer_id && o->ref.via == via && strcmp(o->peer_id, peer_id) == 0) {
+			memcpy(token, o->ref.token, SC_TOKEN_LEN);
+			found = true;
+		}
 	}
 	pthread_mutex_unlock(&srv->mu);
-	return found ? 0 : -1;
+	if (!found)
+		return -1;
+	untrack_everywhere(srv, token, xfer_id);
+	return 0;
 }
 
-/* Tell the engine about orphans that are due (all of them when `all`). Accept thread or destroy.
- * The orphans are in the order they fall due (each is due ORPHAN_GRACE_MS after its making). */
+static bool tracked_by_other_locked(struct sc_peer_server *srv, const struct conn *self,
+				    const struct xref *r)
+{
+	const struct sc_list *pos;
+	sc_list_foreach(pos, &srv->live) {
+		const struct conn *c = sc_list_entry(pos, struct conn, node);
+		if (c == self)
+			continue;
+		for (size_t i = 0; i < c->n_opened; i++)
+			if (xref_eq(&c->opened[i], r->token, r->xfer_id))
+				return true;
+	}
+	return false;
+}
+
+/* Tell the engine about orphans that are due (all of them when `all`). Accept thread or destroy. */
 static uint64_t expire_orphans(struct sc_peer_server *srv, bool all)
 {
 	uint64_t now = sc_clock_mono_ms();
 	uint64_t next_due = 0;
-	struct sc_list due = SC_LIST_INIT(due);
+	struct sc_list due = SC_LIST_INIT(due); /* oldest first, as before */
 	struct sc_list *pos, *tmp;
 	pthread_mutex_lock(&srv->mu);
-	while (!sc_list_empty(&srv->orphans)) {
-		struct orphan *o = sc_list_entry(sc_list_first(&srv->orphans), struct orphan, node);
-		if (!all && o->due_mono_ms > now) {
+	sc_list_foreach_safe(pos, tmp, &srv->orphans) {
+		struct orphan *o = sc_list_entry(pos, struct orphan, node);
+		if (all || o->due_mono_ms <= now) {
+			sc_list_remove(&o->node);
+			sc_list_insert_head(&due, &o->node);
+		} else if (!next_due || o->due_mono_ms < next_due) {
 			next_due = o->due_mono_ms;
-			break;
 		}
-		sc_list_remove(&o->node);
-		sc_list_insert_tail(&due, &o->node);
-		o->rec->orphan = NULL;
-		rec_drop_locked(srv, o->rec);
-		o->rec = NULL;
 	}
 	pthread_mutex_unlock(&srv->mu);
 	sc_list_foreach_safe(pos, tmp, &due) {
 		struct orphan *o = sc_list_entry(pos, struct orphan, node);
-		sc_passive_abandon(&srv->passive, o->token, o->xfer_id, o->why);
+		sc_passive_abandon(&srv->passive, o->ref.token, o->ref.xfer_id, o->why);
 		free(o);
 	}
 	return next_due;
-}
-
-/* ---- peer ids and their share of --data-max-peers (struct ident; under srv->mu) ------------- */
-
-/* The id itself when it fits the map's key, else its first 40 bytes and a hash of the rest (ids
- * that meet there share one count: harmless). */
-static size_t ident_key(const char *id, uint8_t key[SC_IDMAP_KEY_MAX])
-{
-	size_t n = strlen(id);
-	if (n <= SC_IDMAP_KEY_MAX) {
-		memcpy(key, id, n);
-		return n;
-	}
-	uint64_t h = 1469598103934665603ull;
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ (uint8_t)id[i]) * 1099511628211ull;
-	memcpy(key, id, SC_IDMAP_KEY_MAX - 8);
-	memcpy(key + SC_IDMAP_KEY_MAX - 8, &h, 8);
-	return SC_IDMAP_KEY_MAX;
-}
-
-static struct ident *ident_get_locked(struct sc_peer_server *srv, const char *id, bool make)
-{
-	uint8_t key[SC_IDMAP_KEY_MAX];
-	size_t klen = ident_key(id, key);
-	struct ident *p = sc_idmap_get(srv->idents, key, klen);
-	if (p || !make)
-		return p;
-	if (!(p = calloc(1, sizeof(*p))))
-		return NULL;
-	snprintf(p->id, sizeof(p->id), "%s", id);
-	if (sc_idmap_put(srv->idents, key, klen, p) != 0) {
-		free(p);
-		return NULL;
-	}
-	return p;
-}
-
-/* An authenticated connection of this id leaves the count (evicted or ended). */
-static void ident_leave_locked(struct sc_peer_server *srv, const struct conn *c)
-{
-	uint8_t key[SC_IDMAP_KEY_MAX];
-	size_t klen = ident_key(c->peer_id, key);
-	struct ident *p = sc_idmap_get(srv->idents, key, klen);
-	if (p && --p->n == 0) {
-		sc_idmap_del(srv->idents, key, klen);
-		free(p);
-	}
 }
 
 /* ---- replies --------------------------------------------------------------------------------- */
@@ -651,7 +452,6 @@ static void serving_begin(struct conn *c, const uint8_t token[SC_TOKEN_LEN])
 	pthread_mutex_lock(&c->srv->mu);
 	memcpy(c->serving_token, token, SC_TOKEN_LEN);
 	c->serving = true;
-	sc_list_insert_tail(&c->srv->serving, &c->serving_node);
 	pthread_mutex_unlock(&c->srv->mu);
 }
 
@@ -659,7 +459,6 @@ static void serving_end(struct conn *c)
 {
 	pthread_mutex_lock(&c->srv->mu);
 	c->serving = false;
-	sc_list_remove(&c->serving_node);
 	pthread_mutex_unlock(&c->srv->mu);
 }
 
@@ -817,8 +616,7 @@ static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, si
 {
 	struct sc_err err;
 	sc_err_clear(&err);
-	if (!open_room(c, m, &err) ||
-	    sc_passive_open(&c->srv->passive, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
+	if (sc_passive_open(&c->srv->passive, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
 			    c->peer_id, m->total, &err) != 0)
 		return reply_error(c, &err, why, why_cap);
 	enum sc_backend_kind via = sc_peer_via_backend(m->flags);
@@ -1313,8 +1111,9 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 	enum sc_peer_io io =
 	    sc_peer_recv_msg_rb(c->fd, c->rb, c->buf, c->buf_cap, &m, &w, c->what, &err);
 	if (io != SC_PEER_IO_OK) {
-		if (io == SC_PEER_IO_PROTOCOL)
-			SC_WARN("peer", "closing connection from %s: %s", c->what, err.msg);
+		if (io == SC_PEER_IO_PROTOCOL) /* the peer chose it: rate-limited */
+			SC_WARN_LIMITED("peer", "peer-protocol-error", "closing connection from %s: %s",
+					c->what, err.msg);
 		if (io == SC_PEER_IO_CANCELLED)
 			snprintf(why, why_cap, "sidecar \"%s\" is shutting down", srv->self_id);
 		else
@@ -1325,10 +1124,8 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 		sc_trace_record(m.xfer_id, trace_stage(m.type, false), 0);
 	/* Most recently used from the request's arrival, before any reply leaves: a peer that has its
 	 * answer is already ordered after every earlier one (marking after the reply raced with the
-	 * next peer's requests when this thread was slow to run on). A PING is no use: it neither
-	 * keeps a connection from expiring nor moves it up the order of eviction. */
-	if (m.type != SC_FRAME_PING)
-		mark_active(c);
+	 * next peer's requests when this thread was slow to run on). */
+	mark_active(c);
 	int rc;
 	switch (m.type) {
 	case SC_FRAME_OPEN:
@@ -1366,9 +1163,10 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 		rc = serve_handler(c, &m, why, why_cap);
 		break;
 	default:
-		SC_WARN("peer", "closing connection from %s: protocol error: unexpected %s "
-				"frame from a client",
-			c->what, sc_frame_type_name(m.type));
+		SC_WARN_LIMITED("peer", "peer-unexpected-frame",
+				"closing connection from %s: protocol error: unexpected %s frame from "
+				"a client",
+				c->what, sc_frame_type_name(m.type));
 		snprintf(why, why_cap, "protocol error: unexpected %s frame",
 			 sc_frame_type_name(m.type));
 		rc = -1;
@@ -1378,8 +1176,7 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 		sc_trace_record(m.xfer_id, trace_stage(m.type, true), 0);
 	if (rc != 0)
 		return -1;
-	if (m.type != SC_FRAME_PING) /* idle from the request's end */
-		atomic_store(&c->last_active_mono_ms, sc_clock_mono_ms());
+	atomic_store(&c->last_active_mono_ms, sc_clock_mono_ms()); /* idle from the request's end */
 	if (atomic_load(&c->revoked)) { /* it finished as the operation ended: end anyway */
 		snprintf(why, why_cap, "an operation it served ended: connection cut");
 		return -1;
@@ -1403,6 +1200,10 @@ static bool input_waiting(const struct conn *c)
 
 /* ---- connection threads ---------------------------------------------------------------------- */
 
+static void prehello_leave_locked(struct sc_peer_server *srv, struct conn *c);
+static void recent_auth_note_locked(struct sc_peer_server *srv, const uint8_t net[16],
+				    uint64_t now);
+
 /* The connection ends: hand its transfers over, close it, queue it for freeing. The pool thread
  * that served it (or destroy) calls this last: the connection may be freed as it returns. */
 static void conn_finish(struct conn *c, const char *why)
@@ -1411,43 +1212,33 @@ static void conn_finish(struct conn *c, const char *why)
 	uint64_t due = sc_clock_mono_ms() + ORPHAN_GRACE_MS;
 	pthread_mutex_lock(&srv->mu);
 	sc_list_remove(&c->node);
+	prehello_leave_locked(srv, c);
 	srv->n_live--;
-	if (c->authed) {
+	if (c->authed)
 		srv->n_authed--;
-		ident_leave_locked(srv, c);
-	} else {
+	else
 		srv->n_unauth--;
-	}
-	/* Its records: one no other connection holds becomes an orphan. O(its own records). */
-	while (c->opened.next && !sc_list_empty(&c->opened)) {
-		struct hold *h = sc_list_entry(sc_list_first(&c->opened), struct hold, conn_node);
-		struct rec *r = h->rec;
-		enum sc_backend_kind via = h->via;
-		hold_free_locked(h);
-		if (!sc_list_empty(&r->holds) || r->orphan)
+	for (size_t i = 0; i < c->n_opened; i++) {
+		if (tracked_by_other_locked(srv, c, &c->opened[i]))
 			continue;
 		struct orphan *o = calloc(1, sizeof(*o));
 		if (!o) {
 			/* Cannot wait: tell the engine now, without the lock. */
-			uint8_t token[SC_TOKEN_LEN];
-			uint64_t xfer_id = r->xfer_id;
-			memcpy(token, r->token, SC_TOKEN_LEN);
-			rec_drop_locked(srv, r);
+			struct xref r = c->opened[i];
 			pthread_mutex_unlock(&srv->mu);
-			sc_passive_abandon(&srv->passive, token, xfer_id, why);
+			sc_passive_abandon(&srv->passive, r.token, r.xfer_id, why);
 			pthread_mutex_lock(&srv->mu);
 			continue;
 		}
-		memcpy(o->token, r->token, SC_TOKEN_LEN);
-		o->xfer_id = r->xfer_id;
-		o->via = via;
+		o->ref = c->opened[i];
 		snprintf(o->peer_id, sizeof(o->peer_id), "%s", c->peer_id);
 		o->due_mono_ms = due;
 		snprintf(o->why, sizeof(o->why), "%.480s, before DONE", why);
-		o->rec = r;
-		r->orphan = o;
-		sc_list_insert_tail(&srv->orphans, &o->node);
+		sc_list_insert_head(&srv->orphans, &o->node);
 	}
+	free(c->opened);
+	c->opened = NULL;
+	c->n_opened = c->cap_opened = 0;
 	int fd = c->fd;
 	c->fd = -1;
 	pthread_mutex_unlock(&srv->mu);
@@ -1477,13 +1268,11 @@ static void drain_before_close(int fd)
 	}
 }
 
-/* May this connection be closed for another peer? Authenticated, parked, no request in hand,
- * whatever it has OPENed (a peer could otherwise hold its slot forever with an OPEN and no DONE;
- * what it opened becomes an orphan, abandoned unless its DONE comes on another connection). Under
- * srv->mu. */
+/* May this connection be closed for another peer? Authenticated, parked, no transfer opened on
+ * it, no request in hand. Under srv->mu. */
 static bool idle_locked(const struct conn *o)
 {
-	return o->authed && !o->serving && atomic_load(&o->state) == CONN_IDLE;
+	return o->authed && !o->n_opened && !o->serving && atomic_load(&o->state) == CONN_IDLE;
 }
 
 /* Close an idle connection now and give its room back at once: it still counts until a pool
@@ -1500,106 +1289,41 @@ static bool evict_locked(struct sc_peer_server *srv, struct conn *o, bool retire
 	}
 	shutdown(o->fd, SHUT_RDWR);
 	srv->n_authed--;
-	ident_leave_locked(srv, o);
 	o->authed = false;
 	srv->n_unauth++;
 	return true;
 }
 
 /*
- * A cap is reached: close an idle connection (idle_locked: no request in hand), of peer `of`
- * only when given, to make room for `for_conn`: one with no transfer open first, else the one
- * used longest ago. Its thread sees the shutdown and ends; the peer's pool dials again when it
- * needs one. True when one was evicted. Under srv->mu; walks the live connections (only at a
- * cap).
+ * The cap is reached: close the authenticated connection idle the longest (no request in hand,
+ * no transfer opened on it) to make room for `for_conn`. Its thread sees the shutdown and ends;
+ * the peer's pool dials again when it needs one. True when one was evicted. Under srv->mu.
  */
-static bool evict_idle_locked(struct sc_peer_server *srv, const struct conn *for_conn,
-			      const char *of)
+static bool evict_idle_locked(struct sc_peer_server *srv, const struct conn *for_conn)
 {
 	struct conn *lru = NULL;
 	uint64_t oldest = UINT64_MAX;
-	bool lru_clear = false;
 	struct sc_list *pos;
 	sc_list_foreach(pos, &srv->live) {
 		struct conn *o = sc_list_entry(pos, struct conn, node);
-		if (o == for_conn || !idle_locked(o) || (of && strcmp(o->peer_id, of) != 0))
+		if (o == for_conn || !idle_locked(o))
 			continue;
 		uint64_t seq = atomic_load(&o->last_active_seq);
-		bool clear = o->n_opened == 0;
-		if (!lru || (clear && !lru_clear) || (clear == lru_clear && seq < oldest)) {
+		if (seq < oldest) {
 			oldest = seq;
 			lru = o;
-			lru_clear = clear;
 		}
 	}
 	if (!lru || !evict_locked(srv, lru, false))
 		return false;
 	atomic_fetch_add(&srv->n_evicted, 1);
-	if (of)
-		SC_WARN_LIMITED("peer", "peer-evicted-share",
-				"peer \"%s\" holds its share of %u connections (a quarter of "
-				"--data-max-peers): closed its one idle longest, %s, idle %llu ms, to "
-				"admit %s",
-				of, srv->max_per_id, lru->what,
-				(unsigned long long)(sc_clock_mono_ms() -
-						     atomic_load(&lru->last_active_mono_ms)),
-				for_conn->addr);
-	else
-		SC_WARN_LIMITED("peer", "peer-evicted",
-				"%u peer connections (--data-max-peers): closed the one idle longest, "
-				"%s, idle %llu ms, to admit %s",
-				srv->max_peers, lru->what,
-				(unsigned long long)(sc_clock_mono_ms() -
-						     atomic_load(&lru->last_active_mono_ms)),
-				for_conn->addr);
-	return true;
-}
-
-/*
- * Admit an authenticated connection under the caps: one peer id holds at most its share
- * (srv->max_per_id; at it, its own idle connection goes), and all of them at most
- * --data-max-peers (at it, another idle connection goes). False with err (RESOURCE_EXHAUSTED,
- * "... busy: retry in a few seconds", which the dialing side retries) when every candidate has a
- * request in hand. On success the connection counts for its id and can track OPENs. Under
- * srv->mu.
- */
-static bool admit_locked(struct sc_peer_server *srv, struct conn *c, struct sc_err *err)
-{
-	struct ident *id = ident_get_locked(srv, c->peer_id, true);
-	if (!id) {
-		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "sidecar %s is out of memory: retry in a few "
-			   "seconds", srv->self_id);
-		return false;
-	}
-	if (id->n >= srv->max_per_id) {
-		if (!evict_idle_locked(srv, c, c->peer_id)) {
-			sc_err_set(err, SC_RESOURCE_EXHAUSTED,
-				   "sidecar %s is serving %u connections of peer \"%s\" (its share: a "
-				   "quarter of --data-max-peers %u), all of them busy: retry in a few "
-				   "seconds",
-				   srv->self_id, id->n, c->peer_id, srv->max_peers);
-			return false;
-		}
-	} else if (srv->n_authed >= srv->max_peers && !evict_idle_locked(srv, c, NULL)) {
-		if (id->n == 0) {
-			uint8_t key[SC_IDMAP_KEY_MAX];
-			size_t klen = ident_key(c->peer_id, key);
-			free(sc_idmap_del(srv->idents, key, klen));
-		}
-		sc_err_set(err, SC_RESOURCE_EXHAUSTED,
-			   "sidecar %s is serving %u peer connections (--data-max-peers), all of them "
-			   "busy: retry in a few seconds",
-			   srv->self_id, srv->max_peers);
-		return false;
-	}
-	/* An eviction of its own id's connection may have freed the count: look it up again. */
-	if (!(id = ident_get_locked(srv, c->peer_id, true))) {
-		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "sidecar %s is out of memory: retry in a few "
-			   "seconds", srv->self_id);
-		return false;
-	}
-	id->n++;
-	sc_list_init(&c->opened);
+	SC_WARN_LIMITED("peer", "peer-evicted",
+			"%u peer connections (--data-max-peers): closed the one idle longest, %s, "
+			"idle %llu ms, to admit %s",
+			srv->max_peers, lru->what,
+			(unsigned long long)(sc_clock_mono_ms() -
+					     atomic_load(&lru->last_active_mono_ms)),
+			for_conn->addr);
 	return true;
 }
 
@@ -1608,7 +1332,8 @@ static bool admit_locked(struct sc_peer_server *srv, struct conn *c, struct sc_e
 static int handshake(struct conn *c, char *why, size_t why_cap)
 {
 	struct sc_peer_server *srv = c->srv;
-	struct sc_peer_wait w = {.deadline_mono_ms = c->accepted_mono_ms + UNAUTH_DEADLINE_MS,
+	struct sc_peer_wait w = {.deadline_mono_ms = c->accepted_mono_ms + srv->first_byte_ms +
+							 UNAUTH_HELLO_MS,
 				 .stop = &srv->stopping};
 	struct sc_err err;
 	sc_err_clear(&err);
@@ -1626,16 +1351,21 @@ static int handshake(struct conn *c, char *why, size_t why_cap)
 	if (rc == 0) {
 		/* Authenticated: move from the pre-hello limits to the authenticated cap. */
 		pthread_mutex_lock(&srv->mu);
-		bool room = admit_locked(srv, c, &err);
+		bool room = srv->n_authed < srv->max_peers || evict_idle_locked(srv, c);
 		if (room) {
 			c->authed = true;
 			srv->n_unauth--;
 			srv->n_authed++;
 			mark_active(c);
+			prehello_leave_locked(srv, c);
+			recent_auth_note_locked(srv, c->net, sc_clock_mono_ms());
 		}
 		pthread_mutex_unlock(&srv->mu);
-		if (!room) { /* err says why (admit_locked) */
-			rc = -1;
+		if (!room) {
+			rc = sc_err_set(&err, SC_RESOURCE_EXHAUSTED,
+					"sidecar %s is serving %u peer connections (--data-max-peers), "
+					"all of them busy: retry in a few seconds",
+					srv->self_id, srv->max_peers);
 			sc_peer_send_refusal(c->fd, &w, &err);
 		}
 	}
@@ -1692,9 +1422,13 @@ static void take(struct conn *c, struct worker *wk)
 		else if (c->authed)
 			snprintf(why, sizeof(why), "idle for %llu ms",
 				 (unsigned long long)srv->idle_ms);
+		else if (c->displaced)
+			snprintf(why, sizeof(why), "dropped before its hello to admit a newer "
+						   "connection (--data-max-unauth)");
 		else
-			snprintf(why, sizeof(why), "hello failed: no hello within %u ms",
-				 UNAUTH_DEADLINE_MS);
+			snprintf(why, sizeof(why), "no first byte within %llu ms "
+						   "(--data-first-byte-timeout)",
+				 (unsigned long long)srv->first_byte_ms);
 		goto end;
 	}
 	c->buf = wk->buf;
@@ -1738,7 +1472,7 @@ end:
 
 /*
  * Close connections that have waited too long: authenticated ones idle for srv->idle_ms,
- * new ones without their hello for UNAUTH_DEADLINE_MS (a parked connection is never served, so
+ * new ones silent for --data-first-byte-timeout (a parked connection is never served, so
  * the hello's own deadline cannot run for it). Only a parked one is closed (compare-and-swap);
  * its shutdown wakes a pool thread, which ends it. Accept thread.
  */
@@ -1750,7 +1484,7 @@ static void sweep(struct sc_peer_server *srv)
 	sc_list_foreach(pos, &srv->live) {
 		struct conn *c = sc_list_entry(pos, struct conn, node);
 		uint64_t since = c->authed ? atomic_load(&c->last_active_mono_ms) : c->accepted_mono_ms;
-		uint64_t limit = c->authed ? srv->idle_ms : UNAUTH_DEADLINE_MS;
+		uint64_t limit = c->authed ? srv->idle_ms : srv->first_byte_ms;
 		int idle = CONN_IDLE;
 		if (now - since >= limit &&
 		    atomic_compare_exchange_strong(&c->state, &idle, CONN_EXPIRED))
@@ -1871,33 +1605,206 @@ static void format_ip(const struct sockaddr *sa, char *out, size_t cap)
 			  (socklen_t)cap);
 }
 
-/* Can one more connection from ip wait for its hello? Fills reason and the log key when not.
- * Under mu. */
-static bool unauth_room_locked(struct sc_peer_server *srv, const char *ip, char *reason,
-			       size_t cap, const char **key)
+/* The source address as 16 bytes, IPv4 (also IPv4-mapped IPv6) as ::ffff:a.b.c.d. */
+static void source_net(const struct sockaddr *sa, uint8_t out[16])
 {
-	*key = "peer-refused-unauth-total";
-	if (srv->n_unauth >= srv->max_unauth) {
-		snprintf(reason, cap,
-			 "%zu connections are waiting for their hello (--data-max-unauth %u)",
-			 srv->n_unauth, srv->max_unauth);
-		return false;
+	memset(out, 0, 16);
+	if (sa->sa_family == AF_INET) {
+		out[10] = out[11] = 0xff;
+		memcpy(out + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+	} else if (sa->sa_family == AF_INET6) {
+		memcpy(out, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
 	}
-	size_t same = 0;
-	*key = "peer-refused-unauth-per-ip";
+}
+
+static bool net_is_v4(const uint8_t n[16])
+{
+	static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	return memcmp(n, mapped, sizeof(mapped)) == 0;
+}
+
+/* In the same /24 (IPv4) or /64 (IPv6)? */
+static bool same_prefix(const uint8_t a[16], const uint8_t b[16])
+{
+	bool v4 = net_is_v4(a);
+	return v4 == net_is_v4(b) && memcmp(a, b, v4 ? 15 : 8) == 0;
+}
+
+/* "10.1.2.0/24" or "2001:db8::/64". */
+static void format_prefix(const uint8_t n[16], char *out, size_t cap)
+{
+	char host[INET6_ADDRSTRLEN] = "?";
+	if (net_is_v4(n)) {
+		uint8_t v4[4] = {n[12], n[13], n[14], 0};
+		inet_ntop(AF_INET, v4, host, sizeof(host));
+		snprintf(out, cap, "%s/24", host);
+	} else {
+		uint8_t v6[16] = {0};
+		memcpy(v6, n, 8);
+		inet_ntop(AF_INET6, v6, host, sizeof(host));
+		snprintf(out, cap, "%s/64", host);
+	}
+}
+
+/* Did a hello from this address succeed within RECENT_AUTH_MS? Under mu. */
+static bool recent_auth_has_locked(const struct sc_peer_server *srv, const uint8_t net[16],
+				   uint64_t now)
+{
+	for (size_t i = 0; i < RECENT_AUTH_SLOTS; i++) {
+		const struct recent_auth *r = &srv->recent_auth[i];
+		if (r->mono_ms && now - r->mono_ms < RECENT_AUTH_MS && memcmp(r->net, net, 16) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* A hello from this address succeeded; the table full, the longest-silent address gives way.
+ * Under mu. */
+static void recent_auth_note_locked(struct sc_peer_server *srv, const uint8_t net[16], uint64_t now)
+{
+	struct recent_auth *slot = &srv->recent_auth[0];
+	for (size_t i = 0; i < RECENT_AUTH_SLOTS; i++) {
+		struct recent_auth *r = &srv->recent_auth[i];
+		if (r->mono_ms && memcmp(r->net, net, 16) == 0) {
+			slot = r;
+			break;
+		}
+		if (r->mono_ms < slot->mono_ms)
+			slot = r;
+	}
+	memcpy(slot->net, net, 16);
+	slot->mono_ms = now ? now : 1;
+}
+
+/* The connection no longer holds room before the hello (authenticated, ended, or dropped for a
+ * newer one). Under mu. */
+static void prehello_leave_locked(struct sc_peer_server *srv, struct conn *c)
+{
+	if (!sc_list_linked(&c->wait_node))
+		return;
+	sc_list_remove(&c->wait_node);
+	srv->n_waiting_room[c->reserved]--;
+}
+
+/* Parked, and not a byte arrived: a silent connection (a dialing sidecar speaks at once). */
+static bool prehello_silent(const struct conn *c)
+{
+	int n = 0;
+	return atomic_load(&c->state) == CONN_IDLE && ioctl(c->fd, FIONREAD, &n) == 0 && n == 0;
+}
+
+enum room_scope { ROOM_ADDR, ROOM_PREFIX, ROOM_GENERAL, ROOM_RESERVED };
+
+static bool in_room_scope(const struct conn *o, enum room_scope scope, const uint8_t net[16])
+{
+	switch (scope) {
+	case ROOM_ADDR:
+		return memcmp(o->net, net, 16) == 0;
+	case ROOM_PREFIX:
+		return !o->reserved && same_prefix(o->net, net);
+	case ROOM_GENERAL:
+		return !o->reserved;
+	case ROOM_RESERVED:
+		return o->reserved;
+	}
+	return false;
+}
+
+/* Whom to close for room in a scope: the oldest silent connection; without one, the oldest in
+ * its handshake (it sent a byte and stalled); else the oldest. Under mu. */
+static struct conn *prehello_victim_locked(struct sc_peer_server *srv, enum room_scope scope,
+					   const uint8_t net[16])
+{
+	struct conn *busy = NULL, *any = NULL;
 	struct sc_list *pos;
-	sc_list_foreach(pos, &srv->live) {
-		const struct conn *c = sc_list_entry(pos, struct conn, node);
-		same += !c->authed && strcmp(c->ip, ip) == 0;
+	sc_list_foreach(pos, &srv->prehello) { /* oldest first */
+		struct conn *o = sc_list_entry(pos, struct conn, wait_node);
+		if (!in_room_scope(o, scope, net))
+			continue;
+		if (prehello_silent(o))
+			return o;
+		if (!busy && atomic_load(&o->state) == CONN_BUSY)
+			busy = o;
+		if (!any)
+			any = o;
 	}
-	if (same >= srv->max_unauth_per_ip) {
-		snprintf(reason, cap,
-			 "%zu connections from %s are waiting for their hello "
-			 "(--data-max-unauth-per-ip %u)",
-			 same, ip, srv->max_unauth_per_ip);
-		return false;
+	return busy ? busy : any;
+}
+
+/*
+ * Room for a new connection from `net` (addr: for messages) to wait for its hello. A full room
+ * never turns the newcomer away (a flood that reopens what is closed would keep every honest peer
+ * out): the oldest silent connection in the narrowest scope that is full is closed instead, at
+ * once, its room free. The scopes: the address (--data-max-unauth-per-ip, both rooms); for the
+ * general room, its /24 or /64 (max_unauth_per_prefix) and the room itself (--data-max-unauth
+ * less reserved_room); for an address whose hello succeeded lately, the reserved room, which the
+ * others never take (full, such a newcomer takes the general room). *reserved: which room it
+ * takes. False only when no room could be made. Accept thread, under mu.
+ */
+static bool prehello_make_room_locked(struct sc_peer_server *srv, const uint8_t net[16],
+				      const char *addr, uint64_t now, bool *reserved)
+{
+	*reserved = srv->n_waiting_room[1] < srv->reserved_room &&
+		    recent_auth_has_locked(srv, net, now);
+	for (int round = 0; round < 4; round++) {
+		size_t same_addr = 0, same_net = 0;
+		struct sc_list *pos;
+		sc_list_foreach(pos, &srv->prehello) {
+			const struct conn *o = sc_list_entry(pos, struct conn, wait_node);
+			same_addr += memcmp(o->net, net, 16) == 0;
+			same_net += !o->reserved && same_prefix(o->net, net);
+		}
+		char reason[240], where[INET6_ADDRSTRLEN + 8];
+		enum room_scope scope;
+		const char *key;
+		size_t general = srv->max_unauth - srv->reserved_room;
+		if (same_addr >= srv->max_unauth_per_ip) {
+			scope = ROOM_ADDR;
+			key = "peer-prehello-drop-addr";
+			snprintf(reason, sizeof(reason),
+				 "%zu connections from its address are waiting for their hello "
+				 "(--data-max-unauth-per-ip %u)",
+				 same_addr, srv->max_unauth_per_ip);
+		} else if (!*reserved && same_net >= srv->max_unauth_per_prefix) {
+			scope = ROOM_PREFIX;
+			key = "peer-prehello-drop-prefix";
+			format_prefix(net, where, sizeof(where));
+			snprintf(reason, sizeof(reason),
+				 "%zu connections from %s are waiting for their hello (a share of "
+				 "%u per /24 or /64: a quarter of --data-max-unauth %u less the room "
+				 "kept for recent peers, at least --data-max-unauth-per-ip)",
+				 same_net, where, srv->max_unauth_per_prefix, srv->max_unauth);
+		} else if (!*reserved && srv->n_waiting_room[0] >= general) {
+			scope = ROOM_GENERAL;
+			key = "peer-prehello-drop-room";
+			snprintf(reason, sizeof(reason),
+				 "%zu connections are waiting for their hello (--data-max-unauth %u, "
+				 "%u of it kept for addresses that authenticated recently)",
+				 srv->n_waiting_room[0], srv->max_unauth, srv->reserved_room);
+		} else if (*reserved && srv->n_waiting_room[1] >= srv->reserved_room) {
+			scope = ROOM_RESERVED; /* not reached: *reserved says there is room */
+			key = "peer-prehello-drop-reserved";
+			snprintf(reason, sizeof(reason),
+				 "%zu connections from recent peers are waiting for their hello",
+				 srv->n_waiting_room[1]);
+		} else {
+			return true;
+		}
+		struct conn *v = round < 3 ? prehello_victim_locked(srv, scope, net) : NULL;
+		if (!v)
+			break;
+		bool silent = prehello_silent(v);
+		prehello_leave_locked(srv, v);
+		v->displaced = true;
+		int idle = CONN_IDLE; /* parked: its pool thread ends it at once */
+		atomic_compare_exchange_strong(&v->state, &idle, CONN_EXPIRED);
+		shutdown(v->fd, SHUT_RDWR); /* in its handshake: its next read fails */
+		SC_WARN_LIMITED("peer", key,
+				"dropped connection from %s (%s for %llu ms) to admit %s: %s",
+				v->addr, silent ? "silent" : "without its hello",
+				(unsigned long long)(now - v->accepted_mono_ms), addr, reason);
 	}
-	return true;
+	return false;
 }
 
 static void accept_one(struct sc_peer_server *srv, int listen_fd)
@@ -1950,16 +1857,18 @@ static void accept_one(struct sc_peer_server *srv, int listen_fd)
 	char addr[80], ip[INET6_ADDRSTRLEN];
 	format_addr((struct sockaddr *)&ss, addr, sizeof(addr));
 	format_ip((struct sockaddr *)&ss, ip, sizeof(ip));
-	/* Only the accept thread adds connections, so the room checked here is still there when
-	 * the connection is added below. Authenticated connections have their own cap (checked
-	 * after the hello), so a flood of idle connections cannot take their room. */
-	char reason[200];
-	const char *key;
+	uint8_t net[16];
+	source_net((struct sockaddr *)&ss, net);
+	/* Only the accept thread adds connections, so the room made here is still there when the
+	 * connection is added below. Authenticated connections have their own cap (checked after
+	 * the hello), so a flood of idle connections cannot take their room. */
+	uint64_t now = sc_clock_mono_ms();
+	bool reserved = false;
 	pthread_mutex_lock(&srv->mu);
-	bool room = unauth_room_locked(srv, ip, reason, sizeof(reason), &key);
+	bool room = prehello_make_room_locked(srv, net, addr, now, &reserved);
 	pthread_mutex_unlock(&srv->mu);
 	if (!room) {
-		log_refusal(key, addr, reason);
+		log_refusal("peer-refused-unauth", addr, "no room before the hello");
 		close(fd);
 		return;
 	}
@@ -1971,7 +1880,10 @@ static void accept_one(struct sc_peer_server *srv, int listen_fd)
 	}
 	c->srv = srv;
 	c->fd = fd;
-	c->accepted_mono_ms = sc_clock_mono_ms();
+	c->accepted_mono_ms = now;
+	memcpy(c->net, net, sizeof(c->net));
+	c->reserved = reserved;
+	sc_list_init(&c->wait_node);
 	atomic_init(&c->revoked, false);
 	atomic_init(&c->state, CONN_IDLE);
 	atomic_init(&c->retired, false);
@@ -1982,8 +1894,8 @@ static void accept_one(struct sc_peer_server *srv, int listen_fd)
 	/* Server I/O waits with coarser slices than clients: its limits are seconds long and
 	 * shutdown() wakes it at once when the server stops. */
 	if (sc_peer_tune_socket(c->fd) != 0 || sc_peer_set_io_slice(c->fd, SERVER_SLICE_MS) != 0)
-		SC_WARN("peer", "connection from %s: cannot set socket options: %s", c->addr,
-			strerror(errno));
+		SC_WARN_LIMITED("peer", "peer-sockopt", "connection from %s: cannot set socket "
+				"options: %s", c->addr, strerror(errno));
 
 	/* Parked until its hello arrives (a pool thread takes it then; sweep ends it when none
 	 * comes in time). Live first: from the moment it is in the epoll set a thread may take
@@ -1992,12 +1904,15 @@ static void accept_one(struct sc_peer_server *srv, int listen_fd)
 	sc_list_insert_head(&srv->live, &c->node);
 	srv->n_live++;
 	srv->n_unauth++;
+	sc_list_insert_tail(&srv->prehello, &c->wait_node);
+	srv->n_waiting_room[reserved]++;
 	pthread_mutex_unlock(&srv->mu);
 	struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
 	if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
 		int e = errno;
 		pthread_mutex_lock(&srv->mu);
 		sc_list_remove(&c->node);
+		prehello_leave_locked(srv, c);
 		srv->n_live--;
 		srv->n_unauth--;
 		pthread_mutex_unlock(&srv->mu);
@@ -2136,20 +2051,23 @@ int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_
 	sc_list_init(&srv->workers);
 	sc_list_init(&srv->dead_workers);
 	sc_list_init(&srv->orphans);
-	sc_list_init(&srv->serving);
-	srv->toks = sc_idmap_create();
-	srv->idents = sc_idmap_create();
 	srv->min_workers = cfg->data_io_threads ? cfg->data_io_threads : 4;
 	srv->idle_ms = sc_peer_test_idle_ms(SC_PEER_SERVER_IDLE_MS);
 	atomic_init(&srv->stopping, false);
 	srv->max_unauth_per_ip = cfg->data_max_unauth_per_ip ? cfg->data_max_unauth_per_ip : 16;
 	srv->max_unauth = cfg->data_max_unauth ? cfg->data_max_unauth : 64;
+	/* Before the hello: a quarter kept for recent peers; a /24 or /64 holds a quarter of the
+	 * rest, or one address's limit when that is larger (RECENT_AUTH_MS, accept_one). */
+	sc_list_init(&srv->prehello);
+	srv->reserved_room = srv->max_unauth / 4;
+	uint32_t general = srv->max_unauth - srv->reserved_room;
+	srv->max_unauth_per_prefix = general / 4 > srv->max_unauth_per_ip ? general / 4
+									  : srv->max_unauth_per_ip;
+	if (srv->max_unauth_per_prefix > general)
+		srv->max_unauth_per_prefix = general;
+	srv->first_byte_ms = cfg->data_first_byte_timeout_ms ? cfg->data_first_byte_timeout_ms
+							     : 1000;
 	srv->max_peers = cfg->data_max_peers ? cfg->data_max_peers : SC_PEER_SERVER_MAX_CONNS;
-	srv->max_per_id = srv->max_peers / 4 ? srv->max_peers / 4 : 1;
-	if (!srv->toks || !srv->idents) {
-		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
-		goto fail;
-	}
 	atomic_init(&srv->n_evicted, 0);
 	atomic_init(&srv->activity_seq, 0);
 	if ((srv->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
@@ -2287,19 +2205,14 @@ void sc_peer_server_revoke(struct sc_peer_server *srv, const uint8_t token[SC_TO
 	unsigned cut = 0;
 	pthread_mutex_lock(&srv->mu);
 	struct sc_list *pos;
-	sc_list_foreach(pos, &srv->serving) { /* only the connections serving a request */
-		struct conn *c = sc_list_entry(pos, struct conn, serving_node);
-		if (memcmp(c->serving_token, token, SC_TOKEN_LEN) != 0)
+	sc_list_foreach(pos, &srv->live) {
+		struct conn *c = sc_list_entry(pos, struct conn, node);
+		if (!c->serving || memcmp(c->serving_token, token, SC_TOKEN_LEN) != 0)
 			continue;
 		atomic_store(&c->revoked, true);
 		shutdown(c->fd, SHUT_RDWR);
 		cut++;
 	}
-	/* Its records go: a connection that only OPENed it holds nothing of it any more (nor its
-	 * room), and no orphan of it is told. O(its records). */
-	struct tok *t;
-	while ((t = sc_idmap_get(srv->toks, token, SC_TOKEN_LEN)))
-		rec_drop_locked(srv, sc_list_entry(sc_list_first(&t->recs), struct rec, tok_node));
 	pthread_mutex_unlock(&srv->mu);
 	if (cut)
 		SC_INFO("peer", "an operation ended while %u peer connection(s) still moved its bytes: "
@@ -2346,12 +2259,6 @@ int sc_peer_server_set_handler(struct sc_peer_server *srv, enum sc_frame_type ty
 void sc_peer_server_set_tls(struct sc_peer_server *srv, struct sc_peer_tls *tls)
 {
 	srv->tls = tls;
-}
-
-static void free_value(void *ctx, void *value)
-{
-	(void)ctx;
-	free(value);
 }
 
 void sc_peer_server_destroy(struct sc_peer_server *srv)
@@ -2409,13 +2316,6 @@ void sc_peer_server_destroy(struct sc_peer_server *srv)
 	}
 	reap(srv);
 	expire_orphans(srv, true);
-	/* Every connection ended and every orphan was told: no record is left. */
-	sc_u64map_clear(&srv->recs);
-	sc_u64map_clear(&srv->by_xfer);
-	if (srv->idents)
-		sc_idmap_each(srv->idents, free_value, NULL);
-	sc_idmap_destroy(srv->idents);
-	sc_idmap_destroy(srv->toks);
 	if (srv->epfd >= 0)
 		close(srv->epfd);
 	if (srv->stop_fd >= 0)
@@ -2474,8 +2374,7 @@ int sc_peer_server_retire_peer(struct sc_peer_server *srv, const char *peer_id,
 		struct conn *o = sc_list_entry(pos, struct conn, node);
 		if (!o->authed || strcmp(o->peer_id, peer_id) != 0)
 			continue;
-		if (!idle_locked(o) || o->n_opened ||
-		    atomic_load(&o->last_active_mono_ms) + min_idle_ms > now) {
+		if (!idle_locked(o) || atomic_load(&o->last_active_mono_ms) + min_idle_ms > now) {
 			rc = -1;
 			goto out;
 		}
