@@ -57,6 +57,7 @@
 #include "list.h"
 #include "listen.h"
 #include "log.h"
+#include "idmap.h"
 #include "passive.h"
 #include "peer_proto.h"
 #include "peer_tls.h"
@@ -111,19 +112,57 @@
 /* Replies held back at most (one OK: 8 bytes). */
 #define HELD_CAP 64u
 
-struct xref {
-	uint8_t token[SC_TOKEN_LEN];
-	uint64_t xfer_id;
-	enum sc_op_kind kind; /* what the peer OPENed it for: SC_OP_READ or SC_OP_WRITE */
-	enum sc_backend_kind via; /* OPENed saying this backend moves the bytes (NONE: this channel) */
-};
+/*
+ * The transfer records. A transfer (token, xfer_id) OPENed here whose DONE has not come and whose
+ * operation has not ended is a struct rec, held (struct hold) by each live connection that OPENed
+ * it; once the last of them ended it is an orphan for ORPHAN_GRACE_MS. Records are indexed by
+ * (token, xfer_id) (srv->recs), by xfer_id (srv->by_xfer: the claim) and by token (srv->toks: the
+ * revoke), so an OPEN, READ, DONE, claim or revoke costs O(1) under srv->mu whatever the number
+ * of connections and records, and a connection's end O(its own records), at most
+ * SC_PEER_SERVER_MAX_OPEN. The two u64 maps chain records whose keys meet (only transfers of
+ * different tokens can: for one token the key is the xfer_id's bijection).
+ */
+struct rec;
 
 struct orphan {
-	struct xref ref;
+	uint8_t token[SC_TOKEN_LEN];
+	uint64_t xfer_id;
+	enum sc_backend_kind via;
 	char peer_id[SC_NAME_MAX]; /* who opened it */
 	uint64_t due_mono_ms;
 	char why[SC_ERR_MSG_MAX];
-	struct sc_list node; /* on srv->orphans, newest first */
+	struct sc_list node; /* on srv->orphans, first due first */
+	struct rec *rec;
+};
+
+struct tok { /* the records of one token */
+	uint8_t token[SC_TOKEN_LEN];
+	struct sc_list recs; /* struct rec */
+};
+
+struct rec {
+	uint8_t token[SC_TOKEN_LEN];
+	uint64_t xfer_id;
+	struct sc_list holds;  /* struct hold: the live connections that OPENed it */
+	struct orphan *orphan; /* once the last of them ended without its DONE */
+	struct tok *tok;
+	struct sc_list tok_node;
+	struct rec *hash_next, *xfer_next; /* chains in srv->recs and srv->by_xfer */
+};
+
+struct hold { /* connection c OPENed rec */
+	struct rec *rec;
+	struct conn *c;
+	enum sc_op_kind kind; /* what the peer OPENed it for: SC_OP_READ or SC_OP_WRITE */
+	enum sc_backend_kind via; /* OPENed saying this backend moves the bytes (NONE: this channel) */
+	struct sc_list conn_node; /* on c->opened */
+	struct sc_list rec_node;  /* on rec->holds */
+};
+
+/* The authenticated connections of one peer id (its share of --data-max-peers). */
+struct ident {
+	char id[SC_NAME_MAX];
+	uint32_t n;
 };
 
 struct conn {
@@ -142,8 +181,11 @@ struct conn {
 	bool displaced;
 	char peer_id[SC_NAME_MAX];
 	char what[SC_NAME_MAX + 120]; /* "peer sidecar \"id\" at addr", for messages */
-	struct xref *opened;          /* under srv->mu */
-	size_t n_opened, cap_opened;
+	/* Under srv->mu: struct hold, the transfers it OPENed (set up when it is admitted: zeroed
+	 * before), and their number (at most SC_PEER_SERVER_MAX_OPEN). */
+	struct sc_list opened;
+	size_t n_opened;
+	struct sc_list serving_node;        /* under srv->mu: on srv->serving while serving */
 	bool serving;                       /* under srv->mu: a data request holds spans of... */
 	uint8_t serving_token[SC_TOKEN_LEN]; /* ...this operation */
 	atomic_bool revoked; /* that operation ended mid-request: stop moving bytes, end */
@@ -229,6 +271,12 @@ struct sc_peer_server {
 	} recent_auth[RECENT_AUTH_SLOTS]; /* under mu */
 	struct sc_peer_tls *tls; /* NULL: plain TCP */
 	struct sc_list orphans; /* struct orphan */
+	struct sc_u64map recs;    /* struct rec by rec_key(token, xfer_id), chained */
+	struct sc_u64map by_xfer; /* struct rec by xfer_id, chained */
+	struct sc_idmap *toks;    /* struct tok by token */
+	struct sc_idmap *idents;  /* struct ident by ident_key(peer id) */
+	struct sc_list serving;   /* struct conn: serving a data request (serving_node) */
+	uint32_t max_per_id;      /* one peer id's share of max_peers */
 	sc_peer_handler_fn qp_fn;
 	void *qp_ctx;
 	unsigned qp_busy;
@@ -262,23 +310,172 @@ static void format_addr(const struct sockaddr *sa, char *out, size_t cap)
 	}
 }
 
-static bool xref_eq(const struct xref *a, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id)
+/* ---- transfer records (struct rec; all under srv->mu) ---------------------------------------- */
+
+static uint64_t rd64(const uint8_t *p)
 {
-	return a->xfer_id == xfer_id && memcmp(a->token, token, SC_TOKEN_LEN) == 0;
+	uint64_t v;
+	memcpy(&v, p, sizeof(v));
+	return v;
 }
 
-/* Remove (token, xfer_id) from the orphans. Under mu. */
-static void orphan_forget_locked(struct sc_peer_server *srv, const uint8_t token[SC_TOKEN_LEN],
-				 uint64_t xfer_id)
+/* For one token a bijection of xfer_id, so only records of different tokens share a key. */
+static uint64_t rec_key(const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id)
 {
-	struct sc_list *pos, *tmp;
-	sc_list_foreach_safe(pos, tmp, &srv->orphans) {
-		struct orphan *o = sc_list_entry(pos, struct orphan, node);
-		if (xref_eq(&o->ref, token, xfer_id)) {
-			sc_list_remove(&o->node);
-			free(o);
+	uint64_t t = rd64(token + 8);
+	return xfer_id ^ rd64(token) ^ (t << 29 | t >> 35);
+}
+
+static struct rec **chain_next(struct rec *r, bool by_xfer)
+{
+	return by_xfer ? &r->xfer_next : &r->hash_next;
+}
+
+/* Add r to the chain at key (second when there is one: the map is not touched). */
+static int chain_add(struct sc_u64map *m, uint64_t key, struct rec *r, bool by_xfer)
+{
+	struct rec *head = sc_u64map_get(m, key);
+	if (!head) {
+		*chain_next(r, by_xfer) = NULL;
+		return sc_u64map_put(m, key, r);
+	}
+	*chain_next(r, by_xfer) = *chain_next(head, by_xfer);
+	*chain_next(head, by_xfer) = r;
+	return 0;
+}
+
+static void chain_del(struct sc_u64map *m, uint64_t key, struct rec *r, bool by_xfer)
+{
+	struct rec *head = sc_u64map_get(m, key);
+	if (head == r) {
+		struct rec *next = *chain_next(r, by_xfer);
+		if (next)
+			sc_u64map_replace(m, key, next);
+		else
+			sc_u64map_del(m, key);
+		return;
+	}
+	for (struct rec *p = head; p; p = *chain_next(p, by_xfer)) {
+		if (*chain_next(p, by_xfer) == r) {
+			*chain_next(p, by_xfer) = *chain_next(r, by_xfer);
+			return;
 		}
 	}
+}
+
+static struct rec *rec_find_locked(const struct sc_peer_server *srv,
+				   const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id)
+{
+	for (struct rec *r = sc_u64map_get(&srv->recs, rec_key(token, xfer_id)); r; r = r->hash_next)
+		if (r->xfer_id == xfer_id && memcmp(r->token, token, SC_TOKEN_LEN) == 0)
+			return r;
+	return NULL;
+}
+
+/* A new record, indexed three ways; NULL when out of memory. */
+static struct rec *rec_new_locked(struct sc_peer_server *srv, const uint8_t token[SC_TOKEN_LEN],
+				  uint64_t xfer_id)
+{
+	struct rec *r = calloc(1, sizeof(*r));
+	if (!r)
+		return NULL;
+	memcpy(r->token, token, SC_TOKEN_LEN);
+	r->xfer_id = xfer_id;
+	sc_list_init(&r->holds);
+	struct tok *t = sc_idmap_get(srv->toks, token, SC_TOKEN_LEN);
+	bool new_tok = !t;
+	if (new_tok) {
+		t = calloc(1, sizeof(*t));
+		if (!t)
+			goto fail;
+		memcpy(t->token, token, SC_TOKEN_LEN);
+		sc_list_init(&t->recs);
+		if (sc_idmap_put(srv->toks, token, SC_TOKEN_LEN, t) != 0) {
+			free(t);
+			goto fail;
+		}
+	}
+	if (chain_add(&srv->recs, rec_key(token, xfer_id), r, false) != 0)
+		goto fail_tok;
+	if (chain_add(&srv->by_xfer, xfer_id, r, true) != 0) {
+		chain_del(&srv->recs, rec_key(token, xfer_id), r, false);
+		goto fail_tok;
+	}
+	r->tok = t;
+	sc_list_insert_tail(&t->recs, &r->tok_node);
+	return r;
+fail_tok:
+	if (new_tok) {
+		sc_idmap_del(srv->toks, token, SC_TOKEN_LEN);
+		free(t);
+	}
+fail:
+	free(r);
+	return NULL;
+}
+
+static void hold_free_locked(struct hold *h)
+{
+	sc_list_remove(&h->conn_node);
+	sc_list_remove(&h->rec_node);
+	h->c->n_opened--;
+	free(h);
+}
+
+/* The transfer ended (its DONE, its claim, its operation's end, or as an orphan told): forget it
+ * everywhere. */
+static void rec_drop_locked(struct sc_peer_server *srv, struct rec *r)
+{
+	while (!sc_list_empty(&r->holds))
+		hold_free_locked(sc_list_entry(sc_list_first(&r->holds), struct hold, rec_node));
+	if (r->orphan) {
+		sc_list_remove(&r->orphan->node);
+		free(r->orphan);
+	}
+	chain_del(&srv->recs, rec_key(r->token, r->xfer_id), r, false);
+	chain_del(&srv->by_xfer, r->xfer_id, r, true);
+	sc_list_remove(&r->tok_node);
+	if (sc_list_empty(&r->tok->recs)) {
+		sc_idmap_del(srv->toks, r->token, SC_TOKEN_LEN);
+		free(r->tok);
+	}
+	free(r);
+}
+
+static struct hold *hold_of(const struct rec *r, const struct conn *c)
+{
+	const struct sc_list *pos;
+	sc_list_foreach(pos, &r->holds) {
+		struct hold *h = sc_list_entry(pos, struct hold, rec_node);
+		if (h->c == c)
+			return h;
+	}
+	return NULL;
+}
+
+/* May this connection OPEN (token, xfer_id)? Not past SC_PEER_SERVER_MAX_OPEN open transfers,
+ * unless it holds this one already (another OPEN of it). Asked before the engine, so a refused
+ * OPEN claims no use. Only the connection's own thread adds to its records, so the room is still
+ * there when it tracks the transfer. */
+static bool open_room(struct conn *c, const struct sc_peer_msg *m, struct sc_err *err)
+{
+	struct sc_peer_server *srv = c->srv;
+	pthread_mutex_lock(&srv->mu);
+	bool ok = c->n_opened < SC_PEER_SERVER_MAX_OPEN;
+	if (!ok) {
+		const struct rec *r = rec_find_locked(srv, m->token, m->xfer_id);
+		ok = r && hold_of(r, c);
+	}
+	size_t n = c->n_opened;
+	pthread_mutex_unlock(&srv->mu);
+	if (ok)
+		return true;
+	sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+		   "this connection already has %zu transfers open on sidecar %s (the most one "
+		   "peer connection may hold): send their DONE, or OPEN on another connection",
+		   n, srv->self_id);
+	SC_WARN_LIMITED("peer", "peer-open-cap", "refused an OPEN from %s: %s", c->what, err->msg);
+	return false;
 }
 
 /* Track a transfer this connection opened. Returns -1 when out of memory. */
@@ -288,24 +485,32 @@ static int track(struct conn *c, const uint8_t token[SC_TOKEN_LEN], uint64_t xfe
 	struct sc_peer_server *srv = c->srv;
 	int rc = 0;
 	pthread_mutex_lock(&srv->mu);
-	orphan_forget_locked(srv, token, xfer_id);
-	for (size_t i = 0; i < c->n_opened; i++)
-		if (xref_eq(&c->opened[i], token, xfer_id))
-			goto out;
-	if (c->n_opened == c->cap_opened) {
-		size_t cap = c->cap_opened ? 2 * c->cap_opened : 4;
-		struct xref *grown = realloc(c->opened, cap * sizeof(*grown));
-		if (!grown) {
-			rc = -1;
-			goto out;
-		}
-		c->opened = grown;
-		c->cap_opened = cap;
+	struct rec *r = rec_find_locked(srv, token, xfer_id);
+	if (!r && !(r = rec_new_locked(srv, token, xfer_id))) {
+		rc = -1;
+		goto out;
 	}
-	memcpy(c->opened[c->n_opened].token, token, SC_TOKEN_LEN);
-	c->opened[c->n_opened].xfer_id = xfer_id;
-	c->opened[c->n_opened].via = via;
-	c->opened[c->n_opened++].kind = kind;
+	if (r->orphan) { /* OPENed again: no longer an orphan */
+		sc_list_remove(&r->orphan->node);
+		free(r->orphan);
+		r->orphan = NULL;
+	}
+	if (hold_of(r, c))
+		goto out;
+	struct hold *h = calloc(1, sizeof(*h));
+	if (!h) {
+		if (sc_list_empty(&r->holds))
+			rec_drop_locked(srv, r);
+		rc = -1;
+		goto out;
+	}
+	h->rec = r;
+	h->c = c;
+	h->kind = kind;
+	h->via = via;
+	sc_list_insert_tail(&r->holds, &h->rec_node);
+	sc_list_insert_tail(&c->opened, &h->conn_node);
+	c->n_opened++;
 out:
 	pthread_mutex_unlock(&srv->mu);
 	return rc;
@@ -318,17 +523,17 @@ static bool opened_here(struct conn *c, const struct sc_peer_msg *m, enum sc_op_
 {
 	bool found = false, ok = false;
 	pthread_mutex_lock(&c->srv->mu);
-	for (size_t i = 0; i < c->n_opened && !found; i++) {
-		if (xref_eq(&c->opened[i], m->token, m->xfer_id)) {
-			found = true;
-			ok = c->opened[i].kind == kind;
-		}
+	const struct rec *r = rec_find_locked(c->srv, m->token, m->xfer_id);
+	const struct hold *h = r ? hold_of(r, c) : NULL;
+	if (h) {
+		found = true;
+		ok = h->kind == kind;
 	}
 	pthread_mutex_unlock(&c->srv->mu);
 	if (!found)
 		sc_err_set(err, SC_FAILED_PRECONDITION,
 			   "%s of transfer %016" PRIx64 " before its OPEN on this connection (or "
-			   "after its DONE)",
+			   "after its DONE, or after its operation ended)",
 			   sc_frame_type_name(m->type), m->xfer_id);
 	else if (!ok)
 		sc_err_set(err, SC_FAILED_PRECONDITION,
@@ -343,17 +548,9 @@ static void untrack_everywhere(struct sc_peer_server *srv, const uint8_t token[S
 			       uint64_t xfer_id)
 {
 	pthread_mutex_lock(&srv->mu);
-	orphan_forget_locked(srv, token, xfer_id);
-	struct sc_list *pos;
-	sc_list_foreach(pos, &srv->live) {
-		struct conn *c = sc_list_entry(pos, struct conn, node);
-		for (size_t i = 0; i < c->n_opened; i++) {
-			if (xref_eq(&c->opened[i], token, xfer_id)) {
-				c->opened[i] = c->opened[--c->n_opened];
-				break;
-			}
-		}
-	}
+	struct rec *r = rec_find_locked(srv, token, xfer_id);
+	if (r)
+		rec_drop_locked(srv, r);
 	pthread_mutex_unlock(&srv->mu);
 }
 
@@ -361,79 +558,106 @@ static void untrack_everywhere(struct sc_peer_server *srv, const uint8_t token[S
 static int claim(struct sc_peer_server *srv, const char *peer_id, uint64_t xfer_id,
 		 enum sc_backend_kind via, uint8_t token[SC_TOKEN_LEN])
 {
-	bool found = false;
+	struct rec *found = NULL;
 	if (via == SC_BACKEND_NONE)
 		return -1;
 	pthread_mutex_lock(&srv->mu);
-	struct sc_list *pos;
-	sc_list_foreach(pos, &srv->live) {
-		struct conn *c = sc_list_entry(pos, struct conn, node);
-		if (found)
-			break;
-		if (!c->authed || strcmp(c->peer_id, peer_id) != 0)
+	for (struct rec *r = sc_u64map_get(&srv->by_xfer, xfer_id); r && !found; r = r->xfer_next) {
+		if (r->xfer_id != xfer_id)
 			continue;
-		for (size_t i = 0; i < c->n_opened && !found; i++) {
-			if (c->opened[i].xfer_id == xfer_id && c->opened[i].via == via) {
-				memcpy(token, c->opened[i].token, SC_TOKEN_LEN);
-				found = true;
-			}
+		if (r->orphan && r->orphan->via == via && strcmp(r->orphan->peer_id, peer_id) == 0)
+			found = r;
+		const struct sc_list *pos;
+		sc_list_foreach(pos, &r->holds) {
+			const struct hold *h = sc_list_entry(pos, struct hold, rec_node);
+			if (h->via == via && h->c->authed && strcmp(h->c->peer_id, peer_id) == 0)
+				found = r;
 		}
 	}
-	sc_list_foreach(pos, &srv->orphans) {
-		const struct orphan *o = sc_list_entry(pos, struct orphan, node);
-		if (found)
-			break;
-		if (o->ref.xfer_id == xfer_id && o->ref.via == via && strcmp(o->peer_id, peer_id) == 0) {
-			memcpy(token, o->ref.token, SC_TOKEN_LEN);
-			found = true;
-		}
+	if (found) {
+		memcpy(token, found->token, SC_TOKEN_LEN);
+		rec_drop_locked(srv, found);
 	}
 	pthread_mutex_unlock(&srv->mu);
-	if (!found)
-		return -1;
-	untrack_everywhere(srv, token, xfer_id);
-	return 0;
+	return found ? 0 : -1;
 }
 
-static bool tracked_by_other_locked(struct sc_peer_server *srv, const struct conn *self,
-				    const struct xref *r)
-{
-	const struct sc_list *pos;
-	sc_list_foreach(pos, &srv->live) {
-		const struct conn *c = sc_list_entry(pos, struct conn, node);
-		if (c == self)
-			continue;
-		for (size_t i = 0; i < c->n_opened; i++)
-			if (xref_eq(&c->opened[i], r->token, r->xfer_id))
-				return true;
-	}
-	return false;
-}
-
-/* Tell the engine about orphans that are due (all of them when `all`). Accept thread or destroy. */
+/* Tell the engine about orphans that are due (all of them when `all`). Accept thread or destroy.
+ * The orphans are in the order they fall due (each is due ORPHAN_GRACE_MS after its making). */
 static uint64_t expire_orphans(struct sc_peer_server *srv, bool all)
 {
 	uint64_t now = sc_clock_mono_ms();
 	uint64_t next_due = 0;
-	struct sc_list due = SC_LIST_INIT(due); /* oldest first, as before */
+	struct sc_list due = SC_LIST_INIT(due);
 	struct sc_list *pos, *tmp;
 	pthread_mutex_lock(&srv->mu);
-	sc_list_foreach_safe(pos, tmp, &srv->orphans) {
-		struct orphan *o = sc_list_entry(pos, struct orphan, node);
-		if (all || o->due_mono_ms <= now) {
-			sc_list_remove(&o->node);
-			sc_list_insert_head(&due, &o->node);
-		} else if (!next_due || o->due_mono_ms < next_due) {
+	while (!sc_list_empty(&srv->orphans)) {
+		struct orphan *o = sc_list_entry(sc_list_first(&srv->orphans), struct orphan, node);
+		if (!all && o->due_mono_ms > now) {
 			next_due = o->due_mono_ms;
+			break;
 		}
+		sc_list_remove(&o->node);
+		sc_list_insert_tail(&due, &o->node);
+		o->rec->orphan = NULL;
+		rec_drop_locked(srv, o->rec);
+		o->rec = NULL;
 	}
 	pthread_mutex_unlock(&srv->mu);
 	sc_list_foreach_safe(pos, tmp, &due) {
 		struct orphan *o = sc_list_entry(pos, struct orphan, node);
-		sc_passive_abandon(&srv->passive, o->ref.token, o->ref.xfer_id, o->why);
+		sc_passive_abandon(&srv->passive, o->token, o->xfer_id, o->why);
 		free(o);
 	}
 	return next_due;
+}
+
+/* ---- peer ids and their share of --data-max-peers (struct ident; under srv->mu) ------------- */
+
+/* The id itself when it fits the map's key, else its first 40 bytes and a hash of the rest (ids
+ * that meet there share one count: harmless). */
+static size_t ident_key(const char *id, uint8_t key[SC_IDMAP_KEY_MAX])
+{
+	size_t n = strlen(id);
+	if (n <= SC_IDMAP_KEY_MAX) {
+		memcpy(key, id, n);
+		return n;
+	}
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ (uint8_t)id[i]) * 1099511628211ull;
+	memcpy(key, id, SC_IDMAP_KEY_MAX - 8);
+	memcpy(key + SC_IDMAP_KEY_MAX - 8, &h, 8);
+	return SC_IDMAP_KEY_MAX;
+}
+
+static struct ident *ident_get_locked(struct sc_peer_server *srv, const char *id, bool make)
+{
+	uint8_t key[SC_IDMAP_KEY_MAX];
+	size_t klen = ident_key(id, key);
+	struct ident *p = sc_idmap_get(srv->idents, key, klen);
+	if (p || !make)
+		return p;
+	if (!(p = calloc(1, sizeof(*p))))
+		return NULL;
+	snprintf(p->id, sizeof(p->id), "%s", id);
+	if (sc_idmap_put(srv->idents, key, klen, p) != 0) {
+		free(p);
+		return NULL;
+	}
+	return p;
+}
+
+/* An authenticated connection of this id leaves the count (evicted or ended). */
+static void ident_leave_locked(struct sc_peer_server *srv, const struct conn *c)
+{
+	uint8_t key[SC_IDMAP_KEY_MAX];
+	size_t klen = ident_key(c->peer_id, key);
+	struct ident *p = sc_idmap_get(srv->idents, key, klen);
+	if (p && --p->n == 0) {
+		sc_idmap_del(srv->idents, key, klen);
+		free(p);
+	}
 }
 
 /* ---- replies --------------------------------------------------------------------------------- */
@@ -452,6 +676,7 @@ static void serving_begin(struct conn *c, const uint8_t token[SC_TOKEN_LEN])
 	pthread_mutex_lock(&c->srv->mu);
 	memcpy(c->serving_token, token, SC_TOKEN_LEN);
 	c->serving = true;
+	sc_list_insert_tail(&c->srv->serving, &c->serving_node);
 	pthread_mutex_unlock(&c->srv->mu);
 }
 
@@ -459,6 +684,7 @@ static void serving_end(struct conn *c)
 {
 	pthread_mutex_lock(&c->srv->mu);
 	c->serving = false;
+	sc_list_remove(&c->serving_node);
 	pthread_mutex_unlock(&c->srv->mu);
 }
 
@@ -616,7 +842,8 @@ static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, si
 {
 	struct sc_err err;
 	sc_err_clear(&err);
-	if (sc_passive_open(&c->srv->passive, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
+	if (!open_room(c, m, &err) ||
+	    sc_passive_open(&c->srv->passive, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
 			    c->peer_id, m->total, &err) != 0)
 		return reply_error(c, &err, why, why_cap);
 	enum sc_backend_kind via = sc_peer_via_backend(m->flags);
@@ -1124,8 +1351,10 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 		sc_trace_record(m.xfer_id, trace_stage(m.type, false), 0);
 	/* Most recently used from the request's arrival, before any reply leaves: a peer that has its
 	 * answer is already ordered after every earlier one (marking after the reply raced with the
-	 * next peer's requests when this thread was slow to run on). */
-	mark_active(c);
+	 * next peer's requests when this thread was slow to run on). A PING is no use: it neither
+	 * keeps a connection from expiring nor moves it up the order of eviction. */
+	if (m.type != SC_FRAME_PING)
+		mark_active(c);
 	int rc;
 	switch (m.type) {
 	case SC_FRAME_OPEN:
@@ -1176,7 +1405,8 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 		sc_trace_record(m.xfer_id, trace_stage(m.type, true), 0);
 	if (rc != 0)
 		return -1;
-	atomic_store(&c->last_active_mono_ms, sc_clock_mono_ms()); /* idle from the request's end */
+	if (m.type != SC_FRAME_PING) /* idle from the request's end */
+		atomic_store(&c->last_active_mono_ms, sc_clock_mono_ms());
 	if (atomic_load(&c->revoked)) { /* it finished as the operation ended: end anyway */
 		snprintf(why, why_cap, "an operation it served ended: connection cut");
 		return -1;
@@ -1214,31 +1444,42 @@ static void conn_finish(struct conn *c, const char *why)
 	sc_list_remove(&c->node);
 	prehello_leave_locked(srv, c);
 	srv->n_live--;
-	if (c->authed)
+	if (c->authed) {
 		srv->n_authed--;
-	else
+		ident_leave_locked(srv, c);
+	} else {
 		srv->n_unauth--;
-	for (size_t i = 0; i < c->n_opened; i++) {
-		if (tracked_by_other_locked(srv, c, &c->opened[i]))
+	}
+	/* Its records: one no other connection holds becomes an orphan. O(its own records). */
+	while (c->opened.next && !sc_list_empty(&c->opened)) {
+		struct hold *h = sc_list_entry(sc_list_first(&c->opened), struct hold, conn_node);
+		struct rec *r = h->rec;
+		enum sc_backend_kind via = h->via;
+		hold_free_locked(h);
+		if (!sc_list_empty(&r->holds) || r->orphan)
 			continue;
 		struct orphan *o = calloc(1, sizeof(*o));
 		if (!o) {
 			/* Cannot wait: tell the engine now, without the lock. */
-			struct xref r = c->opened[i];
+			uint8_t token[SC_TOKEN_LEN];
+			uint64_t xfer_id = r->xfer_id;
+			memcpy(token, r->token, SC_TOKEN_LEN);
+			rec_drop_locked(srv, r);
 			pthread_mutex_unlock(&srv->mu);
-			sc_passive_abandon(&srv->passive, r.token, r.xfer_id, why);
+			sc_passive_abandon(&srv->passive, token, xfer_id, why);
 			pthread_mutex_lock(&srv->mu);
 			continue;
 		}
-		o->ref = c->opened[i];
+		memcpy(o->token, r->token, SC_TOKEN_LEN);
+		o->xfer_id = r->xfer_id;
+		o->via = via;
 		snprintf(o->peer_id, sizeof(o->peer_id), "%s", c->peer_id);
 		o->due_mono_ms = due;
 		snprintf(o->why, sizeof(o->why), "%.480s, before DONE", why);
-		sc_list_insert_head(&srv->orphans, &o->node);
+		o->rec = r;
+		r->orphan = o;
+		sc_list_insert_tail(&srv->orphans, &o->node);
 	}
-	free(c->opened);
-	c->opened = NULL;
-	c->n_opened = c->cap_opened = 0;
 	int fd = c->fd;
 	c->fd = -1;
 	pthread_mutex_unlock(&srv->mu);
@@ -1268,11 +1509,13 @@ static void drain_before_close(int fd)
 	}
 }
 
-/* May this connection be closed for another peer? Authenticated, parked, no transfer opened on
- * it, no request in hand. Under srv->mu. */
+/* May this connection be closed for another peer? Authenticated, parked, no request in hand,
+ * whatever it has OPENed (a peer could otherwise hold its slot forever with an OPEN and no DONE;
+ * what it opened becomes an orphan, abandoned unless its DONE comes on another connection). Under
+ * srv->mu. */
 static bool idle_locked(const struct conn *o)
 {
-	return o->authed && !o->n_opened && !o->serving && atomic_load(&o->state) == CONN_IDLE;
+	return o->authed && !o->serving && atomic_load(&o->state) == CONN_IDLE;
 }
 
 /* Close an idle connection now and give its room back at once: it still counts until a pool
@@ -1289,41 +1532,106 @@ static bool evict_locked(struct sc_peer_server *srv, struct conn *o, bool retire
 	}
 	shutdown(o->fd, SHUT_RDWR);
 	srv->n_authed--;
+	ident_leave_locked(srv, o);
 	o->authed = false;
 	srv->n_unauth++;
 	return true;
 }
 
 /*
- * The cap is reached: close the authenticated connection idle the longest (no request in hand,
- * no transfer opened on it) to make room for `for_conn`. Its thread sees the shutdown and ends;
- * the peer's pool dials again when it needs one. True when one was evicted. Under srv->mu.
+ * A cap is reached: close an idle connection (idle_locked: no request in hand), of peer `of`
+ * only when given, to make room for `for_conn`: one with no transfer open first, else the one
+ * used longest ago. Its thread sees the shutdown and ends; the peer's pool dials again when it
+ * needs one. True when one was evicted. Under srv->mu; walks the live connections (only at a
+ * cap).
  */
-static bool evict_idle_locked(struct sc_peer_server *srv, const struct conn *for_conn)
+static bool evict_idle_locked(struct sc_peer_server *srv, const struct conn *for_conn,
+			      const char *of)
 {
 	struct conn *lru = NULL;
 	uint64_t oldest = UINT64_MAX;
+	bool lru_clear = false;
 	struct sc_list *pos;
 	sc_list_foreach(pos, &srv->live) {
 		struct conn *o = sc_list_entry(pos, struct conn, node);
-		if (o == for_conn || !idle_locked(o))
+		if (o == for_conn || !idle_locked(o) || (of && strcmp(o->peer_id, of) != 0))
 			continue;
 		uint64_t seq = atomic_load(&o->last_active_seq);
-		if (seq < oldest) {
+		bool clear = o->n_opened == 0;
+		if (!lru || (clear && !lru_clear) || (clear == lru_clear && seq < oldest)) {
 			oldest = seq;
 			lru = o;
+			lru_clear = clear;
 		}
 	}
 	if (!lru || !evict_locked(srv, lru, false))
 		return false;
 	atomic_fetch_add(&srv->n_evicted, 1);
-	SC_WARN_LIMITED("peer", "peer-evicted",
-			"%u peer connections (--data-max-peers): closed the one idle longest, %s, "
-			"idle %llu ms, to admit %s",
-			srv->max_peers, lru->what,
-			(unsigned long long)(sc_clock_mono_ms() -
-					     atomic_load(&lru->last_active_mono_ms)),
-			for_conn->addr);
+	if (of)
+		SC_WARN_LIMITED("peer", "peer-evicted-share",
+				"peer \"%s\" holds its share of %u connections (a quarter of "
+				"--data-max-peers): closed its one idle longest, %s, idle %llu ms, to "
+				"admit %s",
+				of, srv->max_per_id, lru->what,
+				(unsigned long long)(sc_clock_mono_ms() -
+						     atomic_load(&lru->last_active_mono_ms)),
+				for_conn->addr);
+	else
+		SC_WARN_LIMITED("peer", "peer-evicted",
+				"%u peer connections (--data-max-peers): closed the one idle longest, "
+				"%s, idle %llu ms, to admit %s",
+				srv->max_peers, lru->what,
+				(unsigned long long)(sc_clock_mono_ms() -
+						     atomic_load(&lru->last_active_mono_ms)),
+				for_conn->addr);
+	return true;
+}
+
+/*
+ * Admit an authenticated connection under the caps: one peer id holds at most its share
+ * (srv->max_per_id; at it, its own idle connection goes), and all of them at most
+ * --data-max-peers (at it, another idle connection goes). False with err (RESOURCE_EXHAUSTED,
+ * "... busy: retry in a few seconds", which the dialing side retries) when every candidate has a
+ * request in hand. On success the connection counts for its id and can track OPENs. Under
+ * srv->mu.
+ */
+static bool admit_locked(struct sc_peer_server *srv, struct conn *c, struct sc_err *err)
+{
+	struct ident *id = ident_get_locked(srv, c->peer_id, true);
+	if (!id) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "sidecar %s is out of memory: retry in a few "
+			   "seconds", srv->self_id);
+		return false;
+	}
+	if (id->n >= srv->max_per_id) {
+		if (!evict_idle_locked(srv, c, c->peer_id)) {
+			sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+				   "sidecar %s is serving %u connections of peer \"%s\" (its share: a "
+				   "quarter of --data-max-peers %u), all of them busy: retry in a few "
+				   "seconds",
+				   srv->self_id, id->n, c->peer_id, srv->max_peers);
+			return false;
+		}
+	} else if (srv->n_authed >= srv->max_peers && !evict_idle_locked(srv, c, NULL)) {
+		if (id->n == 0) {
+			uint8_t key[SC_IDMAP_KEY_MAX];
+			size_t klen = ident_key(c->peer_id, key);
+			free(sc_idmap_del(srv->idents, key, klen));
+		}
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+			   "sidecar %s is serving %u peer connections (--data-max-peers), all of them "
+			   "busy: retry in a few seconds",
+			   srv->self_id, srv->max_peers);
+		return false;
+	}
+	/* An eviction of its own id's connection may have freed the count: look it up again. */
+	if (!(id = ident_get_locked(srv, c->peer_id, true))) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "sidecar %s is out of memory: retry in a few "
+			   "seconds", srv->self_id);
+		return false;
+	}
+	id->n++;
+	sc_list_init(&c->opened);
 	return true;
 }
 
@@ -1351,7 +1659,7 @@ static int handshake(struct conn *c, char *why, size_t why_cap)
 	if (rc == 0) {
 		/* Authenticated: move from the pre-hello limits to the authenticated cap. */
 		pthread_mutex_lock(&srv->mu);
-		bool room = srv->n_authed < srv->max_peers || evict_idle_locked(srv, c);
+		bool room = admit_locked(srv, c, &err);
 		if (room) {
 			c->authed = true;
 			srv->n_unauth--;
@@ -1361,11 +1669,8 @@ static int handshake(struct conn *c, char *why, size_t why_cap)
 			recent_auth_note_locked(srv, c->net, sc_clock_mono_ms());
 		}
 		pthread_mutex_unlock(&srv->mu);
-		if (!room) {
-			rc = sc_err_set(&err, SC_RESOURCE_EXHAUSTED,
-					"sidecar %s is serving %u peer connections (--data-max-peers), "
-					"all of them busy: retry in a few seconds",
-					srv->self_id, srv->max_peers);
+		if (!room) { /* err says why (admit_locked) */
+			rc = -1;
 			sc_peer_send_refusal(c->fd, &w, &err);
 		}
 	}
@@ -2051,6 +2356,9 @@ int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_
 	sc_list_init(&srv->workers);
 	sc_list_init(&srv->dead_workers);
 	sc_list_init(&srv->orphans);
+	sc_list_init(&srv->serving);
+	srv->toks = sc_idmap_create();
+	srv->idents = sc_idmap_create();
 	srv->min_workers = cfg->data_io_threads ? cfg->data_io_threads : 4;
 	srv->idle_ms = sc_peer_test_idle_ms(SC_PEER_SERVER_IDLE_MS);
 	atomic_init(&srv->stopping, false);
@@ -2068,6 +2376,11 @@ int sc_peer_server_create(const struct sc_peer_server_env *env, const struct sc_
 	srv->first_byte_ms = cfg->data_first_byte_timeout_ms ? cfg->data_first_byte_timeout_ms
 							     : 1000;
 	srv->max_peers = cfg->data_max_peers ? cfg->data_max_peers : SC_PEER_SERVER_MAX_CONNS;
+	srv->max_per_id = srv->max_peers / 4 ? srv->max_peers / 4 : 1;
+	if (!srv->toks || !srv->idents) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+		goto fail;
+	}
 	atomic_init(&srv->n_evicted, 0);
 	atomic_init(&srv->activity_seq, 0);
 	if ((srv->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
@@ -2205,14 +2518,19 @@ void sc_peer_server_revoke(struct sc_peer_server *srv, const uint8_t token[SC_TO
 	unsigned cut = 0;
 	pthread_mutex_lock(&srv->mu);
 	struct sc_list *pos;
-	sc_list_foreach(pos, &srv->live) {
-		struct conn *c = sc_list_entry(pos, struct conn, node);
-		if (!c->serving || memcmp(c->serving_token, token, SC_TOKEN_LEN) != 0)
+	sc_list_foreach(pos, &srv->serving) { /* only the connections serving a request */
+		struct conn *c = sc_list_entry(pos, struct conn, serving_node);
+		if (memcmp(c->serving_token, token, SC_TOKEN_LEN) != 0)
 			continue;
 		atomic_store(&c->revoked, true);
 		shutdown(c->fd, SHUT_RDWR);
 		cut++;
 	}
+	/* Its records go: a connection that only OPENed it holds nothing of it any more (nor its
+	 * room), and no orphan of it is told. O(its records). */
+	struct tok *t;
+	while ((t = sc_idmap_get(srv->toks, token, SC_TOKEN_LEN)))
+		rec_drop_locked(srv, sc_list_entry(sc_list_first(&t->recs), struct rec, tok_node));
 	pthread_mutex_unlock(&srv->mu);
 	if (cut)
 		SC_INFO("peer", "an operation ended while %u peer connection(s) still moved its bytes: "
@@ -2259,6 +2577,12 @@ int sc_peer_server_set_handler(struct sc_peer_server *srv, enum sc_frame_type ty
 void sc_peer_server_set_tls(struct sc_peer_server *srv, struct sc_peer_tls *tls)
 {
 	srv->tls = tls;
+}
+
+static void free_value(void *ctx, void *value)
+{
+	(void)ctx;
+	free(value);
 }
 
 void sc_peer_server_destroy(struct sc_peer_server *srv)
@@ -2316,6 +2640,13 @@ void sc_peer_server_destroy(struct sc_peer_server *srv)
 	}
 	reap(srv);
 	expire_orphans(srv, true);
+	/* Every connection ended and every orphan was told: no record is left. */
+	sc_u64map_clear(&srv->recs);
+	sc_u64map_clear(&srv->by_xfer);
+	if (srv->idents)
+		sc_idmap_each(srv->idents, free_value, NULL);
+	sc_idmap_destroy(srv->idents);
+	sc_idmap_destroy(srv->toks);
 	if (srv->epfd >= 0)
 		close(srv->epfd);
 	if (srv->stop_fd >= 0)
@@ -2374,7 +2705,8 @@ int sc_peer_server_retire_peer(struct sc_peer_server *srv, const char *peer_id,
 		struct conn *o = sc_list_entry(pos, struct conn, node);
 		if (!o->authed || strcmp(o->peer_id, peer_id) != 0)
 			continue;
-		if (!idle_locked(o) || atomic_load(&o->last_active_mono_ms) + min_idle_ms > now) {
+		if (!idle_locked(o) || o->n_opened ||
+		    atomic_load(&o->last_active_mono_ms) + min_idle_ms > now) {
 			rc = -1;
 			goto out;
 		}
