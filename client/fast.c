@@ -3,13 +3,15 @@
  * fast.c: the fast path of the C client (rsc_fast_*; the format is rdma_sidecar/fast_ring.h).
  *
  * Ring mode: a SOCK_SEQPACKET connection to the sidecar's fast-path socket carries HELLO (the ring
- * memfd and the two doorbell eventfds), PREPARE/UNPREPARE and their RESULTs; runs are submission
- * entries written into the shared ring, and their ends come back as completion entries. grpc
+ * memfd and the two doorbells: datagram sockets, or eventfds from sidecars before them),
+ * PREPARE/UNPREPARE and their RESULTs; runs are submission entries written into the shared ring,
+ * and their ends come back as completion entries. After reading completions it rings the
+ * submission doorbell when the sidecar asked for it (RSC_FAST_CQ_NEED_WAKEUP). grpc
  * mode, when the sidecar offers no fast-path socket: each run is one rsc_read/rsc_write with the
  * arguments PREPARE copied, done on the caller's thread, its operation released at once.
  *
  * Runs on the calling thread; a rsc_fast is for one thread at a time (no locks). It owns the
- * socket, the mapping, the eventfds, the copies of prepared arguments (grpc mode) and a queue of
+ * socket, the mapping, the doorbells, the copies of prepared arguments (grpc mode) and a queue of
  * completions taken from the ring while rsc_fast_run waited for its own, which rsc_fast_reap
  * returns first.
  */
@@ -63,6 +65,7 @@ struct rsc_fast {
 	int dead; /* the sidecar ended the session */
 
 	int sock, sq_efd, cq_efd;
+	int bells_are_sockets; /* 1: datagram doorbells (fast_ring.h); 0: eventfds (older sidecars) */
 	void *map;
 	size_t map_size;
 	struct rsc_fast_ctl *ctl;
@@ -412,6 +415,8 @@ static int ring_open(rsc_fast *f, const rsc_fast_options *o, rsc_status *st)
 	int rc = recv_hello(f, &h, fds, st);
 	f->sq_efd = fds[1];
 	f->cq_efd = fds[2];
+	struct stat sb;
+	f->bells_are_sockets = fds[1] >= 0 && fstat(fds[1], &sb) == 0 && S_ISSOCK(sb.st_mode);
 	if (rc == RSC_OK)
 		rc = map_ring(f, &h, fds[0], st);
 	if (fds[0] >= 0)
@@ -540,6 +545,46 @@ static int ring_unprepare(rsc_fast *f, uint32_t handle, rsc_status *st)
 /* ---- ring mode: entries -------------------------------------------------------------------------
  */
 
+/* Rings the submission doorbell without ever blocking: 0, or -1 with errno. EAGAIN (rings pending
+ * already) and a sidecar gone (the socket says so) are not errors. */
+static int ring_bell(rsc_fast *f)
+{
+	uint64_t one = 1;
+	ssize_t n;
+	if (f->bells_are_sockets)
+		while ((n = send(f->sq_efd, &one, sizeof(one), MSG_DONTWAIT | MSG_NOSIGNAL)) < 0 &&
+		       errno == EINTR)
+			;
+	else
+		while ((n = write(f->sq_efd, &one, sizeof(one))) < 0 && errno == EINTR)
+			;
+	if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNREFUSED &&
+	    errno != EPIPE)
+		return -1;
+	return 0;
+}
+
+/* Takes every ring waiting on the completion doorbell (one datagram per read), never blocking.
+ * 0, or -1 with errno. */
+static int clear_bell(rsc_fast *f)
+{
+	uint64_t v;
+	if (f->bells_are_sockets) {
+		for (;;) {
+			ssize_t n = recv(f->cq_efd, &v, sizeof(v), MSG_DONTWAIT | MSG_TRUNC);
+			if (n >= 0 || errno == EINTR)
+				continue;
+			return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+		}
+	}
+	/* An eventfd: one read clears it; poll first, the fd's flags are the sidecar's. */
+	struct pollfd p = {.fd = f->cq_efd, .events = POLLIN};
+	if (poll(&p, 1, 0) == 1 && (p.revents & POLLIN) && read(f->cq_efd, &v, sizeof(v)) < 0 &&
+	    errno != EAGAIN && errno != EINTR)
+		return -1;
+	return 0;
+}
+
 static int ring_submit(rsc_fast *f, uint32_t opcode, uint32_t handle, uint64_t user_data,
 		       uint64_t timeout_ms, uint64_t target, rsc_status *st)
 {
@@ -558,12 +603,7 @@ static int ring_submit(rsc_fast *f, uint32_t opcode, uint32_t handle, uint64_t u
 	e->target = target;
 	f->sq_tail++;
 	__atomic_store_n(&f->ctl->sq_tail, f->sq_tail, __ATOMIC_RELEASE);
-	uint64_t one = 1;
-	ssize_t n;
-	while ((n = write(f->sq_efd, &one, sizeof(one))) < 0 && errno == EINTR)
-		;
-	/* EAGAIN: the counter is full, the sidecar has been woken already. */
-	if (n < 0 && errno != EAGAIN)
+	if (ring_bell(f) != 0)
 		return rsc_fail(st, RSC_INTERNAL, "fast path: ringing the doorbell: %s",
 				strerror(errno));
 	return rsc_ok(st);
@@ -590,7 +630,13 @@ static int ring_drain(rsc_fast *f, uint64_t want_id, rsc_fast_completion *want, 
 		f->cq_head++;
 		n++;
 	}
-	__atomic_store_n(&f->ctl->cq_head, f->cq_head, __ATOMIC_RELEASE);
+	if (n == 0)
+		return 0;
+	/* Store the head, then look at the flag (both sequentially consistent, as the sidecar sets
+	 * the flag and then looks at the head): a sidecar waiting for this room is woken. */
+	__atomic_store_n(&f->ctl->cq_head, f->cq_head, __ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&f->ctl->cq_flags, __ATOMIC_SEQ_CST) & RSC_FAST_CQ_NEED_WAKEUP)
+		ring_bell(f);
 	return n;
 }
 
@@ -619,19 +665,14 @@ static int ring_wait(rsc_fast *f, uint64_t deadline, rsc_status *st)
 		} while (now_ns() < end);
 	}
 	for (;;) {
-		/* Clear the doorbell without a blocking read (the fd's flags are the sidecar's). */
+		/* Clear the doorbell without a blocking read, then look before sleeping. */
 		struct pollfd p[2] = {{.fd = f->cq_efd, .events = POLLIN},
 				      {.fd = f->sock, .events = POLLIN}};
-		if (poll(p, 1, 0) == 1 && (p[0].revents & POLLIN)) {
-			uint64_t v;
-			if (read(f->cq_efd, &v, sizeof(v)) < 0 && errno != EAGAIN && errno != EINTR)
-				return rsc_fail(st, RSC_INTERNAL,
-						"fast path: reading the doorbell: %s",
-						strerror(errno));
-		}
+		if (clear_bell(f) != 0)
+			return rsc_fail(st, RSC_INTERNAL, "fast path: reading the doorbell: %s",
+					strerror(errno));
 		if (cq_ready(f))
 			return RSC_OK;
-		p[0].revents = 0;
 		int pr = poll(p, 2, ms_left(deadline));
 		if (pr < 0 && errno == EINTR)
 			continue;

@@ -72,14 +72,14 @@ int sc_api_listen_check(const struct sc_config *cfg, struct sc_err *err)
 
 /* Make the parents of dir (0755, as before) and dir itself (0750, chmod'ed past the umask), or
  * verify an existing dir: a directory owned by this user that no one else may write. */
-static int prepare_dir(const char *path, const char *dir, struct sc_err *err)
+static int prepare_dir(const char *what, const char *path, const char *dir, struct sc_err *err)
 {
 	struct stat st;
 	if (stat(dir, &st) != 0) {
 		if (errno != ENOENT)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "--grpc-listen unix:%s: cannot use directory %s: %s",
-					  path, dir, strerror(errno));
+					  "%s%s: cannot use directory %s: %s",
+					  what, path, dir, strerror(errno));
 		char tmp[512];
 		snprintf(tmp, sizeof(tmp), "%s", dir);
 		for (char *p = tmp + 1; *p; p++) {
@@ -91,45 +91,45 @@ static int prepare_dir(const char *path, const char *dir, struct sc_err *err)
 		}
 		if (mkdir(dir, 0750) != 0 && errno != EEXIST)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "--grpc-listen unix:%s: cannot create directory %s: %s",
-					  path, dir, strerror(errno));
+					  "%s%s: cannot create directory %s: %s",
+					  what, path, dir, strerror(errno));
 		if (stat(dir, &st) != 0)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "--grpc-listen unix:%s: cannot use directory %s: %s",
-					  path, dir, strerror(errno));
+					  "%s%s: cannot use directory %s: %s",
+					  what, path, dir, strerror(errno));
 		if (st.st_uid == geteuid() && chmod(dir, 0750) == 0)
 			st.st_mode = (st.st_mode & ~(mode_t)07777) | 0750;
 	}
 	if (!S_ISDIR(st.st_mode))
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "--grpc-listen unix:%s: %s is not a directory", path, dir);
+				  "%s%s: %s is not a directory", what, path, dir);
 	if (st.st_uid != geteuid())
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "--grpc-listen unix:%s: directory %s belongs to uid %u, not to "
+				  "%s%s: directory %s belongs to uid %u, not to "
 				  "this sidecar (uid %u): another user could replace the socket; "
 				  "use a directory the sidecar owns (it creates a missing one)",
-				  path, dir, (unsigned)st.st_uid, (unsigned)geteuid());
+				  what, path, dir, (unsigned)st.st_uid, (unsigned)geteuid());
 	if (st.st_mode & 022)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "--grpc-listen unix:%s: directory %s is group- or world-writable "
+				  "%s%s: directory %s is group- or world-writable "
 				  "(mode %04o): another user could replace the socket; chmod go-w "
 				  "it or use a directory only the sidecar writes",
-				  path, dir, (unsigned)(st.st_mode & 07777));
+				  what, path, dir, (unsigned)(st.st_mode & 07777));
 	if (access(dir, W_OK | X_OK) != 0)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "--grpc-listen unix:%s: directory %s is not writable: %s", path,
+				  "%s%s: directory %s is not writable: %s", what, path,
 				  dir, strerror(errno));
 	return 0;
 }
 
-int sc_unix_socket_prepare(const char *path, struct sc_err *err)
+int sc_unix_socket_prepare_as(const char *what, int type, const char *path, struct sc_err *err)
 {
 	char dir[512];
 	snprintf(dir, sizeof(dir), "%s", path);
 	char *slash = strrchr(dir, '/');
 	if (slash && slash != dir) {
 		*slash = '\0';
-		if (prepare_dir(path, dir, err) != 0)
+		if (prepare_dir(what, path, dir, err) != 0)
 			return -1;
 	}
 	struct stat st;
@@ -137,11 +137,11 @@ int sc_unix_socket_prepare(const char *path, struct sc_err *err)
 		return 0; /* nothing there yet */
 	if (!S_ISSOCK(st.st_mode))
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "--grpc-listen unix:%s: the path exists and is not a socket: "
+				  "%s%s: the path exists and is not a socket: "
 				  "remove it or pick another path",
-				  path);
+				  what, path);
 	/* A server answering there is alive: never take its socket over. */
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return sc_err_set(err, SC_INTERNAL, "socket: %s", strerror(errno));
 	struct sockaddr_un sa;
@@ -153,21 +153,26 @@ int sc_unix_socket_prepare(const char *path, struct sc_err *err)
 	close(fd);
 	if (rc == 0)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "--grpc-listen unix:%s: another server (a running rdma-sidecar?) "
+				  "%s%s: another server (a running rdma-sidecar?) "
 				  "is answering on this socket: stop it first or pick another path",
-				  path);
+				  what, path);
 	if (e != ECONNREFUSED)
 		return sc_err_set(
 		    err, SC_INVALID_ARGUMENT,
-		    "--grpc-listen unix:%s: cannot tell whether a server still uses "
+		    "%s%s: cannot tell whether a server still uses "
 		    "the socket (connect: %s): remove it by hand or pick another path",
-		    path, strerror(e));
+		    what, path, strerror(e));
 	if (unlink(path) != 0 && errno != ENOENT)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "--grpc-listen unix:%s: cannot remove the stale socket: %s", path,
+				  "%s%s: cannot remove the stale socket: %s", what, path,
 				  strerror(errno));
 	SC_INFO("grpc", "removed stale socket %s (no server answered)", path);
 	return 0;
+}
+
+int sc_unix_socket_prepare(const char *path, struct sc_err *err)
+{
+	return sc_unix_socket_prepare_as("--grpc-listen unix:", SOCK_STREAM, path, err);
 }
 
 int sc_unix_socket_set_mode(const char *path, unsigned mode, struct sc_err *err)

@@ -34,6 +34,9 @@ int sc_api_listen_check(const struct sc_config *cfg, struct sc_err *err);
 
 /* Before gRPC binds unix:path: directory made or verified, live server refused, stale removed. */
 int sc_unix_socket_prepare(const char *path, struct sc_err *err);
+/* The same for another unix socket: messages begin with what (e.g. "--fast-path-socket ") and the
+ * path; a live server is probed with a socket of type (SOCK_STREAM, SOCK_SEQPACKET). */
+int sc_unix_socket_prepare_as(const char *what, int type, const char *path, struct sc_err *err);
 
 /* After gRPC bound unix:path (before serving): chmod to mode, whatever the umask was. */
 int sc_unix_socket_set_mode(const char *path, unsigned mode, struct sc_err *err);

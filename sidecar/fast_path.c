@@ -2,8 +2,10 @@
 /*
  * fast_path.c: the fast path's socket (fast_path.h). Binds --fast-path-socket (SOCK_SEQPACKET, the
  * gRPC unix socket's mode), checks each connecting worker's uid (SO_PEERCRED) against
- * --allowed-uids as the gRPC socket does, holds at most --fast-path-max-sessions sessions, and
- * joins the sessions that ended.
+ * --allowed-uids as the gRPC socket does, holds at most --fast-path-max-sessions sessions, of which
+ * one uid holds at most its share (per_uid: the total over the number of --allowed-uids, at least
+ * 1; the total when any uid may connect), and joins the sessions that ended. Every line a worker
+ * can make it log is rate-limited (sc_log_limited, one key per call site).
  *
  * Threads: one accept thread (poll on the socket, a stop eventfd and the ended-sessions eventfd;
  * every WATCH_MS while sessions exist it also watches those busy with a transfer).
@@ -35,6 +37,7 @@
 struct entry {
 	struct sc_list node;
 	struct sc_fast_session *s;
+	uint32_t uid;
 	bool ended;
 };
 
@@ -45,6 +48,7 @@ struct sc_fast_path {
 	uint32_t allowed[SC_MAX_ALLOWED_UIDS];
 	size_t n_allowed;
 	uint32_t max_sessions;
+	uint32_t per_uid; /* sessions one uid may hold */
 	pthread_t thread;
 	bool running;
 	pthread_mutex_t mu;
@@ -123,6 +127,18 @@ static void refuse(int fd, enum sc_status code, const char *msg)
 	close(fd);
 }
 
+/* Sessions uid holds now; under mu. */
+static uint32_t sessions_of_locked(struct sc_fast_path *fp, uint32_t uid)
+{
+	uint32_t n = 0;
+	struct sc_list *pos;
+	sc_list_foreach(pos, &fp->sessions) {
+		struct entry *e = sc_list_entry(pos, struct entry, node);
+		n += e->uid == uid;
+	}
+	return n;
+}
+
 static void admit(struct sc_fast_path *fp, int fd)
 {
 	struct ucred cred;
@@ -139,35 +155,49 @@ static void admit(struct sc_fast_path *fp, int fd)
 		snprintf(msg, sizeof(msg),
 			 "uid %u may not use this sidecar (--allowed-uids does not list it)",
 			 (unsigned)cred.uid);
-		SC_WARN("fast", "fast-path connection of pid %d refused: %s", (int)cred.pid, msg);
+		SC_WARN_LIMITED("fast", "fast.refused-uid", "fast-path connection of pid %d refused: %s",
+				(int)cred.pid, msg);
 		sc_engine_fast_path_note(fp->eng, SC_FAST_SESSION_REFUSED);
 		refuse(fd, SC_PERMISSION_DENIED, msg);
 		return;
 	}
-	pthread_mutex_lock(&fp->mu);
-	bool room = fp->n_sessions < fp->max_sessions;
-	pthread_mutex_unlock(&fp->mu);
-	if (!room) {
-		snprintf(msg, sizeof(msg),
-			 "--fast-path-max-sessions %u sessions are open; close one, or use gRPC",
-			 fp->max_sessions);
-		SC_WARN("fast", "fast-path connection of pid %d refused: %s", (int)cred.pid, msg);
-		sc_engine_fast_path_note(fp->eng, SC_FAST_SESSION_REFUSED);
-		refuse(fd, SC_RESOURCE_EXHAUSTED, msg);
-		return;
-	}
 	struct entry *e = calloc(1, sizeof(*e));
-	struct sc_err err;
-	sc_err_clear(&err);
 	if (!e) {
 		refuse(fd, SC_RESOURCE_EXHAUSTED, "out of memory");
 		return;
 	}
-	/* Listed before the thread starts, so its on_exit always finds it. */
+	e->uid = (uint32_t)cred.uid;
+	/* Counted and listed at once, before the thread starts (its on_exit always finds it). */
 	pthread_mutex_lock(&fp->mu);
-	sc_list_insert_head(&fp->sessions, &e->node);
-	fp->n_sessions++;
+	bool room = fp->n_sessions < fp->max_sessions;
+	uint32_t mine = sessions_of_locked(fp, e->uid);
+	if (room && mine < fp->per_uid) {
+		sc_list_insert_head(&fp->sessions, &e->node);
+		fp->n_sessions++;
+	}
 	pthread_mutex_unlock(&fp->mu);
+	if (!room || mine >= fp->per_uid) {
+		if (!room)
+			snprintf(msg, sizeof(msg),
+				 "--fast-path-max-sessions %u sessions are open; close one, or use "
+				 "gRPC",
+				 fp->max_sessions);
+		else
+			snprintf(msg, sizeof(msg),
+				 "uid %u holds %u fast-path sessions, its share of "
+				 "--fast-path-max-sessions %u (over the %zu uids of --allowed-uids): "
+				 "close one, or use gRPC",
+				 (unsigned)cred.uid, mine, fp->max_sessions, fp->n_allowed);
+		SC_WARN_LIMITED("fast", room ? "fast.refused-uid-share" : "fast.refused-full",
+				"fast-path connection of pid %d (uid %u) refused: %s", (int)cred.pid,
+				(unsigned)cred.uid, msg);
+		sc_engine_fast_path_note(fp->eng, SC_FAST_SESSION_REFUSED);
+		refuse(fd, SC_RESOURCE_EXHAUSTED, msg);
+		free(e);
+		return;
+	}
+	struct sc_err err;
+	sc_err_clear(&err);
 	struct sc_fast_session_params p = {
 	    .eng = fp->eng, .sock = fd, .pid = cred.pid, .uid = cred.uid,
 	    .entries = RING_ENTRIES, .on_exit = on_session_exit, .ctx = fp,
@@ -176,7 +206,9 @@ static void admit(struct sc_fast_path *fp, int fd)
 	int rc = sc_fast_session_start(&p, &e->s, &err);
 	pthread_mutex_unlock(&fp->mu);
 	if (rc != 0) {
-		SC_WARN("fast", "fast-path session of pid %d not started: %s", (int)cred.pid, err.msg);
+		SC_WARN_LIMITED("fast", "fast.start-failed",
+				"fast-path session of pid %d (uid %u) not started: %s", (int)cred.pid,
+				(unsigned)cred.uid, err.msg);
 		pthread_mutex_lock(&fp->mu);
 		sc_list_remove(&e->node);
 		fp->n_sessions--;
@@ -185,8 +217,9 @@ static void admit(struct sc_fast_path *fp, int fd)
 		return;
 	}
 	sc_engine_fast_path_note(fp->eng, SC_FAST_SESSION_OPENED);
-	SC_INFO("fast", "fast-path session of pid %d (uid %u) opened", (int)cred.pid,
-		(unsigned)cred.uid);
+	sc_log_limited(SC_LOG_INFO, "fast", "fast.session-opened",
+		       "fast-path session of pid %d (uid %u) opened", (int)cred.pid,
+		       (unsigned)cred.uid);
 }
 
 static void *accept_main(void *arg)
@@ -215,11 +248,12 @@ static void *accept_main(void *arg)
 		watch_sessions(fp);
 		if (!(pfd[0].revents & POLLIN))
 			continue;
-		int fd = accept4(fp->fd, NULL, NULL, SOCK_CLOEXEC);
+		/* Non-blocking: every call on it says MSG_DONTWAIT anyway. */
+		int fd = accept4(fp->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-				SC_WARN("fast", "fast-path socket %s: accept: %s", fp->path,
-					strerror(errno));
+				SC_WARN_LIMITED("fast", "fast.accept", "fast-path socket %s: accept: %s",
+						fp->path, strerror(errno));
 			if (errno == EMFILE || errno == ENFILE)
 				usleep(100 * 1000);
 			continue;
@@ -244,12 +278,15 @@ int sc_fast_path_create(struct sc_engine *eng, const struct sc_config *cfg,
 	memcpy(fp->allowed, cfg->allowed_uids, sizeof(fp->allowed));
 	pthread_mutex_init(&fp->mu, NULL);
 	sc_list_init(&fp->sessions);
+	fp->per_uid = fp->n_allowed ? fp->max_sessions / (uint32_t)fp->n_allowed : fp->max_sessions;
+	if (fp->per_uid < 1)
+		fp->per_uid = 1;
 	fp->path = strdup(cfg->fast_path_socket);
 	if (!fp->path) {
 		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 		goto fail;
 	}
-	if (sc_unix_socket_prepare(fp->path, err) != 0)
+	if (sc_unix_socket_prepare_as("--fast-path-socket ", SOCK_SEQPACKET, fp->path, err) != 0)
 		goto fail;
 	struct sockaddr_un sa;
 	memset(&sa, 0, sizeof(sa));
@@ -288,7 +325,8 @@ int sc_fast_path_start(struct sc_fast_path *fp, struct sc_err *err)
 	if (rc != 0)
 		return sc_err_set(err, SC_INTERNAL, "fast-path thread: %s", strerror(rc));
 	fp->running = true;
-	SC_INFO("fast", "fast path on %s (at most %u sessions)", fp->path, fp->max_sessions);
+	SC_INFO("fast", "fast path on %s (at most %u sessions, %u per uid)", fp->path,
+		fp->max_sessions, fp->per_uid);
 	return 0;
 }
 

@@ -5,18 +5,25 @@
  * them over in HELLO, answers PREPARE and UNPREPARE on the socket, and turns each submission into
  * a transfer: sc_op_begin with the prepared metadata and descriptors, as BeginRead/BeginWrite do.
  *
- * Threads. The session's own thread reads the socket and the submission ring and begins every run;
- * a small run on a warm connection runs right on it (sc_op_run_here_open/close), with no hand-off.
- * A run ends on whichever thread finishes it: the watch callback (engine lock held, must not block)
- * writes the completion under cq_mu, rings the completion doorbell and wakes this thread through
- * reap_fd, which then releases the run's operation (nothing of it stays in the sidecar).
+ * Threads. The session's own thread reads the socket and the submission ring, begins every run,
+ * writes every completion into the ring and rings the worker's doorbell; a small run on a warm
+ * connection runs right on it (sc_op_run_here_open/close), with no hand-off. A run ends on
+ * whichever thread finishes it: the watch callback (engine lock held) only copies the completion
+ * into the session's private outbox and wakes this thread through wake_fd (an eventfd nobody else
+ * holds). Nothing that runs under the engine lock touches what the worker shares (ring memory,
+ * doorbells, socket), and no system call on those may block: the doorbells are socketpairs whose
+ * sidecar ends are this process's own (fast_bell.c), used with MSG_DONTWAIT, as is the socket.
  *
  * Flow: a submission is taken only when the completion ring has room for it and for every run
- * still in flight (pending), so posting never waits; a worker that does not read its completions
- * stops only its own submissions. Everything read from shared memory is read once and checked in a
- * copy (fast_wire.c). A worker that breaks the ring (an impossible tail) loses its session.
+ * still in flight or in the outbox (pending), so posting never waits; a worker that does not read
+ * its completions stops only its own submissions. While submissions wait for room the session
+ * sets the ring's NEED_WAKEUP flag and sleeps until the worker rings (after reading completions),
+ * or a back-off that doubles up to STALL_MAX_MS, for workers that never look at the flag.
+ * Everything read from shared memory is read once and checked in a copy (fast_wire.c). A worker
+ * that breaks the ring (an impossible sq_tail or cq_head) loses its session.
  */
 #include "fast_session.h"
+#include "fast_bell.h"
 #include "fast_wire.h"
 #include "log.h"
 #include "trace.h"
@@ -35,8 +42,15 @@
 #include <unistd.h>
 
 #define MAX_HANDLES 256
-/* How often a session whose completion ring is full looks for room the worker made. */
-#define STALL_POLL_MS 1
+/* A session whose submissions wait for room in the completion ring sleeps until the worker rings
+ * (NEED_WAKEUP), or looks again after this back-off (doubling from STALL_FIRST_MS), for a worker
+ * that does not know the flag. */
+#define STALL_FIRST_MS 1
+#define STALL_MAX_MS 1000
+/* Doorbell datagrams taken per wake-up (poll comes back at once for the rest). */
+#define BELL_DRAIN_MAX 256
+/* Completions moved from the outbox into the ring per lock. */
+#define FLUSH_BATCH 8
 
 /* A run in flight: begun, its completion not yet released. */
 struct run {
@@ -60,12 +74,18 @@ struct handle {
 
 struct sc_fast_session {
 	struct sc_fast_session_params p;
-	int sock, mem_fd, sq_fd, cq_fd, reap_fd, stop_fd;
+	int sock, mem_fd, sq_bell, cq_bell, wake_fd, stop_fd; /* bells: the sidecar's ends */
+	int worker_sq, worker_cq; /* the worker's ends until HELLO carried them, then -1 */
 	void *map;
 	uint64_t map_size;
 	struct sc_fast_ring ring;
-	pthread_mutex_t cq_mu;
-	uint32_t pending; /* under cq_mu: runs taken whose completion is not yet posted */
+	/* Completions not yet in the ring, oldest first: any thread adds (post), the session thread
+	 * moves them into the ring (flush). Never more than cq_entries (they count in pending). */
+	pthread_mutex_t out_mu;
+	struct rsc_fast_cqe *outbox; /* cq_entries of them */
+	uint32_t out_first, out_len; /* under out_mu */
+	uint32_t pending; /* session thread: runs taken whose completion is not yet in the ring */
+	uint32_t stall_ms; /* session thread: the next back-off while submissions wait for room */
 	struct run *runs; /* ring.cq_entries of them; the session thread owns .used */
 	struct handle handles[MAX_HANDLES];
 	uint32_t next_handle;
@@ -74,20 +94,59 @@ struct sc_fast_session {
 	 * (sc_fast_session_watch) to cancel while this thread cannot look at its ring or socket. */
 	pthread_mutex_t busy_mu;
 	struct run *busy;	      /* under busy_mu */
+	atomic_bool stopping;	      /* sc_fast_session_stop was called */
 	uint64_t watch_cancelled;     /* under busy_mu: user_data the watcher cancelled (+1; 0 none) */
 	uint8_t msg[RSC_FAST_MSG_MAX];
 };
 
-/* ---- completions (any thread) ------------------------------------------------------------------ */
+/* ---- completions ------------------------------------------------------------------------------- */
 
+/* Queues a completion (any thread, the engine lock possibly held): private memory only. */
 static void post(struct sc_fast_session *s, const struct rsc_fast_cqe *c)
 {
-	pthread_mutex_lock(&s->cq_mu);
-	sc_fast_ring_post(&s->ring, c);
-	s->pending--;
-	pthread_mutex_unlock(&s->cq_mu);
+	pthread_mutex_lock(&s->out_mu);
+	uint32_t cap = s->ring.cq_entries;
+	if (s->out_len < cap) { /* always: pending bounds it */
+		s->outbox[(s->out_first + s->out_len) % cap] = *c;
+		s->out_len++;
+	}
+	pthread_mutex_unlock(&s->out_mu);
+}
+
+static void wake(struct sc_fast_session *s)
+{
 	uint64_t one = 1;
-	(void)!write(s->cq_fd, &one, sizeof(one)); /* EAGAIN: the counter is full, still signalled */
+	(void)!write(s->wake_fd, &one, sizeof(one)); /* EAGAIN: the counter is full, still awake */
+}
+
+/* The session thread: moves the outbox into the ring, then rings the worker's doorbell once. The
+ * ring had room for every pending completion when their submissions were taken; a worker that
+ * moved its cq_head back since only overwrites its own unread entries. */
+static void flush(struct sc_fast_session *s)
+{
+	uint32_t moved = 0;
+	for (;;) {
+		struct rsc_fast_cqe batch[FLUSH_BATCH];
+		uint32_t n = 0;
+		pthread_mutex_lock(&s->out_mu);
+		uint32_t cap = s->ring.cq_entries;
+		while (n < FLUSH_BATCH && s->out_len) {
+			batch[n++] = s->outbox[s->out_first];
+			s->out_first = (s->out_first + 1) % cap;
+			s->out_len--;
+		}
+		pthread_mutex_unlock(&s->out_mu);
+		if (!n)
+			break;
+		for (uint32_t i = 0; i < n; i++)
+			sc_fast_ring_post(&s->ring, &batch[i]);
+		moved += n;
+	}
+	if (!moved)
+		return;
+	s->pending -= moved < s->pending ? moved : s->pending;
+	sc_trace_mark(sc_trace_current(), "fast_cqe_posted");
+	sc_fast_bell_ring(s->cq_bell); /* not sent: a ring is pending already, or the worker left */
 }
 
 static void post_error(struct sc_fast_session *s, uint64_t user_data, const struct sc_err *err)
@@ -98,9 +157,10 @@ static void post_error(struct sc_fast_session *s, uint64_t user_data, const stru
 	sc_engine_fast_path_note(s->p.eng, SC_FAST_RUN_REFUSED);
 }
 
-/* The run's end: its completion, then a wake-up for the session thread to release it. Once done
- * is set the slot may be reused (reap unwatches first, which waits for this callback to return),
- * so nothing below reads r. */
+/* The run's end: its completion into the outbox, then a wake-up for the session thread to write
+ * it into the ring and release the run. Once done is set the slot may be released and reused (the
+ * release takes the engine lock, which a watch callback holds until it returns), so nothing below
+ * reads r. */
 static void post_end(struct run *r, const struct sc_op_info *info)
 {
 	struct sc_fast_session *s = r->s;
@@ -109,15 +169,13 @@ static void post_end(struct run *r, const struct sc_op_info *info)
 	sc_fast_cqe_fill(&c, r->user_data, ok ? 0 : (int)(info->err_code ? info->err_code : SC_INTERNAL),
 			 (uint32_t)info->status, info->bytes_done, (uint32_t)info->backend,
 			 ok ? "" : info->err_msg);
-	atomic_store(&r->done, true);
 	post(s, &c);
-	sc_trace_mark(sc_trace_current(), "fast_cqe_posted");
+	atomic_store(&r->done, true);
 	sc_engine_fast_path_note(s->p.eng, ok ? SC_FAST_RUN_COMPLETE : SC_FAST_RUN_FAILED);
-	uint64_t one = 1;
-	(void)!write(s->reap_fd, &one, sizeof(one));
+	wake(s);
 }
 
-/* Watch callback: an engine thread, engine lock held. */
+/* Watch callback: an engine thread, engine lock held. Private memory and wake_fd only. */
 static bool on_change(void *ctx, const struct sc_op_info *info)
 {
 	if (!sc_op_status_terminal(info->status))
@@ -217,6 +275,12 @@ static void run_begin(struct sc_fast_session *s, const struct rsc_fast_sqe *e)
 	 * closed socket. */
 	pthread_mutex_lock(&s->busy_mu);
 	s->busy = ended ? NULL : r;
+	if (s->busy && atomic_load(&s->stopping)) {
+		struct sc_op_info ci;
+		if (sc_op_cancel(s->p.eng, r->op_id, &ci, NULL) == 0)
+			sc_op_info_free(&ci);
+		s->busy = NULL;
+	}
 	pthread_mutex_unlock(&s->busy_mu);
 	sc_op_run_here_close();
 	pthread_mutex_lock(&s->busy_mu);
@@ -301,47 +365,46 @@ void sc_fast_session_watch(struct sc_fast_session *s)
 	pthread_mutex_unlock(&s->busy_mu);
 }
 
-/* Room for one more submission: the completion ring must hold it and every run in flight. */
-static bool take_room(struct sc_fast_session *s)
+/* Takes and runs what the worker submitted, moving completions into the ring as they come. -1:
+ * the worker broke its submission ring, -2 its completion ring (err says how; end the session); 1: entries wait for room in the
+ * completion ring (NEED_WAKEUP is set: the worker rings once it reads completions); 0: none left. */
+static int drain(struct sc_fast_session *s, struct sc_err *err)
 {
-	pthread_mutex_lock(&s->cq_mu);
-	bool room = sc_fast_ring_cq_room(&s->ring) > s->pending;
-	if (room)
-		s->pending++;
-	pthread_mutex_unlock(&s->cq_mu);
-	return room;
-}
-
-static void unreserve(struct sc_fast_session *s)
-{
-	pthread_mutex_lock(&s->cq_mu);
-	s->pending--;
-	pthread_mutex_unlock(&s->cq_mu);
-}
-
-/* Takes and runs what the worker submitted. -1: the worker broke its ring (end the session);
- * 1: entries wait for room in the completion ring (nothing wakes this thread when the worker
- * reads completions: look again soon). */
-static int drain(struct sc_fast_session *s)
-{
+	unsigned taken = 0;
 	for (;;) {
-		if (!take_room(s)) {
+		flush(s);
+		if (atomic_load(&s->stopping))
+			return 0;
+		uint32_t room;
+		if (sc_fast_ring_cq_space(&s->ring, &room, err) != 0)
+			return -2;
+		if (room <= s->pending) {
 			uint32_t tail = __atomic_load_n(&s->ring.ctl->sq_tail, __ATOMIC_ACQUIRE);
-			return tail != s->ring.sq_head ? 1 : 0;
+			if (tail == s->ring.sq_head) {
+				sc_fast_ring_need_wakeup(&s->ring, false);
+				return 0;
+			}
+			if (!s->ring.need_wakeup) {
+				/* Ask, then look once more: a worker that read its completions
+				 * before it could see the flag has made room already. */
+				sc_fast_ring_need_wakeup(&s->ring, true);
+				continue;
+			}
+			if (taken)
+				s->stall_ms = STALL_FIRST_MS;
+			return 1;
 		}
+		sc_fast_ring_need_wakeup(&s->ring, false);
 		struct rsc_fast_sqe e;
-		struct sc_err err;
-		sc_err_clear(&err);
-		int rc = sc_fast_ring_take(&s->ring, 1, &e, &err);
-		if (rc <= 0) {
-			unreserve(s);
-			if (rc < 0)
-				SC_WARN("fast", "session of pid %d: %s; ending the session", (int)s->p.pid,
-					err.msg);
+		int rc = sc_fast_ring_take(&s->ring, 1, &e, err);
+		if (rc <= 0)
 			return rc;
-		}
-		if (sc_fast_check_sqe(&e, &err) != 0)
-			post_error(s, e.user_data, &err);
+		taken++;
+		s->pending++;
+		struct sc_err cerr;
+		sc_err_clear(&cerr);
+		if (sc_fast_check_sqe(&e, &cerr) != 0)
+			post_error(s, e.user_data, &cerr);
 		else if (e.opcode == RSC_FAST_OP_RUN)
 			run_begin(s, &e);
 		else
@@ -494,12 +557,6 @@ static int read_message(struct sc_fast_session *s)
 	return 0;
 }
 
-static void drain_fd(int fd)
-{
-	uint64_t v;
-	(void)!read(fd, &v, sizeof(v));
-}
-
 /* Ends every run still in flight and releases its operation; the worker's memory is its own. */
 static void end_runs(struct sc_fast_session *s)
 {
@@ -519,11 +576,14 @@ static void *session_main(void *arg)
 {
 	struct sc_fast_session *s = arg;
 	struct pollfd pfd[4] = {{.fd = s->sock, .events = POLLIN},
-				{.fd = s->sq_fd, .events = POLLIN},
-				{.fd = s->reap_fd, .events = POLLIN},
+				{.fd = s->sq_bell, .events = POLLIN},
+				{.fd = s->wake_fd, .events = POLLIN},
 				{.fd = s->stop_fd, .events = POLLIN}};
 	const char *why = "the worker closed the socket";
+	struct sc_err err;
+	sc_err_clear(&err);
 	int wait_ms = -1;
+	s->stall_ms = STALL_FIRST_MS;
 	for (;;) {
 		if (poll(pfd, 4, wait_ms) < 0) {
 			if (errno == EINTR)
@@ -536,7 +596,9 @@ static void *session_main(void *arg)
 			break;
 		}
 		if (pfd[2].revents) {
-			drain_fd(s->reap_fd);
+			uint64_t v;
+			(void)!read(s->wake_fd, &v, sizeof(v)); /* ours alone: non-blocking */
+			flush(s);
 			reap(s);
 		}
 		if ((pfd[0].revents & POLLIN) && read_message(s) != 0)
@@ -544,17 +606,29 @@ static void *session_main(void *arg)
 		if (pfd[0].revents & (POLLHUP | POLLERR | POLLNVAL))
 			break;
 		if (pfd[1].revents)
-			drain_fd(s->sq_fd);
-		int rc = drain(s);
+			sc_fast_bell_drain(s->sq_bell, BELL_DRAIN_MAX);
+		int rc = drain(s, &err);
 		if (rc < 0) {
-			why = "the worker broke its submission ring";
+			SC_WARN_LIMITED("fast", "fast.broken-ring",
+					"session of pid %d: %s; ending the session", (int)s->p.pid,
+					err.msg);
+			why = rc == -1 ? "the worker broke its submission ring"
+				       : "the worker broke its completion ring";
 			break;
 		}
-		wait_ms = rc > 0 ? STALL_POLL_MS : -1;
+		if (rc == 0) {
+			wait_ms = -1;
+			s->stall_ms = STALL_FIRST_MS;
+		} else { /* stalled: the worker rings when it makes room; else look again later */
+			wait_ms = (int)s->stall_ms;
+			s->stall_ms = s->stall_ms * 2 > STALL_MAX_MS ? STALL_MAX_MS : s->stall_ms * 2;
+		}
 	}
 	end_runs(s);
-	SC_INFO("fast", "fast-path session of pid %d (uid %u) ended: %s", (int)s->p.pid,
-		(unsigned)s->p.uid, why);
+	flush(s); /* what ended meanwhile: the worker may still read it */
+	sc_log_limited(SC_LOG_INFO, "fast", "fast.session-ended",
+		       "fast-path session of pid %d (uid %u) ended: %s", (int)s->p.pid,
+		       (unsigned)s->p.uid, why);
 	s->p.on_exit(s->p.ctx, s);
 	return NULL;
 }
@@ -567,12 +641,14 @@ static void session_free(struct sc_fast_session *s)
 		handle_clear(&s->handles[i]);
 	if (s->map)
 		munmap(s->map, s->map_size);
-	int fds[] = {s->sock, s->mem_fd, s->sq_fd, s->cq_fd, s->reap_fd, s->stop_fd};
+	int fds[] = {s->sock,	 s->mem_fd,    s->sq_bell, s->cq_bell,
+		     s->wake_fd, s->stop_fd, s->worker_sq, s->worker_cq};
 	for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
 		if (fds[i] >= 0)
 			close(fds[i]);
-	pthread_mutex_destroy(&s->cq_mu);
+	pthread_mutex_destroy(&s->out_mu);
 	pthread_mutex_destroy(&s->busy_mu);
+	free(s->outbox);
 	free(s->runs);
 	free(s);
 }
@@ -597,13 +673,18 @@ static int make_rings(struct sc_fast_session *s, struct sc_err *err)
 	}
 	sc_fast_ring_init(&s->ring, s->map, s->p.entries, s->p.entries);
 	s->runs = calloc(s->p.entries, sizeof(*s->runs));
-	s->sq_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	s->cq_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	s->reap_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	s->outbox = calloc(s->p.entries, sizeof(*s->outbox));
+	if (!s->runs || !s->outbox)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "fast-path session: out of memory");
+	if (sc_fast_bell_pair(&s->sq_bell, &s->worker_sq, err) != 0 ||
+	    sc_fast_bell_pair(&s->cq_bell, &s->worker_cq, err) != 0)
+		return -1;
+	/* Private to the sidecar: their flags are its own. */
+	s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	s->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (!s->runs || s->sq_fd < 0 || s->cq_fd < 0 || s->reap_fd < 0 || s->stop_fd < 0)
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "fast-path session: %s",
-				  strerror(errno ? errno : ENOMEM));
+	if (s->wake_fd < 0 || s->stop_fd < 0)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "fast-path session: eventfd: %s",
+				  strerror(errno));
 	return 0;
 }
 
@@ -625,7 +706,7 @@ static int send_hello(struct sc_fast_session *s, struct sc_err *err)
 	sc_engine_info(s->p.eng, &info);
 	snprintf(h.sidecar_id, sizeof(h.sidecar_id), "%s", info.sidecar_id);
 
-	int fds[3] = {s->mem_fd, s->sq_fd, s->cq_fd};
+	int fds[3] = {s->mem_fd, s->worker_sq, s->worker_cq};
 	union {
 		char buf[CMSG_SPACE(sizeof(fds))];
 		struct cmsghdr align;
@@ -654,11 +735,17 @@ int sc_fast_session_start(const struct sc_fast_session_params *p, struct sc_fast
 	}
 	s->p = *p;
 	s->sock = p->sock;
-	s->mem_fd = s->sq_fd = s->cq_fd = s->reap_fd = s->stop_fd = -1;
-	pthread_mutex_init(&s->cq_mu, NULL);
+	s->mem_fd = s->sq_bell = s->cq_bell = s->wake_fd = s->stop_fd = -1;
+	s->worker_sq = s->worker_cq = -1;
+	pthread_mutex_init(&s->out_mu, NULL);
 	pthread_mutex_init(&s->busy_mu, NULL);
 	if (make_rings(s, err) != 0 || send_hello(s, err) != 0)
 		goto fail;
+	/* The worker holds them now; the mapping keeps the ring memory. */
+	close(s->worker_sq);
+	close(s->worker_cq);
+	close(s->mem_fd);
+	s->worker_sq = s->worker_cq = s->mem_fd = -1;
 	int rc = pthread_create(&s->thread, NULL, session_main, s);
 	if (rc != 0) {
 		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "fast-path session thread: %s", strerror(rc));
@@ -675,8 +762,10 @@ void sc_fast_session_stop(struct sc_fast_session *s)
 {
 	uint64_t one = 1;
 	(void)!write(s->stop_fd, &one, sizeof(one));
-	/* A run on the session's own thread would hold the stop until its deadline: cancel it. */
+	/* A run on the session's own thread would hold the stop until its deadline: cancel it (and
+	 * any the thread is about to run: run_begin looks at stopping under busy_mu). */
 	pthread_mutex_lock(&s->busy_mu);
+	atomic_store(&s->stopping, true);
 	if (s->busy && !atomic_load(&s->busy->done)) {
 		struct sc_op_info info;
 		if (sc_op_cancel(s->p.eng, s->busy->op_id, &info, NULL) == 0)

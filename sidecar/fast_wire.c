@@ -328,6 +328,28 @@ uint32_t sc_fast_ring_cq_room(const struct sc_fast_ring *r)
 	return r->cq_entries - used;
 }
 
+int sc_fast_ring_cq_space(const struct sc_fast_ring *r, uint32_t *room, struct sc_err *err)
+{
+	uint32_t head = __atomic_load_n(&r->ctl->cq_head, __ATOMIC_SEQ_CST);
+	uint32_t used = r->cq_tail - head;
+	if (used > r->cq_entries)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "completion ring head %" PRIu32 " is %s tail %" PRIu32
+				  " (the ring holds %" PRIu32 ")",
+				  head, (int32_t)used < 0 ? "ahead of" : "too far behind", r->cq_tail,
+				  r->cq_entries);
+	*room = r->cq_entries - used;
+	return 0;
+}
+
+void sc_fast_ring_need_wakeup(struct sc_fast_ring *r, bool on)
+{
+	if (r->need_wakeup == on)
+		return;
+	r->need_wakeup = on;
+	__atomic_store_n(&r->ctl->cq_flags, on ? RSC_FAST_CQ_NEED_WAKEUP : 0u, __ATOMIC_SEQ_CST);
+}
+
 void sc_fast_ring_post(struct sc_fast_ring *r, const struct rsc_fast_cqe *c)
 {
 	memcpy(&r->cq[r->cq_tail & (r->cq_entries - 1)], c, sizeof(*c));

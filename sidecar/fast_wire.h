@@ -16,6 +16,7 @@
 
 #include <rdma_sidecar/fast_ring.h>
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,6 +56,7 @@ struct sc_fast_ring {
 	uint32_t sq_entries, cq_entries; /* powers of two */
 	uint32_t sq_head;		 /* next entry to take */
 	uint32_t cq_tail;		 /* next completion to write */
+	bool need_wakeup;		 /* what the sidecar last stored in cq_flags */
 };
 
 /* The memfd's size and the entry arrays' offsets for these entry counts (powers of two, 1..65536):
@@ -75,6 +77,14 @@ int sc_fast_ring_take(struct sc_fast_ring *r, uint32_t room, struct rsc_fast_sqe
 /* Completions the ring can take now as the worker's cq_head says: cq_entries - (cq_tail - head),
  * 0 when its head is impossible (ahead of cq_tail, or further behind than the ring holds). */
 uint32_t sc_fast_ring_cq_room(const struct sc_fast_ring *r);
+/* The same, as the session uses it: *room, or -1 with err (INVALID_ARGUMENT saying what the
+ * impossible head is; the session ends) when the head is ahead of cq_tail or further behind than
+ * the ring holds. Reads cq_head sequentially consistent (the wake-up handshake below). */
+int sc_fast_ring_cq_space(const struct sc_fast_ring *r, uint32_t *room, struct sc_err *err);
+/* Sets (on) or clears RSC_FAST_CQ_NEED_WAKEUP in cq_flags. Set it, then look at the room again
+ * with sc_fast_ring_cq_space before sleeping: the worker stores cq_head, then loads cq_flags, so
+ * one of the two sides sees the other's store. Stores only when the flag changes. */
+void sc_fast_ring_need_wakeup(struct sc_fast_ring *r, bool on);
 /* Writes c at cq_tail and publishes it (release). The caller keeps to sc_fast_ring_cq_room. */
 void sc_fast_ring_post(struct sc_fast_ring *r, const struct rsc_fast_cqe *c);
 /* A CQE from its parts; message truncated to fit, always NUL-terminated. */

@@ -10,29 +10,45 @@
  *    default its gRPC unix socket's path + ".fast"). The sidecar checks the peer's uid
  *    (SO_PEERCRED) against --allowed-uids, as on the gRPC socket, and sends HELLO with three file
  *    descriptors (SCM_RIGHTS, in this order): the ring memory (a sealed memfd: it can be neither
- *    shrunk nor grown), the submission doorbell and the completion doorbell (eventfds). A sidecar
- *    that refuses the worker (a uid --allowed-uids does not list: PERMISSION_DENIED; all of
- *    --fast-path-max-sessions in use: RESOURCE_EXHAUSTED) sends a RESULT with token 0, the code
- *    and why, in place of HELLO, and closes the socket.
+ *    shrunk nor grown), the submission doorbell and the completion doorbell. A sidecar that
+ *    refuses the worker (a uid --allowed-uids does not list: PERMISSION_DENIED; all of
+ *    --fast-path-max-sessions in use, or this uid's share of them: RESOURCE_EXHAUSTED) sends a
+ *    RESULT with token 0, the code and why, in place of HELLO, and closes the socket.
  * 2. PREPARE (on the socket) hands the sidecar a READ or WRITE once: the peer's "rsm1." metadata
  *    and the local descriptors, as BeginRead/BeginWrite would. The answer (RESULT) carries a
  *    handle. Use metadata whose passive operation accepts many uses (max_uses, any_uses): every
  *    run of a handle is one use.
  * 3. Each run is a 64-byte submission entry (SQE) naming the handle, written at sq tail; the worker
- *    then advances tail and writes 1 to the submission eventfd. The sidecar begins the transfer
- *    and, when it ends, writes a 128-byte completion entry (CQE) at cq tail, advances it and
- *    writes 1 to the completion eventfd. The worker may poll cq tail for a while before sleeping
- *    on that eventfd.
+ *    then advances tail and rings the submission doorbell. The sidecar begins the transfer and,
+ *    when it ends, writes a 128-byte completion entry (CQE) at cq tail, advances it and rings the
+ *    completion doorbell. The worker may poll cq tail for a while before sleeping on that
+ *    doorbell.
  * 4. Closing the socket ends the session: transfers still in flight are cancelled, the handles
  *    and the ring memory go.
  *
+ * Doorbells. Each is one end of an AF_UNIX SOCK_DGRAM socketpair whose other end only the
+ * sidecar holds (so nothing the worker does to its end, O_NONBLOCK included, changes the
+ * sidecar's); the worker's ends come non-blocking. To ring, send (or write) one 8-byte datagram
+ * (the value is ignored; use 1); EAGAIN means rings are pending already: done. To consume, read
+ * 8 bytes: one read takes one datagram, so read until EAGAIN (with MSG_DONTWAIT or the fd
+ * non-blocking) before looking at cq tail again, then sleep (poll) on the doorbell. A worker
+ * written for the eventfds of earlier sidecars (write 8 bytes, read 8 bytes after poll) still
+ * works: it only wakes once more per datagram left.
+ *
  * Ring indices are free-running uint32 counters (entry = index % entries); each is written by one
- * side only (sq_tail, cq_head: the worker; sq_head, cq_tail: the sidecar) with release stores and
- * read with acquire loads. Each store must be one aligned 4-byte store: a byte-wise copy shows the
- * other side values that were never meant (Python's struct.pack_into zero-fills first, so the
- * sidecar may read a tail of 0 and end the session; a memoryview cast to "I" stores whole). The sidecar takes a submission only while the completion ring has room
- * for it and for every transfer already in flight, so a completion never waits for room: a worker
- * that stops reading completions stops its own submissions, nobody else's.
+ * side only (sq_tail, cq_head: the worker; sq_head, cq_tail, cq_flags: the sidecar) with release
+ * stores and read with acquire loads. Each store must be one aligned 4-byte store: a byte-wise
+ * copy shows the other side values that were never meant (Python's struct.pack_into zero-fills
+ * first, so the sidecar may read a tail of 0 and end the session; a memoryview cast to "I" stores
+ * whole). The sidecar takes a submission only while the completion ring has room for it and for
+ * every transfer already in flight, so a completion never waits for room: a worker that stops
+ * reading completions stops its own submissions, nobody else's. While submissions wait for room
+ * the sidecar sets RSC_FAST_CQ_NEED_WAKEUP in cq_flags and sleeps; a worker that advances cq_head
+ * then loads cq_flags (both sequentially consistent, or a full fence between the store and the
+ * load) and rings the submission doorbell when the flag is set. A worker that never looks is
+ * served too, only later: the sleeping sidecar looks again after a back-off that grows to 1 s.
+ * A cq_head ahead of cq_tail, or more than cq_entries behind it, ends the session, as an
+ * impossible sq_tail does.
  *
  * Every entry and message is checked as a gRPC request is; a bad one fails with a CQE or RESULT
  * that says why (INVALID_ARGUMENT, NOT_FOUND, ...), never the session of another worker.
@@ -47,6 +63,9 @@
 #define RSC_FAST_MSG_MAX 65536u /* the largest socket message either side sends */
 #define RSC_FAST_ID_MAX 40u	/* a region id, NUL-padded */
 #define RSC_FAST_DESCS_MAX 1024u
+/* cq_flags: the sidecar waits for room in the completion ring; ring the submission doorbell
+ * after advancing cq_head. */
+#define RSC_FAST_CQ_NEED_WAKEUP 1u
 
 /* ---- socket messages (one message per SOCK_SEQPACKET datagram) ----------------------------- */
 
@@ -117,8 +136,9 @@ struct rsc_fast_ctl {
 	uint8_t pad1[60];
 	uint32_t sq_tail; /* worker: entries written */
 	uint8_t pad2[60];
-	uint32_t cq_head; /* worker: completions read */
-	uint8_t pad3[60];
+	uint32_t cq_head;  /* worker: completions read */
+	uint32_t cq_flags; /* sidecar: RSC_FAST_CQ_NEED_WAKEUP (was padding: 0 from older sidecars) */
+	uint8_t pad3[56];
 	uint32_t cq_tail; /* sidecar: completions written */
 	uint8_t pad4[60];
 };

@@ -9,7 +9,7 @@ with the sidecar (include/rdma_sidecar/fast_ring.h is the format), beside gRPC.
 
 FastPath.open() connects the sidecar's fast-path socket (SOCK_SEQPACKET; by default the gRPC unix
 socket's path + ".fast"), takes the HELLO and its three descriptors (the sealed ring memory and the
-two eventfd doorbells) and maps the rings itself: stdlib only. When the sidecar offers no
+two doorbells: datagram sockets, eventfds from older sidecars) and maps the rings itself: stdlib only. When the sidecar offers no
 fast path (the socket is missing or refuses connections, or the address is not a unix socket) the
 same object works in "grpc" mode: each run is one begin_read/begin_write, waited for and released,
 with the same results. `.mode` says which. A FastPath is for one thread at a time, like the C
@@ -18,6 +18,9 @@ client's rsc_fast.
 Ring indices are free-running 32-bit counters; each is written by one side only. On x86-64
 (total store order) an aligned 4-byte load or store through a memoryview is atomic and ordered
 with the entry bytes written before it, which is all the acquire/release pairs of the format ask.
+The one pair that needs more, storing cq_head and then loading cq_flags (NEED_WAKEUP: the sidecar
+waits for room in the completion ring), has no fence here: a wake-up missed that way comes from
+the sidecar's own back-off instead (at most a second later).
 """
 import dataclasses
 import itertools
@@ -60,6 +63,8 @@ CTL_SIZE = 320
 # uint32 indices into the control block (byte offset / 4)
 CTL_MAGIC, CTL_VERSION, CTL_SQ_ENTRIES, CTL_CQ_ENTRIES = 0, 1, 2, 3
 CTL_SQ_HEAD, CTL_SQ_TAIL, CTL_CQ_HEAD, CTL_CQ_TAIL = 64 // 4, 128 // 4, 192 // 4, 256 // 4
+CTL_CQ_FLAGS = 196 // 4
+CQ_NEED_WAKEUP = 1  # in cq_flags: ring the submission doorbell after reading completions
 
 assert (HELLO.size, PREPARE.size, DESC.size, RESULT.size, SQE.size, CQE.size) == (192, 40, 56, 544, 64, 128)
 
@@ -479,7 +484,15 @@ class FastPath:
             self._mm[off:off + SQE.size] = sqe
         self._sq_tail = (tail + 1) & _U32
         u[CTL_SQ_TAIL] = self._sq_tail  # the entry's bytes are stored before the tail (TSO)
-        os.write(self._sq_efd, _ONE)
+        self._ring()
+
+    def _ring(self) -> None:
+        """Rings the submission doorbell; never blocks (the doorbell ends the sidecar hands over
+        are non-blocking): a full doorbell has rings pending already."""
+        try:
+            os.write(self._sq_efd, _ONE)
+        except (BlockingIOError, ConnectionRefusedError, BrokenPipeError):
+            pass
 
     def run(self, handle: int, timeout_ms: int = 0) -> FastCompletion:
         """Runs handle once and waits for its end (timeout_ms: this run's deadline, 0: the handle's).
@@ -533,6 +546,8 @@ class FastPath:
         if out:
             self._cq_head = head
             u[CTL_CQ_HEAD] = head  # after the entries were copied out
+            if u[CTL_CQ_FLAGS] & CQ_NEED_WAKEUP:  # the sidecar waits for this room
+                self._ring()
         return out
 
     def _sleep(self, timeout: Optional[float]) -> None:
@@ -548,10 +563,19 @@ class FastPath:
         ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
         for fd, _ev in self._poll.poll(ms):
             if fd == self._cq_efd:
-                os.read(self._cq_efd, 8)  # only this thread reads it: readable means it will not block
+                self._clear_bell()
             elif u[CTL_CQ_TAIL] == self._cq_head and self._session_ended():
                 raise errors.UnavailableError(grpc.StatusCode.UNAVAILABLE, "the sidecar ended the fast-path session "
                                               "(its log says why)")
+
+    def _clear_bell(self) -> None:
+        """Takes every ring waiting on the completion doorbell: one datagram per read (an older
+        sidecar's eventfd: one read takes all). The fd is non-blocking: EAGAIN ends it."""
+        try:
+            for _ in range(1 << 16):
+                os.read(self._cq_efd, 8)
+        except BlockingIOError:
+            pass
 
     def _session_ended(self) -> bool:
         try:

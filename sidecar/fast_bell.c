@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * fast_bell.c: the fast path's doorbells (fast_bell.h): socketpairs whose worker end is handed
+ * over and whose sidecar end is used only with per-call non-blocking sends and receives. Runs on
+ * the session's thread; owns nothing past the fds it returns.
+ */
+#include "fast_bell.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+int sc_fast_bell_pair(int *mine, int *theirs, struct sc_err *err)
+{
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "fast-path doorbell: socketpair: %s",
+				  strerror(errno));
+	*mine = sv[0];
+	*theirs = sv[1];
+	return 0;
+}
+
+bool sc_fast_bell_ring(int mine)
+{
+	uint64_t one = 1;
+	ssize_t n;
+	do
+		n = send(mine, &one, sizeof(one), MSG_DONTWAIT | MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	return n == (ssize_t)sizeof(one);
+}
+
+unsigned sc_fast_bell_drain(int mine, unsigned max)
+{
+	unsigned got = 0;
+	for (unsigned i = 0; i < max; i++) {
+		uint64_t v;
+		ssize_t n = recv(mine, &v, sizeof(v), MSG_DONTWAIT | MSG_TRUNC);
+		if (n >= 0) {
+			got++;
+			continue;
+		}
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			break;
+		/* A socket error (the worker disconnected its end): reading it cleared it; make
+		 * sure, then look once more for datagrams behind it. */
+		int e = 0;
+		socklen_t len = sizeof(e);
+		(void)getsockopt(mine, SOL_SOCKET, SO_ERROR, &e, &len);
+	}
+	return got;
+}
