@@ -8,6 +8,7 @@
  */
 #include "peer_proto.h"
 
+#include "fault_guard.h"
 #include "log.h"
 #include "timer.h"
 
@@ -454,6 +455,17 @@ static enum sc_peer_io wait_check(const struct sc_peer_wait *w, uint64_t last_pr
 	return SC_PEER_IO_OK;
 }
 
+/* A system call answered EFAULT for these buffers: the kernel could not copy to or from one of
+ * them (region memory whose file a worker truncated). Note which (a probe finds it: a sendmsg can
+ * fail whole, its iovecs not advanced), so sc_peer_io_err names its region. */
+static void note_efault(const struct iovec *iov, int iovcnt)
+{
+	for (int i = 0; i < iovcnt; i++)
+		if (sc_fault_guard_probe(iov[i].iov_base, iov[i].iov_len, NULL) != 0)
+			return; /* noted where */
+	sc_fault_guard_note(iovcnt > 0 ? iov[0].iov_base : NULL);
+}
+
 static enum sc_peer_io classify_errno(int e, int *errno_out)
 {
 	*errno_out = e;
@@ -490,7 +502,10 @@ enum sc_peer_io sc_peer_recv_all(int fd, void *buf, size_t len, const struct sc_
 		} else if (errno == EINTR) {
 			continue;
 		} else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-			rc = classify_errno(errno, errno_out);
+			int e = errno;
+			if (e == EFAULT && !tls) /* the stream notes its own faults */
+				note_efault(&(struct iovec){.iov_base = p + done, .iov_len = len - done}, 1);
+			rc = classify_errno(e, errno_out);
 			goto out;
 		}
 		if ((rc = wait_check(w, progress_ms)) != SC_PEER_IO_OK)
@@ -544,7 +559,10 @@ enum sc_peer_io sc_peer_recvv_all(int fd, struct iovec *iov, int iovcnt,
 		} else if (errno == EINTR) {
 			continue;
 		} else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-			rc = classify_errno(errno, errno_out);
+			int e = errno;
+			if (e == EFAULT && !tls)
+				note_efault(iov, iovcnt);
+			rc = classify_errno(e, errno_out);
 			goto out;
 		}
 		if ((rc = wait_check(w, progress_ms)) != SC_PEER_IO_OK)
@@ -597,7 +615,10 @@ enum sc_peer_io sc_peer_sendv_all(int fd, struct iovec *iov, int iovcnt,
 		} else if (n < 0 && errno == EINTR) {
 			continue;
 		} else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-			rc = classify_errno(errno, errno_out);
+			int e = errno;
+			if (e == EFAULT && !tls)
+				note_efault(iov, iovcnt);
+			rc = classify_errno(e, errno_out);
 			goto out;
 		}
 		if ((rc = wait_check(w, progress_ms)) != SC_PEER_IO_OK)
@@ -617,6 +638,11 @@ int sc_peer_io_err(enum sc_peer_io rc, int errno_val, const char *what, struct s
 	case SC_PEER_IO_EOF:
 		return sc_err_set(err, SC_UNAVAILABLE, "%s closed the connection", what);
 	case SC_PEER_IO_ERRNO:
+		if (errno_val == EFAULT) { /* our memory, not the connection: name the region */
+			char stopped[SC_ERR_MSG_MAX / 2];
+			snprintf(stopped, sizeof(stopped), "moving bytes with %s", what);
+			return sc_fault_guard_error(err, stopped);
+		}
 		return sc_err_set(err, SC_UNAVAILABLE, "connection to %s failed: %s", what,
 				  strerror(errno_val));
 	case SC_PEER_IO_DEADLINE:
@@ -671,18 +697,22 @@ enum sc_peer_io sc_peer_recv_msg(int fd, uint8_t *buf, size_t cap, struct sc_pee
 
 /* ---- read-ahead ------------------------------------------------------------------------------ */
 
-size_t sc_peer_rxbuf_take(struct sc_peer_rxbuf *rb, void *dst, size_t len)
+ssize_t sc_peer_rxbuf_take(struct sc_peer_rxbuf *rb, void *dst, size_t len)
 {
 	size_t n = sc_peer_rxbuf_avail(rb);
 	if (n > len)
 		n = len;
-	if (n) {
-		memcpy(dst, rb->p + rb->off, n);
-		rb->off += n;
-	}
+	/* dst is region memory more often than not: a worker may have truncated its file. */
+	int rc = n ? sc_guarded_memcpy(dst, rb->p + rb->off, n, NULL) : 0;
+	if (n)
+		rb->off += n; /* taken even when lost: the stream is broken either way */
 	if (rb && rb->off == rb->len)
 		rb->off = rb->len = 0;
-	return n;
+	if (rc != 0) { /* as recv would: EFAULT, the fault noted (sc_peer_io_err names it) */
+		errno = EFAULT;
+		return -1;
+	}
+	return (ssize_t)n;
 }
 
 /* Room at the end of the buffer for the next recv: the unread bytes move to the front. */
@@ -741,10 +771,14 @@ enum sc_peer_io sc_peer_recv_rb(int fd, struct sc_peer_rxbuf *rb, void *buf, siz
 				const struct sc_peer_wait *w, size_t *got, int *errno_out)
 {
 	uint8_t *p = buf;
-	size_t done = sc_peer_rxbuf_take(rb, p, len);
+	size_t done = 0;
 	enum sc_peer_io rc = SC_PEER_IO_OK;
 	*errno_out = 0;
-	while (done < len) {
+	ssize_t took = sc_peer_rxbuf_take(rb, p, len);
+	while (took >= 0) {
+		done += (size_t)took;
+		if (done == len)
+			break;
 		if (!rb || len - done >= rb->cap / 2) {
 			size_t more = 0;
 			rc = sc_peer_recv_all(fd, p + done, len - done, w, &more, errno_out);
@@ -753,8 +787,10 @@ enum sc_peer_io sc_peer_recv_rb(int fd, struct sc_peer_rxbuf *rb, void *buf, siz
 		}
 		if ((rc = rxbuf_fill(fd, rb, w, errno_out)) != SC_PEER_IO_OK)
 			break;
-		done += sc_peer_rxbuf_take(rb, p + done, len - done);
+		took = sc_peer_rxbuf_take(rb, p + done, len - done);
 	}
+	if (took < 0)
+		rc = classify_errno(errno, errno_out);
 	if (got)
 		*got = done;
 	return rc;
@@ -767,7 +803,13 @@ enum sc_peer_io sc_peer_recvv_rb(int fd, struct sc_peer_rxbuf *rb, struct iovec 
 	*errno_out = 0;
 	/* What is buffered goes first, into the iovecs in order; then recvmsg for the rest. */
 	while (iovcnt > 0 && sc_peer_rxbuf_avail(rb)) {
-		size_t n = sc_peer_rxbuf_take(rb, iov->iov_base, iov->iov_len);
+		ssize_t took = sc_peer_rxbuf_take(rb, iov->iov_base, iov->iov_len);
+		if (took < 0) {
+			if (got)
+				*got = done;
+			return classify_errno(errno, errno_out);
+		}
+		size_t n = (size_t)took;
 		done += n;
 		iov->iov_base = (uint8_t *)iov->iov_base + n;
 		iov->iov_len -= n;

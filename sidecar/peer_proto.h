@@ -263,8 +263,11 @@ static inline size_t sc_peer_rxbuf_avail(const struct sc_peer_rxbuf *rb)
 {
 	return rb ? rb->len - rb->off : 0;
 }
-/* Move up to len buffered bytes to dst; returns how many. */
-size_t sc_peer_rxbuf_take(struct sc_peer_rxbuf *rb, void *dst, size_t len);
+/* Move up to len buffered bytes to dst with the guarded copy (fault_guard.h: dst is region memory,
+ * whose file a worker may have truncated); returns how many, or -1 with errno EFAULT when dst lost
+ * its backing (as recv would: the fault noted, so sc_peer_io_err names the region; the bytes are
+ * gone and the stream with them). */
+ssize_t sc_peer_rxbuf_take(struct sc_peer_rxbuf *rb, void *dst, size_t len);
 /* One recv(MSG_DONTWAIT) into the buffer's free room (when it has some): > 0 bytes added, 0 at EOF,
  * -1 with errno (EAGAIN: nothing has arrived). */
 ssize_t sc_peer_rxbuf_fill_nowait(int fd, struct sc_peer_rxbuf *rb);

@@ -13,6 +13,7 @@
 #include "peer_tls.h"
 #include "file_sig.h"
 
+#include "fault_guard.h"
 #include "log.h"
 #include "timer.h"
 
@@ -74,6 +75,12 @@ struct link {
 	SSL *ssl;
 	bool ktls_tx, ktls_rx;
 	char why[REASON_MAX]; /* OpenSSL's reason for the last failed read or write */
+	/* Userspace TLS never hands OpenSSL the caller's buffer: that is region memory more often
+	 * than not, and a worker may truncate its file, so the bytes go through here, copied in or
+	 * out with the guarded copy (a fault cannot be caught inside OpenSSL: no longjmp out of it).
+	 * One record's plaintext: SSL_read returns at most one record, and SSL_write (partial
+	 * writes on) returns after each, so a larger buffer would save no call. */
+	uint8_t bounce[SSL3_RT_MAX_PLAIN_LENGTH];
 };
 
 static _Atomic(struct link *) g_links[SC_PEER_TLS_MAX_FD];
@@ -921,6 +928,9 @@ static ssize_t io_fail(struct link *l, int r, int sys)
 	}
 }
 
+/* The stream's calls take the caller's buffer as a system call would: a buffer that lost its
+ * backing (a truncated region file) is EFAULT, with the fault noted (fault_guard.h), never a
+ * SIGBUS. Decrypted bytes that could not be delivered are lost: the connection is done. */
 static ssize_t tls_recv(void *ctx, int fd, void *buf, size_t len)
 {
 	(void)ctx;
@@ -931,11 +941,15 @@ static ssize_t tls_recv(void *ctx, int fd, void *buf, size_t len)
 	}
 	ERR_clear_error();
 	errno = 0;
-	int r = SSL_read(l->ssl, buf, len > INT_MAX ? INT_MAX : (int)len);
+	int r = SSL_read(l->ssl, l->bounce, len > sizeof(l->bounce) ? (int)sizeof(l->bounce) : (int)len);
 	int sys = errno;
-	if (r > 0)
-		return r;
-	return io_fail(l, r, sys);
+	if (r <= 0)
+		return io_fail(l, r, sys);
+	if (sc_guarded_memcpy(buf, l->bounce, (size_t)r, NULL) != 0) {
+		errno = EFAULT;
+		return -1;
+	}
+	return r;
 }
 
 static ssize_t tls_send(void *ctx, int fd, const void *buf, size_t len)
@@ -946,9 +960,16 @@ static ssize_t tls_send(void *ctx, int fd, const void *buf, size_t len)
 		errno = EBADF;
 		return -1;
 	}
+	/* A retry after WANT_WRITE copies the same bytes to the same place again, as OpenSSL asks
+	 * of a retried write (same buffer, same length: the caller's iovec has not moved). */
+	size_t n = len > sizeof(l->bounce) ? sizeof(l->bounce) : len;
+	if (sc_guarded_memcpy(l->bounce, buf, n, NULL) != 0) {
+		errno = EFAULT;
+		return -1;
+	}
 	ERR_clear_error();
 	errno = 0;
-	int r = SSL_write(l->ssl, buf, len > INT_MAX ? INT_MAX : (int)len);
+	int r = SSL_write(l->ssl, l->bounce, (int)n);
 	int sys = errno;
 	if (r > 0)
 		return r;

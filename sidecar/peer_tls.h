@@ -11,7 +11,10 @@
  *   - uses plain recv/sendmsg for a direction that kernel TLS (kTLS) took over: the kernel
  *     encrypts and decrypts, so throughput stays close to plain TCP;
  *   - uses SSL_read/SSL_write for a direction without kTLS (no `tls` kernel module, or OpenSSL
- *     3.0, which offloads only the sending side of TLS 1.3).
+ *     3.0, which offloads only the sending side of TLS 1.3), through a per-connection bounce
+ *     buffer of one record that the guarded copy fills and drains (fault_guard.h): the caller's
+ *     buffer is region memory, which a worker may truncate, and nothing may longjmp out of
+ *     OpenSSL. A buffer that lost its backing fails the call with EFAULT, as a system call would.
  * So callers keep passing an fd, and the TLS state lives behind it until sc_peer_tls_close.
  *
  * Identity (--peer-identity): with TLS, a sidecar's id is the one its verified certificate names;

@@ -6,7 +6,10 @@
  * of a worker's own file. Runs on gRPC worker threads (the RPC handlers) under the engine lock,
  * except the allocation and mapping of a new region, which happen before it is published.
  * Owns the mappings and, for sidecar-created regions, the files. Backends register each region
- * (ibverbs: an MR) when it is published and deregister it at the last reference.
+ * (ibverbs: an MR) when it is published and deregister it at the last reference. Each host mapping
+ * is watched by the fault guard from its mmap to its munmap, so that a worker truncating the file
+ * gets copies and transfers that fail naming the region (fault_guard.h), never a SIGBUS; ReadRegion
+ * and WriteRegion copy with the guarded copy (sc_gpu_copy).
  */
 #include "engine_internal.h"
 #include "fault_guard.h"
@@ -39,8 +42,10 @@ static void region_free(struct sc_engine *eng, struct sc_region *r)
 		sc_gpu_release(eng->gpu, &r->gmem);
 	if (r->counted)
 		eng->region_bytes -= r->size;
-	if (r->map_addr)
+	if (r->map_addr) {
+		sc_fault_guard_unwatch(r->map_addr);
 		munmap(r->map_addr, r->map_len);
+	}
 	if (r->owned_file && unlink(r->path) != 0 && errno != ENOENT)
 		SC_WARN("region", "cannot remove %s: %s", r->path, strerror(errno));
 	SC_DEBUG("region", "released %s (%" PRIu64 " bytes)", r->id, r->size);
@@ -251,6 +256,7 @@ int sc_region_create(struct sc_engine *eng, uint64_t size, enum sc_device_kind k
 	r->base = p;
 	r->map_addr = p;
 	r->map_len = size;
+	sc_fault_guard_watch(p, size, r->id); /* a fault in it names it (fault_guard.h) */
 
 	if (sc_region_add(eng, r, out, err) != 0)
 		return -1;
@@ -319,6 +325,7 @@ int sc_region_register_host(struct sc_engine *eng, const char *path, uint64_t of
 	r->base = p;
 	r->map_addr = p;
 	r->map_len = size;
+	sc_fault_guard_watch(p, size, r->id);
 
 	int rc = sc_region_add(eng, r, out, err);
 	if (rc == 0)
