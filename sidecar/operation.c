@@ -15,6 +15,7 @@
  */
 #include "engine_internal.h"
 #include "backend_registry.h"
+#include "fault_guard.h"
 #include "log.h"
 #include "passive.h"
 #include "peer_server.h"
@@ -1529,6 +1530,8 @@ static int passive_span(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 	out->len = len;
 	out->deadline_mono_ms = op->deadline_mono_ms;
 	out->op = op;
+	if (out->gpu == SC_GPU_HOST && sc_fault_guard_probe(out->addr, len, err) != 0)
+		goto out; /* its file was truncated: refused, named, before a byte moves */
 	op->refs++;
 	op->pins++;
 	rc = 0;
