@@ -30,7 +30,8 @@ struct sc_gpu;
 struct sc_peer_server;
 
 /* Authenticated connections (after the hello). Connections still before their hello have their
- * own limits, --data-max-unauth and --data-max-unauth-per-ip, and a 3 s deadline. */
+ * own room, --data-max-unauth (per address, per /24 or /64, a quarter kept for recent peers; full,
+ * its oldest silent one is closed), and deadlines: --data-first-byte-timeout, then 2 s. */
 #define SC_PEER_SERVER_MAX_CONNS 1024 /* --data-max-peers' default */
 /* One peer id holds at most a quarter of --data-max-peers (at least 1): at its share a new
  * connection of it closes its own idle one, or is refused while all of them are busy. */
