@@ -326,8 +326,10 @@ static void passive_close_locked(struct sc_engine *eng, struct sc_op *op)
 		}
 	}
 	/* A request already past its checks may still be moving bytes (a peer that trickles
-	 * keeps a READ or WRITE going): cut the connections serving it, so access ends now. */
-	if (op->pins > 0)
+	 * keeps a READ or WRITE going): cut the connections serving it, so access ends now. And
+	 * once a peer OPENed it, the data plane drops its records of the operation's transfers
+	 * (a connection that only OPENed it keeps nothing of it). */
+	if (op->pins > 0 || op->uses_begun > 0)
 		sc_engine_passive_revoked(eng, op->token);
 }
 

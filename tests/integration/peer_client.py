@@ -109,3 +109,53 @@ class Peer:
         typ, body = self.recv_frame()
         self.check(typ, body, DATA)
         return struct.unpack("<Q", body)[0]
+
+
+def open_frame(token, xfer_id, peer_kind, total):
+    """The bytes of one OPEN frame (to pipeline many in one send)."""
+    body = token + struct.pack("<QBQ", xfer_id, peer_kind, total)
+    return HDR.pack(VERSION, OPEN, 0, len(body)) + body
+
+
+def _peer_begin_request(self):
+    """Leave a request in hand: the first two bytes of a PING's header, the rest never sent. The
+    sidecar's thread takes the connection and waits for the rest (the connection is busy)."""
+    self.sock.sendall(bytes([VERSION, PING]))
+
+
+def _peer_replies(self, n):
+    """Read n reply frames in bulk: a list of (type, ERROR code or 0, ERROR text or "")."""
+    out, buf = [], b""
+    while len(out) < n:
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError("the sidecar closed the connection after %d of %d replies" % (len(out), n))
+        buf += chunk
+        off = 0
+        while len(out) < n and len(buf) - off >= HDR.size:
+            _, typ, _, blen = HDR.unpack_from(buf, off)
+            if len(buf) - off - HDR.size < blen:
+                break
+            body = buf[off + HDR.size:off + HDR.size + blen]
+            off += HDR.size + blen
+            if typ == ERROR:
+                code, tlen = struct.unpack_from("<IH", body)
+                out.append((typ, code, body[6:6 + tlen].decode(errors="replace")))
+            else:
+                out.append((typ, 0, ""))
+        buf = buf[off:]
+    return out
+
+
+def _peer_try_open(self, token, xfer_id, peer_kind, total):
+    """OPEN; None when it was accepted, else its PeerError."""
+    try:
+        self.open(token, xfer_id, peer_kind, total)
+        return None
+    except PeerError as e:
+        return e
+
+
+Peer.begin_request = _peer_begin_request
+Peer.replies = _peer_replies
+Peer.try_open = _peer_try_open
