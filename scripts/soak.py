@@ -104,6 +104,7 @@ JUDGED = HEAP + ["fds", "threads", "maps"]
 REPORTED = ["anon_kb", "malloc_kb", "pool_threads"]  # for diagnosis (not judged)
 COLS = ["rss_kb", "anon_kb", "malloc_kb", "other_anon_kb", "heap_in_use_kb", "shmem_kb", "fds", "threads",
         "pool_threads", "maps", "ops_live", "ops_all"]
+RETENTION_S = 120  # the sidecars' --retention: far above any pause of a busy host
 ARENA = 64 << 10  # kB: glibc's non-main arena heaps are 64 MiB reservations aligned to 64 MiB
 
 
@@ -188,7 +189,10 @@ class Soak:
     def __init__(self):
         self.work = tempfile.mkdtemp(prefix="sc-soak-", dir="/tmp")
         self.keys = write_key_file(os.path.join(self.work, "keys"))
-        self.extra = ["--retention", "5s", "--log-level", "info"]
+        # Every operation is released by the worker right after its own wait (and in a finally
+        # when anything failed): retention only keeps what a failure left behind, so it can be far
+        # longer than any pause a busy host imposes on this process (seconds were seen).
+        self.extra = ["--retention", "%ds" % RETENTION_S, "--log-level", "info"]
         self.b = self.sidecar("b")
         self.start_a()
         self.epoch = 0  # bumped by a restart: errors of operations begun before it are expected
@@ -225,6 +229,31 @@ class Soak:
     # ---- the traffic ---------------------------------------------------------------------------
 
     def one(self, w, rng, rb):
+        """One transfer of a random kind. Each operation is released right after its own wait, and
+        whatever is left (an exception came first) in the finally: a busy host that pauses this
+        process must not leave a live operation behind. A call that finds its operation gone says
+        how long after the operation's start it came (retention is RETENTION_S)."""
+        held = []  # (side, name, operation id, monotonic start) not yet released
+        try:
+            self.one_inner(w, rng, rb, held)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND and held:
+                late = ", ".join("%s %.1f s after its start" % (name, time.monotonic() - t0)
+                                 for _, name, _, t0 in held)
+                raise AssertionError("%s (calls came: %s; --retention %d s)" % (e.details(), late, RETENTION_S))
+            raise
+        finally:
+            for side, _, op_id, _ in held:
+                try:
+                    side.stub.ReleaseOperation(pb.ReleaseOperationRequest(operation_id=op_id), timeout=10)
+                except (grpc.RpcError, ValueError):
+                    pass  # already gone (released, forgotten, or the sidecar was restarted)
+
+    def release(self, side, held, op_id):
+        side.stub.ReleaseOperation(pb.ReleaseOperationRequest(operation_id=op_id), timeout=10)
+        held[:] = [h for h in held if h[2] != op_id]
+
+    def one_inner(self, w, rng, rb, held):
         a, b, ra = self.a, self.b, self.a_regions[w]
         kind = rng.choices(["xfer", "cancel", "expire", "deadline"], [70, 10, 10, 10])[0]
         direction = rng.choice(["read", "write"])
@@ -241,11 +270,13 @@ class Soak:
                 b.fill(rb, off_b, data)
         passive_ms = 60 if kind == "expire" else 60000
         po = create(pb.CreatePassiveRequest(descriptors=[desc(ra, off_a, size)], timeout_ms=passive_ms), timeout=10)
+        held.append((a, "passive %s" % po.operation_id, po.operation_id, time.monotonic()))
         if kind == "expire":
             time.sleep(0.12)
         try:
             ao = begin(pb.BeginTransferRequest(metadata=po.metadata, descriptors=[desc(rb, off_b, size)],
                                                timeout_ms=1 if kind == "deadline" else 60000), timeout=10)
+            held.append((b, "active %s" % ao.operation_id, ao.operation_id, time.monotonic()))
         except grpc.RpcError as e:
             if kind == "expire" and e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 self.count("expired (refused)")
@@ -255,9 +286,11 @@ class Soak:
             time.sleep(rng.uniform(0, 0.02))
             b.stub.CancelOperation(pb.CancelOperationRequest(operation_id=ao.operation_id), timeout=10)
         fin = b.wait(ao.operation_id, 60000)
+        self.release(b, held, ao.operation_id)
         # A deadline that passed, or a cancel that came, before b reached a leaves a's passive
-        # operation unused (INITIALIZED): the release below withdraws it.
+        # operation unused (INITIALIZED): the release right after the wait withdraws it.
         pw = a.wait(po.operation_id, 2000 if kind in ("deadline", "cancel") else 20000)
+        self.release(a, held, po.operation_id)
         st, pst = fin.status, pw.status
         if kind == "xfer":
             if st != pb.OPERATION_STATUS_COMPLETE or pst != pb.OPERATION_STATUS_COMPLETE:
@@ -286,8 +319,6 @@ class Soak:
             if st != pb.OPERATION_STATUS_ERRORED:
                 raise AssertionError("expired metadata was used: %s" % pb.OperationStatus.Name(st))
             self.count("expired (errored)")
-        for side, op in ((b, ao), (a, po)):
-            side.stub.ReleaseOperation(pb.ReleaseOperationRequest(operation_id=op.operation_id), timeout=10)
 
     def worker(self, w):
         rng = random.Random(args.seed * 100 + w)

@@ -9,10 +9,23 @@
 # Environment: SC_SKIP_SANITIZE=1 / SC_SKIP_FUZZ=1 / SC_SKIP_VALGRIND=1 / RDMA_SIDECAR_SKIP_VM=1
 # to skip stages;
 # JOBS (default: nproc).
+# A failing stage does not hide the stages after it: every stage runs, and the script fails at the
+# end with the list of every stage that failed (and the tests that failed in it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 jobs=${JOBS:-$(nproc)}
+stage_failures=()
+# Records a failed stage (with the names of the failed ctest entries when a log is given).
+stage_failed() {
+  local what=$1 log=${2:-}
+  if [[ -n "$log" && -f "$log" ]]; then
+    local names; names=$(grep -E '^\s+[0-9]+ - .* \((Failed|Timeout|SEGFAULT|Subprocess aborted|Exception|Not Run)' "$log" |
+      sed -E 's/^\s+[0-9]+ - //' | tr '\n' ';' || true)
+    [[ -z "$names" ]] || what="$what: $names"
+  fi
+  stage_failures+=("$what")
+}
 
 bash scripts/install-deps.sh
 
@@ -23,25 +36,29 @@ echo "== Release tests"
 passed=0; failed=0
 # Adds a ctest run's counts (from its summary line) to the totals printed at the end.
 count() {
-  local line; line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$1" | tail -1)
+  local line; line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$1" | tail -1 || true)
   [[ -n "$line" ]] || return 0
   local f t; f=$(sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\1/' <<<"$line")
   t=$(sed -E 's/.* tests failed out of ([0-9]+).*/\1/' <<<"$line")
   local skipped; skipped=$(grep -c '\*\*\*Skipped' "$1" || true)
   passed=$((passed + t - f - skipped)); failed=$((failed + f))
 }
-ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900 | tee build/ctest-release.log
+ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900 | tee build/ctest-release.log ||
+  stage_failed "Release tests" build/ctest-release.log
 count build/ctest-release.log
 
 if [[ "${SC_SKIP_SANITIZE:-0}" != 1 ]]; then
   echo "== AddressSanitizer + UBSan build"
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSANITIZE=ON >/dev/null
-  cmake --build build-asan -j"$jobs"
-  echo "== Sanitizer tests (unit + integration)"
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 SC_TEST_SLOW=3 \
-    ctest --test-dir build-asan --output-on-failure -j"$jobs" -L 'unit|integration' --timeout 900 |
-    tee build-asan/ctest-asan.log
-  count build-asan/ctest-asan.log
+  if cmake --build build-asan -j"$jobs"; then
+    echo "== Sanitizer tests (unit + integration)"
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 SC_TEST_SLOW=3 \
+      ctest --test-dir build-asan --output-on-failure -j"$jobs" -L 'unit|integration' --timeout 900 |
+      tee build-asan/ctest-asan.log || stage_failed "Sanitizer tests" build-asan/ctest-asan.log
+    count build-asan/ctest-asan.log
+  else
+    stage_failed "AddressSanitizer build"; failed=$((failed + 1))
+  fi
 fi
 
 if [[ "${SC_SKIP_FUZZ:-0}" != 1 ]]; then
@@ -50,7 +67,8 @@ if [[ "${SC_SKIP_FUZZ:-0}" != 1 ]]; then
     passed=$((passed + 1))
   else
     failed=$((failed + 1))
-    echo "a fuzz target crashed: see build/fuzz/artifacts/"; echo "$passed passed, $failed failed"; exit 1
+    echo "a fuzz target crashed: see build/fuzz/artifacts/"
+    stage_failed "fuzzing (see build/fuzz/artifacts/)"
   fi
 fi
 
@@ -75,7 +93,13 @@ if [[ "${SC_SKIP_VALGRIND:-0}" != 1 ]]; then
   SC_FAKE_CUDA=$root/build/tests/libsc_fake_cuda.so \
     /usr/bin/python3 tests/integration/valgrind_subset.py || { fail=1; failed=$((failed + 1)); }
   [[ $fail == 1 ]] || passed=$((passed + 1))
-  [[ $fail == 0 ]] || { echo "valgrind found problems"; echo "$passed passed, $failed failed"; exit 1; }
+  [[ $fail == 0 ]] || { echo "valgrind found problems"; stage_failed "valgrind"; }
+fi
+if ((${#stage_failures[@]})); then
+  echo "== ${#stage_failures[@]} test stage(s) failed:"
+  printf '  - %s\n' "${stage_failures[@]}"
+  echo "$passed passed, $failed failed"
+  exit 1
 fi
 echo "== all test stages passed"
 echo "$passed passed, $failed failed"
