@@ -974,8 +974,9 @@ TEST(usage_documents_every_option)
 	free(text);
 	/* 47 + --reflection + --cancel-wait + --max-progress-records + --progress-grace + 3
 	 * identity/reload flags + --ib-devices + --warm-peers + --ib-stall-timeout +
-	 * --data-max-peers + --ib-stripe-min + --ib-slice-size + --ib-max-qps + --data-io-threads */
-	CHECK_INT_EQ(options, 64);
+	 * --data-max-peers + --ib-stripe-min + --ib-slice-size + --ib-max-qps + --data-io-threads +
+	 * --data-first-byte-timeout */
+	CHECK_INT_EQ(options, 65);
 }
 
 /* ---- free ---- */
@@ -1256,7 +1257,19 @@ TEST(wire_security_flags)
 	CHECK(c.nats_creds == NULL && c.nats_nkey_seed == NULL);
 	CHECK_INT_EQ(c.data_max_unauth_per_ip, 16);
 	CHECK_INT_EQ(c.data_max_unauth, 64);
+	CHECK_INT_EQ(c.data_first_byte_timeout_ms, 1000);
 	sc_config_free(&c);
+
+	EXPECT_OK(&c, no_env, "--data-first-byte-timeout", "250ms");
+	CHECK_INT_EQ(c.data_first_byte_timeout_ms, 250);
+	sc_config_free(&c);
+	EXPECT_OK(&c, ENVP("RDMA_SIDECAR_DATA_FIRST_BYTE_TIMEOUT=60s"), "--id", "a");
+	CHECK_INT_EQ(c.data_first_byte_timeout_ms, 60000);
+	sc_config_free(&c);
+	EXPECT_ERROR(no_env, "--data-first-byte-timeout \"5ms\": expected a duration from 10ms to 60s",
+		     "--data-first-byte-timeout", "5ms");
+	EXPECT_ERROR(no_env, "--data-first-byte-timeout \"61s\": expected a duration from 10ms to 60s",
+		     "--data-first-byte-timeout", "61s");
 
 	EXPECT_OK(&c, no_env, "--peer-tls-cert", "/p/c.pem", "--peer-tls-key=/p/k.pem",
 		  "--peer-tls-ca", "/p/ca.pem", "--nats-tls-ca", "/n/ca.pem", "--nats-tls-cert",
