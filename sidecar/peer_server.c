@@ -838,6 +838,8 @@ static int reply_error(struct conn *c, const struct sc_err *e, char *why, size_t
 
 /* ---- requests -------------------------------------------------------------------------------- */
 
+static void drain_before_close(int fd);
+
 static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, size_t why_cap)
 {
 	struct sc_err err;
@@ -988,6 +990,7 @@ static int serve_write(struct conn *c, const struct sc_peer_msg *m, char *why, s
 		if (!allowed || next_span(c, m, done, &span, &err) != 0) {
 			/* Refused: the bulk bytes that follow are not read; the connection ends. */
 			reply_error(c, &err, why, why_cap);
+			drain_before_close(c->fd); /* no reset before the peer reads why */
 			snprintf(why, why_cap, "refused a WRITE: %s", err.msg);
 			return -1;
 		}
@@ -1206,6 +1209,7 @@ static int serve_writev(struct conn *c, const struct sc_peer_msg *m, char *why, 
 	    pin_pieces(c, m, SC_OP_WRITE, &spans, &iov, &n, &gpu, &err) != 0) {
 		/* Refused: the bulk bytes that follow are not read; the connection ends. */
 		reply_error(c, &err, why, why_cap);
+		drain_before_close(c->fd);
 		snprintf(why, why_cap, "refused a WRITEV: %s", err.msg);
 		return -1;
 	}
