@@ -225,7 +225,8 @@ static const struct sc_option sc_options[] = {
 	{.id = OPT_FAST_PATH_MAX_SESSIONS, T_U32(fast_path_max_sessions, 1, 1024),
 	 .name = "fast-path-max-sessions", .arg = ARG_REQUIRED, .value = "N", .group = "Fast path",
 	 .help = "fast-path sessions (worker connections, a thread each) at once, 1-1024; more are "
-		 "refused with a message",
+		 "refused with a message. With --allowed-uids each uid holds at most its share: N "
+		 "over the number of listed uids, at least 1",
 	 .def = "64"},
 
 	{.id = OPT_DATA_LISTEN, .name = "data-listen", .arg = ARG_REQUIRED, .value = "HOST:PORT[,...]",

@@ -35,8 +35,8 @@ bool sc_fast_bell_ring(int mine)
 
 unsigned sc_fast_bell_drain(int mine, unsigned max)
 {
-	unsigned got = 0;
-	for (unsigned i = 0; i < max; i++) {
+	unsigned got = 0, errors = 0;
+	while (got < max) {
 		uint64_t v;
 		ssize_t n = recv(mine, &v, sizeof(v), MSG_DONTWAIT | MSG_TRUNC);
 		if (n >= 0) {
@@ -45,10 +45,10 @@ unsigned sc_fast_bell_drain(int mine, unsigned max)
 		}
 		if (errno == EINTR)
 			continue;
-		if (errno == EAGAIN || errno == EWOULDBLOCK)
+		if (errno == EAGAIN || errno == EWOULDBLOCK || ++errors > 4)
 			break;
 		/* A socket error (the worker disconnected its end): reading it cleared it; make
-		 * sure, then look once more for datagrams behind it. */
+		 * sure, then look again for datagrams behind it. */
 		int e = 0;
 		socklen_t len = sizeof(e);
 		(void)getsockopt(mine, SOL_SOCKET, SO_ERROR, &e, &len);

@@ -4,7 +4,8 @@
 #   tests/fuzz/build-and-run.sh BUILD_DIR [SECONDS [TARGET...]]   (SECONDS default 30 per target)
 # Targets (default: all): metadata (sc_metadata_verify), peer (peer frame decoder and both sides
 # of the hello), config (command line and environment), keys (the --key-file parser), fast (the
-# fast path's PREPARE/UNPREPARE decoder and ring indices against a hostile worker).
+# fast path's PREPARE/UNPREPARE decoder, ring indices and doorbells against a hostile worker that
+# also flips its doorbells' O_NONBLOCK).
 # BUILD_DIR is a cmake build dir of this repo: its gen/ holds the protobuf-c code and its
 # build_config.h the version (built here with `cmake --build BUILD_DIR --target sc_proto` when
 # missing). Output goes to BUILD_DIR/fuzz/: seeds/<target>/ (generated first by the target's seed
@@ -58,7 +59,7 @@ for t in $TARGETS; do
 		LIBS="-lcrypto -lpthread" ;;
 	keys) SOURCES="$S/status.c $S/keys.c $S/base64.c $S/metadata.c $S/metadata_runs.c $PB_C"
 		LIBS="-lprotobuf-c -lcrypto" ;;
-	fast) SOURCES="$S/status.c $S/fast_wire.c"
+	fast) SOURCES="$S/status.c $S/fast_wire.c $S/fast_bell.c"
 		LIBS="" ;;
 	*) echo "unknown fuzz target $t (metadata, peer, config, keys, fast)" >&2; exit 2 ;;
 	esac

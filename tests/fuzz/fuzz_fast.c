@@ -14,18 +14,34 @@
  *       cq_head. The sidecar then runs at most ROUNDS rounds of take / check_sqe / cq_room / post
  *       as the session will (a refused entry is answered with a CQE saying why). The mapping is
  *       heap memory of exactly map_size bytes, so ASan sees any access outside it; the indices must
- *       move as fast_wire.h says, else abort.
+ *       move as fast_wire.h says, else abort. Each round also checks sc_fast_ring_cq_space
+ *       against sc_fast_ring_cq_room (an impossible cq_head is an error, never room) and raises or
+ *       clears NEED_WAKEUP as the session does while it waits for room.
+ *   (c) The input as a hostile worker's script against one doorbell (fast_bell.c): two bytes per
+ *       step, an action and its argument. The worker clears or sets O_NONBLOCK on its end, sends
+ *       datagrams of any size, fills the sidecar's end until EAGAIN, reads, shuts its end down,
+ *       disconnects it, shrinks its buffers, closes it; the sidecar rings (any number of times)
+ *       and drains. No sidecar call may block (a hang is a libFuzzer timeout), raise SIGPIPE, or
+ *       see its own end's flags change; after a drain that stopped short of its limit, poll finds
+ *       the sidecar's end quiet (no datagram, no pending error: nothing to spin on).
  * Built with -DSC_FUZZ_GEN_SEEDS (no libFuzzer) it writes a seed corpus into argv[1]: good and bad
  * PREPAREs and UNPREPAREs, and ring images with valid entries before and across the uint32 wrap.
  * Single-threaded.
  */
+#include "fast_bell.h"
 #include "fast_wire.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #define ROUNDS 64
+#define BELL_STEPS 256
 
 static uint32_t counts_sq(uint8_t b)
 {
@@ -138,6 +154,24 @@ static void fuzz_ring(const uint8_t *data, size_t size)
 		uint32_t room = sc_fast_ring_cq_room(&r);
 		if (room > r.cq_entries)
 			abort();
+		uint32_t space = 0;
+		struct sc_err serr = {0};
+		uint32_t used = r.cq_tail - __atomic_load_n(&r.ctl->cq_head, __ATOMIC_ACQUIRE);
+		if (sc_fast_ring_cq_space(&r, &space, &serr) == 0) {
+			if (space != room || used > r.cq_entries)
+				abort();
+		} else {
+			check_refusal(&serr);
+			if (room != 0 || used <= r.cq_entries)
+				abort();
+		}
+		bool flag_before = r.need_wakeup; /* cq_flags may hold the image's bytes till then */
+		sc_fast_ring_need_wakeup(&r, room == 0);
+		if (r.need_wakeup != (room == 0) ||
+		    (flag_before != r.need_wakeup &&
+		     __atomic_load_n(&r.ctl->cq_flags, __ATOMIC_ACQUIRE) !=
+			 (room == 0 ? RSC_FAST_CQ_NEED_WAKEUP : 0u)))
+			abort();
 		uint32_t head_before = r.sq_head;
 		struct rsc_fast_sqe e;
 		struct sc_err err = {0};
@@ -183,11 +217,106 @@ static void fuzz_ring(const uint8_t *data, size_t size)
 	free(base);
 }
 
+/* The sidecar's end is quiet: no datagram waiting, no error pending. */
+static void check_quiet(int mine)
+{
+	struct pollfd p = {.fd = mine, .events = POLLIN};
+	if (poll(&p, 1, 0) != 0)
+		abort();
+}
+
+static void fuzz_bells(const uint8_t *data, size_t size)
+{
+	int mine = -1, theirs = -1;
+	struct sc_err err = {0};
+	if (sc_fast_bell_pair(&mine, &theirs, &err) != 0)
+		return; /* out of fds: nothing to learn */
+	int flags = fcntl(mine, F_GETFL);
+	if (flags < 0 || !(flags & O_NONBLOCK))
+		abort();
+	uint8_t buf[256];
+	memset(buf, 0xa5, sizeof(buf));
+	for (size_t i = 0; i + 1 < size && i / 2 < BELL_STEPS; i += 2) {
+		uint8_t arg = data[i + 1];
+		int v;
+		switch (data[i] % 12) {
+		case 0: /* the attack of issue 32: make the shared description blocking */
+			if (theirs >= 0)
+				fcntl(theirs, F_SETFL, fcntl(theirs, F_GETFL) & ~O_NONBLOCK);
+			break;
+		case 1:
+			if (theirs >= 0)
+				fcntl(theirs, F_SETFL, fcntl(theirs, F_GETFL) | O_NONBLOCK);
+			break;
+		case 2: /* a ring of any size, even 0 bytes */
+			if (theirs >= 0)
+				(void)!send(theirs, buf, arg % (sizeof(buf) + 1), MSG_DONTWAIT | MSG_NOSIGNAL);
+			break;
+		case 3: /* fill the sidecar's end */
+			for (int k = 0; theirs >= 0 && k < 4096; k++)
+				if (send(theirs, buf, 8, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+					break;
+			break;
+		case 4: /* take one of the sidecar's rings */
+			if (theirs >= 0)
+				(void)!recv(theirs, buf, sizeof(buf), MSG_DONTWAIT);
+			break;
+		case 5: /* the sidecar rings, the worker reading nothing */
+			for (unsigned k = 0; k <= arg; k++)
+				sc_fast_bell_ring(mine);
+			break;
+		case 6: {
+			unsigned max = 1u + arg;
+			if (sc_fast_bell_drain(mine, max) < max)
+				check_quiet(mine);
+			break;
+		}
+		case 7:
+			if (theirs >= 0)
+				shutdown(theirs, arg % 3);
+			break;
+		case 8: { /* disconnect: the sidecar's end gets ECONNRESET pending */
+			struct sockaddr sa = {.sa_family = AF_UNSPEC};
+			if (theirs >= 0)
+				(void)!connect(theirs, &sa, sizeof(sa));
+			break;
+		}
+		case 9:
+			if (theirs >= 0)
+				close(theirs);
+			theirs = -1;
+			break;
+		case 10:
+			v = arg;
+			if (theirs >= 0)
+				setsockopt(theirs, SOL_SOCKET, arg & 1 ? SO_RCVBUF : SO_SNDBUF, &v,
+					   sizeof(v));
+			break;
+		default: /* the worker looks at its end's flags and error */
+			if (theirs >= 0) {
+				socklen_t len = sizeof(v);
+				(void)getsockopt(theirs, SOL_SOCKET, SO_ERROR, &v, &len);
+			}
+			break;
+		}
+		if (fcntl(mine, F_GETFL) != flags)
+			abort();
+	}
+	/* Whatever is left drains, and leaves nothing to spin on. */
+	while (sc_fast_bell_drain(mine, 64) == 64)
+		;
+	check_quiet(mine);
+	close(mine);
+	if (theirs >= 0)
+		close(theirs);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	fuzz_messages(data, size);
 	fuzz_ring(data, size);
+	fuzz_bells(data, size);
 	return 0;
 }
 
@@ -309,6 +438,10 @@ int main(int argc, char **argv)
 	uint32_t script[] = {102, 100, 110, 100, 104, 102, 104, 106, 99, 106};
 	memcpy(seed + len, script, sizeof(script));
 	rc |= write_seed(dir, "ring-script", seed, len + sizeof(script));
+	/* A hostile worker's doorbell script: blocking end, rings, fills, disconnects, drains. */
+	uint8_t bells[] = {0, 0, 2, 8, 5, 40, 3, 0, 6, 255, 10, 1, 5, 200, 8, 0, 6, 3,
+			   2, 0,  4, 0, 7, 2, 5, 9,  9, 0, 5, 9, 6, 255};
+	rc |= write_seed(dir, "bells-hostile", bells, sizeof(bells));
 	if (rc)
 		return 1;
 	printf("%d seeds in %s\n", n_seeds, dir);

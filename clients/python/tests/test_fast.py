@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """rdma_sidecar.fast without a sidecar: the messages it packs match fast_ring.h's layout, and its
 ring handling (HELLO and its descriptors, tails and heads that wrap, doorbells, RESULT tokens, a
-full submission ring, a session the other side ends) against a stand-in written here from the
-header, in a thread of this process. The real server is tests/integration/test_fast_path.py's."""
+full submission ring, a session the other side ends, NEED_WAKEUP) against a stand-in written here
+from the header, in a thread of this process, with datagram doorbells (fast_ring.h) and with the
+eventfds of older sidecars. The real server is tests/integration/test_fast_path.py's."""
 import fcntl
 import mmap
 import os
@@ -58,7 +59,8 @@ class StandIn:
     INVALID_ARGUMENT for kind 4), a RUN completes with bytes = 1000 + handle, code 5 for an
     unknown handle; CANCEL answers NOT_FOUND. `hold` keeps submissions unserved."""
 
-    def __init__(self, path):
+    def __init__(self, path, bells="socket"):
+        self.bells = bells
         self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.srv.bind(path)
         self.srv.listen(1)
@@ -74,12 +76,24 @@ class StandIn:
         memfd = os.memfd_create("ring", os.MFD_ALLOW_SEALING)
         os.ftruncate(memfd, SIZE)
         fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-        sq_efd, cq_efd = os.eventfd(0, os.EFD_NONBLOCK), os.eventfd(0, os.EFD_NONBLOCK)
-        mm = mmap.mmap(memfd, SIZE)
+        if self.bells == "eventfd":
+            sq_efd, cq_efd = os.eventfd(0, os.EFD_NONBLOCK), os.eventfd(0, os.EFD_NONBLOCK)
+            self.sq_mine, cq_mine = sq_efd, cq_efd
+        else:  # the worker gets one end of each socketpair, the server keeps the other
+            pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(2)]
+            for a, b in pairs:
+                a.setblocking(False)
+                b.setblocking(False)
+            self.sq_mine, sq_efd = pairs[0][0].detach(), pairs[0][1].detach()
+            cq_mine, cq_efd = pairs[1][0].detach(), pairs[1][1].detach()
+        self.mm = mm = mmap.mmap(memfd, SIZE)
         struct.pack_into("<IIII", mm, 0, fast.MAGIC, 1, SQ, CQ)
         hello = struct.pack("<IIQIIIIQQQII128s", 1, 192, 0, fast.MAGIC, 1, SQ, CQ, SIZE, SQ_OFF, CQ_OFF, 16, 0,
                             b"standin")
         socket.send_fds(conn, [hello], [memfd, sq_efd, cq_efd])
+        if self.bells == "socket":
+            os.close(sq_efd)
+            os.close(cq_efd)
         head = tail = 0
         conn.settimeout(0.01)
         while not self.stop:
@@ -110,14 +124,17 @@ class StandIn:
                 struct.pack_into("<QiIQII96s", mm, CQ_OFF + (tail % CQ) * 128, *cqe)
                 tail = (tail + 1) & 0xFFFFFFFF
                 struct.pack_into("<I", mm, 256, tail)
-                os.write(cq_efd, (1).to_bytes(8, "little"))
+                try:
+                    os.write(cq_mine, (1).to_bytes(8, "little"))
+                except BlockingIOError:
+                    pass  # rings pending already
         conn.close()
 
 
-@pytest.fixture
-def standin():
+@pytest.fixture(params=["socket", "eventfd"])
+def standin(request):
     d = tempfile.mkdtemp(prefix="scfast-", dir="/tmp")
-    s = StandIn(os.path.join(d, "s.sock.fast"))
+    s = StandIn(os.path.join(d, "s.sock.fast"), request.param)
     yield s, "unix:" + os.path.join(d, "s.sock")
     s.stop = True
     s.t.join(5)
@@ -173,3 +190,34 @@ def test_ring_against_a_stand_in(standin):
         s.stop = True
         with pytest.raises(errors.UnavailableError):
             fp.reap(timeout_ms=5000)
+
+
+def test_need_wakeup_rings_after_reading_completions(standin):
+    """A sidecar that waits for room in the completion ring sets NEED_WAKEUP in cq_flags: the
+    client rings the submission doorbell once it has read completions (and not when the flag is
+    clear)."""
+    s, address = standin
+    with fast.FastPath.open(address, spin_us=0, require_ring=True) as fp:
+        h = fp.prepare(OperationKind.READ, "rsm1.x", [("r1", 0, 99)])
+        assert fp.run(h).code == 0
+        s.hold.set()
+        assert s.held.wait(5)
+
+        def rings():
+            n = 0
+            while True:
+                try:
+                    os.read(s.sq_mine, 8)
+                    n += 1
+                except BlockingIOError:
+                    return n
+        u = fp._u32
+        for flag, want in ((0, 0), (fast.CQ_NEED_WAKEUP, 1)):
+            rings()
+            tail = u[fast.CTL_CQ_TAIL]  # a completion, written here as the sidecar would
+            struct.pack_into("<QiIQII96s", fp._mm, CQ_OFF + (tail % CQ) * 128, 500 + flag, 0, 3, 1, 3, 0, b"")
+            u[fast.CTL_CQ_FLAGS] = flag
+            u[fast.CTL_CQ_TAIL] = tail + 1
+            got = fp.reap(timeout_ms=0)
+            assert [c.user_data for c in got] == [500 + flag]
+            assert rings() == want, "flag %d" % flag
