@@ -213,6 +213,30 @@ class PrehelloFloodTest(SidecarTest):
         wait_until(lambda: closed(second[0], 0.05), 10, "the oldest general one to be dropped")
         self.assertEqual([i for i, s in enumerate(kept + second[1:] + socks[-1:]) if closed(s)], [])
 
+    def test_a_dual_stack_listener_counts_ipv4_peers_by_their_24(self):
+        # on [::] IPv4 peers arrive as ::ffff:a.b.c.d: still counted per /24 (IPv6 per /64)
+        try:
+            with socket.socket(socket.AF_INET6) as probe:
+                probe.bind(("::1", 0))
+        except OSError as e:
+            self.skipTest("no IPv6 loopback here: %s" % e)
+        a = self.sidecar("a", key_file=self.key_file(), data_listen="[::]:0",
+                         extra=LONG + ["--data-max-unauth", "16", "--data-max-unauth-per-ip", "2",
+                                       "--advertise", "127.0.0.1"])
+        _, port = self.endpoint(a)
+        socks = []
+        self.addCleanup(lambda: [s.close() for s in socks])
+        for src in ("127.0.1.1", "127.0.1.2", "127.0.1.3", "127.0.1.4"):
+            socks.append(silent("127.0.0.1", port, src))
+        wait_until(lambda: closed(socks[0], 0.05), 10, "the oldest of 127.0.1.0/24 to be dropped")
+        self.wait_log(a, r"dropped connection from \[::ffff:127\.0\.1\.1\]:\d+ .* 3 connections "
+                         r"from 127\.0\.1\.0/24 are waiting")
+        v6 = [socket.create_connection(("::1", port), timeout=10 * SLOW) for _ in range(3)]
+        socks += v6
+        wait_until(lambda: closed(v6[0], 0.05), 10, "the oldest from ::1 to be dropped")
+        self.assertEqual([i for i, s in enumerate(socks) if s is not socks[0] and s is not v6[0]
+                          and closed(s)], [])
+
     def test_a_silent_connection_is_closed_after_the_first_byte_timeout(self):
         a = self.sidecar("a", key_file=self.key_file(),
                          extra=["--data-first-byte-timeout", "200ms"])
