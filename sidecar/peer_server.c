@@ -2002,7 +2002,7 @@ static bool prehello_silent(const struct conn *c)
 	return atomic_load(&c->state) == CONN_IDLE && ioctl(c->fd, FIONREAD, &n) == 0 && n == 0;
 }
 
-enum room_scope { ROOM_ADDR, ROOM_PREFIX, ROOM_GENERAL, ROOM_RESERVED };
+enum room_scope { ROOM_ADDR, ROOM_PREFIX, ROOM_GENERAL };
 
 static bool in_room_scope(const struct conn *o, enum room_scope scope, const uint8_t net[16])
 {
@@ -2013,8 +2013,6 @@ static bool in_room_scope(const struct conn *o, enum room_scope scope, const uin
 		return !o->reserved && same_prefix(o->net, net);
 	case ROOM_GENERAL:
 		return !o->reserved;
-	case ROOM_RESERVED:
-		return o->reserved;
 	}
 	return false;
 }
@@ -2063,7 +2061,7 @@ static bool prehello_make_room_locked(struct sc_peer_server *srv, const uint8_t 
 			same_addr += memcmp(o->net, net, 16) == 0;
 			same_net += !o->reserved && same_prefix(o->net, net);
 		}
-		char reason[240], where[INET6_ADDRSTRLEN + 8];
+		char reason[320], where[INET6_ADDRSTRLEN + 8];
 		enum room_scope scope;
 		const char *key;
 		size_t general = srv->max_unauth - srv->reserved_room;
@@ -2090,13 +2088,7 @@ static bool prehello_make_room_locked(struct sc_peer_server *srv, const uint8_t 
 				 "%zu connections are waiting for their hello (--data-max-unauth %u, "
 				 "%u of it kept for addresses that authenticated recently)",
 				 srv->n_waiting_room[0], srv->max_unauth, srv->reserved_room);
-		} else if (*reserved && srv->n_waiting_room[1] >= srv->reserved_room) {
-			scope = ROOM_RESERVED; /* not reached: *reserved says there is room */
-			key = "peer-prehello-drop-reserved";
-			snprintf(reason, sizeof(reason),
-				 "%zu connections from recent peers are waiting for their hello",
-				 srv->n_waiting_room[1]);
-		} else {
+		} else { /* room in every scope (a reserved newcomer: its room has space) */
 			return true;
 		}
 		struct conn *v = round < 3 ? prehello_victim_locked(srv, scope, net) : NULL;
