@@ -65,7 +65,7 @@ struct rsc_fast {
 	int dead; /* the sidecar ended the session */
 
 	int sock, sq_efd, cq_efd;
-	int bells_are_sockets; /* 1: datagram doorbells (fast_ring.h); 0: eventfds (older sidecars) */
+	int bells_are_sockets; /* 1: datagram doorbells; 0: eventfds (older sidecars) */
 	void *map;
 	size_t map_size;
 	struct rsc_fast_ctl *ctl;

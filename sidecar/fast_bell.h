@@ -22,6 +22,10 @@ int sc_fast_bell_pair(int *mine, int *theirs, struct sc_err *err);
 /* Rings: one 8-byte datagram. false when it did not go (EAGAIN: rings are pending on the other
  * side already; the worker's end is gone): never an error to the caller, never SIGPIPE. */
 bool sc_fast_bell_ring(int mine);
+/* Rings unless a ring is still unread: the other side reads until the doorbell is empty and only
+ * then looks at the ring, so one unread datagram wakes it for everything written before this
+ * call (as an eventfd's counter would; the worker's queue never holds more than one of ours). */
+bool sc_fast_bell_ring_once(int mine);
 /* Takes at most max datagrams waiting on mine, and clears a pending socket error (a worker that
  * disconnected its end leaves ECONNRESET there, which poll reports until read): how many
  * datagrams it took. */

@@ -145,7 +145,8 @@ static void admit(struct sc_fast_path *fp, int fd)
 	socklen_t len = sizeof(cred);
 	char msg[256];
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-		refuse(fd, SC_PERMISSION_DENIED, "the worker's credentials are unknown (SO_PEERCRED)");
+		refuse(fd, SC_PERMISSION_DENIED,
+		       "the worker's credentials are unknown (SO_PEERCRED)");
 		return;
 	}
 	bool allowed = fp->n_allowed == 0;
@@ -155,8 +156,8 @@ static void admit(struct sc_fast_path *fp, int fd)
 		snprintf(msg, sizeof(msg),
 			 "uid %u may not use this sidecar (--allowed-uids does not list it)",
 			 (unsigned)cred.uid);
-		SC_WARN_LIMITED("fast", "fast.refused-uid", "fast-path connection of pid %d refused: %s",
-				(int)cred.pid, msg);
+		SC_WARN_LIMITED("fast", "fast.refused-uid",
+				"fast-path connection of pid %d refused: %s", (int)cred.pid, msg);
 		sc_engine_fast_path_note(fp->eng, SC_FAST_SESSION_REFUSED);
 		refuse(fd, SC_PERMISSION_DENIED, msg);
 		return;
@@ -183,14 +184,15 @@ static void admit(struct sc_fast_path *fp, int fd)
 				 "gRPC",
 				 fp->max_sessions);
 		else
-			snprintf(msg, sizeof(msg),
-				 "uid %u holds %u fast-path sessions, its share of "
-				 "--fast-path-max-sessions %u (over the %zu uids of --allowed-uids): "
-				 "close one, or use gRPC",
-				 (unsigned)cred.uid, mine, fp->max_sessions, fp->n_allowed);
+			snprintf(
+			    msg, sizeof(msg),
+			    "uid %u holds %u fast-path sessions, its share of "
+			    "--fast-path-max-sessions %u (over the %zu uids of --allowed-uids): "
+			    "close one, or use gRPC",
+			    (unsigned)cred.uid, mine, fp->max_sessions, fp->n_allowed);
 		SC_WARN_LIMITED("fast", room ? "fast.refused-uid-share" : "fast.refused-full",
-				"fast-path connection of pid %d (uid %u) refused: %s", (int)cred.pid,
-				(unsigned)cred.uid, msg);
+				"fast-path connection of pid %d (uid %u) refused: %s",
+				(int)cred.pid, (unsigned)cred.uid, msg);
 		sc_engine_fast_path_note(fp->eng, SC_FAST_SESSION_REFUSED);
 		refuse(fd, SC_RESOURCE_EXHAUSTED, msg);
 		free(e);
@@ -199,16 +201,21 @@ static void admit(struct sc_fast_path *fp, int fd)
 	struct sc_err err;
 	sc_err_clear(&err);
 	struct sc_fast_session_params p = {
-	    .eng = fp->eng, .sock = fd, .pid = cred.pid, .uid = cred.uid,
-	    .entries = RING_ENTRIES, .on_exit = on_session_exit, .ctx = fp,
+	    .eng = fp->eng,
+	    .sock = fd,
+	    .pid = cred.pid,
+	    .uid = cred.uid,
+	    .entries = RING_ENTRIES,
+	    .on_exit = on_session_exit,
+	    .ctx = fp,
 	};
 	pthread_mutex_lock(&fp->mu); /* e->s is set before on_exit can look for it */
 	int rc = sc_fast_session_start(&p, &e->s, &err);
 	pthread_mutex_unlock(&fp->mu);
 	if (rc != 0) {
 		SC_WARN_LIMITED("fast", "fast.start-failed",
-				"fast-path session of pid %d (uid %u) not started: %s", (int)cred.pid,
-				(unsigned)cred.uid, err.msg);
+				"fast-path session of pid %d (uid %u) not started: %s",
+				(int)cred.pid, (unsigned)cred.uid, err.msg);
 		pthread_mutex_lock(&fp->mu);
 		sc_list_remove(&e->node);
 		fp->n_sessions--;
@@ -235,7 +242,8 @@ static void *accept_main(void *arg)
 		if (poll(pfd, 3, wait_ms) < 0) {
 			if (errno == EINTR)
 				continue;
-			SC_ERROR("fast", "fast-path socket %s: poll: %s", fp->path, strerror(errno));
+			SC_ERROR("fast", "fast-path socket %s: poll: %s", fp->path,
+				 strerror(errno));
 			return NULL;
 		}
 		if (pfd[1].revents)
@@ -252,8 +260,9 @@ static void *accept_main(void *arg)
 		int fd = accept4(fp->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-				SC_WARN_LIMITED("fast", "fast.accept", "fast-path socket %s: accept: %s",
-						fp->path, strerror(errno));
+				SC_WARN_LIMITED("fast", "fast.accept",
+						"fast-path socket %s: accept: %s", fp->path,
+						strerror(errno));
 			if (errno == EMFILE || errno == ENFILE)
 				usleep(100 * 1000);
 			continue;

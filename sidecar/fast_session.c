@@ -84,22 +84,22 @@ struct sc_fast_session {
 	pthread_mutex_t out_mu;
 	struct rsc_fast_cqe *outbox; /* cq_entries of them */
 	uint32_t out_first, out_len; /* under out_mu */
-	uint32_t pending; /* session thread: runs taken whose completion is not yet in the ring */
+	uint32_t pending;  /* session thread: runs taken whose completion is not yet in the ring */
 	uint32_t stall_ms; /* session thread: the next back-off while submissions wait for room */
-	struct run *runs; /* ring.cq_entries of them; the session thread owns .used */
+	struct run *runs;  /* ring.cq_entries of them; the session thread owns .used */
 	struct handle handles[MAX_HANDLES];
 	uint32_t next_handle;
 	pthread_t thread;
 	/* The run the session thread is running itself (sc_op_run_here_close), for the watcher
 	 * (sc_fast_session_watch) to cancel while this thread cannot look at its ring or socket. */
 	pthread_mutex_t busy_mu;
-	struct run *busy;	      /* under busy_mu */
-	atomic_bool stopping;	      /* sc_fast_session_stop was called */
-	uint64_t watch_cancelled;     /* under busy_mu: user_data the watcher cancelled (+1; 0 none) */
+	struct run *busy;	  /* under busy_mu */
+	atomic_bool stopping;	  /* sc_fast_session_stop was called */
+	uint64_t watch_cancelled; /* under busy_mu: user_data the watcher cancelled (+1; 0 none) */
 	uint8_t msg[RSC_FAST_MSG_MAX];
 };
 
-/* ---- completions ------------------------------------------------------------------------------- */
+/* ---- completions (the watch callback queues, the session thread posts) ------------------------ */
 
 /* Queues a completion (any thread, the engine lock possibly held): private memory only. */
 static void post(struct sc_fast_session *s, const struct rsc_fast_cqe *c)
@@ -146,7 +146,7 @@ static void flush(struct sc_fast_session *s)
 		return;
 	s->pending -= moved < s->pending ? moved : s->pending;
 	sc_trace_mark(sc_trace_current(), "fast_cqe_posted");
-	sc_fast_bell_ring(s->cq_bell); /* not sent: a ring is pending already, or the worker left */
+	sc_fast_bell_ring_once(s->cq_bell); /* not sent: a ring is unread still, or the worker left */
 }
 
 static void post_error(struct sc_fast_session *s, uint64_t user_data, const struct sc_err *err)
@@ -166,7 +166,8 @@ static void post_end(struct run *r, const struct sc_op_info *info)
 	struct sc_fast_session *s = r->s;
 	struct rsc_fast_cqe c;
 	bool ok = info->status == SC_OPS_COMPLETE;
-	sc_fast_cqe_fill(&c, r->user_data, ok ? 0 : (int)(info->err_code ? info->err_code : SC_INTERNAL),
+	sc_fast_cqe_fill(&c, r->user_data,
+			 ok ? 0 : (int)(info->err_code ? info->err_code : SC_INTERNAL),
 			 (uint32_t)info->status, info->bytes_done, (uint32_t)info->backend,
 			 ok ? "" : info->err_msg);
 	post(s, &c);
@@ -366,8 +367,9 @@ void sc_fast_session_watch(struct sc_fast_session *s)
 }
 
 /* Takes and runs what the worker submitted, moving completions into the ring as they come. -1:
- * the worker broke its submission ring, -2 its completion ring (err says how; end the session); 1: entries wait for room in the
- * completion ring (NEED_WAKEUP is set: the worker rings once it reads completions); 0: none left. */
+ * the worker broke its submission ring, -2 its completion ring (err says how; end the session); 1:
+ * entries wait for room in the completion ring (NEED_WAKEUP is set: the worker rings once it reads
+ * completions); 0: none left. */
 static int drain(struct sc_fast_session *s, struct sc_err *err)
 {
 	unsigned taken = 0;
@@ -621,7 +623,8 @@ static void *session_main(void *arg)
 			s->stall_ms = STALL_FIRST_MS;
 		} else { /* stalled: the worker rings when it makes room; else look again later */
 			wait_ms = (int)s->stall_ms;
-			s->stall_ms = s->stall_ms * 2 > STALL_MAX_MS ? STALL_MAX_MS : s->stall_ms * 2;
+			s->stall_ms =
+			    s->stall_ms * 2 > STALL_MAX_MS ? STALL_MAX_MS : s->stall_ms * 2;
 		}
 	}
 	end_runs(s);
@@ -641,7 +644,7 @@ static void session_free(struct sc_fast_session *s)
 		handle_clear(&s->handles[i]);
 	if (s->map)
 		munmap(s->map, s->map_size);
-	int fds[] = {s->sock,	 s->mem_fd,    s->sq_bell, s->cq_bell,
+	int fds[] = {s->sock,	 s->mem_fd,  s->sq_bell,   s->cq_bell,
 		     s->wake_fd, s->stop_fd, s->worker_sq, s->worker_cq};
 	for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
 		if (fds[i] >= 0)

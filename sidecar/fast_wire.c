@@ -336,8 +336,8 @@ int sc_fast_ring_cq_space(const struct sc_fast_ring *r, uint32_t *room, struct s
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "completion ring head %" PRIu32 " is %s tail %" PRIu32
 				  " (the ring holds %" PRIu32 ")",
-				  head, (int32_t)used < 0 ? "ahead of" : "too far behind", r->cq_tail,
-				  r->cq_entries);
+				  head, (int32_t)used < 0 ? "ahead of" : "too far behind",
+				  r->cq_tail, r->cq_entries);
 	*room = r->cq_entries - used;
 	return 0;
 }

@@ -136,8 +136,8 @@ struct rsc_fast_ctl {
 	uint8_t pad1[60];
 	uint32_t sq_tail; /* worker: entries written */
 	uint8_t pad2[60];
-	uint32_t cq_head;  /* worker: completions read */
-	uint32_t cq_flags; /* sidecar: RSC_FAST_CQ_NEED_WAKEUP (was padding: 0 from older sidecars) */
+	uint32_t cq_head; /* worker: completions read */
+	uint32_t cq_flags; /* sidecar: RSC_FAST_CQ_NEED_WAKEUP (older sidecars: 0) */
 	uint8_t pad3[56];
 	uint32_t cq_tail; /* sidecar: completions written */
 	uint8_t pad4[60];
@@ -174,6 +174,7 @@ static_assert(sizeof(struct rsc_fast_sqe) == 64, "sqe");
 static_assert(sizeof(struct rsc_fast_cqe) == 128, "cqe");
 #else
 _Static_assert(sizeof(struct rsc_fast_ctl) == 320, "ctl");
+_Static_assert(__builtin_offsetof(struct rsc_fast_ctl, cq_flags) == 196, "cq_flags");
 _Static_assert(sizeof(struct rsc_fast_sqe) == 64, "sqe");
 _Static_assert(sizeof(struct rsc_fast_cqe) == 128, "cqe");
 _Static_assert(sizeof(struct rsc_fast_hello) == 192, "hello");

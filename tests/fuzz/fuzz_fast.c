@@ -263,7 +263,10 @@ static void fuzz_bells(const uint8_t *data, size_t size)
 			break;
 		case 5: /* the sidecar rings, the worker reading nothing */
 			for (unsigned k = 0; k <= arg; k++)
-				sc_fast_bell_ring(mine);
+				if (arg & 1)
+					sc_fast_bell_ring_once(mine);
+				else
+					sc_fast_bell_ring(mine);
 			break;
 		case 6: {
 			unsigned max = 1u + arg;
@@ -351,12 +354,12 @@ static size_t prepare(uint8_t *m, uint32_t kind, const char *meta, uint32_t n_de
 	size_t descs_at = sizeof(struct rsc_fast_prepare) + (meta_len + 7u) / 8u * 8u;
 	size_t len = descs_at + n_descs * sizeof(struct rsc_fast_desc);
 	struct rsc_fast_prepare p = {
-		.hdr = {.type = RSC_FAST_MSG_PREPARE, .len = (uint32_t)len, .token = 1},
-		.kind = kind,
-		.backend = 0,
-		.timeout_ms = 1000,
-		.metadata_len = meta_len,
-		.n_descs = n_descs,
+	    .hdr = {.type = RSC_FAST_MSG_PREPARE, .len = (uint32_t)len, .token = 1},
+	    .kind = kind,
+	    .backend = 0,
+	    .timeout_ms = 1000,
+	    .metadata_len = meta_len,
+	    .n_descs = n_descs,
 	};
 	memset(m, 0, len);
 	memcpy(m, &p, sizeof(p));
@@ -422,8 +425,8 @@ int main(int argc, char **argv)
 	seed[sizeof(struct rsc_fast_prepare) + 8 + 56 + 3] = '/'; /* a bad id in descriptor 1 */
 	rc |= write_seed(dir, "prepare-bad-id", seed, len);
 	struct rsc_fast_unprepare u = {
-		.hdr = {.type = RSC_FAST_MSG_UNPREPARE, .len = sizeof(u), .token = 2},
-		.handle = 7,
+	    .hdr = {.type = RSC_FAST_MSG_UNPREPARE, .len = sizeof(u), .token = 2},
+	    .handle = 7,
 	};
 	rc |= write_seed(dir, "unprepare", &u, sizeof(u));
 
@@ -439,8 +442,8 @@ int main(int argc, char **argv)
 	memcpy(seed + len, script, sizeof(script));
 	rc |= write_seed(dir, "ring-script", seed, len + sizeof(script));
 	/* A hostile worker's doorbell script: blocking end, rings, fills, disconnects, drains. */
-	uint8_t bells[] = {0, 0, 2, 8, 5, 40, 3, 0, 6, 255, 10, 1, 5, 200, 8, 0, 6, 3,
-			   2, 0,  4, 0, 7, 2, 5, 9,  9, 0, 5, 9, 6, 255};
+	uint8_t bells[] = {0, 0, 2, 8, 5, 40, 3, 0, 6, 255, 10, 1, 5, 200, 8, 0,
+			   6, 3, 2, 0, 4, 0,  7, 2, 5, 9,   9,	0, 5, 9,   6, 255};
 	rc |= write_seed(dir, "bells-hostile", bells, sizeof(bells));
 	if (rc)
 		return 1;

@@ -14,6 +14,8 @@
   (utime + stime from /proc/PID/stat) over 5 s stays under 0.02 of a core. A bound on idle polling
   by construction (a stalled session sleeps until its worker rings, or a back-off up to 1 s); the
   figure is printed.
+- A second sidecar pointed at a fast-path socket that a live sidecar serves refuses to start, and
+  says so naming --fast-path-socket (not --grpc-listen).
 - Log flood: 3,000 connections of a uid outside --allowed-uids write a handful of lines, and the
   count of what was held back comes in the next line: every refusal is either a line or counted.
 The workers are written here from rdma_sidecar/fast_ring.h (socket, fcntl, mmap), not the client.
@@ -32,7 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.environ.get("SC_SOURCE_DIR", os.path.join(HERE, "..", "..")))
 sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
-from harness import SLOW, STUBS, SidecarTest, main, pb, wait_until  # noqa: E402
+from harness import BINARY, SLOW, STUBS, SidecarTest, main, pb, wait_until  # noqa: E402
 
 import rdma_sidecar  # noqa: E402,F401
 from rdma_sidecar import fast  # noqa: E402  (the wire format's structs only)
@@ -436,6 +438,29 @@ class FastHostileTest(SidecarTest):
         # one line per second at most (plus the first), however long the flood took
         self.assertLessEqual(len(lines), int(took) + 3)
         self.assertEqual(s.info().sidecar_id, "quiet")
+
+
+    # ---- the socket in use --------------------------------------------------------------------
+
+    def test_fast_socket_in_use_names_its_flag(self):
+        s = self.sidecar("first")
+        path = s.sock + ".fast"
+        other = os.path.join(self.workdir, "second")
+        os.makedirs(other)
+        r = subprocess.run([BINARY, "--id", "second", "--grpc-listen", "unix:" + os.path.join(other, "s.sock"),
+                            "--shm-dir", other, "--data-listen", "127.0.0.1:0", "--fast-path-socket", path],
+                           capture_output=True, text=True, timeout=30 * SLOW)
+        out = r.stdout + r.stderr
+        self.assertNotEqual(r.returncode, 0, out)
+        self.assertIn("--fast-path-socket %s: another server (a running rdma-sidecar?) is answering on this "
+                      "socket" % path, out)
+        self.assertNotIn("--grpc-listen unix:%s" % path, out)
+        self.assertEqual(s.info().sidecar_id, "first")
+        sock, _h, memfd, sq, cq, mm = open_session(path)  # the first one still serves its fast path
+        mm.close()
+        for fd in (memfd, sq, cq):
+            os.close(fd)
+        sock.close()
 
 
 if __name__ == "__main__":
