@@ -10,14 +10,19 @@ passive side, on every path where the CPU or the kernel copies region memory:
   1 MiB (straight from the socket into region memory, EFAULT half way);
 - peer TLS without kernel offload (SSL_read / SSL_write through the bounce buffer), both sizes;
 - LOCAL (both ends in one sidecar: the guarded copy);
-- the fast path (the Python client's rings), against a TCP peer and LOCAL.
+- the fast path (the Python client's rings), against a TCP peer and LOCAL;
+- GPU staging: LOCAL between a GPU region (the stand-in CUDA driver) and the truncated host region
+  (the pinned buffer filled and drained by the guarded copy).
 
 Every case: the transfer ends ERRORED with a message that names the truncated region, both
 daemons still answer GetInfo, nothing grew the truncated file, and a following honest transfer of
 the same kind and size on fresh regions moves random bytes correctly. Before the fix the passive
 side of a small plain WRITE and every TLS direction died of SIGBUS."""
 import os
+import shutil
 import sys
+import tempfile
+import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.environ.get("SC_SOURCE_DIR", os.path.join(HERE, "..", "..")))
@@ -25,6 +30,7 @@ sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
 from harness import SLOW, SidecarTest, desc, main, pb  # noqa: E402
 from tlsutil import CA  # noqa: E402
 
+FAKE_CUDA = os.environ.get("SC_FAKE_CUDA", "")  # ctest sets it where the stand-in driver was built
 KiB, MiB = 1 << 10, 1 << 20
 ERRORED = pb.OPERATION_STATUS_ERRORED
 TIMEOUT_MS = int(30000 * SLOW)
@@ -66,6 +72,25 @@ class Matrix(SidecarTest):
                                            timeout_ms=TIMEOUT_MS), timeout=10 * SLOW)
         return po, op
 
+    def region(self, s, size, gpu=False):
+        if not gpu:
+            return s.create_region(size)
+        return s.stub.CreateRegion(pb.CreateRegionRequest(size=size, device_kind=pb.DEVICE_KIND_CUDA),
+                                   timeout=30 * SLOW)
+
+    def put(self, s, r, data):
+        if r.device_kind == pb.DEVICE_KIND_CUDA:
+            s.stub.WriteRegion(iter([pb.WriteRegionRequest(region_id=r.region_id, offset=0, data=data)]),
+                               timeout=30 * SLOW)
+        else:
+            s.fill(r, 0, data)
+
+    def get(self, s, r, n):
+        if r.device_kind == pb.DEVICE_KIND_CUDA:
+            return b"".join(m.data for m in s.stub.ReadRegion(
+                pb.ReadRegionRequest(region_id=r.region_id, offset=0, length=n), timeout=30 * SLOW))
+        return s.peek(r, 0, n)
+
     def truncated(self, s, size):
         region_size, keep = SHAPES[size]
         r = s.create_region(region_size)
@@ -73,30 +98,31 @@ class Matrix(SidecarTest):
         os.truncate(r.path, keep)  # the worker shrinks its own file
         return r, keep
 
-    def honest(self, passive, active, kind, size, backend):
-        """Fresh regions, random bytes, compared."""
-        rp, ra = passive.create_region(size), active.create_region(size)
+    def honest(self, passive, active, kind, size, backend, gpu_side=None):
+        """Fresh regions (the one on gpu_side in GPU memory), random bytes, compared."""
+        rp, ra = self.region(passive, size, gpu_side == "passive"), self.region(active, size, gpu_side == "active")
         payload, noise = os.urandom(size), os.urandom(size)
         src, dst = (passive, rp), (active, ra)
         if kind == "write":
             src, dst = dst, src
-        src[0].fill(src[1], 0, payload)
-        dst[0].fill(dst[1], 0, noise)
+        self.put(src[0], src[1], payload)
+        self.put(dst[0], dst[1], noise)
         po, op = self.begin(passive, active, kind, rp, ra, 0, size)
         done = active.wait(op.operation_id, TIMEOUT_MS)
         self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, done.error.message)
         self.assertEqual(done.backend, backend)
-        self.assertTrue(dst[0].peek(dst[1], 0, size) == payload,
+        self.assertTrue(self.get(dst[0], dst[1], size) == payload,
                         "the honest %s of %d bytes after the truncation moved wrong bytes" % (kind, size))
         for s, r in ((passive, rp), (active, ra)):
             s.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=r.region_id, force=True),
                                     timeout=10 * SLOW)
 
-    def check(self, passive, active, kind, side, size, backend):
-        """One case of the matrix: the region of `side` ("active" or "passive") is truncated."""
+    def check(self, passive, active, kind, side, size, backend, gpu=False):
+        """One case of the matrix: the region of `side` ("active" or "passive") is truncated; the
+        other one is in GPU memory when gpu."""
         owner = active if side == "active" else passive
         bad, keep = self.truncated(owner, size)
-        good = (passive if side == "active" else active).create_region(SHAPES[size][0])
+        good = self.region(passive if side == "active" else active, SHAPES[size][0], gpu)
         rp, ra = (good, bad) if side == "active" else (bad, good)
         po, op = self.begin(passive, active, kind, rp, ra, 0, size)
         done = active.wait(op.operation_id, TIMEOUT_MS)
@@ -113,17 +139,18 @@ class Matrix(SidecarTest):
             self.assertIn(pdone.status, (ERRORED, pb.OPERATION_STATUS_COMPLETE), pdone)
         self.assertEqual(os.path.getsize(bad.path), keep, "nothing may grow the truncated file")
         self.alive(passive, active)
-        self.honest(passive, active, kind, size, backend)
+        self.honest(passive, active, kind, size, backend,
+                    gpu_side=("passive" if side == "active" else "active") if gpu else None)
         self.alive(passive, active)
 
-    def matrix(self, start, sizes, backend):
+    def matrix(self, start, sizes, backend, gpu=False):
         pair = start()
         for size in sizes:
             for kind in ("read", "write"):
                 for side in ("active", "passive"):
                     with self.subTest(size=size, kind=kind, truncated=side):
                         pair = self.revive(pair, start)
-                        self.check(pair[0], pair[1], kind, side, size, backend)
+                        self.check(pair[0], pair[1], kind, side, size, backend, gpu)
 
     # ---- transports -------------------------------------------------------------------------------
 
@@ -153,6 +180,19 @@ class Matrix(SidecarTest):
             s = self.sidecar("solo%d" % next(n))
             return s, s
         self.matrix(start, (4 * KiB, MiB), pb.BACKEND_LOCAL)
+
+    @unittest.skipUnless(FAKE_CUDA and os.path.exists(FAKE_CUDA),
+                         "the stand-in CUDA driver was not built (no cuda.h at build time)")
+    def test_gpu_staging_local(self):
+        shm = tempfile.mkdtemp(prefix="sc-trunc-gpu-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.addCleanup(shutil.rmtree, shm, True)
+        env = {"SC_TEST_CUDA_DRIVER": FAKE_CUDA, "FAKE_CUDA_SHM_DIR": shm}
+        n = iter(range(1000))
+
+        def start():
+            s = self.sidecar("gpu%d" % next(n), env=env)
+            return s, s
+        self.matrix(start, (4 * KiB, MiB), pb.BACKEND_LOCAL, gpu=True)
 
     # ---- the fast path ----------------------------------------------------------------------------
 
