@@ -22,6 +22,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -180,6 +181,34 @@ class Matrix(SidecarTest):
             s = self.sidecar("solo%d" % next(n))
             return s, s
         self.matrix(start, (4 * KiB, MiB), pb.BACKEND_LOCAL)
+
+    def test_truncated_mid_transfer(self):
+        """The file shrinks while the bytes move (after the serving side's check of the range):
+        the copy or the system call faults half way. No SIGBUS, the transfer ends (ERRORED, or
+        COMPLETE when it won the race), and the next one works. Plain TCP and TLS."""
+        keys, ca = self.key_file(), CA(self.workdir, "mid")
+        size = 128 * MiB
+        for tls in (False, True):
+            flags = (lambda n: ca.peer_flags(n)) if tls else (lambda n: [])
+            a = self.sidecar("mid-a%d" % tls, key_file=keys, extra=flags("mid-a%d" % tls))
+            b = self.sidecar("mid-b%d" % tls, key_file=keys, extra=flags("mid-b%d" % tls))
+            for kind in ("read", "write"):
+                for side in ("active", "passive"):
+                    with self.subTest(tls=tls, kind=kind, truncated=side):
+                        rp, ra = a.create_region(size), b.create_region(size)
+                        bad = ra if side == "active" else rp
+                        po, op = self.begin(a, b, kind, rp, ra, 0, size)
+                        time.sleep(0.005)
+                        os.truncate(bad.path, MiB)
+                        done = b.wait(op.operation_id, TIMEOUT_MS)
+                        self.alive(a, b)
+                        self.assertIn(done.status, (ERRORED, pb.OPERATION_STATUS_COMPLETE), done)
+                        pdone = a.wait(po.operation_id, TIMEOUT_MS)
+                        self.assertIn(pdone.status, (ERRORED, pb.OPERATION_STATUS_COMPLETE), pdone)
+                        self.honest(a, b, kind, MiB, pb.BACKEND_TCP)
+                        for s_, r in ((a, rp), (b, ra)):
+                            s_.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=r.region_id,
+                                                                                force=True), timeout=10 * SLOW)
 
     @unittest.skipUnless(FAKE_CUDA and os.path.exists(FAKE_CUDA),
                          "the stand-in CUDA driver was not built (no cuda.h at build time)")
