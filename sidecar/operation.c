@@ -1384,9 +1384,11 @@ static void use_failed_locked(struct sc_engine *eng, struct sc_op *op, uint64_t 
 			      const char *why)
 {
 	op->uses_failed++;
-	SC_INFO("op", "%s: use by transfer %016" PRIx64 " failed (%" PRIu64 " failed, %" PRIu64
-		" done so far; the operation goes on): %s",
-		op->id, xfer_id, op->uses_failed, op->uses_done, why);
+	/* A peer can fail uses at will (DONE with an error, a cut connection): rate-limited. */
+	sc_log_limited(SC_LOG_INFO, "op", "op-use-failed",
+		       "%s: use by transfer %016" PRIx64 " failed (%" PRIu64 " failed, %" PRIu64
+		       " done so far; the operation goes on): %s",
+		       op->id, xfer_id, op->uses_failed, op->uses_done, why);
 	op_notify(eng, op);
 }
 
@@ -1585,8 +1587,9 @@ static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 	if (status == SC_ABORTED) {
 		/* The active side's path failed; the same transfer comes back on another one (an
 		 * ibverbs transfer going on over tcp): the use stays open. */
-		SC_INFO("op", "%s: peer %s moves transfer %016" PRIx64 " to another path: %s", op->id,
-			op->peer, xfer_id, msg && msg[0] ? msg : "its path failed");
+		sc_log_limited(SC_LOG_INFO, "op", "op-path-moved",
+			       "%s: peer %s moves transfer %016" PRIx64 " to another path: %s",
+			       op->id, op->peer, xfer_id, msg && msg[0] ? msg : "its path failed");
 		if (op->max_uses == 1)
 			atomic_store(&op->bytes_done, 0);
 		op->backend = SC_BACKEND_TCP; /* the only path a transfer moves to today */

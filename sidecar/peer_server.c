@@ -2529,9 +2529,10 @@ void sc_peer_server_revoke(struct sc_peer_server *srv, const uint8_t token[SC_TO
 		rec_drop_locked(srv, sc_list_entry(sc_list_first(&t->recs), struct rec, tok_node));
 	pthread_mutex_unlock(&srv->mu);
 	if (cut)
-		SC_INFO("peer", "an operation ended while %u peer connection(s) still moved its bytes: "
-				"cut them, so no further byte of its memory is read or written",
-			cut);
+		sc_log_limited(SC_LOG_INFO, "peer", "peer-revoke-cut", /* a peer can make it happen */
+			       "an operation ended while %u peer connection(s) still moved its bytes: "
+			       "cut them, so no further byte of its memory is read or written",
+			       cut);
 }
 
 struct sc_passive sc_peer_server_passive(struct sc_peer_server *srv)
