@@ -31,7 +31,8 @@
  * sidecar's); the worker's ends come non-blocking. To ring, send (or write) one 8-byte datagram
  * (the value is ignored; use 1); EAGAIN means rings are pending already: done. To consume, read
  * 8 bytes: one read takes one datagram, so read until EAGAIN (with MSG_DONTWAIT or the fd
- * non-blocking) before looking at cq tail again, then sleep (poll) on the doorbell. A worker
+ * non-blocking) before looking at cq tail again, then sleep (poll) on the doorbell. (The sidecar
+ * sends a completion ring only when the worker has read its last one, so there is at most one.) A worker
  * written for the eventfds of earlier sidecars (write 8 bytes, read 8 bytes after poll) still
  * works: it only wakes once more per datagram left.
  *
