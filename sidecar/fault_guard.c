@@ -93,7 +93,7 @@ int sc_fault_guard_probe(const void *addr, size_t len, struct sc_err *err)
 	return 0;
 }
 
-/* ---- which region a fault is in ---------------------------------------------------------------- */
+/* ---- which region a fault is in -------------------------------------------------------------- */
 
 #define LABEL_MAX 48
 

@@ -51,7 +51,7 @@ int sc_fault_guard_watch(const void *addr, size_t len, const char *region_id);
 void sc_fault_guard_unwatch(const void *addr);
 
 /* Record where this thread's last access to region memory failed: I/O layers call it when a
- * system call answers EFAULT for a buffer (the guarded copy records the faulting address itself). */
+ * system call answers EFAULT for a buffer (the guarded copy notes the faulting address itself). */
 void sc_fault_guard_note(const void *addr);
 
 /*

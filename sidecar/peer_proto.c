@@ -503,8 +503,9 @@ enum sc_peer_io sc_peer_recv_all(int fd, void *buf, size_t len, const struct sc_
 			continue;
 		} else if (errno != EAGAIN && errno != EWOULDBLOCK) {
 			int e = errno;
+			struct iovec rest = {.iov_base = p + done, .iov_len = len - done};
 			if (e == EFAULT && !tls) /* the stream notes its own faults */
-				note_efault(&(struct iovec){.iov_base = p + done, .iov_len = len - done}, 1);
+				note_efault(&rest, 1);
 			rc = classify_errno(e, errno_out);
 			goto out;
 		}

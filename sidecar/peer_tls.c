@@ -77,8 +77,8 @@ struct link {
 	char why[REASON_MAX]; /* OpenSSL's reason for the last failed read or write */
 	/* Userspace TLS never hands OpenSSL the caller's buffer: that is region memory more often
 	 * than not, and a worker may truncate its file, so the bytes go through here, copied in or
-	 * out with the guarded copy (a fault cannot be caught inside OpenSSL: no longjmp out of it).
-	 * One record's plaintext: SSL_read returns at most one record, and SSL_write (partial
+	 * out with the guarded copy (a fault cannot be caught inside OpenSSL: no longjmp out of
+	 * it). One record's plaintext: SSL_read returns at most one record, and SSL_write (partial
 	 * writes on) returns after each, so a larger buffer would save no call. */
 	uint8_t bounce[SSL3_RT_MAX_PLAIN_LENGTH];
 };
@@ -941,7 +941,8 @@ static ssize_t tls_recv(void *ctx, int fd, void *buf, size_t len)
 	}
 	ERR_clear_error();
 	errno = 0;
-	int r = SSL_read(l->ssl, l->bounce, len > sizeof(l->bounce) ? (int)sizeof(l->bounce) : (int)len);
+	size_t want = len > sizeof(l->bounce) ? sizeof(l->bounce) : len;
+	int r = SSL_read(l->ssl, l->bounce, (int)want);
 	int sys = errno;
 	if (r <= 0)
 		return io_fail(l, r, sys);

@@ -139,7 +139,8 @@ TEST(a_fault_without_err_stays_noted)
 	/* An I/O layer's own note (EFAULT from a system call). */
 	sc_fault_guard_note(m.p + PAGE);
 	sc_fault_guard_error(&err, "x");
-	CHECK_STR_CONTAINS(err.msg, "region \"rgn-noted\" was truncated by its owner: its memory at offset 4096");
+	CHECK_STR_CONTAINS(err.msg, "region \"rgn-noted\" was truncated by its owner: its memory "
+				    "at offset 4096");
 	unmap(&m);
 }
 
