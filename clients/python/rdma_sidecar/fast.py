@@ -19,8 +19,9 @@ Ring indices are free-running 32-bit counters; each is written by one side only.
 (total store order) an aligned 4-byte load or store through a memoryview is atomic and ordered
 with the entry bytes written before it, which is all the acquire/release pairs of the format ask.
 The one pair that needs more, storing cq_head and then loading cq_flags (NEED_WAKEUP: the sidecar
-waits for room in the completion ring), has no fence here: a wake-up missed that way comes from
-the sidecar's own back-off instead (at most a second later).
+waits for room in the completion ring), takes an uncontended lock in between: CPython takes it with
+a locked instruction, a full fence on x86. Were a wake-up missed anyway, it would come from the
+sidecar's own back-off instead (at most a second later).
 """
 import dataclasses
 import itertools
@@ -29,6 +30,7 @@ import os
 import select
 import socket
 import struct
+import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -206,6 +208,7 @@ class FastPath:
         self._pending: Dict[int, Any] = {}     # grpc mode: user_data -> operation in flight
         self._next_handle = itertools.count(1)
         self._in_flight = 0
+        self._fence = threading.Lock()  # see the module docstring (NEED_WAKEUP)
         self.closed = False
 
     # ---- opening ----
@@ -220,7 +223,7 @@ class FastPath:
         session runs over gRPC (mode "grpc"), or with require_ring raises UnavailableError. A socket
         that refuses the session raises what the sidecar answers in place of HELLO
         (PermissionDeniedError for a uid outside --allowed-uids, ResourceExhaustedError when it
-        holds --fast-path-max-sessions), or UnavailableError when it closes without a word."""
+        holds --fast-path-max-sessions, or this uid's share of them), or UnavailableError when it closes without a word."""
         from . import connector as aio
         from . import sync
         self = cls()
@@ -546,6 +549,8 @@ class FastPath:
         if out:
             self._cq_head = head
             u[CTL_CQ_HEAD] = head  # after the entries were copied out
+            with self._fence:  # the head is stored before the flag is loaded
+                pass
             if u[CTL_CQ_FLAGS] & CQ_NEED_WAKEUP:  # the sidecar waits for this room
                 self._ring()
         return out
