@@ -255,6 +255,7 @@ struct sc_active_req {
 	enum sc_backend_kind backend; /* NONE = fastest both sides have */
 	const char *request_id;
 	bool omit_descs; /* as in sc_passive_req */
+	bool quiet;	 /* its start and end logged at debug, not info (the fast path's runs) */
 };
 
 /* kind: SC_OP_READABLE or SC_OP_WRITABLE. */

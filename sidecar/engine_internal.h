@@ -103,6 +103,7 @@ struct sc_op {
 	struct sc_region **regions; /* one per descriptor, each holding a reference */
 	size_t n_descs;
 	bool omit_descs; /* snapshots leave descs out (created from compact lists) */
+	bool quiet;	 /* start and end logged at debug (sc_active_req.quiet) */
 	char backend_reason[256];
 	int refs;
 	int pins; /* in-flight xfer + open spans: region memory in use */

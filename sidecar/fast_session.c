@@ -484,6 +484,7 @@ static void prepare(struct sc_fast_session *s, size_t len)
 	    .timeout_ms = pr.timeout_ms,
 	    .backend = (enum sc_backend_kind)pr.backend,
 	    .request_id = "",
+	    .quiet = true, /* a worker runs thousands a second: the metrics count them */
 	};
 	/* Checked once here as BeginRead/BeginWrite check it (metadata, descriptors against it,
 	 * regions and bounds), without using the metadata up; each run checks the metadata again

@@ -397,13 +397,14 @@ void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_sta
 		op->counted_live = false;
 	}
 	op_release_regions(eng, op);
+	enum sc_log_level lvl = op->quiet ? SC_LOG_DEBUG : SC_LOG_INFO;
 	if (status == SC_OPS_COMPLETE)
-		SC_INFO("op", "%s %s COMPLETE: %" PRIu64 " bytes via %s%s%s", op->id,
-			sc_op_kind_name(op->kind), op->bytes_total, sc_backend_name(op->backend),
-			op->peer[0] ? " peer " : "", op->peer);
+		sc_log(lvl, "op", "%s %s COMPLETE: %" PRIu64 " bytes via %s%s%s", op->id,
+		       sc_op_kind_name(op->kind), op->bytes_total, sc_backend_name(op->backend),
+		       op->peer[0] ? " peer " : "", op->peer);
 	else
-		SC_INFO("op", "%s %s %s (%s): %s", op->id, sc_op_kind_name(op->kind),
-			sc_op_status_name(status), sc_status_name(code), op->err_msg);
+		sc_log(lvl, "op", "%s %s %s (%s): %s", op->id, sc_op_kind_name(op->kind),
+		       sc_op_status_name(status), sc_status_name(code), op->err_msg);
 	op_notify(eng, op);
 	if (op->in_table && !op->retention_timer)
 		op->retention_timer = op_timer_add(eng, op,
@@ -1065,6 +1066,7 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 		return -1;
 	}
 	op->omit_descs = req->omit_descs;
+	op->quiet = req->quiet;
 	op->meta = md;
 	op->meta_valid = true;
 	snprintf(op->peer, sizeof(op->peer), "%s", md.issuer);
@@ -1098,10 +1100,11 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 	op_fill_info(op, out);
 	sc_op_unref(eng, op);
 	pthread_mutex_unlock(&eng->mu);
-	SC_INFO("op", "%s %s %s %s: %zu descriptor(s), %" PRIu64 " bytes, backend %s (%s)%s",
-		out->id, sc_op_kind_name(kind), kind == SC_OP_READ ? "from" : "to", out->peer, out->n_descs, out->bytes_total,
-		sc_backend_name(out->backend), out->backend_reason,
-		out->status == SC_OPS_SCHEDULED ? ", scheduled" : "");
+	sc_log(req->quiet ? SC_LOG_DEBUG : SC_LOG_INFO, "op",
+	       "%s %s %s %s: %zu descriptor(s), %" PRIu64 " bytes, backend %s (%s)%s", out->id,
+	       sc_op_kind_name(kind), kind == SC_OP_READ ? "from" : "to", out->peer, out->n_descs,
+	       out->bytes_total, sc_backend_name(out->backend), out->backend_reason,
+	       out->status == SC_OPS_SCHEDULED ? ", scheduled" : "");
 	return 0;
 fail:
 	sc_op_unref(eng, op);

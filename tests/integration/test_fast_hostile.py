@@ -16,6 +16,7 @@
   figure is printed.
 - A second sidecar pointed at a fast-path socket that a live sidecar serves refuses to start, and
   says so naming --fast-path-socket (not --grpc-listen).
+- Runs are not logged one by one at info (a worker runs thousands a second).
 - Log flood: 3,000 connections of a uid outside --allowed-uids write a handful of lines, and the
   count of what was held back comes in the next line: every refusal is either a line or counted.
 The workers are written here from rdma_sidecar/fast_ring.h (socket, fcntl, mmap), not the client.
@@ -439,6 +440,33 @@ class FastHostileTest(SidecarTest):
         self.assertLessEqual(len(lines), int(took) + 3)
         self.assertEqual(s.info().sidecar_id, "quiet")
 
+
+    def test_runs_are_not_logged_one_by_one(self):
+        """A worker runs thousands a second: at --log-level info each run writes no line (its start
+        and end go to debug; the metrics count runs)."""
+        s = self.sidecar("runs", extra=["--log-level", "info"])
+        ro, dst = self.passive(s, 4096)
+        sock, h, memfd, sq, cq, mm = open_session(s.sock + ".fast")
+        n = 500
+        try:
+            handle = prepare(sock, ro.metadata, dst.region_id, 4096)
+            u = memoryview(mm)[:fast.CTL_SIZE].cast("I")
+            self.submit(h, mm, sq, handle, 0, n // 2)
+            wait_until(lambda: u[fast.CTL_CQ_TAIL] == n // 2, 30, "the first runs")
+            u[fast.CTL_CQ_HEAD] = n // 2
+            self.submit(h, mm, sq, handle, n // 2, n // 2)
+            wait_until(lambda: u[fast.CTL_CQ_TAIL] == n, 30, "the other runs")
+            codes = {fast.unpack_cqe(mm, h["cq_offset"] + i * 128).code for i in range(h["cq_entries"])}
+            u.release()
+            self.assertEqual(codes, {0})
+        finally:
+            mm.close()
+            for fd in (memfd, sq, cq):
+                os.close(fd)
+            sock.close()
+        lines = [ln for ln in s.read_log().splitlines() if "[op]" in ln and (" READ " in ln or " READ:" in ln)]
+        print("  %d runs: %d [op] lines of READs at info" % (n, len(lines)))
+        self.assertLess(len(lines), 10, lines[:4])
 
     # ---- the socket in use --------------------------------------------------------------------
 
