@@ -34,11 +34,15 @@
  * and leaves in the same sendmsg as that READ's DATA header and bulk; whatever is held is sent
  * before any other reply, and before the connection is parked or closed.
  *
- * A transfer (token, xfer_id) opened on a connection is tracked until its DONE arrives (on any
- * connection, since the active side spreads one transfer over several). When the last connection
- * that opened it ends without a DONE, the transfer becomes an orphan: after ORPHAN_GRACE_MS (time
- * for a DONE still on its way on another connection, e.g. after the active side cancelled and cut
- * its streams) the engine is told through the interface's abandon.
+ * A transfer (token, xfer_id) opened on a connection is tracked (struct rec) until its DONE
+ * arrives (on any connection, since the active side spreads one transfer over several) or its
+ * operation ends (sc_peer_server_revoke). When the last connection that opened it ends without a
+ * DONE, the transfer becomes an orphan: after ORPHAN_GRACE_MS (time for a DONE still on its way on
+ * another connection, e.g. after the active side cancelled and cut its streams) the engine is told
+ * through the interface's abandon. A connection holds at most SC_PEER_SERVER_MAX_OPEN of them and
+ * they hold no slot: a connection with no request in hand may be closed for a new peer whatever it
+ * has opened. The records are hashed, so nothing a peer OPENs makes another request, a hello or a
+ * connection's end walk them (see struct rec).
  *
  * Access ends with the operation: while a connection serves a READ, WRITE, READV or WRITEV it
  * says which token (serving_begin/serving_end). When that operation ends the engine calls
@@ -48,8 +52,9 @@
  * operation's deadline (struct sc_span).
  *
  * Locking: srv->mu guards the connection lists, every connection's opened list and serving token,
- * the orphans and the handler. It is never held while calling the engine or doing socket I/O (a
- * revoke only raises a flag and calls shutdown under it).
+ * the transfer records and their indexes, the peer ids' counts, the orphans and the handler. It is
+ * never held while calling the engine or doing socket I/O (a revoke only raises a flag and calls
+ * shutdown under it).
  */
 #include "peer_server.h"
 #include "peer_stage.h"
