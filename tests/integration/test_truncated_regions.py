@@ -48,8 +48,8 @@ class Matrix(SidecarTest):
 
     def alive(self, *sidecars):
         for s in sidecars:
-            self.assertIsNone(s.proc.poll(), "sidecar %s died (exit %s):\n%s"
-                              % (s.name, s.proc.returncode, s.read_log()[-3000:]))
+            if s.proc.poll() is not None:
+                self.fail("sidecar %s died (exit %s):\n%s" % (s.name, s.proc.returncode, s.read_log()[-3000:]))
             self.assertEqual(s.info().sidecar_id, s.name)
 
     def revive(self, pair, start):
