@@ -1308,6 +1308,15 @@ static int serve_handler(struct conn *c, const struct sc_peer_msg *m, char *why,
 	return sent;
 }
 
+/* Does the connection hold a transfer it OPENed (DONE not come, operation not ended)? */
+static bool holds_open(struct conn *c)
+{
+	pthread_mutex_lock(&c->srv->mu);
+	bool yes = c->n_opened > 0;
+	pthread_mutex_unlock(&c->srv->mu);
+	return yes;
+}
+
 /* The connection received a request (or finished its hello): it is now the most recently used. */
 static void mark_active(struct conn *c)
 {
@@ -1360,9 +1369,12 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 		sc_trace_record(m.xfer_id, trace_stage(m.type, false), 0);
 	/* Most recently used from the request's arrival, before any reply leaves: a peer that has its
 	 * answer is already ordered after every earlier one (marking after the reply raced with the
-	 * next peer's requests when this thread was slow to run on). A PING is no use: it neither
-	 * keeps a connection from expiring nor moves it up the order of eviction. */
-	if (m.type != SC_FRAME_PING)
+	 * next peer's requests when this thread was slow to run on). A PING is use only on a
+	 * connection with a transfer open (the liveness check of a long ibverbs transfer's control
+	 * connection): elsewhere it neither keeps a connection from expiring nor moves it up the
+	 * order of eviction. */
+	bool use = m.type != SC_FRAME_PING || holds_open(c);
+	if (use)
 		mark_active(c);
 	int rc;
 	switch (m.type) {
@@ -1414,7 +1426,7 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 		sc_trace_record(m.xfer_id, trace_stage(m.type, true), 0);
 	if (rc != 0)
 		return -1;
-	if (m.type != SC_FRAME_PING) /* idle from the request's end */
+	if (use) /* idle from the request's end */
 		atomic_store(&c->last_active_mono_ms, sc_clock_mono_ms());
 	if (atomic_load(&c->revoked)) { /* it finished as the operation ended: end anyway */
 		snprintf(why, why_cap, "an operation it served ended: connection cut");

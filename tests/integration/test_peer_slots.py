@@ -80,7 +80,7 @@ class PeerSlotsTest(SidecarTest):
             hostile.append(p)
             for _ in range(3):
                 p.open(token, random.getrandbits(64), PEER_READ, 4096)
-            p.ping()  # and a PING, which used to count as activity
+            p.ping()  # use (a transfer is open), yet no request in hand: evictable
         # Eight connections, each with transfers OPENed and no DONE, none with a request in hand:
         # the honest reader's new connection closes one of them.
         for _ in range(3):

@@ -99,7 +99,8 @@ class ThousandPeersTest(SidecarTest):
                    "every connection to be parked")
 
         # A real sidecar reads while all 1,024 are open: p0000, used longest ago, makes room (a
-        # PING is no use: the second round, in reverse, changed nothing; issue 32).
+        # PING on a connection with nothing open is no use: the second round, in reverse, changed
+        # nothing; issue 32).
         reader = self.sidecar("reader", key_file=keys)
         move(self, hub, reader, (1 << 20) + 13, 3, "read", pb.BACKEND_TCP)
         self.assertIn('closed the one idle longest, peer sidecar "p0000"', hub.read_log())
