@@ -250,8 +250,7 @@ int sc_u64map_put(struct sc_u64map *m, uint64_t key, void *value)
 	pthread_once(&u64_seed_once, u64_seed_init);
 	if (!value || u64_find(m, key))
 		return -1;
-	if ((m->used + 1) * 2 > m->cap &&
-	    u64_resize(m, m->cap ? m->cap * 2 : U64MAP_MIN) != 0)
+	if ((m->used + 1) * 2 > m->cap && u64_resize(m, m->cap ? m->cap * 2 : U64MAP_MIN) != 0)
 		return -1;
 	size_t mask = m->cap - 1;
 	size_t i = u64_slot(key, mask);
