@@ -18,6 +18,7 @@
 #include "passive.h"
 #include "path_guard.h"
 #include "peer_pool.h"
+#include "peer_request.h"
 #include "peer_server.h"
 #include "peer_tls.h"
 
@@ -326,6 +327,7 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 			goto fail;
 		sc_peer_server_set_tls(eng->peer_server, eng->peer_tls);
 		sc_peer_pool_set_tls(eng->peer_pool, eng->peer_tls);
+		sc_peer_pool_set_admit(eng->peer_pool, sc_peer_ping);
 	}
 	/* Backends talk to passive operations only through the interface handed here; those on the
 	 * peer channel get it through the peer server, which adds the claim of completion notices

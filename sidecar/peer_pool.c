@@ -18,7 +18,6 @@
  */
 #include "peer_pool.h"
 #include "peer_conn.h"
-#include "peer_request.h"
 
 #include "log.h"
 #include "peer_proto.h"
@@ -53,6 +52,7 @@ struct sc_peer_pool {
 	char self_id[SC_NAME_MAX];
 	struct sc_keyring_source keys; /* for each hello */
 	struct sc_peer_tls *tls; /* NULL: plain TCP */
+	sc_peer_admit_fn admit;	 /* NULL: no admission request after the hello */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;	  /* stops the reaper */
 	struct sc_list idle;	  /* every idle struct sc_peer_conn, most recently used first */
@@ -96,6 +96,11 @@ static void conn_close(struct sc_peer_conn *c)
 		return;
 	sc_peer_tls_close(c->fd); /* the TLS state behind the fd, then the fd */
 	free(c);
+}
+
+void sc_peer_pool_set_admit(struct sc_peer_pool *pool, sc_peer_admit_fn admit)
+{
+	pool->admit = admit;
 }
 
 void sc_peer_pool_set_tls(struct sc_peer_pool *pool, struct sc_peer_tls *tls)
@@ -305,7 +310,7 @@ static int dial_once(struct sc_peer_pool *pool, struct sc_keyring *ring, struct 
 		 * trip per new connection), so that "busy: retry" is an answer here, retried with
 		 * backoff within the caller's deadline, and never fails a transfer. */
 		snprintf(c->what, sizeof(c->what), "peer sidecar \"%s\" at %s", c->peer_id, endpoint);
-		rc = sc_peer_ping(c, w.deadline_mono_ms, cancel, err);
+		rc = pool->admit ? pool->admit(c, w.deadline_mono_ms, cancel, err) : 0;
 		if (rc != 0 && err && err->code == SC_DEADLINE_EXCEEDED &&
 		    w.deadline_mono_ms == hello_until)
 			err->code = SC_UNAVAILABLE;

@@ -45,6 +45,15 @@ int sc_peer_pool_create(const char *self_id, const struct sc_keyring_source *key
  * pool. Lifecycle thread, before the first sc_peer_pool_get. */
 struct sc_peer_tls;
 void sc_peer_pool_set_tls(struct sc_peer_pool *pool, struct sc_peer_tls *tls);
+/* The request a new connection sends right after its hello to learn whether the peer admits it
+ * under its caps (the peer decides only after the hello, and says "busy: retry in ..." when it
+ * does not): the engine hands in sc_peer_ping (peer_request.h), so the pool never calls up into
+ * the requests that run on its connections. A "busy" answer is retried with back-off within the
+ * caller's deadline. NULL (the default): none. Lifecycle thread, before the first get. */
+struct sc_peer_conn;
+typedef int (*sc_peer_admit_fn)(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
+				const atomic_bool *cancel, struct sc_err *err);
+void sc_peer_pool_set_admit(struct sc_peer_pool *pool, sc_peer_admit_fn admit);
 /* Closes idle connections. Connections still out must be put back first. NULL ok. */
 void sc_peer_pool_destroy(struct sc_peer_pool *pool);
 
