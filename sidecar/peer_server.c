@@ -194,6 +194,7 @@ struct conn {
 	bool serving;                       /* under srv->mu: a data request holds spans of... */
 	uint8_t serving_token[SC_TOKEN_LEN]; /* ...this operation */
 	atomic_bool revoked; /* that operation ended mid-request: stop moving bytes, end */
+	bool refused;        /* its thread only: the request being served was answered ERROR */
 	/* CONN_IDLE while parked, CONN_BUSY while a pool thread serves it (its hello or a
 	 * request), CONN_EVICTED once closed to admit a new peer, CONN_EXPIRED once closed for
 	 * idling (only a parked one is: compare-and-swap; its shutdown wakes a pool thread). */
@@ -838,6 +839,7 @@ static int reply_error(struct conn *c, const struct sc_err *e, char *why, size_t
 {
 	struct sc_peer_msg m = {.type = SC_FRAME_ERROR, .code = (uint32_t)e->code};
 	snprintf(m.text, sizeof(m.text), "%s", e->msg);
+	c->refused = true;
 	return reply(c, &m, why, why_cap);
 }
 
@@ -1374,8 +1376,13 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 	 * connection): elsewhere it neither keeps a connection from expiring nor moves it up the
 	 * order of eviction. */
 	bool use = m.type != SC_FRAME_PING || holds_open(c);
+	/* A refused request is no use either: restored below, so that a peer sending OPENs past its
+	 * caps (or for tokens that are spent) cannot keep its connections fresh against eviction. */
+	uint64_t was_ms = atomic_load(&c->last_active_mono_ms);
+	uint64_t was_seq = atomic_load(&c->last_active_seq);
 	if (use)
 		mark_active(c);
+	c->refused = false;
 	int rc;
 	switch (m.type) {
 	case SC_FRAME_OPEN:
@@ -1426,8 +1433,12 @@ static int serve_one(struct conn *c, char *why, size_t why_cap)
 		sc_trace_record(m.xfer_id, trace_stage(m.type, true), 0);
 	if (rc != 0)
 		return -1;
-	if (use) /* idle from the request's end */
+	if (use && c->refused) {
+		atomic_store(&c->last_active_mono_ms, was_ms);
+		atomic_store(&c->last_active_seq, was_seq);
+	} else if (use) { /* idle from the request's end */
 		atomic_store(&c->last_active_mono_ms, sc_clock_mono_ms());
+	}
 	if (atomic_load(&c->revoked)) { /* it finished as the operation ended: end anyway */
 		snprintf(why, why_cap, "an operation it served ended: connection cut");
 		return -1;

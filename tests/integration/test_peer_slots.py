@@ -164,6 +164,27 @@ class PeerSlotsTest(SidecarTest):
         other.ping()
         self.honest_read(a, b)
 
+    def test_refused_requests_do_not_keep_a_connection_fresh(self):
+        """A peer that sends OPENs the sidecar refuses (a token it does not know) is not using its
+        connection: at the cap, that connection is still the one idle longest and is evicted."""
+        a, b, key, host, port = self.pair(["--data-max-peers", "4"])
+        peers = []
+        self.addCleanup(self.close_all, peers)
+        for i in range(4):  # admitted in this order (each PONG says so): p0 is idle longest
+            peers.append(Peer(host, port, "k1", key, client_id="p%d" % i))
+            peers[-1].ping()
+        for x in range(20):  # p0 keeps asking, and is refused every time
+            e = peers[0].try_open(os.urandom(16), 1000 + x, PEER_READ, 4096)
+            self.assertIsInstance(e, PeerError)
+        newcomer = Peer(host, port, "k1", key, client_id="p4")
+        peers.append(newcomer)
+        newcomer.ping()  # admitted: an idle connection was closed for it
+        peers[0].sock.settimeout(10 * SLOW)
+        with self.assertRaises((PeerError, ConnectionError, OSError)):
+            peers[0].ping()  # p0 was the one closed, refused OPENs or not
+        for p in peers[1:]:
+            p.ping()
+
     def test_dialing_side_retries_busy_within_its_deadline(self):
         a, b, key, host, port = self.pair(["--data-max-peers", "1"])
         busy = Peer(host, port, "k1", key, client_id="busy")
