@@ -691,7 +691,7 @@ static void on_call_start(struct tag *t, bool ok)
 	if (c->srv->probe && !is_health_method(m)) {
 		sc_call_fail(c, SC_PERMISSION_DENIED, PROBE_PORT_MSG);
 	} else if (!c->srv->probe && (denied = call_admission(c, why, sizeof(why))) != SC_OK) {
-		SC_WARN("grpc", "%s refused: %s", m->path, why);
+		SC_WARN_LIMITED("grpc", "grpc-refused", "%s refused: %s", m->path, why);
 		sc_call_fail(c, denied, why);
 	} else if (no_initial_payload(m)) {
 		m->fn(c, NULL);

@@ -124,7 +124,8 @@ static void on_message(void *ctx, const char *subject, const void *data, size_t 
 	struct sc_bus_sub *s = ctx;
 	struct sc_engine *eng = s->eng;
 	if (len == 0 || len > SC_METADATA_MAX_TEXT) {
-		SC_WARN("bus", "dropped a %zu-byte message on %s: not metadata", len, subject);
+		SC_WARN_LIMITED("bus", "bus-not-metadata",
+				"dropped a %zu-byte message on %s: not metadata", len, subject);
 		return;
 	}
 	char *text = malloc(len + 1);
@@ -136,8 +137,9 @@ static void on_message(void *ctx, const char *subject, const void *data, size_t 
 	struct sc_err err;
 	sc_err_clear(&err);
 	if (verify_text(eng, text, eng->id, &md, &err) != 0) {
-		SC_WARN("bus", "dropped metadata on %s: %s (%s)", subject, err.msg,
-			sc_status_name(err.code));
+		/* Anyone who may publish on the subject can send these: rate-limited. */
+		SC_WARN_LIMITED("bus", "bus-bad-metadata", "dropped metadata on %s: %s (%s)", subject,
+				err.msg, sc_status_name(err.code));
 		free(text);
 		return;
 	}
