@@ -708,6 +708,107 @@ fail_unlocked_op:
 	return -1;
 }
 
+/* ---- region memory still backed? ------------------------------------------------------------ */
+
+/* The part of one host region an operation uses: [lo, hi) from the region's base. */
+struct host_extent {
+	const struct sc_region *r;
+	uint64_t lo, hi;
+};
+
+/* Extents held on the stack; an operation over more distinct regions sorts a heap copy. */
+#define PROBE_STACK_REGIONS 8
+
+static int extent_cmp(const void *a, const void *b)
+{
+	uintptr_t x = (uintptr_t)((const struct host_extent *)a)->r;
+	uintptr_t y = (uintptr_t)((const struct host_extent *)b)->r;
+	return (x > y) - (x < y);
+}
+
+static int probe_extents(const struct host_extent *ext, size_t n, const char *stopped,
+			 struct sc_err *err)
+{
+	for (size_t k = 0; k < n; k++)
+		if (sc_fault_guard_probe(ext[k].r->base + ext[k].lo, ext[k].hi - ext[k].lo,
+					 NULL) != 0)
+			return sc_fault_guard_error(err, stopped);
+	return 0;
+}
+
+/* probe_host_ranges for an operation over more than PROBE_STACK_REGIONS regions: one extent per
+ * descriptor (neighbours on one region merged), sorted by region, merged, probed. */
+static int probe_many_regions(const struct sc_op *op, const char *stopped, struct sc_err *err)
+{
+	struct host_extent *ext = malloc(op->n_descs * sizeof(*ext));
+	size_t n = 0;
+	for (size_t i = 0; i < op->n_descs; i++) {
+		const struct sc_region *r = op->regions[i];
+		const struct sc_desc *d = &op->descs[i];
+		if (!r || r->gpu != SC_GPU_HOST || d->length == 0)
+			continue;
+		struct host_extent e = {.r = r, .lo = d->offset, .hi = d->offset + d->length};
+		if (!ext) { /* out of memory: probe each range, slower but as sure */
+			if (probe_extents(&e, 1, stopped, err) != 0)
+				return -1;
+		} else if (n > 0 && ext[n - 1].r == r) {
+			ext[n - 1].lo = e.lo < ext[n - 1].lo ? e.lo : ext[n - 1].lo;
+			ext[n - 1].hi = e.hi > ext[n - 1].hi ? e.hi : ext[n - 1].hi;
+		} else {
+			ext[n++] = e;
+		}
+	}
+	if (!ext)
+		return 0;
+	qsort(ext, n, sizeof(*ext), extent_cmp);
+	size_t m = 0;
+	for (size_t k = 0; k < n; k++) {
+		if (m > 0 && ext[m - 1].r == ext[k].r) {
+			ext[m - 1].lo = ext[k].lo < ext[m - 1].lo ? ext[k].lo : ext[m - 1].lo;
+			ext[m - 1].hi = ext[k].hi > ext[m - 1].hi ? ext[k].hi : ext[m - 1].hi;
+		} else {
+			ext[m++] = ext[k];
+		}
+	}
+	int rc = probe_extents(ext, m, stopped, err);
+	free(ext);
+	return rc;
+}
+
+/*
+ * Is the host memory of op's ranges still backed? A worker may truncate a region's file behind
+ * the sidecar's back; a file loses pages only at its end, so one probe per distinct host region,
+ * of the lowest and the highest byte op uses in it (sc_fault_guard_probe: two guarded loads),
+ * answers for all its descriptors: O(distinct regions) probes whatever the descriptor count
+ * (16,384 is normal), one pass of arithmetic over the descriptors. GPU ranges are no file
+ * mappings: skipped. 0, or -1 with err FAILED_PRECONDITION naming the region
+ * (sc_fault_guard_error: "... so <stopped> stopped; ..."). Under mu; op holds its regions.
+ */
+static int probe_host_ranges(const struct sc_op *op, const char *stopped, struct sc_err *err)
+{
+	struct host_extent ext[PROBE_STACK_REGIONS];
+	size_t n = 0, k = 0;
+	for (size_t i = 0; i < op->n_descs; i++) {
+		const struct sc_region *r = op->regions[i];
+		const struct sc_desc *d = &op->descs[i];
+		if (!r || r->gpu != SC_GPU_HOST || d->length == 0)
+			continue;
+		if (n == 0 || ext[k].r != r) { /* not the previous descriptor's region */
+			for (k = 0; k < n && ext[k].r != r; k++)
+				;
+			if (k == n) {
+				if (n == PROBE_STACK_REGIONS)
+					return probe_many_regions(op, stopped, err);
+				ext[n++] = (struct host_extent){
+				    .r = r, .lo = d->offset, .hi = d->offset};
+			}
+		}
+		ext[k].lo = d->offset < ext[k].lo ? d->offset : ext[k].lo;
+		ext[k].hi = d->offset + d->length > ext[k].hi ? d->offset + d->length : ext[k].hi;
+	}
+	return probe_extents(ext, n, stopped, err);
+}
+
 /* ---- active operations ----------------------------------------------------------------------- */
 
 static void xfer_progress(struct sc_xfer *x, uint64_t delta)
@@ -829,11 +930,20 @@ void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op)
 		sc_trace_record(x->xfer_id, "engine_submit", 0);
 	}
 	op->status = SC_OPS_IN_PROGRESS;
+	struct sc_err err;
+	sc_err_clear(&err);
+	/* A local region whose file the worker truncated: end here, naming it, before a byte moves
+	 * or the peer is asked (its passive operation stays usable). Every backend: tcp and LOCAL
+	 * would fault half way (caught, but after the peer served or took bytes), ibverbs would
+	 * move the stale pages the MR pins and complete. */
+	if (probe_host_ranges(op, "the transfer", &err) != 0) {
+		sc_op_finish_locked(eng, op, SC_OPS_ERRORED, err.code, err.msg);
+		sc_sched_release(eng, op);
+		return;
+	}
 	op->xfer_in_flight = true;
 	op->pins++;
 	op->refs++; /* the transfer's, dropped in xfer_complete */
-	struct sc_err err;
-	sc_err_clear(&err);
 	if (sc_backend_submit(op->be, x, &err) != 0) {
 		op->xfer_in_flight = false;
 		op->pins--;
@@ -1435,6 +1545,16 @@ static int passive_open(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 		goto out;
 	}
 	if (!find_use(op, xfer_id)) {
+		/* Its memory must still be backed: an ibverbs peer moves the bytes without this
+		 * side seeing them (no span is asked for); tcp and LOCAL learn it before a
+		 * request. */
+		char what[SC_NAME_MAX + 48];
+		snprintf(what, sizeof(what), "the %s by peer sidecar %s",
+			 peer_kind == SC_OP_READ ? "READ" : "WRITE", peer_id ? peer_id : "");
+		if (probe_host_ranges(op, what, err) != 0) {
+			sc_op_finish_locked(eng, op, SC_OPS_ERRORED, err->code, err->msg);
+			goto out;
+		}
 		if (!op->any_uses && op->uses_begun >= op->max_uses) {
 			sc_err_set(err, SC_FAILED_PRECONDITION,
 				   "metadata already used (%" PRIu64 " of %u use(s)): a passive "
@@ -1624,6 +1744,21 @@ static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 		/* RDMA moves the bytes without this side seeing them: a use confirmed by DONE moved
 		 * them all (info caps bytes_done at bytes_total). */
 		if (op->backend == SC_BACKEND_IBVERBS) {
+			/* The NIC moved them to or from the pages its MR pins: if the worker
+			 * truncated the file meanwhile, those pages are no longer the file's, so
+			 * the use did not move the region's bytes. ERRORED, naming the region;
+			 * a peer that sent DONE is told in its reply. */
+			char what[SC_NAME_MAX + 48];
+			snprintf(what, sizeof(what), "the ibverbs transfer with peer sidecar %s",
+				 op->peer);
+			struct sc_err lost;
+			sc_err_clear(&lost);
+			if (probe_host_ranges(op, what, &lost) != 0) {
+				sc_op_finish_locked(eng, op, SC_OPS_ERRORED, lost.code, lost.msg);
+				if (err)
+					*err = lost;
+				goto out;
+			}
 			atomic_fetch_add(&op->bytes_done, op->bytes_total);
 			atomic_fetch_add_explicit(&op->bytes_served, op->bytes_total,
 						  memory_order_relaxed);

@@ -62,6 +62,9 @@ class Matrix(SidecarTest):
             s.kill()
         return start()
 
+    def op(self, s, op_id):
+        return s.stub.GetOperation(pb.GetOperationRequest(operation_id=op_id), timeout=10 * SLOW)
+
     # ---- one transfer ----------------------------------------------------------------------------
 
     def begin(self, passive, active, kind, rp, ra, offset, size):
@@ -131,13 +134,15 @@ class Matrix(SidecarTest):
         self.assertEqual(done.status, ERRORED, done)
         self.assertEqual(done.backend, backend, done)
         self.assertIn('region "%s" was truncated by its owner' % bad.region_id, done.error.message)
-        pdone = passive.wait(po.operation_id, TIMEOUT_MS)
         if side == "passive":
+            pdone = passive.wait(po.operation_id, TIMEOUT_MS)
             self.assertEqual(pdone.status, ERRORED, pdone)
+            self.assertIn('region "%s" was truncated by its owner' % bad.region_id, pdone.error.message)
         else:
-            # A small READ commits its verdict with its request (backend_tcp.c, commit_done): the
-            # passive side, which served every byte, may complete before the active side fails.
-            self.assertIn(pdone.status, (ERRORED, pb.OPERATION_STATUS_COMPLETE), pdone)
+            # The active side probes its ranges before it asks the peer: nothing moved, and the
+            # passive operation is not used up.
+            self.assertEqual(done.bytes_done, 0, done)
+            self.assertEqual(self.op(passive, po.operation_id).status, pb.OPERATION_STATUS_INITIALIZED)
         self.assertEqual(os.path.getsize(bad.path), keep, "nothing may grow the truncated file")
         self.alive(passive, active)
         self.honest(passive, active, kind, size, backend,
@@ -181,6 +186,73 @@ class Matrix(SidecarTest):
             s = self.sidecar("solo%d" % next(n))
             return s, s
         self.matrix(start, (4 * KiB, MiB), pb.BACKEND_LOCAL)
+
+    def test_active_begin_truncated(self):
+        """BeginRead/BeginWrite over many descriptors, spread round-robin over several local
+        regions, one of which the worker truncated below the highest byte the operation uses
+        there: the operation ends ERRORED at once naming that region (and no other), before the
+        peer is asked, so the passive operation is not used up and its metadata then serves an
+        honest transfer of random bytes. 3 regions, and 10 (past the probe's table on the
+        stack). Plain TCP. Before: the transfer started, the passive side served or took bytes up
+        to the fault, and the metadata was spent ("already used")."""
+        keys = self.key_file()
+        a, b = self.sidecar("a", key_file=keys), self.sidecar("b", key_file=keys)
+        piece, n_desc = 64, 16384
+        for n_regions in (3, 10):
+            for kind in ("read", "write"):
+                with self.subTest(regions=n_regions, kind=kind):
+                    per = n_desc // n_regions + 1  # descriptors per region, at most
+                    rp = a.create_region(n_desc * piece)
+                    pdescs = [desc(rp, i * piece, piece) for i in range(n_desc)]
+                    create = a.stub.CreateReadable if kind == "read" else a.stub.CreateWritable
+                    po = create(pb.CreatePassiveRequest(descriptors=pdescs, timeout_ms=TIMEOUT_MS),
+                                timeout=30 * SLOW)
+
+                    def layout(regions):
+                        # descriptor i: region i % n, slot i // n of it
+                        return [desc(regions[i % n_regions], (i // n_regions) * piece, piece)
+                                for i in range(n_desc)]
+                    ras = [b.create_region(per * piece) for _ in range(n_regions)]
+                    bad = ras[n_regions // 2]
+                    keep = (per // 2) * piece  # its first half stays: the lowest byte is backed
+                    os.truncate(bad.path, keep)
+                    begin = b.stub.BeginRead if kind == "read" else b.stub.BeginWrite
+                    op = begin(pb.BeginTransferRequest(metadata=po.metadata, descriptors=layout(ras),
+                                                       timeout_ms=TIMEOUT_MS), timeout=30 * SLOW)
+                    done = b.wait(op.operation_id, TIMEOUT_MS)
+                    self.alive(a, b)
+                    self.assertEqual(done.status, ERRORED, done.error)
+                    self.assertIn('region "%s" was truncated by its owner' % bad.region_id, done.error.message)
+                    for r in ras:
+                        if r is not bad:
+                            self.assertNotIn(r.region_id, done.error.message)
+                    self.assertEqual(done.bytes_done, 0)
+                    self.assertEqual(os.path.getsize(bad.path), keep, "nothing may grow the truncated file")
+                    self.assertEqual(self.op(a, po.operation_id).status, pb.OPERATION_STATUS_INITIALIZED,
+                                     "the passive operation was touched by a Begin that could not start")
+                    # The same metadata, fresh local regions: the honest transfer.
+                    good = [b.create_region(per * piece) for _ in range(n_regions)]
+                    payload = os.urandom(n_desc * piece)
+                    if kind == "read":
+                        a.fill(rp, 0, payload)
+                    else:
+                        a.fill(rp, 0, os.urandom(len(payload)))
+                        for k, r in enumerate(good):  # slot j of region k: descriptor j * n + k
+                            b.fill(r, 0, b"".join(payload[(j * n_regions + k) * piece:
+                                                          (j * n_regions + k + 1) * piece]
+                                                  for j in range(per)))
+                    op = begin(pb.BeginTransferRequest(metadata=po.metadata, descriptors=layout(good),
+                                                       timeout_ms=TIMEOUT_MS), timeout=30 * SLOW)
+                    done = b.wait(op.operation_id, TIMEOUT_MS)
+                    self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, done.error)
+                    self.assertEqual(a.wait(po.operation_id, TIMEOUT_MS).status, pb.OPERATION_STATUS_COMPLETE)
+                    if kind == "read":
+                        got = b"".join(b.peek(good[i % n_regions], (i // n_regions) * piece, piece)
+                                       for i in range(n_desc))
+                    else:
+                        got = a.peek(rp, 0, n_desc * piece)
+                    self.assertTrue(got == payload, "the honest %s after the refusal moved wrong bytes" % kind)
+                    self.alive(a, b)
 
     def test_truncated_mid_transfer(self):
         """The file shrinks while the bytes move (after the serving side's check of the range):
@@ -295,6 +367,88 @@ class Matrix(SidecarTest):
             s = self.sidecar("solo%d" % next(n))
             return s, s
         self.fast_matrix(start)
+
+
+# ---- ibverbs (the Soft-RoCE VM: tests/vm/guest-test.sh runs this class) --------------------------
+
+RXE_DEV = os.environ.get("RXE_DEV", "")  # set only inside the VM, which has the device
+
+
+@unittest.skipUnless(RXE_DEV, "no RDMA device: runs in the Soft-RoCE VM (ctest vm.softroce)")
+class IbverbsMatrix(Matrix):
+    """The same matrix on real verbs (Soft-RoCE): the NIC moves region memory, the CPU never
+    does, so nothing can fault; the MR pins the pages, so without a check a transfer on a
+    truncated region would move the stale pages and COMPLETE. The active side probes its ranges
+    when the transfer starts, the passive side at OPEN and again when the use completes (the
+    completion notice or DONE): each ends ERRORED naming the region."""
+
+    def ib_start(self):
+        keys = self.key_file()
+        n = iter(range(1000))
+        ip, gid = os.environ.get("RXE_IP", "10.99.0.1"), os.environ.get("RXE_GID_INDEX", "1")
+        flags = ["--ib-device", RXE_DEV, "--ib-gid-index", gid, "--data-listen", ip + ":0",
+                 "--advertise", ip, "--backends", "ibverbs,tcp"]
+
+        def start():
+            i = next(n)
+            return (self.sidecar("a%d" % i, key_file=keys, extra=flags),
+                    self.sidecar("b%d" % i, key_file=keys, extra=flags))
+        return start
+
+    # The matrix's transports do not apply here.
+    test_tcp = test_peer_tls = test_local = test_truncated_mid_transfer = None
+    test_active_begin_truncated = test_gpu_staging_local = None
+    test_fast_path_tcp = test_fast_path_local = None
+
+    def test_ibverbs(self):
+        """READ and WRITE x truncated on the active or the passive side, before the Begin."""
+        self.matrix(self.ib_start(), (4 * KiB, MiB), pb.BACKEND_IBVERBS)
+
+    def test_ibverbs_truncated_during_transfer(self):
+        """The file shrinks while the NIC moves the bytes (after the passive side's check at
+        OPEN): the pinned old pages take them, nothing faults. A passive side still moving when
+        its file shrank ends ERRORED naming the region (its check at completion) instead of
+        COMPLETE; the active side ends either way. An active file that shrinks mid-transfer is
+        the worker's own loss: no check, but no daemon dies. Then an honest transfer."""
+        a, b = self.ib_start()()
+        for kind in ("read", "write"):
+            for side in ("passive", "active"):
+                with self.subTest(kind=kind, truncated=side):
+                    self.during(a, b, kind, side)
+                    self.alive(a, b)
+                    self.honest(a, b, kind, MiB, pb.BACKEND_IBVERBS)
+                    self.alive(a, b)
+
+    def during(self, a, b, kind, side):
+        for size in (64 * MiB, 192 * MiB):  # a bigger one when the first ended before the cut
+            rp, ra = a.create_region(size), b.create_region(size)
+            bad = rp if side == "passive" else ra
+            po, op = self.begin(a, b, kind, rp, ra, 0, size)
+            watch = (a, po.operation_id) if side == "passive" else (b, op.operation_id)
+            end = time.monotonic() + 60 * SLOW
+            while self.op(*watch).status not in (pb.OPERATION_STATUS_IN_PROGRESS, ERRORED,
+                                                 pb.OPERATION_STATUS_COMPLETE) and time.monotonic() < end:
+                time.sleep(0.005)
+            os.truncate(bad.path, MiB)
+            moving = self.op(*watch).status == pb.OPERATION_STATUS_IN_PROGRESS
+            done = b.wait(op.operation_id, TIMEOUT_MS * 4)
+            pdone = a.wait(po.operation_id, TIMEOUT_MS * 4)
+            self.alive(a, b)
+            self.assertIn(done.status, (ERRORED, pb.OPERATION_STATUS_COMPLETE), done)
+            self.assertEqual(os.path.getsize(bad.path), MiB, "nothing may grow the truncated file")
+            for s_, r in ((a, rp), (b, ra)):
+                s_.stub.DeregisterRegion(pb.DeregisterRegionRequest(region_id=r.region_id, force=True),
+                                         timeout=10 * SLOW)
+            if side == "active":
+                self.assertIn(pdone.status, (ERRORED, pb.OPERATION_STATUS_COMPLETE), pdone)
+                return
+            if moving:  # it completes after the cut: its check at completion sees it
+                self.assertEqual(pdone.status, ERRORED, pdone)
+                self.assertIn('region "%s" was truncated by its owner' % bad.region_id, pdone.error.message)
+                if done.status == ERRORED:
+                    self.assertIn(bad.region_id, done.error.message)
+                return
+        self.fail("a %s transfer of %d bytes ended before its passive file could be cut" % (kind, size))
 
 
 if __name__ == "__main__":
