@@ -8,7 +8,9 @@
 #      rkey check); its exit 77 (skip), or its absence when its source is in the tree, count as
 #      failures here: this VM has a device;
 #   3. tests/integration/vm_ibverbs.py: two sidecars on $RXE_DEV, driven over gRPC by
-#      /usr/bin/python3 with the generated stubs of the host build.
+#      /usr/bin/python3 with the generated stubs of the host build;
+#   4. tests/integration/test_truncated_regions.py IbverbsMatrix: truncated region files on real
+#      verbs (not with RDMA_SIDECAR_VM_TESTS, which picks vm_ibverbs.py tests).
 # Nothing is written under the repository (read-only here): sidecar work dirs go to /tmp, region
 # files to /dev/shm (both tmpfs in the guest); logs are copied to $VM_OUT/logs (kept on failure).
 #
@@ -104,6 +106,28 @@ note=""
 ((rc != 77)) || note="(77 = skipped: a failure here)"
 ((rc != 124 && rc != 137)) || note="(timed out after ${budget}s)"
 record vm_ibverbs.py "$rc" $((SECONDS - t)) "$note"
+
+# ---- 4. truncated regions on real verbs ---------------------------------------------------------
+# tests/integration/test_truncated_regions.py's IbverbsMatrix (issue 32): READ and WRITE x a region
+# file truncated on the active or the passive side, before the Begin and while the NIC moves the
+# bytes; each ends ERRORED naming the region, no daemon dies, then an honest transfer.
+if [[ -z "${RDMA_SIDECAR_VM_TESTS:-}" ]]; then
+    t=$SECONDS
+    log "== test_truncated_regions.py IbverbsMatrix"
+    budget=$((${VM_TIMEOUT:-600} - (SECONDS - start) - 20))
+    ((budget > 60)) || budget=60
+    timeout -k 10 "$budget" /usr/bin/python3 "$src/tests/integration/test_truncated_regions.py" \
+        IbverbsMatrix 2>&1 | tee "$VM_OUT/logs/truncated_regions.log"
+    rc=${PIPESTATUS[0]}
+    note=""
+    ((rc != 124 && rc != 137)) || note="(timed out after ${budget}s)"
+    # A skip inside the VM is a failure: it has the device.
+    if ((rc == 0)) && grep -q "skipped" "$VM_OUT/logs/truncated_regions.log"; then
+        rc=1
+        note="(skipped: a failure here, the VM has $RXE_DEV)"
+    fi
+    record truncated_regions "$rc" $((SECONDS - t)) "$note"
+fi
 
 # Sidecar logs of every test (the harness keeps the work dirs with SC_KEEP_TMP=1).
 for d in /tmp/sc-*/; do
