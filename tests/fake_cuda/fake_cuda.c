@@ -1749,6 +1749,11 @@ out:
 	return r;
 }
 
+/* Test hook, not a driver entry point: how many times a cuEventSynchronize has polled an event
+ * without CU_EVENT_BLOCKING_SYNC (a sleeping wait polls never). Counting polls, not CPU time,
+ * tells spinning from sleeping whatever else loads the machine. Under g_mu. */
+unsigned long fake_cuda_event_spins;
+
 CUresult cuEventSynchronize(CUevent hEvent)
 {
 	CUresult r;
@@ -1770,6 +1775,7 @@ CUresult cuEventSynchronize(CUevent hEvent)
 			pthread_cond_wait(&g_cv, &g_mu);
 			continue;
 		}
+		fake_cuda_event_spins++;
 		pthread_mutex_unlock(&g_mu);
 		sched_yield();
 		pthread_mutex_lock(&g_mu);

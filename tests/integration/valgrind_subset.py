@@ -117,12 +117,13 @@ def only(cls, names):
 
 
 # Issue 32's boundaries under valgrind: a worker that makes the doorbells blocking or steals their
-# rings, and an impossible cq_head; regions truncated under TCP, peer TLS and LOCAL transfers (the
-# fault guard's recovery from SIGBUS and the TLS bounce buffer).
+# rings, and an impossible cq_head; regions truncated under TCP and LOCAL transfers (the fault guard's
+# recovery from SIGBUS). Peer TLS's bounce buffer runs under ASan: under valgrind on a loaded machine
+# its handshake outlasts the 3 s a data port gives a new connection.
 FastHostileUnderValgrind = only(test_fast_hostile.FastHostileTest,
                                 ("test_blocking_completion_doorbell", "test_stolen_submission_rings",
                                  "test_impossible_cq_head_ends_the_session"))
-TruncatedUnderValgrind = only(test_truncated_regions.Matrix, ("test_tcp", "test_peer_tls", "test_local"))
+TruncatedUnderValgrind = only(test_truncated_regions.Matrix, ("test_tcp", "test_local"))
 
 if __name__ == "__main__":
     main()
