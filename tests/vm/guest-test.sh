@@ -7,15 +7,17 @@
 #   2. $SC_BUILD_DIR/tests/test_ib_transfer (the backend's C test on real verbs, with the revoked
 #      rkey check); its exit 77 (skip), or its absence when its source is in the tree, count as
 #      failures here: this VM has a device;
-#   3. tests/integration/vm_ibverbs.py: two sidecars on $RXE_DEV, driven over gRPC by
-#      /usr/bin/python3 with the generated stubs of the host build;
-#   4. tests/integration/test_truncated_regions.py IbverbsMatrix: truncated region files on real
-#      verbs (not with RDMA_SIDECAR_VM_TESTS, which picks vm_ibverbs.py tests).
+#   3. tests/integration/test_truncated_regions.py IbverbsMatrix: truncated region files on real
+#      verbs (not with RDMA_SIDECAR_VM_TESTS, which picks vm_ibverbs.py tests);
+#   4. tests/integration/vm_ibverbs.py: two sidecars on $RXE_DEV, driven over gRPC by
+#      /usr/bin/python3 with the generated stubs of the host build (skipped with
+#      RDMA_SIDECAR_VM_TESTS=none: the steps before it only).
 # Nothing is written under the repository (read-only here): sidecar work dirs go to /tmp, region
 # files to /dev/shm (both tmpfs in the guest); logs are copied to $VM_OUT/logs (kept on failure).
 #
 # Environment: SC_BINARY, SC_PYTHON_STUBS, SC_BUILD_DIR (test-vm.sh passes them through),
-# RDMA_SIDECAR_VM_TESTS (optional: unittest names or -k patterns for vm_ibverbs.py, space separated),
+# RDMA_SIDECAR_VM_TESTS (optional: unittest names or -k patterns for vm_ibverbs.py, space separated;
+# "none": steps 1-3 only),
 # RDMA_SIDECAR_VM_SKIP_C_TEST=1 (optional: do not run test_ib_transfer).
 set -uo pipefail
 
@@ -90,28 +92,12 @@ else
     log "test_ib_transfer: not in this tree; running the Python tests only"
 fi
 
-# ---- 3. two sidecars on rxe0, driven over gRPC --------------------------------------------------
-t=$SECONDS
-py_args=()
-if [[ -n "${RDMA_SIDECAR_VM_TESTS:-}" ]]; then
-    read -r -a py_args <<<"$RDMA_SIDECAR_VM_TESTS"
-fi
-log "== vm_ibverbs.py ${py_args[*]}"
-budget=$((${VM_TIMEOUT:-600} - (SECONDS - start) - 20))
-((budget > 60)) || budget=60
-timeout -k 10 "$budget" /usr/bin/python3 "$src/tests/integration/vm_ibverbs.py" "${py_args[@]}" 2>&1 |
-    tee "$VM_OUT/logs/vm_ibverbs.log"
-rc=${PIPESTATUS[0]}
-note=""
-((rc != 77)) || note="(77 = skipped: a failure here)"
-((rc != 124 && rc != 137)) || note="(timed out after ${budget}s)"
-record vm_ibverbs.py "$rc" $((SECONDS - t)) "$note"
-
-# ---- 4. truncated regions on real verbs ---------------------------------------------------------
+# ---- 3. truncated regions on real verbs ---------------------------------------------------------
 # tests/integration/test_truncated_regions.py's IbverbsMatrix (issue 32): READ and WRITE x a region
 # file truncated on the active or the passive side, before the Begin and while the NIC moves the
-# bytes; each ends ERRORED naming the region, no daemon dies, then an honest transfer.
-if [[ -z "${RDMA_SIDECAR_VM_TESTS:-}" ]]; then
+# bytes; each ends ERRORED naming the region, no daemon dies, then an honest transfer. A few minutes:
+# before vm_ibverbs.py, which takes what is left of the budget.
+if [[ -z "${RDMA_SIDECAR_VM_TESTS:-}" || "${RDMA_SIDECAR_VM_TESTS}" == none ]]; then
     t=$SECONDS
     log "== test_truncated_regions.py IbverbsMatrix"
     budget=$((${VM_TIMEOUT:-600} - (SECONDS - start) - 20))
@@ -127,6 +113,25 @@ if [[ -z "${RDMA_SIDECAR_VM_TESTS:-}" ]]; then
         note="(skipped: a failure here, the VM has $RXE_DEV)"
     fi
     record truncated_regions "$rc" $((SECONDS - t)) "$note"
+fi
+
+# ---- 4. two sidecars on rxe0, driven over gRPC --------------------------------------------------
+if [[ "${RDMA_SIDECAR_VM_TESTS:-}" != none ]]; then
+    t=$SECONDS
+    py_args=()
+    if [[ -n "${RDMA_SIDECAR_VM_TESTS:-}" ]]; then
+        read -r -a py_args <<<"$RDMA_SIDECAR_VM_TESTS"
+    fi
+    log "== vm_ibverbs.py ${py_args[*]}"
+    budget=$((${VM_TIMEOUT:-600} - (SECONDS - start) - 20))
+    ((budget > 60)) || budget=60
+    timeout -k 10 "$budget" /usr/bin/python3 "$src/tests/integration/vm_ibverbs.py" "${py_args[@]}" 2>&1 |
+        tee "$VM_OUT/logs/vm_ibverbs.log"
+    rc=${PIPESTATUS[0]}
+    note=""
+    ((rc != 77)) || note="(77 = skipped: a failure here)"
+    ((rc != 124 && rc != 137)) || note="(timed out after ${budget}s)"
+    record vm_ibverbs.py "$rc" $((SECONDS - t)) "$note"
 fi
 
 # Sidecar logs of every test (the harness keeps the work dirs with SC_KEEP_TMP=1).
