@@ -53,7 +53,7 @@ for t in $TARGETS; do
 	case $t in
 	metadata) SOURCES="$S/status.c $S/keys.c $S/base64.c $S/metadata.c $S/metadata_runs.c $PB_C"
 		LIBS="-lprotobuf-c -lcrypto" ;;
-	peer) SOURCES="$S/status.c $S/keys.c $S/base64.c $S/metadata.c $S/metadata_runs.c $S/peer_proto.c $S/peer_tls.c $S/file_sig.c $S/config.c $S/rail_filter.c $S/uds_accept.c $S/log.c $S/timer.c $PB_C"
+	peer) SOURCES="$S/status.c $S/keys.c $S/base64.c $S/metadata.c $S/metadata_runs.c $S/peer_proto.c $S/peer_tls.c $S/fault_guard.c $S/file_sig.c $S/config.c $S/rail_filter.c $S/uds_accept.c $S/log.c $S/timer.c $PB_C"
 		LIBS="-lprotobuf-c -lssl -lcrypto -lpthread" ;;
 	config) SOURCES="$S/status.c $S/config.c $S/rail_filter.c $S/uds_accept.c $S/log.c $S/timer.c"
 		LIBS="-lcrypto -lpthread" ;;

@@ -55,12 +55,23 @@ class PeerSlotsTest(SidecarTest):
         self.assertTrue(b.peek(rb, 0, size) == data, "bytes differ after the READ")
         return done
 
-    def wait_busy(self, n):
-        """Until n of a's connections have a request in hand (taken by a thread: not evictable)."""
-        def busy():
+    def wait_conns(self, state, n):
+        """Until n of a's authenticated connections are in state ("idle", "busy")."""
+        def there():
             text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.metrics_port, timeout=10).read()
-            return ('rdma_sidecar_peer_connections{state="busy"} %d' % n) in text.decode()
-        wait_until(busy, 10 * SLOW, "%d busy peer connections" % n)
+            return ('rdma_sidecar_peer_connections{state="%s"} %d' % (state, n)) in text.decode()
+        wait_until(there, 10 * SLOW, "%d %s peer connections" % (n, state))
+
+    def hold_requests(self, peers):
+        """Leave a request in hand on each of peers (taken by a thread: not evictable) and wait until
+        a's metrics count them busy. First every one must be idle: a connection whose hello or PING
+        was just answered counts busy for a moment before its thread parks it, which a busy host
+        stretches (an ASan run beside two busy loops saw it), and that moment must not pass for the
+        request in hand."""
+        self.wait_conns("idle", len(peers))
+        for p in peers:
+            p.begin_request()
+        self.wait_conns("busy", len(peers))
 
     def close_all(self, peers):
         for p in peers:
@@ -147,9 +158,7 @@ class PeerSlotsTest(SidecarTest):
         wait_until(lambda: 'peer "hog" holds its share of 2 connections' in a.read_log(), 10 * SLOW,
                    "the eviction of its own connection in the log")
         # Both live ones busy (a request in hand): the next one of that id is refused, told why...
-        for p in hog[1:]:
-            p.begin_request()
-        self.wait_busy(2)
+        self.hold_requests(hog[1:])
         late = Peer(host, port, "k1", key, client_id="hog")  # the refusal answers its first request
         self.addCleanup(late.sock.close)
         late.sock.settimeout(10 * SLOW)
@@ -189,8 +198,7 @@ class PeerSlotsTest(SidecarTest):
         a, b, key, host, port = self.pair(["--data-max-peers", "1"])
         busy = Peer(host, port, "k1", key, client_id="busy")
         self.addCleanup(busy.sock.close)
-        busy.begin_request()  # the only slot, a request in hand
-        self.wait_busy(1)
+        self.hold_requests([busy])  # the only slot, a request in hand
         op, data = self.readable(a, 4096)
         rb = b.create_region(4096)
         got = b.stub.BeginRead(pb.BeginTransferRequest(metadata=op.metadata, descriptors=[desc(rb, 0, 4096)],
