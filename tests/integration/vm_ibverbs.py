@@ -1240,9 +1240,12 @@ class IbverbsTest(SidecarTest):
 
     def test_two_rails_stripe(self):
         """Two rails per side (a: rxe0, rxe2; b: rxe1, rxe3), each held to 40 Mbit/s by netem: a
-        64 MiB READ and WRITE striped over both run at least 1.3x the same transfers between two
-        sidecars with one rail each (same run, same shaping), every byte compared; Operation.rails
-        shows both rails' bytes, and the metadata lists b's second rail."""
+        64 MiB READ and WRITE are striped over both (each rail carries at least a quarter), every
+        byte compared; Operation.rails shows both rails' bytes, and the metadata lists b's second
+        rail. The speed-up over the same transfers between two sidecars with one rail each (same
+        run, same shaping) is printed, not asserted: 1.99x on a quiet host, 1.52x under a load of 17,
+        0.95x beside two busy loops and a sanitizer suite, where Soft-RoCE's CPU cost, not the
+        throttle, bounds both (issue 32: no test depends on how fast the host or emulator runs)."""
         self.second_rail()
         self.shape(["v0", "v1", "v2", "v3"], ["rate", THROTTLE])
         a, b = self.rail_sides("rxe0,rxe2", "rxe1,rxe3")
@@ -1272,10 +1275,6 @@ class IbverbsTest(SidecarTest):
             t1, t2 = took(one), took(two)
             print("  64 MiB %s at %s per rail: one rail %.1f s, two rails %.1f s (%.2fx); bytes per rail %s"
                   % (direction, THROTTLE, t1, t2, t1 / t2, used))
-            # The throttle bounds each rail by construction; 1.3x, not 2x, leaves room for
-            # Soft-RoCE's CPU cost on a busy 2-core host (measured 1.99x quiet, 1.52x under a load
-            # of 17); rails taking turns instead of sharing the transfer would give about 1.0x.
-            self.assertGreaterEqual(t1 / t2, 1.3, "%s: two rails %.1f s vs one %.1f s" % (direction, t2, t1))
 
     def test_memory_goes_through_its_nearest_rails(self):
         """Memory the topology puts nearer other rails than the first (GPU memory on a real node;
