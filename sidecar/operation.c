@@ -716,6 +716,13 @@ struct host_extent {
 	uint64_t lo, hi;
 };
 
+/* Widen e to cover [lo, hi). */
+static void extent_widen(struct host_extent *e, uint64_t lo, uint64_t hi)
+{
+	e->lo = lo < e->lo ? lo : e->lo;
+	e->hi = hi > e->hi ? hi : e->hi;
+}
+
 /* Extents held on the stack; an operation over more distinct regions sorts a heap copy. */
 #define PROBE_STACK_REGIONS 8
 
@@ -752,8 +759,7 @@ static int probe_many_regions(const struct sc_op *op, const char *stopped, struc
 			if (probe_extents(&e, 1, stopped, err) != 0)
 				return -1;
 		} else if (n > 0 && ext[n - 1].r == r) {
-			ext[n - 1].lo = e.lo < ext[n - 1].lo ? e.lo : ext[n - 1].lo;
-			ext[n - 1].hi = e.hi > ext[n - 1].hi ? e.hi : ext[n - 1].hi;
+			extent_widen(&ext[n - 1], e.lo, e.hi);
 		} else {
 			ext[n++] = e;
 		}
@@ -764,8 +770,7 @@ static int probe_many_regions(const struct sc_op *op, const char *stopped, struc
 	size_t m = 0;
 	for (size_t k = 0; k < n; k++) {
 		if (m > 0 && ext[m - 1].r == ext[k].r) {
-			ext[m - 1].lo = ext[k].lo < ext[m - 1].lo ? ext[k].lo : ext[m - 1].lo;
-			ext[m - 1].hi = ext[k].hi > ext[m - 1].hi ? ext[k].hi : ext[m - 1].hi;
+			extent_widen(&ext[m - 1], ext[k].lo, ext[k].hi);
 		} else {
 			ext[m++] = ext[k];
 		}
@@ -803,8 +808,7 @@ static int probe_host_ranges(const struct sc_op *op, const char *stopped, struct
 				    .r = r, .lo = d->offset, .hi = d->offset};
 			}
 		}
-		ext[k].lo = d->offset < ext[k].lo ? d->offset : ext[k].lo;
-		ext[k].hi = d->offset + d->length > ext[k].hi ? d->offset + d->length : ext[k].hi;
+		extent_widen(&ext[k], d->offset, d->offset + d->length);
 	}
 	return probe_extents(ext, n, stopped, err);
 }
