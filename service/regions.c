@@ -79,7 +79,8 @@ void sc_h_register_region(struct sc_call *c, ProtobufCMessage *req)
 		}
 		if (sc_region_register_cuda_fd(sc_call_engine(c), src->device_index, src->pid,
 					       src->fd, src->offset, src->size,
-					       src->allocation_size, r->name, &info, &err) != 0)
+					       src->allocation_size, src->gpudirect_rdma_capable,
+					       r->name, &info, &err) != 0)
 			sc_call_fail_err(c, &err);
 		else
 			reply_region(c, &info);

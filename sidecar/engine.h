@@ -161,9 +161,12 @@ int sc_region_register_cuda_ipc(struct sc_engine *eng, uint32_t device_index,
 				const uint8_t *handle, size_t handle_len, uint64_t offset,
 				uint64_t size, const char *name, struct sc_region_info *out,
 				struct sc_err *err);
+/* declared_gdr: the worker says it allocated with allocFlags.gpuDirectRDMACapable = 1 (the
+ * driver does not tell an importing process). */
 int sc_region_register_cuda_fd(struct sc_engine *eng, uint32_t device_index, int pid, int fd,
 			       uint64_t offset, uint64_t size, uint64_t allocation_size,
-			       const char *name, struct sc_region_info *out, struct sc_err *err);
+			       bool declared_gdr, const char *name, struct sc_region_info *out,
+			       struct sc_err *err);
 int sc_region_deregister(struct sc_engine *eng, const char *id, bool force, struct sc_err *err);
 /* Copy bytes in or out of a region (WriteRegion / ReadRegion); GPU regions through pinned
  * staging. Bounds-checked. */

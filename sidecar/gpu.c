@@ -317,6 +317,7 @@ struct sc_gpu *sc_gpu_open(char *detail, size_t cap)
 		return NULL;
 	}
 	pthread_mutex_init(&g->mu, NULL);
+	pthread_mutex_init(&g->gdr_mu, NULL);
 	g->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!g->lib) {
 		snprintf(detail, cap, "CUDA driver not found (dlopen %s: %s)", path, dlerror());
@@ -382,6 +383,12 @@ void sc_gpu_close(struct sc_gpu *g)
 	 * runtime does) and only drop our reference when it never initialised. */
 	if (g->lib && g->n == 0)
 		dlclose(g->lib);
+	while (g->gdr_ranges) {
+		struct sc_gpu_gdr_range *r = g->gdr_ranges;
+		g->gdr_ranges = r->next;
+		free(r);
+	}
+	pthread_mutex_destroy(&g->gdr_mu);
 	pthread_mutex_destroy(&g->mu);
 	free(g);
 }
@@ -443,10 +450,49 @@ static bool rdma_capable(struct sc_gpu *g, uint64_t addr)
 	       v != 0;
 }
 
+/* Whether addr lies in an imported allocation its worker declared capable. */
+static bool declared_capable(struct sc_gpu *g, uint64_t addr)
+{
+	bool yes = false;
+	pthread_mutex_lock(&g->gdr_mu);
+	for (struct sc_gpu_gdr_range *r = g->gdr_ranges; r && !yes; r = r->next)
+		yes = addr >= r->base && addr - r->base < r->size;
+	pthread_mutex_unlock(&g->gdr_mu);
+	return yes;
+}
+
+static int declare_capable(struct sc_gpu *g, uint64_t base, uint64_t size)
+{
+	struct sc_gpu_gdr_range *r = malloc(sizeof(*r));
+	if (!r)
+		return -1;
+	*r = (struct sc_gpu_gdr_range){.base = base, .size = size};
+	pthread_mutex_lock(&g->gdr_mu);
+	r->next = g->gdr_ranges;
+	g->gdr_ranges = r;
+	pthread_mutex_unlock(&g->gdr_mu);
+	return 0;
+}
+
+static void forget_capable(struct sc_gpu *g, uint64_t base)
+{
+	pthread_mutex_lock(&g->gdr_mu);
+	for (struct sc_gpu_gdr_range **p = &g->gdr_ranges; *p; p = &(*p)->next) {
+		if ((*p)->base == base) {
+			struct sc_gpu_gdr_range *r = *p;
+			*p = r->next;
+			free(r);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&g->gdr_mu);
+}
+
 bool sc_gpu_rdma_capable(struct sc_gpu *g, int device, uint64_t addr)
 {
 	struct sc_err err;
-	return sc_gpu_use(g, device, &err) == 0 && rdma_capable(g, addr);
+	return sc_gpu_use(g, device, &err) == 0 &&
+	       (rdma_capable(g, addr) || declared_capable(g, addr));
 }
 
 int sc_gpu_alloc(struct sc_gpu *g, int device, uint64_t size, struct sc_gpu_mem *out,
@@ -567,7 +613,8 @@ static int take_fd(int pid, int fd, int *out, struct sc_err *err)
 }
 
 int sc_gpu_import_fd(struct sc_gpu *g, int device, int pid, int fd, uint64_t offset,
-		     uint64_t size, uint64_t alloc_size, struct sc_gpu_mem *out, struct sc_err *err)
+		     uint64_t size, uint64_t alloc_size, bool declared_gdr, struct sc_gpu_mem *out,
+		     struct sc_err *err)
 {
 	if (sc_gpu_use(g, device, err) != 0)
 		return -1;
@@ -621,7 +668,13 @@ int sc_gpu_import_fd(struct sc_gpu *g, int device, int pid, int fd, uint64_t off
 	*out = (struct sc_gpu_mem){.device = device, .source = SC_GPU_MEM_VMM, .addr = va + offset,
 				   .size = size, .map_base = va, .map_size = alloc_size,
 				   .vmm_handle = h};
+	/* The importer sees neither the flag nor the attribute (0 on a real H200 whatever the
+	 * worker set): the worker's word, where this GPU takes GPUDirect RDMA on VMM memory. */
+	out->gdr_declared = declared_gdr;
 	out->gdr_capable = rdma_capable(g, out->addr);
+	if (!out->gdr_capable && declared_gdr && g->dev[device].info.gdr &&
+	    g->dev[device].info.vmm_gdr && declare_capable(g, va, alloc_size) == 0)
+		out->gdr_capable = true;
 	return 0;
 unmap:
 	g->cu.cuMemUnmap(va, alloc_size);
@@ -651,6 +704,7 @@ void sc_gpu_release(struct sc_gpu *g, struct sc_gpu_mem *m)
 		break;
 	case SC_GPU_MEM_VMM:
 		call = "cuMemUnmap";
+		forget_capable(g, m->map_base);
 		rc = g->cu.cuMemUnmap(m->map_base, m->map_size);
 		if (g->cu.cuMemAddressFree)
 			g->cu.cuMemAddressFree(m->map_base, m->map_size);
@@ -771,9 +825,11 @@ int sc_gpu_open_ipc(struct sc_gpu *g, int device, const uint8_t handle[SC_GPU_IP
 	return sc_err_set(err, SC_FAILED_PRECONDITION, NO_CUDA);
 }
 int sc_gpu_import_fd(struct sc_gpu *g, int device, int pid, int fd, uint64_t offset,
-		     uint64_t size, uint64_t alloc_size, struct sc_gpu_mem *out, struct sc_err *err)
+		     uint64_t size, uint64_t alloc_size, bool declared_gdr, struct sc_gpu_mem *out,
+		     struct sc_err *err)
 {
 	(void)g, (void)device, (void)pid, (void)fd, (void)offset, (void)size, (void)alloc_size;
+	(void)declared_gdr;
 	(void)out;
 	return sc_err_set(err, SC_FAILED_PRECONDITION, NO_CUDA);
 }

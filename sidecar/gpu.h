@@ -73,6 +73,8 @@ struct sc_gpu_mem {
 	/* CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: a NIC may reach it (cuMemCreate memory
 	 * only when allocated with allocFlags.gpuDirectRDMACapable) */
 	bool gdr_capable;
+	/* cuda_fd.gpudirect_rdma_capable: the worker says it allocated with the flag */
+	bool gdr_declared;
 };
 
 /* Loads the driver and enumerates devices. Returns NULL when CUDA is unusable here, with `detail`
@@ -104,7 +106,8 @@ int sc_gpu_open_ipc(struct sc_gpu *g, int device, const uint8_t handle[SC_GPU_IP
  * pidfd_getfd, imported, mapped and made accessible on device. alloc_size 0: offset+size rounded
  * up to the allocation granularity. */
 int sc_gpu_import_fd(struct sc_gpu *g, int device, int pid, int fd, uint64_t offset,
-		     uint64_t size, uint64_t alloc_size, struct sc_gpu_mem *out, struct sc_err *err);
+		     uint64_t size, uint64_t alloc_size, bool declared_gdr, struct sc_gpu_mem *out,
+		     struct sc_err *err);
 /* Give the memory back (free / close the IPC mapping / unmap). Logs failures. */
 void sc_gpu_release(struct sc_gpu *g, struct sc_gpu_mem *m);
 

@@ -110,6 +110,15 @@ struct sc_gpu {
 	int n;
 	struct sc_gpu_dev dev[SC_GPU_MAX_DEVICES];
 	pthread_mutex_t mu; /* the stager pools */
+	/* cuMemCreate allocations imported by fd whose worker declared
+	 * allocFlags.gpuDirectRDMACapable: the driver tells an importing process neither the flag
+	 * nor CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE (both 0 on an H200, driver 13.0), so
+	 * sc_gpu_rdma_capable looks here too. Under gdr_mu. */
+	pthread_mutex_t gdr_mu;
+	struct sc_gpu_gdr_range {
+		uint64_t base, size;
+		struct sc_gpu_gdr_range *next;
+	} *gdr_ranges;
 };
 
 /* Free a stager that is not in a pool (gpu_stage.c). */

@@ -360,8 +360,10 @@ static struct ibv_mr *reg_any(struct ib_backend *ib, void *addr, uint64_t len, i
 	/* cuMemCreate memory without allocFlags.gpuDirectRDMACapable: no NIC may touch it. */
 	if (d->gdr && !sc_gpu_rdma_capable(ib->base.env.gpu, gpu, (uint64_t)(uintptr_t)addr)) {
 		sc_err_set(err, SC_FAILED_PRECONDITION,
-			   "GPU %d memory is not GPUDirect RDMA capable (cuMemCreate memory needs "
-			   "allocFlags.gpuDirectRDMACapable = 1)",
+			   "GPU %d memory is not GPUDirect RDMA capable (memory opened from a CUDA "
+			   "IPC handle never is; cuMemCreate memory needs "
+			   "allocFlags.gpuDirectRDMACapable = 1, declared by "
+			   "cuda_fd.gpudirect_rdma_capable)",
 			   gpu);
 		return NULL;
 	}

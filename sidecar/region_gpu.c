@@ -81,13 +81,24 @@ void sc_region_gpu_path(const struct sc_region *r, struct sc_region_info *out)
 	else if (ib_note[0])
 		snprintf(out->gpu_path, sizeof(out->gpu_path),
 			 "staged through pinned host memory: ibverbs cannot reach it (%s)", ib_note);
+	else if (!r->gmem.gdr_capable && r->gmem.source == SC_GPU_MEM_VMM && d && d->gdr &&
+		 !d->vmm_gdr)
+		snprintf(out->gpu_path, sizeof(out->gpu_path),
+			 "staged through pinned host memory: cuMemCreate memory, and this "
+			 "GPU/driver takes no GPUDirect RDMA on it "
+			 "(GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0)");
 	else if (!r->gmem.gdr_capable && r->gmem.source == SC_GPU_MEM_VMM && d && d->gdr)
 		snprintf(out->gpu_path, sizeof(out->gpu_path),
-			 "staged through pinned host memory: cuMemCreate memory allocated without "
-			 "allocFlags.gpuDirectRDMACapable = 1%s",
-			 d->vmm_gdr ? " (this GPU supports it: set it in the worker)"
-				    : " (this GPU/driver cannot: "
-				      "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0)");
+			 "staged through pinned host memory: cuMemCreate memory not declared "
+			 "allocated with allocFlags.gpuDirectRDMACapable = 1 (the driver does not "
+			 "tell an importing process: when the worker set it, say so with "
+			 "cuda_fd.gpudirect_rdma_capable)");
+	else if (!r->gmem.gdr_capable && r->gmem.source == SC_GPU_MEM_IPC && d && d->gdr)
+		snprintf(out->gpu_path, sizeof(out->gpu_path),
+			 "staged through pinned host memory: memory opened from a CUDA IPC handle "
+			 "is not GPUDirect RDMA capable in the importing process (the driver "
+			 "exports no dma-buf for it); for GPUDirect RDMA register cuMemCreate "
+			 "memory with allocFlags.gpuDirectRDMACapable = 1 by cuda_fd");
 	else if (!r->gmem.gdr_capable)
 		snprintf(out->gpu_path, sizeof(out->gpu_path),
 			 "staged through pinned host memory: not GPUDirect RDMA capable (%s)",
@@ -175,7 +186,8 @@ int sc_region_register_cuda_ipc(struct sc_engine *eng, uint32_t device_index,
 
 int sc_region_register_cuda_fd(struct sc_engine *eng, uint32_t device_index, int pid, int fd,
 			       uint64_t offset, uint64_t size, uint64_t allocation_size,
-			       const char *name, struct sc_region_info *out, struct sc_err *err)
+			       bool declared_gdr, const char *name, struct sc_region_info *out,
+			       struct sc_err *err)
 {
 	if (pid <= 0 || fd < 0)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
@@ -186,7 +198,7 @@ int sc_region_register_cuda_fd(struct sc_engine *eng, uint32_t device_index, int
 		return -1;
 	struct sc_gpu_mem m;
 	if (sc_gpu_import_fd(eng->gpu, (int)device_index, pid, fd, offset, size, allocation_size,
-			     &m, err) != 0)
+			     declared_gdr, &m, err) != 0)
 		return -1;
 	if (add(eng, &m, name, NULL, out, err) != 0)
 		return -1;

@@ -1201,7 +1201,10 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
 		*(unsigned int *)data = 0;
 		break;
 	case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
-		*(int *)data = is_dev(m) && g_gdr && (m->kind != FC_DEV_VMM || (m->phys && m->phys->gdr));
+		/* IPC-opened memory reads 0 in the importer on a real H200 (driver 13.0), as does
+		 * imported VMM memory (its phys->gdr is false). */
+		*(int *)data = is_dev(m) && g_gdr && m->kind != FC_DEV_IPC &&
+			       (m->kind != FC_DEV_VMM || (m->phys && m->phys->gdr));
 		break;
 	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
 		*(CUdeviceptr *)data = (CUdeviceptr)m->addr;
@@ -2151,7 +2154,10 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
 	r = phys_add(dup_fd, (size_t)st.st_size, dev, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, handle);
 	if (!r) {
 		dup_fd = -1;
-		find_phys(*handle)->gdr = strstr(target, "-gdr") != NULL; /* carried in the memfd's name */
+		/* The real driver tells an importer neither allocFlags.gpuDirectRDMACapable nor
+		 * IS_GPU_DIRECT_RDMA_CAPABLE, whatever the exporter set (both 0 on an H200,
+		 * driver 13.0): the importer cannot know, so neither does the stand-in's. */
+		find_phys(*handle)->gdr = false;
 	}
 out:
 	if (dup_fd >= 0)

@@ -298,7 +298,8 @@ cu.ipc_close(p)
     def test_gpu_direct_rdma_capable(self):
         # FAKE_CUDA_GDR=1: GPU_DIRECT_RDMA_SUPPORTED and ..._WITH_CUDA_VMM_SUPPORTED are 1;
         # IS_GPU_DIRECT_RDMA_CAPABLE is 1 for cuMemAlloc memory and for cuMemCreate memory only
-        # when allocated with allocFlags.gpuDirectRDMACapable (also after export and import).
+        # when allocated with allocFlags.gpuDirectRDMACapable, in the allocating process only: an
+        # importer reads 0 whatever the exporter set, as on a real H200 (driver 13.0).
         code = r"""
 cu.init(0)
 def attr(a):
@@ -328,7 +329,7 @@ cu.vmm_free(p, fd)
 print(out)
 """
         r = child(code, env={"FAKE_CUDA_GDR": "1"})
-        self.assertEqual(eval(self.assertChildOk(r)), [1, 1, 1, 0, 0, 1, 1, 1])
+        self.assertEqual(eval(self.assertChildOk(r)), [1, 1, 1, 0, 0, 1, 0, 1])
         r = child(code)
         self.assertEqual(eval(self.assertChildOk(r)), [0, 0, 0, 0, 0, "CUDA_ERROR_INVALID_VALUE", 0])
 

@@ -414,7 +414,10 @@ class FastHostileTest(SidecarTest):
                     if time.monotonic() > end:
                         raise
                     time.sleep(0.001)
-            c.recv(fast.MSG_MAX)  # the refusal, then the close
+            try:
+                c.recv(fast.MSG_MAX)  # the refusal, then the close
+            except ConnectionResetError:
+                pass  # refused all the same: the log below must count it (seen once under ASan)
             c.close()
 
         pid = os.fork()

@@ -279,27 +279,35 @@ class GpuRegionTest(SidecarTest):
             self.assertEqual(g.vmm_gpudirect_rdma_supported, g.gpudirect_rdma_supported)
         cu.init(0)
         regions = []
-        for gdr in (False, True):
+        # The driver tells the importing sidecar neither the flag nor the pointer attribute (both
+        # read 0 there on a real H200): the worker declares it, else the memory is staged.
+        for gdr, declared in ((False, False), (True, False), (True, True)):
             dptr, fd, asize = cu.vmm_alloc(2 * MiB, gdr=gdr)
             r = a.stub.RegisterRegion(pb.RegisterRegionRequest(cuda_fd=pb.CudaFdSource(
-                device_index=0, pid=os.getpid(), fd=fd, size=MiB)), timeout=30)
+                device_index=0, pid=os.getpid(), fd=fd, size=MiB, gpudirect_rdma_capable=declared)),
+                timeout=30)
             regions.append((r, dptr, fd))
-            print("cuMemCreate gdr=%s: %s / %s" % (gdr, r.gpudirect_rdma_capable, r.gpu_path))
-            if REAL and not info.gpus[0].gpudirect_rdma_supported:
+            print("cuMemCreate gdr=%s declared=%s: %s / %s" % (gdr, declared, r.gpudirect_rdma_capable,
+                                                               r.gpu_path))
+            if REAL and not (info.gpus[0].gpudirect_rdma_supported and info.gpus[0].vmm_gpudirect_rdma_supported):
                 continue
-            self.assertEqual(r.gpudirect_rdma_capable, gdr)
-            if gdr:
+            self.assertEqual(r.gpudirect_rdma_capable, declared)
+            if declared:
                 self.assertNotIn("allocFlags", r.gpu_path)
             else:
                 self.assertIn("staged through pinned host memory", r.gpu_path)
                 self.assertIn("allocFlags.gpuDirectRDMACapable = 1", r.gpu_path)
+                self.assertIn("cuda_fd.gpudirect_rdma_capable", r.gpu_path)
         m = GpuMem(a, 4096)
         listed = {x.region_id: x for x in a.stub.ListRegions(pb.ListRegionsRequest(), timeout=10).regions}
         self.assertEqual(listed[m.region.region_id].gpudirect_rdma_capable, m.region.gpudirect_rdma_capable)
         self.assertEqual(listed[regions[0][0].region_id].gpu_path, regions[0][0].gpu_path)
+        if not REAL or info.gpus[0].gpudirect_rdma_supported:
+            # Memory opened from an IPC handle: not capable in the importer (a real H200 said 0
+            # and exported no dma-buf for it).
+            self.assertFalse(m.region.gpudirect_rdma_capable, m.region.gpu_path)
+            self.assertIn("memory opened from a CUDA IPC handle", m.region.gpu_path)
         if not REAL:
-            self.assertTrue(m.region.gpudirect_rdma_capable, m.region.gpu_path)
-            self.assertIn("no ibverbs backend here", m.region.gpu_path)
             # A GPU without GPUDirect RDMA: nothing is capable, and the region says why.
             b = self.gpu_sidecar("b", env={"FAKE_CUDA_GDR": "0"})
             mb = GpuMem(b, 4096)

@@ -14,6 +14,7 @@ With SC_GPU_REAL=1 (tests/gpu) the same tests run on real PyTorch CUDA tensors, 
 is PyTorch's own: after the operations, freed tensors give their memory back to the caching
 allocator (torch.cuda.memory_allocated() returns to where it started).
 """
+import gc
 import os
 import random
 import shutil
@@ -231,7 +232,9 @@ class TorchTensorTest(SidecarTest):
                 c.free(t[0])
             c.free(host)
             if REAL:
-                del tensors, t
+                # write's closure, _ (the block) and the last operations' descriptors hold tensors[0]
+                del tensors, t, write, _, r, op
+                gc.collect()
                 torch.cuda.synchronize()
                 self.assertEqual(torch.cuda.memory_allocated(), start,
                                  "freed tensors stayed allocated: storage pinned by _share_cuda_()")
