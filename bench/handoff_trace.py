@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Where a small transfer's time goes: the hand-off trace of N READs and N WRITEs between two sidecars.
 
-Starts two real sidecars on loopback TCP with the hidden RDMA_SIDECAR_TRACE_HANDOFFS=1 (trace.h:
+Starts two real sidecars on loopback TCP with the hidden RDMA_SIDECAR_TRACE_HANDOFFS=1 (base/trace.h:
 each hand-off of a transfer is recorded in memory with CLOCK_MONOTONIC microseconds and written to
 the log when the sidecar drains), runs sc-bench (bench/c_bench.c: the C client, one BeginRead or
 BeginWrite with wait per transfer) for N transfers of --size bytes, one direction per pair of
@@ -169,7 +169,7 @@ def main():
         for d in [x for x in args.directions.split(",") if x]:
             rtt, r, tls = run_direction(H, build, wd, keys, d, args.count, args.size, args.path)
             if not tls:
-                raise SystemExit("no trace records: is this build's sidecar traced (sidecar/trace.h)?")
+                raise SystemExit("no trace records: is this build's sidecar traced (sidecar/base/trace.h)?")
             table(d, rtt, r, tls, args.path)
     finally:
         shutil.rmtree(wd, ignore_errors=True)

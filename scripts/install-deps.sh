@@ -10,7 +10,7 @@ set -euo pipefail
 # No rdma-core at run time: its udev rules and daemons are the host's business, and it pulls in
 # udev and perl (~60 MB of the image); libibverbs1 + ibverbs-providers are the verbs user space.
 runtime=(libgrpc29 libprotobuf-c1 libnats3.4 libssl3 libmicrohttpd12 libibverbs1 ibverbs-providers
-         libhwloc15   # the PCIe topology of the rails (sidecar/topology.c)
+         libhwloc15   # the PCIe topology of the rails (sidecar/os/topology.c)
          man-db)  # `man rdma-sidecar` in the image (the page is built with help2man)
 build=(build-essential cmake pkg-config git
        libgrpc-dev protobuf-c-compiler libprotobuf-c-dev libssl-dev libnats-dev libmicrohttpd-dev

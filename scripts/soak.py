@@ -48,7 +48,7 @@ allocated it; other_anon_kb is where it showed. The sidecar now turns the detect
 (service/absl_tune.cc). What remained was allocator behaviour, not a leak: glibc returns an arena's free pages only from its top, and the
 sidecar's threads (one per peer connection, created all the time) spread over up to 8 arenas per core that
 each crept to their own high-water mark; the sidecar now runs malloc_trim every 10 s
-(sidecar/heap_trim.c), which gives free pages back. Even so malloc_kb (resident pages of malloc's
+(sidecar/os/heap_trim.c), which gives free pages back. Even so malloc_kb (resident pages of malloc's
 heaps: [heap] and the 64 MiB-aligned arena heaps, from /proc/PID/smaps) still rises slowly and
 ever more slowly (10-minute run before heap_in_use_kb existed: passive side +80 KB, +5.7% over the
 last half, per minute +34, 12, 23, 21, 19, 17, 7 KB) while other_anon_kb stays flat: pages pinned

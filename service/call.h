@@ -14,7 +14,7 @@
 #ifndef SC_CALL_H
 #define SC_CALL_H
 
-#include "status.h"
+#include "base/status.h"
 
 #include <protobuf-c/protobuf-c.h>
 #include <stdbool.h>

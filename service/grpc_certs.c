@@ -10,12 +10,12 @@
  */
 #include "grpc_certs.h"
 
-#include "api_listen.h"
-#include "engine.h"
-#include "file_sig.h"
-#include "log.h"
-#include "peer_tls.h"
-#include "timer.h"
+#include "net/api_listen.h"
+#include "engine/engine.h"
+#include "os/file_sig.h"
+#include "base/log.h"
+#include "peer/tls.h"
+#include "base/timer.h"
 
 #include <pthread.h>
 #include <stdbool.h>

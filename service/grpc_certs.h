@@ -15,8 +15,8 @@
 #ifndef SC_GRPC_CERTS_H
 #define SC_GRPC_CERTS_H
 
-#include "config.h"
-#include "status.h"
+#include "conf/config.h"
+#include "base/status.h"
 
 #include <grpc/grpc_security.h>
 

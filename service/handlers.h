@@ -10,7 +10,7 @@
 #define SC_HANDLERS_H
 
 #include "call.h"
-#include "engine.h"
+#include "engine/engine.h"
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "rdma_sidecar/v1/sidecar.pb-c.h"

@@ -11,7 +11,7 @@
  */
 #include "handlers.h"
 #include "paging.h"
-#include "trace.h"
+#include "base/trace.h"
 
 #include <inttypes.h>
 #include <stdatomic.h>

@@ -5,7 +5,7 @@
  */
 #include "paging.h"
 
-#include "engine.h"
+#include "engine/engine.h"
 
 #include <ctype.h>
 #include <string.h>

@@ -7,7 +7,7 @@
 #ifndef SC_PAGING_H
 #define SC_PAGING_H
 
-#include "status.h"
+#include "base/status.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -15,8 +15,8 @@
  * else (PERMISSION_DENIED). On the API server TCP addresses use TLS (mTLS with a client CA) when
  * configured, and with --grpc-token-file every call not on a unix socket must carry
  * "authorization: Bearer <token>" (health checks excepted). Unix sockets get their directory
- * checked and their mode set (api_listen.c); with --allowed-uids the sidecar accepts on them
- * itself (uds_accept.c, SO_PEERCRED) and hands each connection to gRPC, whose calls then name the
+ * checked and their mode set (net/api_listen.c); with --allowed-uids the sidecar accepts on them
+ * itself (net/uds_accept.c, SO_PEERCRED) and hands each connection to gRPC, whose calls then name the
  * peer "fd:N", and calls from other uids are refused. grpc_shutdown is bounded (see
  * bounded_grpc_shutdown).
  *
@@ -24,14 +24,14 @@
  * they hold a reference to. Owns the servers, the queue, the worker threads and every call.
  */
 #include "absl_tune.h"
-#include "api_listen.h"
+#include "net/api_listen.h"
 #include "call.h"
 #include "grpc_certs.h"
 #include "handlers.h"
-#include "log.h"
+#include "base/log.h"
 #include "service.h"
-#include "trace.h"
-#include "uds_accept.h"
+#include "base/trace.h"
+#include "net/uds_accept.h"
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -102,7 +102,7 @@ struct sc_call {
 	void (*cancel_fn)(struct sc_call *c);
 	void (*drained_fn)(struct sc_call *c);
 	bool cancel_fired;
-	uint64_t trace_xfer; /* the hand-off trace (trace.h): the transfer this call answers */
+	uint64_t trace_xfer; /* the hand-off trace (base/trace.h): the transfer this call answers */
 };
 
 struct sc_service {

@@ -10,9 +10,9 @@
 #ifndef SC_SERVICE_H
 #define SC_SERVICE_H
 
-#include "config.h"
-#include "engine.h"
-#include "status.h"
+#include "conf/config.h"
+#include "engine/engine.h"
+#include "base/status.h"
 
 struct sc_service;
 

@@ -8,13 +8,13 @@
  *                   TLS certificates, keys and CAs (also reloaded when their files change)
  * Exit codes: 0 clean, 1 runtime failure, 2 bad configuration.
  */
-#include "config.h"
-#include "engine.h"
-#include "fast_path.h"
-#include "log.h"
-#include "nats_bus.h"
+#include "conf/config.h"
+#include "engine/engine.h"
+#include "fast/socket.h"
+#include "base/log.h"
+#include "nats/client.h"
 #include "service.h"
-#include "trace.h"
+#include "base/trace.h"
 
 #include <signal.h>
 #include <stdio.h>

@@ -51,15 +51,15 @@ S=$SRC/sidecar
 status=0
 for t in $TARGETS; do
 	case $t in
-	metadata) SOURCES="$S/status.c $S/keys.c $S/base64.c $S/metadata.c $S/metadata_runs.c $PB_C"
+	metadata) SOURCES="$S/base/status.c $S/meta/keys.c $S/base/base64.c $S/meta/metadata.c $S/meta/runs.c $PB_C"
 		LIBS="-lprotobuf-c -lcrypto" ;;
-	peer) SOURCES="$S/status.c $S/keys.c $S/base64.c $S/metadata.c $S/metadata_runs.c $S/peer_proto.c $S/peer_tls.c $S/fault_guard.c $S/file_sig.c $S/config.c $S/rail_filter.c $S/uds_accept.c $S/log.c $S/timer.c $PB_C"
+	peer) SOURCES="$S/base/status.c $S/meta/keys.c $S/base/base64.c $S/meta/metadata.c $S/meta/runs.c $S/peer/proto.c $S/peer/tls.c $S/os/fault_guard.c $S/os/file_sig.c $S/conf/config.c $S/conf/rail_filter.c $S/net/uds_accept.c $S/base/log.c $S/base/timer.c $PB_C"
 		LIBS="-lprotobuf-c -lssl -lcrypto -lpthread" ;;
-	config) SOURCES="$S/status.c $S/config.c $S/rail_filter.c $S/uds_accept.c $S/log.c $S/timer.c"
+	config) SOURCES="$S/base/status.c $S/conf/config.c $S/conf/rail_filter.c $S/net/uds_accept.c $S/base/log.c $S/base/timer.c"
 		LIBS="-lcrypto -lpthread" ;;
-	keys) SOURCES="$S/status.c $S/keys.c $S/base64.c $S/metadata.c $S/metadata_runs.c $PB_C"
+	keys) SOURCES="$S/base/status.c $S/meta/keys.c $S/base/base64.c $S/meta/metadata.c $S/meta/runs.c $PB_C"
 		LIBS="-lprotobuf-c -lcrypto" ;;
-	fast) SOURCES="$S/status.c $S/fast_wire.c $S/fast_bell.c"
+	fast) SOURCES="$S/base/status.c $S/fast/wire.c $S/fast/bell.c"
 		LIBS="" ;;
 	*) echo "unknown fuzz target $t (metadata, peer, config, keys, fast)" >&2; exit 2 ;;
 	esac

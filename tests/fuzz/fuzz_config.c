@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_config.c: libFuzzer target for the command line and environment parser (sc_config_parse,
- * sidecar/config.c). The input is lines ('\n'); a line that starts with "RDMA_SIDECAR_" is an
+ * sidecar/conf/config.c). The input is lines ('\n'); a line that starts with "RDMA_SIDECAR_" is an
  * environment entry (NAME=value), any other an argument, in order (at most 64 of each). The
  * parse must return one of its three results; an error must say why (err.code and message set);
  * sc_config_free must leave nothing behind (ASan's leak check at exit). --help and --version
@@ -10,7 +10,7 @@
  * command lines of deploy/, the README and the tests, every option from the --help text with a
  * sample value, and the environment twins. Single-threaded.
  */
-#include "config.h"
+#include "conf/config.h"
 
 #include <stdio.h>
 #include <stdlib.h>

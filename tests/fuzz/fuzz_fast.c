@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * fuzz_fast.c: libFuzzer target for the fast path's wire checks (sidecar/fast_wire.c), the
+ * fuzz_fast.c: libFuzzer target for the fast path's wire checks (sidecar/fast/wire.c), the
  * sidecar's side of a worker that writes anything anywhere.
  *   (a) The input as one datagram: sc_fast_msg_type, sc_fast_parse_prepare and
- *       sc_fast_parse_unprepare. A PREPARE that parses must hold what fast_wire.h promises (kind,
+ *       sc_fast_parse_unprepare. A PREPARE that parses must hold what fast/wire.h promises (kind,
  *       backend, metadata of printable ASCII, 1..RSC_FAST_DESCS_MAX descriptors with valid ids,
  *       lengths > 0 and no overflow), else abort; a refusal must say why.
  *   (b) The input as ring memory: data[0] picks the entry counts (low nibble: sq, high: cq; 1..16
@@ -14,10 +14,10 @@
  *       cq_head. The sidecar then runs at most ROUNDS rounds of take / check_sqe / cq_room / post
  *       as the session will (a refused entry is answered with a CQE saying why). The mapping is
  *       heap memory of exactly map_size bytes, so ASan sees any access outside it; the indices must
- *       move as fast_wire.h says, else abort. Each round also checks sc_fast_ring_cq_space
+ *       move as fast/wire.h says, else abort. Each round also checks sc_fast_ring_cq_space
  *       against sc_fast_ring_cq_room (an impossible cq_head is an error, never room) and raises or
  *       clears NEED_WAKEUP as the session does while it waits for room.
- *   (c) The input as a hostile worker's script against one doorbell (fast_bell.c): two bytes per
+ *   (c) The input as a hostile worker's script against one doorbell (fast/bell.c): two bytes per
  *       step, an action and its argument. The worker clears or sets O_NONBLOCK on its end, sends
  *       datagrams of any size, fills the sidecar's end until EAGAIN, reads, shuts its end down,
  *       disconnects it, shrinks its buffers, closes it; the sidecar rings (any number of times)
@@ -28,8 +28,8 @@
  * PREPAREs and UNPREPAREs, and ring images with valid entries before and across the uint32 wrap.
  * Single-threaded.
  */
-#include "fast_bell.h"
-#include "fast_wire.h"
+#include "fast/bell.h"
+#include "fast/wire.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * fuzz_keys.c: libFuzzer target for the --key-file parser (sc_keyring_parse, sidecar/keys.c). The
+ * fuzz_keys.c: libFuzzer target for the --key-file parser (sc_keyring_parse, sidecar/meta/keys.c). The
  * input is the file's text. A ring that parses must have 1..SC_KEYS_MAX keys, a valid signing id,
  * and sign with it (HMAC), else abort; a refusal must say why (err.code set, message non-empty).
  * Built with -DSC_FUZZ_GEN_SEEDS (no libFuzzer) it writes a seed corpus into argv[1]: key files
@@ -8,7 +8,7 @@
  * 128-byte keys) plus a few a careless operator would (short key, duplicate id). Single-threaded.
  * The keys in the seeds are fixed byte patterns: fixtures, not secrets.
  */
-#include "keys.h"
+#include "meta/keys.h"
 
 #include <stdio.h>
 #include <stdlib.h>

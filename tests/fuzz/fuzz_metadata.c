@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * fuzz_metadata.c: libFuzzer target for sc_metadata_verify (sidecar/metadata.c, base64.c, keys.c).
+ * fuzz_metadata.c: libFuzzer target for sc_metadata_verify (sidecar/meta/metadata.c, base/base64.c, meta/keys.c).
  * Each input is verified twice:
  *   1. as the text itself, against a fixed keyring (prefix, base64url, envelope, key id, MAC);
  *   2. unless it starts with "rsm1.", as a payload that this file signs with the ring's key, so the
@@ -12,8 +12,8 @@
  * payloads into the directory named by argv[1]. Single-threaded; the ring lives for the process.
  * The "fixed" key is the byte pattern 0..31, made at start-up: a fixture, not a secret.
  */
-#include "keys.h"
-#include "metadata.h"
+#include "meta/keys.h"
+#include "meta/metadata.h"
 
 #include "rdma_sidecar/v1/sidecar.pb-c.h"
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * fuzz_peer.c: libFuzzer target for the peer control channel (sidecar/peer_proto.c). The first
+ * fuzz_peer.c: libFuzzer target for the peer control channel (sidecar/peer/proto.c). The first
  * input byte picks what the rest is fed to:
  *   0: the frame decoder: the bytes as a stream of frames (header, then body_len bytes of body).
  *      Every frame that decodes must re-encode, and its encoding must decode to a message that
@@ -17,9 +17,9 @@
  * for the seed generator's hello server thread.
  * The key is the byte pattern 0..31, made at start-up: a fixture, not a secret.
  */
-#include "keys.h"
-#include "peer_proto.h"
-#include "timer.h"
+#include "meta/keys.h"
+#include "peer/proto.h"
+#include "base/timer.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A peer that speaks the sidecar-to-sidecar protocol (sidecar/peer_proto.h) from Python, as a holder
+"""A peer that speaks the sidecar-to-sidecar protocol (sidecar/peer/proto.h) from Python, as a holder
 of the cluster key could: the hello with its HMAC proofs, then OPEN, READV/WRITEV and DONE frames
 written by hand, so a test can behave as no real sidecar would (trickle, stall, keep going after
 the operation ended). Plain TCP only."""

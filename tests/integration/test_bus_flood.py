@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Anyone who may publish on a subject a sidecar subscribes to can send it garbage (issue 32, item
 4): every such message is dropped (nothing reaches the subscriber) and the warnings it causes are
-rate-limited (sidecar/log.h, one line per second per kind, the next line saying how many were
+rate-limited (sidecar/base/log.h, one line per second per kind, the next line saying how many were
 suppressed), so a flood cannot fill the log. A real nats-server; the flood is published with the
 NATS text protocol on a plain socket, as any client could."""
 import os

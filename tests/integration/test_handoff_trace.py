@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The hand-off trace (sidecar/trace.h, bench/handoff_trace.py): off by default (no record in the
+"""The hand-off trace (sidecar/base/trace.h, bench/handoff_trace.py): off by default (no record in the
 log); with RDMA_SIDECAR_TRACE_HANDOFFS=1 both sidecars log, when they drain, every stage of a small
 READ and WRITE under the transfer id the two ends share, in time order, the active side's from the
 gRPC call's arrival to its answer. Small transfers are also the ones that run on the gRPC handler's

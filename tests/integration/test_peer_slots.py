@@ -20,8 +20,8 @@ import urllib.request
 from harness import SLOW, SidecarTest, desc, free_port, main, pb, wait_until
 from peer_client import OK, PEER_READ, Peer, PeerError, metadata_token, open_frame
 
-MAX_OPEN = 256        # SC_PEER_SERVER_MAX_OPEN (sidecar/peer_server.h)
-MAX_OPEN_USES = 1024  # SC_OP_MAX_OPEN_USES (sidecar/passive.h)
+MAX_OPEN = 256        # SC_PEER_SERVER_MAX_OPEN (sidecar/peer/server.h)
+MAX_OPEN_USES = 1024  # SC_OP_MAX_OPEN_USES (sidecar/backend/passive.h)
 RESOURCE_EXHAUSTED = 8
 
 

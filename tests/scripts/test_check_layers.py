@@ -74,14 +74,14 @@ class CheckLayers(unittest.TestCase):
         rc, out = run(make_tree(files))
         self.assertEqual(rc, 1, out)
         self.assertIn("cycle: backend -> engine -> backend", out)
-        self.assertIn('layer: sidecar/backend.c:2 (backends) includes "engine.h" (engine)', out)
+        self.assertIn('layer: sidecar/backend/backend.c:2 (backends) includes "engine.h" (engine)', out)
 
     def test_layer_violation_without_cycle(self):
         files = dict(CLEAN)
         files["timer.c"] = '#include "backend.h"\nvoid timer_go(void) {}\n'
         rc, out = run(make_tree(files))
         self.assertEqual(rc, 1, out)
-        self.assertIn('layer: sidecar/timer.c:1 (base) includes "backend.h" (backends)', out)
+        self.assertIn('layer: sidecar/base/timer.c:1 (base) includes "backend.h" (backends)', out)
         self.assertNotIn("cycle:", out)
 
     def test_direct_engine_call_found(self):
@@ -90,7 +90,7 @@ class CheckLayers(unittest.TestCase):
                              "int sc_backend_go(int x) {\n\treturn sc_engine_id() + x;\n}\n"
         rc, out = run(make_tree(files))
         self.assertEqual(rc, 1, out)
-        self.assertIn("call: sidecar/backend.c:4 (backends) calls sc_engine_id() of the engine "
+        self.assertIn("call: sidecar/backend/backend.c:4 (backends) calls sc_engine_id() of the engine "
                       "layer", out)
         self.assertNotIn("backend.c:2", out)  # a declaration is no call
 
@@ -113,7 +113,7 @@ class CheckLayers(unittest.TestCase):
                              "int sc_backend_go(int x) { return sc_passive_open(0) + x; }\n"
         rc, out = run(make_tree(files))
         self.assertEqual(rc, 1, out)
-        self.assertIn('layer: sidecar/backend.c:2 (backends) includes "passive.h" (engine)', out)
+        self.assertIn('layer: sidecar/backend/backend.c:2 (backends) includes "passive.h" (engine)', out)
         self.assertIn("calls sc_passive_open()", out)
 
     def test_unlisted_file_and_quiet(self):

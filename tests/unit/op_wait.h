@@ -7,8 +7,8 @@
 #ifndef SC_TEST_OP_WAIT_H
 #define SC_TEST_OP_WAIT_H
 
-#include "engine.h"
-#include "timer.h"
+#include "engine/engine.h"
+#include "base/timer.h"
 
 #include <pthread.h>
 #include <stdbool.h>

@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_api_listen.c: the API listener policy (sidecar/api_listen.c): loopback detection, refusal
+ * test_api_listen.c: the API listener policy (sidecar/net/api_listen.c): loopback detection, refusal
  * of an unauthenticated non-loopback TCP listener, the unix socket directory checks, refusal of a
  * socket a live server answers on, removal of a stale one, the explicit socket mode, and the
  * bearer token store (load, reject, compare, reload). Single-threaded; files and sockets under
  * $SC_TEST_TMP (or /tmp).
  */
-#include "api_listen.h"
+#include "net/api_listen.h"
 #include "check.h"
 
 #include <errno.h>

@@ -1,18 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_backend_registry.c: the backend registry (backend_registry.h). Adding a backend is one file
+ * test_backend_registry.c: the backend registry (engine/backend_registry.h). Adding a backend is one file
  * plus one registry line: this file is that file for a test-only backend ("shm", shared memory
  * between sidecars on one host), registered with sc_backend_registry_add instead of a line in the
  * table. Checks the names, the partial ops table completed over the stubs, the choice by transport
  * level, and an engine that creates, reports, starts and destroys the test backend like the real
  * ones.
  */
-#include "backend_registry.h"
-#include "config.h"
-#include "engine.h"
-#include "engine_test.h"
-#include "ib_test.h" /* sc_engine_backend */
-#include "metadata.h"
+#include "engine/backend_registry.h"
+#include "conf/config.h"
+#include "engine/engine.h"
+#include "engine/test.h"
+#include "ib/test.h" /* sc_engine_backend */
+#include "meta/metadata.h"
 
 #include "check.h"
 
@@ -120,7 +120,7 @@ TEST(names_come_from_the_table)
 
 TEST(config_names_match_the_registry)
 {
-	/* config.c sits below the backends and keeps its own list of --backends names: it must
+	/* conf/config.c sits below the backends and keeps its own list of --backends names: it must
 	 * agree with the table, name for name and bit for bit. */
 	for (size_t i = 0; i < 3; i++) {
 		const struct sc_backend_class *c = sc_backend_registry_at(i);

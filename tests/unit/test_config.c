@@ -8,7 +8,7 @@
  */
 #include "build_config.h"
 #include "check.h"
-#include "config.h"
+#include "conf/config.h"
 
 #include <ctype.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_fast_wire.c: the fast path's wire checks (sidecar/fast_wire.h). PREPARE decoded field by
+ * test_fast_wire.c: the fast path's wire checks (sidecar/fast/wire.h). PREPARE decoded field by
  * field from an unaligned buffer (odd metadata length, so the padding before the descriptors
  * matters; several descriptors; the largest id and descriptor count), and every malformed PREPARE
  * refused with INVALID_ARGUMENT and a message naming the field, leaving *out alone; UNPREPARE and
@@ -11,7 +11,7 @@
  */
 #include "check.h"
 
-#include "fast_wire.h"
+#include "fast/wire.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,15 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Unit tests for the fault guard (sidecar/fault_guard.c) and the peer channel's I/O over region
- * memory that lost its backing (sidecar/peer_proto.c): a MAP_SHARED file mapping whose file the
+ * Unit tests for the fault guard (sidecar/os/fault_guard.c) and the peer channel's I/O over region
+ * memory that lost its backing (sidecar/peer/proto.c): a MAP_SHARED file mapping whose file the
  * test truncates, as a worker would. Copies, probes, read-ahead and socket I/O fail with
  * FAILED_PRECONDITION naming the watched region instead of raising SIGBUS, on the same thread
  * again and again.
  */
 #include "check.h"
 
-#include "fault_guard.h"
-#include "peer_proto.h"
+#include "os/fault_guard.h"
+#include "peer/proto.h"
 
 #include <errno.h>
 #include <fcntl.h>

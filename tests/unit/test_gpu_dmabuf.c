@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_gpu_dmabuf.c: sidecar/gpu.c's dma-buf export on the stand-in driver (tests/fake_cuda, NOT a
+ * test_gpu_dmabuf.c: sidecar/gpu/gpu.c's dma-buf export on the stand-in driver (tests/fake_cuda, NOT a
  * GPU) with FAKE_CUDA_DMA_BUF=1, whose cuMemGetHandleForAddressRange enforces the driver's rules
  * (host-page-aligned address and size inside one allocation). The sidecar must export the
  * page-rounded range that covers what is registered, not the whole block, and hand back the
@@ -9,7 +9,7 @@
  */
 #include "build_config.h"
 #include "check.h"
-#include "gpu.h"
+#include "gpu/gpu.h"
 
 #include <limits.h>
 #include <sys/stat.h>

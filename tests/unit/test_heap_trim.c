@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_heap_trim.c: sidecar/heap_trim.c. Free pages in the middle of the heap stay resident until
+ * test_heap_trim.c: sidecar/os/heap_trim.c. Free pages in the middle of the heap stay resident until
  * a trim (the soak's creep, issue 12), a trim gives them back, and the periodic trim runs on the
  * timer thread and stops with it. Every wait has a deadline.
  */
 #include "check.h"
-#include "heap_trim.h"
-#include "timer.h"
+#include "os/heap_trim.h"
+#include "base/timer.h"
 
 #include <stdint.h>
 #include <time.h>

@@ -29,15 +29,15 @@ int main(void)
 #include "check.h"
 #include "op_wait.h"
 
-#include "engine.h"
-#include "engine_test.h"
-#include "ib_test.h"
-#include "keys.h"
-#include "log.h"
-#include "metadata.h"
-#include "passive.h"
-#include "peer_server.h"
-#include "timer.h"
+#include "engine/engine.h"
+#include "engine/test.h"
+#include "ib/test.h"
+#include "meta/keys.h"
+#include "base/log.h"
+#include "meta/metadata.h"
+#include "backend/passive.h"
+#include "peer/server.h"
+#include "base/timer.h"
 
 #include <fcntl.h>
 #include <glob.h>

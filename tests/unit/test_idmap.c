@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_idmap.c: the hash map (sidecar/idmap.h): put, get, del, duplicate and over-long keys, a
+ * test_idmap.c: the hash map (sidecar/base/idmap.h): put, get, del, duplicate and over-long keys, a
  * prefix of a key, a key put again over its tombstone, and churn: 200,000 distinct keys through a
  * map that holds at most 4,096 at once (tombstones force rehashes), then a map that grows to 65,536
  * keys (its slot array past the size mapped on its own) and empties, every live key still found and
  * every deleted one gone; and sc_u64map against a reference array. Single-threaded.
  */
 #include "check.h"
-#include "idmap.h"
+#include "base/idmap.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_keys.c: the key file parser and loader, keyring refcounting and HMAC-SHA256
- * (sidecar/keys.c). Key files are written at run time under $SC_TEST_TMP (or /tmp) from fresh
+ * (sidecar/meta/keys.c). Key files are written at run time under $SC_TEST_TMP (or /tmp) from fresh
  * random bytes and removed afterwards; no key is committed. Single-threaded.
  */
 #include "check.h"
-#include "keys.h"
-#include "metadata.h"
+#include "meta/keys.h"
+#include "meta/metadata.h"
 
 #include <errno.h>
 #include <fcntl.h>

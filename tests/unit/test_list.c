@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_list.c: the intrusive list (sidecar/list.h): FIFO and LIFO order, remove from the ends and
+ * test_list.c: the intrusive list (sidecar/base/list.h): FIFO and LIFO order, remove from the ends and
  * the middle, a second remove that changes nothing, safe iteration that removes every other node
  * and the last one, moving a whole list, and an element found again from its node.
  */
 #include "check.h"
-#include "list.h"
+#include "base/list.h"
 
 struct item {
 	int tag;

@@ -5,7 +5,7 @@
  * independent. stderr is sent to a temporary file while a test runs. Single-threaded.
  */
 #include "check.h"
-#include "log.h"
+#include "base/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_metadata.c: signing and verifying "rsm1." metadata (sidecar/metadata.c) and the base64
- * codecs (sidecar/base64.c): round trips, key rotation, tampering and truncation at every position,
+ * test_metadata.c: signing and verifying "rsm1." metadata (sidecar/meta/metadata.c) and the base64
+ * codecs (sidecar/base/base64.c): round trips, key rotation, tampering and truncation at every position,
  * garbage, each verification step's status code and message, and the struct limits. Keys are drawn
  * at run time; nothing secret is committed. Single-threaded.
  */
 #include "check.h"
-#include "keys.h"
-#include "metadata.h"
+#include "meta/keys.h"
+#include "meta/metadata.h"
 
 #include "rdma_sidecar/v1/sidecar.pb-c.h"
 

@@ -5,7 +5,7 @@
  * and its fixture kills it and destroys every bus even when a CHECK fails. Every wait is bounded.
  * Exit 77 (skipped) when /usr/sbin/nats-server is missing.
  */
-#include "nats_bus.h"
+#include "nats/client.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_path_guard.c: which files RegisterRegion may open (sidecar/path_guard.c), through openat2
+ * test_path_guard.c: which files RegisterRegion may open (sidecar/os/path_guard.c), through openat2
  * and through the component walk used where openat2 is missing. A fresh tree under $SC_TEST_TMP
  * (or /tmp): allowed/ (the shm dir) with a file, a subdirectory, symlinks out and in, a FIFO and
  * the key file; outside/ with a secret. Removed afterwards. Single-threaded.
  */
 #include "check.h"
-#include "config.h"
-#include "path_guard.h"
+#include "conf/config.h"
+#include "os/path_guard.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_peer_identity.c: which name in a certificate is a sidecar id (sc_tls_cert_identity,
- * peer_tls.c) under --peer-identity spiffe, dns, cn and off. Certificates are built in memory
+ * peer/tls.c) under --peer-identity spiffe, dns, cn and off. Certificates are built in memory
  * with OpenSSL's X509 API (unsigned: only their names are read). Single-threaded.
  */
 #include "check.h"
-#include "config.h"
-#include "peer_tls.h"
+#include "conf/config.h"
+#include "peer/tls.h"
 
 #include <openssl/evp.h>
 #include <openssl/x509.h>

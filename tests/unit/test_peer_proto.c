@@ -8,10 +8,10 @@
  */
 #include "check.h"
 
-#include "keys.h"
-#include "metadata.h"
-#include "peer_proto.h"
-#include "timer.h"
+#include "meta/keys.h"
+#include "meta/metadata.h"
+#include "peer/proto.h"
+#include "base/timer.h"
 
 #include <openssl/evp.h>
 #include <pthread.h>
@@ -97,7 +97,7 @@ static void run_hello(const struct sc_keyring *cring, const struct sc_keyring *s
 	close(sv[1]);
 }
 
-/* The documented transcript, computed independently of peer_proto.c. */
+/* The documented transcript, computed independently of peer/proto.c. */
 static void proof(const struct sc_keyring *ring, const char *label, const char *key_id,
 		  const uint8_t *n1, const uint8_t *n2, const char *cid, const char *sid,
 		  uint8_t out[SC_HMAC_LEN])

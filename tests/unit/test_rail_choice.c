@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_rail_choice.c: the rails a backend is told to use for GPU memory (rail_table.c,
+ * test_rail_choice.c: the rails a backend is told to use for GPU memory (engine/rail_table.c,
  * sc_engine_rail_choice), over a rail table built from the dgx8 fixture (tests/unit/topology):
  * GPU 2's memory goes through mlx5_2 and mlx5_3 (its PCIe switch), GPU 5's through mlx5_4 and
  * mlx5_5; host memory, an unknown GPU, a table whose choice names none of the backend's rails, and
  * no table at all give no opinion (every rail may carry it).
  */
 #include "check.h"
-#include "engine_internal.h"
-#include "topology.h"
+#include "engine/internal.h"
+#include "os/topology.h"
 
 #include <stdlib.h>
 #include <string.h>

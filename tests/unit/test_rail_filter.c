@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_rail_filter.c: --ib-devices (sidecar/rail_filter.c): auto, an include list whose order is
+ * test_rail_filter.c: --ib-devices (sidecar/conf/rail_filter.c): auto, an include list whose order is
  * the rails' order, device:port entries, an exclude list, and each malformed form refused with a
  * message that says what is wrong, leaving the output untouched.
  */
 #include "check.h"
-#include "rail_filter.h"
+#include "conf/rail_filter.h"
 
 #include <string.h>
 

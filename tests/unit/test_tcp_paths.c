@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_tcp_paths.c: what the tcp backend knows about its paths (sidecar/backend_tcp_paths.c),
+ * test_tcp_paths.c: what the tcp backend knows about its paths (sidecar/tcp/paths.c),
  * driven directly with a clock of the test's own: a failed path cools down 2 s, doubling after
  * each failure up to 60 s; its use after the cool-down is the probe, and a probe that works makes
  * it healthy with the back-off started over; a failure seen twice cools once; the table forgets
@@ -8,7 +8,7 @@
  * netdev "lo", no PCI address) and from an address of none. Striping and failover over real
  * links: tests/integration/test_tcp_paths.py.
  */
-#include "backend_tcp_paths.h"
+#include "tcp/paths.h"
 #include "check.h"
 
 #include <stdio.h>

@@ -13,17 +13,17 @@
 #include "check.h"
 #include "op_wait.h"
 
-#include "engine.h"
-#include "engine_test.h"
-#include "keys.h"
-#include "log.h"
-#include "metadata.h"
-#include "passive.h"
-#include "peer_pool.h"
-#include "peer_proto.h"
-#include "peer_request.h"
-#include "peer_server.h"
-#include "timer.h"
+#include "engine/engine.h"
+#include "engine/test.h"
+#include "meta/keys.h"
+#include "base/log.h"
+#include "meta/metadata.h"
+#include "backend/passive.h"
+#include "peer/pool.h"
+#include "peer/proto.h"
+#include "peer/request.h"
+#include "peer/server.h"
+#include "base/timer.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -669,7 +669,7 @@ TEST(done_pipelined_behind_the_last_request)
 	pair_down(&p);
 }
 
-/* The ibverbs completion notice's check (peer_server.c, used by ib_notify.c): a notice received
+/* The ibverbs completion notice's check (peer/server.c, used by ib/notify.c): a notice received
  * on a QP of peer P for transfer X ends X only if a connection authenticated as P OPENed X flagged
  * "via ibverbs", and only once. Needs no RDMA device: the claim is the peer server's bookkeeping.
  */
@@ -683,7 +683,7 @@ TEST(ib_completion_notice_claim_checks_peer_and_flag)
 	CHECK_INT_EQ(expose(&p.a, SC_OP_READABLE, 4096, &later), 0);
 	struct sc_peer_server *srv = sc_engine_peer_server(p.a.eng);
 	struct sc_peer_pool *pool = sc_engine_peer_pool(p.b.eng);
-	struct sc_passive sv = sc_peer_server_passive(srv); /* what ib_notify.c is handed */
+	struct sc_passive sv = sc_peer_server_passive(srv); /* what ib/notify.c is handed */
 	struct sc_peer_conn *c;
 	struct sc_err err;
 	uint64_t dl = sc_clock_mono_ms() + 5000;

@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_timer.c: the deadline timer (sidecar/timer.c) driven directly: 10k random deadlines fire in
+ * test_timer.c: the deadline timer (sidecar/base/timer.c) driven directly: 10k random deadlines fire in
  * deadline order, cancel and try_cancel from the middle of the heap, a callback that adds and
  * cancels timers, stale ids, saturated deadlines. Prints the add+cancel rate at 10k pending timers
  * (a figure for the README, not an assert). Every wait has a deadline.
  */
 #include "check.h"
-#include "timer.h"
+#include "base/timer.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_topology.c: sidecar/topology.c with real hwloc on hand-described nodes (hwloc XML files in
+ * test_topology.c: sidecar/os/topology.c with real hwloc on hand-described nodes (hwloc XML files in
  * tests/unit/topology/, written by gen_fixtures.py there), and this host's own topology.
  *
  * Fixtures (the expected values below are written out by hand from these layouts):
@@ -15,7 +15,7 @@
  *                  sit on their own root ports of the same host bridge; GPUs 81, 82 on socket 1.
  */
 #include "check.h"
-#include "topology.h"
+#include "os/topology.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_xfer_runner.c: the transfer runner both network backends share (sidecar/xfer_runner.c),
+ * test_xfer_runner.c: the transfer runner both network backends share (sidecar/backend/xfer_runner.c),
  * driven directly: the cursor cuts batches by pieces, bytes and a join rule (over empty segments,
  * across a seek), the verdict's order (deadline, cancel, first failure; cancel_wins), the first
  * failure stays first, and the worker pool runs tasks, gives back unstarted ones, refuses new
@@ -8,8 +8,8 @@
  * cover the backends on top of it.
  */
 #include "check.h"
-#include "timer.h"
-#include "xfer_runner.h"
+#include "base/timer.h"
+#include "backend/xfer_runner.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

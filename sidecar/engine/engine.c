@@ -1,0 +1,651 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * engine/engine.c: the engine object: creation (keys, backends, probes), start (data listener, timer,
+ * NATS), drain and teardown, GetInfo, and the test accessors (engine/test.h). It hands the peer
+ * server, the peer pool and the backends what they use when it creates them (the passive
+ * interface, the id, the keyring source, GPU access): none of them calls back into the engine.
+ * Runs on the main thread (lifecycle, SIGHUP key reload) and on gRPC threads (info, timers).
+ * Owns every table, the timer thread, the backends, the peer server and pool, the NATS bus and the
+ * keyring.
+ */
+#include "engine/internal.h"
+#include "engine/backend_registry.h"
+#include "engine/test.h"
+#include "os/fault_guard.h"
+#include "os/heap_trim.h"
+#include "base/log.h"
+#include "nats/client.h"
+#include "backend/passive.h"
+#include "os/path_guard.h"
+#include "peer/pool.h"
+#include "peer/request.h"
+#include "peer/server.h"
+#include "peer/tls.h"
+
+#include "build_config.h"
+
+#include <errno.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+uint64_t sc_now_unix_ms(void)
+{
+	return sc_clock_unix_ms();
+}
+
+uint64_t sc_now_mono_ms(void)
+{
+	return sc_clock_mono_ms();
+}
+
+/* ---- test accessors (engine/test.h) and what the engine hands out ------------------------------ */
+
+struct sc_keyring *sc_engine_keyring(struct sc_engine *eng)
+{
+	pthread_mutex_lock(&eng->mu);
+	struct sc_keyring *k = eng->keys_ephemeral ? NULL : sc_keyring_retain(eng->keys);
+	pthread_mutex_unlock(&eng->mu);
+	return k;
+}
+
+/* The keyring source handed to the peer server and pool: the keys swap on SIGHUP. */
+static struct sc_keyring *engine_keyring(void *ctx)
+{
+	return sc_engine_keyring(ctx);
+}
+
+struct sc_backend *sc_engine_backend(struct sc_engine *eng, enum sc_backend_kind kind)
+{
+	return (int)kind > 0 && (int)kind < SC_NUM_BACKENDS ? eng->backends[kind] : NULL;
+}
+
+struct sc_peer_pool *sc_engine_peer_pool(struct sc_engine *eng)
+{
+	return eng->peer_pool;
+}
+
+struct sc_peer_server *sc_engine_peer_server(struct sc_engine *eng)
+{
+	return eng->peer_server;
+}
+
+struct sc_passive sc_engine_passive(struct sc_engine *eng)
+{
+	return sc_op_passive(eng);
+}
+
+void sc_engine_passive_revoked(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN])
+{
+	if (eng->peer_server)
+		sc_peer_server_revoke(eng->peer_server, token);
+}
+
+/* Without --key-file the sidecar signs with a random key nobody else knows: metadata then works
+ * for transfers inside this sidecar only, and peers reject it as signed by an unknown key. */
+static int ephemeral_keyring(struct sc_engine *eng, struct sc_err *err)
+{
+	unsigned char key[32];
+	char b64[64];
+	char text[SC_NAME_MAX + 80];
+	if (sc_random_bytes(key, sizeof(key)) != 0)
+		return sc_err_set(err, SC_INTERNAL, "no randomness for the ephemeral key");
+	EVP_EncodeBlock((unsigned char *)b64, key, sizeof(key));
+	int n = snprintf(text, sizeof(text), "local-only-%.40s:%s\n", eng->id, b64);
+	memset(key, 0, sizeof(key));
+	int rc = sc_keyring_parse(text, (size_t)n, &eng->keys, err);
+	memset(text, 0, sizeof(text));
+	memset(b64, 0, sizeof(b64));
+	eng->keys_ephemeral = true;
+	return rc;
+}
+
+static bool backend_enabled(const struct sc_config *cfg, unsigned bit)
+{
+	return cfg->backends == 0 || (cfg->backends & bit);
+}
+
+static void disable_backend(struct sc_backend *b, const char *why)
+{
+	if (!b)
+		return;
+	b->available = false;
+	snprintf(b->detail, sizeof(b->detail), "%s", why);
+}
+
+_Static_assert(SC_INFO_MAX_RAILS == SC_METRICS_MAX_RAILS, "GetInfo and the metrics list the same rails");
+_Static_assert(SC_INFO_MAX_ENDPOINTS == SC_MAX_ENDPOINTS, "GetInfo lists every data endpoint");
+
+/* Every backend's rails, in engine/backend_registry.c order. Under eng->mu (the backends are fixed). */
+static size_t collect_rails_locked(struct sc_engine *eng, struct sc_rail_entry *out, size_t cap)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < sc_backend_registry_count(); i++) {
+		enum sc_backend_kind kind = sc_backend_registry_at(i)->kind;
+		struct sc_backend *b = eng->backends[kind];
+		for (size_t r = 0; b && r < b->n_rails && n < cap; r++) {
+			out[n].backend = kind;
+			out[n].index = (uint32_t)r;
+			sc_rail_snapshot(b, r, &out[n].r);
+			n++;
+		}
+	}
+	return n;
+}
+
+/* Descriptors the sidecar keeps for itself beside its peer connections: listeners, the gRPC
+ * core, NATS, devices, log and region files (a rough, generous figure). */
+#define RESERVED_FDS 256
+
+/* Raise the soft open-file limit to the hard one: every peer connection takes a descriptor, and
+ * a distribution's default soft limit (1024) is below what a large cluster needs. Main thread, at
+ * create. */
+static void raise_open_files(struct sc_engine *eng)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+		SC_WARN("engine", "getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+		return;
+	}
+	rlim_t before = rl.rlim_cur;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+			SC_WARN("engine", "cannot raise the open-file limit from %llu to %llu: %s",
+				(unsigned long long)before, (unsigned long long)rl.rlim_max,
+				strerror(errno));
+			rl.rlim_cur = before;
+		}
+	}
+	eng->open_files_limit = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
+	uint64_t peers = eng->open_files_limit > RESERVED_FDS ? eng->open_files_limit - RESERVED_FDS
+							       : 0;
+	char was[64] = "";
+	if (before != rl.rlim_cur)
+		snprintf(was, sizeof(was), ", raised from %llu", (unsigned long long)before);
+	if (peers < 1024)
+		SC_WARN("engine", "open files: %llu%s; that leaves room for about %llu peer "
+			"connections: raise the hard limit (ulimit -Hn, LimitNOFILE=) for a large cluster",
+			(unsigned long long)eng->open_files_limit, was, (unsigned long long)peers);
+	else
+		SC_INFO("engine", "open files: %llu%s (room for about %llu peer connections)",
+			(unsigned long long)eng->open_files_limit, was, (unsigned long long)peers);
+}
+
+/* ---- gauges for the metrics (scrape thread) ------------------------------------------------ */
+
+static void count_op(void *ctx, void *value)
+{
+	struct sc_gauges *g = ctx;
+	const struct sc_op *op = value;
+	if (sc_op_status_terminal(op->status) || op->kind <= SC_OP_NONE || op->kind > SC_OP_WRITE)
+		return;
+	g->live[op->kind]++;
+	if (op->status == SC_OPS_SCHEDULED && op->waiting_requirement)
+		g->waiting_progress++;
+}
+
+static void count_region(void *ctx, void *value)
+{
+	struct sc_gauges *g = ctx;
+	const struct sc_region *r = value;
+	g->regions++;
+	g->region_bytes += r->size;
+}
+
+static void read_gauges(void *ctx, struct sc_gauges *g)
+{
+	struct sc_engine *eng = ctx;
+	memset(g, 0, sizeof(*g));
+	pthread_mutex_lock(&eng->mu);
+	sc_engine_each_op(eng, count_op, g);
+	if (eng->regions)
+		sc_idmap_each(eng->regions, count_region, g);
+	g->queued = sc_sched_queued(eng);
+	g->progress_records = sc_sched_progress_records(eng);
+	g->active_transfers = eng->active_transfers;
+	g->inflight_bytes = eng->inflight_bytes;
+	g->draining = eng->draining;
+	for (int b = 0; b < SC_NUM_BACKENDS; b++)
+		g->available[b] = eng->backends[b] && eng->backends[b]->available;
+	g->n_rails = collect_rails_locked(eng, g->rails, SC_INFO_MAX_RAILS);
+	g->peers_evicted = sc_peer_server_evicted(eng->peer_server);
+	sc_peer_server_load(eng->peer_server, &g->peer_load);
+	const struct sc_backend *ibb = eng->backends[SC_BACKEND_IBVERBS];
+	if (ibb) {
+		g->ib_qps_evicted = atomic_load(&ibb->qps_evicted);
+		g->ib_qps_expired = atomic_load(&ibb->qps_expired);
+		g->ib_qps_refused = atomic_load(&ibb->qps_refused);
+	}
+	for (int i = 0; i < SC_FAST_EVENTS; i++)
+		g->fast_events[i] = atomic_load(&eng->fast_events[i]);
+	if (eng->grpc_cert_serial[0]) {
+		struct sc_cert_gauge *c = &g->certs[g->n_certs++];
+		c->use = "grpc";
+		snprintf(c->serial, sizeof(c->serial), "%s", eng->grpc_cert_serial);
+		c->not_after = eng->grpc_cert_not_after;
+	}
+	pthread_mutex_unlock(&eng->mu);
+	if (eng->peer_tls) {
+		struct sc_tls_cert_info ci;
+		sc_peer_tls_info(eng->peer_tls, &ci);
+		struct sc_cert_gauge *c = &g->certs[g->n_certs++];
+		c->use = "peer";
+		snprintf(c->serial, sizeof(c->serial), "%s", ci.serial);
+		c->not_after = ci.not_after;
+	}
+}
+
+static bool is_draining(void *ctx)
+{
+	struct sc_engine *eng = ctx;
+	pthread_mutex_lock(&eng->mu);
+	bool d = eng->draining;
+	pthread_mutex_unlock(&eng->mu);
+	return d;
+}
+
+int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct sc_err *err)
+{
+	struct sc_engine *eng = calloc(1, sizeof(*eng));
+	if (!eng)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	eng->cfg = cfg;
+	pthread_mutex_init(&eng->mu, NULL);
+	pthread_cond_init(&eng->idle_cv, NULL);
+	sc_list_init(&eng->sched);
+	sc_list_init(&eng->progress_idle);
+	sc_list_init(&eng->subs);
+	snprintf(eng->id, sizeof(eng->id), "%s", cfg->id);
+	eng->regions = sc_idmap_create();
+	eng->ops = sc_idmap_create();
+	eng->tokens = sc_idmap_create();
+	eng->spent_tokens = sc_idmap_create();
+	eng->progress_ids = sc_idmap_create();
+	if (!eng->regions || !eng->ops || !eng->tokens || !eng->spent_tokens ||
+	    !eng->progress_ids) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+		goto fail;
+	}
+
+	struct stat st;
+	if (stat(cfg->shm_dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+		sc_err_set(err, SC_INVALID_ARGUMENT, "--shm-dir %s is not a directory: %s",
+			   cfg->shm_dir, errno ? strerror(errno) : "not a directory");
+		goto fail;
+	}
+	if (access(cfg->shm_dir, W_OK) != 0) {
+		sc_err_set(err, SC_INVALID_ARGUMENT, "--shm-dir %s is not writable: %s",
+			   cfg->shm_dir, strerror(errno));
+		goto fail;
+	}
+	if (sc_path_guard_check_dirs(cfg, err) != 0)
+		goto fail;
+	if (sc_fault_guard_install(err) != 0)
+		goto fail;
+
+	if (cfg->key_file && cfg->key_file[0]) {
+		if (sc_keyring_load(cfg->key_file, &eng->keys, err) != 0) {
+			sc_err_prefix(err, "--key-file");
+			goto fail;
+		}
+		SC_INFO("keys", "loaded %zu key(s) from %s; signing with \"%s\"",
+			sc_keyring_count(eng->keys), cfg->key_file,
+			sc_keyring_signing_id(eng->keys));
+	} else {
+		if (ephemeral_keyring(eng, err) != 0)
+			goto fail;
+		SC_WARN("keys", "no --key-file: metadata is signed with a throw-away key, so only "
+				"transfers inside this sidecar work; give every sidecar the same "
+				"--key-file for cross-sidecar transfers");
+	}
+
+	raise_open_files(eng);
+	eng->gpu = sc_gpu_open(eng->cuda_detail, sizeof(eng->cuda_detail));
+	sc_engine_topology_load(eng);
+
+	/* The peer channel carries the TCP data plane and the ibverbs rendezvous. */
+	bool peer_channel = false;
+	for (size_t i = 0; i < sc_backend_registry_count(); i++) {
+		const struct sc_backend_class *c = sc_backend_registry_at(i);
+		peer_channel |= c->peer_channel && backend_enabled(cfg, SC_BACKEND_BIT(c->kind));
+	}
+	const struct sc_keyring_source keys = {.get = engine_keyring, .ctx = eng};
+	if (peer_channel) {
+		if (sc_peer_tls_create(cfg, &eng->peer_tls, err) != 0)
+			goto fail;
+		const struct sc_peer_server_env senv = {.self_id = eng->id, .keys = keys,
+							.gpu = eng->gpu,
+							.passive = sc_op_passive(eng)};
+		if (sc_peer_server_create(&senv, cfg, &eng->peer_server, err) != 0)
+			goto fail;
+		if (sc_peer_pool_create(eng->id, &keys, &eng->peer_pool, err) != 0)
+			goto fail;
+		sc_peer_server_set_tls(eng->peer_server, eng->peer_tls);
+		sc_peer_pool_set_tls(eng->peer_pool, eng->peer_tls);
+		sc_peer_pool_set_admit(eng->peer_pool, sc_peer_ping);
+	}
+	/* Backends talk to passive operations only through the interface handed here; those on the
+	 * peer channel get it through the peer server, which adds the claim of completion notices
+	 * (ibverbs). */
+	const struct sc_backend_env env = {.cfg = cfg, .self_id = eng->id,
+					   .passive = sc_op_passive(eng), .pool = eng->peer_pool,
+					   .server = eng->peer_server, .gpu = eng->gpu,
+					   .rail_choice = sc_engine_rail_choice,
+					   .rail_choice_ctx = eng};
+	struct sc_backend_env peer_env = env;
+	if (eng->peer_server)
+		peer_env.passive = sc_peer_server_passive(eng->peer_server);
+	for (size_t i = 0; i < sc_backend_registry_count(); i++) {
+		const struct sc_backend_class *c = sc_backend_registry_at(i);
+		struct sc_backend *b = sc_backend_registry_create(c, c->peer_channel ? &peer_env : &env);
+		if (!b) {
+			sc_err_set(err, SC_RESOURCE_EXHAUSTED, "cannot create backend %s", c->name);
+			goto fail;
+		}
+		eng->backends[c->kind] = b;
+		if (!backend_enabled(cfg, SC_BACKEND_BIT(c->kind)))
+			disable_backend(b, "disabled by --backends");
+		else if ((cfg->backends & SC_BACKEND_BIT(c->kind)) && !b->available)
+			SC_WARN(c->name, "--backends asks for %s but it is unavailable: %s", c->name,
+				b->detail);
+	}
+	const struct sc_metrics_source msrc = {.id = eng->id, .gpu = eng->gpu,
+					       .read_gauges = read_gauges, .draining = is_draining,
+					       .ctx = eng};
+	if (sc_metrics_create(&msrc, cfg->metrics_listen, &eng->metrics, err) != 0)
+		goto fail;
+	*out = eng;
+	return 0;
+fail:
+	sc_engine_destroy(eng);
+	return -1;
+}
+
+int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
+{
+	if (sc_timers_create(&eng->timers) != 0)
+		return sc_err_set(err, SC_INTERNAL, "cannot start the timer thread");
+	if (!sc_heap_trim_start(eng->timers))
+		SC_WARN("engine", "cannot arm the periodic heap trim (out of memory)");
+	if (eng->peer_server && sc_peer_server_start(eng->peer_server, err) != 0)
+		return -1;
+	/* cert-manager and SPIRE rewrite the files: new connections take the new certificate. */
+	if (sc_peer_tls_watch(eng->peer_tls, eng->cfg->tls_reload_interval_ms, err) != 0)
+		return -1;
+	for (size_t i = 0; i < sc_backend_registry_count(); i++) {
+		const struct sc_backend_class *c = sc_backend_registry_at(i);
+		struct sc_backend *be = eng->backends[c->kind];
+		if (!be->available)
+			continue;
+		struct sc_err berr;
+		sc_err_clear(&berr);
+		if (sc_backend_start(be, &berr) != 0) {
+			if (c->must_start && (eng->cfg->backends & SC_BACKEND_BIT(c->kind)))
+				return sc_err_set(err, berr.code, "%s backend: %s", c->name, berr.msg);
+			SC_WARN("engine", "backend %s failed to start, disabled: %s", c->name,
+				berr.msg);
+			disable_backend(be, berr.msg);
+		}
+	}
+	if (eng->cfg->nats_url && eng->cfg->nats_url[0]) {
+		const struct sc_config *c = eng->cfg;
+		struct sc_nats_bus_opts no = {.tls_ca = c->nats_tls_ca,
+					      .tls_cert = c->nats_tls_cert,
+					      .tls_key = c->nats_tls_key,
+					      .creds_file = c->nats_creds,
+					      .nkey_seed_file = c->nats_nkey_seed};
+		if (sc_nats_bus_create_ex(c->nats_url, eng->id, &no, &eng->bus, err) != 0) {
+			sc_err_prefix(err, "--nats-url");
+			return -1;
+		}
+		if (c->warm_peers && eng->peer_pool && sc_warmer_start(eng, &eng->warmer, err) != 0)
+			return -1;
+	}
+	if (sc_metrics_start(eng->metrics, err) != 0)
+		return -1;
+	sc_engine_topology_build(eng);
+	eng->started = true;
+	for (int b = 1; b < SC_NUM_BACKENDS; b++)
+		if (eng->backends[b])
+			SC_INFO("engine", "backend %-7s %s: %s",
+				sc_backend_name((enum sc_backend_kind)b),
+				eng->backends[b]->available ? "available  " : "unavailable",
+				eng->backends[b]->detail);
+	SC_INFO("engine", "cuda: %s", eng->cuda_detail);
+	for (int i = 0; i < sc_gpu_count(eng->gpu); i++) {
+		const struct sc_gpu_device_info *g = sc_gpu_device(eng->gpu, i);
+		SC_INFO("engine", "gpu %d: %s (%s), nearest RDMA device: %s; ibverbs path: %s", i,
+			g->name, g->pci_bus_id, g->nearest_detail, g->rdma_path);
+	}
+	return 0;
+}
+
+void sc_engine_begin_drain(struct sc_engine *eng)
+{
+	pthread_mutex_lock(&eng->mu);
+	eng->draining = true;
+	pthread_mutex_unlock(&eng->mu);
+}
+
+/* New regions and operations are refused once the sidecar drains. Under mu. */
+int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err)
+{
+	if (eng->draining)
+		return sc_err_set(err, SC_UNAVAILABLE,
+				  "sidecar is draining (shutting down): retry on another sidecar");
+	return 0;
+}
+
+uint32_t sc_engine_active_count(struct sc_engine *eng)
+{
+	return eng->active_transfers;
+}
+
+void sc_engine_each_op(struct sc_engine *eng, void (*fn)(void *ctx, void *op), void *ctx)
+{
+	if (eng->ops)
+		sc_idmap_each(eng->ops, fn, ctx);
+}
+
+/* Transfers this sidecar runs (active, scheduled) or serves to a peer (passive, begun). */
+static bool engine_busy(struct sc_engine *eng)
+{
+	return sc_engine_active_count(eng) > 0 || sc_sched_queued(eng) > 0 ||
+	       sc_engine_passive_busy_count(eng) > 0;
+}
+
+bool sc_engine_wait_idle(struct sc_engine *eng, uint64_t timeout_ms)
+{
+	uint64_t end = sc_clock_mono_after_ms(timeout_ms);
+	pthread_mutex_lock(&eng->mu);
+	while (engine_busy(eng)) {
+		uint64_t now = sc_clock_mono_ms();
+		if (now >= end)
+			break;
+		sc_cond_wait_ms(&eng->idle_cv, &eng->mu, end - now < 100 ? end - now : 100);
+	}
+	bool idle = !engine_busy(eng);
+	pthread_mutex_unlock(&eng->mu);
+	return idle;
+}
+
+void sc_engine_destroy(struct sc_engine *eng)
+{
+	if (!eng)
+		return;
+	sc_metrics_stop(eng->metrics); /* no scrape reads the tables while they go */
+	sc_engine_begin_drain(eng);
+	if (eng->ops)
+		sc_op_cancel_all(eng, "sidecar is shutting down");
+	/* Wait (briefly) for backends to report the cancelled transfers. */
+	if (eng->started)
+		sc_engine_wait_idle(eng, 5000);
+	sc_bus_stop(eng);
+	sc_warmer_stop(eng->warmer); /* before the backends: it uses them */
+	eng->warmer = NULL;
+	sc_nats_bus_destroy(eng->bus);
+	eng->bus = NULL;
+	for (int b = 1; b < SC_NUM_BACKENDS; b++)
+		if (eng->backends[b] && eng->started)
+			sc_backend_stop(eng->backends[b]);
+	sc_peer_server_destroy(eng->peer_server);
+	eng->peer_server = NULL;
+	if (eng->ops)
+		sc_op_forget_all(eng);
+	sc_timers_destroy(eng->timers);
+	eng->timers = NULL;
+	if (eng->regions)
+		sc_region_release_all(eng);
+	for (int b = 1; b < SC_NUM_BACKENDS; b++)
+		sc_backend_destroy(eng->backends[b]);
+	sc_peer_pool_destroy(eng->peer_pool);
+	sc_gpu_close(eng->gpu); /* after the regions: they hold GPU memory */
+	sc_engine_topology_free(eng);
+	sc_peer_tls_destroy(eng->peer_tls);
+	sc_sched_free_progress(eng);
+	sc_idmap_destroy(eng->regions);
+	sc_idmap_destroy(eng->ops);
+	sc_idmap_destroy(eng->tokens);
+	sc_idmap_destroy(eng->spent_tokens);
+	sc_metrics_destroy(eng->metrics);
+	sc_keyring_release(eng->keys);
+	pthread_cond_destroy(&eng->idle_cv);
+	pthread_mutex_destroy(&eng->mu);
+	free(eng);
+}
+
+void sc_engine_fast_path_note(struct sc_engine *eng, enum sc_fast_event ev)
+{
+	if (eng && ev < SC_FAST_EVENTS)
+		atomic_fetch_add(&eng->fast_events[ev], 1);
+}
+
+void sc_engine_set_grpc_certificate(struct sc_engine *eng, const char *serial, int64_t not_after)
+{
+	pthread_mutex_lock(&eng->mu);
+	snprintf(eng->grpc_cert_serial, sizeof(eng->grpc_cert_serial), "%s", serial ? serial : "");
+	eng->grpc_cert_not_after = not_after;
+	pthread_mutex_unlock(&eng->mu);
+}
+
+int sc_engine_reload_tls(struct sc_engine *eng, struct sc_err *err)
+{
+	if (!eng->peer_tls)
+		return 0;
+	return sc_peer_tls_reload(eng->peer_tls, true, err) < 0 ? -1 : 0;
+}
+
+int sc_engine_reload_keys(struct sc_engine *eng, struct sc_err *err)
+{
+	if (!eng->cfg->key_file || !eng->cfg->key_file[0])
+		return sc_err_set(err, SC_FAILED_PRECONDITION, "no --key-file to reload");
+	struct sc_keyring *ring;
+	if (sc_keyring_load(eng->cfg->key_file, &ring, err) != 0)
+		return -1;
+	pthread_mutex_lock(&eng->mu);
+	struct sc_keyring *old = eng->keys;
+	eng->keys = ring;
+	eng->keys_ephemeral = false;
+	pthread_mutex_unlock(&eng->mu);
+	sc_keyring_release(old);
+	SC_INFO("keys", "reloaded %zu key(s) from %s; signing with \"%s\"",
+		sc_keyring_count(ring), eng->cfg->key_file, sc_keyring_signing_id(ring));
+	return 0;
+}
+
+void sc_engine_info(struct sc_engine *eng, struct sc_info *out)
+{
+	memset(out, 0, sizeof(*out));
+	snprintf(out->sidecar_id, sizeof(out->sidecar_id), "%s", eng->id);
+	out->version = SC_VERSION;
+	pthread_mutex_lock(&eng->mu);
+	for (size_t i = 0; i < sc_backend_registry_count() && i < SC_INFO_MAX_BACKENDS; i++) {
+		enum sc_backend_kind kind = sc_backend_registry_at(i)->kind;
+		struct sc_backend *b = eng->backends[kind];
+		struct sc_backend_report *r = &out->backends[out->n_backends++];
+		r->backend = kind;
+		r->available = b && b->available;
+		snprintf(r->detail, sizeof(r->detail), "%s", b ? b->detail : "not built");
+		for (size_t d = 0; b && d < b->n_devices && d < 4; d++)
+			snprintf(r->devices[r->n_devices++], sizeof(r->devices[0]), "%s",
+				 b->devices[d]);
+	}
+	out->n_rails = collect_rails_locked(eng, out->rails, SC_INFO_MAX_RAILS);
+	out->topology_source = eng->topo_source;
+	out->open_files_limit = eng->open_files_limit;
+	out->topo_table = eng->topo_table;
+	for (size_t k = 0; eng->topo_table && k < eng->n_absent_rails &&
+			   out->n_rails < SC_INFO_MAX_RAILS; k++) {
+		const struct sc_topo_rail *tr = &eng->topo_table->rails[eng->absent_rails[k]];
+		struct sc_rail_entry *e = &out->rails[out->n_rails++];
+		memset(e, 0, sizeof(*e));
+		e->backend = SC_BACKEND_IBVERBS;
+		e->index = (uint32_t)k;
+		snprintf(e->r.name, sizeof(e->r.name), "%s", tr->name);
+		snprintf(e->r.pci, sizeof(e->r.pci), "%s", tr->pci);
+		e->r.numa = tr->numa;
+		e->r.state = SC_RAIL_ABSENT;
+		snprintf(e->r.detail, sizeof(e->r.detail),
+			 "named by the topology file %s only: no such RDMA device here", eng->topo_source);
+	}
+	struct sc_backend *tcp = eng->backends[SC_BACKEND_TCP];
+	if (eng->peer_server) {
+		size_t n = sc_peer_server_n_endpoints(eng->peer_server);
+		for (size_t i = 0; i < n && i < SC_INFO_MAX_ENDPOINTS; i++) {
+			snprintf(out->data_endpoints[i], sizeof(out->data_endpoints[i]), "%s",
+				 sc_peer_server_endpoint_at(eng->peer_server, i));
+			if (out->data_endpoints[i][0])
+				out->n_data_endpoints = i + 1;
+		}
+	}
+	(void)tcp;
+	if (eng->peer_tls) { /* say how the peer channel is protected, on the tcp backend's line */
+		struct sc_backend_report *r = &out->backends[0];
+		size_t used = strlen(r->detail);
+		snprintf(r->detail + used, sizeof(r->detail) - used, "; peer TLS: %s",
+			 sc_peer_tls_mode(eng->peer_tls));
+	}
+	snprintf(out->nats_state, sizeof(out->nats_state), "%s",
+		 eng->bus ? sc_nats_bus_state(eng->bus) : "disabled");
+	out->signing_enabled = !eng->keys_ephemeral;
+	if (!eng->keys_ephemeral)
+		snprintf(out->signing_key_id, sizeof(out->signing_key_id), "%s",
+			 sc_keyring_signing_id(eng->keys));
+	pthread_mutex_unlock(&eng->mu);
+	if (eng->peer_tls) {
+		struct sc_tls_cert_info ci;
+		sc_peer_tls_info(eng->peer_tls, &ci);
+		out->has_peer_cert = true;
+		snprintf(out->peer_cert_serial, sizeof(out->peer_cert_serial), "%s", ci.serial);
+		snprintf(out->peer_cert_identity, sizeof(out->peer_cert_identity), "%s",
+			 ci.has_identity ? ci.identity : "");
+		out->peer_cert_not_before = ci.not_before;
+		out->peer_cert_not_after = ci.not_after;
+		out->peer_identity_source = sc_peer_identity_name(eng->cfg->peer_identity);
+	}
+	out->cuda_available = eng->gpu != NULL;
+	snprintf(out->cuda_detail, sizeof(out->cuda_detail), "%s", eng->cuda_detail);
+	out->n_gpus = (size_t)sc_gpu_count(eng->gpu);
+	for (size_t i = 0; i < out->n_gpus; i++)
+		out->gpus[i] = *sc_gpu_device(eng->gpu, (int)i);
+}
+
+uint64_t sc_engine_timer_add(struct sc_engine *eng, uint64_t delay_ms, sc_timer_fn fn, void *ctx)
+{
+	return sc_timers_add(eng->timers, sc_clock_mono_after_ms(delay_ms), fn, ctx);
+}
+
+bool sc_engine_timer_cancel(struct sc_engine *eng, uint64_t timer_id)
+{
+	return sc_timers_cancel(eng->timers, timer_id);
+}
+
+bool sc_engine_timer_try_cancel(struct sc_engine *eng, uint64_t timer_id)
+{
+	return sc_timers_try_cancel(eng->timers, timer_id);
+}
