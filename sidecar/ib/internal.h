@@ -302,14 +302,7 @@ static inline struct ib_backend *to_ib(struct sc_backend *b)
 	return container_of(b, struct ib_backend, base);
 }
 
-/* ib/backend.c */
-/* A backend object with its locks and lists, no device yet (lane 0 or another lane). */
-struct ib_backend *ib_backend_new(const struct sc_backend_env *env);
-/* Open rail r's device into ib (ctx, PD, port, GID, limits, remote access). 0 or -1 with why. */
-int ib_open_rail(struct ib_backend *ib, struct ibv_device **list, int n, size_t r, char *why,
-		 size_t cap);
-/* Free a stopped lane: CQ, channel, bind QP, PD, device, the object. */
-void ib_backend_free(struct ib_backend *ib);
+/* ib/port.c */
 /* The GID of (ctx, p->port, p->pa): index `want` (>= 0), else the first RoCE v2 one with an IPv4
  * address (Ethernet), else index 0 (InfiniBand). -1 with why filled when there is none. */
 int ib_pick_gid(struct ibv_context *ctx, const char *dev, struct ib_pick *p, int want, char *why,
@@ -318,6 +311,20 @@ const char *ib_gid_type_name(unsigned t);
 uint32_t ib_mtu_bytes(enum ibv_mtu m);
 enum ibv_mtu ib_mtu_from_bytes(uint32_t bytes);
 void ib_gid_text(const union ibv_gid *gid, char *out, size_t cap);
+/* The issuer's rail (its lane number) that lane ib pairs with for md: rail i to rail i modulo
+ * the issuer's rail count (0 when md lists no other rails). */
+unsigned ib_lane_remote(const struct ib_backend *ib, const struct sc_metadata *md);
+
+/* ib/device.c */
+/* A backend object with its locks and lists, no device yet (lane 0 or another lane); its
+ * base.ops is `ops` (the caller's table: ib/backend.c's). */
+struct ib_backend *ib_backend_new(const struct sc_backend_env *env,
+				  const struct sc_backend_ops *ops);
+/* Open rail r's device into ib (ctx, PD, port, GID, limits, remote access). 0 or -1 with why. */
+int ib_open_rail(struct ib_backend *ib, struct ibv_device **list, int n, size_t r, char *why,
+		 size_t cap);
+/* Free a stopped lane: CQ, channel, bind QP, PD, device, the object. */
+void ib_backend_free(struct ib_backend *ib);
 
 /* ib/rails.c */
 /* Fill ib->base.rails and ib->rail_port from the devices in list: every port, in --ib-devices
@@ -331,14 +338,13 @@ void ib_rails_mark_data_rail(struct ib_backend *ib);
 void ib_rails_port_event(struct ib_backend *ib, uint8_t port, bool active, const char *what);
 
 /* ib/lanes.c */
-/* Open a lane on every usable rail after the first (lane 0, ib, is open). Main thread, create. */
-void ib_lanes_open(struct ib_backend *ib, struct ibv_device **list, int n);
+/* Open a lane on every usable rail after the first (lane 0, ib, is open), each with lane_ops
+ * (the one-rail table). Main thread, create. */
+void ib_lanes_open(struct ib_backend *ib, const struct sc_backend_ops *lane_ops,
+		   struct ibv_device **list, int n);
 int ib_lanes_start(struct ib_backend *ib, struct sc_err *err);
 void ib_lanes_stop(struct ib_backend *ib);
 void ib_lanes_destroy(struct ib_backend *ib);
-/* The issuer's rail (its lane number) that lane ib pairs with for md: rail i to rail i modulo
- * the issuer's rail count (0 when md lists no other rails). */
-unsigned ib_lane_remote(const struct ib_backend *ib, const struct sc_metadata *md);
 /* The lane-k MR of the region whose lane-0 registration is mr0 (NULL: none). Any thread. */
 struct ibv_mr *ib_lane_mr(struct ib_backend *ib, const void *mr0, unsigned k);
 /* Whether lane 0 holds the region of lane-0 MR mr0 only for the handle: the topology (or, in

@@ -41,12 +41,13 @@ struct ib_lane_grant {
 	void *g[SC_MAX_IB_RAILS];
 };
 
-void ib_lanes_open(struct ib_backend *ib, struct ibv_device **list, int n)
+void ib_lanes_open(struct ib_backend *ib, const struct sc_backend_ops *lane_ops,
+		   struct ibv_device **list, int n)
 {
 	for (size_t r = 0; r < ib->base.n_rails && ib->n_lanes < SC_MAX_IB_RAILS; r++) {
 		if (!ib->rail_port[r].usable || (int)r == ib->rail)
 			continue;
-		struct ib_backend *l = ib_backend_new(&ib->base.env);
+		struct ib_backend *l = ib_backend_new(&ib->base.env, lane_ops);
 		if (!l) {
 			sc_rail_set_state(&ib->base, r, SC_RAIL_UNUSABLE, "out of memory");
 			continue;
@@ -111,13 +112,6 @@ void ib_lanes_destroy(struct ib_backend *ib)
 		ib->regs = r->next;
 		free(r);
 	}
-}
-
-unsigned ib_lane_remote(const struct ib_backend *ib, const struct sc_metadata *md)
-{
-	size_t rails = 1 + md->n_ib_rails;
-	size_t i = ib->lane % rails;
-	return i == 0 ? 0 : md->ib_rails[i - 1].index;
 }
 
 struct ibv_mr *ib_lane_mr(struct ib_backend *ib, const void *mr0, unsigned k)
