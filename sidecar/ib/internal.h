@@ -435,6 +435,39 @@ static inline void ib_qp_touch_in_locked(struct ib_backend *ib, struct ib_qp *q)
 	q->used_seq = ++ib->use_seq;
 }
 
+/* ib/qp_wire.c: the QP_CONNECT body (its wire format is described there). */
+#define QPC_VERSION 1
+#define QPC_REQUEST 1
+#define QPC_REPLY 2
+#define QPC_VERIFY 3
+#define QPC_VERIFY_REPLY 4
+#define QPC_F_NOTICE 1
+#define QPC_FIXED 48
+#define QPC_MAX (QPC_FIXED + 2 + SC_NAME_MAX + 1)
+
+struct ib_qpc {
+	uint8_t op;
+	uint16_t status;
+	uint32_t qpn, psn;
+	uint8_t gid[16];
+	uint16_t lid;
+	uint8_t link_layer;
+	uint8_t flags;
+	uint32_t mtu;
+	uint32_t max_rd, max_dest_rd;
+	uint32_t prev_qpn;
+	char id[SC_NAME_MAX];
+	uint8_t lane; /* the responder's rail asked for (0: the first) */
+};
+/* Encode m into out: its length, 0 when cap is too small or the id too long. */
+size_t ib_qpc_encode(const struct ib_qpc *m, uint8_t *out, size_t cap);
+/* Decode and check a body of op want_op into m. 0, or -1 with err (INVALID_ARGUMENT). */
+int ib_qpc_decode(const uint8_t *in, size_t len, uint8_t want_op, struct ib_qpc *m,
+		  struct sc_err *err);
+/* This side's half for QP q of lane ib: op, qpn, psn, GID, LID, MTU, RDMA READ depths, self id. */
+void ib_qpc_fill_local(struct ib_backend *ib, struct ib_qp *q, uint8_t op, uint32_t psn,
+		       struct ib_qpc *m);
+
 /* ib/xfer.c */
 /* A transfer whose RDMA path failed (UNAVAILABLE, its own rails' fault): when the engine may move
  * it to tcp (x->fallback_ok), it was OPENed, and the peer still answers on the control connection
