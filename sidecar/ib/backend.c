@@ -1,17 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * ib/backend.c: the ibverbs backend's ops table and what it owns per device. At create (main
+ * ib/backend.c: the ibverbs backend's ops tables and lifecycle, the top of ib/. At create (main
  * thread, before the engine starts) it finds the rails (ib/rails.c: every port of every device,
- * in --ib-devices order, each with its GID: --ib-gid-index or the first RoCE v2 GID with an IPv4
- * address), opens the first usable one (lane 0, this object) and allocates its protection
- * domain, then every other usable rail as a lane of its own (ib/lanes.c); `detail` says exactly
- * what was chosen or why nothing is usable. With one lane the ops table is the one-rail backend's;
- * with several, regions and grants go to every lane and large transfers are striped (ib/stripe.c).
- * Region MRs and per-operation remote access (memory windows, or MRs where the device has none)
- * live in ib/access.c.
+ * in --ib-devices order, each with its GID, ib/port.c), opens the first usable one as lane 0, this
+ * object (ib/device.c), then every other usable rail as a lane of its own (ib/lanes.c); `detail`
+ * says exactly what was chosen or why nothing is usable. With one lane the ops table is the
+ * one-rail backend's (ib/access.c, ib/xfer.c, ib/qp.c); with several, regions and grants go to
+ * every lane and large transfers are striped (ib/stripe.c). Every lane is made with the one-rail
+ * table handed in (ib_backend_new), so no file below calls back into this one.
  *
- * Owns: the device context, the PD (and through ib/qp.c / ib/xfer.c, the CQ, QPs and threads),
- * the other lanes (ib/lanes.c).
+ * Threads: create, start, stop and destroy on the main thread; the ops on engine threads.
+ * Owns: lane 0 (its device context and PD, ib/device.c; through ib/qp.c / ib/xfer.c, the CQ, QPs
+ * and threads), the other lanes (ib/lanes.c).
  */
 #include "ib/internal.h"
 

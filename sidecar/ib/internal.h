@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * ib/internal.h: the ibverbs backend's private structures, shared by its three files and nothing
- * else (built only when libibverbs is found):
+ * ib/internal.h: the ibverbs backend's private structures and cross-file prototypes, shared by
+ * the files of ib/ and nothing else (built only when libibverbs is found):
  *
- *   ib/backend.c  the ops table, opening the data rail's device, the protection domain,
- *                 start/stop/destroy
+ *   ib/backend.c  the ops tables (one rail, several lanes); create, start, stop, destroy
+ *   ib/device.c   one rail's object (struct ib_backend): new (ops handed in), open a rail's
+ *                 device (context, PD, port, GID, limits), free
+ *   ib/port.c     a port's facts: MTU, GID choice and text, lane pairing (ib_lane_remote)
  *   ib/rails.c    the rails: every port of every device, their facts and state
  *   ib/lanes.c    one lane (a struct ib_backend of its own) per usable rail: opening the others,
  *                 registering regions and granting access on every lane, the metadata's rails
@@ -13,11 +15,16 @@
  *                 type-1 memory windows, one per (operation, region), or MRs where there are none
  *   ib/qp.c       RC queue pairs per peer sidecar: the QP_CONNECT rendezvous on the peer control
  *                 channel (both sides), the cache of outgoing QPs, tombstones, incoming QPs
+ *   ib/qp_wire.c  the QP_CONNECT body: encode, decode, this side's half
  *   ib/xfer.c     transfers: setup/finish on worker threads, RDMA READ/WRITE posting and the
  *                 completion thread (CQ, async events, deadlines, cancel)
  *   ib/retry.c    moving a transfer to a fresh QP when its shared QP failed for another's reason
  *   ib/notify.c   the completion notice: a SEND behind a transfer's last work request, the
  *                 receive buffers of incoming QPs, and what their receive completions complete
+ *
+ * Calls between them go one way (no loop): backend.c > stripe.c > lanes.c > xfer.c > retry.c >
+ * qp.c > qp_wire.c, notify.c; lanes.c > device.c > access.c; xfer.c > rails.c; port.c, under
+ * all of them, calls none. A lower file that needs a higher one's function gets it handed in (ib_backend_new's ops).
  *
  * Locking: one mutex, ib->mu, guards everything mutable here (peer table, QP lists and credits,
  * transfer list and states, task queue). It is never held while calling the engine (on_progress,

@@ -1,6 +1,37 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ib/qp.c: RC queue pairs between sidecars, set up on demand over the authenticated peer control
+ * channel (peer/pool.h / peer/server.h) with one QP_CONNECT request/reply (its body:
+ * ib/qp_wire.c). The requester caches one QP per peer sidecar, or a tombstone after a failure,
+ * and checks a cached QP with the peer first (VERIFY) when it may be stale; the responder keeps
+ * "incoming" QPs, which never post anything. Both kinds are capped at --ib-max-qps, idle ones
+ * making room. The rendezvous, the caps and expiry, tombstones and VERIFY: below.
+ *
+ * Threads: ib_qp_get and ib_control_conn on worker threads (and striped transfers' threads),
+ * ib_connect on gRPC threads, the QP_CONNECT handler on peer-server threads, async errors and
+ * expiry on the completion thread.
+ * Owns: the peer table, the outgoing and incoming QPs (ib/internal.h, Lifetime), the QP_CONNECT
+ * handler's registration, the test hooks of ib/test.h.
+ */
+#include "ib/internal.h"
+
+#include "ib/test.h"
+#include "base/log.h"
+#include "peer/pool.h"
+#include "peer/proto.h"
+#include "peer/request.h"
+#include "peer/server.h"
+#include "base/timer.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/*
+ * RC queue pairs between sidecars, set up on demand over the authenticated peer control
  * channel (peer/pool.h / peer/server.h), one QP_CONNECT request/reply:
  *
  *   requester (active side, a worker thread)        responder (passive side, a peer-server thread)
@@ -39,25 +70,7 @@
  * is fresh but the control connection for the transfer had to be dialled anew (no idle one was
  * still open): a peer killed and restarted on the same address within IB_VERIFY_IDLE_MS closed
  * them all, and its end of the QP is gone.
- *
- * The QP_CONNECT body's wire format: ib/qp_wire.c.
  */
-#include "ib/internal.h"
-
-#include "ib/test.h"
-#include "base/log.h"
-#include "peer/pool.h"
-#include "peer/proto.h"
-#include "peer/request.h"
-#include "peer/server.h"
-#include "base/timer.h"
-
-#include <errno.h>
-#include <inttypes.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
 
 /* The rendezvous gives up after this long even when the transfer's deadline is later. */
 #define RENDEZVOUS_MS 15000
