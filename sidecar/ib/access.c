@@ -1,7 +1,33 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * ib/access.c: memory registration and per-operation remote access for the ibverbs backend.
+ * ib/access.c: memory registration and per-operation remote access for the ibverbs backend, one
+ * lane at a time (ib/lanes.c repeats it on every lane). Regions: one MR per region with local
+ * access only (register_region / deregister_region). Passive operations: one grant per
+ * (operation, region), a type-1 memory window bound through a private RC QP connected to itself
+ * where the device keeps a window's rkey inside the window, else an MR with remote access
+ * (expose / revoke). How, and why: below.
  *
+ * Threads: engine threads under the engine lock; ib_access_init / ib_access_fini with the lane's
+ * device (ib/device.c: create and destroy, main thread).
+ * Owns: the bind QP and its CQ (made at create, destroyed at destroy), the grants.
+ */
+#include "ib/internal.h"
+
+#include "gpu/gpu.h"
+#include "base/log.h"
+#include "base/timer.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+/*
  * Regions: one MR per region, made when the region is published (register_region, engine
  * threads under the engine lock) and deregistered with it (deregister_region, at the region's
  * last reference, after every operation on it has revoked its access). Its access is local write
@@ -25,24 +51,7 @@
  *   - otherwise one MR per (operation, region span) with REMOTE_READ or REMOTE_WRITE, deregistered
  *     by revoke.
  * GetInfo's detail says which, and why (ib->grant_why).
- *
- * Owns: the bind QP and its CQ (made at create, destroyed at destroy), the grants.
  */
-#include "ib/internal.h"
-
-#include "gpu/gpu.h"
-#include "base/log.h"
-#include "base/timer.h"
-
-#include <errno.h>
-#include <inttypes.h>
-#include <sched.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/resource.h>
-#include <time.h>
-#include <unistd.h>
 
 #define BIND_DEPTH 64	  /* send queue of the bind QP: binds posted before a wait */
 #define BIND_WAIT_MS 5000 /* a bind's completion never takes this long */

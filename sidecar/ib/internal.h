@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * ib/internal.h: the ibverbs backend's private structures, shared by its three files and nothing
- * else (built only when libibverbs is found):
+ * ib/internal.h: the ibverbs backend's private structures and cross-file prototypes, shared by
+ * the files of ib/ and nothing else (built only when libibverbs is found):
  *
- *   ib/backend.c  the ops table, opening the data rail's device, the protection domain,
- *                 start/stop/destroy
+ *   ib/backend.c  the ops tables (one rail, several lanes); create, start, stop, destroy
+ *   ib/device.c   one rail's object (struct ib_backend): new (ops handed in), open a rail's
+ *                 device (context, PD, port, GID, limits), free
+ *   ib/port.c     a port's facts: MTU, GID choice and text, lane pairing (ib_lane_remote)
  *   ib/rails.c    the rails: every port of every device, their facts and state
  *   ib/lanes.c    one lane (a struct ib_backend of its own) per usable rail: opening the others,
  *                 registering regions and granting access on every lane, the metadata's rails
@@ -13,11 +15,16 @@
  *                 type-1 memory windows, one per (operation, region), or MRs where there are none
  *   ib/qp.c       RC queue pairs per peer sidecar: the QP_CONNECT rendezvous on the peer control
  *                 channel (both sides), the cache of outgoing QPs, tombstones, incoming QPs
+ *   ib/qp_wire.c  the QP_CONNECT body: encode, decode, this side's half
  *   ib/xfer.c     transfers: setup/finish on worker threads, RDMA READ/WRITE posting and the
  *                 completion thread (CQ, async events, deadlines, cancel)
  *   ib/retry.c    moving a transfer to a fresh QP when its shared QP failed for another's reason
  *   ib/notify.c   the completion notice: a SEND behind a transfer's last work request, the
  *                 receive buffers of incoming QPs, and what their receive completions complete
+ *
+ * Calls between them go one way (no loop): backend.c > stripe.c > lanes.c > xfer.c > retry.c >
+ * qp.c > qp_wire.c, notify.c; lanes.c > device.c > access.c; xfer.c > rails.c; port.c, under
+ * all of them, calls none. A lower file that needs a higher one's function gets it handed in (ib_backend_new's ops).
  *
  * Locking: one mutex, ib->mu, guards everything mutable here (peer table, QP lists and credits,
  * transfer list and states, task queue). It is never held while calling the engine (on_progress,
@@ -302,14 +309,7 @@ static inline struct ib_backend *to_ib(struct sc_backend *b)
 	return container_of(b, struct ib_backend, base);
 }
 
-/* ib/backend.c */
-/* A backend object with its locks and lists, no device yet (lane 0 or another lane). */
-struct ib_backend *ib_backend_new(const struct sc_backend_env *env);
-/* Open rail r's device into ib (ctx, PD, port, GID, limits, remote access). 0 or -1 with why. */
-int ib_open_rail(struct ib_backend *ib, struct ibv_device **list, int n, size_t r, char *why,
-		 size_t cap);
-/* Free a stopped lane: CQ, channel, bind QP, PD, device, the object. */
-void ib_backend_free(struct ib_backend *ib);
+/* ib/port.c */
 /* The GID of (ctx, p->port, p->pa): index `want` (>= 0), else the first RoCE v2 one with an IPv4
  * address (Ethernet), else index 0 (InfiniBand). -1 with why filled when there is none. */
 int ib_pick_gid(struct ibv_context *ctx, const char *dev, struct ib_pick *p, int want, char *why,
@@ -318,6 +318,20 @@ const char *ib_gid_type_name(unsigned t);
 uint32_t ib_mtu_bytes(enum ibv_mtu m);
 enum ibv_mtu ib_mtu_from_bytes(uint32_t bytes);
 void ib_gid_text(const union ibv_gid *gid, char *out, size_t cap);
+/* The issuer's rail (its lane number) that lane ib pairs with for md: rail i to rail i modulo
+ * the issuer's rail count (0 when md lists no other rails). */
+unsigned ib_lane_remote(const struct ib_backend *ib, const struct sc_metadata *md);
+
+/* ib/device.c */
+/* A backend object with its locks and lists, no device yet (lane 0 or another lane); its
+ * base.ops is `ops` (the caller's table: ib/backend.c's). */
+struct ib_backend *ib_backend_new(const struct sc_backend_env *env,
+				  const struct sc_backend_ops *ops);
+/* Open rail r's device into ib (ctx, PD, port, GID, limits, remote access). 0 or -1 with why. */
+int ib_open_rail(struct ib_backend *ib, struct ibv_device **list, int n, size_t r, char *why,
+		 size_t cap);
+/* Free a stopped lane: CQ, channel, bind QP, PD, device, the object. */
+void ib_backend_free(struct ib_backend *ib);
 
 /* ib/rails.c */
 /* Fill ib->base.rails and ib->rail_port from the devices in list: every port, in --ib-devices
@@ -331,14 +345,13 @@ void ib_rails_mark_data_rail(struct ib_backend *ib);
 void ib_rails_port_event(struct ib_backend *ib, uint8_t port, bool active, const char *what);
 
 /* ib/lanes.c */
-/* Open a lane on every usable rail after the first (lane 0, ib, is open). Main thread, create. */
-void ib_lanes_open(struct ib_backend *ib, struct ibv_device **list, int n);
+/* Open a lane on every usable rail after the first (lane 0, ib, is open), each with lane_ops
+ * (the one-rail table). Main thread, create. */
+void ib_lanes_open(struct ib_backend *ib, const struct sc_backend_ops *lane_ops,
+		   struct ibv_device **list, int n);
 int ib_lanes_start(struct ib_backend *ib, struct sc_err *err);
 void ib_lanes_stop(struct ib_backend *ib);
 void ib_lanes_destroy(struct ib_backend *ib);
-/* The issuer's rail (its lane number) that lane ib pairs with for md: rail i to rail i modulo
- * the issuer's rail count (0 when md lists no other rails). */
-unsigned ib_lane_remote(const struct ib_backend *ib, const struct sc_metadata *md);
 /* The lane-k MR of the region whose lane-0 registration is mr0 (NULL: none). Any thread. */
 struct ibv_mr *ib_lane_mr(struct ib_backend *ib, const void *mr0, unsigned k);
 /* Whether lane 0 holds the region of lane-0 MR mr0 only for the handle: the topology (or, in
@@ -428,6 +441,39 @@ static inline void ib_qp_touch_in_locked(struct ib_backend *ib, struct ib_qp *q)
 	q->last_used_mono_ms = sc_clock_mono_ms();
 	q->used_seq = ++ib->use_seq;
 }
+
+/* ib/qp_wire.c: the QP_CONNECT body (its wire format is described there). */
+#define QPC_VERSION 1
+#define QPC_REQUEST 1
+#define QPC_REPLY 2
+#define QPC_VERIFY 3
+#define QPC_VERIFY_REPLY 4
+#define QPC_F_NOTICE 1
+#define QPC_FIXED 48
+#define QPC_MAX (QPC_FIXED + 2 + SC_NAME_MAX + 1)
+
+struct ib_qpc {
+	uint8_t op;
+	uint16_t status;
+	uint32_t qpn, psn;
+	uint8_t gid[16];
+	uint16_t lid;
+	uint8_t link_layer;
+	uint8_t flags;
+	uint32_t mtu;
+	uint32_t max_rd, max_dest_rd;
+	uint32_t prev_qpn;
+	char id[SC_NAME_MAX];
+	uint8_t lane; /* the responder's rail asked for (0: the first) */
+};
+/* Encode m into out: its length, 0 when cap is too small or the id too long. */
+size_t ib_qpc_encode(const struct ib_qpc *m, uint8_t *out, size_t cap);
+/* Decode and check a body of op want_op into m. 0, or -1 with err (INVALID_ARGUMENT). */
+int ib_qpc_decode(const uint8_t *in, size_t len, uint8_t want_op, struct ib_qpc *m,
+		  struct sc_err *err);
+/* This side's half for QP q of lane ib: op, qpn, psn, GID, LID, MTU, RDMA READ depths, self id. */
+void ib_qpc_fill_local(struct ib_backend *ib, struct ib_qp *q, uint8_t op, uint32_t psn,
+		       struct ib_qpc *m);
 
 /* ib/xfer.c */
 /* A transfer whose RDMA path failed (UNAVAILABLE, its own rails' fault): when the engine may move

@@ -2,19 +2,10 @@
 /*
  * ib/lanes.c: the ibverbs backend on several rails. The backend the registry holds (lane 0) opens
  * the first usable rail (ib/backend.c); here it opens every other usable rail as a lane of its
- * own: a struct ib_backend with its own device context, PD, CQ, completion thread, workers, QP
- * cache and remote access, never seen by the registry, its rails and counters kept on lane 0's
- * base. With one usable rail nothing here runs and the backend is exactly the one-rail backend.
- *
- * With several lanes, lane 0's ops table (ib/backend.c) registers each region on every lane (GPU
- * memory only on the lanes whose rails the topology puts nearest to its GPU, and lane 0; the
- * handle stays lane 0's MR, what the engine hands back as seg->local_mr; the other lanes' MRs are
- * found from it, ib_lane_mr) and grants each passive operation's remote access on every lane. The
- * metadata keeps lane 0 where it always was (the descriptors' rkeys, the `ibverbs` endpoint: older
- * readers use that one rail) and lists the other lanes (IbverbsRail: number, endpoint, and one
- * rkey per group of descriptors, a group being a distinct lane-0 rkey, in order of first
- * appearance: one per exposed region with memory windows). A lane whose registration or grant
- * fails cannot carry that region or operation and is left out of its metadata.
+ * own: a struct ib_backend (ib/device.c) with its own device context, PD, CQ, completion thread,
+ * workers, QP cache and remote access, never seen by the registry, its rails and counters kept on
+ * lane 0's base. With one usable rail nothing here runs and the backend is exactly the one-rail
+ * backend. With several, regions and grants go to every lane (below, and ib_lane_mr).
  *
  * Threads: open at create (main thread); start/stop/destroy with the backend's; register,
  * deregister, expose and revoke on engine threads under the engine lock; ib_lane_mr from workers.
@@ -29,6 +20,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/*
+ * With several lanes, lane 0's ops table (ib/backend.c) registers each region on every lane (GPU
+ * memory only on the lanes whose rails the topology puts nearest to its GPU, and lane 0; the
+ * handle stays lane 0's MR, what the engine hands back as seg->local_mr; the other lanes' MRs are
+ * found from it, ib_lane_mr) and grants each passive operation's remote access on every lane. The
+ * metadata keeps lane 0 where it always was (the descriptors' rkeys, the `ibverbs` endpoint: older
+ * readers use that one rail) and lists the other lanes (IbverbsRail: number, endpoint, and one
+ * rkey per group of descriptors, a group being a distinct lane-0 rkey, in order of first
+ * appearance: one per exposed region with memory windows). A lane whose registration or grant
+ * fails cannot carry that region or operation and is left out of its metadata.
+ */
+
 /* One region's MRs on every lane; [0] is the handle the engine holds. */
 struct ib_lane_regs {
 	struct ibv_mr *mr[SC_MAX_IB_RAILS];
@@ -41,12 +44,13 @@ struct ib_lane_grant {
 	void *g[SC_MAX_IB_RAILS];
 };
 
-void ib_lanes_open(struct ib_backend *ib, struct ibv_device **list, int n)
+void ib_lanes_open(struct ib_backend *ib, const struct sc_backend_ops *lane_ops,
+		   struct ibv_device **list, int n)
 {
 	for (size_t r = 0; r < ib->base.n_rails && ib->n_lanes < SC_MAX_IB_RAILS; r++) {
 		if (!ib->rail_port[r].usable || (int)r == ib->rail)
 			continue;
-		struct ib_backend *l = ib_backend_new(&ib->base.env);
+		struct ib_backend *l = ib_backend_new(&ib->base.env, lane_ops);
 		if (!l) {
 			sc_rail_set_state(&ib->base, r, SC_RAIL_UNUSABLE, "out of memory");
 			continue;
@@ -111,13 +115,6 @@ void ib_lanes_destroy(struct ib_backend *ib)
 		ib->regs = r->next;
 		free(r);
 	}
-}
-
-unsigned ib_lane_remote(const struct ib_backend *ib, const struct sc_metadata *md)
-{
-	size_t rails = 1 + md->n_ib_rails;
-	size_t i = ib->lane % rails;
-	return i == 0 ? 0 : md->ib_rails[i - 1].index;
 }
 
 struct ibv_mr *ib_lane_mr(struct ib_backend *ib, const void *mr0, unsigned k)

@@ -1,14 +1,35 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ib/notify.c: the completion notice, which takes DONE off the active side's critical path for
- * ibverbs transfers. Right after a transfer's last RDMA READ/WRITE, the active side posts a SEND
- * on the same RC QP carrying {xfer_id, status}. RC executes a QP's requests in order, so when the
- * passive side receives it every RDMA WRITE before it has landed; READs get IBV_SEND_FENCE, so
- * the SEND leaves only after every READ response has arrived. The active side completes its
- * operation when the SEND completes (RC: the peer's NIC acknowledged it); the passive side's
- * completion thread turns the receive completion into the passive interface's done, once its
- * claim (answered by the peer server, which the engine's interface is handed through) confirms
- * that the QP's (authenticated) peer OPENed that transfer flagged "via ibverbs".
+ * ibverbs transfers: right after a transfer's last RDMA READ/WRITE the active side posts a SEND
+ * {xfer_id, status} on the same RC QP, and the passive side's completion thread turns its receive
+ * completion into the passive interface's done. Ordering, when DONE is still sent, the wire
+ * format and the buffers: below.
+ *
+ * Threads: posting runs under ib->mu on whichever thread posts data (a worker or the completion
+ * thread); receive completions and their delivery to the engine run on the completion thread.
+ * Owns: the notice buffers and their MRs (per QP), the received notices not yet delivered.
+ */
+#include "ib/internal.h"
+
+#include "base/log.h"
+#include "backend/passive.h"
+#include "peer/proto.h" /* sc_peer_status_from_wire */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/*
+ * Ordering: RC executes a QP's requests in order, so when the passive side receives the notice
+ * every RDMA WRITE before it has landed; READs get IBV_SEND_FENCE, so the SEND leaves only after
+ * every READ response has arrived. The active side completes its operation when the SEND
+ * completes (RC: the peer's NIC acknowledged it); the passive side's completion thread turns the
+ * receive completion into the passive interface's done, once its claim (answered by the peer
+ * server, which the engine's interface is handed through) confirms that the QP's
+ * (authenticated) peer OPENed that transfer flagged "via ibverbs".
  *
  * Only successful transfers use it. A transfer that failed, was cancelled or ran out of time
  * still sends DONE {status} on its control connection (ib/xfer.c finish()); so does every
@@ -32,22 +53,7 @@
  * The CQ is sized for the receives of --ib-max-qps incoming QPs on top of the send budget: up to
  * NOTICE_RECVS each, fewer when the device's max_cqe leaves less room (at least NOTICE_MIN_RECVS,
  * else notices are off).
- *
- * Threads: posting runs under ib->mu on whichever thread posts data (a worker or the completion
- * thread); receive completions and their delivery to the engine run on the completion thread.
- * Owns: the notice buffers and their MRs (per QP), the received notices not yet delivered.
  */
-#include "ib/internal.h"
-
-#include "base/log.h"
-#include "backend/passive.h"
-#include "peer/proto.h" /* sc_peer_status_from_wire */
-
-#include <errno.h>
-#include <inttypes.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #define NOTICE_LEN 64
 #define NOTICE_VERSION 1

@@ -1,6 +1,37 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ib/qp.c: RC queue pairs between sidecars, set up on demand over the authenticated peer control
+ * channel (peer/pool.h / peer/server.h) with one QP_CONNECT request/reply (its body:
+ * ib/qp_wire.c). The requester caches one QP per peer sidecar, or a tombstone after a failure,
+ * and checks a cached QP with the peer first (VERIFY) when it may be stale; the responder keeps
+ * "incoming" QPs, which never post anything. Both kinds are capped at --ib-max-qps, idle ones
+ * making room. The rendezvous, the caps and expiry, tombstones and VERIFY: below.
+ *
+ * Threads: ib_qp_get and ib_control_conn on worker threads (and striped transfers' threads),
+ * ib_connect on gRPC threads, the QP_CONNECT handler on peer-server threads, async errors and
+ * expiry on the completion thread.
+ * Owns: the peer table, the outgoing and incoming QPs (ib/internal.h, Lifetime), the QP_CONNECT
+ * handler's registration, the test hooks of ib/test.h.
+ */
+#include "ib/internal.h"
+
+#include "ib/test.h"
+#include "base/log.h"
+#include "peer/pool.h"
+#include "peer/proto.h"
+#include "peer/request.h"
+#include "peer/server.h"
+#include "base/timer.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/*
+ * RC queue pairs between sidecars, set up on demand over the authenticated peer control
  * channel (peer/pool.h / peer/server.h), one QP_CONNECT request/reply:
  *
  *   requester (active side, a worker thread)        responder (passive side, a peer-server thread)
@@ -39,134 +70,10 @@
  * is fresh but the control connection for the transfer had to be dialled anew (no idle one was
  * still open): a peer killed and restarted on the same address within IB_VERIFY_IDLE_MS closed
  * them all, and its end of the QP is gone.
- *
- * Wire format of the QP_CONNECT body (little-endian): u8 version (1), u8 op (1 request, 2 reply,
- * 3 verify, 4 verify reply), u16 status (verify reply: 1 alive, 0 unknown; else 0), u32 qpn,
- * u32 psn, gid[16], u16 lid, u8 link_layer, u8 flags (QPC_F_NOTICE: the sender posts receives
- * for completion notices, ib/notify.c; older releases send 0), u32 mtu (bytes), u32
- * max_rd_atomic (initiator depth), u32 max_dest_rd_atomic (responder resources), u32 prev_qpn
- * (verify: the responder's qpn asked about), u16 id length + id (requester or responder id),
- * then, only when it is not 0, u8 rail: which of the responder's rails (lanes, ib/lanes.c) the
- * request and verify are for (absent: rail 0, so older peers, which know one rail, still
- * work; a requester asks for another rail only of a peer whose metadata lists it).
  */
-#include "ib/internal.h"
 
-#include "ib/test.h"
-#include "base/log.h"
-#include "peer/pool.h"
-#include "peer/proto.h"
-#include "peer/request.h"
-#include "peer/server.h"
-#include "base/timer.h"
-
-#include <errno.h>
-#include <inttypes.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-
-#define QPC_VERSION 1
-#define QPC_REQUEST 1
-#define QPC_REPLY 2
-#define QPC_VERIFY 3
-#define QPC_VERIFY_REPLY 4
-#define QPC_F_NOTICE 1
-#define QPC_FIXED 48
-#define QPC_MAX (QPC_FIXED + 2 + SC_NAME_MAX + 1)
 /* The rendezvous gives up after this long even when the transfer's deadline is later. */
 #define RENDEZVOUS_MS 15000
-
-struct qpc {
-	uint8_t op;
-	uint16_t status;
-	uint32_t qpn, psn;
-	uint8_t gid[16];
-	uint16_t lid;
-	uint8_t link_layer;
-	uint8_t flags;
-	uint32_t mtu;
-	uint32_t max_rd, max_dest_rd;
-	uint32_t prev_qpn;
-	char id[SC_NAME_MAX];
-	uint8_t lane; /* the responder's rail asked for (0: the first) */
-};
-
-static size_t qpc_encode(const struct qpc *m, uint8_t *out, size_t cap)
-{
-	size_t idlen = strlen(m->id);
-	if (cap < QPC_FIXED + 2 + idlen + (m->lane != 0) || idlen >= SC_NAME_MAX)
-		return 0;
-	memset(out, 0, QPC_FIXED);
-	out[0] = QPC_VERSION;
-	out[1] = m->op;
-	ib_put_le(out + 2, m->status, 2);
-	ib_put_le(out + 4, m->qpn, 4);
-	ib_put_le(out + 8, m->psn, 4);
-	memcpy(out + 12, m->gid, 16);
-	ib_put_le(out + 28, m->lid, 2);
-	out[30] = m->link_layer;
-	out[31] = m->flags;
-	ib_put_le(out + 32, m->mtu, 4);
-	ib_put_le(out + 36, m->max_rd, 4);
-	ib_put_le(out + 40, m->max_dest_rd, 4);
-	ib_put_le(out + 44, m->prev_qpn, 4);
-	ib_put_le(out + 48, idlen, 2);
-	memcpy(out + 50, m->id, idlen);
-	if (m->lane) {
-		out[50 + idlen] = m->lane;
-		return QPC_FIXED + 2 + idlen + 1;
-	}
-	return QPC_FIXED + 2 + idlen;
-}
-
-static int qpc_decode(const uint8_t *in, size_t len, uint8_t want_op, struct qpc *m,
-		      struct sc_err *err)
-{
-	if (len < QPC_FIXED + 2)
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "QP_CONNECT body of %zu bytes is too short", len);
-	if (in[0] != QPC_VERSION)
-		return sc_err_set(
-		    err, SC_INVALID_ARGUMENT,
-		    "QP_CONNECT version %u, expected %u (a different rdma-sidecar release)", in[0],
-		    QPC_VERSION);
-	if (in[1] != want_op)
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "QP_CONNECT op %u, expected %u", in[1],
-				  want_op);
-	memset(m, 0, sizeof(*m));
-	m->op = in[1];
-	m->status = (uint16_t)ib_get_le(in + 2, 2);
-	m->qpn = (uint32_t)ib_get_le(in + 4, 4);
-	m->psn = (uint32_t)ib_get_le(in + 8, 4);
-	memcpy(m->gid, in + 12, 16);
-	m->lid = (uint16_t)ib_get_le(in + 28, 2);
-	m->link_layer = in[30];
-	m->flags = in[31];
-	m->mtu = (uint32_t)ib_get_le(in + 32, 4);
-	m->max_rd = (uint32_t)ib_get_le(in + 36, 4);
-	m->max_dest_rd = (uint32_t)ib_get_le(in + 40, 4);
-	m->prev_qpn = (uint32_t)ib_get_le(in + 44, 4);
-	size_t idlen = (size_t)ib_get_le(in + 48, 2);
-	if (idlen >= SC_NAME_MAX ||
-	    (len != QPC_FIXED + 2 + idlen && len != QPC_FIXED + 2 + idlen + 1) ||
-	    memchr(in + 50, 0, idlen))
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "QP_CONNECT: bad sidecar id");
-	memcpy(m->id, in + 50, idlen);
-	m->id[idlen] = '\0';
-	if (len == QPC_FIXED + 2 + idlen + 1) {
-		m->lane = in[50 + idlen];
-		if (m->lane == 0 || m->lane >= SC_MAX_IB_RAILS)
-			return sc_err_set(err, SC_INVALID_ARGUMENT, "QP_CONNECT: rail %u", m->lane);
-	}
-	if (m->qpn == 0 || m->qpn > 0xffffff || m->psn > 0xffffff || m->mtu < 256 ||
-	    m->max_rd == 0 || m->max_dest_rd == 0)
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "QP_CONNECT: out-of-range qpn %u / psn %u / mtu %u / rd %u,%u",
-				  m->qpn, m->psn, m->mtu, m->max_rd, m->max_dest_rd);
-	return 0;
-}
 
 /* ---- one QP ---------------------------------------------------------------------------------- */
 
@@ -269,7 +176,7 @@ static int qp_to_init(struct ib_backend *ib, struct ib_qp *q, struct sc_err *err
 
 /* INIT -> RTR -> RTS against the remote side's parameters. */
 static int qp_to_rts(struct ib_backend *ib, struct ib_qp *q, uint32_t local_psn,
-		     const struct qpc *remote, struct sc_err *err)
+		     const struct ib_qpc *remote, struct sc_err *err)
 {
 	enum ibv_mtu mtu = ib_mtu_from_bytes(remote->mtu);
 	if (mtu > ib->active_mtu)
@@ -314,22 +221,6 @@ static int qp_to_rts(struct ib_backend *ib, struct ib_qp *q, uint32_t local_psn,
 			 "RTS", err);
 }
 
-static void qpc_fill_local(struct ib_backend *ib, struct ib_qp *q, uint8_t op, uint32_t psn,
-			   struct qpc *m)
-{
-	memset(m, 0, sizeof(*m));
-	m->op = op;
-	m->qpn = q->qp->qp_num;
-	m->psn = psn;
-	memcpy(m->gid, ib->gid.raw, 16);
-	m->lid = ib->lid;
-	m->link_layer = ib->link_layer;
-	m->mtu = ib_mtu_bytes(ib->active_mtu);
-	m->max_rd = ib->max_init_rd;
-	m->max_dest_rd = ib->max_dest_rd;
-	snprintf(m->id, sizeof(m->id), "%s", ib->self_id);
-}
-
 /* The requester's half: INIT, QP_CONNECT on c, RTR/RTS against the reply. */
 static int rendezvous(struct ib_backend *ib, struct ib_qp *q, struct sc_peer_conn *c,
 		      uint32_t prev_qpn, uint64_t deadline_mono_ms, const atomic_bool *cancel,
@@ -339,20 +230,20 @@ static int rendezvous(struct ib_backend *ib, struct ib_qp *q, struct sc_peer_con
 	if (qp_to_init(ib, q, err) != 0)
 		return -1;
 	uint32_t psn = random_psn();
-	struct qpc req;
-	qpc_fill_local(ib, q, QPC_REQUEST, psn, &req);
+	struct ib_qpc req;
+	ib_qpc_fill_local(ib, q, QPC_REQUEST, psn, &req);
 	req.prev_qpn = prev_qpn;
 	req.lane = lane;
 	uint8_t body[QPC_MAX], reply[QPC_MAX];
-	size_t len = qpc_encode(&req, body, sizeof(body)), rlen = 0;
+	size_t len = ib_qpc_encode(&req, body, sizeof(body)), rlen = 0;
 	uint64_t limit = sc_clock_mono_ms() + RENDEZVOUS_MS;
 	if (!deadline_mono_ms || deadline_mono_ms > limit)
 		deadline_mono_ms = limit;
 	if (sc_peer_call(c, SC_FRAME_QP_CONNECT, body, len, reply, sizeof(reply), &rlen,
 			 deadline_mono_ms, cancel, err) != 0)
 		return sc_err_prefix(err, "QP_CONNECT to %s", sc_peer_conn_endpoint(c));
-	struct qpc rep;
-	if (qpc_decode(reply, rlen, QPC_REPLY, &rep, err) != 0)
+	struct ib_qpc rep;
+	if (ib_qpc_decode(reply, rlen, QPC_REPLY, &rep, err) != 0)
 		return sc_err_prefix(err, "reply from %s", sc_peer_conn_endpoint(c));
 	if (strcmp(rep.id, q->peer) != 0)
 		return sc_err_set(err, SC_UNAVAILABLE,
@@ -594,20 +485,20 @@ static int connect_and_cache(struct ib_backend *ib, struct ib_peer *p, const str
 static int verify_peer(struct ib_backend *ib, struct ib_qp *q, struct sc_peer_conn *c,
 		       uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
 {
-	struct qpc req;
-	qpc_fill_local(ib, q, QPC_VERIFY, 0, &req);
+	struct ib_qpc req;
+	ib_qpc_fill_local(ib, q, QPC_VERIFY, 0, &req);
 	req.prev_qpn = q->remote_qpn;
 	req.lane = q->remote_lane;
 	uint8_t body[QPC_MAX], reply[QPC_MAX];
-	size_t len = qpc_encode(&req, body, sizeof(body)), rlen = 0;
+	size_t len = ib_qpc_encode(&req, body, sizeof(body)), rlen = 0;
 	uint64_t limit = sc_clock_mono_ms() + RENDEZVOUS_MS;
 	if (!deadline_mono_ms || deadline_mono_ms > limit)
 		deadline_mono_ms = limit;
 	if (sc_peer_call(c, SC_FRAME_QP_CONNECT, body, len, reply, sizeof(reply), &rlen,
 			 deadline_mono_ms, cancel, err) != 0)
 		return -1;
-	struct qpc rep;
-	if (qpc_decode(reply, rlen, QPC_VERIFY_REPLY, &rep, err) != 0)
+	struct ib_qpc rep;
+	if (ib_qpc_decode(reply, rlen, QPC_VERIFY_REPLY, &rep, err) != 0)
 		return -1;
 	return rep.status == 1 ? 1 : 0;
 }
@@ -914,7 +805,7 @@ void ib_qp_expire_idle(struct ib_backend *ib)
 }
 
 /* VERIFY: is the incoming QP the requester asks about still connected to it? */
-static int serve_verify(struct ib_backend *ib, const char *peer_id, const struct qpc *req,
+static int serve_verify(struct ib_backend *ib, const char *peer_id, const struct ib_qpc *req,
 			uint8_t *reply, size_t reply_cap, size_t *reply_len, struct sc_err *err)
 {
 	bool alive = false;
@@ -943,7 +834,7 @@ static int serve_verify(struct ib_backend *ib, const char *peer_id, const struct
 		 alive	 ? "alive"
 		 : found ? "in error"
 			 : "unknown");
-	struct qpc rep;
+	struct ib_qpc rep;
 	memset(&rep, 0, sizeof(rep));
 	rep.op = QPC_VERIFY_REPLY;
 	rep.status = alive ? 1 : 0;
@@ -952,7 +843,7 @@ static int serve_verify(struct ib_backend *ib, const char *peer_id, const struct
 	rep.max_rd = ib->max_init_rd;
 	rep.max_dest_rd = ib->max_dest_rd;
 	snprintf(rep.id, sizeof(rep.id), "%s", ib->self_id);
-	*reply_len = qpc_encode(&rep, reply, reply_cap);
+	*reply_len = ib_qpc_encode(&rep, reply, reply_cap);
 	if (*reply_len == 0)
 		return sc_err_set(err, SC_INTERNAL, "QP_CONNECT verify reply does not fit");
 	return 0;
@@ -964,9 +855,9 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 			      struct sc_err *err)
 {
 	struct ib_backend *ib = ctx;
-	struct qpc req;
+	struct ib_qpc req;
 	uint8_t op = len > 1 ? body[1] : 0;
-	if (qpc_decode(body, len, op == QPC_VERIFY ? QPC_VERIFY : QPC_REQUEST, &req, err) != 0)
+	if (ib_qpc_decode(body, len, op == QPC_VERIFY ? QPC_VERIFY : QPC_REQUEST, &req, err) != 0)
 		return -1;
 	if (req.lane) { /* another of this sidecar's rails: its own device, CQ and QPs */
 		if (req.lane >= ib->n_lanes || !ib->lanes[req.lane])
@@ -1073,10 +964,10 @@ static int qp_connect_handler(void *ctx, const char *peer_id, const uint8_t *bod
 		pthread_mutex_unlock(&ib->mu);
 		return -1;
 	}
-	struct qpc rep;
-	qpc_fill_local(ib, q, QPC_REPLY, psn, &rep);
+	struct ib_qpc rep;
+	ib_qpc_fill_local(ib, q, QPC_REPLY, psn, &rep);
 	rep.flags = notice ? QPC_F_NOTICE : 0;
-	*reply_len = qpc_encode(&rep, reply, reply_cap);
+	*reply_len = ib_qpc_encode(&rep, reply, reply_cap);
 	if (*reply_len == 0) {
 		qp_free(q);
 		pthread_mutex_lock(&ib->mu);

@@ -8,7 +8,7 @@
  * excluded (--ib-devices, --ib-device, --ib-port). Port events on the open device (completion
  * thread) move its rails between up and down; every usable rail that opens is a lane and carries
  * data (ib/lanes.c), and a lane that fails is "cooling" (ib/stripe.c). Owns nothing: the devices
- * are opened only while they are looked at, except the lanes' (ib/backend.c, ib/lanes.c).
+ * are opened only while they are looked at, except the lanes' (ib/device.c).
  */
 #include "ib/internal.h"
 

@@ -1,18 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ib/retry.c: moving a transfer to a fresh QP when the QP it shares with other transfers failed
- * for a reason that is not its own (issue 12). An RC QP goes to the error state on the first
- * failed work request, whoever posted it (a peer revoking one operation's rkey, say), and every
- * other work request on it then comes back flushed (IBV_WC_WR_FLUSH_ERR). Those transfers did
- * nothing wrong: each waits until its posted work requests have all completed or been flushed
- * (the memory they touch is then quiet), gets a fresh QP to the same peer (ib_qp_get: the failed
- * one has left the cache, so the first mover connects a new one and the others share it), and
- * posts again from its first byte not known to be complete. Completions of one send queue come
- * back in posting order, so a transfer's successful ones form a prefix of its chunks, and
- * bytes_acked says where to go on; a flushed chunk may or may not have landed, and moving it
- * again is harmless (RDMA READ/WRITE of the same bytes to the same place).
- * A transfer moves at most IB_XFER_MOVES times; the transfer whose work request failed ends
- * ERRORED with its own message as before.
+ * for a reason that is not its own (issue 12): it waits until its posted work requests have all
+ * completed or been flushed, gets a fresh QP to the same peer (ib_qp_get) and posts again from
+ * its first byte not known to be complete (why that is safe: below). A transfer moves at most
+ * IB_XFER_MOVES times; the transfer whose work request failed ends ERRORED with its own message
+ * as before.
  *
  * Threads: the *_locked calls run on the completion thread under ib->mu; ib_retry_fresh_qp runs
  * on a worker thread (it may connect: socket I/O), without ib->mu. Owns nothing: the QP
@@ -24,6 +17,19 @@
 #include "base/timer.h"
 
 #include <inttypes.h>
+
+/*
+ * An RC QP goes to the error state on the first failed work request, whoever posted it (a peer
+ * revoking one operation's rkey, say), and every other work request on it then comes back
+ * flushed (IBV_WC_WR_FLUSH_ERR). Those transfers did nothing wrong: each waits until its posted
+ * work requests have all completed or been flushed (the memory they touch is then quiet), gets a
+ * fresh QP to the same peer (ib_qp_get: the failed one has left the cache, so the first mover
+ * connects a new one and the others share it), and posts again from its first byte not known to
+ * be complete. Completions of one send queue come back in posting order, so a transfer's
+ * successful ones form a prefix of its chunks, and bytes_acked says where to go on; a flushed
+ * chunk may or may not have landed, and moving it again is harmless (RDMA READ/WRITE of the same
+ * bytes to the same place).
+ */
 
 int ib_retry_begin_locked(struct ib_xfer *xf)
 {

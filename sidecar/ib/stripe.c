@@ -1,10 +1,39 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ib/stripe.c: striped transfers over the ibverbs lanes (ib/lanes.c). Lane 0's submit sends a
- * transfer of at least --ib-stripe-min bytes, when the backend has two lanes or more, here;
- * anything smaller goes whole to lane 0 (ib/xfer.c), the lowest latency, exactly as with one rail,
- * unless lane 0's rail is down or cooling down, or the local memory is nearer other rails (GPU
- * memory by the topology: ib_lane_far0): then it comes here too, to go around lane 0.
+ * transfer here when it is large enough (--ib-stripe-min) and the backend has two lanes or more,
+ * or when lane 0 should not carry it; anything else goes whole to lane 0 (ib/xfer.c). A striped
+ * transfer does OPEN and DONE once, runs its bytes as slices (--ib-slice-size), data-only
+ * transfers of the lanes (ib_xfer_submit_slice), and moves a slice to the other lanes when its
+ * rail fails, that lane cooling down. How, in detail: below.
+ *
+ * Threads: submit and cancel on engine threads (queue, flag); one thread per striped transfer
+ * runs it (control connection, handing out slices, reaping them, pings, the verdict); the lanes'
+ * workers and completion threads call the slices' on_progress / on_complete, which only count and
+ * signal. Locks: sx->mu (one transfer) before st->mu (lane health, live list); neither is held by
+ * the lanes when they call back. Owns: struct ib_stripe (lane health), the striped transfers.
+ */
+#include "ib/internal.h"
+
+#include "base/log.h"
+#include "peer/pool.h"
+#include "peer/proto.h"
+#include "peer/request.h"
+#include "base/timer.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/*
+ * Lane 0's submit sends a transfer of at least --ib-stripe-min bytes, when the backend has two
+ * lanes or more, here; anything smaller goes whole to lane 0 (ib/xfer.c), the lowest latency,
+ * exactly as with one rail, unless lane 0's rail is down or cooling down, or the local memory is
+ * nearer other rails (GPU memory by the topology: ib_lane_far0): then it comes here too, to go
+ * around lane 0.
  *
  * A striped transfer does what ib/xfer.c does for one, once: OPEN on an authenticated control
  * connection (so the passive operation goes IN_PROGRESS and watches that connection) and, at the
@@ -28,27 +57,7 @@
  * or when every lane it could use has failed STRIPE_GIVE_UP times, the message naming the rails
  * and why. Cancel and the deadline stop every slice; on_complete runs once all of them have ended
  * (their work requests completed or flushed: ib/xfer.c), so the memory is quiet.
- *
- * Threads: submit and cancel on engine threads (queue, flag); one thread per striped transfer
- * runs it (control connection, handing out slices, reaping them, pings, the verdict); the lanes'
- * workers and completion threads call the slices' on_progress / on_complete, which only count and
- * signal. Locks: sx->mu (one transfer) before st->mu (lane health, live list); neither is held by
- * the lanes when they call back. Owns: struct ib_stripe (lane health), the striped transfers.
  */
-#include "ib/internal.h"
-
-#include "base/log.h"
-#include "peer/pool.h"
-#include "peer/proto.h"
-#include "peer/request.h"
-#include "base/timer.h"
-
-#include <errno.h>
-#include <inttypes.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #define SLICE_DEPTH 4	      /* slices in flight per lane */
 #define COOL_MIN_MS 2000      /* a failed lane's first cool-down ... */

@@ -1,7 +1,41 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * ib/xfer.c: the ibverbs data path's active side. A transfer (struct sc_xfer) runs in three
- * steps:
+ * ib/xfer.c: the ibverbs data path's active side, one lane's. A transfer runs setup (a worker: a
+ * QP from ib/qp.c, then OPEN on an authenticated control connection), posting (RDMA READ/WRITE
+ * chunks from or into the local region's MR, a window of them in flight, the completion thread
+ * posting the rest) and finish (a worker: DONE unless the completion notice, ib/notify.c, told
+ * the passive side; then on_complete, once). The steps, failures and moves to a fresh QP
+ * (ib/retry.c), and what the shared transfer runner keeps (backend/xfer_runner.h): below.
+ *
+ * Threads: submit() and cancel() run on engine threads under the engine lock (they only queue,
+ * flag and wake); the runner's IB_WORKERS worker threads run setup, keep-alive pings and finish;
+ * one completion thread per device polls the CQ (ibv_get_cq_event on a non-blocking channel,
+ * poll() with a 100 ms timeout), the async-event fd, a wake-up eventfd and the idle control
+ * connections of running transfers (a peer that dies closes them), and posts everything after
+ * the first batch. Owns: the workers, the completion thread, the CQ and channel, one struct
+ * ib_xfer per transfer.
+ */
+#include "ib/internal.h"
+
+#include "base/log.h"
+#include "peer/pool.h"
+#include "peer/proto.h"
+#include "peer/request.h"
+#include "base/timer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+/*
+ * A transfer (struct sc_xfer) runs in three steps:
  *
  *   1. setup (a worker thread): a QP to the issuing sidecar (ib/qp.c: cached or connected now),
  *      then OPEN on an authenticated control connection, flagged "via ibverbs", so the passive
@@ -30,35 +64,10 @@
  * the IB_TASK_MOVE task) and go on from their first byte not known complete. The passive side
  * does nothing per chunk: DONE completes it (peer/server.c calls sc_passive_done).
  *
- * The bookkeeping is the shared transfer runner's (backend/xfer_runner.h): its workers and task queue, the
- * list of transfers in flight, the stop flag and first failure, the verdict, and the cursor that
- * cuts segments into work requests; this file says how pieces go on a QP.
- *
- * Threads: submit() and cancel() run on engine threads under the engine lock (they only queue,
- * flag and wake); the runner's IB_WORKERS worker threads run setup, keep-alive pings and finish; one completion
- * thread per device polls the CQ (ibv_get_cq_event on a non-blocking channel, poll() with a
- * 100 ms timeout), the async-event fd, a wake-up eventfd and the idle control connections of
- * running transfers (a peer that dies closes them), and posts everything after the first batch.
- * Owns: the workers, the completion thread, the CQ and channel, one struct ib_xfer per transfer.
+ * The bookkeeping is the shared transfer runner's (backend/xfer_runner.h): its workers and task
+ * queue, the list of transfers in flight, the stop flag and first failure, the verdict, and the
+ * cursor that cuts segments into work requests; this file says how pieces go on a QP.
  */
-#include "ib/internal.h"
-
-#include "base/log.h"
-#include "peer/pool.h"
-#include "peer/proto.h"
-#include "peer/request.h"
-#include "base/timer.h"
-
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
-#include <poll.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #define IB_WORKERS 4
 #define POLL_MS 100
