@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * net/uds_accept.c: the unix socket listener behind --allowed-uids (see net/uds_accept.h). gRPC's own
- * unix listener gives a call no peer credentials, so with an allow list the sidecar binds the
+ * net/uds_accept.c: the unix socket listener behind --allowed-uids (see net/uds_accept.h). gRPC's
+ * own unix listener gives a call no peer credentials, so with an allow list the sidecar binds the
  * socket, accepts, reads SO_PEERCRED and records the uid by descriptor before handing the
- * connection to gRPC; server.c looks the uid up for every call and refuses others.
+ * connection to gRPC; service/server.c looks the uid up for every call and refuses others. (The
+ * --allowed-uids list itself is parsed by base/parse.c.)
  *
  * Threads: one accept thread per acceptor (poll on the socket and a stop pipe). The uid table is
  * shared by every acceptor under one mutex. Owns the listening socket and its path.
