@@ -27,28 +27,6 @@
 /* ---- names ------------------------------------------------------------------------------------
  */
 
-const char *rsc_code_name(int code)
-{
-	static const char *const names[] = {"OK",
-					    "CANCELLED",
-					    "UNKNOWN",
-					    "INVALID_ARGUMENT",
-					    "DEADLINE_EXCEEDED",
-					    "NOT_FOUND",
-					    "ALREADY_EXISTS",
-					    "PERMISSION_DENIED",
-					    "RESOURCE_EXHAUSTED",
-					    "FAILED_PRECONDITION",
-					    "ABORTED",
-					    "OUT_OF_RANGE",
-					    "UNIMPLEMENTED",
-					    "INTERNAL",
-					    "UNAVAILABLE",
-					    "DATA_LOSS",
-					    "UNAUTHENTICATED"};
-	return code >= 0 && code <= 16 ? names[code] : "UNKNOWN";
-}
-
 const char *rsc_op_kind_name(int kind)
 {
 	static const char *const names[] = {"unspecified", "readable", "writable", "read", "write"};

@@ -3,7 +3,8 @@
  * call.c: the client's gRPC C-core layer. Owns the channel (insecure or TLS credentials) and runs
  * unary, server-streaming and client-streaming calls. Each call gets its own pluck completion
  * queue and runs entirely on the calling thread, so any number of threads may share one client.
- * The only file of the library that includes gRPC headers.
+ * The only file of the library that includes gRPC headers. Also the status helpers every file
+ * uses (rsc_fail, rsc_ok, rsc_code_name).
  */
 #include "internal.h"
 
@@ -27,6 +28,29 @@ struct rsc_client {
 	char *target;
 	uint32_t call_timeout_ms;
 };
+
+/* The gRPC status code names (also the fallback message of a failed call). */
+const char *rsc_code_name(int code)
+{
+	static const char *const names[] = {"OK",
+					    "CANCELLED",
+					    "UNKNOWN",
+					    "INVALID_ARGUMENT",
+					    "DEADLINE_EXCEEDED",
+					    "NOT_FOUND",
+					    "ALREADY_EXISTS",
+					    "PERMISSION_DENIED",
+					    "RESOURCE_EXHAUSTED",
+					    "FAILED_PRECONDITION",
+					    "ABORTED",
+					    "OUT_OF_RANGE",
+					    "UNIMPLEMENTED",
+					    "INTERNAL",
+					    "UNAVAILABLE",
+					    "DATA_LOSS",
+					    "UNAUTHENTICATED"};
+	return code >= 0 && code <= 16 ? names[code] : "UNKNOWN";
+}
 
 int rsc_fail(rsc_status *st, int code, const char *fmt, ...)
 {

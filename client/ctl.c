@@ -2,10 +2,9 @@
 /*
  * ctl.c: rdma-sidecar-ctl, the operator's command line on librdma-sidecar-client. One command per
  * run (info, health, ping, regions, ops, op, wait, cancel, publish, subscribe, read, write,
- * connect),
- * text or --json output on stdout, errors on stderr. Exit codes: 0 ok, 1 the operation failed
- * (connect: no path ready), 2 usage, 3 cannot reach the sidecar. Single-threaded; owns one client
- * for the run.
+ * connect), text or --json output on stdout, errors on stderr. Exit codes: 0 ok, 1 the operation
+ * failed (connect: no path ready), 2 usage, 3 cannot reach the sidecar. Single-threaded; owns one
+ * client for the run.
  */
 #include <rdma_sidecar/client.h>
 

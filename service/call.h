@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * call.h: one server-side gRPC call and what handlers may do with it. The only place besides
- * server.c that knows gRPC C-core types is this pair; handlers see struct sc_call and protobuf-c
- * messages.
+ * call.h: one server-side gRPC call and what handlers may do with it (call.c). gRPC C-core types
+ * stay in call.c, server.c and internal.h; handlers see struct sc_call and protobuf-c messages.
  *
  * Threads: a handler starts on a completion-queue worker thread; it may answer at once, or keep
  * the call (sc_call_ref) and answer later from any thread (engine watchers, NATS threads, timers).

@@ -38,13 +38,14 @@ extern const size_t sc_n_methods;
 
 /* info.c */
 void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req);
+/* peers.c */
 void sc_h_connect_peer(struct sc_call *c, ProtobufCMessage *req);
 /* health.c: state lives in the service; watchers are told of every change. */
 struct sc_health;
 struct sc_health *sc_health_create(void);
 void sc_health_destroy(struct sc_health *h);
 void sc_health_set(struct sc_health *h, bool serving);
-struct sc_health *sc_service_health(struct sc_service *svc);
+struct sc_health *sc_service_health(struct sc_service *svc); /* call.c */
 void sc_h_health_check(struct sc_call *c, ProtobufCMessage *req);
 void sc_h_health_watch(struct sc_call *c, ProtobufCMessage *req);
 /* regions.c */

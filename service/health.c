@@ -5,8 +5,8 @@
  * "rdma_sidecar.v1.Sidecar". Watch streams the current status, then every change, until the client
  * cancels. Check also knows "rdma_sidecar.v1.Sidecar/gpu", readiness for GPU work: SERVING only
  * while serving with at least one GPU and none poisoned by a sticky CUDA error (Check only: Watch
- * answers SERVICE_UNKNOWN for it). Handlers run on gRPC worker threads; sc_health_set on the main thread. Owns the list of
- * watching calls (each holding a call reference), under its own mutex.
+ * answers SERVICE_UNKNOWN for it). Handlers run on gRPC worker threads; sc_health_set on the main
+ * thread. Owns the list of watching calls (each holding a call reference), under its own mutex.
  */
 #include "handlers.h"
 

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * methods.c: the method table: every RPC of rdma_sidecar.v1.Sidecar, grpc.health.v1.Health and
- * grpc.reflection.v1{,alpha}.ServerReflection,
- * its kind and request type, and its handler. server.c arms one request per entry.
+ * grpc.reflection.v1{,alpha}.ServerReflection, its kind and request type, and its handler.
+ * server.c registers and arms one request per entry. Constant data; no code.
  */
 #include "handlers.h"
 

@@ -8,13 +8,10 @@
  * embeds (sc_descriptor_set, build/gen/descriptor_set.c); file answers carry the file and every
  * file it imports, transitively. v1alpha is wire-identical to v1, so both decode with v1's code.
  *
- * The set is read in place with a small protobuf wire reader (no descriptor.proto code needed):
- * nothing is allocated for it, and a request walks a dozen kilobytes at most.
- *
- * Off with --no-reflection (UNIMPLEMENTED, saying so); the probe port never serves it (server.c
- * refuses every non-health method there). Flow control: the next request is read only once the
- * previous answer has left (sc_call_on_drained), so a client that sends without reading holds at
- * most one answer here.
+ * The set is read in place by a small protobuf wire reader (nothing allocated for it). Off with
+ * --no-reflection (UNIMPLEMENTED, saying so); the probe port never serves it. The next request is
+ * read only once the previous answer has left (sc_call_on_drained), so a client that sends
+ * without reading holds at most one answer here.
  *
  * Threads: completion-queue workers. Owns nothing beyond each answer while it is built.
  */

@@ -1,40 +1,24 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * server.c: the gRPC C-core server and the call lifecycle; the only file that includes gRPC
- * headers. One completion queue, --grpc-threads worker threads blocked in
- * grpc_completion_queue_next, each event's tag carrying its callback.
+ * server.c: the gRPC C-core servers: one completion queue, --grpc-threads workers blocked in
+ * grpc_completion_queue_next, each event's tag carrying its callback. For every method of the
+ * table one request is always armed; when a call arrives the next one is armed at once, the call
+ * is admitted or refused, and its handler runs (call.c carries the call from there). A generic
+ * request answers every unknown method UNIMPLEMENTED.
  *
- * For every method of the table one request is always armed; when a call arrives the next request
- * is armed at once, a RECV_CLOSE_ON_SERVER batch learns of client cancellation, and the handler
- * runs. A generic request answers every unknown method UNIMPLEMENTED at once. Answers go out as
- * batches, one send in flight per call (streams queue), each batch holding a call reference until
- * it completes, so a call lives until its last batch is done.
- *
- * Two gRPC servers share the queue: the API server (every --grpc-listen address) and, with
- * --health-listen, the probe server, which answers grpc.health.v1.Health and refuses everything
- * else (PERMISSION_DENIED). On the API server TCP addresses use TLS (mTLS with a client CA) when
- * configured, and with --grpc-token-file every call not on a unix socket must carry
- * "authorization: Bearer <token>" (health checks excepted). Unix sockets get their directory
- * checked and their mode set (net/api_listen.c); with --allowed-uids the sidecar accepts on them
- * itself (net/uds_accept.c, SO_PEERCRED) and hands each connection to gRPC, whose calls then name the
- * peer "fd:N", and calls from other uids are refused. grpc_shutdown is bounded (see
- * bounded_grpc_shutdown).
- *
- * Threads: workers run handlers and batch completions; engine/NATS/timer threads send on calls
- * they hold a reference to. Owns the servers, the queue, the worker threads and every call.
+ * The API server (every --grpc-listen) and, with --health-listen, the probe server (Health only,
+ * the rest PERMISSION_DENIED) share the queue. API TCP addresses use TLS/mTLS when configured, and
+ * with --grpc-token-file non-unix calls need "authorization: Bearer <token>" (health excepted).
+ * Unix sockets are checked and moded (net/api_listen.c); with --allowed-uids the sidecar accepts
+ * on them itself (net/uds_accept.c, SO_PEERCRED; gRPC names the peer "fd:N"). grpc_shutdown is
+ * bounded (bounded_grpc_shutdown). Threads: main creates, starts and shuts down; workers run the
+ * arrivals. Owns the servers, the queue, the worker threads and the listeners.
  */
 #include "absl_tune.h"
-#include "net/api_listen.h"
-#include "call.h"
 #include "grpc_certs.h"
-#include "handlers.h"
+#include "internal.h"
 #include "base/log.h"
-#include "service.h"
-#include "base/trace.h"
-#include "net/uds_accept.h"
 
-#include <grpc/byte_buffer.h>
-#include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
@@ -52,86 +36,6 @@
 #include <time.h>
 #include <unistd.h>
 
-struct tag {
-	void (*cb)(struct tag *t, bool ok);
-};
-
-struct out_msg {
-	grpc_byte_buffer *bb; /* NULL: the status, unless md_only */
-	bool md_only;         /* only the initial metadata (headers) */
-	struct out_msg *next;
-};
-
-/* One grpc_server: the API server or the health-only probe server. */
-struct srv {
-	struct sc_service *svc;
-	grpc_server *server;
-	void **method_handles;
-	bool probe; /* --health-listen: grpc.health.v1 only */
-	struct tag t_shutdown;
-	atomic_bool shutdown_done;
-};
-
-struct sc_call {
-	struct sc_service *svc;
-	struct srv *srv;
-	const struct sc_method_def *method; /* NULL for the generic (unknown method) call */
-	grpc_call *call;
-	gpr_timespec deadline;
-	grpc_metadata_array req_md;
-	grpc_byte_buffer *payload;
-	grpc_call_details details; /* generic calls only */
-	atomic_int refs;
-	pthread_mutex_t mu;
-	struct tag t_start, t_close, t_send, t_recv;
-	int cancelled_flag;
-	atomic_bool cancelled;
-	bool initial_md_sent;
-	bool send_in_flight;
-	bool answered; /* status queued or sent */
-	struct out_msg *q_head, *q_tail;
-	enum sc_status final_code;
-	grpc_slice final_details;
-	bool have_details;
-	grpc_byte_buffer *sending;
-	grpc_byte_buffer *recv_bb;
-	const ProtobufCMessageDescriptor *recv_desc;
-	sc_call_recv_fn recv_fn;
-	void *state;
-	void (*state_free)(void *);
-	void (*cancel_fn)(struct sc_call *c);
-	void (*drained_fn)(struct sc_call *c);
-	bool cancel_fired;
-	uint64_t trace_xfer; /* the hand-off trace (base/trace.h): the transfer this call answers */
-};
-
-struct sc_service {
-	struct sc_engine *eng;
-	const struct sc_config *cfg;
-	struct srv api, probe;
-	bool have_probe;
-	struct sc_token_store *tokens; /* --grpc-token-file; NULL = none */
-	struct sc_grpc_certs *certs;   /* --grpc-tls-*; NULL = none */
-	grpc_completion_queue *cq;
-	pthread_t *threads;
-	size_t n_threads;
-	bool started;
-	bool shutting_down;
-	struct sc_health *health;
-	char *listeners[SC_MAX_GRPC_LISTENERS];
-	const char *listener_view[SC_MAX_GRPC_LISTENERS];
-	size_t n_listeners;
-	char *probe_addr; /* --health-listen as bound */
-	/* --allowed-uids: the unix sockets the sidecar accepts on itself (SO_PEERCRED). */
-	struct sc_uds_acceptor *uds[SC_MAX_GRPC_LISTENERS];
-	size_t n_uds;
-	atomic_int live_calls;
-	/* Batches start under the read side; closing the queue takes the write side, so no batch
-	 * can start on a queue that is shut down (gRPC asserts on that). */
-	pthread_rwlock_t batch_lock;
-	bool cq_closed;
-};
-
 /* ---- helpers --------------------------------------------------------------------------------- */
 
 /* Client and bidirectional streams: the handler reads every request itself (sc_call_recv). */
@@ -140,431 +44,17 @@ static bool no_initial_payload(const struct sc_method_def *m)
 	return m->kind == SC_METHOD_CLIENT_STREAM || m->kind == SC_METHOD_BIDI_STREAM;
 }
 
-static grpc_byte_buffer *pack(const ProtobufCMessage *msg)
-{
-	size_t len = protobuf_c_message_get_packed_size(msg);
-	grpc_slice s = grpc_slice_malloc(len);
-	protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
-	grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
-	grpc_slice_unref(s);
-	return bb;
-}
-
-static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb)
-{
-	grpc_byte_buffer_reader reader;
-	if (!grpc_byte_buffer_reader_init(&reader, bb))
-		return NULL;
-	grpc_slice s = grpc_byte_buffer_reader_readall(&reader);
-	grpc_byte_buffer_reader_destroy(&reader);
-	ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(s),
-							GRPC_SLICE_START_PTR(s));
-	grpc_slice_unref(s);
-	return m;
-}
-
-struct sc_engine *sc_call_engine(struct sc_call *c)
-{
-	return c->svc->eng;
-}
-
-struct sc_service *sc_call_service(struct sc_call *c)
-{
-	return c->svc;
-}
-
-const struct sc_config *sc_call_config(struct sc_call *c)
-{
-	return c->svc->cfg;
-}
-
-struct sc_health *sc_service_health(struct sc_service *svc)
-{
-	return svc->health;
-}
-
-const char *sc_call_method(struct sc_call *c)
-{
-	return c->method ? c->method->path : "(unknown)";
-}
-
-bool sc_call_is_cancelled(struct sc_call *c)
-{
-	return atomic_load(&c->cancelled);
-}
-
-uint64_t sc_call_deadline_left_ms(struct sc_call *c)
-{
-	gpr_timespec d = gpr_convert_clock_type(c->deadline, GPR_CLOCK_MONOTONIC);
-	if (gpr_time_cmp(d, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0)
-		return UINT64_MAX;
-	gpr_timespec now = gpr_now(GPR_CLOCK_MONOTONIC);
-	if (gpr_time_cmp(d, now) <= 0)
-		return 0;
-	gpr_timespec left = gpr_time_sub(d, now);
-	return (uint64_t)left.tv_sec * 1000u + (uint64_t)left.tv_nsec / 1000000u;
-}
-
-void sc_call_set_state(struct sc_call *c, void *state, void (*free_fn)(void *state))
-{
-	c->state = state;
-	c->state_free = free_fn;
-}
-
-void *sc_call_state(struct sc_call *c)
-{
-	return c->state;
-}
-
-void sc_call_on_cancel(struct sc_call *c, void (*fn)(struct sc_call *c))
-{
-	pthread_mutex_lock(&c->mu);
-	c->cancel_fn = fn;
-	bool fire = atomic_load(&c->cancelled) && !c->cancel_fired && fn;
-	if (fire)
-		c->cancel_fired = true;
-	pthread_mutex_unlock(&c->mu);
-	if (fire)
-		fn(c);
-}
-
-void sc_call_on_drained(struct sc_call *c, void (*fn)(struct sc_call *c))
-{
-	c->drained_fn = fn;
-}
-
-/* ---- lifetime -------------------------------------------------------------------------------- */
-
-void sc_call_ref(struct sc_call *c)
-{
-	atomic_fetch_add(&c->refs, 1);
-}
-
-void sc_call_unref(struct sc_call *c)
-{
-	if (atomic_fetch_sub(&c->refs, 1) != 1)
-		return;
-	if (c->state_free)
-		c->state_free(c->state);
-	while (c->q_head) {
-		struct out_msg *m = c->q_head;
-		c->q_head = m->next;
-		if (m->bb)
-			grpc_byte_buffer_destroy(m->bb);
-		free(m);
-	}
-	if (c->have_details)
-		grpc_slice_unref(c->final_details);
-	if (c->payload)
-		grpc_byte_buffer_destroy(c->payload);
-	if (c->recv_bb)
-		grpc_byte_buffer_destroy(c->recv_bb);
-	grpc_metadata_array_destroy(&c->req_md);
-	if (!c->method)
-		grpc_call_details_destroy(&c->details);
-	if (c->call)
-		grpc_call_unref(c->call);
-	pthread_mutex_destroy(&c->mu);
-	atomic_fetch_sub(&c->svc->live_calls, 1);
-	free(c);
-}
-
-/* ---- sending --------------------------------------------------------------------------------- */
-
-/* grpc_call_start_batch unless the queue is closing; GRPC_CALL_ERROR otherwise. */
-static grpc_call_error start_batch(struct sc_call *c, const grpc_op *ops, size_t n, struct tag *t)
-{
-	struct sc_service *svc = c->svc;
-	pthread_rwlock_rdlock(&svc->batch_lock);
-	grpc_call_error e = svc->cq_closed ? GRPC_CALL_ERROR
-					   : grpc_call_start_batch(c->call, ops, n, t, NULL);
-	pthread_rwlock_unlock(&svc->batch_lock);
-	return e;
-}
-
-static void on_send_done(struct tag *t, bool ok);
-
-/* Start the next send batch if none is in flight. Caller holds c->mu. */
-static void pump_locked(struct sc_call *c)
-{
-	if (c->send_in_flight || !c->q_head)
-		return;
-	struct out_msg *m = c->q_head;
-	c->q_head = m->next;
-	if (!c->q_head)
-		c->q_tail = NULL;
-	grpc_op ops[3];
-	memset(ops, 0, sizeof(ops));
-	size_t n = 0;
-	grpc_byte_buffer *sending = m->bb;
-	/* Headers sent on purpose (sc_call_send_headers: "ready", e.g. a subscription in place)
-	 * carry one entry, so a client can tell them from the empty headers of a failed call. */
-	grpc_metadata ready = {.key = grpc_slice_from_static_string(SC_READY_HEADER),
-			       .value = grpc_slice_from_static_string("1")};
-	if (!c->initial_md_sent) {
-		ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-		ops[n].data.send_initial_metadata.count = m->md_only ? 1 : 0;
-		ops[n].data.send_initial_metadata.metadata = m->md_only ? &ready : NULL;
-		n++;
-		c->initial_md_sent = true;
-	}
-	if (m->bb) {
-		ops[n].op = GRPC_OP_SEND_MESSAGE;
-		ops[n].data.send_message.send_message = m->bb;
-		n++;
-	}
-	if (m->bb && c->q_head && !c->q_head->bb && !c->q_head->md_only) {
-		/* A message right before the status (a unary answer): both in one batch, so the
-		 * client gets them in one write and no completion round trip separates them. */
-		struct out_msg *st = c->q_head;
-		c->q_head = NULL;
-		c->q_tail = NULL;
-		free(m);
-		m = st;
-	}
-	if (!m->bb && !m->md_only) { /* the status: always last in the queue */
-		ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-		ops[n].data.send_status_from_server.trailing_metadata_count = 0;
-		ops[n].data.send_status_from_server.status = (grpc_status_code)c->final_code;
-		ops[n].data.send_status_from_server.status_details =
-			c->have_details ? &c->final_details : NULL;
-		n++;
-	}
-	if (n == 0) { /* headers already went out: nothing to do for an md_only entry */
-		free(m);
-		pump_locked(c);
-		return;
-	}
-	c->sending = sending;
-	free(m);
-	c->send_in_flight = true;
-	sc_call_ref(c);
-	grpc_call_error e = start_batch(c, ops, n, &c->t_send);
-	if (e != GRPC_CALL_OK) {
-		if (e != GRPC_CALL_ERROR)
-			SC_ERROR("grpc", "%s: start_batch failed: %d", sc_call_method(c), (int)e);
-		if (c->sending)
-			grpc_byte_buffer_destroy(c->sending);
-		c->sending = NULL;
-		c->send_in_flight = false;
-		atomic_fetch_sub(&c->refs, 1); /* cannot be the last: the caller holds one */
-	}
-}
-
-static void on_send_done(struct tag *t, bool ok)
-{
-	struct sc_call *c = (struct sc_call *)((char *)t - offsetof(struct sc_call, t_send));
-	void (*drained)(struct sc_call *) = NULL;
-	pthread_mutex_lock(&c->mu);
-	if (c->sending)
-		grpc_byte_buffer_destroy(c->sending);
-	c->sending = NULL;
-	c->send_in_flight = false;
-	if (!ok) {
-		/* The call is gone (cancelled): drop what is queued. */
-		while (c->q_head) {
-			struct out_msg *m = c->q_head;
-			c->q_head = m->next;
-			if (m->bb)
-				grpc_byte_buffer_destroy(m->bb);
-			free(m);
-		}
-		c->q_tail = NULL;
-		c->answered = true;
-	}
-	pump_locked(c);
-	if (!c->send_in_flight && !c->q_head && !c->answered)
-		drained = c->drained_fn;
-	uint64_t traced = !c->send_in_flight && c->answered ? c->trace_xfer : 0;
-	pthread_mutex_unlock(&c->mu);
-	if (traced)
-		sc_trace_mark(traced, "grpc_reply_sent");
-	if (drained)
-		drained(c);
-	sc_call_unref(c);
-}
-
-/* Append an entry to the send queue. Caller holds c->mu. */
-static void queue_locked(struct sc_call *c, struct out_msg *m)
-{
-	if (c->q_tail)
-		c->q_tail->next = m;
-	else
-		c->q_head = m;
-	c->q_tail = m;
-}
-
-/* Queue a message behind what is queued; false once the call has been answered. final: the OK
- * status goes right behind it (sc_call_reply), queued under the same lock so that both leave in
- * one batch. */
-static bool enqueue(struct sc_call *c, grpc_byte_buffer *bb, bool final)
-{
-	struct out_msg *m = calloc(1, sizeof(*m));
-	struct out_msg *st = final ? calloc(1, sizeof(*st)) : NULL;
-	pthread_mutex_lock(&c->mu);
-	if (!m || (final && !st) || c->answered) {
-		pthread_mutex_unlock(&c->mu);
-		grpc_byte_buffer_destroy(bb);
-		free(m);
-		free(st);
-		return false;
-	}
-	m->bb = bb;
-	queue_locked(c, m);
-	if (final) {
-		c->answered = true;
-		c->final_code = SC_OK;
-		queue_locked(c, st);
-	}
-	pump_locked(c);
-	pthread_mutex_unlock(&c->mu);
-	return true;
-}
-
-void sc_call_send_headers(struct sc_call *c)
-{
-	struct out_msg *m = calloc(1, sizeof(*m));
-	if (!m)
-		return;
-	m->md_only = true;
-	pthread_mutex_lock(&c->mu);
-	if (c->answered || c->initial_md_sent) {
-		pthread_mutex_unlock(&c->mu);
-		free(m);
-		return;
-	}
-	if (c->q_tail)
-		c->q_tail->next = m;
-	else
-		c->q_head = m;
-	c->q_tail = m;
-	pump_locked(c);
-	pthread_mutex_unlock(&c->mu);
-}
-
-bool sc_call_send(struct sc_call *c, const ProtobufCMessage *msg)
-{
-	return enqueue(c, pack(msg), false);
-}
-
-void sc_call_finish(struct sc_call *c, enum sc_status code, const char *msg)
-{
-	/* The status rides in its own out_msg (bb NULL), queued after every message. */
-	pthread_mutex_lock(&c->mu);
-	if (c->answered) {
-		pthread_mutex_unlock(&c->mu);
-		return;
-	}
-	c->answered = true;
-	c->final_code = code;
-	if (msg && msg[0]) {
-		c->final_details = grpc_slice_from_copied_string(msg);
-		c->have_details = true;
-	}
-	struct out_msg *st = calloc(1, sizeof(*st));
-	if (st) {
-		if (c->q_tail)
-			c->q_tail->next = st;
-		else
-			c->q_head = st;
-		c->q_tail = st;
-	}
-	pump_locked(c);
-	pthread_mutex_unlock(&c->mu);
-	if (code != SC_OK)
-		SC_DEBUG("grpc", "%s -> %s: %s", sc_call_method(c), sc_status_name(code),
-			 msg ? msg : "");
-}
-
-void sc_call_reply(struct sc_call *c, const ProtobufCMessage *msg)
-{
-	if (sc_trace_on())
-		c->trace_xfer = sc_trace_current();
-	enqueue(c, pack(msg), true);
-}
-
-void sc_call_fail(struct sc_call *c, enum sc_status code, const char *msg)
-{
-	sc_call_finish(c, code, msg);
-}
-
-void sc_call_fail_err(struct sc_call *c, const struct sc_err *err)
-{
-	sc_call_finish(c, err->code == SC_OK ? SC_INTERNAL : err->code, err->msg);
-}
-
-/* ---- receiving (client streams) -------------------------------------------------------------- */
-
-static void on_recv_done(struct tag *t, bool ok)
-{
-	struct sc_call *c = (struct sc_call *)((char *)t - offsetof(struct sc_call, t_recv));
-	grpc_byte_buffer *bb = c->recv_bb;
-	c->recv_bb = NULL;
-	sc_call_recv_fn fn = c->recv_fn;
-	if (!ok || !bb) {
-		if (bb)
-			grpc_byte_buffer_destroy(bb);
-		fn(c, NULL, true);
-	} else {
-		ProtobufCMessage *m = unpack(c->recv_desc, bb);
-		grpc_byte_buffer_destroy(bb);
-		if (!m)
-			sc_call_fail(c, SC_INVALID_ARGUMENT,
-				     "malformed message in the request stream (protobuf decode failed)");
-		else
-			fn(c, m, false);
-		if (m)
-			protobuf_c_message_free_unpacked(m, NULL);
-	}
-	sc_call_unref(c);
-}
-
-void sc_call_recv(struct sc_call *c, const ProtobufCMessageDescriptor *desc, sc_call_recv_fn fn)
-{
-	c->recv_desc = desc;
-	c->recv_fn = fn;
-	grpc_op op;
-	memset(&op, 0, sizeof(op));
-	op.op = GRPC_OP_RECV_MESSAGE;
-	op.data.recv_message.recv_message = &c->recv_bb;
-	sc_call_ref(c);
-	if (start_batch(c, &op, 1, &c->t_recv) != GRPC_CALL_OK) {
-		sc_call_unref(c);
-		fn(c, NULL, true);
-	}
-}
-
 /* ---- arrival --------------------------------------------------------------------------------- */
 
 static void on_call_start(struct tag *t, bool ok);
 static void on_generic_start(struct tag *t, bool ok);
-
-static struct sc_call *call_new(struct srv *s, const struct sc_method_def *m)
-{
-	struct sc_service *svc = s->svc;
-	struct sc_call *c = calloc(1, sizeof(*c));
-	if (!c)
-		return NULL;
-	c->svc = svc;
-	c->srv = s;
-	c->method = m;
-	atomic_init(&c->refs, 1);
-	pthread_mutex_init(&c->mu, NULL);
-	grpc_metadata_array_init(&c->req_md);
-	if (!m)
-		grpc_call_details_init(&c->details);
-	c->t_send.cb = on_send_done;
-	c->t_recv.cb = on_recv_done;
-	atomic_fetch_add(&svc->live_calls, 1);
-	return c;
-}
 
 /* Arm the request for method index i (or the generic request when i == n_methods). */
 static void arm(struct srv *s, size_t i)
 {
 	struct sc_service *svc = s->svc;
 	const struct sc_method_def *m = i < sc_n_methods ? &sc_methods[i] : NULL;
-	struct sc_call *c = call_new(s, m);
+	struct sc_call *c = sc_call_new(s, m);
 	if (!c) {
 		SC_ERROR("grpc", "out of memory arming %s", m ? m->path : "generic");
 		return;
@@ -585,36 +75,6 @@ static void arm(struct srv *s, size_t i)
 		SC_ERROR("grpc", "cannot arm %s: %d", m ? m->path : "generic", (int)e);
 		sc_call_unref(c);
 	}
-}
-
-static void on_close(struct tag *t, bool ok)
-{
-	struct sc_call *c = (struct sc_call *)((char *)t - offsetof(struct sc_call, t_close));
-	void (*fn)(struct sc_call *) = NULL;
-	pthread_mutex_lock(&c->mu);
-	if (c->cancelled_flag || !ok) {
-		atomic_store(&c->cancelled, true);
-		if (c->cancel_fn && !c->cancel_fired) {
-			c->cancel_fired = true;
-			fn = c->cancel_fn;
-		}
-	}
-	pthread_mutex_unlock(&c->mu);
-	if (fn)
-		fn(c);
-	sc_call_unref(c);
-}
-
-static void start_close_watch(struct sc_call *c)
-{
-	c->t_close.cb = on_close;
-	grpc_op op;
-	memset(&op, 0, sizeof(op));
-	op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-	op.data.recv_close_on_server.cancelled = &c->cancelled_flag;
-	sc_call_ref(c);
-	if (start_batch(c, &op, 1, &c->t_close) != GRPC_CALL_OK)
-		sc_call_unref(c);
 }
 
 #define PROBE_PORT_MSG                                                                             \
@@ -683,7 +143,7 @@ static void on_call_start(struct tag *t, bool ok)
 		return;
 	}
 	arm(c->srv, (size_t)(c->method - sc_methods));
-	start_close_watch(c);
+	sc_call_watch_close(c);
 	const struct sc_method_def *m = c->method;
 	SC_DEBUG("grpc", "call %s%s", m->path, c->srv->probe ? " (probe port)" : "");
 	char why[300];
@@ -698,7 +158,7 @@ static void on_call_start(struct tag *t, bool ok)
 	} else if (!c->payload) {
 		sc_call_fail(c, SC_INVALID_ARGUMENT, "request message missing");
 	} else {
-		ProtobufCMessage *req = unpack(m->request, c->payload);
+		ProtobufCMessage *req = sc_call_unpack(m->request, c->payload);
 		grpc_byte_buffer_destroy(c->payload);
 		c->payload = NULL;
 		if (!req) {
@@ -728,7 +188,7 @@ static void on_generic_start(struct tag *t, bool ok)
 	memcpy(path, GRPC_SLICE_START_PTR(c->details.method), len);
 	path[len] = '\0';
 	SC_DEBUG("grpc", "unknown method %s", path);
-	start_close_watch(c);
+	sc_call_watch_close(c);
 	char msg[320];
 	if (c->srv->probe)
 		snprintf(msg, sizeof(msg), "unknown method %s: " PROBE_PORT_MSG, path);
@@ -941,12 +401,6 @@ fail:
 		grpc_server_credentials_release(tls);
 	sc_service_destroy(svc);
 	return -1;
-}
-
-size_t sc_service_listeners(struct sc_service *svc, const char ***out)
-{
-	*out = svc->listener_view;
-	return svc->n_listeners;
 }
 
 int sc_service_reload_tls(struct sc_service *svc, struct sc_err *err)

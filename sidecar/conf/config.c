@@ -1,27 +1,25 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * conf/config.c: the daemon's configuration. Defaults, then RDMA_SIDECAR_<NAME> environment twins, then
- * command-line flags (the flag wins). One table (sc_options) names every option once: the parser,
- * the environment lookup and the --help text all read it, so an option cannot exist in one and be
- * missing from another. Values are checked for syntax here; nothing is bound or opened.
+ * conf/config.c: the daemon's configuration. Defaults, then RDMA_SIDECAR_<NAME> environment twins,
+ * then command-line flags (the flag wins). One table (sc_options) names every option once: the
+ * parser, the environment lookup and the --help text all read it, so an option cannot exist in one
+ * and be missing from another. Values are checked for syntax here (the value parsers themselves,
+ * HOST:PORT, sizes, durations, uid lists, are base/parse.c's); nothing is bound or opened.
  *
  * Runs on the main thread at start-up. No global state: sc_config_parse may be called any number
  * of times (the tests do). The struct sc_config owns every string it points to.
  */
 #include "conf/config.h"
 #include "conf/rail_filter.h"
+#include "base/parse.h"
 
 #include "build_config.h"
-#include "net/uds_accept.h"
 
-#include <arpa/inet.h>
 #include <ctype.h>
 #include <stddef.h>
-#include <limits.h>
 #include <openssl/rand.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
 #define ENV_PREFIX "RDMA_SIDECAR_"
@@ -29,15 +27,7 @@
 /* Hostname part of the default id: pod names run to 63 characters, and a cut must never eat the
  * random suffix wherever the id is stored in a shorter field (engine/engine.h SC_ID_MAX is 40). */
 #define ID_HOST_MAX 32
-#define HOST_MAX_LEN 255
 #define LABEL_MAX 64	/* "--max-concurrent-transfers" or "RDMA_SIDECAR_MAX_CONCURRENT_..." */
-#define VALUE_SHOWN 200 /* at most this much of a bad value is echoed in an error message */
-#define KIB (UINT64_C(1) << 10)
-#define MIB (UINT64_C(1) << 20)
-#define GIB (UINT64_C(1) << 30)
-#define TIB (UINT64_C(1) << 40)
-
-#define HOSTPORT_HINT "expected HOST:PORT (e.g. 0.0.0.0:7000)"
 
 enum opt_id {
 	OPT_ID,
@@ -213,7 +203,7 @@ static const struct sc_option sc_options[] = {
 	 .def = "any uid that can open the socket"},
 	{.id = OPT_GRPC_THREADS, T_U32(grpc_threads, 1, 64), .name = "grpc-threads", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "gRPC", .help = "threads serving gRPC calls, 1-64", .def = "4"},
-	{.id = OPT_MAX_MESSAGE_SIZE, T_SIZE(max_message_bytes, KIB, GIB, "1KiB-1GiB"), .name = "max-message-size", .arg = ARG_REQUIRED,
+	{.id = OPT_MAX_MESSAGE_SIZE, T_SIZE(max_message_bytes, SC_KIB, SC_GIB, "1KiB-1GiB"), .name = "max-message-size", .arg = ARG_REQUIRED,
 	 .value = "SIZE", .group = "gRPC",
 	 .help = "largest gRPC message sent or received, 1KiB-1GiB", .def = "64MiB"},
 	{.id = OPT_FAST_PATH_SOCKET, T_STR(fast_path_socket), .name = "fast-path-socket",
@@ -249,7 +239,7 @@ static const struct sc_option sc_options[] = {
 	 .group = "Data plane",
 	 .help = "parallel TCP connections per transfer, spread over its paths (at least one each), 1-16",
 	 .def = "2"},
-	{.id = OPT_TCP_CHUNK_SIZE, T_SIZE(tcp_chunk_bytes, 64 * KIB, GIB, "64KiB-1GiB"), .name = "tcp-chunk-size", .arg = ARG_REQUIRED, .value = "SIZE",
+	{.id = OPT_TCP_CHUNK_SIZE, T_SIZE(tcp_chunk_bytes, 64 * SC_KIB, SC_GIB, "64KiB-1GiB"), .name = "tcp-chunk-size", .arg = ARG_REQUIRED, .value = "SIZE",
 	 .group = "Data plane", .help = "bytes per TCP data chunk, 64KiB-1GiB", .def = "8MiB"},
 	{.id = OPT_DATA_MAX_UNAUTH_PER_IP, T_U32(data_max_unauth_per_ip, 1, 1024), .name = "data-max-unauth-per-ip", .arg = ARG_REQUIRED,
 	 .value = "N", .group = "Data plane",
@@ -350,7 +340,7 @@ static const struct sc_option sc_options[] = {
 	{.id = OPT_IB_STRIPE_MIN, T_SIZE_ANY(ib_stripe_min_bytes), .name = "ib-stripe-min", .arg = ARG_REQUIRED, .value = "SIZE",
 	 .group = "RDMA", .help = "transfers this large are striped over every usable rail; smaller ones take one (0: never stripe)",
 	 .def = "4MiB"},
-	{.id = OPT_IB_SLICE_SIZE, T_SIZE(ib_slice_bytes, 64 * KIB, GIB, "64KiB-1GiB"), .name = "ib-slice-size", .arg = ARG_REQUIRED, .value = "SIZE",
+	{.id = OPT_IB_SLICE_SIZE, T_SIZE(ib_slice_bytes, 64 * SC_KIB, SC_GIB, "64KiB-1GiB"), .name = "ib-slice-size", .arg = ARG_REQUIRED, .value = "SIZE",
 	 .group = "RDMA", .help = "bytes per slice of a striped transfer, 64KiB-1GiB", .def = "1MiB"},
 	{.id = OPT_IB_MAX_QPS, T_U32(ib_max_qps, 1, 65536), .name = "ib-max-qps", .arg = ARG_REQUIRED, .value = "N",
 	 .group = "RDMA",
@@ -444,268 +434,6 @@ static int label_err(struct sc_err *err, const char *label)
 	return -1;
 }
 
-/* ---- value parsers ---- */
-
-/* Decimal digits only, no sign, no spaces: 0, -1 on garbage, -2 past UINT64_MAX. */
-static int parse_u64_digits(const char *s, const char **end, uint64_t *out)
-{
-	uint64_t v = 0;
-	const char *p = s;
-	if (!isdigit((unsigned char)*p))
-		return -1;
-	for (; isdigit((unsigned char)*p); p++) {
-		unsigned d = (unsigned)(*p - '0');
-		if (v > (UINT64_MAX - d) / 10)
-			return -2;
-		v = v * 10 + d;
-	}
-	*end = p;
-	*out = v;
-	return 0;
-}
-
-static bool valid_hostname(const char *h, size_t len)
-{
-	bool all_numeric = true;
-	if (len == 0 || len > HOST_MAX_LEN)
-		return false;
-	for (size_t i = 0; i < len; i++) {
-		unsigned char c = (unsigned char)h[i];
-		if (!isalnum(c) && c != '.' && c != '-' && c != '_')
-			return false;
-		if (!isdigit(c) && c != '.')
-			all_numeric = false;
-	}
-	if (all_numeric) { /* looks like dotted IPv4: must be one */
-		char tmp[HOST_MAX_LEN + 1];
-		struct in_addr a;
-		memcpy(tmp, h, len);
-		tmp[len] = '\0';
-		return inet_pton(AF_INET, tmp, &a) == 1;
-	}
-	return true;
-}
-
-/* An IPv6 literal, optionally with a %zone suffix. */
-static bool valid_ipv6(const char *h, size_t len)
-{
-	char tmp[HOST_MAX_LEN + 1];
-	struct in6_addr a;
-	if (len == 0 || len > HOST_MAX_LEN)
-		return false;
-	memcpy(tmp, h, len);
-	tmp[len] = '\0';
-	char *zone = strchr(tmp, '%');
-	if (zone) {
-		*zone++ = '\0';
-		if (!*zone)
-			return false;
-		for (const char *z = zone; *z; z++)
-			if (!isalnum((unsigned char)*z) && *z != '.' && *z != '-' && *z != '_')
-				return false;
-	}
-	return inet_pton(AF_INET6, tmp, &a) == 1;
-}
-
-int sc_parse_hostport(const char *text, char *host, size_t host_cap, uint16_t *port,
-		      struct sc_err *err)
-{
-	if (!text)
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "(null): " HOSTPORT_HINT);
-	const char *h, *colon;
-	size_t hlen;
-	if (text[0] == '[') {
-		const char *close = strchr(text, ']');
-		if (!close)
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "\"%.*s\": missing ']' after the IPv6 address, expected "
-					  "[V6]:PORT (e.g. [::1]:50051)",
-					  VALUE_SHOWN, text);
-		h = text + 1;
-		hlen = (size_t)(close - h);
-		if (hlen == 0)
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "\"%.*s\": empty host, " HOSTPORT_HINT, VALUE_SHOWN,
-					  text);
-		if (!valid_ipv6(h, hlen))
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "\"%.*s\": \"%.*s\" is not an IPv6 address, expected "
-					  "[V6]:PORT (e.g. [::1]:50051)",
-					  VALUE_SHOWN, text,
-					  (int)(hlen > VALUE_SHOWN ? VALUE_SHOWN : hlen), h);
-		if (close[1] != ':')
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "\"%.*s\": missing port, expected [V6]:PORT (e.g. "
-					  "[::1]:50051)",
-					  VALUE_SHOWN, text);
-		colon = close + 1;
-	} else {
-		colon = strrchr(text, ':');
-		if (!colon)
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "\"%.*s\": missing port, " HOSTPORT_HINT, VALUE_SHOWN,
-					  text);
-		if (memchr(text, ':', (size_t)(colon - text)))
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "\"%.*s\": an IPv6 address needs brackets, e.g. "
-					  "[::1]:50051",
-					  VALUE_SHOWN, text);
-		h = text;
-		hlen = (size_t)(colon - text);
-		if (hlen == 0)
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "\"%.*s\": empty host, " HOSTPORT_HINT, VALUE_SHOWN,
-					  text);
-		if (hlen > HOST_MAX_LEN || !valid_hostname(h, hlen))
-			return sc_err_set(
-			    err, SC_INVALID_ARGUMENT,
-			    "\"%.*s\": bad host, expected a hostname, an IPv4 address "
-			    "or [V6] (e.g. 0.0.0.0:7000)",
-			    VALUE_SHOWN, text);
-	}
-
-	const char *ps = colon + 1, *end;
-	uint64_t p;
-	if (!*ps)
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "\"%.*s\": missing port, " HOSTPORT_HINT, VALUE_SHOWN, text);
-	int rc = parse_u64_digits(ps, &end, &p);
-	if (rc == -1 || (rc == 0 && *end))
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "\"%.*s\": port \"%.*s\" is not a number, " HOSTPORT_HINT,
-				  VALUE_SHOWN, text, VALUE_SHOWN, ps);
-	if (rc == -2 || p > 65535)
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "\"%.*s\": port %.*s is out of range, use 0-65535", VALUE_SHOWN,
-				  text, VALUE_SHOWN, ps);
-
-	if (host && host_cap) {
-		if (hlen >= host_cap)
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "\"%.*s\": host is longer than %zu characters",
-					  VALUE_SHOWN, text, host_cap - 1);
-		memcpy(host, h, hlen);
-		host[hlen] = '\0';
-	}
-	if (port)
-		*port = (uint16_t)p;
-	return 0;
-}
-
-int sc_parse_size(const char *text, uint64_t *out, struct sc_err *err)
-{
-	static const struct {
-		const char *suffix;
-		uint64_t mult;
-	} units[] = {
-	    {"", 1},	  {"b", 1},    {"k", KIB},   {"kb", KIB},  {"kib", KIB},
-	    {"m", MIB},	  {"mb", MIB}, {"mib", MIB}, {"g", GIB},   {"gb", GIB},
-	    {"gib", GIB}, {"t", TIB},  {"tb", TIB},  {"tib", TIB},
-	};
-	const char *end;
-	uint64_t v;
-	if (!text)
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "(null): expected a size");
-	if (text[0] == '-')
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "\"%.*s\": a size cannot be negative",
-				  VALUE_SHOWN, text);
-	int rc = parse_u64_digits(text, &end, &v);
-	if (rc == -2)
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "\"%.*s\": too large (at most 18446744073709551615 bytes)",
-				  VALUE_SHOWN, text);
-	if (rc == 0) {
-		for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-			if (strcasecmp(end, units[i].suffix) != 0)
-				continue;
-			if (v > UINT64_MAX / units[i].mult)
-				return sc_err_set(err, SC_INVALID_ARGUMENT,
-						  "\"%.*s\": too large (at most 16 EiB)",
-						  VALUE_SHOWN, text);
-			*out = v * units[i].mult;
-			return 0;
-		}
-	}
-	return sc_err_set(err, SC_INVALID_ARGUMENT,
-			  "\"%.*s\": expected a size in bytes with an optional K, M, G or T "
-			  "(powers of 1024), e.g. 4096, 64KiB, 8M, 1GiB",
-			  VALUE_SHOWN, text);
-}
-
-int sc_parse_duration_ms(const char *text, uint64_t *out, struct sc_err *err)
-{
-	static const struct {
-		const char *suffix;
-		uint64_t mult;
-	} units[] = {
-	    {"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60 * 1000}, {"h", 60 * 60 * 1000},
-	};
-	const char *end;
-	uint64_t v;
-	if (!text)
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "(null): expected a duration");
-	if (text[0] == '-')
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "\"%.*s\": a duration cannot be negative", VALUE_SHOWN, text);
-	int rc = parse_u64_digits(text, &end, &v);
-	for (size_t i = 0; rc != -1 && i < sizeof(units) / sizeof(units[0]); i++) {
-		if (rc == 0 && strcmp(end, units[i].suffix) != 0)
-			continue;
-		if (rc == -2 || v > UINT64_MAX / units[i].mult)
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "\"%.*s\": too large (at most 18446744073709551615 ms)",
-					  VALUE_SHOWN, text);
-		*out = v * units[i].mult;
-		return 0;
-	}
-	return sc_err_set(err, SC_INVALID_ARGUMENT,
-			  "\"%.*s\": expected a duration: a number with ms, s, m or h (plain "
-			  "number = ms), e.g. 1500, 500ms, 30s, 2m, 1h",
-			  VALUE_SHOWN, text);
-}
-
-/* Decimal integer in [min, max], with an optional leading '-' when min < 0. */
-static int parse_int_range(const char *text, long long min, long long max, long long *out,
-			   struct sc_err *err)
-{
-	const char *p = text, *end;
-	bool neg = false;
-	uint64_t v;
-	if (*p == '-' && min < 0) {
-		neg = true;
-		p++;
-	}
-	int rc = parse_u64_digits(p, &end, &v);
-	if (rc == 0 && *end == '\0' && v <= (uint64_t)LLONG_MAX) {
-		long long s = neg ? -(long long)v : (long long)v;
-		if (s >= min && s <= max) {
-			*out = s;
-			return 0;
-		}
-	}
-	return sc_err_set(err, SC_INVALID_ARGUMENT,
-			  "\"%.*s\": expected an integer from %lld to %lld", VALUE_SHOWN, text, min,
-			  max);
-}
-
-static int parse_bool(const char *text, bool *out, struct sc_err *err)
-{
-	static const char *const yes[] = {"1", "true", "yes", "on"};
-	static const char *const no[] = {"0", "false", "no", "off"};
-	for (size_t i = 0; i < 4; i++) {
-		if (strcasecmp(text, yes[i]) == 0) {
-			*out = true;
-			return 0;
-		}
-		if (strcasecmp(text, no[i]) == 0) {
-			*out = false;
-			return 0;
-		}
-	}
-	return sc_err_set(err, SC_INVALID_ARGUMENT, "\"%.*s\": expected 1/true/yes or 0/false/no",
-			  VALUE_SHOWN, text);
-}
-
 /* ---- per-option checks ---- */
 
 /* The index of the first character of s[0..n) that an id may not hold, or n. */
@@ -729,14 +457,14 @@ static int check_id(const char *v, struct sc_err *err)
 	size_t n = strlen(v);
 	if (n == 0 || n > ID_MAX_LEN)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "\"%.*s\": an id has 1-%d characters (got %zu)", VALUE_SHOWN, v,
+				  "\"%.*s\": an id has 1-%d characters (got %zu)", SC_VALUE_SHOWN, v,
 				  ID_MAX_LEN, n);
 	size_t bad = id_bad_char(v, n);
 	if (bad < n)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "\"%.*s\": character %zu is not allowed, use only "
 				  "A-Z a-z 0-9 . _ -",
-				  VALUE_SHOWN, v, bad + 1);
+				  SC_VALUE_SHOWN, v, bad + 1);
 	return 0;
 }
 
@@ -749,11 +477,11 @@ static int check_grpc_addr(const char *v, struct sc_err *err)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
 					  "\"%.*s\": a unix socket needs an absolute path, e.g. "
 					  "unix:/tmp/rdma-sidecar/sidecar.sock",
-					  VALUE_SHOWN, v);
+					  SC_VALUE_SHOWN, v);
 		if (strlen(path) >= 108) /* sizeof(sockaddr_un.sun_path) */
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
 					  "\"%.*s\": a unix socket path has at most 107 characters",
-					  VALUE_SHOWN, v);
+					  SC_VALUE_SHOWN, v);
 		return 0;
 	}
 	if (strchr(v, ':'))
@@ -761,7 +489,7 @@ static int check_grpc_addr(const char *v, struct sc_err *err)
 	return sc_err_set(err, SC_INVALID_ARGUMENT,
 			  "\"%.*s\": expected unix:/ABS/PATH, HOST:PORT or [V6]:PORT (e.g. "
 			  "127.0.0.1:50051)",
-			  VALUE_SHOWN, v);
+			  SC_VALUE_SHOWN, v);
 }
 
 /* HOST without port: a hostname, an IPv4 address, or an IPv6 address with or without brackets. */
@@ -772,16 +500,16 @@ static int check_advertise(const char *v, char **out, struct sc_err *err)
 	if (n >= 2 && v[0] == '[' && v[n - 1] == ']') {
 		h = v + 1;
 		n -= 2;
-		if (!valid_ipv6(h, n))
+		if (!sc_valid_ipv6(h, n))
 			goto bad;
 	} else if (strchr(v, ':')) {
-		if (!valid_ipv6(h, n))
+		if (!sc_valid_ipv6(h, n))
 			return sc_err_set(
 			    err, SC_INVALID_ARGUMENT,
 			    "\"%.*s\": expected a HOST without a port (e.g. 10.0.0.5 "
 			    "or node1.example); the data port comes from --data-listen",
-			    VALUE_SHOWN, v);
-	} else if (n == 0 || n > HOST_MAX_LEN || !valid_hostname(h, n)) {
+			    SC_VALUE_SHOWN, v);
+	} else if (n == 0 || n > SC_HOST_MAX_LEN || !sc_valid_hostname(h, n)) {
 		goto bad;
 	}
 	*out = strndup(h, n);
@@ -791,7 +519,7 @@ static int check_advertise(const char *v, char **out, struct sc_err *err)
 bad:
 	return sc_err_set(err, SC_INVALID_ARGUMENT,
 			  "\"%.*s\": expected a hostname or an IP address (e.g. 10.0.0.5)",
-			  VALUE_SHOWN, v);
+			  SC_VALUE_SHOWN, v);
 }
 
 /* --advertise: a comma list of hosts (check_advertise each), one per --data-listen endpoint;
@@ -829,21 +557,21 @@ static void redact_url(const char *url, size_t len, char *buf, size_t cap)
 {
 	const char *at = memrchr(url, '@', len);
 	if (!at) {
-		snprintf(buf, cap, "%.*s", (int)(len > VALUE_SHOWN ? VALUE_SHOWN : len), url);
+		snprintf(buf, cap, "%.*s", (int)(len > SC_VALUE_SHOWN ? SC_VALUE_SHOWN : len), url);
 		return;
 	}
 	const char *scheme_end = strstr(url, "://");
 	size_t keep = scheme_end && scheme_end < at ? (size_t)(scheme_end - url) + 3 : 0;
 	size_t rest = len - (size_t)(at + 1 - url);
 	snprintf(buf, cap, "%.*s<redacted>@%.*s", (int)keep, url,
-		 (int)(rest > VALUE_SHOWN ? VALUE_SHOWN : rest), at + 1);
+		 (int)(rest > SC_VALUE_SHOWN ? SC_VALUE_SHOWN : rest), at + 1);
 }
 
 /* One NATS server: nats://[USER[:PASS]@]HOST[:PORT] (also tls://). */
 static int check_nats_one(const char *u, size_t len, struct sc_err *err)
 {
-	char shown[VALUE_SHOWN + 64];
-	char buf[HOST_MAX_LEN + 16];
+	char shown[SC_VALUE_SHOWN + 64];
+	char buf[SC_HOST_MAX_LEN + 16];
 	redact_url(u, len, shown, sizeof(shown));
 	size_t skip;
 	if (len > 7 && strncasecmp(u, "nats://", 7) == 0)
@@ -935,7 +663,7 @@ static int parse_backends(const char *v, unsigned *out, struct sc_err *err)
 			    err, SC_INVALID_ARGUMENT,
 			    "\"%.*s\": unknown backend \"%.*s\" (valid: tcp, ibverbs, "
 			    "local, all; comma-separated)",
-			    VALUE_SHOWN, v, (int)(len > VALUE_SHOWN ? VALUE_SHOWN : len), p);
+			    SC_VALUE_SHOWN, v, (int)(len > SC_VALUE_SHOWN ? SC_VALUE_SHOWN : len), p);
 		if (!comma)
 			break;
 		p = comma + 1;
@@ -951,7 +679,7 @@ static int parse_size_range(const char *v, uint64_t min, uint64_t max, const cha
 	if (sc_parse_size(v, &n, err) != 0)
 		return -1;
 	if (n < min || n > max)
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "\"%.*s\": must be %s", VALUE_SHOWN, v,
+		return sc_err_set(err, SC_INVALID_ARGUMENT, "\"%.*s\": must be %s", SC_VALUE_SHOWN, v,
 				  range);
 	*out = n;
 	return 0;
@@ -971,7 +699,7 @@ static int parse_mode(const char *v, uint32_t *out, struct sc_err *err)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "\"%.*s\": expected an octal mode from 0600 to 0777 (e.g. 0660: "
 				  "owner and group may connect)",
-				  VALUE_SHOWN, v);
+				  SC_VALUE_SHOWN, v);
 	*out = (uint32_t)m;
 	return 0;
 }
@@ -1008,7 +736,7 @@ static int resolve_fast_path_socket(struct sc_config *cfg, struct sc_err *err)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "--fast-path-socket \"%.*s\": expected an absolute path shorter than "
 				  "108 bytes (a unix socket's limit), or \"off\"",
-				  VALUE_SHOWN, p);
+				  SC_VALUE_SHOWN, p);
 	return 0;
 }
 
@@ -1062,7 +790,7 @@ static int parse_peer_identity(const char *v, enum sc_peer_identity *out, struct
 		}
 	}
 	return sc_err_set(err, SC_INVALID_ARGUMENT, "\"%.*s\": expected spiffe, dns, cn or off",
-			  VALUE_SHOWN, v);
+			  SC_VALUE_SHOWN, v);
 }
 
 /* ---- applying one value ---- */
@@ -1091,7 +819,7 @@ static int add_register_dir(struct sc_config *cfg, const char *v, size_t len, bo
 	if (v[0] != '/')
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "\"%.*s\": expected an absolute directory path (e.g. /data/models)",
-				  (int)(len > VALUE_SHOWN ? VALUE_SHOWN : len), v);
+				  (int)(len > SC_VALUE_SHOWN ? SC_VALUE_SHOWN : len), v);
 	if (cfg->n_register_dirs >= SC_MAX_REGISTER_DIRS)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  from_env ? "lists more than %d directories" : "given more than %d times",
@@ -1135,11 +863,11 @@ static int check_subject_prefix(const char *v, struct sc_err *err)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
 					  "\"%.*s\": a subject prefix has no wildcards (* >), "
 					  "spaces or control characters, e.g. team-a.",
-					  VALUE_SHOWN, v);
+					  SC_VALUE_SHOWN, v);
 	}
 	if (v[0] == '.' || strstr(v, ".."))
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "\"%.*s\": empty subject token, e.g. use team-a.", VALUE_SHOWN, v);
+				  "\"%.*s\": empty subject token, e.g. use team-a.", SC_VALUE_SHOWN, v);
 	return 0;
 }
 
@@ -1208,7 +936,7 @@ static int set_data_listen(struct sc_config *cfg, const char *v, struct sc_err *
 		size_t len = comma ? (size_t)(comma - p) : strlen(p);
 		if (n == SC_CONFIG_MAX_DATA_ENDPOINTS)
 			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "\"%.*s\": at most %d data endpoints", VALUE_SHOWN, v,
+					  "\"%.*s\": at most %d data endpoints", SC_VALUE_SHOWN, v,
 					  SC_CONFIG_MAX_DATA_ENDPOINTS);
 		char *one = strndup(p, len);
 		if (!one)
@@ -1241,14 +969,14 @@ static int apply_typed(struct sc_config *cfg, const struct sc_option *opt, const
 	case K_HOSTPORT:
 		return set_hostport(field, v, opt->empty_ok, err);
 	case K_BOOL:
-		return parse_bool(v, field, err);
+		return sc_parse_bool(v, field, err);
 	case K_U32:
-		rc = parse_int_range(v, opt->min, opt->max, &n, err);
+		rc = sc_parse_int_range(v, opt->min, opt->max, &n, err);
 		if (rc == 0)
 			*(uint32_t *)field = (uint32_t)n;
 		return rc;
 	case K_INT:
-		rc = parse_int_range(v, opt->min, opt->max, &n, err);
+		rc = sc_parse_int_range(v, opt->min, opt->max, &n, err);
 		if (rc == 0)
 			*(int *)field = (int)n;
 		return rc;
@@ -1296,7 +1024,7 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 					    err, SC_INVALID_ARGUMENT,
 					    "\"%.*s\": empty entry in the comma-separated "
 					    "list",
-					    VALUE_SHOWN, v);
+					    SC_VALUE_SHOWN, v);
 					break;
 				}
 				rc = add_listen(cfg, p, len, true, err);
@@ -1340,7 +1068,7 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 			rc = sc_err_set(
 			    err, SC_INVALID_ARGUMENT,
 			    "\"%.*s\": expected an absolute directory path (e.g. /dev/shm)",
-			    VALUE_SHOWN, v);
+			    SC_VALUE_SHOWN, v);
 		else
 			rc = set_str(&cfg->shm_dir, v, false, err);
 		break;
@@ -1348,7 +1076,7 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 		rc = sc_parse_duration_ms(v, &cfg->default_timeout_ms, err);
 		if (rc == 0 && cfg->default_timeout_ms == 0)
 			rc = sc_err_set(err, SC_INVALID_ARGUMENT,
-					"\"%.*s\": must be longer than 0 (e.g. 60s)", VALUE_SHOWN,
+					"\"%.*s\": must be longer than 0 (e.g. 60s)", SC_VALUE_SHOWN,
 					v);
 		break;
 	case OPT_DATA_FIRST_BYTE_TIMEOUT:
@@ -1357,7 +1085,7 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 				cfg->data_first_byte_timeout_ms > 60 * 1000))
 			rc = sc_err_set(err, SC_INVALID_ARGUMENT,
 					"\"%.*s\": expected a duration from 10ms to 60s (e.g. 1s)",
-					VALUE_SHOWN, v);
+					SC_VALUE_SHOWN, v);
 		break;
 	case OPT_CANCEL_WAIT:
 		rc = sc_parse_duration_ms(v, &cfg->cancel_wait_ms, err);
@@ -1365,7 +1093,7 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 			rc = sc_err_set(err, SC_INVALID_ARGUMENT,
 					"\"%.*s\": at most 30s (CancelOperation answers promptly; "
 					"WaitOperation waits as long as asked)",
-					VALUE_SHOWN, v);
+					SC_VALUE_SHOWN, v);
 		break;
 	case OPT_REGISTER_DIR:
 		rc = apply_register_dirs(cfg, st, v, from_env, err);
@@ -1382,7 +1110,7 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 		if (!sc_log_level_parse(v, &cfg->log_level))
 			rc = sc_err_set(err, SC_INVALID_ARGUMENT,
 					"\"%.*s\": expected debug, info, warn, error or off",
-					VALUE_SHOWN, v);
+					SC_VALUE_SHOWN, v);
 		break;
 	default: /* OPT_HELP, OPT_VERSION; the typed ones returned above */
 		break;
@@ -1421,15 +1149,15 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->grace_ms = 10 * 1000;
 	cfg->cancel_wait_ms = 1000;
 	cfg->max_concurrent_transfers = 64;
-	cfg->max_inflight_bytes = 4 * GIB;
+	cfg->max_inflight_bytes = 4 * SC_GIB;
 	cfg->max_progress_records = 65536;
 	cfg->progress_grace_ms = 30 * 1000;
-	cfg->max_message_bytes = 64 * MIB;
+	cfg->max_message_bytes = 64 * SC_MIB;
 	cfg->grpc_threads = 4;
 	cfg->tcp_streams = 2;
-	cfg->tcp_chunk_bytes = 8 * MIB;
-	cfg->ib_stripe_min_bytes = 4 * MIB;
-	cfg->ib_slice_bytes = MIB;
+	cfg->tcp_chunk_bytes = 8 * SC_MIB;
+	cfg->ib_stripe_min_bytes = 4 * SC_MIB;
+	cfg->ib_slice_bytes = SC_MIB;
 	cfg->ib_max_qps = 1024;
 	cfg->data_max_unauth_per_ip = 16;
 	cfg->data_max_unauth = 64;
@@ -1437,7 +1165,7 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->data_max_peers = 1024;
 	cfg->data_io_threads = 4;
 	cfg->fast_path_max_sessions = 64;
-	cfg->max_region_bytes = 64 * GIB;
+	cfg->max_region_bytes = 64 * SC_GIB;
 	cfg->max_regions = 4096;
 	cfg->max_operations = 16384;
 	cfg->max_descriptors = 65536;
@@ -1452,7 +1180,7 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 /* "<hostname>-<6 random hex>", the hostname cut and cleaned so the id stays valid. */
 static int default_id(struct sc_config *cfg, struct sc_err *err)
 {
-	char host[HOST_MAX_LEN + 1];
+	char host[SC_HOST_MAX_LEN + 1];
 	unsigned char rnd[3];
 	if (gethostname(host, sizeof(host)) != 0 || !host[0])
 		snprintf(host, sizeof(host), "sidecar");
@@ -1558,7 +1286,7 @@ static enum flag_outcome walk_flags(struct sc_config *cfg, struct parse_state *s
 			if (!opt) {
 				sc_err_set(err, SC_INVALID_ARGUMENT,
 					   "unknown option --%.*s (see --help)",
-					   (int)(len > VALUE_SHOWN ? VALUE_SHOWN : len), name);
+					   (int)(len > SC_VALUE_SHOWN ? SC_VALUE_SHOWN : len), name);
 				return FLAG_ERROR;
 			}
 			if (eq)
@@ -1567,7 +1295,7 @@ static enum flag_outcome walk_flags(struct sc_config *cfg, struct parse_state *s
 			opt = a[2] ? NULL : find_short(a[1]);
 			if (!opt) {
 				sc_err_set(err, SC_INVALID_ARGUMENT,
-					   "unknown option %.*s (see --help)", VALUE_SHOWN, a);
+					   "unknown option %.*s (see --help)", SC_VALUE_SHOWN, a);
 				return FLAG_ERROR;
 			}
 		} else {
@@ -1606,7 +1334,7 @@ static enum flag_outcome walk_flags(struct sc_config *cfg, struct parse_state *s
 positional:
 	sc_err_set(err, SC_INVALID_ARGUMENT,
 		   "unexpected argument \"%.*s\": rdma-sidecar takes only options (see --help)",
-		   VALUE_SHOWN, argv[i]);
+		   SC_VALUE_SHOWN, argv[i]);
 	return FLAG_ERROR;
 }
 

@@ -8,6 +8,7 @@
 #define SC_CONFIG_H
 
 #include "base/log.h"
+#include "base/parse.h" /* sc_parse_hostport, sc_parse_size, ...: long found here */
 #include "base/status.h"
 
 #include <stdbool.h>
@@ -135,16 +136,5 @@ void sc_config_free(struct sc_config *cfg);
 
 /* Print the --help text (every option, its env twin and its default) to f. */
 void sc_config_usage(FILE *f, const char *argv0);
-
-/*
- * Split "host:port", "[v6]:port" into host (without brackets) and port. Port must be 0..65535.
- * Returns 0, or -1 with err INVALID_ARGUMENT.
- */
-int sc_parse_hostport(const char *text, char *host, size_t host_cap, uint16_t *port,
-		      struct sc_err *err);
-/* "64MiB", "4k", "1G", "123" -> bytes. Returns 0 or -1 with err. */
-int sc_parse_size(const char *text, uint64_t *out, struct sc_err *err);
-/* "500ms", "30s", "2m", "1h", "1500" (ms) -> milliseconds. Returns 0 or -1 with err. */
-int sc_parse_duration_ms(const char *text, uint64_t *out, struct sc_err *err);
 
 #endif

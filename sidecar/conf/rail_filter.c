@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * conf/rail_filter.c: the --ib-devices list (conf/rail_filter.h): parsing, and which ports it keeps in
- * which order. Pure functions over their arguments; any thread.
+ * conf/rail_filter.c: the --ib-devices list (conf/rail_filter.h): parsing, and which ports it
+ * keeps in which order. Pure functions over their arguments; any thread.
  */
 #include "conf/rail_filter.h"
 

@@ -9,7 +9,8 @@
  * GPUDirect RDMA support, nvidia_peermem, and the nearest RDMA device by PCIe topology (sysfs).
  * The memory calls (alloc, IPC open, VMM import, release, dma-buf export) run on gRPC worker
  * threads and the engine's release path. Owns the library handle and the contexts; the regions own
- * their struct sc_gpu_mem.
+ * their struct sc_gpu_mem. sc_gpu_close empties the stager pools through the hook gpu/stage.c set
+ * (g->free_stager): this file never calls into stage.c.
  *
  * Built without cuda.h (no toolkit), every call reports "built without CUDA support".
  */
@@ -374,7 +375,7 @@ void sc_gpu_close(struct sc_gpu *g)
 		while (d->free_stagers) {
 			struct sc_stager *s = d->free_stagers;
 			d->free_stagers = s->next;
-			sc_stager_free(g, s);
+			g->free_stager(g, s);
 		}
 		g->cu.cuCtxSetCurrent(NULL);
 		g->cu.cuDevicePrimaryCtxRelease(d->dev);

@@ -110,6 +110,9 @@ struct sc_gpu {
 	int n;
 	struct sc_gpu_dev dev[SC_GPU_MAX_DEVICES];
 	pthread_mutex_t mu; /* the stager pools */
+	/* Frees one pooled stager: set (under mu) by gpu/stage.c when it first pools one, called by
+	 * sc_gpu_close for each stager left in the pools; NULL while the pools are empty. */
+	void (*free_stager)(struct sc_gpu *g, struct sc_stager *s);
 	/* cuMemCreate allocations imported by fd whose worker declared
 	 * allocFlags.gpuDirectRDMACapable: the driver tells an importing process neither the flag
 	 * nor CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE (both 0 on an H200, driver 13.0), so
@@ -121,8 +124,6 @@ struct sc_gpu {
 	} *gdr_ranges;
 };
 
-/* Free a stager that is not in a pool (gpu/stage.c). */
-void sc_stager_free(struct sc_gpu *g, struct sc_stager *s);
 /* Make device's primary context current on this thread. */
 int sc_gpu_use(struct sc_gpu *g, int device, struct sc_err *err);
 /* err <- "<call>: <CUDA_ERROR_NAME> (<text>)" with code (INTERNAL unless the result says better). */

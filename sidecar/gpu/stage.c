@@ -1,23 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * gpu/stage.c: staging of GPU memory through pinned host buffers, for every path where the NIC or
- * the CPU cannot touch GPU memory itself (the TCP data plane, ibverbs without dma-buf or
- * nvidia_peermem, WriteRegion/ReadRegion, LOCAL copies between host and GPU).
+ * gpu/stage.c: staging of GPU memory through pinned host buffers, wherever the NIC or the CPU
+ * cannot touch GPU memory itself (the TCP data plane, ibverbs without dma-buf or nvidia_peermem,
+ * WriteRegion/ReadRegion, LOCAL copies between host and GPU).
  *
- * A stager is one CUDA stream of the sidecar's own and two pinned buffers (cuMemHostAlloc) of
- * SC_GPU_STAGE_BYTES, each with an event marking the end of the last copy that used it. Sending
- * copies piece k+1 device-to-host while piece k is handed to the network; receiving takes piece
- * k+1 from the network while piece k is copied host-to-device, and waits for every copy before it
- * returns, so a caller reports COMPLETE (or acknowledges a WRITE) only once the bytes are in GPU
- * memory. The sidecar never synchronises with the worker's own streams (see README, GPU memory).
- *
- * Lists of pieces (sc_stager_send_pieces / sc_stager_recv_pieces) are packed: each pinned buffer
- * carries as many pieces as fit, copied with one cuMemcpyBatchAsync where the driver has it (CUDA
- * 12.8 and later) and one event per buffer, so a 4 KiB piece costs a slot in a batch, not a
- * driver call and a synchronisation of its own.
+ * A stager is one CUDA stream of the sidecar's own and two pinned buffers of SC_GPU_STAGE_BYTES,
+ * each with an event marking the end of its last copy: sending copies piece k+1 device-to-host
+ * while piece k goes to the network; receiving waits for every host-to-device copy before it
+ * returns, so COMPLETE means the bytes are in GPU memory (never waiting on the worker's streams).
+ * Lists of pieces are packed: a buffer's pieces go in one cuMemcpyBatchAsync where the driver has
+ * it (CUDA 12.8+).
  *
  * Threads: any thread; a stager belongs to one thread between get and put. The pools (one per
- * device, under g->mu) keep stagers for reuse until sc_gpu_close.
+ * device, under g->mu) keep stagers until sc_gpu_close, which frees them through the hook
+ * (g->free_stager) this file sets when it pools its first stager.
  */
 #include "build_config.h"
 #include "gpu/gpu.h"
@@ -32,7 +28,8 @@
 
 #define MAX_STAGERS_PER_DEVICE 64
 
-void sc_stager_free(struct sc_gpu *g, struct sc_stager *s)
+/* Free a stager that is not in a pool; also sc_gpu_close's hook for the pooled ones. */
+static void stager_free(struct sc_gpu *g, struct sc_stager *s)
 {
 	for (int b = 0; b < 2; b++) {
 		if (s->buf[b])
@@ -69,7 +66,7 @@ static int stager_new(struct sc_gpu *g, int device, struct sc_stager **out, stru
 		}
 	}
 	if (rc != CUDA_SUCCESS) {
-		sc_stager_free(g, s);
+		stager_free(g, s);
 		return sc_gpu_fail(g, rc, call, err);
 	}
 	*out = s;
@@ -117,10 +114,11 @@ void sc_stager_put(struct sc_gpu *g, struct sc_stager *s)
 		pthread_mutex_lock(&g->mu);
 		g->dev[s->device].n_stagers--;
 		pthread_mutex_unlock(&g->mu);
-		sc_stager_free(g, s);
+		stager_free(g, s);
 		return;
 	}
 	pthread_mutex_lock(&g->mu);
+	g->free_stager = stager_free;
 	s->next = g->dev[s->device].free_stagers;
 	g->dev[s->device].free_stagers = s;
 	pthread_mutex_unlock(&g->mu);

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * net/uds_accept.c: the unix socket listener behind --allowed-uids (see net/uds_accept.h). gRPC's own
- * unix listener gives a call no peer credentials, so with an allow list the sidecar binds the
+ * net/uds_accept.c: the unix socket listener behind --allowed-uids (see net/uds_accept.h). gRPC's
+ * own unix listener gives a call no peer credentials, so with an allow list the sidecar binds the
  * socket, accepts, reads SO_PEERCRED and records the uid by descriptor before handing the
- * connection to gRPC; server.c looks the uid up for every call and refuses others.
+ * connection to gRPC; service/server.c looks the uid up for every call and refuses others. (The
+ * --allowed-uids list itself is parsed by base/parse.c.)
  *
  * Threads: one accept thread per acceptor (poll on the socket and a stop pipe). The uid table is
  * shared by every acceptor under one mutex. Owns the listening socket and its path.
@@ -12,7 +13,6 @@
 
 #include "base/log.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -50,38 +50,6 @@ bool sc_uds_peer_uid(int fd, uid_t *uid)
 	*uid = uid_of_fd[fd];
 	pthread_mutex_unlock(&uid_mu);
 	return known;
-}
-
-int sc_parse_uid_list(const char *text, uint32_t *uids, size_t cap, size_t *n, struct sc_err *err)
-{
-	size_t k = 0;
-	const char *p = text;
-	if (!*p)
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "\"\": expected uids, e.g. 0,1000");
-	for (;;) {
-		char *end;
-		if (!isdigit((unsigned char)*p))
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "\"%.200s\": expected a comma list of numeric uids, e.g. "
-					  "0,1000",
-					  text);
-		errno = 0;
-		unsigned long v = strtoul(p, &end, 10);
-		if (errno || v > UINT32_MAX - 1 || (*end && *end != ','))
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "\"%.200s\": expected a comma list of numeric uids, e.g. "
-					  "0,1000",
-					  text);
-		if (k >= cap)
-			return sc_err_set(err, SC_INVALID_ARGUMENT, "\"%.200s\": at most %zu uids",
-					  text, cap);
-		uids[k++] = (uint32_t)v;
-		if (!*end)
-			break;
-		p = end + 1;
-	}
-	*n = k;
-	return 0;
 }
 
 int sc_uds_acceptor_create(const char *path, unsigned mode, struct sc_uds_acceptor **out,

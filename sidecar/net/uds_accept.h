@@ -32,7 +32,4 @@ void sc_uds_acceptor_destroy(struct sc_uds_acceptor *a); /* NULL ok */
 /* The uid SO_PEERCRED gave for the connection accepted as fd (any acceptor); false if unknown. */
 bool sc_uds_peer_uid(int fd, uid_t *uid);
 
-/* "0,1000,65532" -> uids (at most cap). 0 or -1 with err. */
-int sc_parse_uid_list(const char *text, uint32_t *uids, size_t cap, size_t *n, struct sc_err *err);
-
 #endif

@@ -53,9 +53,9 @@ for t in $TARGETS; do
 	case $t in
 	metadata) SOURCES="$S/base/status.c $S/meta/keys.c $S/base/base64.c $S/meta/metadata.c $S/meta/runs.c $PB_C"
 		LIBS="-lprotobuf-c -lcrypto" ;;
-	peer) SOURCES="$S/base/status.c $S/meta/keys.c $S/base/base64.c $S/meta/metadata.c $S/meta/runs.c $S/peer/proto.c $S/peer/tls.c $S/os/fault_guard.c $S/os/file_sig.c $S/conf/config.c $S/conf/rail_filter.c $S/net/uds_accept.c $S/base/log.c $S/base/timer.c $PB_C"
+	peer) SOURCES="$S/base/status.c $S/meta/keys.c $S/base/base64.c $S/meta/metadata.c $S/meta/runs.c $S/peer/proto.c $S/peer/tls.c $S/os/fault_guard.c $S/os/file_sig.c $S/conf/config.c $S/conf/rail_filter.c $S/base/parse.c $S/base/log.c $S/base/timer.c $PB_C"
 		LIBS="-lprotobuf-c -lssl -lcrypto -lpthread" ;;
-	config) SOURCES="$S/base/status.c $S/conf/config.c $S/conf/rail_filter.c $S/net/uds_accept.c $S/base/log.c $S/base/timer.c"
+	config) SOURCES="$S/base/status.c $S/conf/config.c $S/conf/rail_filter.c $S/base/parse.c $S/base/log.c $S/base/timer.c"
 		LIBS="-lcrypto -lpthread" ;;
 	keys) SOURCES="$S/base/status.c $S/meta/keys.c $S/base/base64.c $S/meta/metadata.c $S/meta/runs.c $PB_C"
 		LIBS="-lprotobuf-c -lcrypto" ;;
