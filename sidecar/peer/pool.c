@@ -225,7 +225,7 @@ fail:;
 /*
  * A failure worth another try: the peer's data port refused or reset the connection, or closed
  * it before saying anything (what a busy data port does to connections it cannot take, see
- * peer/server.c), or it said it is busy and to retry (RESOURCE_EXHAUSTED "... busy: retry in a
+ * peer/prehello.c), or it said it is busy and to retry (RESOURCE_EXHAUSTED "... busy: retry in a
  * few seconds": --data-max-peers, or this sidecar's share of it, all with a request in hand). Any
  * other refusal the peer explained (ERROR frame), a certificate or a key that does not verify,
  * and garbage are final.
@@ -305,7 +305,7 @@ static int dial_once(struct sc_peer_pool *pool, struct sc_keyring *ring, struct 
 	if (rc == 0) /* whom its certificate names (checked against the issuer by the caller) */
 		rc = sc_peer_tls_reached(pool->tls, c->fd, c->peer_id, c->what, c->cert_id, err);
 	if (rc == 0) {
-		/* The peer admits a connection under its caps only after the hello (peer/server.c),
+		/* The peer admits a connection under its caps only after the hello (peer/conns.c),
 		 * and a refusal then answers the first request. Ask with a PING now (one round
 		 * trip per new connection), so that "busy: retry" is an answer here, retried with
 		 * backoff within the caller's deadline, and never fails a transfer. */
