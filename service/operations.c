@@ -149,19 +149,20 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 	struct sc_op_info info;
 	/* A small transfer on a warm connection may run on this thread once it has answered (or, for
 	 * a call that waits, before it waits): no hand-off to a worker thread and back. */
-	sc_op_run_here_open();
+	struct sc_run_here here = {0};
+	ar.here = &here;
 	int rc = sc_op_begin(sc_call_engine(c), kind, &ar, &info, &err);
 	free(descs);
 	if (rc != 0 || !r->wait || sc_op_status_terminal(info.status)) {
 		answer(c, rc, &info, &err);
-		sc_op_run_here_close();
+		sc_op_run_here(&here);
 		return;
 	}
 	/* One call to the end. A small transfer parked for this thread runs now, before any waiter
 	 * exists: when it ends here the answer needs no watch, no timer and no hand-off. */
 	char id[SC_ID_MAX];
 	memcpy(id, info.id, sizeof(id));
-	sc_op_run_here_close();
+	sc_op_run_here(&here);
 	sc_op_info_free(&info);
 	if (sc_op_get(sc_call_engine(c), id, &info, &err) != 0) {
 		sc_call_fail_err(c, &err); /* released meanwhile by another call */

@@ -63,6 +63,10 @@ int sc_backend_connect_unsupported(struct sc_backend *b, const struct sc_metadat
 	return 0;
 }
 
+void sc_backend_advertise_noop(struct sc_backend *b, struct sc_metadata *md)
+{
+}
+
 /* ---- rails ----------------------------------------------------------------------------------- */
 
 static pthread_mutex_t rails_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -121,6 +125,7 @@ static const struct sc_backend_ops noverbs_ops = {
 	.revoke = sc_backend_revoke_noop,
 	.submit = sc_backend_submit_unsupported,
 	.cancel = sc_backend_cancel_noop,
+	.advertise = sc_backend_advertise_noop,
 };
 
 /* Built without libibverbs: the backend exists only to say so. */

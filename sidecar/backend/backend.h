@@ -36,6 +36,8 @@ struct sc_peer_server;
  * into the engine; it talks to passive operations only through the interface `passive`
  * (backend/passive.h) and to peers only through the pool and the server it was given.
  */
+struct sc_xr_here; /* backend/xfer_runner.h */
+
 struct sc_backend_env {
 	const struct sc_config *cfg;
 	const char *self_id;           /* this sidecar's id */
@@ -105,6 +107,10 @@ struct sc_xfer {
 	 * and without a cancel) then tells the peer ABORTED and completes with SC_ABORTED; the engine
 	 * resubmits the same transfer (same xfer_id) to the other backend. */
 	bool fallback_ok;
+	/* The beginning caller's offer to run the first task on its own thread (backend/
+	 * xfer_runner.h, sc_xr_admit_here): set by the engine only while it submits the transfer
+	 * from that caller's sc_op_begin, NULL otherwise (a scheduled start, a fall-back). */
+	struct sc_xr_here *here;
 	/* Called from backend threads. on_progress may run concurrently from several threads. */
 	void (*on_progress)(struct sc_xfer *x, uint64_t delta);
 	void (*on_complete)(struct sc_xfer *x, enum sc_status status, const char *msg);
@@ -147,6 +153,11 @@ struct sc_backend_ops {
 	 * deadline; a gRPC worker thread. */
 	int (*connect)(struct sc_backend *b, const struct sc_metadata *md, uint64_t deadline_mono_ms,
 		       char *detail, size_t cap, struct sc_err *err);
+	/* Write this backend's part of a new passive operation's metadata, before expose: how
+	 * peers reach it (md->endpoints, where no backend before it wrote any) and, when a peer
+	 * may use it on the token alone, its bit in md->backends. The engine calls every
+	 * available backend's in kind order (tcp first). Under the engine lock: no blocking. */
+	void (*advertise)(struct sc_backend *b, struct sc_metadata *md);
 };
 
 struct sc_backend {
@@ -196,6 +207,7 @@ void sc_backend_cancel_noop(struct sc_backend *b, struct sc_xfer *x);
 int sc_backend_connect_unsupported(struct sc_backend *b, const struct sc_metadata *md,
 				   uint64_t deadline_mono_ms, char *detail, size_t cap,
 				   struct sc_err *err);
+void sc_backend_advertise_noop(struct sc_backend *b, struct sc_metadata *md);
 
 static inline int sc_backend_start(struct sc_backend *b, struct sc_err *err)
 {

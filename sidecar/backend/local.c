@@ -174,6 +174,12 @@ static void local_cancel(struct sc_backend *b, struct sc_xfer *x)
 	atomic_store(&x->cancel_requested, true);
 }
 
+/* Same-sidecar transfers: a peer that is this sidecar may copy on the token alone. */
+static void local_advertise(struct sc_backend *b, struct sc_metadata *md)
+{
+	md->backends |= SC_BACKEND_BIT_LOCAL;
+}
+
 static const struct sc_backend_ops local_ops = {
 	.kind = SC_BACKEND_LOCAL, /* name, level and the ops left out: engine/backend_registry.c */
 	.start = local_start,
@@ -181,6 +187,7 @@ static const struct sc_backend_ops local_ops = {
 	.destroy = local_destroy,
 	.submit = local_submit,
 	.cancel = local_cancel,
+	.advertise = local_advertise,
 };
 
 struct sc_backend *sc_backend_local_create(const struct sc_backend_env *env)

@@ -6,9 +6,9 @@
  *
  * Threads: sc_xr_start creates the workers; each waits on r->cv under the backend's mutex, takes
  * the first queued task, and runs it without the lock. Everything else runs on the caller's thread
- * (engine threads for admit, worker and completion threads for the rest). A task admitted inside
- * a thread's run-here window (sc_xr_admit_here) runs on that thread when the window closes, with
- * no hand-off to a worker. Owns: the workers.
+ * (engine threads for admit, worker and completion threads for the rest). A task parked in a
+ * caller's offer (sc_xr_admit_here) runs on that caller's thread in sc_xr_here_run, with no
+ * hand-off to a worker. Owns: the workers.
  */
 #include "backend/xfer_runner.h"
 
@@ -120,30 +120,18 @@ void sc_xr_stop_workers(struct sc_xr *r)
 	pthread_mutex_unlock(r->mu);
 }
 
-/* This thread's run-here window: open, and the task parked in it. */
-static _Thread_local struct {
-	bool open;
-	struct sc_xr_task *task;
-} here;
-
-void sc_xr_here_open(void)
+void sc_xr_here_run(struct sc_xr_here *h)
 {
-	here.open = true;
-	here.task = NULL;
+	struct sc_xr_task *t = h ? h->task : NULL;
+	if (!t)
+		return;
+	h->task = NULL;
+	t->run(t);
 }
 
-void sc_xr_here_close(void)
+bool sc_xr_here_possible(const struct sc_xfer *x)
 {
-	struct sc_xr_task *t = here.task;
-	here.open = false;
-	here.task = NULL;
-	if (t)
-		t->run(t);
-}
-
-bool sc_xr_here_possible(void)
-{
-	return here.open && !here.task;
+	return x->here && !x->here->task;
 }
 
 static int admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struct sc_xr_task *first,
@@ -152,7 +140,7 @@ static int admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struc
 int sc_xr_admit_here(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x,
 		     struct sc_xr_task *first, struct sc_err *err)
 {
-	return admit(r, t, x, first, sc_xr_here_possible(), err);
+	return admit(r, t, x, first, sc_xr_here_possible(x), err);
 }
 
 int sc_xr_admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struct sc_xr_task *first,
@@ -161,8 +149,8 @@ int sc_xr_admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struct
 	return admit(r, t, x, first, false, err);
 }
 
-/* park: the first task waits in this thread's run-here window (it is live, so a cancel or a stop
- * reaches it, and wait-until-idle waits for it) instead of on the queue. */
+/* park: the first task waits in x's offer (it is live, so a cancel or a stop reaches it, and
+ * wait-until-idle waits for it) instead of on the queue. */
 static int admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struct sc_xr_task *first,
 		 bool park, struct sc_err *err)
 {
@@ -183,7 +171,7 @@ static int admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struc
 	sc_list_insert_head(&r->live, &t->node);
 	r->n_live++;
 	if (park)
-		here.task = first;
+		x->here->task = first;
 	else
 		sc_xr_queue_locked(r, first);
 	pthread_mutex_unlock(r->mu);

@@ -31,10 +31,17 @@
 
 #define SC_XR_MAX_WORKERS 32
 
-/* The run-here window of this thread (engine/engine.h, sc_op_run_here_open): sc_xr_here_open opens it;
- * sc_xr_here_close closes it and runs the task parked in it, if any. */
-void sc_xr_here_open(void);
-void sc_xr_here_close(void);
+/*
+ * A caller's offer to run a small transfer's first task on its own thread (a continuation, see
+ * engine/engine.h, struct sc_active_req.here): zeroed on the caller's stack, handed down with the
+ * request as sc_xfer.here while the transfer is submitted, and run by sc_xr_here_run once the
+ * caller has answered. A backend parks at most one task in it (sc_xr_admit_here).
+ */
+struct sc_xr_here {
+	struct sc_xr_task *task; /* parked, to run in sc_xr_here_run; NULL: none */
+};
+/* Runs the task parked in h, if any (blocking for the transfer), and empties h. */
+void sc_xr_here_run(struct sc_xr_here *h);
 
 /* One unit of work for a worker thread (the backend embeds it in its transfer). */
 struct sc_xr_task {
@@ -90,12 +97,12 @@ void sc_xr_stop_workers(struct sc_xr *r);
 
 /* Makes t live for x and queues first (the task that starts it). UNAVAILABLE when the runner is
  * not started or stopping ("<name> backend is shutting down"). */
-/* Whether a transfer admitted now could be parked on this thread (sc_xr_admit_here): the window
- * is open and holds no task yet. */
-bool sc_xr_here_possible(void);
-/* As sc_xr_admit, but the first task is parked in this thread's open window (to run when it
- * closes) instead of queued for a worker; queued when the window is closed or already holds one.
- */
+/* Whether x's first task could be parked now (sc_xr_admit_here): it came with an offer
+ * (x->here) that holds no task yet. */
+bool sc_xr_here_possible(const struct sc_xfer *x);
+/* As sc_xr_admit, but the first task is parked in x's offer (x->here, to run when its caller
+ * calls sc_xr_here_run) instead of queued for a worker; queued when there is no offer or it
+ * already holds one. */
 int sc_xr_admit_here(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x,
 		     struct sc_xr_task *first, struct sc_err *err);
 int sc_xr_admit(struct sc_xr *r, struct sc_xr_xfer *t, struct sc_xfer *x, struct sc_xr_task *first,

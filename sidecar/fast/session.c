@@ -7,7 +7,7 @@
  *
  * Threads. The session's own thread reads the socket and the submission ring, begins every run,
  * writes every completion into the ring and rings the worker's doorbell; a small run on a warm
- * connection runs right on it (sc_op_run_here_open/close), with no hand-off. A run ends on
+ * connection runs right on it (struct sc_run_here, sc_op_run_here), with no hand-off. A run ends on
  * whichever thread finishes it: the watch callback (engine lock held) only copies the completion
  * into the session's private outbox and wakes this thread through wake_fd (an eventfd nobody else
  * holds). Nothing that runs under the engine lock touches what the worker shares (ring memory,
@@ -90,7 +90,7 @@ struct sc_fast_session {
 	struct handle handles[MAX_HANDLES];
 	uint32_t next_handle;
 	pthread_t thread;
-	/* The run the session thread is running itself (sc_op_run_here_close), for the watcher
+	/* The run the session thread is running itself (sc_op_run_here), for the watcher
 	 * (sc_fast_session_watch) to cancel while this thread cannot look at its ring or socket. */
 	pthread_mutex_t busy_mu;
 	struct run *busy;	  /* under busy_mu */
@@ -246,9 +246,10 @@ static void run_begin(struct sc_fast_session *s, const struct rsc_fast_sqe *e)
 		req.timeout_ms = e->timeout_ms;
 	struct sc_op_info info;
 	sc_trace_call_in(); /* the hand-off trace's first stage: the entry was taken now */
-	sc_op_run_here_open();
+	struct sc_run_here here = {0};
+	req.here = &here;
 	if (sc_op_begin(s->p.eng, h->kind, &req, &info, &err) != 0) {
-		sc_op_run_here_close();
+		sc_op_run_here(&here);
 		post_error(s, e->user_data, &err);
 		return;
 	}
@@ -261,7 +262,7 @@ static void run_begin(struct sc_fast_session *s, const struct rsc_fast_sqe *e)
 	struct sc_op_info first;
 	if (sc_op_watch(s->p.eng, r->op_id, on_change, r, &r->watch_id, &first, &err) != 0) {
 		/* Forgotten already (released by someone holding its id): say so. */
-		sc_op_run_here_close();
+		sc_op_run_here(&here);
 		sc_op_release(s->p.eng, r->op_id, NULL);
 		r->used = false;
 		post_error(s, e->user_data, &err);
@@ -283,7 +284,7 @@ static void run_begin(struct sc_fast_session *s, const struct rsc_fast_sqe *e)
 		s->busy = NULL;
 	}
 	pthread_mutex_unlock(&s->busy_mu);
-	sc_op_run_here_close();
+	sc_op_run_here(&here);
 	pthread_mutex_lock(&s->busy_mu);
 	s->busy = NULL;
 	pthread_mutex_unlock(&s->busy_mu);

@@ -107,6 +107,16 @@ static void ib_destroy(struct sc_backend *b)
 	ib_backend_free(ib);
 }
 
+/* The control channel's endpoint where no backend before it (tcp) wrote one. Its bit in
+ * md->backends comes with a grant (ib_expose): the rkeys are what a peer needs. */
+static void ib_advertise(struct sc_backend *b, struct sc_metadata *md)
+{
+	if (md->n_endpoints == 0 && b->endpoint[0]) {
+		snprintf(md->endpoints[0], sizeof(md->endpoints[0]), "%s", b->endpoint);
+		md->n_endpoints = 1;
+	}
+}
+
 static const struct sc_backend_ops ib_ops = {
     .kind = SC_BACKEND_IBVERBS, /* name and level: engine/backend_registry.c */
     .start = ib_start,
@@ -119,6 +129,7 @@ static const struct sc_backend_ops ib_ops = {
     .submit = ib_xfer_submit,
     .cancel = ib_xfer_cancel,
     .connect = ib_connect,
+    .advertise = ib_advertise,
 };
 
 /* Several lanes: regions and grants on every lane, large transfers striped (ib/lanes.c,
@@ -135,6 +146,7 @@ static const struct sc_backend_ops ib_lanes_ops = {
     .submit = ib_stripe_submit,
     .cancel = ib_stripe_cancel,
     .connect = ib_connect,
+    .advertise = ib_advertise,
 };
 
 struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env)

@@ -62,7 +62,7 @@
  * takes the QP out (ib_qp_fail_locked; transport errors also tombstone the peer). The other
  * transfers on that QP, whose work requests were only flushed, move to a fresh QP (ib/retry.c,
  * the IB_TASK_MOVE task) and go on from their first byte not known complete. The passive side
- * does nothing per chunk: DONE completes it (peer/server.c calls sc_passive_done).
+ * does nothing per chunk: DONE completes it (peer/serve.c calls sc_passive_done).
  *
  * The bookkeeping is the shared transfer runner's (backend/xfer_runner.h): its workers and task
  * queue, the list of transfers in flight, the stop flag and first failure, the verdict, and the

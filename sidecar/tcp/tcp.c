@@ -10,9 +10,9 @@
  * Threads: submit() and cancel() run on engine threads (with the engine lock held: they only
  * queue and flag); the runner's 2 x --tcp-streams worker threads (at least 2), started by start()
  * and joined by stop(), run the transfers. The worker that picks a transfer up leads it (lead()).
- * A small one-request transfer with an idle pooled connection, begun inside the gRPC handler's
- * run-here window (engine/engine.h, sc_op_run_here_open), runs on that handler's thread once the
- * engine lock is released (at most RUN_HERE_MAX at once). Owns the runner, the paths' health, and
+ * A small one-request transfer with an idle pooled connection, begun with the caller's offer to
+ * run it (sc_xfer.here: the gRPC handler's, a fast-path session's), runs on that caller's thread
+ * once it has answered (at most RUN_HERE_MAX at once). Owns the runner, the paths' health, and
  * one struct tcp_xfer per transfer in flight; the connections belong to the peer pool.
  */
 #include "tcp/internal.h"
@@ -29,7 +29,7 @@
 #include <string.h>
 
 #define DEFAULT_CHUNK (8ull << 20)
-/* A transfer runs on the thread that began it (backend/xfer_runner.h, run-here window) when it is at most
+/* A transfer runs on the thread that began it (backend/xfer_runner.h, sc_xfer.here) when it is at most
  * this big, fits one request, is host memory only, no other transfer of this backend is in flight
  * (under load the workers overlap transfers better than gRPC threads blocked in them) and an idle
  * pooled connection to its first path is there; at most RUN_HERE_MAX such transfers at once (they
@@ -278,7 +278,7 @@ static bool may_run_here(struct tcp_xfer *tx)
 {
 	struct tcp_backend *tb = tx->tb;
 	const struct sc_xfer *x = tx->xr.x;
-	if (!sc_xr_here_possible() || x->total > RUN_HERE_MAX_BYTES || x->total > tb->chunk ||
+	if (!sc_xr_here_possible(x) || x->total > RUN_HERE_MAX_BYTES || x->total > tb->chunk ||
 	    tcp_count_chunks(tx, tb->chunk) != 1)
 		return false;
 	for (size_t i = 0; i < x->n_segs; i++)
@@ -475,6 +475,23 @@ static int tcp_connect(struct sc_backend *b, const struct sc_metadata *md, uint6
 	return 0;
 }
 
+/* Every data endpoint of the peer server (the transfer stripes over all that answer: its paths),
+ * else the backend's own; a peer may use tcp on the token alone. */
+static void tcp_advertise(struct sc_backend *b, struct sc_metadata *md)
+{
+	struct sc_peer_server *srv = b->env.server;
+	size_t n = srv ? sc_peer_server_n_endpoints(srv) : 0;
+	for (size_t i = 0; i < n && i < SC_MAX_ENDPOINTS; i++)
+		snprintf(md->endpoints[i], sizeof(md->endpoints[i]), "%s",
+			 sc_peer_server_endpoint_at(srv, i));
+	md->n_endpoints = n < SC_MAX_ENDPOINTS ? n : SC_MAX_ENDPOINTS;
+	if (md->n_endpoints == 0) {
+		snprintf(md->endpoints[0], sizeof(md->endpoints[0]), "%s", b->endpoint);
+		md->n_endpoints = 1;
+	}
+	md->backends |= SC_BACKEND_BIT_TCP;
+}
+
 static const struct sc_backend_ops tcp_ops = {
 	.kind = SC_BACKEND_TCP, /* name and level: engine/backend_registry.c */
 	.start = tcp_start,
@@ -487,6 +504,7 @@ static const struct sc_backend_ops tcp_ops = {
 	.submit = tcp_submit,
 	.cancel = tcp_cancel,
 	.connect = tcp_connect,
+	.advertise = tcp_advertise,
 };
 
 struct sc_backend *sc_backend_tcp_create(const struct sc_backend_env *env)
