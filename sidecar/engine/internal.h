@@ -261,10 +261,36 @@ int sc_region_resolve(struct sc_engine *eng, const struct sc_desc *d, struct sc_
 int sc_page_collect(struct sc_idmap *table, size_t id_offset, const char *after,
 		    const void ***items, size_t *n, struct sc_err *err);
 
-/* engine/operation.c */
+/* engine/op_passive.c */
 /* The passive-operation interface (backend/passive.h) over this engine, for the peer server and the
  * backends; ctx is eng. */
 struct sc_passive sc_op_passive(struct sc_engine *eng);
+
+/* engine/operation.c */
+/* Watchers hear of progress at most this often (ms); the last byte always notifies. */
+#define SC_OP_PROGRESS_NOTIFY_MS 10
+static inline bool sc_op_is_passive(const struct sc_op *op)
+{
+	return op->kind == SC_OP_READABLE || op->kind == SC_OP_WRITABLE;
+}
+/* Allocate an op with its descriptors resolved against the region table (each referenced).
+ * Under mu. */
+struct sc_op *sc_op_new(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_desc *descs,
+			size_t n, uint64_t timeout_ms, const char *request_id, struct sc_err *err);
+/* Put a new op in the table, count it live, arm its deadline. Under mu. */
+int sc_op_publish(struct sc_engine *eng, struct sc_op *op, struct sc_err *err);
+/* Copy src (NULL: "") into dst, INVALID_ARGUMENT naming `what` when it does not fit. */
+int sc_op_copy_str(char *dst, size_t cap, const char *src, const char *what, struct sc_err *err);
+/* Fill a snapshot. Under mu. -1 only when out of memory (info still usable, without metadata
+ * and descriptors). */
+int sc_op_fill_info(const struct sc_op *op, struct sc_op_info *info);
+/* Tell every watcher. Under mu. */
+void sc_op_notify(struct sc_engine *eng, struct sc_op *op);
+/* A terminal operation nothing pins gives its regions back at once. Under mu. */
+void sc_op_release_regions(struct sc_engine *eng, struct sc_op *op);
+/* Is the host memory of op's ranges still backed (a worker may truncate a region's file)? 0, or
+ * -1 with err FAILED_PRECONDITION naming the region and saying `stopped` stopped. Under mu. */
+int sc_op_probe_host_ranges(const struct sc_op *op, const char *stopped, struct sc_err *err);
 void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_status status,
 			 enum sc_status code, const char *msg);
 void sc_op_unref(struct sc_engine *eng, struct sc_op *op); /* under mu */
