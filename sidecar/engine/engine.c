@@ -25,7 +25,6 @@
 #include "build_config.h"
 
 #include <errno.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,20 +43,6 @@ uint64_t sc_now_mono_ms(void)
 }
 
 /* ---- test accessors (engine/test.h) and what the engine hands out ------------------------------ */
-
-struct sc_keyring *sc_engine_keyring(struct sc_engine *eng)
-{
-	pthread_mutex_lock(&eng->mu);
-	struct sc_keyring *k = eng->keys_ephemeral ? NULL : sc_keyring_retain(eng->keys);
-	pthread_mutex_unlock(&eng->mu);
-	return k;
-}
-
-/* The keyring source handed to the peer server and pool: the keys swap on SIGHUP. */
-static struct sc_keyring *engine_keyring(void *ctx)
-{
-	return sc_engine_keyring(ctx);
-}
 
 struct sc_backend *sc_engine_backend(struct sc_engine *eng, enum sc_backend_kind kind)
 {
@@ -83,25 +68,6 @@ void sc_engine_passive_revoked(struct sc_engine *eng, const uint8_t token[SC_TOK
 {
 	if (eng->peer_server)
 		sc_peer_server_revoke(eng->peer_server, token);
-}
-
-/* Without --key-file the sidecar signs with a random key nobody else knows: metadata then works
- * for transfers inside this sidecar only, and peers reject it as signed by an unknown key. */
-static int ephemeral_keyring(struct sc_engine *eng, struct sc_err *err)
-{
-	unsigned char key[32];
-	char b64[64];
-	char text[SC_NAME_MAX + 80];
-	if (sc_random_bytes(key, sizeof(key)) != 0)
-		return sc_err_set(err, SC_INTERNAL, "no randomness for the ephemeral key");
-	EVP_EncodeBlock((unsigned char *)b64, key, sizeof(key));
-	int n = snprintf(text, sizeof(text), "local-only-%.40s:%s\n", eng->id, b64);
-	memset(key, 0, sizeof(key));
-	int rc = sc_keyring_parse(text, (size_t)n, &eng->keys, err);
-	memset(text, 0, sizeof(text));
-	memset(b64, 0, sizeof(b64));
-	eng->keys_ephemeral = true;
-	return rc;
 }
 
 static bool backend_enabled(const struct sc_config *cfg, unsigned bit)
@@ -297,7 +263,7 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 			sc_keyring_count(eng->keys), cfg->key_file,
 			sc_keyring_signing_id(eng->keys));
 	} else {
-		if (ephemeral_keyring(eng, err) != 0)
+		if (sc_engine_ephemeral_keyring(eng, err) != 0)
 			goto fail;
 		SC_WARN("keys", "no --key-file: metadata is signed with a throw-away key, so only "
 				"transfers inside this sidecar work; give every sidecar the same "
@@ -314,7 +280,7 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 		const struct sc_backend_class *c = sc_backend_registry_at(i);
 		peer_channel |= c->peer_channel && backend_enabled(cfg, SC_BACKEND_BIT(c->kind));
 	}
-	const struct sc_keyring_source keys = {.get = engine_keyring, .ctx = eng};
+	const struct sc_keyring_source keys = sc_engine_keyring_source(eng);
 	if (peer_channel) {
 		if (sc_peer_tls_create(cfg, &eng->peer_tls, err) != 0)
 			goto fail;
@@ -538,24 +504,6 @@ int sc_engine_reload_tls(struct sc_engine *eng, struct sc_err *err)
 	if (!eng->peer_tls)
 		return 0;
 	return sc_peer_tls_reload(eng->peer_tls, true, err) < 0 ? -1 : 0;
-}
-
-int sc_engine_reload_keys(struct sc_engine *eng, struct sc_err *err)
-{
-	if (!eng->cfg->key_file || !eng->cfg->key_file[0])
-		return sc_err_set(err, SC_FAILED_PRECONDITION, "no --key-file to reload");
-	struct sc_keyring *ring;
-	if (sc_keyring_load(eng->cfg->key_file, &ring, err) != 0)
-		return -1;
-	pthread_mutex_lock(&eng->mu);
-	struct sc_keyring *old = eng->keys;
-	eng->keys = ring;
-	eng->keys_ephemeral = false;
-	pthread_mutex_unlock(&eng->mu);
-	sc_keyring_release(old);
-	SC_INFO("keys", "reloaded %zu key(s) from %s; signing with \"%s\"",
-		sc_keyring_count(ring), eng->cfg->key_file, sc_keyring_signing_id(ring));
-	return 0;
 }
 
 void sc_engine_info(struct sc_engine *eng, struct sc_info *out)

@@ -171,10 +171,16 @@ struct sc_progress {
 
 struct sc_bus_sub;
 
-/* engine/bus.c: verify metadata text with the current keyring (taken under mu, verified outside it),
- * counting a refusal in rdma_sidecar_metadata_rejected_total{source}. Fills *md on success. */
+/* engine/keyring.c: verify metadata text with the current keyring (taken under mu, verified
+ * outside it), counting a refusal in rdma_sidecar_metadata_rejected_total{source}. Fills *md on
+ * success. */
 int sc_engine_verify_metadata(struct sc_engine *eng, const char *text, const char *self_id,
 			      enum sc_md_source source, struct sc_metadata *md, struct sc_err *err);
+/* Without --key-file: a random local-only signing key (eng->keys_ephemeral). Main thread, at
+ * create. */
+int sc_engine_ephemeral_keyring(struct sc_engine *eng, struct sc_err *err);
+/* The keyring source handed to the peer server and pool (it follows the SIGHUP swap). */
+struct sc_keyring_source sc_engine_keyring_source(struct sc_engine *eng);
 
 /* engine/connect_peer.c: background warm-up of the issuers of metadata received over NATS. */
 struct sc_warmer;
