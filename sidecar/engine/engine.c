@@ -64,12 +64,6 @@ struct sc_passive sc_engine_passive(struct sc_engine *eng)
 	return sc_op_passive(eng);
 }
 
-void sc_engine_passive_revoked(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN])
-{
-	if (eng->peer_server)
-		sc_peer_server_revoke(eng->peer_server, token);
-}
-
 static bool backend_enabled(const struct sc_config *cfg, unsigned bit)
 {
 	return cfg->backends == 0 || (cfg->backends & bit);
@@ -396,15 +390,6 @@ void sc_engine_begin_drain(struct sc_engine *eng)
 	pthread_mutex_lock(&eng->mu);
 	eng->draining = true;
 	pthread_mutex_unlock(&eng->mu);
-}
-
-/* New regions and operations are refused once the sidecar drains. Under mu. */
-int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err)
-{
-	if (eng->draining)
-		return sc_err_set(err, SC_UNAVAILABLE,
-				  "sidecar is draining (shutting down): retry on another sidecar");
-	return 0;
 }
 
 uint32_t sc_engine_active_count(struct sc_engine *eng)

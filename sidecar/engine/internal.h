@@ -250,7 +250,13 @@ struct sc_engine {
 
 /* engine/region.c */
 /* UNAVAILABLE once the sidecar drains (new regions and operations are refused). Under mu. */
-int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err);
+static inline int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err)
+{
+	if (eng->draining)
+		return sc_err_set(err, SC_UNAVAILABLE,
+				  "sidecar is draining (shutting down): retry on another sidecar");
+	return 0;
+}
 void sc_region_ref(struct sc_region *r);
 void sc_region_unref(struct sc_engine *eng, struct sc_region *r); /* under mu */
 struct sc_region *sc_region_lookup(struct sc_engine *eng, const char *id);
@@ -304,9 +310,6 @@ void sc_op_cancel_all(struct sc_engine *eng, const char *why);
 /* End every live operation using region r as CANCELLED. Under mu. */
 void sc_op_cancel_region_locked(struct sc_engine *eng, struct sc_region *r, const char *why);
 void sc_op_forget_all(struct sc_engine *eng);
-/* engine/engine.c: a passive operation with token ended while data-plane requests held its memory: the
- * peer server cuts the connections serving them (sc_peer_server_revoke). Under mu. */
-void sc_engine_passive_revoked(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN]);
 uint32_t sc_engine_active_count(struct sc_engine *eng); /* under mu */
 /* Calls fn for every operation (struct sc_op *) in the table. Under mu. */
 void sc_engine_each_op(struct sc_engine *eng, void (*fn)(void *ctx, void *op), void *ctx);

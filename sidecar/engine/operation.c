@@ -297,6 +297,14 @@ static void set_error(struct sc_op *op, enum sc_status code, const char *msg)
 
 static void op_deadline_cb(void *ctx);
 
+/* A passive operation with token ended while data-plane requests held its memory: the peer server
+ * cuts the connections serving them (sc_peer_server_revoke). Under mu. */
+static void passive_revoked(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN])
+{
+	if (eng->peer_server)
+		sc_peer_server_revoke(eng->peer_server, token);
+}
+
 /* No new access to a passive operation: its token leaves the table (no new OPEN or span) and
  * every backend revokes its exposure (ibverbs: the MR, so the NIC stops). */
 static void passive_close_locked(struct sc_engine *eng, struct sc_op *op)
@@ -320,7 +328,7 @@ static void passive_close_locked(struct sc_engine *eng, struct sc_op *op)
 	 * once a peer OPENed it, the data plane drops its records of the operation's transfers
 	 * (a connection that only OPENed it keeps nothing of it). */
 	if (op->pins > 0 || op->uses_begun > 0)
-		sc_engine_passive_revoked(eng, op->token);
+		passive_revoked(eng, op->token);
 }
 
 /* Wait until no data-plane request holds a span of a passive operation that ended, so the caller
