@@ -248,7 +248,7 @@ struct sc_engine {
 	char cuda_detail[256];
 };
 
-/* engine/region.c */
+/* engine/region_table.c (the drain check: here) */
 /* UNAVAILABLE once the sidecar drains (new regions and operations are refused). Under mu. */
 static inline int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err)
 {
@@ -261,7 +261,7 @@ void sc_region_ref(struct sc_region *r);
 void sc_region_unref(struct sc_engine *eng, struct sc_region *r); /* under mu */
 struct sc_region *sc_region_lookup(struct sc_engine *eng, const char *id);
 void sc_region_release_all(struct sc_engine *eng);
-/* CUDA regions: out->gdr_capable and out->gpu_path (engine/region_gpu.c). */
+/* CUDA regions: out->gdr_capable and out->gpu_path. */
 void sc_region_gpu_path(const struct sc_region *r, struct sc_region_info *out);
 void sc_region_fill_info(const struct sc_region *r, struct sc_region_info *out);
 /* Resolve a descriptor against the region table: bounds-checked, host memory only. */
@@ -337,8 +337,11 @@ void sc_sched_free_progress(struct sc_engine *eng);
 /* engine/operation.c: really start moving bytes (slot held). Under mu. */
 void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op);
 
-/* engine/region.c, shared with engine/region_gpu.c */
+/* engine/region_table.c, for the region API (engine/region.c, engine/region_gpu.c) */
 void sc_region_new_id(char out[SC_ID_MAX]);
+/* Draining, --max-regions, --max-total-region-bytes: may one more region of `size` bytes exist?
+ * Takes mu. */
+int sc_region_quota_precheck(struct sc_engine *eng, uint64_t size, struct sc_err *err);
 /* Publish a region (backends register it) and describe it; on failure it is released. */
 int sc_region_add(struct sc_engine *eng, struct sc_region *r, struct sc_region_info *out,
 		  struct sc_err *err);
