@@ -209,6 +209,11 @@ static bool is_draining(void *ctx)
 	return d;
 }
 
+/* The scheduler starts an operation's transfer once it holds a slot, and drops the references
+ * its queue held, through these. */
+static const struct sc_sched_hooks sched_hooks = {.start = sc_op_start_transfer,
+						  .drop = sc_op_unref};
+
 int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct sc_err *err)
 {
 	struct sc_engine *eng = calloc(1, sizeof(*eng));
@@ -217,8 +222,7 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 	eng->cfg = cfg;
 	pthread_mutex_init(&eng->mu, NULL);
 	pthread_cond_init(&eng->idle_cv, NULL);
-	sc_list_init(&eng->sched);
-	sc_list_init(&eng->progress_idle);
+	sc_sched_init(eng, &sched_hooks);
 	sc_list_init(&eng->subs);
 	snprintf(eng->id, sizeof(eng->id), "%s", cfg->id);
 	eng->regions = sc_idmap_create();

@@ -171,6 +171,15 @@ struct sc_progress {
 
 struct sc_bus_sub;
 
+/* What the scheduler does to an operation, handed to it when the engine creates it
+ * (sc_sched_init): start its transfer once it holds a slot (engine/op_active.c
+ * sc_op_start_transfer), drop a reference the queue held (engine/operation.c sc_op_unref). Under
+ * mu. */
+struct sc_sched_hooks {
+	void (*start)(struct sc_engine *eng, struct sc_op *op);
+	void (*drop)(struct sc_engine *eng, struct sc_op *op);
+};
+
 /* engine/keyring.c: verify metadata text with the current keyring (taken under mu, verified
  * outside it), counting a refusal in rdma_sidecar_metadata_rejected_total{source}. Fills *md on
  * success. */
@@ -237,6 +246,7 @@ struct sc_engine {
 	bool draining;
 	bool stopping;
 	/* scheduler */
+	struct sc_sched_hooks sched_hooks;
 	struct sc_list sched; /* struct sc_op waiting for a slot, first in first out */
 	uint32_t active_transfers;
 	uint64_t inflight_bytes;
@@ -320,6 +330,8 @@ size_t sc_sched_queued(struct sc_engine *eng);
 uint32_t sc_engine_passive_busy_count(struct sc_engine *eng);
 
 /* engine/scheduler.c */
+/* Store the hooks, empty the queues. Main thread, at create. */
+void sc_sched_init(struct sc_engine *eng, const struct sc_sched_hooks *hooks);
 /* Gate a new active operation on its requirement (op->req set): when ReportProgress has not met
  * it yet, the operation waits on its request id's record (created if none) and *waits is true.
  * RESOURCE_EXHAUSTED when out of memory. Under mu. */

@@ -16,8 +16,9 @@
  * --max-progress-records records exist. A record some operation waits on is never dropped (those
  * are bounded by --max-operations). A report touches only its own record and its waiters.
  *
- * Runs under eng->mu on whatever thread drives the change (RPC handlers, backend completions, the
- * timer thread, the metrics scrape).
+ * It acts on operations only through the hooks the engine hands it at creation (sc_sched_init:
+ * start a transfer, drop a reference), so it sits beneath them. Runs under eng->mu on whatever
+ * thread drives the change (RPC handlers, backend completions, the timer thread, the scrape).
  */
 #include "engine/internal.h"
 #include "base/log.h"
@@ -27,6 +28,13 @@
 #include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
+
+void sc_sched_init(struct sc_engine *eng, const struct sc_sched_hooks *hooks)
+{
+	eng->sched_hooks = *hooks;
+	sc_list_init(&eng->sched);
+	sc_list_init(&eng->progress_idle);
+}
 
 static bool slot_free(struct sc_engine *eng, const struct sc_op *op)
 {
@@ -43,7 +51,7 @@ static void take_slot_and_start(struct sc_engine *eng, struct sc_op *op)
 	eng->active_transfers++;
 	eng->inflight_bytes += op->bytes_total;
 	op->xfer_start_ns = sc_metrics_clock_ns();
-	sc_op_start_transfer(eng, op);
+	eng->sched_hooks.start(eng, op);
 }
 
 void sc_sched_admit(struct sc_engine *eng, struct sc_op *op)
@@ -71,7 +79,7 @@ static void admit_queued(struct sc_engine *eng)
 		next->queued = false;
 		if (next->status == SC_OPS_SCHEDULED)
 			take_slot_and_start(eng, next);
-		sc_op_unref(eng, next);
+		eng->sched_hooks.drop(eng, next);
 	}
 }
 
@@ -82,7 +90,7 @@ void sc_sched_remove(struct sc_engine *eng, struct sc_op *op)
 		return;
 	sc_list_remove(&op->sched_node);
 	op->queued = false;
-	sc_op_unref(eng, op);
+	eng->sched_hooks.drop(eng, op);
 	/* The removed operation may have been the head that did not fit: what waited behind it
 	 * may fit now. */
 	admit_queued(eng);
