@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * engine/engine.c: the engine object: creation (keys, backends, probes), start (data listener, timer,
- * NATS), drain and teardown, GetInfo, and the test accessors (engine/test.h). It hands the peer
- * server, the peer pool and the backends what they use when it creates them (the passive
- * interface, the id, the keyring source, GPU access): none of them calls back into the engine.
- * Runs on the main thread (lifecycle, SIGHUP key reload) and on gRPC threads (info, timers).
- * Owns every table, the timer thread, the backends, the peer server and pool, the NATS bus and the
- * keyring.
+ * engine/engine.c: the engine object, on top of the engine's other files: creation (keys,
+ * backends, probes), start (data listener, timer, NATS), drain and teardown, GetInfo, the metrics
+ * gauges and the test accessors (engine/test.h). It hands what it creates what that uses: the
+ * scheduler its hooks into the operations, the peer server, the peer pool and the backends the
+ * passive interface, the id, the keyring source and GPU access; none of them calls back into it.
+ * Runs on the main thread (lifecycle, SIGHUP TLS reload) and on gRPC threads (info, timers).
+ * Owns every table, the timer thread, the backends, the peer server and pool and the NATS bus.
  */
 #include "engine/internal.h"
 #include "engine/backend_registry.h"
@@ -137,6 +137,13 @@ static void raise_open_files(struct sc_engine *eng)
 }
 
 /* ---- gauges for the metrics (scrape thread) ------------------------------------------------ */
+
+/* Calls fn for every operation (struct sc_op *) in the table. Under mu. */
+static void sc_engine_each_op(struct sc_engine *eng, void (*fn)(void *ctx, void *op), void *ctx)
+{
+	if (eng->ops)
+		sc_idmap_each(eng->ops, fn, ctx);
+}
 
 static void count_op(void *ctx, void *value)
 {
@@ -396,15 +403,9 @@ void sc_engine_begin_drain(struct sc_engine *eng)
 	pthread_mutex_unlock(&eng->mu);
 }
 
-uint32_t sc_engine_active_count(struct sc_engine *eng)
+static uint32_t sc_engine_active_count(struct sc_engine *eng)
 {
 	return eng->active_transfers;
-}
-
-void sc_engine_each_op(struct sc_engine *eng, void (*fn)(void *ctx, void *op), void *ctx)
-{
-	if (eng->ops)
-		sc_idmap_each(eng->ops, fn, ctx);
 }
 
 /* Transfers this sidecar runs (active, scheduled) or serves to a peer (passive, begun). */

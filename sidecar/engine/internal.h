@@ -1,9 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * engine/internal.h: the engine's private structures, shared by the engine's own files (engine/engine.c,
- * engine/region.c, engine/region_gpu.c, engine/region_alloc.c, engine/operation.c, engine/scheduler.c, engine/list_page.c, engine/bus.c,
- * engine/metrics.c). Nothing below them (backends, the peer layer) and nothing outside sidecar/ includes
- * it.
+ * engine/internal.h: the engine's private structures and what its files share, for the engine's
+ * own files (every .c file of sidecar/engine but backend_registry.c and metrics.c, which have
+ * headers of their own) and tests/unit/test_rail_choice.c. Nothing below the engine
+ * (backends, the peer layer) includes it; the gRPC layer and the fast path use engine/engine.h.
+ *
+ * Calls between the files form no loop: engine.c on top; then the region API (region.c,
+ * region_gpu.c), the NATS bus (bus.c) and ConnectPeer (connect_peer.c); op_active.c and
+ * op_passive.c; the lifecycle core operation.c; then the scheduler (which reaches operations only
+ * through eng->sched_hooks), the region table, the keyring, the page ordering and the leaves
+ * (rail_table.c, region_alloc.c, metrics.c, backend_registry.c).
  *
  * Locking: eng->mu guards the tables, every region and operation field except op->bytes_done
  * (atomic), and the scheduler's queues. Backends never hold it while doing I/O; they call back
@@ -180,33 +186,6 @@ struct sc_sched_hooks {
 	void (*drop)(struct sc_engine *eng, struct sc_op *op);
 };
 
-/* engine/keyring.c: verify metadata text with the current keyring (taken under mu, verified
- * outside it), counting a refusal in rdma_sidecar_metadata_rejected_total{source}. Fills *md on
- * success. */
-int sc_engine_verify_metadata(struct sc_engine *eng, const char *text, const char *self_id,
-			      enum sc_md_source source, struct sc_metadata *md, struct sc_err *err);
-/* Without --key-file: a random local-only signing key (eng->keys_ephemeral). Main thread, at
- * create. */
-int sc_engine_ephemeral_keyring(struct sc_engine *eng, struct sc_err *err);
-/* The keyring source handed to the peer server and pool (it follows the SIGHUP swap). */
-struct sc_keyring_source sc_engine_keyring_source(struct sc_engine *eng);
-
-/* engine/connect_peer.c: background warm-up of the issuers of metadata received over NATS. */
-struct sc_warmer;
-int sc_warmer_start(struct sc_engine *eng, struct sc_warmer **out, struct sc_err *err);
-/* Queue a warm-up for metadata text (verified) from issuer; dropped when the queue is full or
- * the issuer was warmed recently. w NULL: nothing. Any thread. */
-void sc_warmer_offer(struct sc_warmer *w, const char *text, const char *issuer);
-/* Join the thread, drop what is queued. NULL ok. */
-void sc_warmer_stop(struct sc_warmer *w);
-
-/* engine/rail_table.c: the PCIe topology and the rail table (GetInfo topology). */
-void sc_engine_topology_load(struct sc_engine *eng);  /* create, main thread */
-void sc_engine_topology_build(struct sc_engine *eng); /* start, after the backends */
-void sc_engine_topology_free(struct sc_engine *eng);
-/* struct sc_backend_env.rail_choice over the engine's rail table (ctx: the engine). */
-bool sc_engine_rail_choice(void *ctx, const struct sc_backend *b, int gpu, bool *allow);
-
 struct sc_engine {
 	const struct sc_config *cfg;
 	struct sc_warmer *warmer; /* --warm-peers with NATS; NULL otherwise */
@@ -258,7 +237,25 @@ struct sc_engine {
 	char cuda_detail[256];
 };
 
-/* engine/region_table.c (the drain check: here) */
+/* ---- what the engine's files share, lowest first (each calls only the groups above its own) ---- */
+
+/* engine/list_page.c: entries of table (regions or operations; their id string at id_offset)
+ * whose id sorts after `after`, ordered by id; *items is malloc'd, its pointers valid while mu is
+ * held. Under mu. */
+int sc_page_collect(struct sc_idmap *table, size_t id_offset, const char *after,
+		    const void ***items, size_t *n, struct sc_err *err);
+
+/* engine/keyring.c: verify metadata text with the current keyring (taken under mu, verified
+ * outside it), counting a refusal in rdma_sidecar_metadata_rejected_total{source}. Fills *md on
+ * success. */
+int sc_engine_verify_metadata(struct sc_engine *eng, const char *text, const char *self_id,
+			      enum sc_md_source source, struct sc_metadata *md, struct sc_err *err);
+/* Without --key-file: a random local-only signing key (eng->keys_ephemeral). Main thread, at
+ * create. */
+int sc_engine_ephemeral_keyring(struct sc_engine *eng, struct sc_err *err);
+/* The keyring source handed to the peer server and pool (it follows the SIGHUP swap). */
+struct sc_keyring_source sc_engine_keyring_source(struct sc_engine *eng);
+
 /* UNAVAILABLE once the sidecar drains (new regions and operations are refused). Under mu. */
 static inline int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err)
 {
@@ -267,6 +264,8 @@ static inline int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err
 				  "sidecar is draining (shutting down): retry on another sidecar");
 	return 0;
 }
+
+/* engine/region_table.c: the region table, beneath the operations. */
 void sc_region_ref(struct sc_region *r);
 void sc_region_unref(struct sc_engine *eng, struct sc_region *r); /* under mu */
 struct sc_region *sc_region_lookup(struct sc_engine *eng, const char *id);
@@ -277,18 +276,39 @@ void sc_region_fill_info(const struct sc_region *r, struct sc_region_info *out);
 /* Resolve a descriptor against the region table: bounds-checked, host memory only. */
 int sc_region_resolve(struct sc_engine *eng, const struct sc_desc *d, struct sc_region **out,
 		      struct sc_err *err);
+void sc_region_new_id(char out[SC_ID_MAX]);
+/* Draining, --max-regions, --max-total-region-bytes: may one more region of `size` bytes exist?
+ * Takes mu. */
+int sc_region_quota_precheck(struct sc_engine *eng, uint64_t size, struct sc_err *err);
+/* Publish a region (backends register it) and describe it; on failure it is released. */
+int sc_region_add(struct sc_engine *eng, struct sc_region *r, struct sc_region_info *out,
+		  struct sc_err *err);
+/* Checks shared by every kind of region: size and name. */
+int sc_region_check_new(struct sc_engine *eng, uint64_t size, const char *name,
+			struct sc_err *err);
 
-/* Entries of table (regions or operations; their id string at id_offset) whose id sorts after
- * `after`, ordered by id; *items is malloc'd, its pointers valid while mu is held. Under mu. */
-int sc_page_collect(struct sc_idmap *table, size_t id_offset, const char *after,
-		    const void ***items, size_t *n, struct sc_err *err);
+/* engine/scheduler.c: slots and progress gates, beneath the operations (it reaches them only
+ * through eng->sched_hooks). */
+/* Store the hooks, empty the queues. Main thread, at create. */
+void sc_sched_init(struct sc_engine *eng, const struct sc_sched_hooks *hooks);
+/* Gate a new active operation on its requirement (op->req set): when ReportProgress has not met
+ * it yet, the operation waits on its request id's record (created if none) and *waits is true.
+ * RESOURCE_EXHAUSTED when out of memory. Under mu. */
+int sc_sched_gate(struct sc_engine *eng, struct sc_op *op, bool *waits, struct sc_err *err);
+/* Stop waiting on its record (the record may become idle). Harmless when not gated. Under mu. */
+void sc_sched_ungate(struct sc_engine *eng, struct sc_op *op);
+/* Progress records kept now, after dropping those past --progress-grace. Under mu. */
+size_t sc_sched_progress_records(struct sc_engine *eng);
+/* Start or queue an active op that is ready to take a slot. Under mu. */
+void sc_sched_admit(struct sc_engine *eng, struct sc_op *op);
+/* A transfer ended: give its slot back, start queued ones. Under mu. */
+void sc_sched_release(struct sc_engine *eng, struct sc_op *op);
+void sc_sched_remove(struct sc_engine *eng, struct sc_op *op);
+void sc_sched_free_progress(struct sc_engine *eng);
+/* Active operations waiting for a transfer slot (SCHEDULED, requirement met). Under mu. */
+size_t sc_sched_queued(struct sc_engine *eng);
 
-/* engine/op_passive.c */
-/* The passive-operation interface (backend/passive.h) over this engine, for the peer server and the
- * backends; ctx is eng. */
-struct sc_passive sc_op_passive(struct sc_engine *eng);
-
-/* engine/operation.c */
+/* engine/operation.c: the lifecycle core both kinds of operation build on. */
 /* Watchers hear of progress at most this often (ms); the last byte always notifies. */
 #define SC_OP_PROGRESS_NOTIFY_MS 10
 static inline bool sc_op_is_passive(const struct sc_op *op)
@@ -320,46 +340,27 @@ void sc_op_cancel_all(struct sc_engine *eng, const char *why);
 /* End every live operation using region r as CANCELLED. Under mu. */
 void sc_op_cancel_region_locked(struct sc_engine *eng, struct sc_region *r, const char *why);
 void sc_op_forget_all(struct sc_engine *eng);
-uint32_t sc_engine_active_count(struct sc_engine *eng); /* under mu */
-/* Calls fn for every operation (struct sc_op *) in the table. Under mu. */
-void sc_engine_each_op(struct sc_engine *eng, void (*fn)(void *ctx, void *op), void *ctx);
-/* Active operations waiting for a transfer slot (SCHEDULED, requirement met). Under mu. */
-size_t sc_sched_queued(struct sc_engine *eng);
+
+/* engine/op_active.c: really start moving bytes (slot held): the scheduler's start hook. Under
+ * mu. */
+void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op);
+
+/* engine/op_passive.c */
+/* The passive-operation interface (backend/passive.h) over this engine, for the peer server and
+ * the backends; ctx is eng. */
+struct sc_passive sc_op_passive(struct sc_engine *eng);
 /* Passive operations with a use a peer has opened and not finished (bytes may be moving);
  * INITIALIZED ones no peer has begun do not count. Under mu. */
 uint32_t sc_engine_passive_busy_count(struct sc_engine *eng);
 
-/* engine/scheduler.c */
-/* Store the hooks, empty the queues. Main thread, at create. */
-void sc_sched_init(struct sc_engine *eng, const struct sc_sched_hooks *hooks);
-/* Gate a new active operation on its requirement (op->req set): when ReportProgress has not met
- * it yet, the operation waits on its request id's record (created if none) and *waits is true.
- * RESOURCE_EXHAUSTED when out of memory. Under mu. */
-int sc_sched_gate(struct sc_engine *eng, struct sc_op *op, bool *waits, struct sc_err *err);
-/* Stop waiting on its record (the record may become idle). Harmless when not gated. Under mu. */
-void sc_sched_ungate(struct sc_engine *eng, struct sc_op *op);
-/* Progress records kept now, after dropping those past --progress-grace. Under mu. */
-size_t sc_sched_progress_records(struct sc_engine *eng);
-/* Start or queue an active op that is ready to take a slot. Under mu. */
-void sc_sched_admit(struct sc_engine *eng, struct sc_op *op);
-/* A transfer ended: give its slot back, start queued ones. Under mu. */
-void sc_sched_release(struct sc_engine *eng, struct sc_op *op);
-void sc_sched_remove(struct sc_engine *eng, struct sc_op *op);
-void sc_sched_free_progress(struct sc_engine *eng);
-/* engine/operation.c: really start moving bytes (slot held). Under mu. */
-void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op);
-
-/* engine/region_table.c, for the region API (engine/region.c, engine/region_gpu.c) */
-void sc_region_new_id(char out[SC_ID_MAX]);
-/* Draining, --max-regions, --max-total-region-bytes: may one more region of `size` bytes exist?
- * Takes mu. */
-int sc_region_quota_precheck(struct sc_engine *eng, uint64_t size, struct sc_err *err);
-/* Publish a region (backends register it) and describe it; on failure it is released. */
-int sc_region_add(struct sc_engine *eng, struct sc_region *r, struct sc_region_info *out,
-		  struct sc_err *err);
-/* Checks shared by every kind of region: size and name. */
-int sc_region_check_new(struct sc_engine *eng, uint64_t size, const char *name,
-			struct sc_err *err);
+/* engine/connect_peer.c: background warm-up of the issuers of metadata received over NATS. */
+struct sc_warmer;
+int sc_warmer_start(struct sc_engine *eng, struct sc_warmer **out, struct sc_err *err);
+/* Queue a warm-up for metadata text (verified) from issuer; dropped when the queue is full or
+ * the issuer was warmed recently. w NULL: nothing. Any thread. */
+void sc_warmer_offer(struct sc_warmer *w, const char *text, const char *issuer);
+/* Join the thread, drop what is queued. NULL ok. */
+void sc_warmer_stop(struct sc_warmer *w);
 
 /* engine/region_gpu.c */
 int sc_region_create_gpu(struct sc_engine *eng, uint64_t size, uint32_t device,
@@ -367,5 +368,12 @@ int sc_region_create_gpu(struct sc_engine *eng, uint64_t size, uint32_t device,
 
 /* engine/bus.c */
 void sc_bus_stop(struct sc_engine *eng);
+
+/* engine/rail_table.c: the PCIe topology and the rail table (GetInfo topology). */
+void sc_engine_topology_load(struct sc_engine *eng);  /* create, main thread */
+void sc_engine_topology_build(struct sc_engine *eng); /* start, after the backends */
+void sc_engine_topology_free(struct sc_engine *eng);
+/* struct sc_backend_env.rail_choice over the engine's rail table (ctx: the engine). */
+bool sc_engine_rail_choice(void *ctx, const struct sc_backend *b, int gpu, bool *allow);
 
 #endif

@@ -3,8 +3,8 @@
  * engine/op_active.c: active operations (READ/WRITE): verify the remote metadata, choose a
  * backend, wait in the scheduler for a slot (and for worker progress when gated), then submit one
  * struct sc_xfer that the backend executes; its completion (or a fall back to tcp) ends the
- * operation. The scheduler starts each transfer when it takes a slot (sc_op_start_transfer).
- * Builds on engine/operation.c (lifecycle).
+ * operation. The scheduler starts each transfer when it takes a slot, through the start hook
+ * the engine handed it (sc_op_start_transfer). Builds on engine/operation.c (lifecycle).
  *
  * Threads: RPC handlers (BeginRead/BeginWrite), whatever thread frees a slot (scheduler), backend
  * threads (progress, completion). Everything runs under eng->mu except the metadata check and

@@ -5,8 +5,8 @@
  * local regions under a fresh 128-bit token (ibverbs: an exposure per backend) and hand out signed
  * metadata; data-plane servers reach the operation through the interface sc_op_passive returns,
  * handed to them at creation: OPEN claims a use, span pins a range for a request, DONE and abandon
- * end a use. Builds on engine/operation.c (lifecycle); nothing calls back into this file except
- * through that interface.
+ * end a use. Builds on engine/operation.c (lifecycle); the data plane reaches it only through
+ * that interface, the engine (drain) through sc_engine_passive_busy_count.
  *
  * Threads: RPC handlers (create) and data-plane server threads (the interface), all under eng->mu.
  * Owns eng->tokens and each operation's use records.

@@ -6,8 +6,8 @@
  * --max-total-region-bytes), publishing a new region (every backend registers it), snapshots
  * (sc_region_fill_info, sc_region_gpu_path) and the release of them all at shutdown. The region
  * API above it (engine/region.c, engine/region_gpu.c) creates and removes regions; operations
- * reference them. Runs under eng->mu on whatever thread holds it. Owns eng->regions and
- * eng->region_bytes.
+ * reference them. Runs on whatever thread calls it, under eng->mu (sc_region_add, the quota
+ * precheck and sc_region_release_all take it). Owns eng->regions and eng->region_bytes.
  */
 #include "engine/internal.h"
 #include "os/fault_guard.h"
