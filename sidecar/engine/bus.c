@@ -59,21 +59,6 @@ static int check_subject(struct sc_engine *eng, const char *subject, struct sc_e
 	return 0;
 }
 
-int sc_engine_verify_metadata(struct sc_engine *eng, const char *text, const char *self_id,
-			      enum sc_md_source source, struct sc_metadata *md, struct sc_err *err)
-{
-	/* Verify outside the lock: it is pure and may be slow for big metadata. */
-	pthread_mutex_lock(&eng->mu);
-	struct sc_keyring *ring = sc_keyring_retain(eng->keys);
-	pthread_mutex_unlock(&eng->mu);
-	enum sc_md_reject why;
-	int rc = sc_metadata_verify_why(ring, text, self_id, sc_clock_unix_ms(), md, &why, err);
-	sc_keyring_release(ring);
-	if (rc != 0)
-		sc_metrics_metadata_rejected(eng->metrics, source, why);
-	return rc;
-}
-
 static int verify_text(struct sc_engine *eng, const char *text, const char *self_id,
 		       struct sc_metadata *md, struct sc_err *err)
 {

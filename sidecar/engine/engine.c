@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * engine/engine.c: the engine object: creation (keys, backends, probes), start (data listener, timer,
- * NATS), drain and teardown, GetInfo, and the test accessors (engine/test.h). It hands the peer
- * server, the peer pool and the backends what they use when it creates them (the passive
- * interface, the id, the keyring source, GPU access): none of them calls back into the engine.
- * Runs on the main thread (lifecycle, SIGHUP key reload) and on gRPC threads (info, timers).
- * Owns every table, the timer thread, the backends, the peer server and pool, the NATS bus and the
- * keyring.
+ * engine/engine.c: the engine object, on top of the engine's other files: creation (keys,
+ * backends, probes), start (data listener, timer, NATS), drain and teardown, GetInfo, the metrics
+ * gauges and the test accessors (engine/test.h). It hands what it creates what that uses: the
+ * scheduler its hooks into the operations, the peer server, the peer pool and the backends the
+ * passive interface, the id, the keyring source and GPU access; none of them calls back into it.
+ * Runs on the main thread (lifecycle, SIGHUP TLS reload) and on gRPC threads (info, timers).
+ * Owns every table, the timer thread, the backends, the peer server and pool and the NATS bus.
  */
 #include "engine/internal.h"
 #include "engine/backend_registry.h"
@@ -25,7 +25,6 @@
 #include "build_config.h"
 
 #include <errno.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,20 +44,6 @@ uint64_t sc_now_mono_ms(void)
 
 /* ---- test accessors (engine/test.h) and what the engine hands out ------------------------------ */
 
-struct sc_keyring *sc_engine_keyring(struct sc_engine *eng)
-{
-	pthread_mutex_lock(&eng->mu);
-	struct sc_keyring *k = eng->keys_ephemeral ? NULL : sc_keyring_retain(eng->keys);
-	pthread_mutex_unlock(&eng->mu);
-	return k;
-}
-
-/* The keyring source handed to the peer server and pool: the keys swap on SIGHUP. */
-static struct sc_keyring *engine_keyring(void *ctx)
-{
-	return sc_engine_keyring(ctx);
-}
-
 struct sc_backend *sc_engine_backend(struct sc_engine *eng, enum sc_backend_kind kind)
 {
 	return (int)kind > 0 && (int)kind < SC_NUM_BACKENDS ? eng->backends[kind] : NULL;
@@ -77,31 +62,6 @@ struct sc_peer_server *sc_engine_peer_server(struct sc_engine *eng)
 struct sc_passive sc_engine_passive(struct sc_engine *eng)
 {
 	return sc_op_passive(eng);
-}
-
-void sc_engine_passive_revoked(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN])
-{
-	if (eng->peer_server)
-		sc_peer_server_revoke(eng->peer_server, token);
-}
-
-/* Without --key-file the sidecar signs with a random key nobody else knows: metadata then works
- * for transfers inside this sidecar only, and peers reject it as signed by an unknown key. */
-static int ephemeral_keyring(struct sc_engine *eng, struct sc_err *err)
-{
-	unsigned char key[32];
-	char b64[64];
-	char text[SC_NAME_MAX + 80];
-	if (sc_random_bytes(key, sizeof(key)) != 0)
-		return sc_err_set(err, SC_INTERNAL, "no randomness for the ephemeral key");
-	EVP_EncodeBlock((unsigned char *)b64, key, sizeof(key));
-	int n = snprintf(text, sizeof(text), "local-only-%.40s:%s\n", eng->id, b64);
-	memset(key, 0, sizeof(key));
-	int rc = sc_keyring_parse(text, (size_t)n, &eng->keys, err);
-	memset(text, 0, sizeof(text));
-	memset(b64, 0, sizeof(b64));
-	eng->keys_ephemeral = true;
-	return rc;
 }
 
 static bool backend_enabled(const struct sc_config *cfg, unsigned bit)
@@ -178,6 +138,13 @@ static void raise_open_files(struct sc_engine *eng)
 
 /* ---- gauges for the metrics (scrape thread) ------------------------------------------------ */
 
+/* Calls fn for every operation (struct sc_op *) in the table. Under mu. */
+static void sc_engine_each_op(struct sc_engine *eng, void (*fn)(void *ctx, void *op), void *ctx)
+{
+	if (eng->ops)
+		sc_idmap_each(eng->ops, fn, ctx);
+}
+
 static void count_op(void *ctx, void *value)
 {
 	struct sc_gauges *g = ctx;
@@ -249,6 +216,11 @@ static bool is_draining(void *ctx)
 	return d;
 }
 
+/* The scheduler starts an operation's transfer once it holds a slot, and drops the references
+ * its queue held, through these. */
+static const struct sc_sched_hooks sched_hooks = {.start = sc_op_start_transfer,
+						  .drop = sc_op_unref};
+
 int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct sc_err *err)
 {
 	struct sc_engine *eng = calloc(1, sizeof(*eng));
@@ -257,8 +229,7 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 	eng->cfg = cfg;
 	pthread_mutex_init(&eng->mu, NULL);
 	pthread_cond_init(&eng->idle_cv, NULL);
-	sc_list_init(&eng->sched);
-	sc_list_init(&eng->progress_idle);
+	sc_sched_init(eng, &sched_hooks);
 	sc_list_init(&eng->subs);
 	snprintf(eng->id, sizeof(eng->id), "%s", cfg->id);
 	eng->regions = sc_idmap_create();
@@ -297,7 +268,7 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 			sc_keyring_count(eng->keys), cfg->key_file,
 			sc_keyring_signing_id(eng->keys));
 	} else {
-		if (ephemeral_keyring(eng, err) != 0)
+		if (sc_engine_ephemeral_keyring(eng, err) != 0)
 			goto fail;
 		SC_WARN("keys", "no --key-file: metadata is signed with a throw-away key, so only "
 				"transfers inside this sidecar work; give every sidecar the same "
@@ -314,7 +285,7 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 		const struct sc_backend_class *c = sc_backend_registry_at(i);
 		peer_channel |= c->peer_channel && backend_enabled(cfg, SC_BACKEND_BIT(c->kind));
 	}
-	const struct sc_keyring_source keys = {.get = engine_keyring, .ctx = eng};
+	const struct sc_keyring_source keys = sc_engine_keyring_source(eng);
 	if (peer_channel) {
 		if (sc_peer_tls_create(cfg, &eng->peer_tls, err) != 0)
 			goto fail;
@@ -432,24 +403,9 @@ void sc_engine_begin_drain(struct sc_engine *eng)
 	pthread_mutex_unlock(&eng->mu);
 }
 
-/* New regions and operations are refused once the sidecar drains. Under mu. */
-int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err)
-{
-	if (eng->draining)
-		return sc_err_set(err, SC_UNAVAILABLE,
-				  "sidecar is draining (shutting down): retry on another sidecar");
-	return 0;
-}
-
-uint32_t sc_engine_active_count(struct sc_engine *eng)
+static uint32_t sc_engine_active_count(struct sc_engine *eng)
 {
 	return eng->active_transfers;
-}
-
-void sc_engine_each_op(struct sc_engine *eng, void (*fn)(void *ctx, void *op), void *ctx)
-{
-	if (eng->ops)
-		sc_idmap_each(eng->ops, fn, ctx);
 }
 
 /* Transfers this sidecar runs (active, scheduled) or serves to a peer (passive, begun). */
@@ -538,24 +494,6 @@ int sc_engine_reload_tls(struct sc_engine *eng, struct sc_err *err)
 	if (!eng->peer_tls)
 		return 0;
 	return sc_peer_tls_reload(eng->peer_tls, true, err) < 0 ? -1 : 0;
-}
-
-int sc_engine_reload_keys(struct sc_engine *eng, struct sc_err *err)
-{
-	if (!eng->cfg->key_file || !eng->cfg->key_file[0])
-		return sc_err_set(err, SC_FAILED_PRECONDITION, "no --key-file to reload");
-	struct sc_keyring *ring;
-	if (sc_keyring_load(eng->cfg->key_file, &ring, err) != 0)
-		return -1;
-	pthread_mutex_lock(&eng->mu);
-	struct sc_keyring *old = eng->keys;
-	eng->keys = ring;
-	eng->keys_ephemeral = false;
-	pthread_mutex_unlock(&eng->mu);
-	sc_keyring_release(old);
-	SC_INFO("keys", "reloaded %zu key(s) from %s; signing with \"%s\"",
-		sc_keyring_count(ring), eng->cfg->key_file, sc_keyring_signing_id(ring));
-	return 0;
 }
 
 void sc_engine_info(struct sc_engine *eng, struct sc_info *out)

@@ -1,9 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * engine/internal.h: the engine's private structures, shared by the engine's own files (engine/engine.c,
- * engine/region.c, engine/region_gpu.c, engine/region_alloc.c, engine/operation.c, engine/scheduler.c, engine/list_page.c, engine/bus.c,
- * engine/metrics.c). Nothing below them (backends, the peer layer) and nothing outside sidecar/ includes
- * it.
+ * engine/internal.h: the engine's private structures and what its files share, for the engine's
+ * own files (every .c file of sidecar/engine but backend_registry.c and metrics.c, which have
+ * headers of their own) and tests/unit/test_rail_choice.c. Nothing below the engine
+ * (backends, the peer layer) includes it; the gRPC layer and the fast path use engine/engine.h.
+ *
+ * Calls between the files form no loop: engine.c on top; then the region API (region.c,
+ * region_gpu.c), the NATS bus (bus.c) and ConnectPeer (connect_peer.c); op_active.c and
+ * op_passive.c; the lifecycle core operation.c; then the scheduler (which reaches operations only
+ * through eng->sched_hooks), the region table, the keyring, the page ordering and the leaves
+ * (rail_table.c, region_alloc.c, metrics.c, backend_registry.c).
  *
  * Locking: eng->mu guards the tables, every region and operation field except op->bytes_done
  * (atomic), and the scheduler's queues. Backends never hold it while doing I/O; they call back
@@ -171,26 +177,14 @@ struct sc_progress {
 
 struct sc_bus_sub;
 
-/* engine/bus.c: verify metadata text with the current keyring (taken under mu, verified outside it),
- * counting a refusal in rdma_sidecar_metadata_rejected_total{source}. Fills *md on success. */
-int sc_engine_verify_metadata(struct sc_engine *eng, const char *text, const char *self_id,
-			      enum sc_md_source source, struct sc_metadata *md, struct sc_err *err);
-
-/* engine/connect_peer.c: background warm-up of the issuers of metadata received over NATS. */
-struct sc_warmer;
-int sc_warmer_start(struct sc_engine *eng, struct sc_warmer **out, struct sc_err *err);
-/* Queue a warm-up for metadata text (verified) from issuer; dropped when the queue is full or
- * the issuer was warmed recently. w NULL: nothing. Any thread. */
-void sc_warmer_offer(struct sc_warmer *w, const char *text, const char *issuer);
-/* Join the thread, drop what is queued. NULL ok. */
-void sc_warmer_stop(struct sc_warmer *w);
-
-/* engine/rail_table.c: the PCIe topology and the rail table (GetInfo topology). */
-void sc_engine_topology_load(struct sc_engine *eng);  /* create, main thread */
-void sc_engine_topology_build(struct sc_engine *eng); /* start, after the backends */
-void sc_engine_topology_free(struct sc_engine *eng);
-/* struct sc_backend_env.rail_choice over the engine's rail table (ctx: the engine). */
-bool sc_engine_rail_choice(void *ctx, const struct sc_backend *b, int gpu, bool *allow);
+/* What the scheduler does to an operation, handed to it when the engine creates it
+ * (sc_sched_init): start its transfer once it holds a slot (engine/op_active.c
+ * sc_op_start_transfer), drop a reference the queue held (engine/operation.c sc_op_unref). Under
+ * mu. */
+struct sc_sched_hooks {
+	void (*start)(struct sc_engine *eng, struct sc_op *op);
+	void (*drop)(struct sc_engine *eng, struct sc_op *op);
+};
 
 struct sc_engine {
 	const struct sc_config *cfg;
@@ -231,6 +225,7 @@ struct sc_engine {
 	bool draining;
 	bool stopping;
 	/* scheduler */
+	struct sc_sched_hooks sched_hooks;
 	struct sc_list sched; /* struct sc_op waiting for a slot, first in first out */
 	uint32_t active_transfers;
 	uint64_t inflight_bytes;
@@ -242,49 +237,60 @@ struct sc_engine {
 	char cuda_detail[256];
 };
 
-/* engine/region.c */
+/* ---- what the engine's files share, lowest first (each calls only the groups above its own) ---- */
+
+/* engine/list_page.c: entries of table (regions or operations; their id string at id_offset)
+ * whose id sorts after `after`, ordered by id; *items is malloc'd, its pointers valid while mu is
+ * held. Under mu. */
+int sc_page_collect(struct sc_idmap *table, size_t id_offset, const char *after,
+		    const void ***items, size_t *n, struct sc_err *err);
+
+/* engine/keyring.c: verify metadata text with the current keyring (taken under mu, verified
+ * outside it), counting a refusal in rdma_sidecar_metadata_rejected_total{source}. Fills *md on
+ * success. */
+int sc_engine_verify_metadata(struct sc_engine *eng, const char *text, const char *self_id,
+			      enum sc_md_source source, struct sc_metadata *md, struct sc_err *err);
+/* Without --key-file: a random local-only signing key (eng->keys_ephemeral). Main thread, at
+ * create. */
+int sc_engine_ephemeral_keyring(struct sc_engine *eng, struct sc_err *err);
+/* The keyring source handed to the peer server and pool (it follows the SIGHUP swap). */
+struct sc_keyring_source sc_engine_keyring_source(struct sc_engine *eng);
+
 /* UNAVAILABLE once the sidecar drains (new regions and operations are refused). Under mu. */
-int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err);
+static inline int sc_engine_check_accepting(struct sc_engine *eng, struct sc_err *err)
+{
+	if (eng->draining)
+		return sc_err_set(err, SC_UNAVAILABLE,
+				  "sidecar is draining (shutting down): retry on another sidecar");
+	return 0;
+}
+
+/* engine/region_table.c: the region table, beneath the operations. */
 void sc_region_ref(struct sc_region *r);
 void sc_region_unref(struct sc_engine *eng, struct sc_region *r); /* under mu */
 struct sc_region *sc_region_lookup(struct sc_engine *eng, const char *id);
 void sc_region_release_all(struct sc_engine *eng);
-/* CUDA regions: out->gdr_capable and out->gpu_path (engine/region_gpu.c). */
+/* CUDA regions: out->gdr_capable and out->gpu_path. */
 void sc_region_gpu_path(const struct sc_region *r, struct sc_region_info *out);
 void sc_region_fill_info(const struct sc_region *r, struct sc_region_info *out);
 /* Resolve a descriptor against the region table: bounds-checked, host memory only. */
 int sc_region_resolve(struct sc_engine *eng, const struct sc_desc *d, struct sc_region **out,
 		      struct sc_err *err);
+void sc_region_new_id(char out[SC_ID_MAX]);
+/* Draining, --max-regions, --max-total-region-bytes: may one more region of `size` bytes exist?
+ * Takes mu. */
+int sc_region_quota_precheck(struct sc_engine *eng, uint64_t size, struct sc_err *err);
+/* Publish a region (backends register it) and describe it; on failure it is released. */
+int sc_region_add(struct sc_engine *eng, struct sc_region *r, struct sc_region_info *out,
+		  struct sc_err *err);
+/* Checks shared by every kind of region: size and name. */
+int sc_region_check_new(struct sc_engine *eng, uint64_t size, const char *name,
+			struct sc_err *err);
 
-/* Entries of table (regions or operations; their id string at id_offset) whose id sorts after
- * `after`, ordered by id; *items is malloc'd, its pointers valid while mu is held. Under mu. */
-int sc_page_collect(struct sc_idmap *table, size_t id_offset, const char *after,
-		    const void ***items, size_t *n, struct sc_err *err);
-
-/* engine/operation.c */
-/* The passive-operation interface (backend/passive.h) over this engine, for the peer server and the
- * backends; ctx is eng. */
-struct sc_passive sc_op_passive(struct sc_engine *eng);
-void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_status status,
-			 enum sc_status code, const char *msg);
-void sc_op_unref(struct sc_engine *eng, struct sc_op *op); /* under mu */
-void sc_op_cancel_all(struct sc_engine *eng, const char *why);
-/* End every live operation using region r as CANCELLED. Under mu. */
-void sc_op_cancel_region_locked(struct sc_engine *eng, struct sc_region *r, const char *why);
-void sc_op_forget_all(struct sc_engine *eng);
-/* engine/engine.c: a passive operation with token ended while data-plane requests held its memory: the
- * peer server cuts the connections serving them (sc_peer_server_revoke). Under mu. */
-void sc_engine_passive_revoked(struct sc_engine *eng, const uint8_t token[SC_TOKEN_LEN]);
-uint32_t sc_engine_active_count(struct sc_engine *eng); /* under mu */
-/* Calls fn for every operation (struct sc_op *) in the table. Under mu. */
-void sc_engine_each_op(struct sc_engine *eng, void (*fn)(void *ctx, void *op), void *ctx);
-/* Active operations waiting for a transfer slot (SCHEDULED, requirement met). Under mu. */
-size_t sc_sched_queued(struct sc_engine *eng);
-/* Passive operations with a use a peer has opened and not finished (bytes may be moving);
- * INITIALIZED ones no peer has begun do not count. Under mu. */
-uint32_t sc_engine_passive_busy_count(struct sc_engine *eng);
-
-/* engine/scheduler.c */
+/* engine/scheduler.c: slots and progress gates, beneath the operations (it reaches them only
+ * through eng->sched_hooks). */
+/* Store the hooks, empty the queues. Main thread, at create. */
+void sc_sched_init(struct sc_engine *eng, const struct sc_sched_hooks *hooks);
 /* Gate a new active operation on its requirement (op->req set): when ReportProgress has not met
  * it yet, the operation waits on its request id's record (created if none) and *waits is true.
  * RESOURCE_EXHAUSTED when out of memory. Under mu. */
@@ -299,17 +305,62 @@ void sc_sched_admit(struct sc_engine *eng, struct sc_op *op);
 void sc_sched_release(struct sc_engine *eng, struct sc_op *op);
 void sc_sched_remove(struct sc_engine *eng, struct sc_op *op);
 void sc_sched_free_progress(struct sc_engine *eng);
-/* engine/operation.c: really start moving bytes (slot held). Under mu. */
+/* Active operations waiting for a transfer slot (SCHEDULED, requirement met). Under mu. */
+size_t sc_sched_queued(struct sc_engine *eng);
+
+/* engine/operation.c: the lifecycle core both kinds of operation build on. */
+/* Watchers hear of progress at most this often (ms); the last byte always notifies. */
+#define SC_OP_PROGRESS_NOTIFY_MS 10
+static inline bool sc_op_is_passive(const struct sc_op *op)
+{
+	return op->kind == SC_OP_READABLE || op->kind == SC_OP_WRITABLE;
+}
+/* Allocate an op with its descriptors resolved against the region table (each referenced).
+ * Under mu. */
+struct sc_op *sc_op_new(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_desc *descs,
+			size_t n, uint64_t timeout_ms, const char *request_id, struct sc_err *err);
+/* Put a new op in the table, count it live, arm its deadline. Under mu. */
+int sc_op_publish(struct sc_engine *eng, struct sc_op *op, struct sc_err *err);
+/* Copy src (NULL: "") into dst, INVALID_ARGUMENT naming `what` when it does not fit. */
+int sc_op_copy_str(char *dst, size_t cap, const char *src, const char *what, struct sc_err *err);
+/* Fill a snapshot. Under mu. -1 only when out of memory (info still usable, without metadata
+ * and descriptors). */
+int sc_op_fill_info(const struct sc_op *op, struct sc_op_info *info);
+/* Tell every watcher. Under mu. */
+void sc_op_notify(struct sc_engine *eng, struct sc_op *op);
+/* A terminal operation nothing pins gives its regions back at once. Under mu. */
+void sc_op_release_regions(struct sc_engine *eng, struct sc_op *op);
+/* Is the host memory of op's ranges still backed (a worker may truncate a region's file)? 0, or
+ * -1 with err FAILED_PRECONDITION naming the region and saying `stopped` stopped. Under mu. */
+int sc_op_probe_host_ranges(const struct sc_op *op, const char *stopped, struct sc_err *err);
+void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_status status,
+			 enum sc_status code, const char *msg);
+void sc_op_unref(struct sc_engine *eng, struct sc_op *op); /* under mu */
+void sc_op_cancel_all(struct sc_engine *eng, const char *why);
+/* End every live operation using region r as CANCELLED. Under mu. */
+void sc_op_cancel_region_locked(struct sc_engine *eng, struct sc_region *r, const char *why);
+void sc_op_forget_all(struct sc_engine *eng);
+
+/* engine/op_active.c: really start moving bytes (slot held): the scheduler's start hook. Under
+ * mu. */
 void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op);
 
-/* engine/region.c, shared with engine/region_gpu.c */
-void sc_region_new_id(char out[SC_ID_MAX]);
-/* Publish a region (backends register it) and describe it; on failure it is released. */
-int sc_region_add(struct sc_engine *eng, struct sc_region *r, struct sc_region_info *out,
-		  struct sc_err *err);
-/* Checks shared by every kind of region: size and name. */
-int sc_region_check_new(struct sc_engine *eng, uint64_t size, const char *name,
-			struct sc_err *err);
+/* engine/op_passive.c */
+/* The passive-operation interface (backend/passive.h) over this engine, for the peer server and
+ * the backends; ctx is eng. */
+struct sc_passive sc_op_passive(struct sc_engine *eng);
+/* Passive operations with a use a peer has opened and not finished (bytes may be moving);
+ * INITIALIZED ones no peer has begun do not count. Under mu. */
+uint32_t sc_engine_passive_busy_count(struct sc_engine *eng);
+
+/* engine/connect_peer.c: background warm-up of the issuers of metadata received over NATS. */
+struct sc_warmer;
+int sc_warmer_start(struct sc_engine *eng, struct sc_warmer **out, struct sc_err *err);
+/* Queue a warm-up for metadata text (verified) from issuer; dropped when the queue is full or
+ * the issuer was warmed recently. w NULL: nothing. Any thread. */
+void sc_warmer_offer(struct sc_warmer *w, const char *text, const char *issuer);
+/* Join the thread, drop what is queued. NULL ok. */
+void sc_warmer_stop(struct sc_warmer *w);
 
 /* engine/region_gpu.c */
 int sc_region_create_gpu(struct sc_engine *eng, uint64_t size, uint32_t device,
@@ -317,5 +368,12 @@ int sc_region_create_gpu(struct sc_engine *eng, uint64_t size, uint32_t device,
 
 /* engine/bus.c */
 void sc_bus_stop(struct sc_engine *eng);
+
+/* engine/rail_table.c: the PCIe topology and the rail table (GetInfo topology). */
+void sc_engine_topology_load(struct sc_engine *eng);  /* create, main thread */
+void sc_engine_topology_build(struct sc_engine *eng); /* start, after the backends */
+void sc_engine_topology_free(struct sc_engine *eng);
+/* struct sc_backend_env.rail_choice over the engine's rail table (ctx: the engine). */
+bool sc_engine_rail_choice(void *ctx, const struct sc_backend *b, int gpu, bool *allow);
 
 #endif

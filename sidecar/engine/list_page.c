@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * engine/list_page.c: one page of ListRegions (and the ordering ListOperations shares): the entries of a
- * table whose id sorts after the page token, in id order, so every entry comes exactly once while
- * the set does not change. Runs on gRPC worker threads under the engine lock; owns only the
- * temporary arrays it hands back.
+ * engine/list_page.c: the page ordering ListRegions (engine/region.c) and ListOperations
+ * (engine/operation.c) share: the entries of a table whose id sorts after the page token, in id
+ * order, so every entry comes exactly once while the set does not change. Runs on gRPC worker
+ * threads under the engine lock; owns only the temporary arrays it hands back.
  */
 #include "engine/internal.h"
 
@@ -52,29 +52,5 @@ int sc_page_collect(struct sc_idmap *table, size_t id_offset, const char *after,
 		out[i] = c.items[i].item;
 	*items = out;
 	*n = c.n;
-	return 0;
-}
-
-int sc_region_list_page(struct sc_engine *eng, const char *after, size_t limit,
-			struct sc_region_info **out, size_t *n, bool *more, struct sc_err *err)
-{
-	const void **items = NULL;
-	size_t found = 0;
-	pthread_mutex_lock(&eng->mu);
-	if (sc_page_collect(eng->regions, offsetof(struct sc_region, id), after, &items, &found, err) != 0) {
-		pthread_mutex_unlock(&eng->mu);
-		return -1;
-	}
-	size_t take = found < limit ? found : limit;
-	struct sc_region_info *infos = calloc(take ? take : 1, sizeof(*infos));
-	for (size_t i = 0; infos && i < take; i++)
-		sc_region_fill_info(items[i], &infos[i]);
-	pthread_mutex_unlock(&eng->mu);
-	free(items);
-	if (!infos)
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
-	*out = infos;
-	*n = take;
-	*more = found > take;
 	return 0;
 }

@@ -4,12 +4,13 @@
  *
  * Counters (operations created, operations finished, bytes moved, metadata refused by reason)
  * and the transfer histograms (duration, size; by direction and backend) are atomics bumped by
- * engine/operation.c and engine/bus.c from whatever thread ends an operation or verifies metadata; nothing here
- * locks for them. Gauges are read
- * at scrape time through the source handed to sc_metrics_create (the engine copies its tables out
- * under its lock) and formatted afterwards. The listening socket is bound by sc_metrics_create (on the main thread, so a port in
- * use is a start-up error) and handed to libmicrohttpd, whose one internal thread runs every
- * request; sc_metrics_stop joins it. Owns the socket, the daemon and the counters.
+ * the operations (engine/operation.c, engine/op_active.c) and engine/keyring.c from whatever
+ * thread ends an operation or verifies metadata; nothing here locks for them. Gauges are read at
+ * scrape time through the source handed to sc_metrics_create (the engine copies its tables out
+ * under its lock) and formatted afterwards. sc_metrics_create binds the listening socket (on the
+ * main thread, so a port in use is a start-up error) and hands it to libmicrohttpd, whose one
+ * internal thread runs every request; sc_metrics_stop joins it. Owns the socket, the daemon and
+ * the counters.
  */
 #include "engine/metrics.h"
 

@@ -8,7 +8,7 @@
  *
  * Runs on gRPC worker threads; the driver calls happen before the region is published, outside
  * the engine lock. The region owns its struct sc_gpu_mem and gives it back when its last
- * reference goes (engine/region.c region_free), so no backend ever touches released GPU memory.
+ * reference goes (engine/region_table.c region_free), so no backend ever touches released GPU memory.
  */
 #include "engine/internal.h"
 #include "base/log.h"
@@ -68,45 +68,6 @@ int sc_region_create_gpu(struct sc_engine *eng, uint64_t size, uint32_t device,
 	SC_INFO("region", "created %s: %" PRIu64 " bytes on GPU %u%s%s", out->id, size, device,
 		out->name[0] ? " name=" : "", out->name);
 	return 0;
-}
-
-void sc_region_gpu_path(const struct sc_region *r, struct sc_region_info *out)
-{
-	const struct sc_gpu_device_info *d = r->gpu_info;
-	const char *ib_note = r->backend_note[SC_BACKEND_IBVERBS];
-	out->gdr_capable = r->gmem.gdr_capable;
-	if (r->backend_handle[SC_BACKEND_IBVERBS])
-		snprintf(out->gpu_path, sizeof(out->gpu_path),
-			 "GPUDirect RDMA: registered with ibverbs (%s)", d ? d->rdma_path : "?");
-	else if (ib_note[0])
-		snprintf(out->gpu_path, sizeof(out->gpu_path),
-			 "staged through pinned host memory: ibverbs cannot reach it (%s)", ib_note);
-	else if (!r->gmem.gdr_capable && r->gmem.source == SC_GPU_MEM_VMM && d && d->gdr &&
-		 !d->vmm_gdr)
-		snprintf(out->gpu_path, sizeof(out->gpu_path),
-			 "staged through pinned host memory: cuMemCreate memory, and this "
-			 "GPU/driver takes no GPUDirect RDMA on it "
-			 "(GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0)");
-	else if (!r->gmem.gdr_capable && r->gmem.source == SC_GPU_MEM_VMM && d && d->gdr)
-		snprintf(out->gpu_path, sizeof(out->gpu_path),
-			 "staged through pinned host memory: cuMemCreate memory not declared "
-			 "allocated with allocFlags.gpuDirectRDMACapable = 1 (the driver does not "
-			 "tell an importing process: when the worker set it, say so with "
-			 "cuda_fd.gpudirect_rdma_capable)");
-	else if (!r->gmem.gdr_capable && r->gmem.source == SC_GPU_MEM_IPC && d && d->gdr)
-		snprintf(out->gpu_path, sizeof(out->gpu_path),
-			 "staged through pinned host memory: memory opened from a CUDA IPC handle "
-			 "is not GPUDirect RDMA capable in the importing process (the driver "
-			 "exports no dma-buf for it); for GPUDirect RDMA register cuMemCreate "
-			 "memory with allocFlags.gpuDirectRDMACapable = 1 by cuda_fd");
-	else if (!r->gmem.gdr_capable)
-		snprintf(out->gpu_path, sizeof(out->gpu_path),
-			 "staged through pinned host memory: not GPUDirect RDMA capable (%s)",
-			 d ? d->rdma_path : "unknown GPU");
-	else
-		snprintf(out->gpu_path, sizeof(out->gpu_path),
-			 "GPUDirect RDMA capable; no ibverbs backend here, so tcp transfers stage "
-			 "through pinned host memory");
 }
 
 bool sc_region_gpus_healthy(struct sc_engine *eng)

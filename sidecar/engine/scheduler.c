@@ -1,23 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * engine/scheduler.c: transfer slots and progress gates (DESIGN section 7, dynamo-llm's connector
- * protocol). An active operation moves bytes only while it holds a slot: at most
- * --max-concurrent-transfers at once and at most --max-inflight-bytes in flight (a transfer larger
- * than the whole budget runs alone). Operations gated on worker progress (a requirement) wait until
- * ReportProgress satisfies it, then queue for a slot in FIFO order. Every slot taken is given back
- * exactly once (sc_sched_release, from the transfer's completion). Whatever frees room (a slot
- * given back, or a queued operation leaving the queue: cancelled, past its deadline) admits the
- * queue's head while it fits: strictly FIFO, a head that does not fit holds the ones behind it.
- *
- * Progress records (one per request id, found by hash in eng->progress_ids) end with their
- * requests: a record that no gated operation waits on moves to eng->progress_idle (oldest first)
- * and is dropped once --progress-grace has passed since its last report or waiter (the grace
- * serves operations that arrive after their progress), or earlier, logged, when more than
- * --max-progress-records records exist. A record some operation waits on is never dropped (those
- * are bounded by --max-operations). A report touches only its own record and its waiters.
- *
- * Runs under eng->mu on whatever thread drives the change (RPC handlers, backend completions, the
- * timer thread, the metrics scrape).
+ * engine/scheduler.c: transfer slots and progress gates (DESIGN section 7). An active operation
+ * moves bytes only while it holds a slot: at most --max-concurrent-transfers at once and at most
+ * --max-inflight-bytes in flight (a larger transfer runs alone). Operations gated on worker
+ * progress wait until ReportProgress meets their requirement, then queue for a slot, strictly
+ * FIFO: whatever frees room (a slot given back, exactly once, from the completion; a queued
+ * operation leaving) admits the head while it fits. Progress records (one per request id, in
+ * eng->progress_ids) that no operation waits on age on eng->progress_idle and go after
+ * --progress-grace, or earlier, logged, past --max-progress-records; a waited-on record stays.
+ * It reaches operations only through the hooks the engine hands it at creation (sc_sched_init:
+ * start a transfer, drop a reference), so it sits beneath them. Runs under eng->mu on whatever
+ * thread drives the change (RPC handlers, backend completions, the timer thread, the scrape).
  */
 #include "engine/internal.h"
 #include "base/log.h"
@@ -27,6 +20,13 @@
 #include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
+
+void sc_sched_init(struct sc_engine *eng, const struct sc_sched_hooks *hooks)
+{
+	eng->sched_hooks = *hooks;
+	sc_list_init(&eng->sched);
+	sc_list_init(&eng->progress_idle);
+}
 
 static bool slot_free(struct sc_engine *eng, const struct sc_op *op)
 {
@@ -43,7 +43,7 @@ static void take_slot_and_start(struct sc_engine *eng, struct sc_op *op)
 	eng->active_transfers++;
 	eng->inflight_bytes += op->bytes_total;
 	op->xfer_start_ns = sc_metrics_clock_ns();
-	sc_op_start_transfer(eng, op);
+	eng->sched_hooks.start(eng, op);
 }
 
 void sc_sched_admit(struct sc_engine *eng, struct sc_op *op)
@@ -71,7 +71,7 @@ static void admit_queued(struct sc_engine *eng)
 		next->queued = false;
 		if (next->status == SC_OPS_SCHEDULED)
 			take_slot_and_start(eng, next);
-		sc_op_unref(eng, next);
+		eng->sched_hooks.drop(eng, next);
 	}
 }
 
@@ -82,7 +82,7 @@ void sc_sched_remove(struct sc_engine *eng, struct sc_op *op)
 		return;
 	sc_list_remove(&op->sched_node);
 	op->queued = false;
-	sc_op_unref(eng, op);
+	eng->sched_hooks.drop(eng, op);
 	/* The removed operation may have been the head that did not fit: what waited behind it
 	 * may fit now. */
 	admit_queued(eng);
