@@ -114,6 +114,8 @@ void sc_backend_ops_merge(struct sc_backend_ops *out, const struct sc_backend_op
 		out->cancel = sc_backend_cancel_noop;
 	if (!out->connect)
 		out->connect = sc_backend_connect_unsupported;
+	if (!out->advertise)
+		out->advertise = sc_backend_advertise_noop;
 }
 
 struct sc_backend *sc_backend_registry_create(const struct sc_backend_class *c,

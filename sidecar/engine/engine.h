@@ -16,6 +16,7 @@
 #include "base/types.h"
 #include "base/status.h"
 #include "os/topology.h"
+#include "backend/xfer_runner.h"
 
 /* The data endpoints GetInfo lists: SC_MAX_ENDPOINTS (meta/metadata.h). */
 #define SC_INFO_MAX_ENDPOINTS 4
@@ -249,6 +250,20 @@ struct sc_requirement {
 	uint32_t layer;
 };
 
+/*
+ * Running a small transfer on the calling thread. A caller that answers or waits for the
+ * operation itself (the gRPC BeginRead/BeginWrite handler, a fast-path session) zeroes one on its
+ * stack and passes it in sc_active_req.here; while sc_op_begin submits the transfer, a backend
+ * may park in it the first task of a transfer that fits one request on an idle pooled connection
+ * instead of handing it to a worker thread. Once the caller has answered (or before it waits for
+ * the end) it calls sc_op_run_here(h), which runs that task on its thread (blocking for the
+ * transfer: one round trip to the peer, at worst until its deadline). Every sc_op_begin given one
+ * is followed by sc_op_run_here, whatever it returned.
+ */
+struct sc_run_here {
+	struct sc_xr_here xr; /* backend/xfer_runner.h */
+};
+
 struct sc_active_req {
 	const char *metadata;
 	const struct sc_desc *descs;
@@ -259,6 +274,9 @@ struct sc_active_req {
 	const char *request_id;
 	bool omit_descs; /* as in sc_passive_req */
 	bool quiet;	 /* its start and end logged at debug, not info (the fast path's runs) */
+	/* The caller's offer to run a small transfer on its own thread (struct sc_run_here); NULL:
+	 * none, every transfer goes to a backend's worker threads. */
+	struct sc_run_here *here;
 };
 
 /* kind: SC_OP_READABLE or SC_OP_WRITABLE. */
@@ -272,17 +290,9 @@ int sc_op_check_active(struct sc_engine *eng, enum sc_op_kind kind,
 /* kind: SC_OP_READ or SC_OP_WRITE. Returns once the operation exists (SCHEDULED/IN_PROGRESS). */
 int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_active_req *req,
 		struct sc_op_info *out, struct sc_err *err);
-/*
- * Running a small transfer on the calling thread. A caller that answers or waits for the
- * operation itself (the gRPC BeginRead/BeginWrite handler, a fast-path session) calls
- * sc_op_run_here_open before sc_op_begin and sc_op_run_here_close once it has answered, or before
- * it waits for the end (with no engine lock held: never from inside a watcher). In between, a backend may park the first task
- * of a transfer that fits one request on an idle pooled connection on this thread instead of
- * handing it to a worker thread; close runs it here (blocking for the transfer: one round trip
- * to the peer, at worst until its deadline). Thread-local; every open must be closed.
- */
-void sc_op_run_here_open(void);
-void sc_op_run_here_close(void);
+/* Runs the transfer parked in h (struct sc_run_here, above), if any, on this thread, blocking
+ * for it; with no engine lock held (never from inside a watcher). */
+void sc_op_run_here(struct sc_run_here *h);
 int sc_op_get(struct sc_engine *eng, const char *id, struct sc_op_info *out, struct sc_err *err);
 int sc_op_cancel(struct sc_engine *eng, const char *id, struct sc_op_info *out,
 		 struct sc_err *err);

@@ -109,14 +109,10 @@ static void xfer_complete(struct sc_xfer *x, enum sc_status status, const char *
 	sc_trace_set_current(0);
 }
 
-void sc_op_run_here_open(void)
+void sc_op_run_here(struct sc_run_here *h)
 {
-	sc_xr_here_open();
-}
-
-void sc_op_run_here_close(void)
-{
-	sc_xr_here_close();
+	if (h)
+		sc_xr_here_run(&h->xr);
 }
 
 void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op)
@@ -417,8 +413,12 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 	bool gated;
 	if (sc_sched_gate(eng, op, &gated, err) != 0 || sc_op_publish(eng, op, err) != 0)
 		goto fail; /* op_free ungates it */
+	/* The caller's offer holds only while this call submits (a transfer the scheduler queues
+	 * starts later on another thread, without it). */
+	op->xfer.here = req->here ? &req->here->xr : NULL;
 	if (!gated)
 		sc_sched_admit(eng, op);
+	op->xfer.here = NULL;
 	sc_op_fill_info(op, out);
 	sc_op_unref(eng, op);
 	pthread_mutex_unlock(&eng->mu);

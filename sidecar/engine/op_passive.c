@@ -15,7 +15,6 @@
 #include "os/fault_guard.h"
 #include "base/log.h"
 #include "backend/passive.h"
-#include "peer/server.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -62,28 +61,11 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 	snprintf(md.audience, sizeof(md.audience), "%s", op->audience);
 	md.kind = kind;
 	memcpy(md.token, op->token, SC_TOKEN_LEN);
-	if (eng->backends[SC_BACKEND_TCP] && eng->backends[SC_BACKEND_TCP]->available) {
-		/* Every data endpoint: the tcp backend stripes over all that answer (its paths). */
-		size_t n = eng->peer_server ? sc_peer_server_n_endpoints(eng->peer_server) : 0;
-		for (size_t i = 0; i < n && i < SC_MAX_ENDPOINTS; i++)
-			snprintf(md.endpoints[i], sizeof(md.endpoints[i]), "%s",
-				 sc_peer_server_endpoint_at(eng->peer_server, i));
-		md.n_endpoints = n < SC_MAX_ENDPOINTS ? n : SC_MAX_ENDPOINTS;
-		if (md.n_endpoints == 0) {
-			snprintf(md.endpoints[0], sizeof(md.endpoints[0]), "%s",
-				 eng->backends[SC_BACKEND_TCP]->endpoint);
-			md.n_endpoints = 1;
-		}
-		md.backends |= SC_BACKEND_BIT_TCP;
-	} else if (eng->backends[SC_BACKEND_IBVERBS] &&
-		   eng->backends[SC_BACKEND_IBVERBS]->available &&
-		   eng->backends[SC_BACKEND_IBVERBS]->endpoint[0]) {
-		snprintf(md.endpoints[0], sizeof(md.endpoints[0]), "%s",
-			 eng->backends[SC_BACKEND_IBVERBS]->endpoint);
-		md.n_endpoints = 1;
-	}
-	if (eng->backends[SC_BACKEND_LOCAL] && eng->backends[SC_BACKEND_LOCAL]->available)
-		md.backends |= SC_BACKEND_BIT_LOCAL;
+	/* Where and how peers reach it: each available backend writes its part (endpoints where
+	 * none are yet, its bit), in kind order (tcp's data endpoints first). */
+	for (int b = 0; b < SC_NUM_BACKENDS; b++)
+		if (eng->backends[b] && eng->backends[b]->available)
+			eng->backends[b]->ops->advertise(eng->backends[b], &md);
 	md.descs = calloc(op->n_descs, sizeof(*md.descs));
 	if (!md.descs) {
 		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
