@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * backend/backend.c: the "not supported" and no-op stubs that backends point missing ops at, so callers
- * never test an op for NULL, and the rails' state (one lock for the rails of every backend: a
- * state changes rarely and GetInfo reads it rarely). Any thread.
+ * backend/backend.c: the "not supported" and no-op stubs that backends point missing ops at, so
+ * callers never test an op for NULL, and the rails' state (one lock for the rails of every backend:
+ * a state changes rarely and GetInfo reads it rarely). Any thread.
  */
 #include "backend/backend.h"
 #include "build_config.h"

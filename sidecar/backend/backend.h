@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * backend/backend.h: the interface every data-plane backend implements (tcp, ibverbs, local), in the
- * shape of Monarch's RdmaBackend: a const ops table with named initializers, called through the
+ * backend/backend.h: the interface every data-plane backend implements (tcp, ibverbs, local), in
+ * the shape of Monarch's RdmaBackend: a const ops table with named initializers, called through the
  * inline wrappers below; a backend's object embeds struct sc_backend and downcasts with
  * container_of. Ops a backend lacks point at the sc_backend_*_unsupported stubs, so callers never
  * test for NULL.
@@ -69,8 +69,8 @@ struct sc_xfer_seg {
  * A rail: one path a backend moves bytes over (an RDMA port, a TCP data endpoint). A backend
  * fills its rails when it is created (name, pci, numa, rate: fixed from then on) and keeps their
  * state and counters current; GetInfo and the metrics read them from any thread. state and detail
- * change together under one lock in backend/backend.c (sc_rail_set_state, sc_rail_snapshot); counters are
- * atomics.
+ * change together under one lock in backend/backend.c (sc_rail_set_state, sc_rail_snapshot);
+ * counters are atomics.
  */
 /* SC_MAX_RAILS, enum sc_rail_state and struct sc_rail_report: base/types.h. */
 
@@ -103,9 +103,9 @@ struct sc_xfer {
 	 * transfer starts over. CancelOperation reports it instead of waiting. */
 	atomic_bool committed;
 	/* Set by the engine: another backend (tcp) can carry this transfer if this one's path fails.
-	 * A backend whose path fails (UNAVAILABLE, not the operation's own error, before the deadline
-	 * and without a cancel) then tells the peer ABORTED and completes with SC_ABORTED; the engine
-	 * resubmits the same transfer (same xfer_id) to the other backend. */
+	 * A backend whose path fails (UNAVAILABLE, not the operation's own error, before the
+	 * deadline and without a cancel) then tells the peer ABORTED and completes with SC_ABORTED;
+	 * the engine resubmits the same transfer (same xfer_id) to the other backend. */
 	bool fallback_ok;
 	/* The beginning caller's offer to run the first task on its own thread (backend/
 	 * xfer_runner.h, sc_xr_admit_here): set by the engine only while it submits the transfer

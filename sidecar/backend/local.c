@@ -2,8 +2,8 @@
 /*
  * backend/local.c: the LOCAL backend, for transfers whose two ends live on this same sidecar:
  * memory to memory, no socket. It goes through the same passive-operation interface as a remote
- * peer (open, span, done; backend/passive.h, handed in with its sc_backend_env), so a local transfer
- * obeys the same token, bounds, uses and deadline rules.
+ * peer (open, span, done; backend/passive.h, handed in with its sc_backend_env), so a local
+ * transfer obeys the same token, bounds, uses and deadline rules.
  * One worker thread takes submitted transfers from a FIFO and copies in slices, checking cancel
  * and deadline between slices. Owns the queue and the thread.
  */

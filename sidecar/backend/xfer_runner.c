@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * backend/xfer_runner.c: the transfer bookkeeping the tcp and ibverbs backends share (backend/xfer_runner.h):
- * worker threads that run queued tasks, the list of transfers in flight, stop and first-failure
- * bookkeeping, the verdict, and the cursor that cuts a transfer's segments into batches.
+ * backend/xfer_runner.c: the transfer bookkeeping the tcp and ibverbs backends share
+ * (backend/xfer_runner.h): worker threads that run queued tasks, the list of transfers in flight,
+ * stop and first-failure bookkeeping, the verdict, and the cursor that cuts a transfer's segments into batches.
  *
  * Threads: sc_xr_start creates the workers; each waits on r->cv under the backend's mutex, takes
  * the first queued task, and runs it without the lock. Everything else runs on the caller's thread

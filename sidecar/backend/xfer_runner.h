@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * backend/xfer_runner.h: the transfer bookkeeping the network backends (tcp, ibverbs) share, so that a
- * backend only says how a batch of pieces goes on its wire. Data flows one way: the engine submits
- * a struct sc_xfer, the backend admits it to its runner and queues a task; worker threads run the
- * backend's tasks; the backend cuts the transfer into batches with the runner's cursor and moves
- * them; the first failure, a cancel or the deadline stop it; the runner turns that into one
+ * backend/xfer_runner.h: the transfer bookkeeping the network backends (tcp, ibverbs) share, so
+ * that a backend only says how a batch of pieces goes on its wire. Data flows one way: the engine
+ * submits a struct sc_xfer, the backend admits it to its runner and queues a task; worker threads
+ * run the backend's tasks; the backend cuts the transfer into batches with the runner's cursor and
+ * moves them; the first failure, a cancel or the deadline stop it; the runner turns that into one
  * verdict and calls on_complete exactly once.
  *
  *   struct sc_xr        worker threads, a task queue, the transfers in flight (for cancel, stop

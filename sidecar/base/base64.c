@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * base/base64.c: base64url without padding (the "rsm1." metadata text) and standard base64 with padding
- * (key files), RFC 4648. Decoders are strict: they reject characters outside the alphabet, lengths
- * that no encoder produces, misplaced padding and non-zero leftover bits, so every byte string has
- * exactly one accepted text and a changed character can never decode to the same bytes.
+ * base/base64.c: base64url without padding (the "rsm1." metadata text) and standard base64 with
+ * padding (key files), RFC 4648. Decoders are strict: they reject characters outside the alphabet,
+ * lengths that no encoder produces, misplaced padding and non-zero leftover bits, so every byte
+ * string has exactly one accepted text and a changed character can never decode to the same bytes.
  * Pure functions; any thread. Results are malloc'd and owned by the caller.
  */
 #include "base/base64.h"

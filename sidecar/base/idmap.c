@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * base/idmap.c: open-addressing hash map (FNV-1a) used for the engine's operation and region tables.
- * Callers serialise access (the engine lock). Owns its slot array and key copies, not the values.
- * A slot array of SLOTS_MMAP_MIN bytes or more is mapped on its own (mmap) rather than taken from
- * the heap: a busy map rehashes every so many inserts (tombstones), and large arrays freed back to
- * the heap leave holes that small allocations fragment, so the heap would grow with every rehash
- * even though the map does not.
+ * base/idmap.c: open-addressing hash map (FNV-1a) used for the engine's operation and region
+ * tables. Callers serialise access (the engine lock). Owns its slot array and key copies, not the
+ * values. A slot array of SLOTS_MMAP_MIN bytes or more is mapped on its own (mmap) rather than
+ * taken from the heap: a busy map rehashes every so many inserts (tombstones), and large arrays
+ * freed back to the heap leave holes that small allocations fragment, so the heap would grow with
+ * every rehash even though the map does not.
  *
  * sc_u64map (the transfer ids of passive uses and peer OPENs) hashes with a seeded mix instead:
  * its keys come from peers, and an unkeyed hash would let one pick keys that all probe one run.

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * base/list.h: an intrusive circular doubly linked list, in the manner of libuv's queue.h and the
- * Linux kernel's base/list.h. A list is a struct sc_list head; an element embeds a struct sc_list node
- * and is found again from it with sc_list_entry(). An empty list, and a node on no list, point at
- * themselves, so insert and remove never test for NULL or for the ends.
+ * Linux kernel's base/list.h. A list is a struct sc_list head; an element embeds a struct sc_list
+ * node and is found again from it with sc_list_entry(). An empty list, and a node on no list, point
+ * at themselves, so insert and remove never test for NULL or for the ends.
  *
  * No allocation and no locking: the owner of a list guards it as it guards the rest of its state.
  * Heads and nodes must be initialized (sc_list_init or SC_LIST_INIT) before first use. Removing a

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * base/log.h: leveled logging to stderr, plain text ("2026-11-21T20:16:30.123Z INFO  [area] msg") or
- * JSON lines ({"ts":..,"level":..,"area":..,"msg":..}). Thread-safe: one write(2) per line.
+ * base/log.h: leveled logging to stderr, plain text ("2026-11-21T20:16:30.123Z INFO  [area] msg")
+ * or JSON lines ({"ts":..,"level":..,"area":..,"msg":..}). Thread-safe: one write(2) per line.
  * Never log secrets or whole metadata (log sc_log_redact()'d prefixes instead).
  */
 #ifndef SC_LOG_H

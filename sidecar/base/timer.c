@@ -75,7 +75,7 @@ uint64_t sc_clock_mono_after_ms(uint64_t delay_ms)
 	return sc_deadline_add_ms(sc_clock_mono_ms(), delay_ms);
 }
 
-/* ---- bounded condition waits ------------------------------------------------------------------ */
+/* ---- bounded condition waits ----------------------------------------------------------------- */
 
 static struct timespec clock_plus_ms(clockid_t clock, uint64_t ms)
 {

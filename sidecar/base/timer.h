@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * base/timer.h: one thread that runs callbacks at monotonic deadlines (operation deadlines, retention,
- * WaitOperation timeouts). Add and cancel from any thread. Cancel is synchronous: when it returns
- * the callback is not running and will not run (it must not be called from inside that callback;
- * calling cancel from inside a *different* timer's callback is fine). Timers due at the same
- * deadline run in the order they were added. Add, cancel and try_cancel cost O(log n) in the
+ * base/timer.h: one thread that runs callbacks at monotonic deadlines (operation deadlines,
+ * retention, WaitOperation timeouts). Add and cancel from any thread. Cancel is synchronous: when
+ * it returns the callback is not running and will not run (it must not be called from inside that
+ * callback; calling cancel from inside a *different* timer's callback is fine). Timers due at the
+ * same deadline run in the order they were added. Add, cancel and try_cancel cost O(log n) in the
  * number of pending timers (a binary heap indexed by timer id); an id names one timer only (a
  * slot's generation is part of it), so a stale id cancels nothing. A deadline of UINT64_MAX
  * never fires.

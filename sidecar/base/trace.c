@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * base/trace.c: the hand-off trace (base/trace.h). Any thread records into one fixed table, claiming a slot
- * with an atomic counter; main dumps the table to stderr when the sidecar starts draining. Owns
- * the table (allocated on first use when the trace is on, never freed: the process is ending when
- * it is dumped).
+ * base/trace.c: the hand-off trace (base/trace.h). Any thread records into one fixed table,
+ * claiming a slot with an atomic counter; main dumps the table to stderr when the sidecar starts
+ * draining. Owns the table (allocated on first use when the trace is on, never freed: the process
+ * is ending when it is dumped).
  */
 #include "base/trace.h"
 

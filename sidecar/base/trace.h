@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * base/trace.h: hand-off timestamps along a transfer, for finding where a small transfer's time goes.
- * Off unless the (hidden) environment variable RDMA_SIDECAR_TRACE_HANDOFFS=1 is set when the
+ * base/trace.h: hand-off timestamps along a transfer, for finding where a small transfer's time
+ * goes. Off unless the (hidden) environment variable RDMA_SIDECAR_TRACE_HANDOFFS=1 is set when the
  * sidecar starts; off, each trace point costs one relaxed atomic load.
  *
  * On, sc_trace_mark records (transfer id, stage, CLOCK_MONOTONIC microseconds) in a fixed

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * engine/backend_registry.c: the table of data-plane backends (engine/backend_registry.h): one row per backend,
- * the completion of partial ops tables over the stubs of backend/backend.c, and the data-driven choice of
- * a backend for an active operation. Pure and read-only once an engine exists; any thread.
+ * engine/backend_registry.c: the table of data-plane backends (engine/backend_registry.h): one row
+ * per backend, the completion of partial ops tables over the stubs of backend/backend.c, and the
+ * data-driven choice of a backend for an active operation. Pure and read-only once an engine exists; any thread.
  */
 #include "engine/backend_registry.h"
 #include "conf/config.h"

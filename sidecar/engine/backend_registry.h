@@ -57,8 +57,8 @@ const char *sc_backend_name(enum sc_backend_kind kind);
 int sc_backend_registry_add(const struct sc_backend_class *c);
 
 /* Create c's backend and complete its ops: a copy of the backend's (partial) table with every
- * NULL op pointing at the "not supported" / no-op stubs of backend/backend.h, named and levelled from c.
- * NULL when out of memory. */
+ * NULL op pointing at the "not supported" / no-op stubs of backend/backend.h, named and levelled
+ * from c. NULL when out of memory. */
 struct sc_backend *sc_backend_registry_create(const struct sc_backend_class *c,
 					      const struct sc_backend_env *env);
 /* Fill out from partial (which may be NULL-laden) and the stubs. */

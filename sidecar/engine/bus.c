@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * engine/bus.c: metadata exchange over NATS for the PublishMetadata / SubscribeMetadata RPCs. Publishing
- * checks the text first (a local passive operation's own metadata, or verified text); receiving
- * verifies every message (signature, expiry, audience = this sidecar) and delivers only what
- * passes, logging the rest. With --nats-subject-prefix, workers may only publish and subscribe
+ * engine/bus.c: metadata exchange over NATS for the PublishMetadata / SubscribeMetadata RPCs.
+ * Publishing checks the text first (a local passive operation's own metadata, or verified text);
+ * receiving verifies every message (signature, expiry, audience = this sidecar) and delivers only
+ * what passes, logging the rest. With --nats-subject-prefix, workers may only publish and subscribe
  * beneath that prefix. RPC threads publish and subscribe; NATS delivery threads run
  * on_message. Owns the subscriber list (under eng->mu).
  */

@@ -7,10 +7,10 @@
  * other, each bounded by the call's deadline. Runs on the calling gRPC worker thread; takes the
  * engine lock only to borrow the keyring.
  *
- * With --warm-peers, metadata that arrives on a NATS subscription (engine/bus.c, a NATS delivery thread)
- * is offered to the warmer: its one thread does the same for the issuer in the background, once
- * per issuer per WARM_AGAIN_MS, so that the worker's first transfer finds the connections open.
- * Owns the warmer thread and its queue of metadata texts.
+ * With --warm-peers, metadata that arrives on a NATS subscription (engine/bus.c, a NATS delivery
+ * thread) is offered to the warmer: its one thread does the same for the issuer in the background,
+ * once per issuer per WARM_AGAIN_MS, so that the worker's first transfer finds the connections
+ * open. Owns the warmer thread and its queue of metadata texts.
  */
 #include "engine/internal.h"
 

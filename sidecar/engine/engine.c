@@ -42,7 +42,7 @@ uint64_t sc_now_mono_ms(void)
 	return sc_clock_mono_ms();
 }
 
-/* ---- test accessors (engine/test.h) and what the engine hands out ------------------------------ */
+/* ---- test accessors (engine/test.h) and what the engine hands out ---------------------------- */
 
 struct sc_backend *sc_engine_backend(struct sc_engine *eng, enum sc_backend_kind kind)
 {

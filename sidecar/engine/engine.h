@@ -102,7 +102,7 @@ struct sc_info {
 };
 void sc_engine_info(struct sc_engine *eng, struct sc_info *out);
 
-/* ---- peers (engine/connect_peer.c) -------------------------------------------------------------------- */
+/* ---- peers (engine/connect_peer.c) ----------------------------------------------------------- */
 
 #define SC_PEER_PATHS_MAX 4
 struct sc_peer_paths {

@@ -237,7 +237,7 @@ struct sc_engine {
 	char cuda_detail[256];
 };
 
-/* ---- what the engine's files share, lowest first (each calls only the groups above its own) ---- */
+/* ---- what the engine's files share, lowest first (each calls only the groups above its own) -- */
 
 /* engine/list_page.c: entries of table (regions or operations; their id string at id_offset)
  * whose id sorts after `after`, ordered by id; *items is malloc'd, its pointers valid while mu is

@@ -182,7 +182,7 @@ uint32_t sc_engine_passive_busy_count(struct sc_engine *eng)
 	return n;
 }
 
-/* ---- passive side of the data plane (backend/passive.h) ---------------------------------------------- */
+/* ---- passive side of the data plane (backend/passive.h) -------------------------------------- */
 
 static struct sc_op *token_lookup(struct sc_engine *eng, const uint8_t *token, struct sc_err *err)
 {

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * engine/region_alloc.c: the memory behind a new sidecar-created region. posix_fallocate reserves the
- * file's pages on the --shm-dir file system up front, so a region that does not fit fails
+ * engine/region_alloc.c: the memory behind a new sidecar-created region. posix_fallocate reserves
+ * the file's pages on the --shm-dir file system up front, so a region that does not fit fails
  * CreateRegion with RESOURCE_EXHAUSTED (and the free space) instead of killing the daemon with
  * SIGBUS on first use; MADV_POPULATE_WRITE then maps the pages in. Both go 256 MiB at a time and
  * stop when the sidecar starts draining, so a huge CreateRegion neither holds up SIGTERM nor the

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * engine/region_alloc.h: reserving and pre-faulting the file of a new sidecar-created region, in chunks
- * that a shutdown interrupts. Called outside the engine lock; thread-safe.
+ * engine/region_alloc.h: reserving and pre-faulting the file of a new sidecar-created region, in
+ * chunks that a shutdown interrupts. Called outside the engine lock; thread-safe.
  */
 #ifndef SC_REGION_ALLOC_H
 #define SC_REGION_ALLOC_H

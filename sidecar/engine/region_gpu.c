@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * engine/region_gpu.c: GPU regions. CreateRegion with DEVICE_KIND_CUDA allocates on a GPU (cuMemAlloc,
- * 2 MiB granules, so that the block can be shared by IPC and exported as dma-buf) and hands back
- * the IPC handle for the worker to open; RegisterRegion takes a worker's CUDA IPC handle (only
- * [offset, offset+size) of the block becomes the region: nothing else is ever exposed) or a
+ * engine/region_gpu.c: GPU regions. CreateRegion with DEVICE_KIND_CUDA allocates on a GPU
+ * (cuMemAlloc, 2 MiB granules, so that the block can be shared by IPC and exported as dma-buf) and
+ * hands back the IPC handle for the worker to open; RegisterRegion takes a worker's CUDA IPC handle
+ * (only [offset, offset+size) of the block becomes the region: nothing else is ever exposed) or a
  * cuMemCreate file descriptor that the sidecar takes from the worker with pidfd_getfd.
  *
  * Runs on gRPC worker threads; the driver calls happen before the region is published, outside

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * engine/test.h: test-only accessors into the engine (tests/unit/test_*_transfer.c), defined in
- * engine/engine.c (sc_engine_keyring: engine/keyring.c). Production code never calls them: the engine hands its parts what they need when it
- * creates them. Valid from sc_engine_create to sc_engine_destroy; any thread.
+ * engine/engine.c (sc_engine_keyring: engine/keyring.c). Production code never calls them: the
+ * engine hands its parts what they need when it creates them. Valid from sc_engine_create to sc_engine_destroy; any thread.
  */
 #ifndef SC_ENGINE_TEST_H
 #define SC_ENGINE_TEST_H

@@ -13,14 +13,6 @@
  * holds). Nothing that runs under the engine lock touches what the worker shares (ring memory,
  * doorbells, socket), and no system call on those may block: the doorbells are socketpairs whose
  * sidecar ends are this process's own (fast/bell.c), used with MSG_DONTWAIT, as is the socket.
- *
- * Flow: a submission is taken only when the completion ring has room for it and for every run
- * still in flight or in the outbox (pending), so posting never waits; a worker that does not read
- * its completions stops only its own submissions. While submissions wait for room the session
- * sets the ring's NEED_WAKEUP flag and sleeps until the worker rings (after reading completions),
- * or a back-off that doubles up to STALL_MAX_MS, for workers that never look at the flag.
- * Everything read from shared memory is read once and checked in a copy (fast/wire.c). A worker
- * that breaks the ring (an impossible sq_tail or cq_head) loses its session.
  */
 #include "fast/session.h"
 #include "fast/bell.h"
@@ -40,6 +32,16 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+/*
+ * Flow: a submission is taken only when the completion ring has room for it and for every run
+ * still in flight or in the outbox (pending), so posting never waits; a worker that does not read
+ * its completions stops only its own submissions. While submissions wait for room the session
+ * sets the ring's NEED_WAKEUP flag and sleeps until the worker rings (after reading completions),
+ * or a back-off that doubles up to STALL_MAX_MS, for workers that never look at the flag.
+ * Everything read from shared memory is read once and checked in a copy (fast/wire.c). A worker
+ * that breaks the ring (an impossible sq_tail or cq_head) loses its session.
+ */
 
 #define MAX_HANDLES 256
 /* A session whose submissions wait for room in the completion ring sleeps until the worker rings
@@ -99,7 +101,7 @@ struct sc_fast_session {
 	uint8_t msg[RSC_FAST_MSG_MAX];
 };
 
-/* ---- completions (the watch callback queues, the session thread posts) ------------------------ */
+/* ---- completions (the watch callback queues, the session thread posts) ----------------------- */
 
 /* Queues a completion (any thread, the engine lock possibly held): private memory only. */
 static void post(struct sc_fast_session *s, const struct rsc_fast_cqe *c)
@@ -185,7 +187,7 @@ static bool on_change(void *ctx, const struct sc_op_info *info)
 	return false;
 }
 
-/* ---- runs (the session's thread) --------------------------------------------------------------- */
+/* ---- runs (the session's thread) ------------------------------------------------------------- */
 
 static struct handle *handle_find(struct sc_fast_session *s, uint32_t id)
 {
@@ -415,7 +417,7 @@ static int drain(struct sc_fast_session *s, struct sc_err *err)
 	}
 }
 
-/* ---- socket messages (the session's thread) --------------------------------------------------- */
+/* ---- socket messages (the session's thread) -------------------------------------------------- */
 
 static void answer(struct sc_fast_session *s, uint64_t token, const struct sc_err *err,
 		   uint32_t handle, uint64_t bytes)
@@ -638,7 +640,7 @@ static void *session_main(void *arg)
 	return NULL;
 }
 
-/* ---- set-up and teardown ---------------------------------------------------------------------- */
+/* ---- set-up and teardown --------------------------------------------------------------------- */
 
 static void session_free(struct sc_fast_session *s)
 {

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * fast/socket.c: the fast path's socket (fast/socket.h). Binds --fast-path-socket (SOCK_SEQPACKET, the
- * gRPC unix socket's mode), checks each connecting worker's uid (SO_PEERCRED) against
+ * fast/socket.c: the fast path's socket (fast/socket.h). Binds --fast-path-socket (SOCK_SEQPACKET,
+ * the gRPC unix socket's mode), checks each connecting worker's uid (SO_PEERCRED) against
  * --allowed-uids as the gRPC socket does, holds at most --fast-path-max-sessions sessions, of which
  * one uid holds at most its share (per_uid: the total over the number of --allowed-uids, at least
  * 1; the total when any uid may connect), and joins the sessions that ended. Every line a worker

@@ -120,7 +120,7 @@ int sc_gpu_use(struct sc_gpu *g, int device, struct sc_err *err)
 	return rc == CUDA_SUCCESS ? 0 : sc_gpu_fail(g, rc, "cuCtxSetCurrent", err);
 }
 
-/* ---- loading ---------------------------------------------------------------------------------- */
+/* ---- loading --------------------------------------------------------------------------------- */
 
 typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t,
 				CUdriverProcAddressQueryResult *);
@@ -176,7 +176,7 @@ static int load_entry_points(struct sc_gpu *g, char *detail, size_t cap)
 	return 0;
 }
 
-/* ---- PCIe topology ------------------------------------------------------------------------------ */
+/* ---- PCIe topology --------------------------------------------------------------------------- */
 
 /* Number of leading path components two sysfs device paths share. */
 static int common_depth(const char *a, const char *b, char *last, size_t cap)
@@ -440,7 +440,7 @@ int sc_gpu_find_uuid(const struct sc_gpu *g, const char *uuid, int *index, struc
 			  uuid, seen);
 }
 
-/* ---- memory ------------------------------------------------------------------------------------- */
+/* ---- memory ---------------------------------------------------------------------------------- */
 
 /* CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE of device memory (false when unknown). */
 static bool rdma_capable(struct sc_gpu *g, uint64_t addr)

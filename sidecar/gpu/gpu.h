@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * gpu/gpu.h: GPU memory through the CUDA driver API, loaded at run time (dlopen "libcuda.so.1", entry
- * points resolved with cuGetProcAddress), so one binary runs on hosts with and without GPUs.
+ * gpu/gpu.h: GPU memory through the CUDA driver API, loaded at run time (dlopen "libcuda.so.1",
+ * entry points resolved with cuGetProcAddress), so one binary runs on hosts with and without GPUs.
  *
  * Two parts:
  *  - gpu/gpu.c: the driver, its devices (what GetInfo reports), GPU memory that regions hold (allocated
@@ -115,15 +115,15 @@ void sc_gpu_release(struct sc_gpu *g, struct sc_gpu_mem *m);
  * RDMA_CAPABLE); false when unknown. */
 bool sc_gpu_rdma_capable(struct sc_gpu *g, int device, uint64_t addr);
 /* dma-buf for [addr, addr+len) on device (GPUDirect RDMA): *fd covers the host-page-rounded range
- * around it (the driver's alignment rule; not the whole block), *offset is addr's offset inside it. The caller closes *fd. FAILED_PRECONDITION when the device
- * or driver has no dma-buf support. */
+ * around it (the driver's alignment rule; not the whole block), *offset is addr's offset inside it.
+ * The caller closes *fd. FAILED_PRECONDITION when the device or driver has no dma-buf support. */
 int sc_gpu_dmabuf(struct sc_gpu *g, int device, uint64_t addr, uint64_t len, int *fd,
 		  uint64_t *offset, struct sc_err *err);
 /* After a NIC wrote GPU memory: make those writes visible to later GPU work (no-op when the driver
  * lacks cuFlushGPUDirectRDMAWrites). */
 void sc_gpu_flush_rdma_writes(struct sc_gpu *g, int device);
 
-/* ---- staging (gpu/stage.c) -------------------------------------------------------------------- */
+/* ---- staging (gpu/stage.c) ------------------------------------------------------------------- */
 
 /* Bytes of one pinned staging buffer; a stager has two. */
 #define SC_GPU_STAGE_BYTES (4u << 20)

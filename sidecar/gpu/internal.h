@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * gpu/internal.h: the loaded CUDA driver (its entry points, resolved with cuGetProcAddress), the
- * devices and the stager pools, shared by gpu/gpu.c and gpu/stage.c only. Compiled only with the CUDA
- * toolkit's cuda.h (SC_HAVE_CUDA_H); the types and enum values are the driver's own.
+ * devices and the stager pools, shared by gpu/gpu.c and gpu/stage.c only. Compiled only with the
+ * CUDA toolkit's cuda.h (SC_HAVE_CUDA_H); the types and enum values are the driver's own.
  */
 #ifndef SC_GPU_INTERNAL_H
 #define SC_GPU_INTERNAL_H

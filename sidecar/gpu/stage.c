@@ -322,7 +322,7 @@ int sc_stager_recv_pieces(struct sc_stager *s, const struct sc_stage_piece *p, s
 	return 0;
 }
 
-/* ---- copies involving GPU memory ---------------------------------------------------------------- */
+/* ---- copies involving GPU memory ------------------------------------------------------------- */
 
 /* Host memory may be a region file a worker truncated: guarded copies (os/fault_guard.h). */
 static int to_host(void *ctx, uint8_t *buf, size_t n, struct sc_err *err)

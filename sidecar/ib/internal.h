@@ -28,8 +28,8 @@
  *
  * Locking: one mutex, ib->mu, guards everything mutable here (peer table, QP lists and credits,
  * transfer list and states, task queue). It is never held while calling the engine (on_progress,
- * on_complete, backend/passive.h), doing socket I/O, or destroying a QP (ibv_destroy_qp waits for the
- * async-event thread, which takes ib->mu). The engine lock, when held (submit, cancel, expose,
+ * on_complete, backend/passive.h), doing socket I/O, or destroying a QP (ibv_destroy_qp waits for
+ * the async-event thread, which takes ib->mu). The engine lock, when held (submit, cancel, expose,
  * revoke, register), always comes first.
  *
  * Lifetime: a struct ib_qp is reference counted under ib->mu: the cache holds one reference while

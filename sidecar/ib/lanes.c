@@ -136,7 +136,7 @@ struct ibv_mr *ib_lane_mr(struct ib_backend *ib, const void *mr0, unsigned k)
 	return out;
 }
 
-/* ---- regions ---------------------------------------------------------------------------------- */
+/* ---- regions --------------------------------------------------------------------------------- */
 
 /* Whether `name` is an entry of the comma list `list`. */
 static bool in_list(const char *list, const char *name)
@@ -253,7 +253,7 @@ void ib_lanes_deregister(struct sc_backend *b, void *handle)
 	ib_deregister(b, handle);
 }
 
-/* ---- passive operations ----------------------------------------------------------------------- */
+/* ---- passive operations ---------------------------------------------------------------------- */
 
 struct rkey_group {
 	uint32_t rkey;

@@ -137,7 +137,7 @@ static const char *rail_name(struct ib_backend *ib, unsigned k)
 	return r >= 0 ? ib->base.rails[r].name : ib->lanes[k]->dev_name;
 }
 
-/* ---- lane health (st->mu) ---------------------------------------------------------------------- */
+/* ---- lane health (st->mu) -------------------------------------------------------------------- */
 
 static void lane_fail(struct sx *sx, unsigned k, const char *why)
 {
@@ -224,7 +224,7 @@ static unsigned lane_depth(struct sx *sx, unsigned k, uint64_t now)
 	return depth;
 }
 
-/* ---- slices ------------------------------------------------------------------------------------ */
+/* ---- slices ---------------------------------------------------------------------------------- */
 
 static void child_progress(struct sc_xfer *x, uint64_t delta)
 {
@@ -507,7 +507,7 @@ static void run_slices(struct sx *sx, struct sc_peer_conn *conn)
 	pthread_mutex_unlock(&sx->mu);
 }
 
-/* ---- the striped transfer ---------------------------------------------------------------------- */
+/* ---- the striped transfer -------------------------------------------------------------------- */
 
 static void sx_free(struct sx *sx)
 {

@@ -237,9 +237,9 @@ static void setup(struct ib_xfer *xf)
 			break;
 		/* After a refused OPEN the connection is still good; one broken mid-OPEN is closed
 		 * (the server abandons whatever it may have opened). A pooled one that the peer
-		 * closed just then (it gave up our idle QP to admit another peer, ib/qp.c, and closed
-		 * our connections with it) is no failure of this transfer: once more, on a fresh
-		 * connection, which checks the QP with the peer first. */
+		 * closed just then (it gave up our idle QP to admit another peer, ib/qp.c, and
+		 * closed our connections with it) is no failure of this transfer: once more, on a
+		 * fresh connection, which checks the QP with the peer first. */
 		bool again = tries == 0 && sc_peer_conn_reused(c) && !sc_peer_conn_usable(c) &&
 			     err.code != SC_CANCELLED && !atomic_load(&x->cancel_requested) &&
 			     !sc_xr_deadline_passed(x, sc_clock_mono_ms());

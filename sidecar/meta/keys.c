@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * meta/keys.c: the keyring from --key-file ("key_id:base64key" lines) and HMAC-SHA256 with its keys.
- * Loading runs on the main thread (start-up, SIGHUP); a loaded ring is immutable, so
+ * meta/keys.c: the keyring from --key-file ("key_id:base64key" lines) and HMAC-SHA256 with its
+ * keys. Loading runs on the main thread (start-up, SIGHUP); a loaded ring is immutable, so
  * sc_keyring_hmac and the getters run on any thread. The ring owns copies of the key bytes, a
  * fetched EVP_MAC and, per key, an HMAC-SHA256 context keyed once (each MAC starts from a copy of
  * it: no digest look-up and no key set-up per call, which cost microseconds on every BeginRead);

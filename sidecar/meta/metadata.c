@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * meta/metadata.c: signing and verifying the "rsm1." metadata text (format in meta/metadata.h), the bridge
- * between struct sc_metadata and the RdmaMetadata/SignedMetadata protobuf-c messages, and
+ * meta/metadata.c: signing and verifying the "rsm1." metadata text (format in meta/metadata.h), the
+ * bridge between struct sc_metadata and the RdmaMetadata/SignedMetadata protobuf-c messages, and
  * sc_random_bytes. Pure functions over their arguments, run on whichever thread calls them (gRPC
  * workers, the NATS thread). Owns nothing beyond a call: every protobuf-c message and buffer is
  * freed before return. The text is capability material: it is never logged and never copied into

@@ -9,13 +9,6 @@
  * subscription's nats.c delivery thread; on_connected/on_disconnected/on_reconnected/on_closed/
  * on_error run on nats.c's single process-wide connection-callback thread, which serialises them.
  *
- * Owns: the natsConnection, one struct nats_sub per subscription and a copy of the url and name.
- * A nats_sub is reference counted: one reference for the bus's list (dropped by unsubscribe) and
- * one for nats.c (dropped by on_complete, which nats.c calls after the last handler call).
- * The handler gate (closed + in_cb under nats_sub.mu) is what makes unsubscribe synchronous;
- * the references only keep the closure alive. Destroy waits for nats.c's closed callback and for
- * every on_complete, so no nats.c thread touches the bus after it is freed.
- * Lock order: bus.state_mu > nc's lock (via nats.c getters); bus.mu and nats_sub.mu are leaves.
  */
 #include "nats/client.h"
 #include "nats/nkey.h"
@@ -38,6 +31,16 @@
 #include "base/list.h"
 #include "base/log.h"
 #include "base/timer.h"
+
+/*
+ * Owns: the natsConnection, one struct nats_sub per subscription and a copy of the url and name.
+ * A nats_sub is reference counted: one reference for the bus's list (dropped by unsubscribe) and
+ * one for nats.c (dropped by on_complete, which nats.c calls after the last handler call).
+ * The handler gate (closed + in_cb under nats_sub.mu) is what makes unsubscribe synchronous;
+ * the references only keep the closure alive. Destroy waits for nats.c's closed callback and for
+ * every on_complete, so no nats.c thread touches the bus after it is freed.
+ * Lock order: bus.state_mu > nc's lock (via nats.c getters); bus.mu and nats_sub.mu are leaves.
+ */
 
 #define AREA "nats"
 

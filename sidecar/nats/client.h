@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * nats/client.h: a small, robust NATS publish/subscribe bus over nats.c 3.4.1. It moves opaque bytes
- * between subjects and knows nothing about what they mean (the engine signs and verifies metadata
- * before and after calling it).
+ * nats/client.h: a small, robust NATS publish/subscribe bus over nats.c 3.4.1. It moves opaque
+ * bytes between subjects and knows nothing about what they mean (the engine signs and verifies
+ * metadata before and after calling it).
  *
  * Connection: connects in the background and keeps reconnecting forever with jittered waits;
  * subscriptions survive server restarts (nats.c resends them on reconnect); publishes made while

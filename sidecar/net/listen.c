@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * net/listen.c: binds the TCP listeners of the data plane and the metrics endpoint. Runs on the main
- * thread at start-up; owns nothing once it returns (the caller owns the socket).
+ * net/listen.c: binds the TCP listeners of the data plane and the metrics endpoint. Runs on the
+ * main thread at start-up; owns nothing once it returns (the caller owns the socket).
  */
 #include "net/listen.h"
 

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * net/uds_accept.h: a unix socket the sidecar accepts on itself, for --allowed-uids: each connection's
- * peer uid comes from SO_PEERCRED before the connection is handed on (server.c gives it to gRPC
- * with grpc_server_add_channel_from_fd, whose calls then name the peer "fd:N"). No gRPC types.
+ * net/uds_accept.h: a unix socket the sidecar accepts on itself, for --allowed-uids: each
+ * connection's peer uid comes from SO_PEERCRED before the connection is handed on (server.c gives
+ * it to gRPC with grpc_server_add_channel_from_fd, whose calls then name the peer "fd:N"). No gRPC types.
  *
  * create (main thread: binds, sets the mode, listens; the caller prepared the path with
  * sc_unix_socket_prepare) -> start (an accept thread calls on_conn for every connection) ->

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * os/fault_guard.c: guarded copies of region memory. Region memory is a MAP_SHARED file mapping that
- * a worker can shrink behind the sidecar's back (ftruncate), after which reading or writing the
- * lost pages raises SIGBUS. sc_guarded_memcpy arms a per-thread sigjmp_buf around the copy; the
+ * os/fault_guard.c: guarded copies of region memory. Region memory is a MAP_SHARED file mapping
+ * that a worker can shrink behind the sidecar's back (ftruncate), after which reading or writing
+ * the lost pages raises SIGBUS. sc_guarded_memcpy arms a per-thread sigjmp_buf around the copy; the
  * SIGBUS handler notes the faulting address and jumps back to it when the fault happened inside
  * such a copy, and otherwise puts back the default action and re-raises, so an unexpected SIGBUS
  * still ends the process with a core as before. The handler is installed with SA_NODEFER, so

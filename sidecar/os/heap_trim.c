@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * os/heap_trim.c: the periodic malloc_trim of os/heap_trim.h. Runs on the timer thread (one callback
- * per timers instance that re-arms itself; it ends when the timers are destroyed, which drop
- * pending callbacks); owns nothing but the period and a counter.
+ * os/heap_trim.c: the periodic malloc_trim of os/heap_trim.h. Runs on the timer thread (one
+ * callback per timers instance that re-arms itself; it ends when the timers are destroyed, which
+ * drop pending callbacks); owns nothing but the period and a counter.
  *
  * Why (issue 12): glibc gives an arena's free pages back only from the top of the arena (and only
  * past M_TRIM_THRESHOLD), and a sidecar spreads its threads (gRPC workers, the timer, one thread

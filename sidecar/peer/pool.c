@@ -10,11 +10,6 @@
  * reaper thread closes those idle longer than SC_PEER_POOL_IDLE_MS, and those the peer closed
  * (no socket left in CLOSE-WAIT), every REAP_MS: by a timer, not on the next dial.
  *
- * Threads: any, and the reaper. The idle lists are guarded by pool->mu (never held during I/O,
- * except the cheap liveness peek of an idle connection that is not yet handed out). A connection
- * belongs to the thread that got it until it is put back; sc_peer_conn_abort may come from another
- * thread. The pool owns its idle connections and the reaper; a connection handed out is owned by
- * its caller.
  */
 #include "peer/pool.h"
 #include "peer/conn.h"
@@ -38,6 +33,14 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+/*
+ * Threads: any, and the reaper. The idle lists are guarded by pool->mu (never held during I/O,
+ * except the cheap liveness peek of an idle connection that is not yet handed out). A connection
+ * belongs to the thread that got it until it is put back; sc_peer_conn_abort may come from another
+ * thread. The pool owns its idle connections and the reaper; a connection handed out is owned by
+ * its caller.
+ */
 
 #define REAP_MS 1000 /* how often the reaper looks at the idle connections */
 

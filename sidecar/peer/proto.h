@@ -8,8 +8,8 @@
  * body_len bytes of body. flags is 0, except on OPEN, where SC_PEER_FLAG_VIA_BACKEND says another
  * backend moves the transfer's bytes, not this channel (the passive operation then reports that
  * backend: sc_peer_via_backend). All integers are little-endian and fixed width; strings are u16
- * length + bytes (no NUL). DATA and WRITE frames are followed by bulk bytes whose count is in their body.
- * body_len is at most SC_PEER_MAX_BODY, a bulk at most SC_PEER_MAX_BULK (and exactly what was
+ * length + bytes (no NUL). DATA and WRITE frames are followed by bulk bytes whose count is in their
+ * body. body_len is at most SC_PEER_MAX_BODY, a bulk at most SC_PEER_MAX_BULK (and exactly what was
  * asked for). Anything else is a protocol error: the receiver closes the connection.
  *
  *   type        body                                                      reply

@@ -2,16 +2,16 @@
 /*
  * peer/server.h: the serving side of the peer control channel (--data-listen). Peer sidecars
  * connect, authenticate with the hello (peer/proto.h), then OPEN / READ / WRITE / DONE passive
- * operations by token; every request goes through the passive-operation interface (backend/passive.h)
- * the server was created with, so the engine checks direction, bounds, deadline and state, and
- * bytes move straight between region memory and the socket.
+ * operations by token; every request goes through the passive-operation interface
+ * (backend/passive.h) the server was created with, so the engine checks direction, bounds, deadline
+ * and state, and bytes move straight between region memory and the socket.
  *
  * Threads: one accept thread, and a pool of threads serving the connections (at most
  * --data-max-peers authenticated ones, a quarter of them per peer id: at a cap an idle one, with
  * no request in hand whatever it has OPENed, is closed for a new peer, and only when every one
- * is busy is a peer refused, told to retry). Handlers registered for extra frame types (the ibverbs backend's
- * QP_CONNECT) run on connection threads. Create, start and destroy are called from the engine's
- * lifecycle thread; the other calls from any thread.
+ * is busy is a peer refused, told to retry). Handlers registered for extra frame types (the ibverbs
+ * backend's QP_CONNECT) run on connection threads. Create, start and destroy are called from the
+ * engine's lifecycle thread; the other calls from any thread.
  */
 #ifndef SC_PEER_SERVER_H
 #define SC_PEER_SERVER_H
@@ -91,8 +91,8 @@ int sc_peer_server_set_handler(struct sc_peer_server *srv, enum sc_frame_type ty
 			       sc_peer_handler_fn fn, void *ctx);
 
 /*
- * The passive-operation interface (backend/passive.h) as seen through this server: every call goes to the
- * interface the server was created with, and claim answers for transfers that a connection
+ * The passive-operation interface (backend/passive.h) as seen through this server: every call goes
+ * to the interface the server was created with, and claim answers for transfers that a connection
  * authenticated as the peer OPENed saying that backend `via` moves the bytes (OPEN's via-backend
  * flag: ibverbs) and whose DONE has not come; a claimed
  * transfer is no longer tracked (as after a DONE), so its connection's end does not abandon it.

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * peer/stage.h: GPU memory on the peer channel. The TCP data plane cannot send from or receive
- * into GPU memory, so these move a GPU range through a stager (gpu/gpu.h): device -> pinned buffer ->
- * socket, and socket -> pinned buffer -> device, the copy of one piece overlapping the network
+ * into GPU memory, so these move a GPU range through a stager (gpu/gpu.h): device -> pinned buffer
+ * -> socket, and socket -> pinned buffer -> device, the copy of one piece overlapping the network
  * I/O of the other. Used by the serving side (peer/serve.c) and the requesting side
  * (peer/pool.c) alike; lists of pieces travel packed, many per pinned buffer. Any thread (the
  * connection's); blocking with the given wait.

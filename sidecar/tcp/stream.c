@@ -191,8 +191,8 @@ static int take_open_reply(struct sc_peer_conn *c, int *open_pending, const stru
  * connection's frames are served in order; a DONE {OK} after a refused request is refused). Its
  * reply arrives right behind the last data reply. From here the transfer commits: the passive
  * side may complete as soon as the bytes are out, so a cancel no longer cuts the stream, and the
- * replies are awaited until sc_peer_verdict_ok_deadline (the same bound as a confirmed DONE). False when the transfer is already stopping (nothing sent: the verdict is told
- * the usual way) or the send failed (err says why).
+ * replies are awaited until sc_peer_verdict_ok_deadline (the same bound as a confirmed DONE). False
+ * when the transfer is already stopping (nothing sent: the verdict is told the usual way) or the send failed (err says why).
  */
 static bool commit_done(struct tcp_xfer *tx, struct sc_peer_conn *c, struct io_bound *b,
 			struct sc_err *err)
