@@ -3,8 +3,8 @@
  * backend/passive.h: the passive-operation interface: what a data-plane server (the TCP peer
  * server, the ibverbs notice path, the LOCAL backend) asks when a peer touches a passive operation.
  * A const ops table plus a context, handed to each of them when the engine creates them;
- * engine/operation.c implements it (sc_op_passive), the peer server wraps it to add the notice
- * claim (sc_peer_server_passive). Nobody below the operation layer calls engine/operation.c or engine/engine.c.
+ * engine/op_passive.c implements it (sc_op_passive), the peer server wraps it to add the notice
+ * claim (sc_peer_server_passive). Nothing below the engine calls into engine/.
  *
  * The token (16 random bytes from the metadata) is the capability; the xfer_id (chosen by the
  * active side, unique per transfer) names one use of it. Every call checks the operation is live,
