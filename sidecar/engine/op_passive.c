@@ -91,35 +91,43 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 		gpus[i] = op->regions[i]->gpu;
 		any_gpu |= gpus[i] != SC_GPU_HOST;
 	}
-	struct sc_backend *ib = eng->backends[SC_BACKEND_IBVERBS];
-	if (ib && ib->available) {
+	/* What each backend grants: a NIC backend registers the ranges and writes their keys and
+	 * its bit into md (a grant, kept in op->exposure[b] for the revoke); the others grant on
+	 * the token alone and keep nothing. */
+	bool granted = false, refused = false;
+	for (int b = 0; b < SC_NUM_BACKENDS; b++) {
+		struct sc_backend *be = eng->backends[b];
+		if (!be || !be->available)
+			continue;
 		for (size_t i = 0; i < op->n_descs; i++)
-			handles[i] = op->regions[i]->backend_handle[SC_BACKEND_IBVERBS];
-		struct sc_err ib_err;
-		sc_err_clear(&ib_err);
-		if (ib->ops->expose(ib, &md, addrs, gpus, handles, &op->exposure[SC_BACKEND_IBVERBS],
-				    &ib_err) == 0) {
-			md.backends |= SC_BACKEND_BIT_IBVERBS;
-			if (any_gpu)
+			handles[i] = op->regions[i]->backend_handle[b];
+		struct sc_err berr;
+		sc_err_clear(&berr);
+		if (be->ops->expose(be, &md, addrs, gpus, handles, &op->exposure[b], &berr) == 0) {
+			if (op->exposure[b] && any_gpu && !granted)
 				snprintf(op->backend_reason, sizeof(op->backend_reason),
-					 "GPU memory exposed to ibverbs peers (GPUDirect RDMA)");
+					 "GPU memory exposed to %s peers (GPUDirect RDMA)",
+					 be->ops->name);
+			granted |= op->exposure[b] != NULL;
 		} else if (any_gpu) {
-			SC_INFO("op", "%s: ibverbs cannot reach its GPU memory, peers will use tcp "
+			SC_INFO("op", "%s: %s cannot reach its GPU memory, peers will use tcp "
 				      "(staged through pinned host buffers): %s",
-				op->id, ib_err.msg);
+				op->id, be->ops->name, berr.msg);
 			snprintf(op->backend_reason, sizeof(op->backend_reason),
-				 "tcp, GPU memory staged through pinned host buffers (ibverbs: %s)",
-				 ib_err.msg);
+				 "tcp, GPU memory staged through pinned host buffers (%s: %s)",
+				 be->ops->name, berr.msg);
+			refused = true;
 		} else {
-			SC_WARN("op", "%s: ibverbs cannot expose it, peers will use tcp: %s", op->id,
-				ib_err.msg);
+			SC_WARN("op", "%s: %s cannot expose it, peers will use tcp: %s", op->id,
+				be->ops->name, berr.msg);
 			snprintf(op->backend_reason, sizeof(op->backend_reason),
-				 "ibverbs expose failed: %s", ib_err.msg);
+				 "%s expose failed: %s", be->ops->name, berr.msg);
+			refused = true;
 		}
-	} else if (any_gpu) {
+	}
+	if (any_gpu && !granted && !refused)
 		snprintf(op->backend_reason, sizeof(op->backend_reason),
 			 "GPU memory: tcp peers are served through pinned host buffers");
-	}
 	free(gpus);
 	free(addrs);
 	free(handles);

@@ -117,6 +117,27 @@ static void ib_advertise(struct sc_backend *b, struct sc_metadata *md)
 	}
 }
 
+/* A grant: the ranges' rkeys and the rails in md (ib/access.c, ib/lanes.c), then this backend's
+ * bit, since a peer needs those to use it. */
+static int ib_grant(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs,
+		    const int *gpus, void *const *region_handles, void **handle, struct sc_err *err)
+{
+	if (ib_expose(b, md, addrs, gpus, region_handles, handle, err) != 0)
+		return -1;
+	md->backends |= SC_BACKEND_BIT_IBVERBS;
+	return 0;
+}
+
+static int ib_lanes_grant(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs,
+			  const int *gpus, void *const *region_handles, void **handle,
+			  struct sc_err *err)
+{
+	if (ib_lanes_expose(b, md, addrs, gpus, region_handles, handle, err) != 0)
+		return -1;
+	md->backends |= SC_BACKEND_BIT_IBVERBS;
+	return 0;
+}
+
 static const struct sc_backend_ops ib_ops = {
     .kind = SC_BACKEND_IBVERBS, /* name and level: engine/backend_registry.c */
     .start = ib_start,
@@ -124,7 +145,7 @@ static const struct sc_backend_ops ib_ops = {
     .destroy = ib_destroy,
     .register_region = ib_register,
     .deregister_region = ib_deregister,
-    .expose = ib_expose,
+    .expose = ib_grant,
     .revoke = ib_revoke,
     .submit = ib_xfer_submit,
     .cancel = ib_xfer_cancel,
@@ -141,7 +162,7 @@ static const struct sc_backend_ops ib_lanes_ops = {
     .destroy = ib_destroy,
     .register_region = ib_lanes_register,
     .deregister_region = ib_lanes_deregister,
-    .expose = ib_lanes_expose,
+    .expose = ib_lanes_grant,
     .revoke = ib_lanes_revoke,
     .submit = ib_stripe_submit,
     .cancel = ib_stripe_cancel,
