@@ -152,7 +152,11 @@ class PeerSlotsTest(SidecarTest):
         for _ in range(2):  # one after the other: its PONG says it was admitted (in this order)
             hog.append(Peer(host, port, "k1", key, client_id="hog"))
             hog[-1].ping()
-        # Both idle: a third connection of the same id closes the one of its own idle longest.
+        # Both idle: a third connection of the same id closes the one of its own idle longest. (A
+        # connection whose PING was just answered counts busy until its thread parks it, which a
+        # busy host stretches: wait until both are parked, or the one just pinged may be the one
+        # left standing while the other is closed.)
+        self.wait_conns("idle", 2)
         hog.append(Peer(host, port, "k1", key, client_id="hog"))
         hog[-1].ping()
         wait_until(lambda: 'peer "hog" holds its share of 2 connections' in a.read_log(), 10 * SLOW,
@@ -185,6 +189,7 @@ class PeerSlotsTest(SidecarTest):
         for x in range(20):  # p0 keeps asking, and is refused every time
             e = peers[0].try_open(os.urandom(16), 1000 + x, PEER_READ, 4096)
             self.assertIsInstance(e, PeerError)
+        self.wait_conns("idle", 4)  # p0's last refusal answered and its connection parked again
         newcomer = Peer(host, port, "k1", key, client_id="p4")
         peers.append(newcomer)
         newcomer.ping()  # admitted: an idle connection was closed for it
