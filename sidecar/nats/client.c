@@ -792,6 +792,17 @@ fail:
 	return -1;
 }
 
+/* How many times nats.c has reconnected nc (0 when it cannot say). */
+static uint64_t reconnects_of(natsConnection *nc)
+{
+	natsStatistics *st = NULL;
+	uint64_t n = 0;
+	if (natsStatistics_Create(&st) == NATS_OK && natsConnection_GetStats(nc, st) == NATS_OK)
+		(void)natsStatistics_GetCounts(st, NULL, NULL, NULL, NULL, &n);
+	natsStatistics_Destroy(st);
+	return n;
+}
+
 const char *sc_nats_bus_state(struct sc_nats_bus *bus)
 {
 	if (!bus)
@@ -811,6 +822,9 @@ int sc_nats_bus_publish(struct sc_nats_bus *bus, const char *subject, const void
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "publish to %s: data is NULL",
 				  shown(subject, b));
 	natsConnection *nc = bus->nc;
+	/* Read before the publish: whether it goes to a live connection (then only a PONG on that
+	 * same connection confirms it) or to the reconnect buffer. */
+	uint64_t reconnects = reconnects_of(nc);
 	natsConnStatus cs = natsConnection_Status(nc);
 	if (cs == NATS_CONN_STATUS_CLOSED || atomic_load(&bus->closing))
 		return sc_err_set(err, SC_UNAVAILABLE,
@@ -858,9 +872,16 @@ int sc_nats_bus_publish(struct sc_nats_bus *bus, const char *subject, const void
 				  "delivered)",
 				  shown(subject, b), natsStatus_GetText(st), nats_detail());
 	}
-	/* Buffered while not connected: nats.c sends it after the subscriptions on reconnect. */
-	if (natsConnection_Status(nc) != NATS_CONN_STATUS_CONNECTED)
-		return 0;
+	if (!connected) {
+		/* Buffered while not connected: nats.c sends it after the subscriptions on
+		 * reconnect. Reconnected meanwhile: confirmed below, on this connection. */
+		if (natsConnection_Status(nc) != NATS_CONN_STATUS_CONNECTED)
+			return 0;
+		reconnects = reconnects_of(nc);
+	}
+	/* Sent on a live connection. If that connection is lost now, nats.c writes what it holds
+	 * to the dead socket and a flush begun after that is answered by the next server: only a
+	 * PONG from the connection the message went to, with no reconnect between, confirms it. */
 	st = natsConnection_FlushTimeout(nc, bus->flush_timeout_ms);
 	if (st != NATS_OK)
 		return sc_err_set(
@@ -868,6 +889,12 @@ int sc_nats_bus_publish(struct sc_nats_bus *bus, const char *subject, const void
 		    "publish to %s was not confirmed by the NATS server within %d ms: "
 		    "%s (the message may or may not have been delivered)",
 		    shown(subject, b), bus->flush_timeout_ms, natsStatus_GetText(st));
+	if (reconnects_of(nc) != reconnects)
+		return sc_err_set(err, SC_UNAVAILABLE,
+				  "publish to %s: the connection to the NATS server was lost and "
+				  "re-established while it was sent (the message may or may not "
+				  "have been delivered)",
+				  shown(subject, b));
 	return 0;
 }
 
