@@ -1135,7 +1135,7 @@ class IbverbsTest(SidecarTest):
                 subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], timeout=30,
                                stderr=subprocess.DEVNULL)
 
-    def roce_pair(self, a_backends="ibverbs,tcp", a_extra=()):
+    def roce_pair(self, a_backends="ibverbs,tcp", a_extra=(), b_extra=()):
         """a on rxe0 (IP), b on rxe1 (IP2): their RoCE and control traffic crosses the veth pair,
         where the test can cut it (the cut is healed at cleanup)."""
         gid2 = self.second_device()
@@ -1152,7 +1152,7 @@ class IbverbsTest(SidecarTest):
         self.addCleanup(subprocess.run, ["ip", "rule", "del", "pref", "9"], timeout=30)
         b = self.sidecar("b", key_file=keys, extra=["--ib-device", "rxe1", "--ib-gid-index", gid2,
                                                     "--data-listen", IP2 + ":0", "--advertise", IP2,
-                                                    "--backends", "ibverbs,tcp"])
+                                                    "--backends", "ibverbs,tcp"] + list(b_extra))
         b.rxe_ip, b.rxe_dev = IP2, "rxe1"
         return a, b
 
@@ -1396,8 +1396,11 @@ class IbverbsTest(SidecarTest):
         deadline, RC retransmission carries it over and it completes with every byte correct on
         both sides (5-6 s after the cut here); one that never heals ends both sides ERRORED at the
         transfer's 30 s deadline (rxe on the 6.1 kernel keeps retransmitting instead of reporting
-        retry-exceeded), and once it heals the next transfers complete at once."""
-        a, b = self.roce_pair()
+        retry-exceeded), and once it heals the next transfers complete at once. The stall detector
+        is off on b (--ib-stall-timeout 0): how long RC retransmission takes to notice the heal
+        depends on the emulator's speed (5-6 s usually, once over 10 s, when b rightly moved the
+        READ to tcp), and only the deadlines may bound it here."""
+        a, b = self.roce_pair(b_extra=["--ib-stall-timeout", "0"])
         self.move(a, b, 4097, 1, "read")  # the QP
         size = (24 << 20) + 4097
         t_cut = []
