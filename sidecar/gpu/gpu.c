@@ -671,7 +671,6 @@ int sc_gpu_import_fd(struct sc_gpu *g, int device, int pid, int fd, uint64_t off
 				   .vmm_handle = h};
 	/* The importer sees neither the flag nor the attribute (0 on a real H200 whatever the
 	 * worker set): the worker's word, where this GPU takes GPUDirect RDMA on VMM memory. */
-	out->gdr_declared = declared_gdr;
 	out->gdr_capable = rdma_capable(g, out->addr);
 	if (!out->gdr_capable && declared_gdr && g->dev[device].info.gdr &&
 	    g->dev[device].info.vmm_gdr && declare_capable(g, va, alloc_size) == 0)

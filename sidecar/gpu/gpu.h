@@ -71,10 +71,9 @@ struct sc_gpu_mem {
 	uint64_t map_size;
 	uint64_t vmm_handle; /* CUmemGenericAllocationHandle (VMM) */
 	/* CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: a NIC may reach it (cuMemCreate memory
-	 * only when allocated with allocFlags.gpuDirectRDMACapable) */
+	 * only when allocated with allocFlags.gpuDirectRDMACapable; imported by fd, when the worker
+	 * declares it: cuda_fd.gpudirect_rdma_capable) */
 	bool gdr_capable;
-	/* cuda_fd.gpudirect_rdma_capable: the worker says it allocated with the flag */
-	bool gdr_declared;
 };
 
 /* Loads the driver and enumerates devices. Returns NULL when CUDA is unusable here, with `detail`

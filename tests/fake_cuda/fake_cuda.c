@@ -2065,8 +2065,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
 		r = CUDA_ERROR_INVALID_VALUE; /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0 */
 		goto out;
 	}
-	snprintf(name, sizeof(name), FC_MEMFD_PREFIX "%d%s", prop->location.id,
-		 prop->allocFlags.gpuDirectRDMACapable ? "-gdr" : "");
+	snprintf(name, sizeof(name), FC_MEMFD_PREFIX "%d", prop->location.id);
 	fd = memfd_create(name, MFD_CLOEXEC);
 	if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
