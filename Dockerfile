@@ -32,12 +32,12 @@ FROM scratch AS cuda-include
 
 # ---- build ---------------------------------------------------------------------------------------
 FROM debian:bookworm-slim AS build
-ARG GPU=required
 WORKDIR /src
 # The package list first, so the (slow) install is cached across source changes. Only what the
 # daemon needs to build (--image-build), not the test, VM and benchmark tools.
 COPY scripts/install-deps.sh scripts/install-deps.sh
 RUN bash scripts/install-deps.sh --image-build && rm -rf /var/lib/apt/lists/*
+ARG GPU=required
 COPY --from=cuda-include / /opt/cuda/include/
 COPY . .
 RUN case "$GPU" in \
