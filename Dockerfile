@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # rdma-sidecar container image (Debian bookworm), with GPU memory support compiled in:
 #   docker build --build-context cuda-include=/usr/local/cuda/include -t rdma-sidecar:0.1.0 .
-#   docker run --rm rdma-sidecar:0.1.0 --help       # ends with "GPU memory: supported; ..."
+#   docker run --rm rdma-sidecar:0.1.0 --help       # says "GPU memory: supported; ..."
 # or scripts/build-image.sh (podman), which passes the CUDA headers the same way.
 # Run it beside a worker that shares its /dev/shm and /run/rdma-sidecar (deploy/ has the
 # Kubernetes pod); with plain Docker give the shared /dev/shm room (--shm-size, default 64 MiB).
