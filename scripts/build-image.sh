@@ -74,7 +74,9 @@ case "${SC_IMAGE_GPU:-required}" in
     fi
     cuda=$(sed -n 's/^#define CUDA_VERSION \([0-9]*\).*/\1/p' "$inc/cuda.h" | head -1)
     if [[ -z "$cuda" || "$cuda" -lt 12000 ]]; then
-      echo "build-image: $inc/cuda.h is CUDA ${cuda:+$((cuda / 1000)).$((cuda % 1000 / 10)) (CUDA_VERSION $cuda)}${cuda:-of unknown version}; the sidecar needs 12.0 or newer"
+      have="of unknown version (no CUDA_VERSION)"
+      [[ -n "$cuda" ]] && have="$((cuda / 1000)).$((cuda % 1000 / 10)) (CUDA_VERSION $cuda)"
+      echo "build-image: $inc/cuda.h is CUDA $have; the sidecar needs 12.0 or newer"
       exit 3
     fi
     mkdir "$tmp/cuda-include"
