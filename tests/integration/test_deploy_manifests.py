@@ -13,7 +13,7 @@ same file through the same shared volume, and the socket is the same in every ov
 The gpu-rdma, dra, sriov, efa and job overlays carry what they promise, and so does the peer-identity
 component (a csi.cert-manager.io certificate naming the pod, mounted read-only, peer TLS and required
 identity on, --id from the pod name), alone and with the others.
-Skipped (with the reason) without kubectl or the npm tools."""
+Skipped (with the reason) without kubectl (or the standalone kustomize) or the npm tools."""
 import json
 import os
 import re
@@ -32,7 +32,9 @@ DEPLOY = os.path.join(SRC, "deploy")
 BUILD = os.path.dirname(os.path.abspath(harness.BINARY))
 NPM_DIR = os.path.join(BUILD, "npm")
 VALIDATE = os.path.join(SRC, "tests", "k8s", "validate.mjs")
+# `kubectl kustomize DIR`, or the standalone `kustomize build DIR` where only that is installed.
 KUBECTL = shutil.which("kubectl")
+RENDER = [KUBECTL, "kustomize"] if KUBECTL else [shutil.which("kustomize"), "build"] if shutil.which("kustomize") else None
 # The one socket path: Dockerfile's default, every manifest, every doc.
 SOCKET = "/run/rdma-sidecar/sock/sidecar.sock"
 WORKLOADS = ("Deployment", "Job", "StatefulSet", "DaemonSet", "ReplicaSet")
@@ -102,8 +104,9 @@ def kustomizations(root):
 class DeployManifestsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        if not KUBECTL:
-            raise unittest.SkipTest("kubectl not installed (scripts/install-deps.sh installs it where apt has it)")
+        if not RENDER:
+            raise unittest.SkipTest("neither kubectl nor kustomize installed (scripts/install-deps.sh installs kubectl "
+                                    "where apt has it)")
         r = subprocess.run(["bash", os.path.join(SRC, "tests", "node", "install.sh"), NPM_DIR],
                            capture_output=True, text=True, timeout=400)
         if r.returncode in (2, 3):
@@ -121,8 +124,8 @@ class DeployManifestsTest(unittest.TestCase):
         # The deploy tree does not change while the test runs: render each directory once.
         if path.startswith(DEPLOY) and path in self.rendered:
             return self.rendered[path]
-        r = subprocess.run([KUBECTL, "kustomize", path], capture_output=True, text=True, timeout=120)
-        self.assertEqual(r.returncode, 0, "kubectl kustomize %s: %s" % (path, r.stderr))
+        r = subprocess.run(RENDER + [path], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, "%s %s: %s" % (" ".join(RENDER), path, r.stderr))
         if path.startswith(DEPLOY):
             self.rendered[path] = r.stdout
         return r.stdout
