@@ -54,7 +54,7 @@ ln -s "$root" "$scratch/debian/rdma-sidecar"
 deps=$(cd "$scratch" && dpkg-shlibdeps -O -l"$root/$libdir" -Sdebian/rdma-sidecar \
          debian/rdma-sidecar/usr/bin/rdma-sidecar debian/rdma-sidecar/usr/bin/rdma-sidecar-ctl \
          "debian/rdma-sidecar/$libdir/librdma-sidecar-client.so.0" 2>"$out.shlibdeps.log" |
-       sed -n 's/^shlibs:Depends=//p')
+       sed -n 's/^shlibs:Depends=//p' | sed 's/\(^\|, \)rdma-sidecar ([^)]*)//; s/^, //')
 [[ -n "$deps" ]] || { cat "$out.shlibdeps.log"; echo "build-deb: dpkg-shlibdeps found no dependencies"; exit 1; }
 size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
 cat >"$root/DEBIAN/control" <<CONTROL
