@@ -286,7 +286,8 @@ int rsc_client_wait_ready(rsc_client *c, uint32_t timeout_ms, rsc_status *st)
 	grpc_connectivity_state s = grpc_channel_check_connectivity_state(c->channel, 1);
 	int rc = RSC_OK;
 	/* Unlike rsc_client_connect, a failed attempt is no reason to stop: the channel tries again
-	 * (after at most 1 s, see rsc_client_create) until the sidecar answers or the time is up. */
+	 * (after at most 1 s, see rsc_client_create) until the sidecar answers or the time is up.
+	 */
 	while (s != GRPC_CHANNEL_READY) {
 		if (s == GRPC_CHANNEL_SHUTDOWN) {
 			rc = rsc_fail(st, RSC_UNAVAILABLE, "the channel to %s was shut down",
@@ -297,15 +298,16 @@ int rsc_client_wait_ready(rsc_client *c, uint32_t timeout_ms, rsc_status *st)
 		grpc_event ev =
 		    grpc_completion_queue_pluck(cq, c, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
 		if (!ev.success) {
-			double waited = gpr_timespec_to_micros(gpr_time_sub(
-					    gpr_now(GPR_CLOCK_MONOTONIC), start)) /
+			double waited = gpr_timespec_to_micros(
+					    gpr_time_sub(gpr_now(GPR_CLOCK_MONOTONIC), start)) /
 					1e6;
-			rc = rsc_fail(st, RSC_UNAVAILABLE,
-				      "the sidecar at %s was not ready after waiting %.1f s (%s): is "
-				      "it running, and is the address right? (--sidecar or "
-				      "RDMA_SIDECAR_ADDR; wait longer with --wait or "
-				      "RDMA_SIDECAR_WAIT_FOR_READY)",
-				      c->target, waited, state_name(s));
+			rc = rsc_fail(
+			    st, RSC_UNAVAILABLE,
+			    "the sidecar at %s was not ready after waiting %.1f s (%s): is "
+			    "it running, and is the address right? (--sidecar or "
+			    "RDMA_SIDECAR_ADDR; wait longer with --wait or "
+			    "RDMA_SIDECAR_WAIT_FOR_READY)",
+			    c->target, waited, state_name(s));
 			break;
 		}
 		s = grpc_channel_check_connectivity_state(c->channel, 1);

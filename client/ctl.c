@@ -378,7 +378,8 @@ static int cmd_info(struct ctl *x, char **argv)
 		for (size_t i = 0; i < in.n_gpus; i++)
 			printf("gpu %u    %s %s (%s)\n", in.gpus[i].index, in.gpus[i].name,
 			       in.gpus[i].pci_bus_id, in.gpus[i].rdma_path);
-		printf("memlock  %s%s\n", lim.memlock_enough ? "" : "TOO LOW: ", lim.memlock_detail);
+		printf("memlock  %s%s\n",
+		       lim.memlock_enough ? "" : "TOO LOW: ", lim.memlock_detail);
 		rails_text(&rl);
 	}
 	rsc_info_limits_clear(&lim);

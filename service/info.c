@@ -167,7 +167,8 @@ void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req)
 	m.topology_source = (char *)(info.topology_source ? info.topology_source : "");
 	m.open_files_limit = info.open_files_limit;
 	struct sc_memlock ml;
-	sc_memlock_assess(info_has_rdma(&info), sc_call_service(c)->cfg->max_total_region_bytes, &ml);
+	sc_memlock_assess(info_has_rdma(&info), sc_call_service(c)->cfg->max_total_region_bytes,
+			  &ml);
 	m.memlock_limit = ml.limit;
 	m.memlock_needed = ml.needed;
 	m.memlock_enough = ml.enough;

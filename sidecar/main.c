@@ -8,14 +8,14 @@
  *                   TLS certificates, keys and CAs (also reloaded when their files change)
  * Exit codes: 0 clean, 1 runtime failure, 2 bad configuration.
  */
+#include "base/log.h"
+#include "base/trace.h"
 #include "conf/config.h"
 #include "engine/engine.h"
 #include "fast/socket.h"
-#include "base/log.h"
 #include "nats/client.h"
 #include "os/memlock.h"
 #include "service.h"
-#include "base/trace.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -88,7 +88,8 @@ int main(int argc, char **argv)
 		info.signing_enabled ? info.signing_key_id : "off (no --key-file)");
 	bool rdma = false;
 	for (size_t i = 0; i < info.n_backends; i++)
-		rdma |= info.backends[i].backend == SC_BACKEND_IBVERBS && info.backends[i].available;
+		rdma |=
+		    info.backends[i].backend == SC_BACKEND_IBVERBS && info.backends[i].available;
 	struct sc_memlock ml;
 	sc_memlock_assess(rdma, cfg.max_total_region_bytes, &ml);
 	if (ml.enough)

@@ -508,10 +508,11 @@ static int check_advertise(const char *v, char **out, struct sc_err *err)
 			ok = name[i] != '/' && name[i] != ':' && (unsigned char)name[i] > ' ' &&
 			     (unsigned char)name[i] < 0x7f;
 		if (!ok)
-			return sc_err_set(err, SC_INVALID_ARGUMENT,
-					  "\"%.*s\": expected if:NAME with a network interface name "
-					  "of 1 to 15 characters (e.g. if:net1)",
-					  SC_VALUE_SHOWN, v);
+			return sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "\"%.*s\": expected if:NAME with a network interface name "
+			    "of 1 to 15 characters (e.g. if:net1)",
+			    SC_VALUE_SHOWN, v);
 		*out = strdup(v);
 		return *out ? 0 : sc_err_set(err, SC_INTERNAL, "out of memory");
 	}

@@ -35,8 +35,8 @@ int sc_ifaddr_lookup(const char *ifname, char *out, size_t cap, struct sc_err *e
 {
 	struct ifaddrs *all = NULL;
 	if (getifaddrs(&all) != 0)
-		return sc_err_set(err, SC_INTERNAL, "--advertise if:%s: cannot list the interfaces: %m",
-				  ifname);
+		return sc_err_set(err, SC_INTERNAL,
+				  "--advertise if:%s: cannot list the interfaces: %m", ifname);
 	bool seen = false;
 	const struct sockaddr_in *v4 = NULL;
 	const struct sockaddr_in6 *v6 = NULL;
@@ -67,20 +67,23 @@ int sc_ifaddr_lookup(const char *ifname, char *out, size_t cap, struct sc_err *e
 	}
 	int rc = 0;
 	if (!seen) {
-		rc = sc_err_set(err, SC_NOT_FOUND,
-				"--advertise if:%s: there is no network interface \"%s\" here (there "
-				"are: %s); name one of them, or attach the network (Multus, DRA) "
-				"that creates it",
-				ifname, ifname, names[0] ? names : "none");
+		rc = sc_err_set(
+		    err, SC_NOT_FOUND,
+		    "--advertise if:%s: there is no network interface \"%s\" here (there "
+		    "are: %s); name one of them, or attach the network (Multus, DRA) "
+		    "that creates it",
+		    ifname, ifname, names[0] ? names : "none");
 	} else if (!v4 && !v6) {
-		rc = sc_err_set(err, SC_FAILED_PRECONDITION,
-				"--advertise if:%s: the interface has no IPv4 address and no IPv6 "
-				"address other than link-local; give it one (ip addr add ... dev %s)",
-				ifname, ifname);
+		rc = sc_err_set(
+		    err, SC_FAILED_PRECONDITION,
+		    "--advertise if:%s: the interface has no IPv4 address and no IPv6 "
+		    "address other than link-local; give it one (ip addr add ... dev %s)",
+		    ifname, ifname);
 	} else if (!inet_ntop(v4 ? AF_INET : AF_INET6,
 			      v4 ? (const void *)&v4->sin_addr : (const void *)&v6->sin6_addr, out,
 			      (socklen_t)cap)) {
-		rc = sc_err_set(err, SC_INTERNAL, "--advertise if:%s: address does not fit", ifname);
+		rc =
+		    sc_err_set(err, SC_INTERNAL, "--advertise if:%s: address does not fit", ifname);
 	}
 	freeifaddrs(all);
 	return rc;

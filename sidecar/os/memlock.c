@@ -64,7 +64,7 @@ void sc_memlock_assess(bool rdma, uint64_t max_total_region_bytes, struct sc_mem
 	out->limit = lim(rl.rlim_cur);
 	out->hard = lim(rl.rlim_max);
 	out->cap_ipc_lock = has_cap_ipc_lock();
-	out->needed = !rdma				? 0
+	out->needed = !rdma			    ? 0
 		      : max_total_region_bytes == 0 ? UINT64_MAX
 						    : max_total_region_bytes + SC_MEMLOCK_OVERHEAD;
 	char have[32], need[32];
@@ -85,12 +85,13 @@ void sc_memlock_assess(bool rdma, uint64_t max_total_region_bytes, struct sc_mem
 			 "limit does not apply",
 			 have, need);
 	} else {
-		snprintf(out->detail, sizeof(out->detail),
-			 "memlock %s is below the %s RDMA may pin (%s): registering regions will "
-			 "fail with ENOMEM once they pass it; raise it (systemd LimitMEMLOCK=infinity, "
-			 "the container runtime's memlock ulimit, docker --ulimit memlock=-1)",
-			 have, need,
-			 max_total_region_bytes ? "--max-total-region-bytes plus 64 MiB"
-						: "no --max-total-region-bytes cap");
+		snprintf(
+		    out->detail, sizeof(out->detail),
+		    "memlock %s is below the %s RDMA may pin (%s): registering regions will "
+		    "fail with ENOMEM once they pass it; raise it (systemd LimitMEMLOCK=infinity, "
+		    "the container runtime's memlock ulimit, docker --ulimit memlock=-1)",
+		    have, need,
+		    max_total_region_bytes ? "--max-total-region-bytes plus 64 MiB"
+					   : "no --max-total-region-bytes cap");
 	}
 }

@@ -16,11 +16,11 @@
 #define SC_MEMLOCK_OVERHEAD (64ull << 20)
 
 struct sc_memlock {
-	uint64_t limit;    /* the soft RLIMIT_MEMLOCK in bytes; UINT64_MAX: unlimited */
-	uint64_t hard;     /* the hard one */
+	uint64_t limit;	   /* the soft RLIMIT_MEMLOCK in bytes; UINT64_MAX: unlimited */
+	uint64_t hard;	   /* the hard one */
 	uint64_t needed;   /* what the RDMA backends need; UINT64_MAX: unlimited; 0: no RDMA */
 	bool cap_ipc_lock; /* the process may pin beyond the limit (CAP_IPC_LOCK effective) */
-	bool enough;       /* limit >= needed, or cap_ipc_lock, or no RDMA backend */
+	bool enough;	   /* limit >= needed, or cap_ipc_lock, or no RDMA backend */
 	char detail[320];  /* one line saying so, and what to do when it is not enough */
 };
 

@@ -184,14 +184,14 @@ struct sc_peer_server {
 	char listen_addr[SC_MAX_ENDPOINTS][300];
 	/* What peers dial, in --data-listen order: "host:port" text in a struct ps_endpoint. An
 	 * --advertise if:NAME entry (adv_if[i] non-empty) is re-resolved by the accept thread every
-	 * IF_CHECK_MS; a change swaps the pointer, and the old text stays allocated (on `endpoints`)
-	 * until destroy, so a reader's pointer is never freed under it. */
+	 * IF_CHECK_MS; a change swaps the pointer, and the old text stays allocated (on
+	 * `endpoints`) until destroy, so a reader's pointer is never freed under it. */
 	_Atomic(struct ps_endpoint *) endpoint[SC_MAX_ENDPOINTS];
-	struct ps_endpoint *endpoints;          /* every text ever current; freed at destroy */
-	char adv_if[SC_MAX_ENDPOINTS][16];      /* the interface of if:NAME entries, else "" */
-	uint16_t bound_port[SC_MAX_ENDPOINTS];  /* the data port of each endpoint */
-	uint64_t last_if_check_mono_ms;         /* accept thread only */
-	bool if_missing[SC_MAX_ENDPOINTS];      /* accept thread only: said once per loss */
+	struct ps_endpoint *endpoints;	       /* every text ever current; freed at destroy */
+	char adv_if[SC_MAX_ENDPOINTS][16];     /* the interface of if:NAME entries, else "" */
+	uint16_t bound_port[SC_MAX_ENDPOINTS]; /* the data port of each endpoint */
+	uint64_t last_if_check_mono_ms;	       /* accept thread only */
+	bool if_missing[SC_MAX_ENDPOINTS];     /* accept thread only: said once per loss */
 	pthread_t accept_thread;
 	bool started, accept_started;
 	atomic_bool stopping;

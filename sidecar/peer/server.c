@@ -244,7 +244,8 @@ static void follow_interfaces(struct sc_peer_server *srv)
 		const char *old = atomic_load(&srv->endpoint[i])->text;
 		if (strcmp(old, text) == 0)
 			continue;
-		SC_INFO("peer", "--advertise if:%s: the address changed, peers are now told %s (was %s)",
+		SC_INFO("peer",
+			"--advertise if:%s: the address changed, peers are now told %s (was %s)",
 			srv->adv_if[i], text, old);
 		if (set_endpoint(srv, i, text) != 0)
 			SC_WARN("peer", "out of memory following if:%s", srv->adv_if[i]);
@@ -364,16 +365,18 @@ static int listen_one(struct sc_peer_server *srv, size_t i, const char *listen_t
 	}
 	char text[sizeof(((struct ps_endpoint *)0)->text)];
 	if (!join_hostport(text, sizeof(text), adv ? adv : host, bound))
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "%s \"%s\" is too long for a data endpoint (at most %zu characters "
-				  "with the port)",
-				  given ? "--advertise" : "--data-listen host", adv ? adv : host,
-				  sizeof(text) - 1);
+		return sc_err_set(
+		    err, SC_INVALID_ARGUMENT,
+		    "%s \"%s\" is too long for a data endpoint (at most %zu characters "
+		    "with the port)",
+		    given ? "--advertise" : "--data-listen host", adv ? adv : host,
+		    sizeof(text) - 1);
 	if (set_endpoint(srv, i, text) != 0)
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 	if (srv->adv_if[i][0])
-		SC_INFO("peer", "data listener on %s, advertised as %s (the address of interface %s, "
-				"followed when it changes)",
+		SC_INFO("peer",
+			"data listener on %s, advertised as %s (the address of interface %s, "
+			"followed when it changes)",
 			listen_text, text, srv->adv_if[i]);
 	else
 		SC_INFO("peer", "data listener on %s, advertised as %s", listen_text, text);

@@ -71,7 +71,8 @@ TEST(interface_lookup)
 	CHECK_STR_EQ(host, "127.0.0.1");
 	CHECK_INT_EQ(sc_ifaddr_lookup("nosuch0", host, sizeof(host), &err), -1);
 	CHECK_INT_EQ(err.code, SC_NOT_FOUND);
-	CHECK_STR_CONTAINS(err.msg, "there is no network interface \"nosuch0\" here (there are: lo");
+	CHECK_STR_CONTAINS(err.msg,
+			   "there is no network interface \"nosuch0\" here (there are: lo");
 	CHECK(sc_ifname_valid("net1"));
 	CHECK(!sc_ifname_valid(""));
 	CHECK(!sc_ifname_valid("a/b"));
@@ -79,4 +80,5 @@ TEST(interface_lookup)
 	CHECK(!sc_ifname_valid(".."));
 }
 
-RUN_TESTS(T(no_rdma_needs_nothing), T(too_low_for_rdma_is_said_with_what_to_raise), T(interface_lookup))
+RUN_TESTS(T(no_rdma_needs_nothing), T(too_low_for_rdma_is_said_with_what_to_raise),
+	  T(interface_lookup))
