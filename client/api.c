@@ -366,6 +366,33 @@ int rsc_get_info_rails(rsc_client *c, rsc_info *info, rsc_info_rails *rails, rsc
 	return RSC_OK;
 }
 
+int rsc_get_info_limits(rsc_client *c, rsc_info_limits *out, rsc_status *st)
+{
+	if (!out)
+		return rsc_fail(st, RSC_INVALID_ARGUMENT, "rsc_get_info_limits: out is NULL");
+	ProtobufCMessage *resp = NULL;
+	int rc = get_info_call(c, &resp, st);
+	if (rc != RSC_OK)
+		return rc;
+	const RdmaSidecar__V1__SidecarInfo *m = (const void *)resp;
+	memset(out, 0, sizeof(*out));
+	out->open_files_limit = m->open_files_limit;
+	out->memlock_limit = m->memlock_limit;
+	out->memlock_needed = m->memlock_needed;
+	out->memlock_enough = m->memlock_enough;
+	out->memlock_detail = sdup(m->memlock_detail);
+	protobuf_c_message_free_unpacked(resp, NULL);
+	return RSC_OK;
+}
+
+void rsc_info_limits_clear(rsc_info_limits *out)
+{
+	if (!out)
+		return;
+	free(out->memlock_detail);
+	memset(out, 0, sizeof(*out));
+}
+
 int rsc_health_check(rsc_client *c, const char *service, int *serving, rsc_status *st)
 {
 	Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;

@@ -26,7 +26,8 @@ build=(build-essential cmake pkg-config git
        python3-yaml   # test_deploy_manifests.py reads the rendered manifests
        mkdocs mkdocs-material   # the documentation site (docs/, mkdocs.yml; ctest docs.site)
        help2man   # the man pages rdma-sidecar(8) and rdma-sidecar-ctl(1) (build/man; ctest docs.man)
-       podman mmdebstrap)  # scripts/build-image.sh and the image test (tests/image)
+       dpkg-dev   # dpkg-shlibdeps: scripts/build-deb.sh computes the .deb's Depends
+       podman mmdebstrap)  # scripts/build-image.sh and the image test (tests/image); the .deb test (tests/packaging)
 # The Soft-RoCE VM test and the benchmarks.
 vm=(qemu-system-x86 busybox-static kmod cpio perftest iperf3 ucx-utils)
 

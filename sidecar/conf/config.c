@@ -224,10 +224,11 @@ static const struct sc_option sc_options[] = {
 	 .help = "where peer sidecars connect; port 0 = ephemeral; a comma list (up to 4) serves "
 		 "on each, one TCP path (rail) per interface",
 	 .def = "0.0.0.0:0"},
-	{.id = OPT_ADVERTISE, .name = "advertise", .arg = ARG_REQUIRED, .value = "HOST[,...]",
+	{.id = OPT_ADVERTISE, .name = "advertise", .arg = ARG_REQUIRED, .value = "HOST|if:NAME[,...]",
 	 .group = "Data plane",
 	 .help = "address peers dial, put into metadata; a comma list: one per --data-listen "
-		 "endpoint, same order",
+		 "endpoint, same order; if:NAME (e.g. if:net1) takes the address of network "
+		 "interface NAME at start and follows it when it changes",
 	 .def = "derived from the data listener"},
 	{.id = OPT_BACKENDS, .name = "backends", .arg = ARG_REQUIRED, .value = "LIST",
 	 .group = "Data plane",
@@ -492,11 +493,29 @@ static int check_grpc_addr(const char *v, struct sc_err *err)
 			  SC_VALUE_SHOWN, v);
 }
 
-/* HOST without port: a hostname, an IPv4 address, or an IPv6 address with or without brackets. */
+/* HOST without port: a hostname, an IPv4 address, or an IPv6 address with or without brackets;
+ * or if:NAME, a network interface whose address the data plane resolves at start and follows
+ * (peer/server.c with net/ifaddr.c; here only the name's syntax is checked). */
 static int check_advertise(const char *v, char **out, struct sc_err *err)
 {
 	size_t n = strlen(v);
 	const char *h = v;
+	if (strncmp(v, "if:", 3) == 0) {
+		const char *name = v + 3;
+		size_t len = n - 3;
+		bool ok = len > 0 && len < 16 && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+		for (size_t i = 0; ok && i < len; i++)
+			ok = name[i] != '/' && name[i] != ':' && (unsigned char)name[i] > ' ' &&
+			     (unsigned char)name[i] < 0x7f;
+		if (!ok)
+			return sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "\"%.*s\": expected if:NAME with a network interface name "
+			    "of 1 to 15 characters (e.g. if:net1)",
+			    SC_VALUE_SHOWN, v);
+		*out = strdup(v);
+		return *out ? 0 : sc_err_set(err, SC_INTERNAL, "out of memory");
+	}
 	if (n >= 2 && v[0] == '[' && v[n - 1] == ']') {
 		h = v + 1;
 		n -= 2;

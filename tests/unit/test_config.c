@@ -767,6 +767,17 @@ TEST(error_other_values)
 		     "--data-listen", "a:1,b:2,c:3,d:4,e:5");
 	EXPECT_ERROR(no_env, "--data-listen \"b\": missing port", "--data-listen", "a:1,b");
 	EXPECT_ERROR(no_env, "--advertise \"a b\": expected a hostname", "--advertise", "x,a b");
+	/* if:NAME: an interface, resolved by the data listener (net/ifaddr.c); here the name's
+	 * syntax */
+	EXPECT_OK(&c, no_env, "--data-listen", "0.0.0.0:7000,0.0.0.0:7001", "--advertise",
+		  "if:net1,10.0.1.1");
+	CHECK_STR_EQ(c.advertise, "if:net1,10.0.1.1");
+	sc_config_free(&c);
+	EXPECT_ERROR(no_env, "--advertise \"if:\": expected if:NAME with a network interface name",
+		     "--advertise", "if:");
+	EXPECT_ERROR(no_env, "--advertise \"if:a/b\": expected if:NAME", "--advertise", "if:a/b");
+	EXPECT_ERROR(no_env, "--advertise \"if:0123456789abcdef\": expected if:NAME", "--advertise",
+		     "if:0123456789abcdef");
 }
 
 TEST(nats_url)

@@ -10,6 +10,7 @@ and deregisters the regions, so nothing stays allocated in the sidecar after a f
 import asyncio
 import dataclasses
 import enum
+import logging
 import mmap
 import os
 import time
@@ -25,6 +26,38 @@ from .memory import (Descriptor, NotInRegionError, Region, as_descriptors, buffe
 
 DEFAULT_ADDRESS = "unix:/tmp/rdma-sidecar/sidecar.sock"
 ADDRESS_ENV = "RDMA_SIDECAR_ADDR"
+# Seconds the first call waits for a sidecar that is not up yet (a worker started before it).
+WAIT_ENV = "RDMA_SIDECAR_WAIT_FOR_READY"
+# A failed connection is tried again after 0.1 s, then at most 1 s apart (gRPC's default backs off
+# from 1 s to 120 s): the sidecar is local and an attempt is cheap, so a worker waiting for it sees
+# it within a second of it coming up.
+CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", 1000)]
+_log = logging.getLogger("rdma_sidecar")
+
+
+def wait_for_ready_default(value: Optional[float]) -> float:
+    """wait_for_ready as given, else $RDMA_SIDECAR_WAIT_FOR_READY, else 0 (no waiting)."""
+    where = "wait_for_ready"
+    if value is None:
+        env = os.environ.get(WAIT_ENV, "").strip()
+        if not env:
+            return 0.0
+        where = WAIT_ENV
+        try:
+            value = float(env)
+        except ValueError:
+            raise ValueError("%s=%r: not a number of seconds (e.g. 30)" % (WAIT_ENV, env)) from None
+    if not value >= 0:
+        raise ValueError("%s must be >= 0 seconds, not %r" % (where, value))
+    return float(value)
+
+
+def not_ready_error(address: str, waited: float) -> errors.UnavailableError:
+    return errors.UnavailableError(
+        grpc.StatusCode.UNAVAILABLE,
+        "the sidecar at %s was not ready after waiting %.1f s: is it running, and is the address right? "
+        "(address= or %s; wait longer with wait_for_ready= or %s)" % (address, waited, ADDRESS_ENV, WAIT_ENV))
 
 
 
@@ -397,11 +430,18 @@ class Connector:
     """The client of this worker's own sidecar (asyncio; rdma_sidecar.sync.Connector blocks).
 
     address: a gRPC target ("unix:/path" or "host:port"); default $RDMA_SIDECAR_ADDR, else
-    unix:/tmp/rdma-sidecar/sidecar.sock. rpc_timeout: seconds each unary call may take."""
+    unix:/tmp/rdma-sidecar/sidecar.sock. rpc_timeout: seconds each unary call may take.
+    wait_for_ready: seconds the first call waits for a sidecar that is not up yet (failed
+    connections retried at most 1 s apart; a warning on the "rdma_sidecar" logger says it waits);
+    default $RDMA_SIDECAR_WAIT_FOR_READY, else 0: a missing sidecar fails the call at once
+    (UnavailableError). When the time passes: UnavailableError naming the address and the wait."""
 
-    def __init__(self, address: Optional[str] = None, rpc_timeout: float = 30.0):
+    def __init__(self, address: Optional[str] = None, rpc_timeout: float = 30.0,
+                 wait_for_ready: Optional[float] = None):
         self.address = address or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
         self.rpc_timeout = rpc_timeout
+        self.wait_for_ready = wait_for_ready_default(wait_for_ready)
+        self._ready = self.wait_for_ready == 0
         self._channel: Any = None
         self._stub_obj: Any = None
         self._regions: Dict[str, Region] = {}
@@ -415,11 +455,34 @@ class Connector:
             loop = asyncio.get_running_loop()
             if loop.get_exception_handler() is None:
                 quiet_grpc_poller(loop)
-            self._channel = grpc.aio.insecure_channel(self.address)
+            self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
             self._stub_obj = pb_grpc.SidecarStub(self._channel)
         return self._stub_obj
 
+    async def _channel_ready(self, timeout: float) -> bool:
+        """Whether the channel connects within `timeout` seconds (failed attempts retried)."""
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def wait_ready(self, timeout: Optional[float] = None) -> None:
+        """Waits up to `timeout` seconds (default: wait_for_ready) for the sidecar to accept a
+        connection; UnavailableError (naming the address and the wait) when the time passes.
+        Calls do this by themselves the first time when wait_for_ready is set."""
+        t = self.wait_for_ready if timeout is None else float(timeout)
+        self._stub()
+        start = time.monotonic()
+        if not await self._channel_ready(min(0.2, t)):
+            _log.warning("rdma_sidecar: waiting up to %.1f s for the sidecar at %s", t, self.address)
+            if not await self._channel_ready(max(0.0, t - (time.monotonic() - start))):
+                raise not_ready_error(self.address, time.monotonic() - start)
+        self._ready = True
+
     async def _call(self, method: str, req: Any, timeout: Optional[float] = None) -> Any:
+        if not self._ready:
+            await self.wait_ready()
         try:
             return await getattr(self._stub(), method)(req, timeout=timeout or self.rpc_timeout)
         except grpc.aio.AioRpcError as e:
@@ -427,6 +490,8 @@ class Connector:
 
     async def _unary(self, path: str, req: Any, resp_cls: Any) -> Any:
         """A unary call outside the Sidecar service (the health check)."""
+        if not self._ready:
+            await self.wait_ready()
         self._stub()
         call = self._channel.unary_unary(path, request_serializer=type(req).SerializeToString,
                                          response_deserializer=resp_cls.FromString)

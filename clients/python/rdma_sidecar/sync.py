@@ -38,11 +38,22 @@ class _Core(_aio.Connector):
 
     def _stub(self) -> Any:
         if self._stub_obj is None:
-            self._channel = grpc.insecure_channel(self.address)
+            self._channel = grpc.insecure_channel(self.address, options=_aio.CHANNEL_OPTIONS)
             self._stub_obj = pb_grpc.SidecarStub(self._channel)
         return self._stub_obj
 
+    async def _channel_ready(self, timeout: float) -> bool:
+        fut = grpc.channel_ready_future(self._channel)
+        try:
+            fut.result(timeout=timeout)
+            return True
+        except grpc.FutureTimeoutError:
+            fut.cancel()
+            return False
+
     async def _call(self, method: str, req: Any, timeout: Optional[float] = None) -> Any:
+        if not self._ready:
+            await self.wait_ready()
         try:
             return getattr(self._stub(), method)(req, timeout=timeout or self.rpc_timeout)
         except grpc.RpcError as e:
@@ -50,6 +61,8 @@ class _Core(_aio.Connector):
 
     async def _unary(self, path: str, req: Any, resp_cls: Any) -> Any:
         self._stub()
+        if not self._ready:
+            await self.wait_ready()
         call = self._channel.unary_unary(path, request_serializer=type(req).SerializeToString,
                                          response_deserializer=resp_cls.FromString)
         try:
@@ -203,11 +216,19 @@ class Connector:
     """The blocking client of this worker's own sidecar; methods as rdma_sidecar.Connector's.
 
     address: default $RDMA_SIDECAR_ADDR, else unix:/tmp/rdma-sidecar/sidecar.sock. Use one
-    Connector from one thread at a time (several threads: one Connector each)."""
+    Connector from one thread at a time (several threads: one Connector each). wait_for_ready:
+    seconds the first call waits for a sidecar that is not up yet (default
+    $RDMA_SIDECAR_WAIT_FOR_READY, else 0), as the asyncio Connector's."""
 
-    def __init__(self, address: Optional[str] = None, rpc_timeout: float = 30.0):
-        self.aio = _Core(address, rpc_timeout)
+    def __init__(self, address: Optional[str] = None, rpc_timeout: float = 30.0,
+                 wait_for_ready: Optional[float] = None):
+        self.aio = _Core(address, rpc_timeout, wait_for_ready)
         self.address = self.aio.address
+
+    def wait_ready(self, timeout: Optional[float] = None) -> None:
+        """Blocks up to `timeout` seconds (default: wait_for_ready) until the sidecar accepts a
+        connection; UnavailableError naming the address and the wait when the time passes."""
+        _drive(self.aio.wait_ready(timeout))
 
     def close(self) -> None:
         """Releases operations, ends subscriptions, deregisters regions, closes the channel."""
