@@ -32,7 +32,7 @@ SRC = os.path.abspath(os.environ.get("SC_SOURCE_DIR", os.path.join(HERE, "..", "
 CACHE = os.path.join(SRC, "build", "deb", "cache")
 BASE = os.environ.get("SC_DEB_BASE", os.path.join(CACHE, "bookworm-minbase.tar"))
 SKIP = 77
-SOCK = "/run/rdma-sidecar/sidecar.sock"
+SOCK = "/run/rdma-sidecar/sock/sidecar.sock"
 
 
 def skip(why):
