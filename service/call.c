@@ -130,10 +130,30 @@ void sc_call_ref(struct sc_call *c)
 	atomic_fetch_add(&c->refs, 1);
 }
 
+void sc_call_arrived(struct sc_call *c, size_t method_index)
+{
+	c->method_index = method_index;
+	c->arrived_ns = sc_engine_clock_ns();
+	sc_engine_grpc_call_started(c->svc->eng, method_index);
+}
+
+/* The call is over (its last reference went): the status the client saw (CANCELLED when it left
+ * or the status could not be sent) and how long since arrival. */
+static void count_handled(struct sc_call *c)
+{
+	enum sc_status code = c->final_code;
+	if (atomic_load(&c->cancelled) || c->cancelled_flag || !c->answered)
+		code = SC_CANCELLED;
+	sc_engine_grpc_call_done(c->svc->eng, c->method_index, code,
+				 sc_engine_clock_ns() - c->arrived_ns);
+}
+
 void sc_call_unref(struct sc_call *c)
 {
 	if (atomic_fetch_sub(&c->refs, 1) != 1)
 		return;
+	if (c->arrived_ns)
+		count_handled(c);
 	if (c->state_free)
 		c->state_free(c->state);
 	while (c->q_head) {

@@ -59,7 +59,8 @@ class MetricsTest(SidecarTest):
             m = SAMPLE.match(line)
             self.assertTrue(m, "not a sample line: %r" % line)
             name, labels, value = m.groups()
-            self.assertTrue(name.startswith("rdma_sidecar_"), line)
+            # The sidecar's own families, and the standard ones operators' dashboards expect.
+            self.assertTrue(name.startswith(("rdma_sidecar_", "process_", "grpc_server_")), line)
             self.assertIn(name, typed, "sample without HELP/TYPE: " + line)
             if typed[name] == "counter":
                 self.assertTrue(name.endswith("_total"), line)
