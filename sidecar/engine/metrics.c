@@ -77,6 +77,11 @@ static const char *const grpc_code_name[N_GRPC_CODES] = {
 /* Method slots: the registered ones, then one for every unknown method. */
 #define N_METHOD_SLOTS (SC_METRICS_MAX_METHODS + 1)
 static const char *const js_op_label[SC_JS_NUM_OPS] = {"setup", "store", "read"};
+static const char *const fallback_label[SC_FALLBACK_NUM_REASONS] = {
+    [SC_FALLBACK_PEER_LACKS] = "peer_lacks",
+    [SC_FALLBACK_UNAVAILABLE] = "unavailable",
+    [SC_FALLBACK_GPU_UNREACHABLE] = "gpu_unreachable",
+    [SC_FALLBACK_FAILED_MID_TRANSFER] = "failed_mid_transfer"};
 static const char *const md_source_label[SC_MD_NUM_SOURCES] = {"begin", "bus"};
 
 struct sc_metrics {
@@ -105,6 +110,7 @@ struct sc_metrics {
 	atomic_uint_fast64_t fast_bucket[N_FAST_BUCKETS + 1];
 	atomic_uint_fast64_t fast_sum_ns;
 	atomic_uint_fast64_t js_errors[SC_JS_NUM_OPS];
+	atomic_uint_fast64_t fallbacks[SC_NUM_BACKENDS][SC_NUM_BACKENDS][SC_FALLBACK_NUM_REASONS];
 };
 
 /* Label values, lower case as Prometheus labels usually are. */
@@ -254,6 +260,14 @@ void sc_metrics_fast_run_time(struct sc_metrics *m, uint64_t ns)
 	size_t b = bucket_of(fast_bounds, N_FAST_BUCKETS, (double)ns / 1e9);
 	atomic_fetch_add_explicit(&m->fast_bucket[b], 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&m->fast_sum_ns, ns, memory_order_relaxed);
+}
+
+void sc_metrics_fallback(struct sc_metrics *m, enum sc_backend_kind from, enum sc_backend_kind to,
+			 enum sc_fallback_reason why)
+{
+	if (m && backend_ok(from) && backend_ok(to) && (int)why >= 0 &&
+	    why < SC_FALLBACK_NUM_REASONS)
+		atomic_fetch_add_explicit(&m->fallbacks[from][to][why], 1, memory_order_relaxed);
 }
 
 void sc_metrics_jetstream_error(struct sc_metrics *m, enum sc_js_op op)
@@ -700,6 +714,29 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 				"rdma_sidecar_bytes_total{direction=\"%s\",backend=\"%s\"} %llu\n",
 				dir_label[d], sc_backend_name(real_backend(i)),
 				(unsigned long long)get(&m->bytes[d][real_backend(i)]));
+
+	/* Every reason from each faster backend to TCP at zero from the start (the alert and the
+	 * dashboard need the series); other pairs once they happen. */
+	family(f, "rdma_sidecar_backend_fallbacks_total", "counter",
+	       "Active operations that moved to a slower backend than a configured faster one, by "
+	       "from, to and reason: peer_lacks (the issuer does not offer it), unavailable (not "
+	       "usable here), gpu_unreachable (the NIC cannot reach the GPU memory), "
+	       "failed_mid_transfer.");
+	for (int from = 0; from < SC_NUM_BACKENDS; from++)
+		for (int to = 0; to < SC_NUM_BACKENDS; to++)
+			for (int r = 0; r < SC_FALLBACK_NUM_REASONS; r++) {
+				uint64_t v = get(&m->fallbacks[from][to][r]);
+				bool listed = to == SC_BACKEND_TCP && from == SC_BACKEND_IBVERBS &&
+					      sc_backend_registry_find(SC_BACKEND_IBVERBS);
+				if (!v && !listed)
+					continue;
+				fprintf(f,
+					"rdma_sidecar_backend_fallbacks_total{from=\"%s\",to=\"%s\","
+					"reason=\"%s\"} %llu\n",
+					sc_backend_name((enum sc_backend_kind)from),
+					sc_backend_name((enum sc_backend_kind)to), fallback_label[r],
+					(unsigned long long)v);
+			}
 
 	render_histograms(f, m);
 	render_grpc(f, m);

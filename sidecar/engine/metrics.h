@@ -122,6 +122,22 @@ void sc_metrics_grpc_started(struct sc_metrics *m, size_t method);
  * (grpc_server_handled_total, grpc_server_handling_seconds). Any thread; NULL ok. */
 void sc_metrics_grpc_handled(struct sc_metrics *m, size_t method, int code, uint64_t ns);
 
+/* Why an active operation moved to a slower backend than a configured faster one
+ * (rdma_sidecar_backend_fallbacks_total{from,to,reason}): the faster one is usable here but the
+ * issuer does not offer it (peer_lacks), is configured but unusable here (unavailable), cannot
+ * reach the local GPU memory (gpu_unreachable), or failed during the transfer
+ * (failed_mid_transfer). */
+enum sc_fallback_reason {
+	SC_FALLBACK_PEER_LACKS,
+	SC_FALLBACK_UNAVAILABLE,
+	SC_FALLBACK_GPU_UNREACHABLE,
+	SC_FALLBACK_FAILED_MID_TRANSFER,
+	SC_FALLBACK_NUM_REASONS
+};
+/* An operation fell back from backend `from` to `to`. Any thread, lock-free; NULL ok. */
+void sc_metrics_fallback(struct sc_metrics *m, enum sc_backend_kind from, enum sc_backend_kind to,
+			 enum sc_fallback_reason why);
+
 /* ---- the fast path and NATS ------------------------------------------------------------------ */
 
 /* A fast-path run ended (complete or failed) ns after its entry was taken from the ring
