@@ -215,8 +215,12 @@ static const char *explain_slower(struct sc_engine *eng, struct sc_op *op,
 		} else {
 			snprintf(buf, cap, "%s unavailable here: %s", c->name,
 				 eng->backends[c->kind]->detail);
-			sc_metrics_fallback(eng->metrics, c->kind, pick->kind,
-					    SC_FALLBACK_UNAVAILABLE);
+			/* A fall back only where --backends asked for it: by default a
+			 * backend this host cannot use is not expected (a TCP-only host). */
+			if (c->kind == SC_BACKEND_IBVERBS &&
+			    (eng->cfg->backends & SC_BACKEND_BIT_IBVERBS))
+				sc_metrics_fallback(eng->metrics, c->kind, pick->kind,
+						    SC_FALLBACK_UNAVAILABLE);
 		}
 		return buf;
 	}

@@ -208,8 +208,12 @@ class PrometheusDashboardTest(SidecarTest):
         ca = CA(self.workdir, "cluster")
         keys = self.key_file()
         ports = {n: free_port() for n in ("a", "b")}
+        # b asks for ibverbs, which this host may not have: then its TCP transfers are fallbacks
+        # (reason "unavailable"), as an operator who wanted RDMA should see.
+        backends = {"a": [], "b": ["--backends", "tcp,ibverbs,local"]}
         sc = {n: self.sidecar(n, key_file=keys, nats_url=nats.url,
-                              extra=ca.peer_flags(n) + ["--metrics-listen", "127.0.0.1:%d" % ports[n]])
+                              extra=ca.peer_flags(n) + ["--metrics-listen", "127.0.0.1:%d" % ports[n]]
+                              + backends[n])
               for n in ("a", "b")}
         a, b = sc["a"], sc["b"]
         prom = Prometheus(self.workdir, ["127.0.0.1:%d" % ports[n] for n in ("a", "b")],
@@ -335,6 +339,16 @@ class PrometheusDashboardTest(SidecarTest):
             self.assertNotRegex(s["metric"]["rail"], r":\d+$", s["metric"])
         state = prom.query('rdma_sidecar_nats_connection_state == 1')["result"]
         self.assertEqual(sorted(s["metric"]["state"] for s in state), ["connected", "connected"])
+        ib = {x.backend: x for x in b.info().backends}[pb.BACKEND_IBVERBS]
+        fb = prom.query('sum(increase(rdma_sidecar_backend_fallbacks_total{reason="unavailable",instance="127.0.0.1:%d"}[5m]))'
+                        % ports["b"])
+        if not ib.available:  # 8 TCP transfers b began, each a fallback from ibverbs
+            self.assertGreater(finite_values(fb)[0], 4)
+            wait_until(lambda: any(x["labels"]["alertname"] == "RdmaSidecarTcpFallback"
+                                   and x["labels"]["instance"] == "127.0.0.1:%d" % ports["b"]
+                                   and x["state"] == "firing"
+                                   for x in http_json(prom.url + "/api/v1/alerts")["data"]["alerts"]),
+                       10 * SLOW, "RdmaSidecarTcpFallback to fire for b")
         # The alert rules load and evaluate against the real series without error.
         rules = http_json(prom.url + "/api/v1/rules")["data"]["groups"]
         got = {r["name"]: r for g in rules for r in g["rules"]}
