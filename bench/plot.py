@@ -39,25 +39,26 @@ def sweep(path, title, series, levels=(), note=""):
         sys.stderr.write("no plot: matplotlib is not installed (apt-get install python3-matplotlib; "
                          "scripts/install-deps.sh)\n")
         return None
-    fig, (bw, lat) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=90)
+    fig, (bw, lat) = plt.subplots(1, 2, figsize=(11, 4.8), dpi=85)
     sizes = sorted({s for ser in series for s in ser["sizes"]})
+    handles = {}  # one legend entry per series, below both panels (same colour on both)
     for ser in series:
         style = dict(linestyle="--", alpha=0.8, marker="x") if ser.get("baseline") else dict(marker="o")
+        color = None
         pts = [(s, g) for s, g in zip(ser["sizes"], ser["gbps"]) if g is not None]
         if pts:
-            line, = bw.plot([p[0] for p in pts], [p[1] for p in pts], label=ser["label"], **style)
-        else:
-            line = None
-        color = line.get_color() if line else None
+            line, = bw.plot([p[0] for p in pts], [p[1] for p in pts], **style)
+            color = line.get_color()
+            handles.setdefault(ser["label"], line)
         p50 = [(s, v) for s, v in zip(ser["sizes"], ser.get("p50_us") or []) if v is not None]
         if p50:
-            line2, = lat.plot([p[0] for p in p50], [p[1] for p in p50], label=ser["label"] + " p50",
-                              color=color, **style)
-            color = line2.get_color()
+            line, = lat.plot([p[0] for p in p50], [p[1] for p in p50], color=color, **style)
+            color = line.get_color()
+            handles.setdefault(ser["label"], line)
         p99 = [(s, v) for s, v in zip(ser["sizes"], ser.get("p99_us") or []) if v is not None]
         if p99:
-            lat.plot([p[0] for p in p99], [p[1] for p in p99], label=ser["label"] + " p99", color=color,
-                     linestyle=":", marker=".", alpha=0.7)
+            lat.plot([p[0] for p in p99], [p[1] for p in p99], color=color, linestyle=":", marker=".",
+                     alpha=0.6)
     for label, gbps in levels:
         if gbps:
             bw.axhline(gbps, linestyle="-.", linewidth=1, color="grey")
@@ -73,12 +74,14 @@ def sweep(path, title, series, levels=(), note=""):
         ax.set_xlabel("transfer size")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=6, loc="best")
-    bw.set_title("throughput", fontsize=9)
-    lat.set_title("latency as the caller sees it", fontsize=9)
+    bw.set_title("throughput (dash-dot: baselines' stream rates)", fontsize=9)
+    lat.set_title("latency as the caller sees it: p50 (solid), p99 (dotted)", fontsize=9)
     lat.set_yscale("log")
     fig.suptitle(title + ("\n" + note if note else ""), fontsize=9)
-    fig.tight_layout()
+    rows = (len(handles) + 3) // 4
+    fig.legend(list(handles.values()), list(handles.keys()), loc="lower center", ncol=4, fontsize=7,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.035 * rows + 0.02, 1, 1))
     fig.savefig(path, format="png")
     plt.close(fig)
     return path
