@@ -228,7 +228,7 @@ def main():
     if args.plot:
         import plot
         series, levels = plot.fast_series(res)
-        if plot.sweep(args.plot, "rdma-sidecar fast path and gRPC beside raw TCP ping-pong and ucx tag_lat, one run", series, levels, plot.run_note(res)):
+        if plot.sweep(args.plot, "rdma-sidecar fast path and gRPC (READ, 1 client) beside raw TCP ping-pong and ucx tag_lat, one run", series, levels, plot.run_note(res)):
             print("plot: %s" % os.path.abspath(args.plot))
 
 

@@ -115,11 +115,14 @@ def latency_series(res):
     return series, levels
 
 
-def fast_series(res):
-    """fast_path_bench.py's result: one series per path and client count; raw TCP and ucx are the
+def fast_series(res, direction="read", clients=1):
+    """fast_path_bench.py's result: one series per path (fast, fast-nospin, grpc, python-*) for one
+    direction and client count (24 lines would be unreadable); raw TCP and ucx are the
     baselines."""
     groups = {}
     for r in res["rows"]:
+        if r["direction"] != direction or r["clients"] != clients:
+            continue
         key = (r["path"], r["direction"], r["clients"])
         groups.setdefault(key, []).append(r)
     series = []
@@ -151,7 +154,8 @@ def main():
         title = "rdma-sidecar (C client, two sidecars) beside iperf3 and ucx_perftest, one run"
     else:
         series, levels = fast_series(res)
-        title = "rdma-sidecar fast path and gRPC beside raw TCP ping-pong and ucx tag_lat, one run"
+        title = ("rdma-sidecar fast path and gRPC (READ, 1 client) beside raw TCP ping-pong and ucx "
+                 "tag_lat, one run")
     if not sweep(args.output, title, series, levels, run_note(res)):
         sys.exit(1)
     print("plot: %s" % args.output)
