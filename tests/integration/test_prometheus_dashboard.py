@@ -357,6 +357,13 @@ class PrometheusDashboardTest(SidecarTest):
                                for g in http_json(prom.url + "/api/v1/rules")["data"]["groups"]
                                for r in g["rules"]), 10 * SLOW, "the alert rules to evaluate")
 
+        # A picture of the dashboard from this Prometheus, when asked for (docs/operations/img).
+        if os.environ.get("SC_DASHBOARD_PNG"):
+            r = subprocess.run([sys.executable, os.path.join(MON, "render-dashboard.py"), "--prometheus", prom.url,
+                                "-o", os.environ["SC_DASHBOARD_PNG"], "--range", "60", "--rate-interval",
+                                RATE_INTERVAL], capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
         # Every family the sidecars expose is in the metrics reference.
         with open(os.path.join(SRC, "docs", "reference", "metrics.md")) as f:
             doc = f.read()
