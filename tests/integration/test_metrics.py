@@ -5,7 +5,8 @@ counters after a LOCAL
 transfer and a cancelled operation, gauges while a transfer hangs during a drain, /healthz, 404 and
 405, IPv6, and a port in use as a start-up error (exit 2); the standard process_* and grpc_server_*
 families (calls counted by method and code, exactly, an unknown method and a stream the client
-left included), NATS state, and histogram bounds as plain decimals (le="10", never "1e+01")."""
+left included), NATS state and reconnects (a nats-server stopped and started again), and histogram
+bounds as plain decimals (le="10", never "1e+01")."""
 import time
 import os
 import re
@@ -248,6 +249,28 @@ class MetricsTest(SidecarTest):
         # The fast-path histogram exists (at zero) without a run.
         self.assertEqual(m[key("rdma_sidecar_fast_path_run_duration_seconds_count")], 0)
         self.assertEqual(m[key("rdma_sidecar_fast_path_run_duration_seconds_bucket", le="0.000005")], 0)
+
+    def test_nats_state_and_reconnects(self):
+        nats = self.nats()
+        s, port = self.metrics_sidecar("natsy", nats_url=nats.url)
+
+        def state():
+            m = self.scrape(port)
+            on = [k[1][0][1] for k, v in m.items() if k[0] == "rdma_sidecar_nats_connection_state" and v == 1]
+            self.assertEqual(len(on), 1, on)
+            return on[0], m
+        wait_until(lambda: state()[0] == "connected", 10 * SLOW, "NATS connected")
+        st, m = state()
+        self.assertEqual(m[key("rdma_sidecar_nats_reconnects_total")], 0)
+        out0 = m[key("rdma_sidecar_nats_messages_total", direction="out")]
+        nats.stop()
+        wait_until(lambda: state()[0] == "reconnecting", 10 * SLOW, "NATS reconnecting")
+        again = self.nats(port=nats.port)  # the same address: the sidecar finds it again
+        wait_until(lambda: state()[0] == "connected", 20 * SLOW, "NATS connected again")
+        st, m = state()
+        self.assertEqual(m[key("rdma_sidecar_nats_reconnects_total")], 1)
+        self.assertGreaterEqual(m[key("rdma_sidecar_nats_messages_total", direction="out")], out0)
+        again.stop()
 
     def test_http_paths_and_methods(self):
         s, port = self.metrics_sidecar("solo")
