@@ -7,13 +7,13 @@ transfer and a cancelled operation, gauges while a transfer hangs during a drain
 families (calls counted by method and code, exactly, an unknown method and a stream the client
 left included), NATS state and reconnects (a nats-server stopped and started again), and histogram
 bounds as plain decimals (le="10", never "1e+01")."""
-import time
 import os
 import re
 import signal
 import socket
 import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.request
 
