@@ -11,7 +11,9 @@
  * Threads: completions run on the completion-queue workers; handlers, engine/NATS/timer threads
  * answer on calls they hold a reference to (every sc_call_* is thread-safe, under the call's mu).
  * Owns each call's send queue, received buffers and handler state. Also the accessors handlers
- * use for the service (engine, config, health, listeners).
+ * use for the service (engine, config, health, listeners). Each call that arrived is counted for
+ * the metrics when its last reference goes, with the status the client saw and the time since
+ * arrival (the engine's grpc_server_* families).
  */
 #include "internal.h"
 #include "base/log.h"
