@@ -69,11 +69,10 @@ static const double fast_bounds[] = {0.000005, 0.00001, 0.000025, 0.00005, 0.000
 #define N_FAST_BUCKETS (sizeof(fast_bounds) / sizeof(fast_bounds[0]))
 #define N_GRPC_CODES 17 /* OK (0) .. UNAUTHENTICATED (16) */
 static const char *const grpc_code_name[N_GRPC_CODES] = {
-    "OK",		  "CANCELLED",	       "UNKNOWN",	   "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",  "NOT_FOUND",	       "ALREADY_EXISTS",   "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",	   "OUT_OF_RANGE",
-    "UNIMPLEMENTED",	  "INTERNAL",	       "UNAVAILABLE",	   "DATA_LOSS",
-    "UNAUTHENTICATED"};
+    "OK",	 "CANCELLED",	   "UNKNOWN",		"INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED",	 "OUT_OF_RANGE",   "UNIMPLEMENTED",	"INTERNAL",	      "UNAVAILABLE",
+    "DATA_LOSS", "UNAUTHENTICATED"};
 /* Method slots: the registered ones, then one for every unknown method. */
 #define N_METHOD_SLOTS (SC_METRICS_MAX_METHODS + 1)
 static const char *const js_op_label[SC_JS_NUM_OPS] = {"setup", "store", "read"};
@@ -99,7 +98,8 @@ struct sc_metrics {
 	atomic_uint_fast64_t size_bucket[N_DIRS][SC_NUM_BACKENDS][N_SIZE_BUCKETS + 1];
 	atomic_uint_fast64_t size_sum[N_DIRS][SC_NUM_BACKENDS];
 	atomic_uint_fast64_t md_rejected[SC_MD_NUM_SOURCES][SC_MD_NUM_REJECT];
-	/* gRPC: the methods named by sc_metrics_grpc_methods (n_methods of them), then "unknown". */
+	/* gRPC: the methods named by sc_metrics_grpc_methods (n_methods of them), then "unknown".
+	 */
 	const char *method_path[SC_METRICS_MAX_METHODS];
 	const char *method_type[SC_METRICS_MAX_METHODS];
 	size_t n_methods;
@@ -222,8 +222,10 @@ void sc_metrics_grpc_methods(struct sc_metrics *m, const char *const *paths,
 	if (!m)
 		return;
 	if (n > SC_METRICS_MAX_METHODS) {
-		SC_WARN("metrics", "%zu gRPC methods, %d counted by name; raise "
-				   "SC_METRICS_MAX_METHODS", n, SC_METRICS_MAX_METHODS);
+		SC_WARN("metrics",
+			"%zu gRPC methods, %d counted by name; raise "
+			"SC_METRICS_MAX_METHODS",
+			n, SC_METRICS_MAX_METHODS);
 		n = SC_METRICS_MAX_METHODS;
 	}
 	for (size_t i = 0; i < n; i++) {
@@ -375,8 +377,9 @@ static void render_histograms(FILE *f, struct sc_metrics *m)
 static void method_labels(struct sc_metrics *m, size_t slot, char *out, size_t cap)
 {
 	if (slot >= m->n_methods) {
-		snprintf(out, cap, "grpc_service=\"unknown\",grpc_method=\"unknown\","
-				   "grpc_type=\"unknown\"");
+		snprintf(out, cap,
+			 "grpc_service=\"unknown\",grpc_method=\"unknown\","
+			 "grpc_type=\"unknown\"");
 		return;
 	}
 	const char *path = m->method_path[slot];
@@ -439,8 +442,9 @@ static void render_process(FILE *f)
 {
 	struct sc_proc_stats ps;
 	sc_proc_stats(&ps);
-	family(f, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in "
-							   "seconds.");
+	family(f, "process_cpu_seconds_total", "counter",
+	       "Total user and system CPU time spent in "
+	       "seconds.");
 	fprintf(f, "process_cpu_seconds_total %.2f\n", ps.cpu_seconds);
 	family(f, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
 	fprintf(f, "process_resident_memory_bytes %llu\n", (unsigned long long)ps.resident_bytes);
@@ -730,12 +734,13 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 					      sc_backend_registry_find(SC_BACKEND_IBVERBS);
 				if (!v && !listed)
 					continue;
-				fprintf(f,
-					"rdma_sidecar_backend_fallbacks_total{from=\"%s\",to=\"%s\","
-					"reason=\"%s\"} %llu\n",
-					sc_backend_name((enum sc_backend_kind)from),
-					sc_backend_name((enum sc_backend_kind)to), fallback_label[r],
-					(unsigned long long)v);
+				fprintf(
+				    f,
+				    "rdma_sidecar_backend_fallbacks_total{from=\"%s\",to=\"%s\","
+				    "reason=\"%s\"} %llu\n",
+				    sc_backend_name((enum sc_backend_kind)from),
+				    sc_backend_name((enum sc_backend_kind)to), fallback_label[r],
+				    (unsigned long long)v);
 			}
 
 	render_histograms(f, m);

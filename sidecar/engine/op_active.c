@@ -289,8 +289,8 @@ static int choose_backend(struct sc_engine *eng, struct sc_op *op, enum sc_backe
 					 r->gpu, r->backend_note[SC_BACKEND_IBVERBS]);
 				why = buf;
 				pick = SC_BACKEND_TCP;
-				sc_metrics_fallback(eng->metrics, SC_BACKEND_IBVERBS, SC_BACKEND_TCP,
-						    SC_FALLBACK_GPU_UNREACHABLE);
+				sc_metrics_fallback(eng->metrics, SC_BACKEND_IBVERBS,
+						    SC_BACKEND_TCP, SC_FALLBACK_GPU_UNREACHABLE);
 				break;
 			}
 		}

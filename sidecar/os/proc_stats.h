@@ -10,13 +10,13 @@
 #include <stdint.h>
 
 struct sc_proc_stats {
-	double cpu_seconds;	    /* user + system CPU time */
-	uint64_t resident_bytes;    /* resident set size */
-	uint64_t virtual_bytes;	    /* virtual memory size */
-	uint64_t open_fds;	    /* entries of /proc/self/fd */
-	uint64_t max_fds;	    /* soft RLIMIT_NOFILE */
-	double start_time_seconds;  /* unix seconds the process started at */
-	uint64_t threads;	    /* threads of the process now */
+	double cpu_seconds;	   /* user + system CPU time */
+	uint64_t resident_bytes;   /* resident set size */
+	uint64_t virtual_bytes;	   /* virtual memory size */
+	uint64_t open_fds;	   /* entries of /proc/self/fd */
+	uint64_t max_fds;	   /* soft RLIMIT_NOFILE */
+	double start_time_seconds; /* unix seconds the process started at */
+	uint64_t threads;	   /* threads of the process now */
 };
 
 /* Fills *out; false when /proc/self/stat cannot be read (then *out holds what could be read,
