@@ -154,7 +154,7 @@ void sc_call_unref(struct sc_call *c)
 {
 	if (atomic_fetch_sub(&c->refs, 1) != 1)
 		return;
-	if (c->arrived_ns)
+	if (c->arrived_ns && !atomic_load(&c->svc->calls_uncounted))
 		count_handled(c);
 	if (c->state_free)
 		c->state_free(c->state);

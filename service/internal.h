@@ -94,6 +94,9 @@ struct sc_service {
 	struct sc_uds_acceptor *uds[SC_MAX_GRPC_LISTENERS];
 	size_t n_uds;
 	atomic_int live_calls;
+	/* Set once shutdown is over: a call freed later (the engine, and its metrics, may be gone)
+	 * is not counted. */
+	atomic_bool calls_uncounted;
 	/* Batches start under the read side; closing the queue takes the write side, so no batch
 	 * can start on a queue that is shut down (gRPC asserts on that). */
 	pthread_rwlock_t batch_lock;

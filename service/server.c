@@ -522,6 +522,7 @@ void sc_service_shutdown(struct sc_service *svc, uint64_t grace_ms)
 		pthread_join(svc->threads[i], NULL);
 	svc->n_threads = 0;
 	svc->started = false;
+	atomic_store(&svc->calls_uncounted, true);
 }
 
 /*
