@@ -197,6 +197,9 @@ static void read_gauges(void *ctx, struct sc_gauges *g)
 		c->not_after = eng->grpc_cert_not_after;
 	}
 	pthread_mutex_unlock(&eng->mu);
+	/* The bus exists from before the metrics serve until after they stop. */
+	g->nats_state = eng->bus ? sc_nats_bus_state(eng->bus) : "disabled";
+	sc_nats_bus_stats(eng->bus, &g->nats);
 	if (eng->peer_tls) {
 		struct sc_tls_cert_info ci;
 		sc_peer_tls_info(eng->peer_tls, &ci);
@@ -479,6 +482,34 @@ void sc_engine_fast_path_note(struct sc_engine *eng, enum sc_fast_event ev)
 {
 	if (eng && ev < SC_FAST_EVENTS)
 		atomic_fetch_add(&eng->fast_events[ev], 1);
+}
+
+void sc_engine_fast_path_run_time(struct sc_engine *eng, uint64_t ns)
+{
+	if (eng)
+		sc_metrics_fast_run_time(eng->metrics, ns);
+}
+
+void sc_engine_grpc_methods(struct sc_engine *eng, const char *const *paths,
+			    const char *const *types, size_t n)
+{
+	sc_metrics_grpc_methods(eng->metrics, paths, types, n);
+}
+
+void sc_engine_grpc_call_started(struct sc_engine *eng, size_t method)
+{
+	sc_metrics_grpc_started(eng->metrics, method);
+}
+
+void sc_engine_grpc_call_done(struct sc_engine *eng, size_t method, enum sc_status code,
+			      uint64_t ns)
+{
+	sc_metrics_grpc_handled(eng->metrics, method, (int)code, ns);
+}
+
+uint64_t sc_engine_clock_ns(void)
+{
+	return sc_metrics_clock_ns();
 }
 
 void sc_engine_set_grpc_certificate(struct sc_engine *eng, const char *serial, int64_t not_after)

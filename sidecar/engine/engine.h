@@ -58,6 +58,23 @@ int sc_engine_reload_tls(struct sc_engine *eng, struct sc_err *err);
 
 /* The fast path counts what happens to its sessions and runs (metrics). Any thread, lock-free. */
 void sc_engine_fast_path_note(struct sc_engine *eng, enum sc_fast_event ev);
+/* A fast-path run that began a transfer ended ns after its entry was taken (metrics). Any
+ * thread, lock-free. */
+void sc_engine_fast_path_run_time(struct sc_engine *eng, uint64_t ns);
+/* A monotonic clock in nanoseconds, for the timings reported here. */
+uint64_t sc_engine_clock_ns(void);
+
+/* The gRPC layer's calls, for the metrics (grpc_server_*). It names its methods once before
+ * serving (paths[i] "/package.Service/Method" and types[i] "unary", "client_stream",
+ * "server_stream" or "bidi_stream", strings that outlive the engine; index i below, any index
+ * >= n: an unknown method), then reports each call's arrival and its end with its status and the
+ * nanoseconds since arrival. Any thread, lock-free, except sc_engine_grpc_methods (main thread,
+ * before the first call). */
+void sc_engine_grpc_methods(struct sc_engine *eng, const char *const *paths,
+			    const char *const *types, size_t n);
+void sc_engine_grpc_call_started(struct sc_engine *eng, size_t method);
+void sc_engine_grpc_call_done(struct sc_engine *eng, size_t method, enum sc_status code,
+			      uint64_t ns);
 
 /* ---- info ------------------------------------------------------------------------------------ */
 

@@ -11,6 +11,7 @@
  * progress counting. Owns each active operation's struct sc_xfer.
  */
 #include "engine/internal.h"
+#include "engine/metrics.h"
 #include "engine/backend_registry.h"
 #include "base/log.h"
 #include "base/trace.h"
@@ -59,6 +60,7 @@ static int fall_back_locked(struct sc_engine *eng, struct sc_op *op, const char 
 	op->backend = SC_BACKEND_TCP;
 	op->be = tcp;
 	x->fallback_ok = false;
+	sc_metrics_fallback(eng->metrics, from, SC_BACKEND_TCP, SC_FALLBACK_FAILED_MID_TRANSFER);
 	atomic_store(&x->committed, false);
 	atomic_store(&op->bytes_done, 0);
 	for (size_t i = 0; i < SC_XFER_MAX_RAILS; i++) /* rail_bytes name the new backend's rails */
@@ -208,9 +210,17 @@ static const char *explain_slower(struct sc_engine *eng, struct sc_op *op,
 				 c->name, op->meta.issuer);
 			SC_WARN("op", "%s uses %s although %s is configured: %s", op->id,
 				pick->kind == SC_BACKEND_TCP ? "TCP" : pick->name, c->name, buf);
+			sc_metrics_fallback(eng->metrics, c->kind, pick->kind,
+					    SC_FALLBACK_PEER_LACKS);
 		} else {
 			snprintf(buf, cap, "%s unavailable here: %s", c->name,
 				 eng->backends[c->kind]->detail);
+			/* A fall back only where --backends asked for it: by default a
+			 * backend this host cannot use is not expected (a TCP-only host). */
+			if (c->kind == SC_BACKEND_IBVERBS &&
+			    (eng->cfg->backends & SC_BACKEND_BIT_IBVERBS))
+				sc_metrics_fallback(eng->metrics, c->kind, pick->kind,
+						    SC_FALLBACK_UNAVAILABLE);
 		}
 		return buf;
 	}
@@ -279,6 +289,8 @@ static int choose_backend(struct sc_engine *eng, struct sc_op *op, enum sc_backe
 					 r->gpu, r->backend_note[SC_BACKEND_IBVERBS]);
 				why = buf;
 				pick = SC_BACKEND_TCP;
+				sc_metrics_fallback(eng->metrics, SC_BACKEND_IBVERBS,
+						    SC_BACKEND_TCP, SC_FALLBACK_GPU_UNREACHABLE);
 				break;
 			}
 		}

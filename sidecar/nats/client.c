@@ -1089,3 +1089,14 @@ void sc_nats_bus_library_shutdown(void)
 	 * user) makes nats.c's handler find nothing to free, and OpenSSL's a no-op. */
 	OPENSSL_cleanup();
 }
+
+void sc_nats_bus_stats(struct sc_nats_bus *bus, struct sc_nats_bus_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	natsStatistics *st = NULL;
+	if (bus && bus->nc && natsStatistics_Create(&st) == NATS_OK &&
+	    natsConnection_GetStats(bus->nc, st) == NATS_OK)
+		(void)natsStatistics_GetCounts(st, &out->in_msgs, &out->in_bytes, &out->out_msgs,
+					       &out->out_bytes, &out->reconnects);
+	natsStatistics_Destroy(st);
+}
