@@ -9,6 +9,7 @@
  * engine's timer thread.
  */
 #include "handlers.h"
+#include "base/timer.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -290,6 +291,7 @@ void sc_h_wait_metadata(struct sc_call *c, ProtobufCMessage *req)
 	sc_err_clear(&err);
 	sc_call_ref(c); /* the wait's, dropped once it is over */
 	uint64_t sub_id = 0;
+	uint64_t t0 = sc_clock_mono_ms();
 	if (sc_bus_subscribe(eng, r->subject, NULL, on_wait_event, c, &sub_id, &err) != 0) {
 		sc_call_fail_err(c, &err);
 		sc_call_unref(c);
@@ -310,7 +312,8 @@ void sc_h_wait_metadata(struct sc_call *c, ProtobufCMessage *req)
 		sc_call_unref(c);
 		return;
 	}
-	w->timer_id = sc_engine_timer_add(eng, timeout, wait_deadline, c);
+	uint64_t spent = sc_clock_mono_ms() - t0; /* subscribing may wait out a NATS fail-over */
+	w->timer_id = sc_engine_timer_add(eng, timeout > spent ? timeout - spent : 0, wait_deadline, c);
 	pthread_mutex_unlock(&w->mu);
 	sc_call_on_cancel(c, wait_cancelled);
 }

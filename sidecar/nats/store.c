@@ -31,6 +31,8 @@ enum {
 	ROOT_MAX = 256,
 	MAX_MSG_SIZE = 512 * 1024, /* metadata text is at most 256 KiB */
 	DESTROY_DRAIN_MS = 2000,
+	DEFAULT_FAILOVER_MS = 15000,
+	RETRY_PAUSE_MS = 250,
 };
 #define DEFAULT_MAX_AGE_MS (7LL * 24 * 3600 * 1000)
 #define MAX_BYTES (1LL << 30)
@@ -43,6 +45,7 @@ struct sc_nats_store {
 	int replicas_opt;
 	int64_t max_age_ms;
 	int timeout_ms;
+	int failover_ms;
 
 	pthread_mutex_t mu; /* guards everything below */
 	pthread_cond_t cond;
@@ -345,7 +348,8 @@ int sc_nats_store_create(struct sc_nats_bus *bus, const struct sc_nats_store_opt
 					  "hold '.', '*', '>', '/', '\\\\', whitespace or control "
 					  "bytes (offset %zu)",
 					  name, i);
-	if (opts->replicas < 0 || opts->replicas > 5 || opts->max_age_ms < 0 || opts->timeout_ms < 0)
+	if (opts->replicas < 0 || opts->replicas > 5 || opts->max_age_ms < 0 || opts->timeout_ms < 0 ||
+	    opts->failover_ms < 0)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "NATS store: replicas 0-5, max age and timeout not negative");
 	struct sc_nats_store *st = calloc(1, sizeof(*st));
@@ -356,6 +360,7 @@ int sc_nats_store_create(struct sc_nats_bus *bus, const struct sc_nats_store_opt
 	st->replicas_opt = opts->replicas;
 	st->max_age_ms = opts->max_age_ms ? opts->max_age_ms : DEFAULT_MAX_AGE_MS;
 	st->timeout_ms = opts->timeout_ms ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
+	st->failover_ms = opts->failover_ms ? opts->failover_ms : DEFAULT_FAILOVER_MS;
 	jsOptions jo;
 	jsOptions_Init(&jo);
 	jo.Wait = st->timeout_ms;
@@ -421,8 +426,8 @@ static bool full_subject(struct sc_nats_store *st, const char *subject, char *bu
 	return n > 0 && (size_t)n < len;
 }
 
-int sc_nats_store_put(struct sc_nats_store *st, const char *subject, const void *data, size_t len,
-		      uint64_t *seq, struct sc_err *err)
+static int put_once(struct sc_nats_store *st, const char *subject, const void *data, size_t len,
+		    uint64_t *seq, struct sc_err *err)
 {
 	static const char what[] = "publish to";
 	static const char nothing[] = "nothing was stored";
@@ -461,6 +466,35 @@ int sc_nats_store_put(struct sc_nats_store *st, const char *subject, const void 
 		*seq = pa->Sequence;
 	jsPubAck_Destroy(pa);
 	return 0;
+}
+
+/* Transient failures (UNAVAILABLE: not connected, no answer while a cluster elects a new stream
+ * leader or the client moves to another node) are retried for failover_ms. */
+static bool retry_after(struct sc_nats_store *st, const struct sc_err *err, uint64_t until)
+{
+	if (!err || err->code != SC_UNAVAILABLE || sc_clock_mono_ms() + RETRY_PAUSE_MS > until)
+		return false;
+	SC_DEBUG(AREA, "retrying after: %s", err->msg);
+	struct timespec ts = {0, RETRY_PAUSE_MS * 1000 * 1000};
+	nanosleep(&ts, NULL);
+	(void)st;
+	return true;
+}
+
+int sc_nats_store_put(struct sc_nats_store *st, const char *subject, const void *data, size_t len,
+		      uint64_t *seq, struct sc_err *err)
+{
+	struct sc_err local;
+	if (!err)
+		err = &local;
+	uint64_t until = sc_clock_mono_after_ms((uint64_t)st->failover_ms);
+	for (;;) {
+		sc_err_clear(err);
+		if (put_once(st, subject, data, len, seq, err) == 0)
+			return 0;
+		if (!retry_after(st, err, until))
+			return -1;
+	}
 }
 
 struct watch {
@@ -517,8 +551,8 @@ static natsStatus open_watch(void *arg, natsConnection *nc, natsMsgHandler cb, v
 	return s;
 }
 
-int sc_nats_store_watch(struct sc_nats_store *st, const char *subject, sc_nats_store_fn fn,
-			void *ctx, uint64_t *sub_id, struct sc_err *err)
+static int watch_once(struct sc_nats_store *st, const char *subject, sc_nats_store_fn fn,
+		      void *ctx, uint64_t *sub_id, struct sc_err *err)
 {
 	if (!fn || !sub_id)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "watch: fn and sub_id are required");
@@ -548,6 +582,22 @@ int sc_nats_store_watch(struct sc_nats_store *st, const char *subject, sc_nats_s
 	pthread_mutex_unlock(&st->mu);
 	return sc_nats_sub_open(st->bus, subject, open_watch, w, on_stored, w, free_watch, sub_id,
 				err);
+}
+
+int sc_nats_store_watch(struct sc_nats_store *st, const char *subject, sc_nats_store_fn fn,
+			void *ctx, uint64_t *sub_id, struct sc_err *err)
+{
+	struct sc_err local;
+	if (!err)
+		err = &local;
+	uint64_t until = sc_clock_mono_after_ms((uint64_t)st->failover_ms);
+	for (;;) {
+		sc_err_clear(err);
+		if (watch_once(st, subject, fn, ctx, sub_id, err) == 0)
+			return 0;
+		if (!retry_after(st, err, until))
+			return -1;
+	}
 }
 
 static natsStatus open_queue(void *arg, natsConnection *nc, natsMsgHandler cb, void *closure,

@@ -34,6 +34,7 @@ struct sc_nats_store_opts {
 	int replicas;	    /* 0: 3 when the client knows >= 3 servers (a cluster), else 1 */
 	int64_t max_age_ms; /* a stored copy is removed after this at the latest; default 7 days */
 	int timeout_ms;	    /* each JetStream API request and publish; default 2000 */
+	int failover_ms;    /* put and watch retry UNAVAILABLE failures this long; default 15000 */
 };
 
 /* No I/O: the stream is looked up or created on first use, and again after a failure.
@@ -50,6 +51,8 @@ const char *sc_nats_store_stream(const struct sc_nats_store *st);
 /*
  * Store data as the latest message of subject (literal) and return once JetStream confirmed it
  * (replicated to a quorum on a cluster). *seq receives its stream sequence for forget.
+ * Transient failures (not connected, no answer: a cluster electing a new leader) are retried
+ * for failover_ms before UNAVAILABLE is returned.
  * Errors: INVALID_ARGUMENT (subject, size), UNAVAILABLE (not connected, no confirmation),
  * FAILED_PRECONDITION (JetStream off, no permission, the stream refused it).
  */
