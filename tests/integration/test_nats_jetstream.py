@@ -372,9 +372,12 @@ class DocsTwoWorkers(SidecarTest):
             out_w, out_r = finish(w, "writer"), finish(r, "reader")
             print("%s: writer %r, reader %r" % (order, out_w, out_r))
             self.assertEqual(out_w.strip(), "COMPLETE", order)
-            self.assertTrue(out_r.startswith("COMPLETE"), "%s: %r" % (order, out_r))
-            # The operation ended: the stored copy goes (so the next order starts clean).
+            self.assertEqual(out_r.strip(), "COMPLETE True", order)
+            # The operation ended: the stored copy goes, and so does the reader's consumer (so the
+            # next order starts clean).
             wait_until(lambda: raw.stored(subject) is None, 10 * SLOW, "the used copy to be removed")
+            wait_until(lambda: raw.stream_info().get("state", {}).get("consumer_count", 0) == 0, 10 * SLOW,
+                       "the reader's consumer to go")
 
 
 if __name__ == "__main__":
