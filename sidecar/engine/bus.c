@@ -17,6 +17,7 @@
  */
 #include "engine/internal.h"
 #include "base/log.h"
+#include "base/timer.h"
 #include "engine/metrics.h"
 #include "nats/client.h"
 #include "nats/store.h"
@@ -159,7 +160,7 @@ static void track_stored(struct sc_engine *eng, const char *op_id, uint64_t expi
 	uint64_t now = sc_clock_unix_ms();
 	uint64_t delay = expires_unix_ms > now ? expires_unix_ms - now : 0;
 	pthread_mutex_lock(&eng->mu);
-	rec->timer_id = sc_engine_timer_add(eng, delay, on_expired, rec);
+	rec->timer_id = sc_timers_add(eng->timers, sc_clock_mono_after_ms(delay), on_expired, rec);
 	pthread_mutex_unlock(&eng->mu);
 }
 
@@ -355,7 +356,7 @@ void sc_bus_stop(struct sc_engine *eng)
 		if (rec->watch_id)
 			sc_op_unwatch(eng, rec->watch_id);
 		if (rec->timer_id)
-			sc_engine_timer_cancel(eng, rec->timer_id);
+			sc_timers_cancel(eng->timers, rec->timer_id);
 		sc_nats_store_forget(eng->store, rec->seq);
 		free(rec);
 	}
