@@ -263,6 +263,24 @@ class JetStreamHandoff(SidecarTest):
         e = self.assertRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, self.wait_md, c, "core.y", 200)
         self.assertIn("--nats-handoff core keeps nothing", e.details())
 
+    def test_account_without_jetstream_permission(self):
+        from test_nats_security import nkey_user
+        seed, pub = nkey_user(self.workdir, "worker")
+        conf = os.path.join(self.workdir, "nats-perm.conf")
+        with open(conf, "w") as f:
+            f.write('authorization { users = [ { nkey: %s, permissions: { publish: { deny: ["$JS.API.>"] } } } ] }\n'
+                    % pub)
+        nats = self.nats(extra=["-c", conf])
+        a = self.sidecar("js-perm", key_file=self.key_file(), nats_url=nats.url, extra=["--nats-nkey-seed", seed])
+        wait_until(lambda: a.info().nats_state == "connected", 15 * SLOW, "the sidecar to connect")
+        op, _ = self.readable(a, 4096)
+        e = self.assertRpcError(grpc.StatusCode.FAILED_PRECONDITION, a.stub.PublishMetadata,
+                                pb.PublishMetadataRequest(subject="perm.x", operation_id=op.operation_id),
+                                timeout=30)
+        for part in ("publish to perm.x: nothing was stored", "may not use the JetStream API",
+                     "publish to $JS.API.>", "--nats-handoff core"):
+            self.assertIn(part, e.details())
+
     def test_cluster_r3_survives_a_node(self):
         n = 3
         ports = [free_port() for _ in range(n)]
