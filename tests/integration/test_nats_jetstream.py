@@ -329,7 +329,10 @@ class JetStreamHandoff(SidecarTest):
         victim = int(leader[-1]) if leader.startswith("node") else 0
         procs[victim][0].kill()
         procs[victim][0].wait()
+        t0 = time.monotonic()
         ev = self.wait_md(b, "cluster.x", int(20000 * SLOW))
+        print("figure: WaitMetadata after the stream leader (%s) was killed answered in %.2f s"
+              % (leader, time.monotonic() - t0))
         self.assertEqual(ev.metadata, op.metadata)
         read_bytes_back(self, a, b, ev.metadata, data, b.create_region(size))
 
