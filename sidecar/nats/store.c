@@ -49,10 +49,10 @@ struct sc_nats_store {
 
 	pthread_mutex_t mu; /* guards everything below */
 	pthread_cond_t cond;
-	bool ready;		/* the stream was found or created */
-	char root[ROOT_MAX];	/* stream subject = root + caller's subject */
-	int replicas;		/* what the stream has */
-	uint64_t *queue;	/* seqs to remove */
+	bool ready;	     /* the stream was found or created */
+	char root[ROOT_MAX]; /* stream subject = root + caller's subject */
+	int replicas;	     /* what the stream has */
+	uint64_t *queue;     /* seqs to remove */
 	size_t n_queue, cap_queue;
 	bool stopping;
 	pthread_t deleter;
@@ -89,7 +89,8 @@ static int js_error(struct sc_nats_store *st, natsStatus s, jsErrCode jerr, cons
 		    "--nats-handoff core (then metadata published before its reader subscribes "
 		    "is lost)",
 		    what, subject, stored);
-	if (s == NATS_NOT_PERMITTED || ((s == NATS_TIMEOUT || s == NATS_OK) && permission_violation(st)))
+	if (s == NATS_NOT_PERMITTED ||
+	    ((s == NATS_TIMEOUT || s == NATS_OK) && permission_violation(st)))
 		return sc_err_set(
 		    err, SC_FAILED_PRECONDITION,
 		    "%s %s: %s: the NATS account may not use the JetStream API (server said: "
@@ -140,12 +141,13 @@ static int adopt(struct sc_nats_store *st, jsStreamInfo *si, const char *what, c
 	const char *s0 = c && c->SubjectsLen == 1 ? c->Subjects[0] : NULL;
 	size_t n = s0 ? strlen(s0) : 0;
 	if (!s0 || n < 3 || n >= ROOT_MAX || strcmp(s0 + n - 2, ".>") != 0)
-		return sc_err_set(err, SC_FAILED_PRECONDITION,
-				  "%s %s: %s: the existing JetStream stream %s does not have one "
-				  "subject of the form ROOT.> (it has %d, the first \"%s\"); give "
-				  "it subjects [\"%s.>\"] or name another stream with --nats-stream",
-				  what, subject, stored, st->stream, c ? c->SubjectsLen : 0,
-				  s0 ? s0 : "", st->stream);
+		return sc_err_set(
+		    err, SC_FAILED_PRECONDITION,
+		    "%s %s: %s: the existing JetStream stream %s does not have one "
+		    "subject of the form ROOT.> (it has %d, the first \"%s\"); give "
+		    "it subjects [\"%s.>\"] or name another stream with --nats-stream",
+		    what, subject, stored, st->stream, c ? c->SubjectsLen : 0, s0 ? s0 : "",
+		    st->stream);
 	memcpy(st->root, s0, n - 1); /* keep the '.' */
 	st->root[n - 1] = '\0';
 	st->replicas = c ? (int)c->Replicas : 0;
@@ -295,8 +297,8 @@ static void *deleter_main(void *arg)
 		uint64_t seq = st->queue[--st->n_queue];
 		bool ready = st->ready;
 		pthread_mutex_unlock(&st->mu);
-		if (ready && natsConnection_Status(sc_nats_bus_conn(st->bus)) ==
-				 NATS_CONN_STATUS_CONNECTED)
+		if (ready &&
+		    natsConnection_Status(sc_nats_bus_conn(st->bus)) == NATS_CONN_STATUS_CONNECTED)
 			delete_one(st, seq);
 		pthread_mutex_lock(&st->mu);
 	}
@@ -334,8 +336,8 @@ int sc_nats_store_create(struct sc_nats_bus *bus, const struct sc_nats_store_opt
 		opts = &none;
 	if (!bus || !out)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "NATS store: bus and out are required");
-	const char *name = opts->stream && opts->stream[0] ? opts->stream
-							   : SC_NATS_STORE_DEFAULT_STREAM;
+	const char *name =
+	    opts->stream && opts->stream[0] ? opts->stream : SC_NATS_STORE_DEFAULT_STREAM;
 	size_t n = strlen(name);
 	if (n > STREAM_NAME_MAX)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
@@ -348,8 +350,8 @@ int sc_nats_store_create(struct sc_nats_bus *bus, const struct sc_nats_store_opt
 					  "hold '.', '*', '>', '/', '\\\\', whitespace or control "
 					  "bytes (offset %zu)",
 					  name, i);
-	if (opts->replicas < 0 || opts->replicas > 5 || opts->max_age_ms < 0 || opts->timeout_ms < 0 ||
-	    opts->failover_ms < 0)
+	if (opts->replicas < 0 || opts->replicas > 5 || opts->max_age_ms < 0 ||
+	    opts->timeout_ms < 0 || opts->failover_ms < 0)
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "NATS store: replicas 0-5, max age and timeout not negative");
 	struct sc_nats_store *st = calloc(1, sizeof(*st));
@@ -389,8 +391,8 @@ void sc_nats_store_destroy(struct sc_nats_store *st)
 	if (!st)
 		return;
 	pthread_mutex_lock(&st->mu);
-	if (st->n_queue && natsConnection_Status(sc_nats_bus_conn(st->bus)) ==
-			       NATS_CONN_STATUS_CONNECTED) {
+	if (st->n_queue &&
+	    natsConnection_Status(sc_nats_bus_conn(st->bus)) == NATS_CONN_STATUS_CONNECTED) {
 		/* Give the deleter a bounded time for what is queued (operations ended at exit). */
 		uint64_t until = sc_clock_mono_after_ms(DESTROY_DRAIN_MS);
 		while (st->n_queue && sc_clock_mono_ms() < until) {
@@ -551,8 +553,8 @@ static natsStatus open_watch(void *arg, natsConnection *nc, natsMsgHandler cb, v
 	return s;
 }
 
-static int watch_once(struct sc_nats_store *st, const char *subject, sc_nats_store_fn fn,
-		      void *ctx, uint64_t *sub_id, struct sc_err *err)
+static int watch_once(struct sc_nats_store *st, const char *subject, sc_nats_store_fn fn, void *ctx,
+		      uint64_t *sub_id, struct sc_err *err)
 {
 	if (!fn || !sub_id)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "watch: fn and sub_id are required");
