@@ -458,10 +458,16 @@ static int put_once(struct sc_nats_store *st, const char *subject, const void *d
 					  "%s %s: JetStream did not confirm within %d ms (the "
 					  "message may or may not have been stored); publish again",
 					  what, subject, st->timeout_ms);
-		/* The stream may have been deleted by an operator: look it up again next time. */
+		/* The stream may have been deleted by an operator: look it up (or create it) again;
+		 * UNAVAILABLE makes the caller's loop retry at once through ensure, which says "no
+		 * JetStream" if that is what it is. */
 		pthread_mutex_lock(&st->mu);
 		st->ready = false;
 		pthread_mutex_unlock(&st->mu);
+		if (s == NATS_NO_RESPONDERS || jerr == JSStreamNotFoundErr || s == NATS_NOT_FOUND)
+			return sc_err_set(err, SC_UNAVAILABLE,
+					  "%s %s: %s: the JetStream stream %s is gone (deleted?)",
+					  what, subject, nothing, st->stream);
 		return js_error(st, s, jerr, what, subject, nothing, err);
 	}
 	if (seq)
@@ -547,7 +553,13 @@ static natsStatus open_watch(void *arg, natsConnection *nc, natsMsgHandler cb, v
 	jo.Wait = w->st->timeout_ms;
 	jsErrCode jerr = 0;
 	natsStatus s = js_Subscribe(out, w->st->js, w->full, cb, closure, &jo, &so, &jerr);
-	if (s != NATS_OK)
+	if (s != NATS_OK && (jerr == JSStreamNotFoundErr || s == NATS_NOT_FOUND)) {
+		pthread_mutex_lock(&w->st->mu);
+		w->st->ready = false; /* deleted meanwhile: look it up (or create it) again */
+		pthread_mutex_unlock(&w->st->mu);
+		sc_err_set(err, SC_UNAVAILABLE, "wait on %s: the JetStream stream %s is gone",
+			   w->full + w->root_len, w->st->stream);
+	} else if (s != NATS_OK)
 		js_error(w->st, s, jerr, "wait on", w->full + w->root_len,
 			 "nothing can be received", err);
 	return s;

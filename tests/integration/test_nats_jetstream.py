@@ -7,7 +7,9 @@ both sidecars up before the stream exists (the first call is a wait: it creates 
 publish that follows is delivered); publisher first (WaitMetadata and a late SubscribeMetadata get the
 stored copy; the transfer's bytes are compared); the stored copy is removed when its operation
 completes and when it expires (read back through the JetStream API); a tampered stored message is
-refused (UNAUTHENTICATED, named); --nats-subject-prefix confines the wait. A server without JetStream:
+refused (UNAUTHENTICATED, named); a stream deleted by an operator is created again on the next
+publish; --nats-subject-prefix confines the wait; an account denied $JS.API.> gets the documented
+refusal. A server without JetStream:
 the documented FAILED_PRECONDITION, and --nats-handoff core still works there. A three-node cluster:
 the stream is created with R3, a node is SIGKILLed between publish and wait, and the metadata is
 delivered and used. The two-worker example of docs/howto/python.md runs in both orders (the order is
@@ -216,6 +218,13 @@ class JetStreamHandoff(SidecarTest):
         e = self.assertRpcError(grpc.StatusCode.UNAUTHENTICATED, a.stub.PublishMetadata,
                                 pb.PublishMetadataRequest(subject="text.bad", metadata=bad), timeout=10)
         self.assertIsNone(raw.stored("text.bad"))
+
+        # 6. An operator deletes the stream: the next publish creates it again, the wait finds it.
+        self.assertTrue(raw.request("$JS.API.STREAM.DELETE." + STREAM).get("success"))
+        a.stub.PublishMetadata(pb.PublishMetadataRequest(subject="again.x", operation_id=op4.operation_id),
+                               timeout=20)
+        self.assertEqual(raw.stored("again.x").decode(), op4.metadata)
+        self.assertEqual(self.wait_md(b, "again.x", 5000).metadata, op4.metadata)
 
     def test_prefix_confinement(self):
         nats = self.nats()
