@@ -173,8 +173,11 @@ int sc_bus_start(struct sc_engine *eng, struct sc_err *err)
 			"before its reader subscribes is lost");
 		return 0;
 	}
+	/* The stream's max age: the longest any metadata is valid, so a copy whose sidecar died
+	 * before removing it never outlives its metadata. */
 	struct sc_nats_store_opts so = {.stream = c->nats_stream,
-					.replicas = (int)c->nats_stream_replicas};
+					.replicas = (int)c->nats_stream_replicas,
+					.max_age_ms = (int64_t)SC_OP_TIMEOUT_MAX_MS};
 	if (sc_nats_store_create(eng->bus, &so, &eng->store, err) != 0) {
 		sc_err_prefix(err, "--nats-handoff jetstream");
 		return -1;
