@@ -194,10 +194,14 @@ class JetStreamHandoff(SidecarTest):
         op3, _ = self.readable(a, 4096, timeout_ms=1500)
         a.stub.PublishMetadata(pb.PublishMetadataRequest(subject="expiry.x", operation_id=op3.operation_id),
                                timeout=10)
+        # The same metadata published as text by the other sidecar: kept until it expires.
+        b.stub.PublishMetadata(pb.PublishMetadataRequest(subject="expiry.text", metadata=op3.metadata), timeout=10)
         self.assertIsNotNone(raw.stored("expiry.x"))
+        self.assertEqual(raw.stored("expiry.text").decode(), op3.metadata)
         end = a.wait(op3.operation_id, 10000)
         self.assertEqual(end.status, pb.OPERATION_STATUS_ERRORED)
         wait_until(lambda: raw.stored("expiry.x") is None, 10 * SLOW, "the expired copy to be removed")
+        wait_until(lambda: raw.stored("expiry.text") is None, 10 * SLOW, "the expired text copy to be removed")
         e = self.assertRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, self.wait_md, b, "expiry.x", 300)
         self.assertIn("WaitMetadata on expiry.x", e.details())
         self.assertIn("nothing is stored under this subject in JetStream stream " + STREAM, e.details())
