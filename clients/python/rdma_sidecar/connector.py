@@ -743,7 +743,7 @@ class Connector:
         this call (kept by the sidecar's JetStream hand-off) or while it waits, so the two workers of
         a hand-off may start in any order. Raises DeadlineExceededError when nothing valid came
         within `timeout` seconds (the message says whether anything was stored), or the refusal's
-        error (UnauthenticatedError for a tampered copy...) when only refused metadata came."""
+        error (PermissionDeniedError for a tampered copy: UNAUTHENTICATED) when only refused metadata came."""
         ms = max(1, int(timeout * 1000))
         ev = await self._call("WaitMetadata", pb.WaitMetadataRequest(subject=subject, timeout_ms=ms),
                               timeout=timeout + max(10.0, self.rpc_timeout or 0))
