@@ -223,7 +223,23 @@ class JetStreamHandoff(SidecarTest):
                                 pb.PublishMetadataRequest(subject="text.bad", metadata=bad), timeout=10)
         self.assertIsNone(raw.stored("text.bad"))
 
-        # 6. An operator deletes the stream: the next publish creates it again, the wait finds it.
+        # 6. A wait the client cancels: its consumer goes at once (the sidecar unsubscribed).
+        def consumers():
+            return raw.stream_info().get("state", {}).get("consumer_count", 0)
+        wait_until(lambda: consumers() == 0, 10 * SLOW, "no consumers left")
+        fut = b.stub.WaitMetadata.future(pb.WaitMetadataRequest(subject="cancel.x", timeout_ms=60000), timeout=70)
+        wait_until(lambda: consumers() == 1, 10 * SLOW, "the wait's consumer")
+        fut.cancel()
+        wait_until(lambda: consumers() == 0, 10 * SLOW, "the cancelled wait's consumer to go")
+        # The client's own deadline, shorter than timeout_ms, bounds the wait too.
+        t0 = time.monotonic()
+        with self.assertRaises(grpc.RpcError) as cm:
+            b.stub.WaitMetadata(pb.WaitMetadataRequest(subject="cancel.y", timeout_ms=60000), timeout=1)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        self.assertLess(time.monotonic() - t0, 10 * SLOW)
+        wait_until(lambda: consumers() == 0, 10 * SLOW, "the timed-out wait's consumer to go")
+
+        # 7. An operator deletes the stream: the next publish creates it again, the wait finds it.
         self.assertTrue(raw.request("$JS.API.STREAM.DELETE." + STREAM).get("success"))
         a.stub.PublishMetadata(pb.PublishMetadataRequest(subject="again.x", operation_id=op4.operation_id),
                                timeout=20)
