@@ -214,10 +214,12 @@ static int create_stream(struct sc_nats_store *st, jsOptions *jo, const char *wh
 			return sc_err_set(
 			    err, SC_FAILED_PRECONDITION,
 			    "%s %s: %s: JetStream has no room for the stream %s (R%d, %lld MiB): "
-			    "raise the server's or the account's JetStream limits, or pre-create "
-			    "the stream with smaller limits and name it with --nats-stream",
+			    "raise the server's or the account's JetStream limits, lower "
+			    "--nats-stream-replicas (a cluster of fewer than %d nodes?), or "
+			    "pre-create the stream with smaller limits and name it with "
+			    "--nats-stream",
 			    what, subject, stored, st->stream, replicas,
-			    (long long)(MAX_BYTES >> 20));
+			    (long long)(MAX_BYTES >> 20), replicas);
 		return js_error(st, s, jerr, what, subject, stored, err);
 	}
 }
