@@ -92,6 +92,9 @@ enum opt_id {
 	OPT_MAX_DESCRIPTORS,
 	OPT_MAX_TOTAL_REGION_BYTES,
 	OPT_NATS_SUBJECT_PREFIX,
+	OPT_NATS_HANDOFF,
+	OPT_NATS_STREAM,
+	OPT_NATS_STREAM_REPLICAS,
 	OPT_LOG_LEVEL,
 	OPT_LOG_JSON,
 	OPT_METRICS_LISTEN,
@@ -156,6 +159,25 @@ static const struct sc_option sc_options[] = {
 	 .group = "General",
 	 .help = "NATS for metadata exchange: nats://HOST:PORT[,...]; empty = off",
 	 .def = "off"},
+	{.id = OPT_NATS_HANDOFF, .name = "nats-handoff", .arg = ARG_REQUIRED, .value = "MODE",
+	 .group = "General",
+	 .help = "how PublishMetadata hands metadata over: jetstream keeps it in a JetStream "
+		 "stream until its operation ends, so a reader that subscribes later still gets "
+		 "it (needs a server with JetStream, nats-server -js); core uses plain NATS "
+		 "subjects: metadata published before the reader subscribes is LOST, and so is "
+		 "what is published while a subscriber's NATS connection is down",
+	 .def = "jetstream"},
+	{.id = OPT_NATS_STREAM, T_STR(nats_stream), .name = "nats-stream", .arg = ARG_REQUIRED,
+	 .value = "NAME", .group = "General",
+	 .help = "JetStream stream that keeps published metadata (jetstream hand-off); created "
+		 "on first use with subjects NAME.>, one message per subject, 1 GiB, file storage, "
+		 "max age 7 days, unless it exists (an operator's, with one subject ROOT.>)",
+	 .def = "RDMA_SIDECAR_METADATA"},
+	{.id = OPT_NATS_STREAM_REPLICAS, T_U32(nats_stream_replicas, 0, 5),
+	 .name = "nats-stream-replicas", .arg = ARG_REQUIRED, .value = "N", .group = "General",
+	 .help = "replicas of a stream the sidecar creates, 1-5; 0 = 3 when --nats-url names "
+		 "(or the server reports) at least 3 servers, else 1",
+	 .def = "0"},
 	{.id = OPT_WARM_PEERS, T_BOOL(warm_peers), .name = "warm-peers", .arg = ARG_BOOL,
 	 .group = "General",
 	 .help = "connect to the issuer of metadata received on a NATS subscription in the "
@@ -1117,6 +1139,15 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 	case OPT_REGISTER_DIR:
 		rc = apply_register_dirs(cfg, st, v, from_env, err);
 		break;
+	case OPT_NATS_HANDOFF:
+		if (strcmp(v, "core") == 0)
+			cfg->nats_handoff_core = true;
+		else if (strcmp(v, "jetstream") == 0)
+			cfg->nats_handoff_core = false;
+		else
+			rc = sc_err_set(err, SC_INVALID_ARGUMENT,
+					"\"%.*s\": expected jetstream or core", SC_VALUE_SHOWN, v);
+		break;
 	case OPT_NATS_SUBJECT_PREFIX:
 		rc = check_subject_prefix(v, err);
 		if (rc == 0)
@@ -1425,6 +1456,7 @@ void sc_config_free(struct sc_config *cfg)
 	for (size_t i = 0; i < SC_MAX_REGISTER_DIRS; i++)
 		free(cfg->register_dirs[i]);
 	free(cfg->nats_subject_prefix);
+	free(cfg->nats_stream);
 	free(cfg->health_listen);
 	free(cfg->grpc_tls_cert);
 	free(cfg->grpc_tls_key);

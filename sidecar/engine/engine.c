@@ -234,6 +234,7 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 	pthread_cond_init(&eng->idle_cv, NULL);
 	sc_sched_init(eng, &sched_hooks);
 	sc_list_init(&eng->subs);
+	sc_list_init(&eng->stored);
 	snprintf(eng->id, sizeof(eng->id), "%s", cfg->id);
 	eng->regions = sc_idmap_create();
 	eng->ops = sc_idmap_create();
@@ -377,6 +378,8 @@ int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
 			sc_err_prefix(err, "--nats-url");
 			return -1;
 		}
+		if (sc_bus_start(eng, err) != 0)
+			return -1;
 		if (c->warm_peers && eng->peer_pool && sc_warmer_start(eng, &eng->warmer, err) != 0)
 			return -1;
 	}

@@ -353,16 +353,24 @@ struct sc_bus_event {
 	const uint64_t *descriptor_lengths;
 	size_t n_descriptors;
 	uint64_t expires_unix_ms;
+	/* Non-NULL: a message arrived on subject and was refused (why, with refused_code); the
+	 * fields above but subject are unset. Handlers that only want metadata skip these. */
+	const char *refused;
+	enum sc_status refused_code;
 };
 /* Either op_id (a local passive operation) or metadata ("rsm1." text, verified first). */
 int sc_bus_publish(struct sc_engine *eng, const char *subject, const char *op_id,
 		   const char *metadata, struct sc_err *err);
-/* fn runs on a NATS thread; it must not block. Only verified metadata reaches it. */
+/* fn runs on a NATS thread; it must not block. Only verified metadata reaches it as metadata;
+ * refused messages come as events with `refused` set. With the JetStream hand-off the latest
+ * stored message of every matching subject comes first (not for a queue group). */
 typedef void (*sc_bus_event_fn)(void *ctx, const struct sc_bus_event *ev);
 int sc_bus_subscribe(struct sc_engine *eng, const char *subject, const char *queue_group,
 		     sc_bus_event_fn fn, void *ctx, uint64_t *sub_id, struct sc_err *err);
-/* Synchronous: when it returns fn will not run again. */
+/* Synchronous: when it returns fn will not run again (from fn itself: returns at once). */
 void sc_bus_unsubscribe(struct sc_engine *eng, uint64_t sub_id);
+/* The JetStream stream that keeps published metadata; NULL with --nats-handoff core or no NATS. */
+const char *sc_bus_store_name(struct sc_engine *eng);
 
 /* ---- timers ---------------------------------------------------------------------------------- */
 

@@ -39,6 +39,7 @@
 #include <stdatomic.h>
 
 struct sc_nats_bus;
+struct sc_nats_store;
 struct sc_peer_pool;
 struct sc_peer_server;
 struct sc_peer_tls;
@@ -214,6 +215,8 @@ struct sc_engine {
 	int64_t grpc_cert_not_after;  /* under mu: its notAfter, unix seconds */
 	atomic_uint_fast64_t fast_events[SC_FAST_EVENTS]; /* sc_engine_fast_path_note */
 	struct sc_nats_bus *bus;
+	struct sc_nats_store *store; /* JetStream hand-off (engine/bus.c); NULL: core or no NATS */
+	struct sc_list stored;	     /* struct sc_bus_stored (engine/bus.c), under mu */
 	struct sc_metrics *metrics; /* counters; the --metrics-listen server */
 	struct sc_list subs; /* struct sc_bus_sub (engine/bus.c), newest first */
 	uint64_t next_sub_id;
@@ -367,6 +370,7 @@ int sc_region_create_gpu(struct sc_engine *eng, uint64_t size, uint32_t device,
 			 const char *name, struct sc_region_info *out, struct sc_err *err);
 
 /* engine/bus.c */
+int sc_bus_start(struct sc_engine *eng, struct sc_err *err); /* after eng->bus is created */
 void sc_bus_stop(struct sc_engine *eng);
 
 /* engine/rail_table.c: the PCIe topology and the rail table (GetInfo topology). */

@@ -803,6 +803,18 @@ class Connector:
         connector.subscribe(subject)`; with queue_group one member of the group gets each message."""
         return Subscription(self, subject, queue_group)
 
+    async def wait_metadata(self, subject: str, timeout: float = 30.0) -> MetadataEvent:
+        """The first verified metadata on `subject` (wildcards allowed), one call: published before
+        this call (kept by the sidecar's JetStream hand-off) or while it waits, so the two workers of
+        a hand-off may start in any order. Raises DeadlineExceededError when nothing valid came
+        within `timeout` seconds (the message says whether anything was stored), or the refusal's
+        error (PermissionDeniedError for a tampered copy: UNAUTHENTICATED) when only refused metadata came."""
+        ms = max(1, int(timeout * 1000))
+        ev = await self._call("WaitMetadata", pb.WaitMetadataRequest(subject=subject, timeout_ms=ms),
+                              timeout=timeout + max(10.0, self.rpc_timeout or 0))
+        return MetadataEvent(ev.subject, ev.metadata, ev.issuer, OperationKind(ev.kind),
+                             list(ev.descriptor_lengths), ev.expires_unix_ms)
+
     async def report_progress(self, request_id: str, iteration: int, layer: Optional[int] = None,
                               iteration_complete: bool = False) -> int:
         """Reports worker progress; returns how many SCHEDULED operations it released."""

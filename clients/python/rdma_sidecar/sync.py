@@ -325,6 +325,11 @@ class Connector:
         """A subscription to `subject`, in place when this returns: `for event in sub`."""
         return Subscription(self.aio, subject, queue_group)
 
+    def wait_metadata(self, subject: str, timeout: float = 30.0) -> MetadataEvent:
+        """The first verified metadata on `subject`, published before this call or while it waits
+        (see Connector.wait_metadata in the asyncio API)."""
+        return _drive(self.aio.wait_metadata(subject, timeout))
+
     def report_progress(self, request_id: str, iteration: int, layer: Optional[int] = None,
                         iteration_complete: bool = False) -> int:
         """Reports worker progress; returns how many scheduled operations it released."""

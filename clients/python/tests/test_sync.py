@@ -291,3 +291,20 @@ def test_no_fd_or_mapping_leak_after_1000_operations(cluster):
         assert _fds() <= fds, "fds: %d before, %d after" % (fds, _fds())
         assert _maps() <= maps + 2, "mappings: %d before, %d after" % (maps, _maps())
         assert c.list_operations() == []
+
+
+def test_wait_metadata_published_before_the_wait(ca, cb):
+    src = ca.empty(5003, np.uint8)
+    rand_fill(src)
+    dst = cb.zeros(5003, np.uint8)
+    with ca.create_readable(rs.Descriptor(src)) as r:
+        ca.publish("pyclient.wait.first", r)  # before the reader asks: JetStream keeps it
+        ev = cb.wait_metadata("pyclient.wait.first", timeout=10 * SLOW)
+        assert (ev.subject, ev.metadata, ev.issuer, ev.descriptor_lengths) == \
+            ("pyclient.wait.first", r.metadata, "a", [5003])
+        with cb.begin_read(ev, rs.Descriptor(dst)) as op:
+            op.wait_for_completion(30 * SLOW)
+        r.wait_for_completion(10 * SLOW)
+    assert dst.tobytes() == src.tobytes()
+    with pytest.raises(rs.DeadlineExceededError, match="nothing is stored under this subject"):
+        cb.wait_metadata("pyclient.wait.none", timeout=0.3)
