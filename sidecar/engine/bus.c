@@ -179,6 +179,7 @@ int sc_bus_start(struct sc_engine *eng, struct sc_err *err)
 					.replicas = (int)c->nats_stream_replicas,
 					.max_age_ms = (int64_t)SC_OP_TIMEOUT_MAX_MS};
 	if (sc_nats_store_create(eng->bus, &so, &eng->store, err) != 0) {
+		sc_metrics_jetstream_error(eng->metrics, SC_JS_OP_SETUP);
 		sc_err_prefix(err, "--nats-handoff jetstream");
 		return -1;
 	}
@@ -229,6 +230,8 @@ int sc_bus_publish(struct sc_engine *eng, const char *subject, const char *op_id
 		rc = sc_nats_store_put(eng->store, subject, text, strlen(text), &seq, err);
 		if (rc == 0)
 			track_stored(eng, op_id && op_id[0] ? op_id : NULL, expires, seq);
+		else
+			sc_metrics_jetstream_error(eng->metrics, SC_JS_OP_STORE);
 	} else {
 		rc = sc_nats_bus_publish(eng->bus, subject, text, strlen(text), err);
 	}
@@ -312,6 +315,8 @@ int sc_bus_subscribe(struct sc_engine *eng, const char *subject, const char *que
 	else
 		rc = sc_nats_store_watch(eng->store, subject, on_stored, s, &s->nats_id, err);
 	if (rc != 0) {
+		if (eng->store)
+			sc_metrics_jetstream_error(eng->metrics, SC_JS_OP_READ);
 		free(s);
 		return -1;
 	}
