@@ -17,6 +17,7 @@
 #include "meta/metadata.h"
 #include "backend/passive.h"
 #include "base/types.h"
+#include "base/log.h"
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -93,6 +94,10 @@ struct sc_xfer {
 	enum sc_op_kind kind; /* SC_OP_READ (remote -> local) or SC_OP_WRITE (local -> remote) */
 	const struct sc_metadata *meta; /* verified: endpoints, token, ibverbs endpoint */
 	uint64_t xfer_id;
+	/* Set by the engine: the operation's id and W3C trace id (32 hex digits, "" = none), for
+	 * log lines (base/log.h fields) and for the OPEN that tells the peer (sc_peer_open_xfer). */
+	const char *op_id;
+	char trace_id[SC_TRACE_ID_LEN];
 	struct sc_xfer_seg *segs;
 	size_t n_segs;
 	uint64_t total;

@@ -533,10 +533,7 @@ static void *sx_main(void *arg)
 	struct sc_peer_conn *c =
 	    ib_control_conn(ib, x->meta, x->deadline_mono_ms, &x->cancel_requested, &ep, &err);
 	if (c) {
-		enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
-		if (sc_peer_open_via(c, x->meta->token, x->xfer_id, peer_kind, x->total,
-				     SC_BACKEND_IBVERBS, x->deadline_mono_ms, &x->cancel_requested,
-				     &err) != 0) {
+		if (sc_peer_open_xfer(c, x, SC_BACKEND_IBVERBS, &err) != 0) {
 			sc_peer_pool_put(ib->pool, c, sc_peer_conn_usable(c));
 			c = NULL;
 		} else {

@@ -230,10 +230,7 @@ static void setup(struct ib_xfer *xf)
 		if (!c && !(c = ib_control_conn(ib, x->meta, x->deadline_mono_ms,
 						&x->cancel_requested, &xf->endpoint, &err)))
 			goto fail;
-		enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
-		if (sc_peer_open_via(c, x->meta->token, x->xfer_id, peer_kind, x->total,
-				     SC_BACKEND_IBVERBS, x->deadline_mono_ms, &x->cancel_requested,
-				     &err) == 0)
+		if (sc_peer_open_xfer(c, x, SC_BACKEND_IBVERBS, &err) == 0)
 			break;
 		/* After a refused OPEN the connection is still good; one broken mid-OPEN is closed
 		 * (the server abandons whatever it may have opened). A pooled one that the peer

@@ -195,6 +195,7 @@ int sc_metadata_sign(const struct sc_keyring *ring, const struct sc_metadata *md
 	m.nonce.data = (uint8_t *)md->nonce;
 	m.nonce.len = SC_TOKEN_LEN;
 	m.max_uses = md->max_uses;
+	m.peer_features = md->peer_features;
 
 	payload_len = rdma_sidecar__v1__rdma_metadata__get_packed_size(&m);
 	/* base64 grows by 4/3; the envelope adds the key id and MAC. */
@@ -433,6 +434,7 @@ static int metadata_from_pb(const pb_metadata *m, const char *key_id, struct sc_
 	out->issued_unix_ms = m->issued_unix_ms;
 	out->expires_unix_ms = m->expires_unix_ms;
 	out->max_uses = m->max_uses;
+	out->peer_features = m->peer_features;
 	memcpy(out->key_id, key_id, strlen(key_id) + 1); /* sc_key_id_valid: fits */
 
 	if (m->version >= 2) {

@@ -239,7 +239,7 @@ static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, si
 	sc_err_clear(&err);
 	if (!ps_open_room(c, m, &err) ||
 	    sc_passive_open(&c->srv->passive, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
-			    c->peer_id, m->total, &err) != 0)
+			    c->peer_id, m->total, m->trace_id, &err) != 0)
 		return reply_error(c, &err, why, why_cap);
 	enum sc_backend_kind via = sc_peer_via_backend(m->flags);
 	if (ps_track(c, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind, via) != 0) {
