@@ -380,12 +380,34 @@ int sc_op_check_active(struct sc_engine *eng, enum sc_op_kind kind,
 	return rc;
 }
 
+/* A refused BeginRead/BeginWrite, at INFO with its reason: anyone holding metadata can cause
+ * them at will, so rate-limited (one line a second per direction, then "N similar suppressed"). */
+static void log_refused(enum sc_op_kind kind, const struct sc_active_req *req,
+			const struct sc_err *err)
+{
+	if (!sc_log_enabled(SC_LOG_INFO))
+		return;
+	char key_id[SC_KEY_ID_MAX];
+	sc_metadata_peek_key_id(req->metadata, key_id);
+	struct sc_log_fields lf = {
+	    .code = sc_status_name(err->code),
+	    .key_id = key_id,
+	    .trace_id = req->trace_id && sc_trace_id_valid(req->trace_id) ? req->trace_id : NULL,
+	};
+	const char *what = kind == SC_OP_READ ? "BeginRead" : "BeginWrite";
+	sc_log_kv_limited(SC_LOG_INFO, "op", kind == SC_OP_READ ? "begin-read-refused"
+							       : "begin-write-refused",
+			  &lf, "%s refused (%s): %s", what, sc_status_name(err->code), err->msg);
+}
+
 int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_active_req *req,
 		struct sc_op_info *out, struct sc_err *err)
 {
 	struct sc_metadata md;
-	if (check_active(eng, kind, req, &md, err) != 0)
+	if (check_active(eng, kind, req, &md, err) != 0) {
+		log_refused(kind, req, err);
 		return -1;
+	}
 	char md_key_id[SC_KEY_ID_MAX] = "";
 
 	pthread_mutex_lock(&eng->mu);
@@ -394,6 +416,7 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 	if (!op) {
 		pthread_mutex_unlock(&eng->mu);
 		sc_metadata_free(&md);
+		log_refused(kind, req, err);
 		return -1;
 	}
 	op->omit_descs = req->omit_descs;
@@ -454,5 +477,6 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 fail:
 	sc_op_unref(eng, op);
 	pthread_mutex_unlock(&eng->mu);
+	log_refused(kind, req, err);
 	return -1;
 }

@@ -613,6 +613,29 @@ out:
 	return rc;
 }
 
+bool sc_metadata_peek_key_id(const char *text, char out[SC_KEY_ID_MAX])
+{
+	out[0] = '\0';
+	size_t len = text ? strnlen(text, SC_METADATA_MAX_TEXT + 1) : 0;
+	if (len < PREFIX_LEN || len > SC_METADATA_MAX_TEXT ||
+	    memcmp(text, SC_METADATA_PREFIX, PREFIX_LEN) != 0)
+		return false;
+	uint8_t *env_bytes = NULL;
+	size_t env_len = 0;
+	if (!sc_base64url_decode(text + PREFIX_LEN, len - PREFIX_LEN, &env_bytes, &env_len))
+		return false;
+	RdmaSidecar__V1__SignedMetadata *s =
+	    rdma_sidecar__v1__signed_metadata__unpack(NULL, env_len, env_bytes);
+	bool ok = s && s->key_id && sc_key_id_valid(s->key_id, strlen(s->key_id)) &&
+		  strlen(s->key_id) < SC_KEY_ID_MAX;
+	if (ok)
+		memcpy(out, s->key_id, strlen(s->key_id) + 1);
+	if (s)
+		rdma_sidecar__v1__signed_metadata__free_unpacked(s, NULL);
+	free(env_bytes);
+	return ok;
+}
+
 int sc_metadata_verify_why(const struct sc_keyring *ring, const char *text, const char *self_id,
 			   uint64_t now_unix_ms, struct sc_metadata *out, enum sc_md_reject *why,
 			   struct sc_err *err)

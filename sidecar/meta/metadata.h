@@ -112,6 +112,9 @@ int sc_metadata_verify_why(const struct sc_keyring *ring, const char *text, cons
 			   uint64_t now_unix_ms, struct sc_metadata *out, enum sc_md_reject *why,
 			   struct sc_err *err);
 void sc_metadata_free(struct sc_metadata *md);
+/* The key id the envelope of `text` names, unverified (for a log line about refused metadata):
+ * true with out filled when it parses and the id is a valid key id; else false, out "". */
+bool sc_metadata_peek_key_id(const char *text, char out[SC_KEY_ID_MAX]);
 /* The distinct rkeys of descs in order of first appearance into out[] (NULL: count only); returns
  * how many. (size_t)-1 when out of memory. */
 size_t sc_metadata_rkey_groups(const struct sc_meta_desc *descs, size_t n, uint32_t *out);
