@@ -11,10 +11,13 @@ key=value. Refused BeginReads are logged at INFO with their reason, code and key
 import json
 import os
 import re
+import subprocess
 import time
 
 import grpc
-from harness import SLOW, SidecarTest, desc, main, pb, wait_until
+from harness import BINARY, SLOW, SidecarTest, desc, main, pb, wait_until
+
+CTL = os.path.join(os.path.dirname(os.path.abspath(BINARY)), "client", "rdma-sidecar-ctl")
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
@@ -110,6 +113,16 @@ class LogsTest(SidecarTest):
         # GetOperation and ListOperations report it too.
         got = self.a.stub.GetOperation(pb.GetOperationRequest(operation_id=passive.operation_id), timeout=5)
         self.assertEqual(got.trace_id, tid)
+        # rdma-sidecar-ctl watch shows it on both sides, text and JSON.
+        for side, op_id in ((self.a, passive.operation_id), (self.b, active.operation_id)):
+            r = subprocess.run([CTL, "--sidecar", "unix:" + side.sock, "--timeout", str(10 * SLOW), "watch", op_id],
+                               capture_output=True, text=True, timeout=30 * SLOW)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            states = [ln for ln in r.stdout.splitlines() if ln.startswith(op_id + " ")]
+            self.assertRegex(states[-1], r"^%s  \w+  complete  .*  trace %s$" % (op_id, tid))
+            r = subprocess.run([CTL, "--sidecar", "unix:" + side.sock, "--json", "watch", op_id],
+                               capture_output=True, text=True, timeout=30 * SLOW)
+            self.assertEqual(json.loads(r.stdout.splitlines()[-1])["trace_id"], tid, r.stdout)
 
     def test_reader_trace_without_creator_trace(self):
         # The creator sent no traceparent; the reader passes one in the request field (a client
