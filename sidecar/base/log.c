@@ -122,6 +122,9 @@ static struct sc_log_fields merge_fields(const struct sc_log_fields *f)
 {
 	const struct sc_log_fields *sc = tl_scope;
 	struct sc_log_fields out = {0};
+	/* A line about another operation than the scope's takes none of the scope's keys. */
+	if (sc && f && f->op && f->op[0] && sc->op && sc->op[0] && strcmp(f->op, sc->op) != 0)
+		sc = NULL;
 	if (sc)
 		out = *sc;
 	if (!f)
@@ -310,28 +313,36 @@ bool sc_trace_id_from_traceparent(const char *tp, char out[SC_TRACE_ID_LEN])
 	return true;
 }
 
+/* splitmix64: a per-thread generator seeded once from getrandom (trace ids need to be unique,
+ * not secret; a fast-path run should not pay a system call for one). */
+static uint64_t splitmix64(uint64_t *state)
+{
+	uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
 void sc_trace_id_new(char out[SC_TRACE_ID_LEN])
 {
-	unsigned char r[16] = {0};
-	size_t got = 0;
-	while (got < sizeof(r)) {
-		ssize_t n = getrandom(r + got, sizeof(r) - got, 0);
-		if (n <= 0)
-			break;
-		got += (size_t)n;
+	static _Thread_local uint64_t state[2];
+	static _Thread_local bool seeded;
+	if (!seeded) {
+		if (getrandom(state, sizeof(state), GRND_NONBLOCK) != (ssize_t)sizeof(state)) {
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			state[0] = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+			state[1] = (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)&ts;
+		}
+		seeded = true;
 	}
-	if (got < sizeof(r)) { /* no getrandom: still unique enough for correlating lines */
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		uint64_t a = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-		uint64_t b = (uint64_t)getpid() ^ (uint64_t)(uintptr_t)&ts;
-		memcpy(r, &a, 8);
-		memcpy(r + 8, &b, 8);
-	}
-	r[0] |= 1; /* never all zeros */
-	for (size_t i = 0; i < sizeof(r); i++) {
-		out[2 * i] = "0123456789abcdef"[r[i] >> 4];
-		out[2 * i + 1] = "0123456789abcdef"[r[i] & 15];
+	uint64_t r[2] = {splitmix64(&state[0]), splitmix64(&state[1])};
+	if (!r[0] && !r[1])
+		r[0] = 1; /* never all zeros */
+	for (size_t i = 0; i < 16; i++) {
+		unsigned v = (unsigned)(r[i / 8] >> (8 * (i % 8))) & 0xff;
+		out[2 * i] = "0123456789abcdef"[v >> 4];
+		out[2 * i + 1] = "0123456789abcdef"[v & 15];
 	}
 	out[32] = '\0';
 }

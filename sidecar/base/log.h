@@ -59,8 +59,9 @@ void sc_log_kv(enum sc_log_level level, const char *area, const struct sc_log_fi
 
 /*
  * A thread's log scope: until sc_log_scope_leave, every line this thread logs also carries the
- * set members of *f (which must stay valid until then). Scopes nest: enter returns the one it
- * replaces, and leave restores it. Per thread; no locking.
+ * set members of *f (which must stay valid until then), except a line whose own op differs from
+ * the scope's (a line about another operation). Scopes nest: enter returns the one it replaces,
+ * and leave restores it. Per thread; no locking.
  */
 const struct sc_log_fields *sc_log_scope_enter(const struct sc_log_fields *f);
 void sc_log_scope_leave(const struct sc_log_fields *prev);

@@ -348,6 +348,8 @@ static void move_qp(struct ib_xfer *xf)
 static void run_task(struct sc_xr_task *t)
 {
 	struct ib_xfer *xf = container_of(t, struct ib_xfer, run);
+	struct sc_xfer_log_scope scope;
+	sc_xfer_log_scope_enter(&scope, xf->xr.x, "ibverbs");
 	switch (xf->task) {
 	case IB_TASK_SETUP:
 		setup(xf);
@@ -364,6 +366,7 @@ static void run_task(struct sc_xr_task *t)
 	case IB_TASK_NONE:
 		break;
 	}
+	sc_xfer_log_scope_leave(&scope);
 }
 
 /* ---- a stalled path (completion thread) ---------------------------------------------------- */

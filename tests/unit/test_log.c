@@ -129,9 +129,10 @@ static void text_fields(void)
 	struct sc_log_fields scope = {.op = "op-s", .trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"};
 	const struct sc_log_fields *prev = sc_log_scope_enter(&scope);
 	SC_INFO("op", "plain line in a scope");
-	SC_INFO_KV("op", (&(struct sc_log_fields){.op = "op-own", .rail = "mlx5_0 port 1",
+	SC_INFO_KV("op", (&(struct sc_log_fields){.op = "op-s", .rail = "mlx5_0 port 1",
 						  .bytes = 42, .has_bytes = true}),
 		   "own fields win");
+	SC_INFO_KV("op", (&(struct sc_log_fields){.op = "op-other"}), "another operation");
 	sc_log_scope_leave(prev);
 	SC_INFO("op", "no scope");
 	SC_INFO_KV("op", (&(struct sc_log_fields){.peer = "a=\"b\""}), "quoted");
@@ -143,8 +144,9 @@ TEST(text_key_value_after_the_message)
 	capture(text_fields, out, sizeof(out));
 	CHECK_STR_CONTAINS(out, "[op] plain line in a scope op=op-s "
 				"trace_id=4bf92f3577b34da6a3ce929d0e0e4736\n");
-	CHECK_STR_CONTAINS(out, "[op] own fields win op=op-own rail=\"mlx5_0 port 1\" bytes=42 "
+	CHECK_STR_CONTAINS(out, "[op] own fields win op=op-s rail=\"mlx5_0 port 1\" bytes=42 "
 				"trace_id=4bf92f3577b34da6a3ce929d0e0e4736\n");
+	CHECK_STR_CONTAINS(out, "[op] another operation op=op-other\n");
 	CHECK_STR_CONTAINS(out, "[op] no scope\n");
 	CHECK_STR_CONTAINS(out, "[op] quoted peer=\"a=\\\"b\\\"\"\n");
 }
