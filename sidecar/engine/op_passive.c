@@ -269,14 +269,13 @@ static void drop_use(struct sc_op *op, struct sc_use *use)
 /* One use of an any_uses operation failed: the others go on (a reader that fails or vanishes
  * does not end the broadcast for everyone). Under mu. */
 static void use_failed_locked(struct sc_engine *eng, struct sc_op *op, uint64_t xfer_id,
-			      const char *why)
+			      const char *trace_id, const char *why)
 {
 	op->uses_failed++;
 	/* A peer can fail uses at will (DONE with an error, a cut connection): rate-limited. */
-	const struct sc_use *use = sc_u64map_get(&op->uses, xfer_id);
 	struct sc_log_fields lf = sc_op_log_fields(op);
-	if (use && use->trace_id[0])
-		lf.trace_id = use->trace_id;
+	if (trace_id && trace_id[0]) /* the use's, from its OPEN */
+		lf.trace_id = trace_id;
 	sc_log_kv_limited(SC_LOG_INFO, "op", "op-use-failed", &lf,
 			  "%s: use by transfer %016" PRIx64 " failed (%" PRIu64 " failed, %" PRIu64
 			  " done so far; the operation goes on): %s",
@@ -532,6 +531,8 @@ static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 		goto out;
 	}
 	enum sc_status refused = use->refused;
+	char use_trace[SC_TRACE_ID_LEN];
+	memcpy(use_trace, use->trace_id, sizeof(use_trace));
 	drop_use(op, use); /* finished: only the uses in flight keep a record */
 	if (status == SC_OK && refused != SC_OK) {
 		/* A success pipelined behind a request this side refused: the bytes did not all
@@ -541,7 +542,7 @@ static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 			 "peer %s reported success after this side refused one of its requests (%s)",
 			 op->peer, sc_status_name(refused));
 		if (op->any_uses)
-			use_failed_locked(eng, op, xfer_id, text);
+			use_failed_locked(eng, op, xfer_id, use_trace, text);
 		else
 			sc_op_finish_locked(eng, op, SC_OPS_ERRORED, refused, text);
 		sc_err_set(err, SC_FAILED_PRECONDITION,
@@ -582,7 +583,7 @@ static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 		snprintf(text, sizeof(text), "peer %s: %s", op->peer,
 			 msg && msg[0] ? msg : sc_status_text(status));
 		if (op->any_uses)
-			use_failed_locked(eng, op, xfer_id, text);
+			use_failed_locked(eng, op, xfer_id, use_trace, text);
 		else
 			sc_op_finish_locked(eng, op,
 					    status == SC_CANCELLED ? SC_OPS_CANCELLED : SC_OPS_ERRORED,
@@ -606,8 +607,10 @@ static void passive_abandon(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64
 		snprintf(text, sizeof(text), "peer %s disconnected mid-transfer: %s", op->peer,
 			 why ? why : "connection lost");
 		if (op->any_uses) {
+			char use_trace[SC_TRACE_ID_LEN];
+			memcpy(use_trace, use->trace_id, sizeof(use_trace));
 			drop_use(op, use);
-			use_failed_locked(eng, op, xfer_id, text);
+			use_failed_locked(eng, op, xfer_id, use_trace, text);
 		} else {
 			sc_op_finish_locked(eng, op, SC_OPS_ERRORED, SC_UNAVAILABLE, text);
 		}
