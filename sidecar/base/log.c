@@ -144,36 +144,42 @@ static struct sc_log_fields merge_fields(const struct sc_log_fields *f)
 }
 
 /* Append " key=value" for the text form; a value with a space, '=' or '"' is quoted, its '"'
- * written \" (control characters and '\\' are escaped by text_escape). */
+ * written \" (control characters and '\\' are escaped by text_escape). A pair that does not fit
+ * whole is left out. */
 static size_t text_kv(char *line, size_t len, size_t cap, const char *key, const char *value)
 {
-	if (!value || !value[0] || len + 4 >= cap)
+	if (!value || !value[0])
 		return len;
-	char safe[512];
+	char safe[512], pair[1100];
 	text_escape(safe, sizeof(safe), value);
 	bool quote = strpbrk(safe, " =\"") != NULL;
-	len += (size_t)snprintf(line + len, cap - len, " %s=%s", key, quote ? "\"" : "");
-	for (const char *p = safe; *p && len + 3 < cap; p++) {
+	size_t n = (size_t)snprintf(pair, sizeof(pair), " %s=%s", key, quote ? "\"" : "");
+	for (const char *p = safe; *p && n + 3 < sizeof(pair); p++) {
 		if (*p == '"')
-			line[len++] = '\\';
-		line[len++] = *p;
+			pair[n++] = '\\';
+		pair[n++] = *p;
 	}
-	if (quote && len + 1 < cap)
-		line[len++] = '"';
-	return len;
+	if (quote)
+		pair[n++] = '"';
+	if (n > cap - len)
+		return len;
+	memcpy(line + len, pair, n);
+	return len + n;
 }
 
+/* Append ,"key":"value" for JSON; left out when it does not fit whole. */
 static size_t json_kv(char *line, size_t len, size_t cap, const char *key, const char *value)
 {
-	if (!value || !value[0] || len + 8 >= cap)
+	if (!value || !value[0])
 		return len;
-	len += (size_t)snprintf(line + len, cap - len, ",\"%s\":\"", key);
-	if (len >= cap)
-		return cap;
-	len = json_escape(line, len, cap, value);
-	if (len + 1 < cap)
-		line[len++] = '"';
-	return len;
+	char pair[1200];
+	size_t n = (size_t)snprintf(pair, sizeof(pair), ",\"%s\":\"", key);
+	n = json_escape(pair, n, sizeof(pair) - 1, value);
+	pair[n++] = '"';
+	if (n > cap - len)
+		return len;
+	memcpy(line + len, pair, n);
+	return len + n;
 }
 
 static void vlog_kv(enum sc_log_level level, const char *area, const struct sc_log_fields *lf,
@@ -221,14 +227,18 @@ static void vlog_kv(enum sc_log_level level, const char *area, const struct sc_l
 	const char *keys[] = {"op", "peer", "backend", "rail", "bytes", "code", "key_id", "trace_id"};
 	const char *vals[] = {f.op, f.peer, f.backend, f.rail, bytes, f.code, f.key_id, f.trace_id};
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
-		if (json && i == 4 && bytes[0])
-			len += (size_t)snprintf(line + len, cap - len, ",\"bytes\":%s", bytes);
-		else if (json)
+		if (json && i == 4 && bytes[0]) {
+			char num[40];
+			size_t n = (size_t)snprintf(num, sizeof(num), ",\"bytes\":%s", bytes);
+			if (n <= cap - len) {
+				memcpy(line + len, num, n);
+				len += n;
+			}
+		} else if (json) {
 			len = json_kv(line, len, cap, keys[i], vals[i]);
-		else
+		} else {
 			len = text_kv(line, len, cap, keys[i], vals[i]);
-		if (len >= cap)
-			len = cap - 1;
+		}
 	}
 	if (json)
 		line[len++] = '}';

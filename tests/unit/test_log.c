@@ -124,6 +124,31 @@ TEST(json_keys_beside_the_message_only_when_set)
 	CHECK_INT_EQ(count(out, "\n"), 3);
 }
 
+static void long_json(void)
+{
+	static char msg[5000], peer[200];
+	memset(msg, '\x01', sizeof(msg) - 1); /* 6 bytes each once escaped */
+	memset(peer, '\n', sizeof(peer) - 1);
+	sc_log_configure(SC_LOG_DEBUG, true);
+	SC_INFO_KV("op", (&(struct sc_log_fields){.op = "op-long", .peer = peer,
+						  .trace_id = "0af7651916cd43dd8448eb211c80319c"}),
+		   "%s", msg);
+	sc_log_configure(SC_LOG_INFO, false);
+}
+
+TEST(json_line_cut_stays_one_valid_line)
+{
+	static char out[16384];
+	capture(long_json, out, sizeof(out));
+	CHECK_INT_EQ(count(out, "\n"), 1);
+	size_t n = strlen(out);
+	CHECK(n > 3 && n <= 4096);
+	CHECK_STR_CONTAINS(out, "\",\"op\":\"op-long\"");
+	/* the cut message still closes its string; a key that does not fit whole is left out */
+	CHECK(out[n - 2] == '}' && out[n - 3] == '"');
+	CHECK_STR_CONTAINS(out, "\"trace_id\":\"0af7651916cd43dd8448eb211c80319c\"}\n");
+}
+
 static void text_fields(void)
 {
 	struct sc_log_fields scope = {.op = "op-s", .trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"};
@@ -187,4 +212,5 @@ TEST(traceparent)
 
 RUN_TESTS(T(one_line_per_key_per_interval_with_count), T(more_keys_than_slots),
 	  T(respects_the_level), T(json_keys_beside_the_message_only_when_set),
-	  T(text_key_value_after_the_message), T(traceparent))
+	  T(text_key_value_after_the_message), T(json_line_cut_stays_one_valid_line),
+	  T(traceparent))
