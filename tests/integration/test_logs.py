@@ -170,20 +170,32 @@ class LogsTest(SidecarTest):
                             pb.BeginTransferRequest(metadata=foreign.metadata, descriptors=[desc(r, 0, 16)]),
                             timeout=5)
 
-        def refused():
+        def held_back(lines):
+            found = (re.search(r"\((\d+) similar suppressed\)", x["msg"]) for x in lines)
+            return sum(int(m.group(1)) for m in found if m)
+
+        def refused():  # every refusal accounted for: a line, or counted in a later line
             got = [x for x in json_lines(self.b) if x["msg"].startswith("BeginRead refused")]
-            return got if got and "similar suppressed" in got[-1]["msg"] else None
+            return got if len(got) + held_back(got) == tries + 1 else None
         lines = wait_until(refused, 5, "the refusal lines")
         for x in lines:
             self.assertEqual(x["level"], "INFO", x)
             self.assertEqual(x["code"], "UNAUTHENTICATED", x)
             self.assertEqual(x["key_id"], "k-other", x)
             self.assertIn("k-other", x["msg"])  # the reason, as the caller got it
-        # Rate-limited: fewer lines than refusals, and the lines plus what they say was held back
-        # account for every refusal.
-        self.assertLess(len(lines), tries + 1)
-        held = sum(int(m.group(1)) for m in (re.search(r"\((\d+) similar suppressed\)", x["msg"]) for x in lines) if m)
-        self.assertEqual(len(lines) + held, tries + 1, [x["msg"] for x in lines])
+        # Rate-limited (one line a second): fewer lines than refusals; the lines and what they say
+        # was held back account for every refusal.
+        self.assertLess(len(lines), tries + 1, [x["msg"] for x in lines])
+        self.assertGreater(held_back(lines), 0)
+        # BeginWrite's refusals have their own limit: not held back behind BeginRead's.
+        tp, tid = traceparent()
+        self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, self.b.stub.BeginWrite,
+                            pb.BeginTransferRequest(metadata="rsm1.!!", descriptors=[desc(r, 0, 16)]),
+                            metadata=[("traceparent", tp)], timeout=5)
+        w = wait_until(lambda: [x for x in json_lines(self.b) if x["msg"].startswith("BeginWrite refused")], 5,
+                       "the BeginWrite refusal line")
+        self.assertEqual((w[0]["level"], w[0]["code"], w[0]["trace_id"]), ("INFO", "INVALID_ARGUMENT", tid), w)
+        self.assertIn("base64url", w[0]["msg"])
 
     def test_text_format_keeps_keys_as_key_value(self):
         t = self.sidecar("t", key_file=self.key_file("tk"))
