@@ -156,6 +156,7 @@ static void op_from(rsc_operation *o, const RdmaSidecar__V1__Operation *m)
 	o->request_id = sdup(m->request_id);
 	o->backend_reason = sdup(m->backend_reason);
 	o->uses_left = m->uses_left;
+	o->trace_id = sdup(m->trace_id);
 	o->descriptors = calloc(m->n_descriptors ? m->n_descriptors : 1, sizeof(*o->descriptors));
 	if (o->descriptors) {
 		o->n_descriptors = m->n_descriptors;
@@ -177,6 +178,7 @@ void rsc_operation_clear(rsc_operation *o)
 	free(o->peer);
 	free(o->request_id);
 	free(o->backend_reason);
+	free(o->trace_id);
 	for (size_t i = 0; o->descriptors && i < o->n_descriptors; i++)
 		free((char *)o->descriptors[i].region_id);
 	free(o->descriptors);

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,6 +146,7 @@ static void op_json(const rsc_operation *o, const rsc_rail_usage_list *rails)
 	putchar(']');
 	jkv_s("backend_reason", o->backend_reason, &f);
 	jkv_u("uses_left", o->uses_left, &f);
+	jkv_s("trace_id", o->trace_id, &f);
 	if (rails) {
 		jkey("rails", &f);
 		putchar('[');
@@ -160,7 +162,7 @@ static void op_json(const rsc_operation *o, const rsc_rail_usage_list *rails)
 	putchar('}');
 }
 
-static void op_text(const rsc_operation *o)
+static void op_text_trace(const rsc_operation *o, bool trace)
 {
 	printf("%s  %s  %s  %s  %" PRIu64 "/%" PRIu64 " bytes", o->operation_id,
 	       rsc_op_kind_name(o->kind), rsc_op_status_name(o->status),
@@ -169,7 +171,14 @@ static void op_text(const rsc_operation *o)
 		printf("  peer %s", o->peer);
 	if (o->error_code || (o->error_message && o->error_message[0]))
 		printf("  error %s: %s", rsc_code_name(o->error_code), o->error_message);
+	if (trace && o->trace_id && o->trace_id[0])
+		printf("  trace %s", o->trace_id);
 	putchar('\n');
+}
+
+static void op_text(const rsc_operation *o)
+{
+	op_text_trace(o, false);
 }
 
 /* rails: the operation's rail usage (op ID), or NULL. */
@@ -591,7 +600,14 @@ struct watch_state {
 static int on_watch(const rsc_operation *o, void *user)
 {
 	struct watch_state *w = user;
-	op_print(w->x, o);
+	if (w->x->json) {
+		op_print(w->x, o);
+	} else {
+		/* Each update with its trace id, the key to both sidecars' log lines of it. */
+		op_text_trace(o, true);
+		if (o->metadata && o->metadata[0])
+			printf("metadata %s\n", o->metadata);
+	}
 	fflush(stdout);
 	w->last_status = o->status;
 	return 0;
@@ -948,7 +964,8 @@ static const struct command commands[] = {
      cmd_wait},
     {"watch", "ID", 1,
      "print the operation's state, then every change and progress update until it is terminal "
-     "(--timeout S bounds it); exit 0 only when COMPLETE",
+     "(--timeout S bounds it), each with the operation's trace id (\"trace <id>\"; --json: "
+     "trace_id), the key to both sidecars' log lines of the transfer; exit 0 only when COMPLETE",
      cmd_watch},
     {"cancel", "ID", 1, "cancel an operation (the peer's ends too); prints its state", cmd_cancel},
     {"publish", "SUBJECT OPID", 2, "publish a passive operation's metadata on a NATS subject",

@@ -75,6 +75,24 @@ size_t sc_service_listeners(struct sc_service *svc, const char ***out)
 	return svc->n_listeners;
 }
 
+bool sc_call_header(const struct sc_call *c, const char *key, char *out, size_t cap)
+{
+	for (size_t i = 0; i < c->req_md.count; i++) {
+		const grpc_metadata *md = &c->req_md.metadata[i];
+		if (grpc_slice_str_cmp(md->key, key) != 0)
+			continue;
+		size_t n = GRPC_SLICE_LENGTH(md->value);
+		if (n >= cap)
+			n = cap - 1;
+		memcpy(out, GRPC_SLICE_START_PTR(md->value), n);
+		out[n] = '\0';
+		return true;
+	}
+	if (cap)
+		out[0] = '\0';
+	return false;
+}
+
 const char *sc_call_method(struct sc_call *c)
 {
 	return c->method ? c->method->path : "(unknown)";

@@ -315,6 +315,9 @@ typedef struct rsc_operation {
 	rsc_descriptor *descriptors;
 	char *backend_reason;
 	uint32_t uses_left;
+	/* The W3C trace id (32 hex digits) that ties the operation's log lines on both sidecars
+	 * together; "" when it has none (yet). */
+	char *trace_id;
 } rsc_operation;
 
 typedef struct rsc_operation_list {

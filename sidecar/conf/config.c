@@ -423,7 +423,9 @@ static const struct sc_option sc_options[] = {
 	{.id = OPT_LOG_LEVEL, .name = "log-level", .arg = ARG_REQUIRED, .value = "LEVEL",
 	 .group = "Logging and metrics", .help = "debug, info, warn, error or off", .def = "info"},
 	{.id = OPT_LOG_JSON, T_BOOL(log_json), .name = "log-json", .arg = ARG_BOOL, .group = "Logging and metrics",
-	 .help = "JSON log lines (env: 1/true/yes or 0/false/no)", .def = "off"},
+	 .help = "JSON log lines: ts, level, area, msg, then the keys op, peer, backend, rail, bytes, code, "
+		 "key_id and trace_id where a line has them (the text form writes them key=value after "
+		 "the message; docs/operations/logs.md) (env: 1/true/yes or 0/false/no)", .def = "off"},
 	{.id = OPT_METRICS_LISTEN, T_HOSTPORT(metrics_listen, true), .name = "metrics-listen", .arg = ARG_REQUIRED,
 	 .value = "HOST:PORT", .group = "Logging and metrics",
 	 .help = "serve Prometheus metrics over HTTP here", .def = "off"},

@@ -268,7 +268,9 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 			sc_err_prefix(err, "--key-file");
 			goto fail;
 		}
-		SC_INFO("keys", "loaded %zu key(s) from %s; signing with \"%s\"",
+		SC_INFO_KV("keys",
+			   (&(struct sc_log_fields){.key_id = sc_keyring_signing_id(eng->keys)}),
+			   "loaded %zu key(s) from %s; signing with \"%s\"",
 			sc_keyring_count(eng->keys), cfg->key_file,
 			sc_keyring_signing_id(eng->keys));
 	} else {

@@ -15,6 +15,7 @@
 #include "gpu/gpu.h"
 #include "base/types.h"
 #include "base/status.h"
+#include "base/log.h"
 #include "os/topology.h"
 #include "backend/xfer_runner.h"
 
@@ -218,6 +219,7 @@ struct sc_op_info {
 	uint64_t deadline_unix_ms;
 	uint64_t completed_unix_ms;
 	char request_id[SC_NAME_MAX];
+	char trace_id[SC_TRACE_ID_LEN]; /* W3C trace id (Operation.trace_id); "" when none yet */
 	struct sc_desc *descs; /* owned; none for an operation created with omit_descs */
 	size_t n_descs;
 	char backend_reason[256];
@@ -254,6 +256,9 @@ struct sc_passive_req {
 	uint32_t max_uses; /* 0 = 1 */
 	bool any_uses;	   /* any number of uses until the deadline (max_uses ignored) */
 	const char *request_id;
+	/* The W3C trace id (32 hex digits) the caller's traceparent named; NULL/"": none, and the
+	 * operation takes the trace id of the first transfer that uses it (the reader's). */
+	const char *trace_id;
 	/* Created from compact lists: snapshots (GetOperation, Wait, Watch, List) carry desc_count
 	 * but not the expanded descriptors, which would repeat in every reply and progress update. */
 	bool omit_descs;
@@ -291,6 +296,9 @@ struct sc_active_req {
 	const char *request_id;
 	bool omit_descs; /* as in sc_passive_req */
 	bool quiet;	 /* its start and end logged at debug, not info (the fast path's runs) */
+	/* The W3C trace id (32 hex digits) the caller's traceparent named; NULL/"": a new one. It
+	 * travels to the peer with the transfer (peer/proto.h OPEN). */
+	const char *trace_id;
 	/* The caller's offer to run a small transfer on its own thread (struct sc_run_here); NULL:
 	 * none, every transfer goes to a backend's worker threads. */
 	struct sc_run_here *here;

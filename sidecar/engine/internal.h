@@ -81,6 +81,7 @@ struct sc_watch {
 /* One claimed use of a passive operation. */
 struct sc_use {
 	uint64_t xfer_id;
+	char trace_id[SC_TRACE_ID_LEN]; /* the peer's, from its OPEN; "" = none */
 	bool done;
 	/* The code of the first request of this use that the passive span call refused (SC_OK: none): a
 	 * DONE reporting success after it (pipelined behind that request) is refused. */
@@ -106,6 +107,7 @@ struct sc_op {
 	uint64_t completed_unix_ms;
 	uint64_t xfer_start_ns; /* sc_metrics_clock_ns() at the transfer's slot; 0 = never */
 	char request_id[SC_NAME_MAX];
+	char trace_id[SC_TRACE_ID_LEN]; /* W3C trace id; passive: "" until a creator's or first use's */
 	struct sc_desc *descs;
 	struct sc_region **regions; /* one per descriptor, each holding a reference */
 	size_t n_descs;
@@ -329,6 +331,11 @@ int sc_op_copy_str(char *dst, size_t cap, const char *src, const char *what, str
 /* Fill a snapshot. Under mu. -1 only when out of memory (info still usable, without metadata
  * and descriptors). */
 int sc_op_fill_info(const struct sc_op *op, struct sc_op_info *info);
+/* The log fields (base/log.h) of op: op, peer, backend, bytes (its total), trace_id. The strings
+ * point into op: log before mu is released (or before op can go). */
+struct sc_log_fields sc_op_log_fields(const struct sc_op *op);
+/* The same as a pointer for a log call: SC_INFO_KV("op", SC_OP_FIELDS(op), "..."). */
+#define SC_OP_FIELDS(o) ((const struct sc_log_fields[]){sc_op_log_fields(o)})
 /* Tell every watcher. Under mu. */
 void sc_op_notify(struct sc_engine *eng, struct sc_op *op);
 /* A terminal operation nothing pins gives its regions back at once. Under mu. */

@@ -507,10 +507,11 @@ int sc_peer_server_start(struct sc_peer_server *srv, struct sc_err *err)
 
 static int srv_open(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		    enum sc_op_kind peer_kind, const char *peer_id, uint64_t total_bytes,
-		    struct sc_err *err)
+		    const char *trace_id, struct sc_err *err)
 {
 	struct sc_peer_server *srv = ctx;
-	return sc_passive_open(&srv->passive, token, xfer_id, peer_kind, peer_id, total_bytes, err);
+	return sc_passive_open(&srv->passive, token, xfer_id, peer_kind, peer_id, total_bytes,
+			       trace_id, err);
 }
 
 static void srv_set_backend(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,

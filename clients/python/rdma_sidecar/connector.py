@@ -185,6 +185,13 @@ class Operation:
         return self._proto.backend_reason
 
     @property
+    def trace_id(self) -> str:
+        """The W3C trace id (32 hex digits) of the operation's log lines on both sidecars: the
+        `traceparent` it was created with, else a new one (a readable or writable created without
+        one takes the first transfer's). See docs/operations/logs.md."""
+        return self._proto.trace_id
+
+    @property
     def bytes_total(self) -> int:
         """Bytes the operation covers (the sum of its descriptors' lengths)."""
         return self._proto.bytes_total
@@ -480,11 +487,13 @@ class Connector:
                 raise not_ready_error(self.address, time.monotonic() - start)
         self._ready = True
 
-    async def _call(self, method: str, req: Any, timeout: Optional[float] = None) -> Any:
+    async def _call(self, method: str, req: Any, timeout: Optional[float] = None, traceparent: str = "") -> Any:
         if not self._ready:
             await self.wait_ready()
+        # traceparent: a W3C traceparent header, sent as gRPC metadata (the sidecar reads it).
+        md = (("traceparent", traceparent),) if traceparent else None
         try:
-            return await getattr(self._stub(), method)(req, timeout=timeout or self.rpc_timeout)
+            return await getattr(self._stub(), method)(req, timeout=timeout or self.rpc_timeout, metadata=md)
         except grpc.aio.AioRpcError as e:
             raise errors.from_rpc_error(e) from None
 
@@ -740,30 +749,35 @@ class Connector:
         return op
 
     async def _passive(self, method: str, cls: type, descs: Any, timeout: Optional[float], audience: str,
-                       uses: int, request_id: str) -> Any:
+                       uses: int, request_id: str, traceparent: str = "") -> Any:
         ds, wire, sets = await self._wire_sets(descs)
         any_uses = uses == ANY_USES
         proto = await self._call(method, pb.CreatePassiveRequest(
             descriptors=wire, descriptor_sets=sets, timeout_ms=int((timeout or 0) * 1000), audience=audience or "",
-            max_uses=0 if any_uses else uses, any_uses=any_uses, request_id=request_id or ""))
+            max_uses=0 if any_uses else uses, any_uses=any_uses, request_id=request_id or ""),
+            traceparent=traceparent)
         return self._track(cls, proto, ds)
 
     async def create_readable(self, descs: Any, timeout: Optional[float] = None, audience: str = "",
-                              uses: int = 1, request_id: str = "") -> ReadableOperation:
+                              uses: int = 1, request_id: str = "", traceparent: str = "") -> ReadableOperation:
         """Exposes local memory for a remote read. timeout: seconds the operation and its metadata
         live (None: the sidecar's --default-timeout); audience: the only sidecar id that may use the
         metadata; uses: how many transfers may use it (at most 1,048,576), or ANY_USES: any number
-        until the deadline, one readable read by many workers. Hand `op.metadata` to the peer."""
-        return await self._passive("CreateReadable", ReadableOperation, descs, timeout, audience, uses, request_id)
+        until the deadline, one readable read by many workers; traceparent: a W3C traceparent
+        ("00-<trace id>-<parent id>-<flags>", e.g. your request's) whose trace id tags the
+        operation's log lines (op.trace_id). Hand `op.metadata` to the peer."""
+        return await self._passive("CreateReadable", ReadableOperation, descs, timeout, audience, uses, request_id,
+                                   traceparent)
 
     async def create_writable(self, descs: Any, timeout: Optional[float] = None, audience: str = "",
-                              uses: int = 1, request_id: str = "") -> WritableOperation:
+                              uses: int = 1, request_id: str = "", traceparent: str = "") -> WritableOperation:
         """Exposes local memory for a remote write; as create_readable()."""
-        return await self._passive("CreateWritable", WritableOperation, descs, timeout, audience, uses, request_id)
+        return await self._passive("CreateWritable", WritableOperation, descs, timeout, audience, uses, request_id,
+                                   traceparent)
 
     async def _active(self, method: str, cls: type, metadata: MetadataLike, descs: Any,
                       requirement: Optional[TransferRequirement], timeout: Optional[float],
-                      backend: Optional[Backend], request_id: str) -> Any:
+                      backend: Optional[Backend], request_id: str, traceparent: str = "") -> Any:
         ds, wire, sets = await self._wire_sets(descs)
         req = pb.BeginTransferRequest(metadata=_metadata_text(metadata), descriptors=wire, descriptor_sets=sets,
                                       timeout_ms=int((timeout or 0) * 1000), backend=int(backend or 0),
@@ -772,22 +786,24 @@ class Connector:
             req.requirement.CopyFrom(pb.TransferRequirement(
                 request_id=requirement.request_id, iteration=requirement.iteration,
                 has_layer=requirement.layer is not None, layer=requirement.layer or 0))
-        return self._track(cls, await self._call(method, req), ds)
+        return self._track(cls, await self._call(method, req, traceparent=traceparent), ds)
 
     async def begin_read(self, metadata: MetadataLike, descs: Any, requirement: Optional[TransferRequirement] = None,
                          timeout: Optional[float] = None, backend: Optional[Backend] = None,
-                         request_id: str = "") -> ReadOperation:
+                         request_id: str = "", traceparent: str = "") -> ReadOperation:
         """Pulls the remote readable named by `metadata` into local `descs` (count and lengths must
-        match). Returns at once (SCHEDULED or IN_PROGRESS): await op.wait_for_completion()."""
+        match). Returns at once (SCHEDULED or IN_PROGRESS): await op.wait_for_completion().
+        traceparent: a W3C traceparent whose trace id tags this transfer's log lines on both
+        sidecars (op.trace_id; without one the sidecar starts a new trace)."""
         return await self._active("BeginRead", ReadOperation, metadata, descs, requirement, timeout, backend,
-                                  request_id)
+                                  request_id, traceparent)
 
     async def begin_write(self, metadata: MetadataLike, descs: Any, requirement: Optional[TransferRequirement] = None,
                           timeout: Optional[float] = None, backend: Optional[Backend] = None,
-                          request_id: str = "") -> WriteOperation:
+                          request_id: str = "", traceparent: str = "") -> WriteOperation:
         """Pushes local `descs` into the remote writable named by `metadata`; as begin_read()."""
         return await self._active("BeginWrite", WriteOperation, metadata, descs, requirement, timeout, backend,
-                                  request_id)
+                                  request_id, traceparent)
 
     # ---- NATS and scheduling ----
     async def publish(self, subject: str, op: MetadataLike) -> None:

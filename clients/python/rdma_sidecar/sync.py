@@ -51,11 +51,12 @@ class _Core(_aio.Connector):
             fut.cancel()
             return False
 
-    async def _call(self, method: str, req: Any, timeout: Optional[float] = None) -> Any:
+    async def _call(self, method: str, req: Any, timeout: Optional[float] = None, traceparent: str = "") -> Any:
         if not self._ready:
             await self.wait_ready()
+        md = (("traceparent", traceparent),) if traceparent else None  # as connector._call
         try:
-            return getattr(self._stub(), method)(req, timeout=timeout or self.rpc_timeout)
+            return getattr(self._stub(), method)(req, timeout=timeout or self.rpc_timeout, metadata=md)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
 
@@ -290,14 +291,16 @@ class Connector:
         _drive(self.aio.free(obj, force))
 
     def create_readable(self, descs: Any, timeout: Optional[float] = None, audience: str = "", uses: int = 1,
-                        request_id: str = "") -> ReadableOperation:
+                        request_id: str = "", traceparent: str = "") -> ReadableOperation:
         """Exposes local memory for a remote read."""
-        return ReadableOperation(_drive(self.aio.create_readable(descs, timeout, audience, uses, request_id)))
+        return ReadableOperation(_drive(self.aio.create_readable(descs, timeout, audience, uses, request_id,
+                                                                 traceparent)))
 
     def create_writable(self, descs: Any, timeout: Optional[float] = None, audience: str = "", uses: int = 1,
-                        request_id: str = "") -> WritableOperation:
+                        request_id: str = "", traceparent: str = "") -> WritableOperation:
         """Exposes local memory for a remote write."""
-        return WritableOperation(_drive(self.aio.create_writable(descs, timeout, audience, uses, request_id)))
+        return WritableOperation(_drive(self.aio.create_writable(descs, timeout, audience, uses, request_id,
+                                                                 traceparent)))
 
     @staticmethod
     def _meta(metadata: Any) -> Any:
@@ -305,17 +308,17 @@ class Connector:
 
     def begin_read(self, metadata: MetadataLike, descs: Any, requirement: Optional[TransferRequirement] = None,
                    timeout: Optional[float] = None, backend: Optional[Backend] = None,
-                   request_id: str = "") -> ReadOperation:
+                   request_id: str = "", traceparent: str = "") -> ReadOperation:
         """Pulls a remote readable into local memory; returns at once."""
         return ReadOperation(_drive(self.aio.begin_read(self._meta(metadata), descs, requirement, timeout, backend,
-                                                        request_id)))
+                                                        request_id, traceparent)))
 
     def begin_write(self, metadata: MetadataLike, descs: Any, requirement: Optional[TransferRequirement] = None,
                     timeout: Optional[float] = None, backend: Optional[Backend] = None,
-                    request_id: str = "") -> WriteOperation:
+                    request_id: str = "", traceparent: str = "") -> WriteOperation:
         """Pushes local memory into a remote writable; returns at once."""
         return WriteOperation(_drive(self.aio.begin_write(self._meta(metadata), descs, requirement, timeout, backend,
-                                                          request_id)))
+                                                          request_id, traceparent)))
 
     def publish(self, subject: str, op: Any) -> None:
         """Publishes a passive operation's metadata (or an rsm1. text) on a NATS subject."""
