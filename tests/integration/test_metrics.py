@@ -213,6 +213,16 @@ class MetricsTest(SidecarTest):
         self.assertEqual(m[key("grpc_server_started_total", **labels("BeginWrite"))], 0)
         self.assertEqual(m[key("grpc_server_started_total", **labels("WatchOperation", kind="server_stream"))], 0)
         self.assertEqual(m[key("grpc_server_started_total", **labels("WriteRegion", kind="client_stream"))], 0)
+        # A call is counted handled when its last reference goes, which can be just after the
+        # client has its answer: wait until the start-up calls are all counted.
+        def settled(extra=0, getop=0):
+            m = self.scrape(port)
+            started = m.get(key("grpc_server_started_total", **labels("GetInfo")), 0)
+            handled = m.get(key("grpc_server_handled_total", grpc_code="OK", **labels("GetInfo")), 0)
+            nf = m.get(key("grpc_server_handled_total", grpc_code="NOT_FOUND", **labels("GetOperation")), 0)
+            return started > extra and handled == started and nf == getop
+        wait_until(settled, 10 * SLOW, "the start-up GetInfo calls to be counted handled")
+        m = self.scrape(port)
         info0 = m[key("grpc_server_handled_total", grpc_code="OK", **labels("GetInfo"))]
         for _ in range(3):
             s.info()
@@ -231,6 +241,7 @@ class MetricsTest(SidecarTest):
             return self.scrape(port).get(key("grpc_server_handled_total", grpc_code="CANCELLED",
                                              **labels("WatchOperation", kind="server_stream")), 0) == 1
         wait_until(watch_done, 10 * SLOW, "the cancelled WatchOperation to be counted")
+        wait_until(lambda: settled(info0 + 2, 2), 10 * SLOW, "the GetInfo and GetOperation calls to be counted")
         m = self.scrape(port)
         self.assertEqual(m[key("grpc_server_handled_total", grpc_code="OK", **labels("GetInfo"))], info0 + 3)
         self.assertEqual(m[key("grpc_server_started_total", **labels("GetInfo"))], info0 + 3)
