@@ -208,7 +208,9 @@ static void wait_deadline(void *ctx)
 	w->answered = true;
 	uint64_t sub_id = w->sub_id;
 	pthread_mutex_unlock(&w->mu);
-	sc_bus_unsubscribe(eng, sub_id); /* waits for a handler that is running */
+	/* Answer first: a handler running now sees `answered` and does nothing, and the
+	 * unsubscribe below (removing a JetStream consumer is a NATS request, bounded by the
+	 * store's timeout) does not delay the client's error. */
 	if (mine) {
 		char msg[SC_ERR_MSG_MAX + 1400];
 		const char *stream = sc_bus_store_name(eng);
@@ -236,6 +238,7 @@ static void wait_deadline(void *ctx)
 			sc_call_fail(c, SC_DEADLINE_EXCEEDED, msg);
 		}
 	}
+	sc_bus_unsubscribe(eng, sub_id); /* waits for a handler that is running */
 	sc_call_unref(c);
 }
 
