@@ -21,6 +21,7 @@ Needs root, `ip netns`, tc and iptables: exits 77 (skipped) otherwise.
 Figures printed (look for "figure:").
 """
 import os
+import re
 import subprocess
 import sys
 import time
@@ -172,8 +173,14 @@ class TcpPathsTest(SidecarTest):
         self.assertIn(self.net.addrs[1][0], rail.detail)  # the path that failed
         self.assertGreaterEqual(rail.failovers, 1)
         self.assertGreaterEqual(rail.errors, 1)
-        m = [line for line in self.metrics().splitlines()
-             if line.startswith("rdma_sidecar_rail_failovers_total") and rail.name in line]
+        # The metrics name a rail by a stable label (its interface); rdma_sidecar_rail_info
+        # joins it to the endpoint GetInfo names.
+        text = self.metrics()
+        info = [re.search(r'rail="([^"]+)"', line).group(1) for line in text.splitlines()
+                if line.startswith("rdma_sidecar_rail_info{") and 'endpoint="%s"' % rail.name in line]
+        self.assertEqual(len(info), 1, (rail.name, info))
+        m = [line for line in text.splitlines()
+             if line.startswith("rdma_sidecar_rail_failovers_total") and 'rail="%s"' % info[0] in line]
         self.assertTrue(m and float(m[0].split()[-1]) >= 1, m)
         self.assertIn("path to %s" % rail.detail.split()[2], self.b.read_log())  # the WARN line
         # Back, and its cool-down (2 s after the first failure) over: probed, used again, up.
