@@ -241,5 +241,6 @@ static inline int sc_backend_connect(struct sc_backend *b, const struct sc_metad
 struct sc_backend *sc_backend_tcp_create(const struct sc_backend_env *env);
 struct sc_backend *sc_backend_local_create(const struct sc_backend_env *env);
 struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env);
+struct sc_backend *sc_backend_libfabric_create(const struct sc_backend_env *env);
 
 #endif

@@ -73,6 +73,10 @@
  * channel. Which one is mapped at the edges (sc_peer_via_flags / sc_peer_via_backend): the wire
  * has one such bit, and it has always meant ibverbs (RDMA). */
 #define SC_PEER_FLAG_VIA_BACKEND 0x0001u
+/* With SC_PEER_FLAG_VIA_BACKEND: that backend is libfabric, not ibverbs. An older sidecar refuses
+ * the OPEN ("unknown flags"), so a peer that does not know libfabric never counts it as ibverbs. */
+#define SC_PEER_FLAG_VIA_LIBFABRIC 0x0002u
+#define SC_PEER_OPEN_FLAGS (SC_PEER_FLAG_VIA_BACKEND | SC_PEER_FLAG_VIA_LIBFABRIC)
 
 /* The OPEN header flags that say backend `via` moves a transfer's bytes (0 for NONE and TCP,
  * which the channel itself carries), and back (SC_BACKEND_NONE: the channel carries them). */

@@ -21,7 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SHM_KIND ((enum sc_backend_kind)4)
+#define SHM_KIND ((enum sc_backend_kind)5)
 
 /* ---- the test-only backend: a partial ops table and a constructor -----------------------------
  */
