@@ -160,6 +160,7 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 		return;
 	}
 	snprintf(ob->provider, sizeof(ob->provider), "%s", prov);
+	prov = ob->provider; /* list is freed below */
 	ob->tcp_emulating = tcp_emulating(prov);
 	/* The rails: the first info of each domain of that provider, in --ofi-domains order. */
 	const char *domains = cfg->ofi_domains && cfg->ofi_domains[0] ? cfg->ofi_domains : NULL;

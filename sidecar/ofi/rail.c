@@ -50,12 +50,16 @@ int ofi_rail_open(struct ofi_backend *ob, size_t r, const struct fi_info *info, 
 		snprintf(why, cap, "fi_domain(%s): %s", dom, fi_strerror(-rc));
 		return -1;
 	}
+	/* FI_WAIT_NONE: the progress thread polls (providers with manual data progress, such as
+	 * tcp;ofi_rxm, progress only inside fi_cq_read); RDMA_SIDECAR_OFI_CQ_WAIT=1 tries a wait
+	 * object (fi_cq_sread) instead. */
+	const char *w = getenv("RDMA_SIDECAR_OFI_CQ_WAIT");
 	struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_CONTEXT,
 				     .size = 4096,
-				     .wait_obj = FI_WAIT_UNSPEC};
+				     .wait_obj = w && w[0] == '1' ? FI_WAIT_UNSPEC : FI_WAIT_NONE};
 	rc = fi_cq_open(rl->domain, &cq_attr, &rl->cq, NULL);
-	rl->cq_waits = rc == 0;
-	if (rc) {
+	rl->cq_waits = rc == 0 && cq_attr.wait_obj != FI_WAIT_NONE;
+	if (rc && cq_attr.wait_obj != FI_WAIT_NONE) {
 		cq_attr.wait_obj = FI_WAIT_NONE;
 		rc = fi_cq_open(rl->domain, &cq_attr, &rl->cq, NULL);
 	}
@@ -141,7 +145,7 @@ static void *progress_main(void *arg)
 		if (n == -FI_EAGAIN || n == -FI_ETIMEDOUT || n == -FI_EINTR) {
 			if (!rl->cq_waits) {
 				/* No wait object: spin briefly after activity, then sleep. */
-				struct timespec ts = {0, idle++ < 1000 ? 20000 : 1000000};
+				struct timespec ts = {0, idle++ < 2000 ? 5000 : 1000000};
 				nanosleep(&ts, NULL);
 			}
 			continue;

@@ -295,7 +295,11 @@ static int post_one(struct ofi_xfer *xf, struct ofi_req *rq, const struct sc_xr_
 	rq->bytes = bytes;
 	rq->busy = true;
 	xf->inflight++;
-	uint64_t flags = FI_COMPLETION | (more ? FI_MORE : 0);
+	/* A WRITE completes only once its bytes are in the peer's memory (FI_DELIVERY_COMPLETE):
+	 * the DONE that follows must not overtake them (tcp;ofi_rxm otherwise completes a write
+	 * when it leaves the socket). */
+	uint64_t flags = FI_COMPLETION | (more ? FI_MORE : 0) |
+			 (x->kind == SC_OP_READ ? 0 : FI_DELIVERY_COMPLETE);
 	for (;;) {
 		pthread_mutex_unlock(&ob->mu);
 		ssize_t rc = x->kind == SC_OP_READ ? fi_readmsg(rl->ep, &msg, flags)
@@ -414,11 +418,11 @@ static void run_task(struct sc_xr_task *t)
 	} else {
 		move(xf);
 	}
-	char msg[SC_ERR_MSG_MAX];
-	enum sc_status status = sc_xr_verdict(&ob->xr, &xf->xr, xf->bytes_done, true, msg,
-					      sizeof(msg));
+	uint64_t moved = xf->bytes_done;
 	bool lost_peer = xf->inflight > 0;
 	pthread_mutex_unlock(&ob->mu);
+	char msg[SC_ERR_MSG_MAX];
+	enum sc_status status = sc_xr_verdict(&ob->xr, &xf->xr, moved, true, msg, sizeof(msg));
 
 	struct sc_peer_conn *c = xf->conn;
 	xf->conn = NULL;
