@@ -155,7 +155,6 @@ int ofi_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *add
 	       const int *gpus, void *const *region_handles, void **handle, struct sc_err *err)
 {
 	struct ofi_backend *ob = to_ofi(b);
-	(void)gpus;
 	/* The spans: per region, from its first exposed byte to its last. Few regions per
 	 * operation (KV: one per layer tensor), so a linear search is enough. */
 	size_t n_sp = 0, cap_sp = 8;
@@ -164,6 +163,10 @@ int ofi_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *add
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 	for (size_t i = 0; i < md->n_descs; i++) {
 		struct ofi_region *r = region_handles[i];
+		if (!r && gpus[i] != SC_GPU_HOST && !ob->hmem) {
+			free(sp);
+			return sc_err_set(err, SC_FAILED_PRECONDITION, "%s", ob->hmem_reason);
+		}
 		if (!r) {
 			free(sp);
 			return sc_err_set(err, SC_FAILED_PRECONDITION,

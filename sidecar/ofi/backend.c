@@ -112,14 +112,8 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 	const char *want = cfg->ofi_provider && cfg->ofi_provider[0] ? cfg->ofi_provider : NULL;
 	bool hmem_allowed = !(cfg->ofi_hmem && strcasecmp(cfg->ofi_hmem, "off") == 0);
 	int rc = 0;
-	struct fi_info *list = NULL;
 	bool hmem = false;
-	if (hmem_allowed && b->env.gpu) {
-		list = get_info(true, &rc);
-		hmem = list != NULL;
-	}
-	if (!list)
-		list = get_info(false, &rc);
+	struct fi_info *list = get_info(false, &rc);
 	if (!list) {
 		snprintf(b->detail, sizeof(b->detail),
 			 "libfabric %u.%u: no provider offers FI_EP_RDM endpoints with FI_RMA "
@@ -161,6 +155,20 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 	}
 	snprintf(ob->provider, sizeof(ob->provider), "%s", prov);
 	prov = ob->provider; /* list is freed below */
+	/* GPU memory: the same provider asked again with FI_HMEM; when it answers, its rails come
+	 * from that answer (their MRs then take FI_HMEM_CUDA registrations). */
+	if (hmem_allowed && b->env.gpu) {
+		int hrc = 0;
+		struct fi_info *hl = get_info(true, &hrc);
+		for (struct fi_info *i = hl; i && !hmem; i = i->next)
+			hmem = strcmp(i->fabric_attr->prov_name, prov) == 0;
+		if (hmem) {
+			fi_freeinfo(list);
+			list = hl;
+		} else if (hl) {
+			fi_freeinfo(hl);
+		}
+	}
 	ob->tcp_emulating = tcp_emulating(prov);
 	/* The rails: the first info of each domain of that provider, in --ofi-domains order. */
 	const char *domains = cfg->ofi_domains && cfg->ofi_domains[0] ? cfg->ofi_domains : NULL;
@@ -249,9 +257,7 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 		snprintf(ob->hmem_reason, sizeof(ob->hmem_reason), "no CUDA driver on this host");
 	else if (!hmem)
 		snprintf(ob->hmem_reason, sizeof(ob->hmem_reason),
-			 "libfabric provider %s does not offer FI_HMEM (CUDA memory registration): "
-			 "GPU memory is staged through host buffers over tcp",
-			 prov);
+			 "provider %s does not offer FI_HMEM: GPU memory is staged over tcp", prov);
 	else if (ob->n_rails && !(ob->rails[0].info->caps & FI_HMEM))
 		snprintf(ob->hmem_reason, sizeof(ob->hmem_reason),
 			 "libfabric provider %s domain %s lacks FI_HMEM: GPU memory is staged", prov,
@@ -271,9 +277,9 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 	}
 	snprintf(b->detail, sizeof(b->detail),
 		 "libfabric %u.%u provider %s%s, %zu rail(s): %s; mr_mode 0x%" PRIx64
-		 ", %zu iov per message; GPU memory: %s",
+		 ", %zu iov/msg; GPU memory: %s",
 		 FI_MAJOR(fi_version()), FI_MINOR(fi_version()), prov,
-		 ob->tcp_emulating ? " (TCP-emulating: no faster than the tcp backend)" : "",
+		 ob->tcp_emulating ? " (TCP-emulating)" : "",
 		 ob->n_rails, names, ob->rails[0].mr_mode, ob->rails[0].iov_limit,
 		 ob->hmem ? "FI_HMEM_CUDA registration" : ob->hmem_reason);
 }
