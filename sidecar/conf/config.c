@@ -82,6 +82,7 @@ enum opt_id {
 	OPT_OFI_MAX_PEERS,
 	OPT_OFI_STRIPE_MIN,
 	OPT_OFI_HMEM,
+	OPT_OFI_STALL_TIMEOUT,
 	OPT_DEFAULT_TIMEOUT,
 	OPT_RETENTION,
 	OPT_CANCEL_WAIT,
@@ -386,6 +387,12 @@ static const struct sc_option sc_options[] = {
 		 "offers FI_HMEM, else staged through host buffers over tcp, with the reason in "
 		 "GetInfo) or off (always staged)",
 	 .def = "auto"},
+	{.id = OPT_OFI_STALL_TIMEOUT, T_DURATION(ofi_stall_ms), .name = "ofi-stall-timeout", .arg = ARG_REQUIRED,
+	 .value = "DURATION", .group = "libfabric",
+	 .help = "a rail of a striped libfabric transfer none of whose messages completes for this "
+		 "long is given up on for that transfer: its messages go again on the other rails "
+		 "(a cut link); 0 = never",
+	 .def = "5s"},
 
 	{.id = OPT_DEFAULT_TIMEOUT, .name = "default-timeout", .arg = ARG_REQUIRED,
 	 .value = "DURATION", .group = "Limits",
@@ -1197,6 +1204,7 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->ib_max_qps = 1024;
 	cfg->ofi_max_peers = 1024;
 	cfg->ofi_stripe_min_bytes = 4 * SC_MIB;
+	cfg->ofi_stall_ms = 5000;
 	cfg->data_max_unauth_per_ip = 16;
 	cfg->data_max_unauth = 64;
 	cfg->data_first_byte_timeout_ms = 1000;

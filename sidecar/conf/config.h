@@ -81,6 +81,7 @@ struct sc_config {
 	uint32_t ofi_max_peers;                       /* --ofi-max-peers, 1024 AV entries per rail */
 	uint64_t ofi_stripe_min_bytes;                /* --ofi-stripe-min, 4 MiB; 0 = never stripe */
 	char *ofi_hmem;                               /* --ofi-hmem auto|off (CUDA registration) */
+	uint64_t ofi_stall_ms;                        /* --ofi-stall-timeout, 5000; 0 = never */
 	enum sc_log_level log_level;                  /* --log-level, info */
 	bool log_json;                                /* --log-json */
 	char *metrics_listen;                         /* --metrics-listen HOST:PORT; NULL = off */

@@ -242,12 +242,16 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 			snprintf(r->pci, sizeof(r->pci), "%04x:%02x:%02x.%x", pa->domain_id,
 				 pa->bus_id, pa->device_id, pa->function_id);
 		}
-		sc_rail_set_state(b, b->n_rails, SC_RAIL_UP, "%s%s", prov,
-				  ob->tcp_emulating ? " (TCP-emulating)" : "");
 		if (b->n_devices < 4)
 			memcpy(b->devices[b->n_devices++], r->name, sizeof(b->devices[0]) - 1);
 		b->n_rails++;
 		ob->n_rails++;
+		struct ofi_rail *rl = &ob->rails[ob->n_rails - 1];
+		sc_rail_set_state(b, b->n_rails - 1, SC_RAIL_UP,
+				  "libfabric provider %s%s, domain %s, fabric %s, %zu-byte address",
+				  prov, ob->tcp_emulating ? " (TCP-emulating)" : "",
+				  rails[k]->domain_attr->name, rails[k]->fabric_attr->name,
+				  rl->addr_len);
 	}
 	ob->hmem = false;
 	if (!hmem_allowed)
@@ -375,6 +379,7 @@ struct sc_backend *sc_backend_libfabric_create(const struct sc_backend_env *env)
 	ob->srv = env->server;
 	ob->max_peers = cfg->ofi_max_peers ? cfg->ofi_max_peers : 1024;
 	ob->stripe_min = cfg->ofi_stripe_min_bytes;
+	ob->stall_ms = cfg->ofi_stall_ms;
 	pthread_mutex_init(&ob->mu, NULL);
 	sc_xr_init(&ob->xr, "libfabric", &ob->mu);
 	uint64_t seed = 0;

@@ -53,10 +53,19 @@ struct ofi_rail {
 	struct fi_info *info; /* fi_dupinfo'd */
 	struct fid_fabric *fabric;
 	struct fid_domain *domain;
-	struct fid_ep *ep;
+	struct fid_ep *ep; /* the target endpoint: its address is advertised, grants bind to it */
 	struct fid_av *av;
 	struct fid_cq *cq;
-	bool cq_waits; /* fi_cq_sread works (a wait object); else fi_cq_read and short sleeps */
+	/* The initiator endpoint (this sidecar's READs and WRITEs), with its own AV and CQ, apart
+	 * from the target one, so that dropping a peer's address or a path's connections never
+	 * touches what peers do to this sidecar. The same objects as ep/av/cq when the provider
+	 * binds local MRs to endpoints (FI_MR_ENDPOINT). */
+	struct fid_ep *ep_out;
+	struct fid_av *av_out;
+	struct fid_cq *cq_out;
+	bool split;
+	atomic_bool cooling; /* a transfer gave up on it; the next completion on it clears it */
+	pthread_rwlock_t out_lock; /* read: posting, polling; write: none yet (kept for a reset) */
 	uint8_t addr[SC_OFI_ADDR_MAX];
 	size_t addr_len;
 	uint64_t mr_mode;
@@ -85,6 +94,7 @@ struct ofi_backend {
 	size_t n_rails;
 	uint32_t max_peers;
 	uint64_t stripe_min;
+	uint64_t stall_ms; /* --ofi-stall-timeout; 0 = never */
 	atomic_uint_fast64_t next_key;
 	atomic_uint_fast64_t keys_open, keys_closed, av_inserted, av_evicted;
 };
@@ -107,6 +117,9 @@ void ofi_rail_close(struct ofi_rail *rl);
 int ofi_peer_get(struct ofi_rail *rl, const char *id, const uint8_t *addr, size_t len,
 		 fi_addr_t *fa, struct sc_err *err);
 void ofi_peer_put(struct ofi_rail *rl, const char *id);
+/* Drops peer id's entry from the table without fi_av_remove (the caller removed its address
+ * already): the next transfer inserts it afresh. */
+void ofi_peer_forget(struct ofi_rail *rl, const char *id);
 /* Removes peer id's entry (fi_av_remove) when idle: a peer that failed. */
 void ofi_peer_evict(struct ofi_rail *rl, const char *id);
 /* The libfabric error text of a CQ error entry. */

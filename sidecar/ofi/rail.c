@@ -26,6 +26,54 @@
 #define CQ_BATCH 64
 #define CQ_WAIT_MS 100
 
+/* One endpoint with its AV and CQ (FI_WAIT_NONE: the progress thread polls; providers with
+ * manual data progress, such as tcp;ofi_rxm, progress only inside fi_cq_read). */
+static int open_ep(struct ofi_rail *rl, struct fid_ep **ep, struct fid_av **av, struct fid_cq **cq,
+		   char *why, size_t cap)
+{
+	const char *dom = rl->info->domain_attr->name;
+	struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_CONTEXT,
+				     .size = 4096,
+				     .wait_obj = FI_WAIT_NONE};
+	int rc = fi_cq_open(rl->domain, &cq_attr, cq, NULL);
+	if (rc) {
+		snprintf(why, cap, "fi_cq_open(%s): %s", dom, fi_strerror(-rc));
+		return -1;
+	}
+	struct fi_av_attr av_attr = {.type = FI_AV_TABLE, .count = rl->ob->max_peers};
+	if (rl->info->domain_attr->av_type != FI_AV_UNSPEC)
+		av_attr.type = rl->info->domain_attr->av_type;
+	rc = fi_av_open(rl->domain, &av_attr, av, NULL);
+	if (rc) {
+		snprintf(why, cap, "fi_av_open(%s): %s", dom, fi_strerror(-rc));
+		return -1;
+	}
+	rc = fi_endpoint(rl->domain, rl->info, ep, NULL);
+	if (rc) {
+		snprintf(why, cap, "fi_endpoint(%s): %s", dom, fi_strerror(-rc));
+		return -1;
+	}
+	if ((rc = fi_ep_bind(*ep, &(*av)->fid, 0)) ||
+	    (rc = fi_ep_bind(*ep, &(*cq)->fid, FI_TRANSMIT | FI_RECV)) || (rc = fi_enable(*ep))) {
+		snprintf(why, cap, "binding an endpoint of %s: %s", dom, fi_strerror(-rc));
+		return -1;
+	}
+	return 0;
+}
+
+static void close_ep(struct fid_ep **ep, struct fid_av **av, struct fid_cq **cq)
+{
+	if (*ep)
+		fi_close(&(*ep)->fid);
+	if (*av)
+		fi_close(&(*av)->fid);
+	if (*cq)
+		fi_close(&(*cq)->fid);
+	*ep = NULL;
+	*av = NULL;
+	*cq = NULL;
+}
+
 int ofi_rail_open(struct ofi_backend *ob, size_t r, const struct fi_info *info, char *why,
 		  size_t cap)
 {
@@ -33,6 +81,7 @@ int ofi_rail_open(struct ofi_backend *ob, size_t r, const struct fi_info *info, 
 	rl->ob = ob;
 	rl->index = r;
 	pthread_mutex_init(&rl->av_mu, NULL);
+	pthread_rwlock_init(&rl->out_lock, NULL);
 	atomic_init(&rl->thread_exit, false);
 	rl->info = fi_dupinfo(info);
 	if (!rl->info) {
@@ -50,48 +99,24 @@ int ofi_rail_open(struct ofi_backend *ob, size_t r, const struct fi_info *info, 
 		snprintf(why, cap, "fi_domain(%s): %s", dom, fi_strerror(-rc));
 		return -1;
 	}
-	/* FI_WAIT_NONE: the progress thread polls (providers with manual data progress, such as
-	 * tcp;ofi_rxm, progress only inside fi_cq_read); RDMA_SIDECAR_OFI_CQ_WAIT=1 tries a wait
-	 * object (fi_cq_sread) instead. */
-	const char *w = getenv("RDMA_SIDECAR_OFI_CQ_WAIT");
-	struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_CONTEXT,
-				     .size = 4096,
-				     .wait_obj = w && w[0] == '1' ? FI_WAIT_UNSPEC : FI_WAIT_NONE};
-	rc = fi_cq_open(rl->domain, &cq_attr, &rl->cq, NULL);
-	rl->cq_waits = rc == 0 && cq_attr.wait_obj != FI_WAIT_NONE;
-	if (rc && cq_attr.wait_obj != FI_WAIT_NONE) {
-		cq_attr.wait_obj = FI_WAIT_NONE;
-		rc = fi_cq_open(rl->domain, &cq_attr, &rl->cq, NULL);
-	}
-	if (rc) {
-		snprintf(why, cap, "fi_cq_open(%s): %s", dom, fi_strerror(-rc));
+	rc = open_ep(rl, &rl->ep, &rl->av, &rl->cq, why, cap);
+	if (rc)
 		return -1;
-	}
-	struct fi_av_attr av_attr = {.type = FI_AV_TABLE, .count = ob->max_peers};
-	if (rl->info->domain_attr->av_type != FI_AV_UNSPEC)
-		av_attr.type = rl->info->domain_attr->av_type;
-	rc = fi_av_open(rl->domain, &av_attr, &rl->av, NULL);
-	if (rc) {
-		snprintf(why, cap, "fi_av_open(%s): %s", dom, fi_strerror(-rc));
-		return -1;
-	}
-	rc = fi_endpoint(rl->domain, rl->info, &rl->ep, NULL);
-	if (rc) {
-		snprintf(why, cap, "fi_endpoint(%s): %s", dom, fi_strerror(-rc));
-		return -1;
-	}
-	if ((rc = fi_ep_bind(rl->ep, &rl->av->fid, 0)) ||
-	    (rc = fi_ep_bind(rl->ep, &rl->cq->fid, FI_TRANSMIT | FI_RECV)) ||
-	    (rc = fi_enable(rl->ep))) {
-		snprintf(why, cap, "binding the endpoint of %s: %s", dom, fi_strerror(-rc));
-		return -1;
-	}
 	rl->addr_len = sizeof(rl->addr);
 	rc = fi_getname(&rl->ep->fid, rl->addr, &rl->addr_len);
 	if (rc) {
 		snprintf(why, cap, "fi_getname(%s): %s (address longer than %d bytes?)", dom,
 			 fi_strerror(-rc), SC_OFI_ADDR_MAX);
 		return -1;
+	}
+	rl->split = !(rl->info->domain_attr->mr_mode & FI_MR_ENDPOINT);
+	if (rl->split) {
+		if (open_ep(rl, &rl->ep_out, &rl->av_out, &rl->cq_out, why, cap))
+			return -1;
+	} else {
+		rl->ep_out = rl->ep;
+		rl->av_out = rl->av;
+		rl->cq_out = rl->cq;
 	}
 	rl->mr_mode = rl->info->domain_attr->mr_mode;
 	size_t iov = rl->info->tx_attr->iov_limit;
@@ -113,7 +138,7 @@ int ofi_rail_open(struct ofi_backend *ob, size_t r, const struct fi_info *info, 
 const char *ofi_cq_errtext(struct ofi_rail *rl, const struct fi_cq_err_entry *e, char *buf,
 			   size_t cap)
 {
-	const char *t = fi_cq_strerror(rl->cq, e->prov_errno, e->err_data, buf, cap);
+	const char *t = fi_cq_strerror(rl->cq_out, e->prov_errno, e->err_data, buf, cap);
 	if (t && t != buf)
 		snprintf(buf, cap, "%s", t);
 	else if (!t)
@@ -121,38 +146,52 @@ const char *ofi_cq_errtext(struct ofi_rail *rl, const struct fi_cq_err_entry *e,
 	return buf;
 }
 
-static void *progress_main(void *arg)
+/* Reads one CQ: completions to their transfers. Returns how many entries it handled. */
+static int poll_cq(struct ofi_rail *rl, struct fid_cq *cq)
 {
-	struct ofi_rail *rl = arg;
 	struct fi_cq_entry ent[CQ_BATCH];
-	unsigned idle = 0;
-	while (!atomic_load(&rl->thread_exit)) {
-		ssize_t n = rl->cq_waits ? fi_cq_sread(rl->cq, ent, CQ_BATCH, NULL, CQ_WAIT_MS)
-					 : fi_cq_read(rl->cq, ent, CQ_BATCH);
-		if (n > 0) {
-			idle = 0;
-			for (ssize_t i = 0; i < n; i++)
-				ofi_xfer_completed(rl, ent[i].op_context, NULL);
-			continue;
-		}
-		if (n == -FI_EAVAIL) {
-			struct fi_cq_err_entry e;
-			memset(&e, 0, sizeof(e));
-			if (fi_cq_readerr(rl->cq, &e, 0) > 0)
-				ofi_xfer_completed(rl, e.op_context, &e);
-			continue;
-		}
-		if (n == -FI_EAGAIN || n == -FI_ETIMEDOUT || n == -FI_EINTR) {
-			if (!rl->cq_waits) {
-				/* No wait object: spin briefly after activity, then sleep. */
-				struct timespec ts = {0, idle++ < 2000 ? 5000 : 1000000};
-				nanosleep(&ts, NULL);
-			}
-			continue;
-		}
+	ssize_t n = fi_cq_read(cq, ent, CQ_BATCH);
+	if (n > 0) {
+		for (ssize_t i = 0; i < n; i++)
+			ofi_xfer_completed(rl, ent[i].op_context, NULL);
+		return (int)n;
+	}
+	if (n == -FI_EAVAIL) {
+		struct fi_cq_err_entry e;
+		memset(&e, 0, sizeof(e));
+		if (fi_cq_readerr(cq, &e, 0) > 0)
+			ofi_xfer_completed(rl, e.op_context, &e);
+		return 1;
+	}
+	if (n != -FI_EAGAIN && n != -FI_EINTR) {
 		SC_ERROR("libfabric", "rail %zu (%s): fi_cq_read failed: %s", rl->index,
 			 rl->info->domain_attr->name, fi_strerror((int)-n));
 		struct timespec ts = {0, 10000000};
+		nanosleep(&ts, NULL);
+	}
+	return 0;
+}
+
+/* Polls the initiator's CQ (this sidecar's transfers) and the target's (which, with manual
+ * progress, is what serves the peers' RMA): busy while there is work, then sleeping up to 1 ms. */
+static void *progress_main(void *arg)
+{
+	struct ofi_rail *rl = arg;
+	unsigned idle = 0;
+	while (!atomic_load(&rl->thread_exit)) {
+		int n = 0;
+		/* Both under the lock: the provider's progress engine is per domain, so polling the
+		 * target's CQ may touch the initiator endpoint that a reset is closing. */
+		pthread_rwlock_rdlock(&rl->out_lock);
+		n += poll_cq(rl, rl->cq_out);
+		if (rl->split)
+			n += poll_cq(rl, rl->cq);
+		pthread_rwlock_unlock(&rl->out_lock);
+		if (n > 0) {
+			idle = 0;
+			continue;
+		}
+		struct timespec ts = {0, idle++ < 2000 ? 5000 : 1000000};
 		nanosleep(&ts, NULL);
 	}
 	return NULL;
@@ -174,8 +213,6 @@ void ofi_rail_stop(struct ofi_rail *rl)
 	if (!rl->thread_started)
 		return;
 	atomic_store(&rl->thread_exit, true);
-	if (rl->cq_waits)
-		fi_cq_signal(rl->cq);
 	pthread_join(rl->thread, NULL);
 	rl->thread_started = false;
 }
@@ -188,26 +225,22 @@ void ofi_rail_close(struct ofi_rail *rl)
 		rl->peers = p->next;
 		free(p);
 	}
-	if (rl->ep)
-		fi_close(&rl->ep->fid);
-	if (rl->av)
-		fi_close(&rl->av->fid);
-	if (rl->cq)
-		fi_close(&rl->cq->fid);
+	if (rl->split)
+		close_ep(&rl->ep_out, &rl->av_out, &rl->cq_out);
+	close_ep(&rl->ep, &rl->av, &rl->cq);
 	if (rl->domain)
 		fi_close(&rl->domain->fid);
 	if (rl->fabric)
 		fi_close(&rl->fabric->fid);
 	if (rl->info)
 		fi_freeinfo(rl->info);
-	rl->ep = NULL;
-	rl->av = NULL;
-	rl->cq = NULL;
 	rl->domain = NULL;
 	rl->fabric = NULL;
 	rl->info = NULL;
-	if (rl->ob)
+	if (rl->ob) {
 		pthread_mutex_destroy(&rl->av_mu);
+		pthread_rwlock_destroy(&rl->out_lock);
+	}
 	rl->ob = NULL;
 }
 
@@ -217,7 +250,7 @@ static void remove_locked(struct ofi_rail *rl, struct ofi_peer **link)
 {
 	struct ofi_peer *p = *link;
 	fi_addr_t fa = p->fa;
-	int rc = fi_av_remove(rl->av, &fa, 1, 0);
+	int rc = fi_av_remove(rl->av_out, &fa, 1, 0);
 	if (rc)
 		SC_WARN("libfabric", "rail %zu: fi_av_remove of peer %s: %s", rl->index, p->id,
 			fi_strerror(-rc));
@@ -276,7 +309,7 @@ int ofi_peer_get(struct ofi_rail *rl, const char *id, const uint8_t *addr, size_
 	snprintf(p->id, sizeof(p->id), "%s", id);
 	memcpy(p->addr, addr, len);
 	p->addr_len = len;
-	int n = fi_av_insert(rl->av, addr, 1, &p->fa, 0, NULL);
+	int n = fi_av_insert(rl->av_out, addr, 1, &p->fa, 0, NULL);
 	if (n != 1) {
 		pthread_mutex_unlock(&rl->av_mu);
 		free(p);
@@ -315,6 +348,21 @@ void ofi_peer_evict(struct ofi_rail *rl, const char *id)
 		if (strcmp((*l)->id, id) == 0) {
 			if ((*l)->refs == 0)
 				remove_locked(rl, l);
+			break;
+		}
+	pthread_mutex_unlock(&rl->av_mu);
+}
+
+void ofi_peer_forget(struct ofi_rail *rl, const char *id)
+{
+	pthread_mutex_lock(&rl->av_mu);
+	for (struct ofi_peer **l = &rl->peers; *l; l = &(*l)->next)
+		if (strcmp((*l)->id, id) == 0) {
+			struct ofi_peer *p = *l;
+			*l = p->next;
+			free(p);
+			rl->n_peers--;
+			atomic_fetch_add(&rl->ob->av_evicted, 1);
 			break;
 		}
 	pthread_mutex_unlock(&rl->av_mu);

@@ -55,6 +55,10 @@ struct ofi_req {
 	uint64_t bytes;
 	size_t rail;
 	bool busy;
+	/* Its pieces, to post again on another rail when its rail fails. */
+	struct sc_xr_piece pieces[OFI_MAX_IOV];
+	size_t n_pieces;
+	bool gone; /* abandoned on a stalled rail: never reused by this transfer */
 };
 
 struct ofi_xfer {
@@ -71,6 +75,15 @@ struct ofi_xfer {
 	uint64_t bytes_done;
 	size_t inflight;
 	size_t next_rail;
+	bool leaked; /* messages given up on may still complete: never freed */
+	size_t rail_inflight[OFI_MAX_RAILS];
+	uint64_t rail_last_ms[OFI_MAX_RAILS]; /* a completion, or the first post after none */
+	bool rail_dead[OFI_MAX_RAILS];	      /* failed or stalled: nothing more goes on it */
+	uint64_t rail_dead_ms[OFI_MAX_RAILS];
+	size_t n_dead;
+	/* Pieces of failed messages, posted again (one message each) on a live rail. */
+	struct sc_xr_piece *redo;
+	size_t n_redo, cap_redo;
 	pthread_cond_t cv;
 	struct ofi_req reqs[OFI_WINDOW];
 };
@@ -119,6 +132,43 @@ static enum sc_status map_err(int e)
 	}
 }
 
+/* Rail r failed for this transfer: nothing more goes on it; the others carry the rest. Under
+ * ob->mu. */
+static void rail_dead_locked(struct ofi_xfer *xf, size_t r, const char *why)
+{
+	struct ofi_backend *ob = xf->ob;
+	if (xf->rail_dead[r])
+		return;
+	xf->rail_dead[r] = true;
+	xf->rail_dead_ms[r] = sc_clock_mono_ms();
+	xf->n_dead++;
+	atomic_fetch_add(&ob->base.rails[r].failovers, 1);
+	atomic_store(&ob->rails[r].cooling, true);
+	sc_rail_set_state(&ob->base, r, SC_RAIL_COOLING, "rail %zu to peer %s failed: %s", r,
+			  xf->xr.x->meta->issuer, why);
+	SC_WARN("libfabric",
+		"transfer %016" PRIx64 ": rail %zu (%s) to %s failed (%s); %zu other rail(s) carry "
+		"the rest",
+		xf->xr.x->xfer_id, r, ob->rails[r].info->domain_attr->name, xf->xr.x->meta->issuer,
+		why, xf->n_rails - xf->n_dead);
+}
+
+/* Queue a failed message's pieces to be posted again. Under ob->mu. */
+static bool redo_locked(struct ofi_xfer *xf, const struct ofi_req *rq)
+{
+	if (xf->n_redo + rq->n_pieces > xf->cap_redo) {
+		size_t cap = (xf->cap_redo ? 2 * xf->cap_redo : 64) + rq->n_pieces;
+		struct sc_xr_piece *n = realloc(xf->redo, cap * sizeof(*n));
+		if (!n)
+			return false;
+		xf->redo = n;
+		xf->cap_redo = cap;
+	}
+	memcpy(xf->redo + xf->n_redo, rq->pieces, rq->n_pieces * sizeof(*rq->pieces));
+	xf->n_redo += rq->n_pieces;
+	return true;
+}
+
 void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_cq_err_entry *e)
 {
 	struct ofi_req *rq = op_context;
@@ -129,6 +179,11 @@ void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_c
 	struct sc_xfer *x = xf->xr.x;
 	uint64_t moved = 0;
 	pthread_mutex_lock(&ob->mu);
+	if (!rq->busy) { /* already given up on (a stalled rail): its pieces went elsewhere */
+		pthread_mutex_unlock(&ob->mu);
+		return;
+	}
+	xf->rail_last_ms[rq->rail] = sc_clock_mono_ms();
 	if (!e) {
 		moved = rq->bytes;
 		xf->bytes_done += moved;
@@ -137,22 +192,36 @@ void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_c
 		ofi_cq_errtext(rl, e, txt, sizeof(txt));
 		enum sc_status st = map_err(e->err);
 		bool access = st == SC_FAILED_PRECONDITION;
-		sc_xr_fail_locked(&xf->xr, false, st,
-				  "libfabric RDMA %s of %" PRIu64 " bytes with peer %s on rail %zu "
-				  "(%s, %s) failed: %s%s: %s (provider error %d)",
-				  x->kind == SC_OP_READ ? "READ" : "WRITE", rq->bytes, x->meta->issuer,
-				  rl->index, ob->provider, rl->info->domain_attr->name,
-				  fi_strerror(e->err),
-				  access ? " (remote access refused: the key was revoked or the range "
-					   "is outside the grant)"
-					 : "",
-				  txt, e->prov_errno);
 		atomic_fetch_add(&ob->base.rails[rl->index].errors, 1);
+		/* A path failure with another rail left: post the pieces again there. */
+		if (st == SC_UNAVAILABLE && !sc_xr_should_stop(&xf->xr) &&
+		    (xf->rail_dead[rq->rail] || xf->n_dead + 1 < xf->n_rails) &&
+		    redo_locked(xf, rq)) {
+			char why[300];
+			snprintf(why, sizeof(why), "%s: %s", fi_strerror(e->err), txt);
+			rail_dead_locked(xf, rq->rail, why);
+		} else {
+			sc_xr_fail_locked(
+			    &xf->xr, false, st,
+			    "libfabric RDMA %s of %" PRIu64 " bytes with peer %s on rail %zu "
+			    "(%s, %s) failed: %s%s: %s (provider error %d)",
+			    x->kind == SC_OP_READ ? "READ" : "WRITE", rq->bytes, x->meta->issuer,
+			    rl->index, ob->provider, rl->info->domain_attr->name, fi_strerror(e->err),
+			    access ? " (remote access refused: the key was revoked or the range "
+				     "is outside the grant)"
+				   : "",
+			    txt, e->prov_errno);
+		}
 	}
 	rq->busy = false;
 	xf->inflight--;
+	xf->rail_inflight[rq->rail]--;
 	pthread_cond_broadcast(&xf->cv);
 	pthread_mutex_unlock(&ob->mu);
+	if (moved && atomic_load(&rl->cooling) && atomic_exchange(&rl->cooling, false))
+		sc_rail_set_state(&ob->base, rl->index, SC_RAIL_UP,
+				  "libfabric provider %s, domain %s: carrying bytes again", ob->provider,
+				  rl->info->domain_attr->name);
 	if (moved) {
 		sc_rail_add_bytes(&ob->base, x, rl->index, moved);
 		x->on_progress(x, moved);
@@ -209,6 +278,7 @@ static int setup(struct ofi_xfer *xf, struct sc_err *err)
 				 &xf->fa[i], err) != 0)
 			return -1;
 		xf->have_peer[i] = true;
+		atomic_fetch_add(&ob->base.rails[i].operations, 1);
 	}
 	struct sc_peer_conn *c =
 	    control_conn(ob, md, x->deadline_mono_ms, &x->cancel_requested, &xf->endpoint, err);
@@ -294,7 +364,12 @@ static int post_one(struct ofi_xfer *xf, struct ofi_req *rq, const struct sc_xr_
 				 .context = &rq->ctx};
 	rq->bytes = bytes;
 	rq->busy = true;
+	memcpy(rq->pieces, p, n * sizeof(*p));
+	rq->n_pieces = n;
+	if (xf->rail_inflight[rq->rail] == 0)
+		xf->rail_last_ms[rq->rail] = sc_clock_mono_ms();
 	xf->inflight++;
+	xf->rail_inflight[rq->rail]++;
 	/* A WRITE completes only once its bytes are in the peer's memory (FI_DELIVERY_COMPLETE):
 	 * the DONE that follows must not overtake them (tcp;ofi_rxm otherwise completes a write
 	 * when it leaves the socket). */
@@ -302,8 +377,10 @@ static int post_one(struct ofi_xfer *xf, struct ofi_req *rq, const struct sc_xr_
 			 (x->kind == SC_OP_READ ? 0 : FI_DELIVERY_COMPLETE);
 	for (;;) {
 		pthread_mutex_unlock(&ob->mu);
-		ssize_t rc = x->kind == SC_OP_READ ? fi_readmsg(rl->ep, &msg, flags)
-						   : fi_writemsg(rl->ep, &msg, flags);
+		pthread_rwlock_rdlock(&rl->out_lock);
+		ssize_t rc = x->kind == SC_OP_READ ? fi_readmsg(rl->ep_out, &msg, flags)
+						   : fi_writemsg(rl->ep_out, &msg, flags);
+		pthread_rwlock_unlock(&rl->out_lock);
 		pthread_mutex_lock(&ob->mu);
 		if (rc == 0)
 			return 0;
@@ -314,6 +391,7 @@ static int post_one(struct ofi_xfer *xf, struct ofi_req *rq, const struct sc_xr_
 		}
 		rq->busy = false;
 		xf->inflight--;
+		xf->rail_inflight[rq->rail]--;
 		if (rc != -FI_EAGAIN)
 			sc_xr_fail_locked(&xf->xr, false, map_err((int)-rc),
 					  "libfabric: %s on rail %zu (%s) failed: %s",
@@ -327,9 +405,73 @@ static int post_one(struct ofi_xfer *xf, struct ofi_req *rq, const struct sc_xr_
 static struct ofi_req *free_req(struct ofi_xfer *xf)
 {
 	for (size_t i = 0; i < OFI_WINDOW; i++)
-		if (!xf->reqs[i].busy)
+		if (!xf->reqs[i].busy && !xf->reqs[i].gone)
 			return &xf->reqs[i];
 	return NULL;
+}
+
+/* The live rail with the most room (the per-rail window is OFI_WINDOW / rails, so a faster
+ * rail, completing sooner, carries more); OFI_MAX_RAILS when none has room. */
+static size_t pick_rail(const struct ofi_xfer *xf)
+{
+	size_t live = xf->n_rails - xf->n_dead, per = live ? OFI_WINDOW / live : 0, best = OFI_MAX_RAILS;
+	for (size_t r = 0; r < xf->n_rails; r++) {
+		size_t k = (xf->next_rail + r) % xf->n_rails;
+		if (xf->rail_dead[k] || xf->rail_inflight[k] >= per)
+			continue;
+		if (best == OFI_MAX_RAILS || xf->rail_inflight[k] < xf->rail_inflight[best])
+			best = k;
+	}
+	return best;
+}
+
+/*
+ * A rail of this transfer none of whose messages completed for stall_ms (a cut link) is given up
+ * on: its messages' pieces go again on the transfer's other rails, and the peer's address on that
+ * rail is removed (fi_av_remove), so the provider drops the connection. Their slots are never
+ * reused and the transfer's records are kept for ever, since their completions may still come.
+ *
+ * What this cannot promise on tcp;ofi_rxm: a READ message given up on may still land in local
+ * memory if the link comes back within the kernel's TCP retransmission time and the provider had
+ * not dropped it. Closing the initiator endpoint would rule that out, but libfabric 1.17's
+ * ofi_rxm crashes in fi_close of an endpoint with RMA outstanding (seen here), so it is not done.
+ * (WRITE messages are safe: the passive side closes its keys at DONE.) Under ob->mu.
+ */
+static void check_stalls(struct ofi_xfer *xf, uint64_t now)
+{
+	struct ofi_backend *ob = xf->ob;
+	if (!ob->stall_ms || xf->n_rails < 2)
+		return;
+	for (size_t r = 0; r < xf->n_rails; r++) {
+		if (xf->rail_dead[r] || xf->rail_inflight[r] == 0 ||
+		    now - xf->rail_last_ms[r] < ob->stall_ms || xf->n_dead + 1 >= xf->n_rails)
+			continue;
+		char why[96];
+		snprintf(why, sizeof(why), "no completion for %" PRIu64 " ms",
+			 now - xf->rail_last_ms[r]);
+		for (size_t i = 0; i < OFI_WINDOW; i++) {
+			struct ofi_req *rq = &xf->reqs[i];
+			if (!rq->busy || rq->rail != r)
+				continue;
+			if (!redo_locked(xf, rq))
+				sc_xr_fail_locked(&xf->xr, false, SC_RESOURCE_EXHAUSTED,
+						  "out of memory moving rail %zu's messages", r);
+			rq->busy = false;
+			rq->gone = true;
+			xf->inflight--;
+			xf->rail_inflight[r]--;
+			xf->leaked = true;
+		}
+		rail_dead_locked(xf, r, why);
+		if (xf->have_peer[r]) {
+			fi_addr_t fa = xf->fa[r];
+			xf->have_peer[r] = false;
+			pthread_rwlock_rdlock(&ob->rails[r].out_lock);
+			fi_av_remove(ob->rails[r].av_out, &fa, 1, 0);
+			pthread_rwlock_unlock(&ob->rails[r].out_lock);
+			ofi_peer_forget(&ob->rails[r], xf->xr.x->meta->issuer);
+		}
+	}
 }
 
 /* Moves the bytes; returns once nothing is in flight. Under ob->mu. */
@@ -338,6 +480,7 @@ static void move(struct ofi_xfer *xf)
 	struct ofi_backend *ob = xf->ob;
 	struct sc_xfer *x = xf->xr.x;
 	uint64_t stopped_at = 0;
+	unsigned drains = 0;
 	for (;;) {
 		uint64_t now = sc_clock_mono_ms();
 		if (sc_xr_deadline_passed(x, now) && !sc_xr_should_stop(&xf->xr))
@@ -345,58 +488,106 @@ static void move(struct ofi_xfer *xf)
 					  "the transfer's deadline passed with %" PRIu64
 					  " of %" PRIu64 " bytes moved over libfabric",
 					  xf->bytes_done, x->total);
+		if (!sc_xr_should_stop(&xf->xr))
+			check_stalls(xf, now);
 		bool stop = sc_xr_should_stop(&xf->xr) || ob->xr.stopping;
 		if (stop && !stopped_at)
 			stopped_at = now;
 		if (!stop) {
-			/* One batch: as many messages as the window has room for, FI_MORE on all
-			 * but the last. */
-			size_t room = OFI_WINDOW - xf->inflight;
+			/* One batch: as many messages as the rails' windows have room for, FI_MORE
+			 * on all but the last of each rail's. */
 			struct sc_xr_piece batch[OFI_WINDOW][OFI_MAX_IOV];
 			size_t counts[OFI_WINDOW];
 			size_t rails[OFI_WINDOW];
 			size_t nb = 0;
-			while (nb < room) {
-				size_t r = xf->next_rail % xf->n_rails;
+			size_t planned[OFI_MAX_RAILS] = {0};
+			while (nb < OFI_WINDOW) {
+				/* Count what this batch adds, so pick_rail sees it. */
+				for (size_t r = 0; r < xf->n_rails; r++)
+					xf->rail_inflight[r] += planned[r];
+				size_t r = pick_rail(xf);
+				for (size_t k = 0; k < xf->n_rails; k++)
+					xf->rail_inflight[k] -= planned[k];
+				if (r == OFI_MAX_RAILS)
+					break;
 				struct ofi_rail *rl = &ob->rails[r];
-				uint64_t maxb = rl->max_msg < OFI_CHUNK ? rl->max_msg : OFI_CHUNK;
-				size_t k = sc_xr_cursor_take(&xf->cur, x, maxb, rl->iov_limit, joins,
-							     batch[nb]);
+				size_t k = 0;
+				if (xf->n_redo) {
+					batch[nb][0] = xf->redo[--xf->n_redo];
+					k = 1;
+				} else {
+					uint64_t maxb = rl->max_msg < OFI_CHUNK ? rl->max_msg : OFI_CHUNK;
+					k = sc_xr_cursor_take(&xf->cur, x, maxb, rl->iov_limit, joins,
+							      batch[nb]);
+				}
 				if (k == 0)
 					break;
 				counts[nb] = k;
 				rails[nb] = r;
+				planned[r]++;
 				xf->next_rail++;
 				nb++;
 			}
 			for (size_t i = 0; i < nb; i++) {
 				struct ofi_req *rq = free_req(xf);
+				if (!rq) { /* slots held by abandoned messages: post later */
+					for (size_t j = i; j < nb; j++)
+						for (size_t q = 0; q < counts[j]; q++) {
+							struct ofi_req tmp = {.n_pieces = 1};
+							tmp.pieces[0] = batch[j][q];
+							redo_locked(xf, &tmp);
+						}
+					break;
+				}
 				rq->xf = xf;
 				rq->rail = rails[i];
-				if (post_one(xf, rq, batch[i], counts[i], i + 1 < nb) != 0)
+				bool more = false;
+				for (size_t j = i + 1; j < nb && !more; j++)
+					more = rails[j] == rails[i];
+				if (post_one(xf, rq, batch[i], counts[i], more) != 0)
 					break;
 			}
 		}
-		bool all_posted = sc_xr_cursor_done(&xf->cur, x);
+		bool all_posted = sc_xr_cursor_done(&xf->cur, x) && xf->n_redo == 0;
 		if (xf->inflight == 0 && (stop || all_posted))
 			return;
 		if (stop && now - stopped_at > OFI_DRAIN_MS) {
 			/* A peer that does not answer holds our messages: drop its address so the
 			 * provider fails them (tcp;ofi_rxm closes the connection). */
 			for (size_t i = 0; i < xf->n_rails; i++) {
-				if (!xf->have_peer[i])
+				if (!xf->have_peer[i] || xf->rail_inflight[i] == 0)
 					continue;
 				fi_addr_t fa = xf->fa[i];
+				xf->have_peer[i] = false;
 				SC_WARN("libfabric",
 					"transfer %016" PRIx64 ": %zu message(s) to %s still out "
 					"%d ms after it stopped: removing the peer's address on rail "
 					"%zu",
-					x->xfer_id, xf->inflight, x->meta->issuer, OFI_DRAIN_MS, i);
-				fi_av_remove(ob->rails[i].av, &fa, 1, 0);
+					x->xfer_id, xf->rail_inflight[i], x->meta->issuer, OFI_DRAIN_MS, i);
+				pthread_rwlock_rdlock(&ob->rails[i].out_lock);
+				fi_av_remove(ob->rails[i].av_out, &fa, 1, 0);
+				pthread_rwlock_unlock(&ob->rails[i].out_lock);
+				ofi_peer_forget(&ob->rails[i], x->meta->issuer);
+			}
+			if (++drains >= 3) {
+				/* Still held: give up on them, and keep this transfer's records for
+				 * ever (their completions may come). */
+				SC_ERROR("libfabric",
+					 "transfer %016" PRIx64 ": %zu message(s) to %s never completed; "
+					 "ending it without them",
+					 x->xfer_id, xf->inflight, x->meta->issuer);
+				for (size_t i = 0; i < OFI_WINDOW; i++)
+					if (xf->reqs[i].busy) {
+						xf->reqs[i].busy = false;
+						xf->reqs[i].gone = true;
+						xf->rail_inflight[xf->reqs[i].rail]--;
+					}
+				xf->inflight = 0;
+				xf->leaked = true;
 			}
 			stopped_at = now; /* again after another OFI_DRAIN_MS */
 		}
-		wait_ms(xf, 50);
+		wait_ms(xf, 20);
 	}
 }
 
@@ -419,7 +610,7 @@ static void run_task(struct sc_xr_task *t)
 		move(xf);
 	}
 	uint64_t moved = xf->bytes_done;
-	bool lost_peer = xf->inflight > 0;
+	bool lost_peer = xf->inflight > 0 || xf->leaked;
 	pthread_mutex_unlock(&ob->mu);
 	char msg[SC_ERR_MSG_MAX];
 	enum sc_status status = sc_xr_verdict(&ob->xr, &xf->xr, moved, true, msg, sizeof(msg));
@@ -451,6 +642,7 @@ static void run_task(struct sc_xr_task *t)
 			 "their records", x->xfer_id);
 	} else {
 		pthread_cond_destroy(&xf->cv);
+		free(xf->redo);
 		free(xf);
 	}
 	sc_xr_complete(x, status, msg);
