@@ -380,6 +380,7 @@ struct sc_backend *sc_backend_libfabric_create(const struct sc_backend_env *env)
 	ob->max_peers = cfg->ofi_max_peers ? cfg->ofi_max_peers : 1024;
 	ob->stripe_min = cfg->ofi_stripe_min_bytes;
 	ob->stall_ms = cfg->ofi_stall_ms;
+	ob->on_completion = ofi_xfer_completed;
 	pthread_mutex_init(&ob->mu, NULL);
 	sc_xr_init(&ob->xr, "libfabric", &ob->mu);
 	uint64_t seed = 0;

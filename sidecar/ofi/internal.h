@@ -95,6 +95,10 @@ struct ofi_backend {
 	uint32_t max_peers;
 	uint64_t stripe_min;
 	uint64_t stall_ms; /* --ofi-stall-timeout; 0 = never */
+	/* Where the progress threads hand completions (ofi_xfer_completed, set by backend.c): a
+	 * pointer, so rail.c never calls up into xfer.c. */
+	void (*on_completion)(struct ofi_rail *rl, void *op_context,
+			      const struct fi_cq_err_entry *err);
 	atomic_uint_fast64_t next_key;
 	atomic_uint_fast64_t keys_open, keys_closed, av_inserted, av_evicted;
 };

@@ -153,14 +153,14 @@ static int poll_cq(struct ofi_rail *rl, struct fid_cq *cq)
 	ssize_t n = fi_cq_read(cq, ent, CQ_BATCH);
 	if (n > 0) {
 		for (ssize_t i = 0; i < n; i++)
-			ofi_xfer_completed(rl, ent[i].op_context, NULL);
+			rl->ob->on_completion(rl, ent[i].op_context, NULL);
 		return (int)n;
 	}
 	if (n == -FI_EAVAIL) {
 		struct fi_cq_err_entry e;
 		memset(&e, 0, sizeof(e));
 		if (fi_cq_readerr(cq, &e, 0) > 0)
-			ofi_xfer_completed(rl, e.op_context, &e);
+			rl->ob->on_completion(rl, e.op_context, &e);
 		return 1;
 	}
 	if (n != -FI_EAGAIN && n != -FI_EINTR) {
