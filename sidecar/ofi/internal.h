@@ -72,6 +72,8 @@ struct ofi_rail {
 	size_t iov_limit; /* min(tx iov_limit, rma_iov_limit) */
 	uint64_t max_msg;
 	size_t key_size;
+	int fd_out, fd_in; /* the CQs' wait fds (FI_WAIT_FD), -1 without */
+	bool waw; /* tx msg_order has FI_ORDER_WAW: writes land in the order they were posted */
 	pthread_t thread;
 	bool thread_started;
 	atomic_bool thread_exit;
@@ -100,7 +102,7 @@ struct ofi_backend {
 	void (*on_completion)(struct ofi_rail *rl, void *op_context,
 			      const struct fi_cq_err_entry *err);
 	atomic_uint_fast64_t next_key;
-	atomic_uint_fast64_t keys_open, keys_closed, av_inserted, av_evicted;
+	atomic_uint_fast64_t keys_open, keys_closed, av_inserted, av_evicted, eagain;
 };
 
 static inline struct ofi_backend *to_ofi(struct sc_backend *b)

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <time.h>
 
 #define CQ_BATCH 64
@@ -32,10 +33,16 @@ static int open_ep(struct ofi_rail *rl, struct fid_ep **ep, struct fid_av **av, 
 		   char *why, size_t cap)
 {
 	const char *dom = rl->info->domain_attr->name;
+	/* FI_WAIT_FD where the provider has it: the progress thread sleeps in poll() until a
+	 * socket or device has work (fi_trywait), instead of polling on a timer. */
 	struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_CONTEXT,
 				     .size = 4096,
-				     .wait_obj = FI_WAIT_NONE};
+				     .wait_obj = FI_WAIT_FD};
 	int rc = fi_cq_open(rl->domain, &cq_attr, cq, NULL);
+	if (rc) {
+		cq_attr.wait_obj = FI_WAIT_NONE;
+		rc = fi_cq_open(rl->domain, &cq_attr, cq, NULL);
+	}
 	if (rc) {
 		snprintf(why, cap, "fi_cq_open(%s): %s", dom, fi_strerror(-rc));
 		return -1;
@@ -118,6 +125,11 @@ int ofi_rail_open(struct ofi_backend *ob, size_t r, const struct fi_info *info, 
 		rl->av_out = rl->av;
 		rl->cq_out = rl->cq;
 	}
+	rl->fd_out = rl->fd_in = -1;
+	if (fi_control(&rl->cq_out->fid, FI_GETWAIT, &rl->fd_out) != 0)
+		rl->fd_out = -1;
+	if (rl->split && fi_control(&rl->cq->fid, FI_GETWAIT, &rl->fd_in) != 0)
+		rl->fd_in = -1;
 	rl->mr_mode = rl->info->domain_attr->mr_mode;
 	size_t iov = rl->info->tx_attr->iov_limit;
 	size_t rma_iov = rl->info->tx_attr->rma_iov_limit;
@@ -126,10 +138,15 @@ int ofi_rail_open(struct ofi_backend *ob, size_t r, const struct fi_info *info, 
 		rl->iov_limit = 1;
 	if (rl->iov_limit > 16)
 		rl->iov_limit = 16;
+	/* For experiments: fewer pieces per message than the provider allows. */
+	const char *lim = getenv("RDMA_SIDECAR_OFI_IOV_LIMIT");
+	if (lim && atoi(lim) > 0 && (size_t)atoi(lim) < rl->iov_limit)
+		rl->iov_limit = (size_t)atoi(lim);
 	rl->max_msg = rl->info->ep_attr->max_msg_size;
 	if (rl->max_msg == 0)
 		rl->max_msg = 1u << 20;
 	rl->key_size = rl->info->domain_attr->mr_key_size;
+	rl->waw = (rl->info->tx_attr->msg_order & FI_ORDER_WAW) != 0;
 	return 0;
 }
 
@@ -189,6 +206,19 @@ static void *progress_main(void *arg)
 		pthread_rwlock_unlock(&rl->out_lock);
 		if (n > 0) {
 			idle = 0;
+			continue;
+		}
+		if (rl->fd_out >= 0 && (!rl->split || rl->fd_in >= 0)) {
+			/* Sleep until there is work, when the provider says nothing is pending. */
+			struct fid *fids[2] = {&rl->cq_out->fid, &rl->cq->fid};
+			pthread_rwlock_rdlock(&rl->out_lock);
+			int tw = fi_trywait(rl->fabric, fids, rl->split ? 2 : 1);
+			pthread_rwlock_unlock(&rl->out_lock);
+			if (tw == FI_SUCCESS) {
+				struct pollfd pf[2] = {{.fd = rl->fd_out, .events = POLLIN},
+						       {.fd = rl->fd_in, .events = POLLIN}};
+				poll(pf, rl->split ? 2 : 1, 50);
+			}
 			continue;
 		}
 		struct timespec ts = {0, idle++ < 2000 ? 5000 : 1000000};

@@ -59,6 +59,7 @@ struct ofi_req {
 	struct sc_xr_piece pieces[OFI_MAX_IOV];
 	size_t n_pieces;
 	bool gone; /* abandoned on a stalled rail: never reused by this transfer */
+	bool fence; /* the last WRITE again, with FI_DELIVERY_COMPLETE: moves no new bytes */
 };
 
 struct ofi_xfer {
@@ -75,6 +76,11 @@ struct ofi_xfer {
 	uint64_t bytes_done;
 	size_t inflight;
 	size_t next_rail;
+	/* One-rail WRITEs on a rail that keeps write order: every message but a final fence goes
+	 * with FI_TRANSMIT_COMPLETE; the fence (the last piece written again, with
+	 * FI_DELIVERY_COMPLETE) lands after all of them, so its completion says they all landed. */
+	bool use_fence, fenced;
+	struct sc_xr_piece last_piece;
 	bool leaked; /* messages given up on may still complete: never freed */
 	size_t rail_inflight[OFI_MAX_RAILS];
 	uint64_t rail_last_ms[OFI_MAX_RAILS]; /* a completion, or the first post after none */
@@ -88,11 +94,11 @@ struct ofi_xfer {
 	struct ofi_req reqs[OFI_WINDOW];
 };
 
-static void wait_ms(struct ofi_xfer *xf, unsigned ms)
+static void wait_us(struct ofi_xfer *xf, unsigned us)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	ts.tv_nsec += (long)ms * 1000000L;
+	ts.tv_nsec += (long)us * 1000L;
 	while (ts.tv_nsec >= 1000000000L) {
 		ts.tv_sec++;
 		ts.tv_nsec -= 1000000000L;
@@ -185,7 +191,7 @@ void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_c
 	}
 	xf->rail_last_ms[rq->rail] = sc_clock_mono_ms();
 	if (!e) {
-		moved = rq->bytes;
+		moved = rq->fence ? 0 : rq->bytes;
 		xf->bytes_done += moved;
 	} else {
 		char txt[256];
@@ -194,7 +200,7 @@ void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_c
 		bool access = st == SC_FAILED_PRECONDITION;
 		atomic_fetch_add(&ob->base.rails[rl->index].errors, 1);
 		/* A path failure with another rail left: post the pieces again there. */
-		if (st == SC_UNAVAILABLE && !sc_xr_should_stop(&xf->xr) &&
+		if (st == SC_UNAVAILABLE && !rq->fence && !sc_xr_should_stop(&xf->xr) &&
 		    (xf->rail_dead[rq->rail] || xf->n_dead + 1 < xf->n_rails) &&
 		    redo_locked(xf, rq)) {
 			char why[300];
@@ -273,6 +279,9 @@ static int setup(struct ofi_xfer *xf, struct sc_err *err)
 	/* Rails: rail i to the issuer's rail i; large transfers use every common one. */
 	size_t common = ob->n_rails < md->ofi.n_addrs ? ob->n_rails : md->ofi.n_addrs;
 	xf->n_rails = ob->stripe_min && x->total >= ob->stripe_min ? common : 1;
+	/* Several rails: every WRITE delivery-complete, so a cut rail's messages can go again on
+	 * another without losing any that only left the socket. */
+	xf->use_fence = x->kind != SC_OP_READ && xf->n_rails == 1 && ob->rails[0].waw;
 	for (size_t i = 0; i < xf->n_rails; i++) {
 		if (ofi_peer_get(&ob->rails[i], md->issuer, md->ofi.addr[i], md->ofi.addr_len[i],
 				 &xf->fa[i], err) != 0)
@@ -373,8 +382,9 @@ static int post_one(struct ofi_xfer *xf, struct ofi_req *rq, const struct sc_xr_
 	/* A WRITE completes only once its bytes are in the peer's memory (FI_DELIVERY_COMPLETE):
 	 * the DONE that follows must not overtake them (tcp;ofi_rxm otherwise completes a write
 	 * when it leaves the socket). */
-	uint64_t flags = FI_COMPLETION | (more ? FI_MORE : 0) |
-			 (x->kind == SC_OP_READ ? 0 : FI_DELIVERY_COMPLETE);
+	uint64_t flags = FI_COMPLETION | (more ? FI_MORE : 0);
+	if (x->kind != SC_OP_READ)
+		flags |= xf->use_fence && !rq->fence ? FI_TRANSMIT_COMPLETE : FI_DELIVERY_COMPLETE;
 	for (;;) {
 		pthread_mutex_unlock(&ob->mu);
 		pthread_rwlock_rdlock(&rl->out_lock);
@@ -382,11 +392,15 @@ static int post_one(struct ofi_xfer *xf, struct ofi_req *rq, const struct sc_xr_
 						   : fi_writemsg(rl->ep_out, &msg, flags);
 		pthread_rwlock_unlock(&rl->out_lock);
 		pthread_mutex_lock(&ob->mu);
-		if (rc == 0)
+		if (rc == 0) {
+			if (x->kind != SC_OP_READ && !rq->fence)
+				xf->last_piece = p[n - 1];
 			return 0;
+		}
 		if (rc == -FI_EAGAIN && !sc_xr_should_stop(&xf->xr)) {
-			/* Queue full: the progress thread frees room. */
-			wait_ms(xf, 1);
+			/* Queue full: the progress thread frees room (and wakes us). */
+			atomic_fetch_add(&ob->eagain, 1);
+			wait_us(xf, 50);
 			continue;
 		}
 		rq->busy = false;
@@ -541,6 +555,7 @@ static void move(struct ofi_xfer *xf)
 				}
 				rq->xf = xf;
 				rq->rail = rails[i];
+				rq->fence = false;
 				bool more = false;
 				for (size_t j = i + 1; j < nb && !more; j++)
 					more = rails[j] == rails[i];
@@ -549,6 +564,18 @@ static void move(struct ofi_xfer *xf)
 			}
 		}
 		bool all_posted = sc_xr_cursor_done(&xf->cur, x) && xf->n_redo == 0;
+		if (xf->inflight == 0 && all_posted && !stop && xf->use_fence && !xf->fenced &&
+		    x->total > 0) {
+			xf->fenced = true;
+			struct ofi_req *rq = free_req(xf);
+			if (rq) {
+				rq->xf = xf;
+				rq->rail = 0;
+				rq->fence = true;
+				post_one(xf, rq, &xf->last_piece, 1, false);
+				continue;
+			}
+		}
 		if (xf->inflight == 0 && (stop || all_posted))
 			return;
 		if (stop && now - stopped_at > OFI_DRAIN_MS) {
@@ -587,7 +614,7 @@ static void move(struct ofi_xfer *xf)
 			}
 			stopped_at = now; /* again after another OFI_DRAIN_MS */
 		}
-		wait_ms(xf, 20);
+		wait_us(xf, 20000);
 	}
 }
 
