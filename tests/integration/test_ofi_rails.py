@@ -6,6 +6,8 @@ sidecar runs the libfabric backend (tcp;ofi_rxm) with one rail (domain + endpoin
   (a) a 24 MiB READ striped over both rails against the same READ from a sidecar with one rail:
       at least 1.5x faster, bytes on both rails (Operation.rails), GetInfo listing both rails with
       the provider;
+  (c) the peer SIGSTOPped mid-transfer (RMA messages in flight on both rails): CancelOperation
+      ends the transfer CANCELLED in bounded time, and after SIGCONT the pair moves bytes again;
   (b) one rail cut (iptables DROP) once the transfer shows progress: it completes on the other
       (--ofi-stall-timeout 1s), the cut rail reported cooling with its reason and a failover; and
       a WRITE the same way (into a fresh region: see test_all).
@@ -13,8 +15,11 @@ sidecar runs the libfabric backend (tcp;ofi_rxm) with one rail (domain + endpoin
 Every byte compared. Needs root, ip netns and tc (skipped, 77, otherwise).
 Figures printed (look for "figure:")."""
 import os
+import signal
 import sys
 import time
+
+import grpc
 
 from harness import SLOW, SidecarTest, desc, main, pb, wait_until
 from netns import Paths, can_run
@@ -89,6 +94,8 @@ class OfiRailsTest(SidecarTest):
         # the first one once the link is back (see ofi/xfer.c, check_stalls).
         self.rb = self.b.create_region(SIZE)
         self.check_cut("write")
+        self.rb = self.b.create_region(SIZE)
+        self.check_stopped_peer_mid_transfer()
 
     def check_striping(self):
         rails = self.rails(self.b)
@@ -127,6 +134,37 @@ class OfiRailsTest(SidecarTest):
         self.assertEqual(rail.state, "cooling", rail)
         self.assertIn("failed", rail.detail)
         self.assertGreaterEqual(rail.failovers, 1)
+
+
+    def check_stopped_peer_mid_transfer(self):
+        po, ao, data, t0 = self.begin(self.a, self.ra, "read")
+
+        def moved():
+            o = self.b.stub.GetOperation(pb.GetOperationRequest(operation_id=ao.operation_id), timeout=5)
+            if o.status in TERMINAL:
+                self.fail("transfer ended before the stop: lower SC_OFI_RAILS_RATE")
+            return o.bytes_done >= SIZE // 6
+        wait_until(moved, 30 * SLOW, "a sixth of the bytes to move")
+        self.a.pause()
+        try:
+            t1 = time.monotonic()
+            try:
+                self.b.stub.CancelOperation(pb.CancelOperationRequest(
+                    operation_id=ao.operation_id), timeout=30)
+            except grpc.RpcError as e:  # past --cancel-wait: the memory is not quiet yet
+                self.assertEqual(e.code(), grpc.StatusCode.FAILED_PRECONDITION, e.details())
+                self.assertIn("has not stopped touching the worker's memory yet", e.details())
+            got = self.b.wait(ao.operation_id, 20000)
+            took = time.monotonic() - t1
+            print("figure: READ cancelled with its peer SIGSTOPped mid-transfer: %s in %.1f s"
+                  % (pb.OperationStatus.Name(got.status), took))
+            self.assertEqual(got.status, pb.OPERATION_STATUS_CANCELLED, got.error.message)
+            self.assertLess(took, 10)
+        finally:
+            self.a.proc.send_signal(signal.SIGCONT)
+        # the pair still moves bytes (a fresh region: the cancelled READ's messages may land late)
+        self.rb = self.b.create_region(SIZE)
+        self.finish(self.a, self.ra, "read", *self.begin(self.a, self.ra, "read"))
 
 
 if __name__ == "__main__":
