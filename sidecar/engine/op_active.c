@@ -299,6 +299,15 @@ static int choose_backend(struct sc_engine *eng, struct sc_op *op, enum sc_backe
 	op->be = eng->backends[pick];
 	if (why != op->backend_reason)
 		snprintf(op->backend_reason, sizeof(op->backend_reason), "%s", why);
+	if (pick == SC_BACKEND_LIBFABRIC && op->be->n_rails) {
+		/* Which provider and rails: "..., over tcp;ofi_rxm:eth0,tcp;ofi_rxm:eth1". */
+		size_t used = strlen(op->backend_reason);
+		for (size_t r = 0; r < op->be->n_rails && used + 2 < sizeof(op->backend_reason); r++) {
+			snprintf(op->backend_reason + used, sizeof(op->backend_reason) - used, "%s%s",
+				 r ? "," : ", over ", op->be->rails[r].name);
+			used = strlen(op->backend_reason);
+		}
+	}
 	describe_gpu_path(op);
 	return 0;
 }

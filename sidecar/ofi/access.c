@@ -145,7 +145,7 @@ void ofi_revoke(struct sc_backend *b, void *handle)
 	for (size_t i = 0; i < g->n_mrs; i++)
 		if (g->mrs[i]) {
 			fi_close(&g->mrs[i]->fid);
-			atomic_fetch_add(&ob->keys_closed, 1);
+			atomic_fetch_add(&ob->base.keys_revoked, 1);
 		}
 	free(g->mrs);
 	free(g);
@@ -245,7 +245,7 @@ int ofi_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *add
 				free(sp);
 				return sc_err_set(err, SC_INTERNAL, "libfabric: %s", why);
 			}
-			atomic_fetch_add(&ob->keys_open, 1);
+			atomic_fetch_add(&ob->base.keys_granted, 1);
 			uint64_t key = fi_mr_key(*mr);
 			if (i == 0)
 				keys[k].key = key;

@@ -102,7 +102,7 @@ struct ofi_backend {
 	void (*on_completion)(struct ofi_rail *rl, void *op_context,
 			      const struct fi_cq_err_entry *err);
 	atomic_uint_fast64_t next_key;
-	atomic_uint_fast64_t keys_open, keys_closed, av_inserted, av_evicted, eagain;
+	atomic_uint_fast64_t eagain;
 };
 
 static inline struct ofi_backend *to_ofi(struct sc_backend *b)

@@ -287,7 +287,7 @@ static void remove_locked(struct ofi_rail *rl, struct ofi_peer **link)
 	*link = p->next;
 	free(p);
 	rl->n_peers--;
-	atomic_fetch_add(&rl->ob->av_evicted, 1);
+	atomic_fetch_add(&rl->ob->base.addrs_evicted, 1);
 }
 
 int ofi_peer_get(struct ofi_rail *rl, const char *id, const uint8_t *addr, size_t len,
@@ -353,7 +353,7 @@ int ofi_peer_get(struct ofi_rail *rl, const char *id, const uint8_t *addr, size_
 	p->next = rl->peers;
 	rl->peers = p;
 	rl->n_peers++;
-	atomic_fetch_add(&rl->ob->av_inserted, 1);
+	atomic_fetch_add(&rl->ob->base.addrs_inserted, 1);
 	*fa = p->fa;
 	pthread_mutex_unlock(&rl->av_mu);
 	return 0;
@@ -392,7 +392,7 @@ void ofi_peer_forget(struct ofi_rail *rl, const char *id)
 			*l = p->next;
 			free(p);
 			rl->n_peers--;
-			atomic_fetch_add(&rl->ob->av_evicted, 1);
+			atomic_fetch_add(&rl->ob->base.addrs_evicted, 1);
 			break;
 		}
 	pthread_mutex_unlock(&rl->av_mu);

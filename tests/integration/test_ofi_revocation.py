@@ -11,7 +11,9 @@ import signal
 import subprocess
 import time
 
-from harness import SidecarTest, desc, main, pb, wait_until
+import urllib.request
+
+from harness import SidecarTest, desc, free_port, main, pb, wait_until
 
 OFI = ["--backends", "tcp,libfabric", "--ofi-provider", "tcp;ofi_rxm", "--ofi-domains", "lo"]
 PROBE = os.path.join(os.path.dirname(os.environ.get("SC_BINARY", "build/rdma-sidecar")),
@@ -22,7 +24,9 @@ class OfiRevocationTest(SidecarTest):
     def setUp(self):
         super().setUp()
         self.keys = self.key_file()
-        self.a = self.sidecar("a", key_file=self.keys, extra=OFI)
+        self.mport = free_port()
+        self.a = self.sidecar("a", key_file=self.keys,
+                              extra=OFI + ["--metrics-listen", "127.0.0.1:%d" % self.mport])
         self.b = self.sidecar("b", key_file=self.keys, extra=OFI)
         self.n = 0
 
@@ -111,6 +115,12 @@ class OfiRevocationTest(SidecarTest):
         self.assertRefused(wop.metadata, "a WRITE after CancelOperation", op="write")
         self.assertEqual(a.peek(ra, 65536, 4096), before)
         self.assertEqual(before, data[65536:65536 + 4096])
+        # every key granted was closed: nothing left open once every operation ended
+        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.mport, timeout=5).read().decode()
+        keys = {l.split('"')[1]: int(l.split()[-1]) for l in text.splitlines()
+                if l.startswith("rdma_sidecar_ofi_keys_total{")}
+        self.assertEqual(keys["granted"], 6, keys)  # 6 operations, one region span each, one rail
+        self.assertEqual(keys["revoked"], keys["granted"], keys)
 
     def check_stopped_peer(self):
         """Cancel and the deadline end the active side in bounded time while its peer is

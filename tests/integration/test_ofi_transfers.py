@@ -40,6 +40,7 @@ class OfiTransferTest(SidecarTest):
                      timeout=90)
         self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, done.error.message)
         self.assertEqual(done.backend, pb.BACKEND_LIBFABRIC, done.backend_reason)
+        self.assertIn("over tcp;ofi_rxm:lo", done.backend_reason)
         self.assertEqual(done.bytes_done, done.bytes_total)
         p = passive.wait(pop.operation_id, 30000)
         self.assertEqual(p.status, pb.OPERATION_STATUS_COMPLETE, p.error.message)

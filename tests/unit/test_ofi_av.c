@@ -53,12 +53,12 @@ TEST(thousand_peers_through_256_entries)
 		put(i);
 	}
 	CHECK_INT_EQ(ob->rails[0].n_peers, 256);
-	CHECK_U64_EQ(atomic_load(&ob->av_inserted), 1000);
-	CHECK_U64_EQ(atomic_load(&ob->av_evicted), 744);
+	CHECK_U64_EQ(atomic_load(&ob->base.addrs_inserted), 1000);
+	CHECK_U64_EQ(atomic_load(&ob->base.addrs_evicted), 744);
 	/* The newest 256 are the ones kept: peer-999 again is no insertion. */
 	CHECK_INT_EQ(get(999, 0, &err), 0);
 	put(999);
-	CHECK_U64_EQ(atomic_load(&ob->av_inserted), 1000);
+	CHECK_U64_EQ(atomic_load(&ob->base.addrs_inserted), 1000);
 }
 
 TEST(entries_in_use_are_never_evicted)
@@ -85,11 +85,11 @@ TEST(entries_in_use_are_never_evicted)
 TEST(a_new_address_replaces_an_idle_entry)
 {
 	struct sc_err err;
-	uint64_t ev = atomic_load(&ob->av_evicted);
+	uint64_t ev = atomic_load(&ob->base.addrs_evicted);
 	CHECK_INT_EQ(get(900, 0, &err), 0);
 	put(900);
 	CHECK_INT_EQ(get(900, 7, &err), 0); /* restarted on another port */
-	CHECK_U64_EQ(atomic_load(&ob->av_evicted), ev + 1);
+	CHECK_U64_EQ(atomic_load(&ob->base.addrs_evicted), ev + 1);
 	/* In use at the old address, a new one is refused until it is let go. */
 	sc_err_clear(&err);
 	CHECK_INT_EQ(get(900, 9, &err), -1);
