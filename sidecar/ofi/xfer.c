@@ -197,6 +197,10 @@ void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_c
 		char txt[256];
 		ofi_cq_errtext(rl, e, txt, sizeof(txt));
 		enum sc_status st = map_err(e->err);
+		/* FI_ECANCELED that nobody here asked for: the provider dropped the message with
+		 * its connection (tcp;ofi_rxm when the peer dies): a path failure. */
+		if (st == SC_CANCELLED && !atomic_load(&x->cancel_requested))
+			st = SC_UNAVAILABLE;
 		bool access = st == SC_FAILED_PRECONDITION;
 		atomic_fetch_add(&ob->base.rails[rl->index].errors, 1);
 		/* A path failure with another rail left: post the pieces again there. */

@@ -8,6 +8,8 @@ sidecar runs the libfabric backend (tcp;ofi_rxm) with one rail (domain + endpoin
       the provider;
   (c) the peer SIGSTOPped mid-transfer (RMA messages in flight on both rails): CancelOperation
       ends the transfer CANCELLED in bounded time, and after SIGCONT the pair moves bytes again;
+  (d) the peer killed mid-transfer: the READ ends ERRORED (UNAVAILABLE) in bounded time, naming
+      the peer, and b stays healthy;
   (b) one rail cut (iptables DROP) once the transfer shows progress: it completes on the other
       (--ofi-stall-timeout 1s), the cut rail reported cooling with its reason and a failover; and
       a WRITE the same way (into a fresh region: see test_all).
@@ -96,6 +98,8 @@ class OfiRailsTest(SidecarTest):
         self.check_cut("write")
         self.rb = self.b.create_region(SIZE)
         self.check_stopped_peer_mid_transfer()
+        self.rb = self.b.create_region(SIZE)
+        self.check_peer_death_mid_transfer()
 
     def check_striping(self):
         rails = self.rails(self.b)
@@ -165,6 +169,27 @@ class OfiRailsTest(SidecarTest):
         # the pair still moves bytes (a fresh region: the cancelled READ's messages may land late)
         self.rb = self.b.create_region(SIZE)
         self.finish(self.a, self.ra, "read", *self.begin(self.a, self.ra, "read"))
+
+    def check_peer_death_mid_transfer(self):
+        po, ao, data, t0 = self.begin(self.a, self.ra, "read")
+
+        def moved():
+            o = self.b.stub.GetOperation(pb.GetOperationRequest(operation_id=ao.operation_id), timeout=5)
+            if o.status in TERMINAL:
+                self.fail("transfer ended before the kill: lower SC_OFI_RAILS_RATE")
+            return o.bytes_done >= SIZE // 6
+        wait_until(moved, 30 * SLOW, "a sixth of the bytes to move")
+        self.a.kill()
+        self._procs.remove(self.a)
+        t1 = time.monotonic()
+        got = self.b.wait(ao.operation_id, 30000)
+        took = time.monotonic() - t1
+        print("figure: READ with its peer killed mid-transfer: %s (%s) in %.1f s: %s"
+              % (pb.OperationStatus.Name(got.status), got.error.code, took, got.error.message))
+        self.assertEqual(got.status, pb.OPERATION_STATUS_ERRORED)
+        self.assertEqual(got.error.code, 14, got.error.message)  # UNAVAILABLE
+        self.assertLess(took, 15)
+        self.assertTrue(self.b.info().backends)
 
 
 if __name__ == "__main__":
