@@ -29,7 +29,7 @@
 #include <string.h>
 #include <time.h>
 
-#define CHECK(call)                                                                              \
+#define CHECK(call)                                                                                \
 	do {                                                                                       \
 		int rc_ = (int)(call);                                                             \
 		if (rc_) {                                                                         \
@@ -51,7 +51,8 @@ static struct fid_fabric *fab;
 
 static void open_side(struct fid_domain *dom, struct fi_info *info, struct side *s, bool waits)
 {
-	struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_CONTEXT, .size = 64,
+	struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_CONTEXT,
+				 .size = 64,
 				 .wait_obj = waits ? FI_WAIT_FD : FI_WAIT_NONE};
 	struct fi_av_attr ava = {.type = FI_AV_TABLE, .count = 4};
 	CHECK(fi_cq_open(dom, &cqa, &s->cq, NULL));
@@ -110,8 +111,8 @@ int main(int argc, char **argv)
 	hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
 	hints->ep_attr->type = FI_EP_RDM;
 	hints->mode = FI_CONTEXT | FI_CONTEXT2;
-	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY |
-				      FI_MR_ALLOCATED | FI_MR_ENDPOINT;
+	hints->domain_attr->mr_mode =
+	    FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED | FI_MR_ENDPOINT;
 	hints->domain_attr->threading = FI_THREAD_SAFE;
 	hints->fabric_attr->prov_name = strdup(argv[1]);
 	hints->domain_attr->name = strdup(argv[2]);
@@ -142,7 +143,8 @@ int main(int argc, char **argv)
 		CHECK(fi_mr_enable(lmr));
 	}
 	uint64_t key = fi_mr_key(rmr);
-	uint64_t raddr = info->domain_attr->mr_mode & FI_MR_VIRT_ADDR ? (uint64_t)(uintptr_t)rbuf : 0;
+	uint64_t raddr =
+	    info->domain_attr->mr_mode & FI_MR_VIRT_ADDR ? (uint64_t)(uintptr_t)rbuf : 0;
 	void *desc = fi_mr_desc(lmr);
 	pthread_t th;
 	pthread_create(&th, NULL, progress, NULL);
@@ -152,12 +154,18 @@ int main(int argc, char **argv)
 		double t0 = now_us();
 		struct iovec iov = {.iov_base = lbuf, .iov_len = size};
 		struct fi_rma_iov rma = {.addr = raddr, .len = size, .key = key};
-		struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = peer,
-					 .rma_iov = &rma, .rma_iov_count = 1, .context = &ctx};
+		struct fi_msg_rma msg = {.msg_iov = &iov,
+					 .desc = &desc,
+					 .iov_count = 1,
+					 .addr = peer,
+					 .rma_iov = &rma,
+					 .rma_iov_count = 1,
+					 .context = &ctx};
 		ssize_t rc;
 		do {
-			rc = is_read ? fi_readmsg(init.ep, &msg, FI_COMPLETION)
-				     : fi_writemsg(init.ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+			rc = is_read
+				 ? fi_readmsg(init.ep, &msg, FI_COMPLETION)
+				 : fi_writemsg(init.ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
 			if (rc == -FI_EAGAIN) {
 				struct fi_cq_entry e;
 				fi_cq_read(init.cq, &e, 0);
@@ -186,7 +194,6 @@ int main(int argc, char **argv)
 		sum += lat[i];
 	qsort(lat, (size_t)iters, sizeof(double), cmp);
 	printf("size=%zu op=%s iters=%d gbps=%.3f p50_us=%.1f p99_us=%.1f\n", size, argv[3], iters,
-	       (double)size * iters / (sum * 1e3), lat[iters / 2],
-	       lat[(int)((iters - 1) * 0.99)]);
+	       (double)size * iters / (sum * 1e3), lat[iters / 2], lat[(int)((iters - 1) * 0.99)]);
 	return 0;
 }

@@ -95,7 +95,8 @@ int ofi_register(struct sc_backend *b, void *addr, uint64_t len, int gpu, void *
 			sizeof(why)) != 0) {
 			r->n_rails = i;
 			ofi_deregister(b, r);
-			return sc_err_set(err, gpu == SC_GPU_HOST ? SC_INTERNAL : SC_FAILED_PRECONDITION,
+			return sc_err_set(err,
+					  gpu == SC_GPU_HOST ? SC_INTERNAL : SC_FAILED_PRECONDITION,
 					  "libfabric: %s", why);
 		}
 		r->desc[i] = fi_mr_desc(r->mr[i]);
@@ -123,7 +124,8 @@ void *ofi_region_desc(void *region_handle, size_t rail)
 	return r && rail < r->n_rails ? r->desc[rail] : NULL;
 }
 
-/* ---- grants ------------------------------------------------------------------------------------ */
+/* ---- grants ------------------------------------------------------------------------------------
+ */
 
 struct span {
 	struct ofi_region *r;
@@ -151,8 +153,8 @@ void ofi_revoke(struct sc_backend *b, void *handle)
 	free(g);
 }
 
-int ofi_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs,
-	       const int *gpus, void *const *region_handles, void **handle, struct sc_err *err)
+int ofi_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs, const int *gpus,
+	       void *const *region_handles, void **handle, struct sc_err *err)
 {
 	struct ofi_backend *ob = to_ofi(b);
 	/* The spans: per region, from its first exposed byte to its last. Few regions per
@@ -169,10 +171,11 @@ int ofi_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *add
 		}
 		if (!r) {
 			free(sp);
-			return sc_err_set(err, SC_FAILED_PRECONDITION,
-					  "libfabric: descriptor %zu's region is not registered with "
-					  "libfabric",
-					  i);
+			return sc_err_set(
+			    err, SC_FAILED_PRECONDITION,
+			    "libfabric: descriptor %zu's region is not registered with "
+			    "libfabric",
+			    i);
 		}
 		uint64_t lo = (uint64_t)(uintptr_t)addrs[i], hi = lo + md->descs[i].length;
 		size_t s = 0;
@@ -183,7 +186,8 @@ int ofi_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *add
 				struct span *n = realloc(sp, 2 * cap_sp * sizeof(*sp));
 				if (!n) {
 					free(sp);
-					return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+					return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+							  "out of memory");
 				}
 				sp = n;
 				cap_sp *= 2;
@@ -195,7 +199,8 @@ int ofi_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *add
 			if (hi > sp[s].hi)
 				sp[s].hi = hi;
 		}
-		/* The RMA address of a descriptor is its virtual address (ibverbs writes the same). */
+		/* The RMA address of a descriptor is its virtual address (ibverbs writes the same).
+		 */
 		md->descs[i].remote_addr = lo;
 	}
 	if (n_sp > SC_OFI_MAX_KEYS) {
@@ -206,8 +211,8 @@ int ofi_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *add
 	}
 	struct ofi_grant *g = calloc(1, sizeof(*g));
 	struct sc_ofi_key *keys = calloc(n_sp, sizeof(*keys));
-	uint64_t *rail_keys = ob->n_rails > 1 ? calloc((ob->n_rails - 1) * n_sp, sizeof(uint64_t))
-					      : NULL;
+	uint64_t *rail_keys =
+	    ob->n_rails > 1 ? calloc((ob->n_rails - 1) * n_sp, sizeof(uint64_t)) : NULL;
 	if (g)
 		g->mrs = calloc(n_sp * ob->n_rails, sizeof(*g->mrs));
 	if (!g || !g->mrs || !keys || (ob->n_rails > 1 && !rail_keys)) {
@@ -237,8 +242,8 @@ int ofi_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *add
 			if (rl->key_size && rl->key_size < 8)
 				want &= (1ull << (8 * rl->key_size)) - 1;
 			struct fid_mr **mr = &g->mrs[k * ob->n_rails + i];
-			if (reg(ob, rl, (void *)(uintptr_t)s->lo, s->hi - s->lo, s->r->gpu, access, want,
-				mr, why, sizeof(why)) != 0) {
+			if (reg(ob, rl, (void *)(uintptr_t)s->lo, s->hi - s->lo, s->r->gpu, access,
+				want, mr, why, sizeof(why)) != 0) {
 				ofi_revoke(b, g);
 				free(keys);
 				free(rail_keys);

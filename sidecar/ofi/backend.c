@@ -23,15 +23,15 @@
 #include <strings.h>
 
 /* The mr_mode bits this backend handles (ofi/access.c). */
-#define OFI_MR_MODES                                                                             \
-	(FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED | FI_MR_ENDPOINT |      \
+#define OFI_MR_MODES                                                                               \
+	(FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED | FI_MR_ENDPOINT |       \
 	 FI_MR_HMEM)
 
 /* Providers in order of preference when none is named (lower first). */
 static int rank(const char *prov)
 {
-	static const char *const order[] = {"efa", "cxi", "opx", "psm3", "psm2", "verbs;ofi_rxm",
-					    "verbs"};
+	static const char *const order[] = {"efa",  "cxi",	     "opx",  "psm3",
+					    "psm2", "verbs;ofi_rxm", "verbs"};
 	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
 		if (strcmp(prov, order[i]) == 0)
 			return (int)i;
@@ -92,8 +92,8 @@ static struct fi_info *get_info(bool hmem, int *rc)
 		*rc = -FI_ENOMEM;
 		return NULL;
 	}
-	hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE |
-		      (hmem ? FI_HMEM : 0);
+	hints->caps =
+	    FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | (hmem ? FI_HMEM : 0);
 	hints->ep_attr->type = FI_EP_RDM;
 	hints->mode = FI_CONTEXT | FI_CONTEXT2;
 	hints->domain_attr->mr_mode = OFI_MR_MODES & ~(hmem ? 0 : FI_MR_HMEM);
@@ -145,11 +145,12 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 				 "here (found: %s)",
 				 want, seen);
 		else
-			snprintf(b->detail, sizeof(b->detail),
-				 "only TCP-emulating or node-local libfabric providers here (%s); the "
-				 "tcp backend does as well. Name one with --ofi-provider (e.g. tcp) "
-				 "to use it anyway",
-				 seen);
+			snprintf(
+			    b->detail, sizeof(b->detail),
+			    "only TCP-emulating or node-local libfabric providers here (%s); the "
+			    "tcp backend does as well. Name one with --ofi-provider (e.g. tcp) "
+			    "to use it anyway",
+			    seen);
 		fi_freeinfo(list);
 		return;
 	}
@@ -180,8 +181,10 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 			continue;
 		const char *dom = i->domain_attr->name;
 		if ((i->domain_attr->mr_mode & ~OFI_MR_MODES) & (FI_MR_RAW | FI_MR_MMU_NOTIFY)) {
-			snprintf(why, sizeof(why), "domain %s needs mr_mode bits this backend lacks "
-				 "(FI_MR_RAW/FI_MR_MMU_NOTIFY)", dom);
+			snprintf(why, sizeof(why),
+				 "domain %s needs mr_mode bits this backend lacks "
+				 "(FI_MR_RAW/FI_MR_MMU_NOTIFY)",
+				 dom);
 			continue;
 		}
 		size_t pos = n;
@@ -264,8 +267,8 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 			 "provider %s does not offer FI_HMEM: GPU memory is staged over tcp", prov);
 	else if (ob->n_rails && !(ob->rails[0].info->caps & FI_HMEM))
 		snprintf(ob->hmem_reason, sizeof(ob->hmem_reason),
-			 "libfabric provider %s domain %s lacks FI_HMEM: GPU memory is staged", prov,
-			 ob->rails[0].info->domain_attr->name);
+			 "libfabric provider %s domain %s lacks FI_HMEM: GPU memory is staged",
+			 prov, ob->rails[0].info->domain_attr->name);
 	else
 		ob->hmem = true;
 	fi_freeinfo(list);
@@ -283,8 +286,8 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 		 "libfabric %u.%u provider %s%s, %zu rail(s): %s; mr_mode 0x%" PRIx64
 		 ", %zu iov/msg; GPU memory: %s",
 		 FI_MAJOR(fi_version()), FI_MINOR(fi_version()), prov,
-		 ob->tcp_emulating ? " (TCP-emulating)" : "",
-		 ob->n_rails, names, ob->rails[0].mr_mode, ob->rails[0].iov_limit,
+		 ob->tcp_emulating ? " (TCP-emulating)" : "", ob->n_rails, names,
+		 ob->rails[0].mr_mode, ob->rails[0].iov_limit,
 		 ob->hmem ? "FI_HMEM_CUDA registration" : ob->hmem_reason);
 }
 

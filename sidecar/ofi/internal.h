@@ -90,7 +90,7 @@ struct ofi_backend {
 	struct sc_peer_server *srv;
 	char provider[64];
 	bool tcp_emulating;
-	bool hmem;		/* the provider registers CUDA memory (FI_HMEM) and --ofi-hmem allows it */
+	bool hmem; /* the provider registers CUDA memory (FI_HMEM) and --ofi-hmem allows it */
 	char hmem_reason[160]; /* why not, when !hmem */
 	struct ofi_rail rails[OFI_MAX_RAILS];
 	size_t n_rails;
@@ -136,8 +136,8 @@ const char *ofi_cq_errtext(struct ofi_rail *rl, const struct fi_cq_err_entry *e,
 int ofi_register(struct sc_backend *b, void *addr, uint64_t len, int gpu, void **handle,
 		 struct sc_err *err);
 void ofi_deregister(struct sc_backend *b, void *handle);
-int ofi_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs,
-	       const int *gpus, void *const *region_handles, void **handle, struct sc_err *err);
+int ofi_expose(struct sc_backend *b, struct sc_metadata *md, uint8_t *const *addrs, const int *gpus,
+	       void *const *region_handles, void **handle, struct sc_err *err);
 void ofi_revoke(struct sc_backend *b, void *handle);
 /* The local descriptor of a region's MR on rail r (NULL when the provider needs none). */
 void *ofi_region_desc(void *region_handle, size_t r);

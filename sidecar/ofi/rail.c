@@ -18,10 +18,10 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <poll.h>
 #include <time.h>
 
 #define CQ_BATCH 64
@@ -35,9 +35,8 @@ static int open_ep(struct ofi_rail *rl, struct fid_ep **ep, struct fid_av **av, 
 	const char *dom = rl->info->domain_attr->name;
 	/* FI_WAIT_FD where the provider has it: the progress thread sleeps in poll() until a
 	 * socket or device has work (fi_trywait), instead of polling on a timer. */
-	struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_CONTEXT,
-				     .size = 4096,
-				     .wait_obj = FI_WAIT_FD};
+	struct fi_cq_attr cq_attr = {
+	    .format = FI_CQ_FORMAT_CONTEXT, .size = 4096, .wait_obj = FI_WAIT_FD};
 	int rc = fi_cq_open(rl->domain, &cq_attr, cq, NULL);
 	if (rc) {
 		cq_attr.wait_obj = FI_WAIT_NONE;
@@ -274,7 +273,8 @@ void ofi_rail_close(struct ofi_rail *rl)
 	rl->ob = NULL;
 }
 
-/* ---- the peers' address-vector entries -------------------------------------------------------- */
+/* ---- the peers' address-vector entries --------------------------------------------------------
+ */
 
 static void remove_locked(struct ofi_rail *rl, struct ofi_peer **link)
 {
@@ -323,11 +323,12 @@ int ofi_peer_get(struct ofi_rail *rl, const char *id, const uint8_t *addr, size_
 				lru = l;
 		if (!lru) {
 			pthread_mutex_unlock(&rl->av_mu);
-			return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
-					  "libfabric: all %u address-vector entries of rail %zu are "
-					  "in use by running transfers (--ofi-max-peers); retry when "
-					  "some end",
-					  rl->ob->max_peers, rl->index);
+			return sc_err_set(
+			    err, SC_RESOURCE_EXHAUSTED,
+			    "libfabric: all %u address-vector entries of rail %zu are "
+			    "in use by running transfers (--ofi-max-peers); retry when "
+			    "some end",
+			    rl->ob->max_peers, rl->index);
 		}
 		remove_locked(rl, lru);
 	}

@@ -58,7 +58,7 @@ struct ofi_req {
 	/* Its pieces, to post again on another rail when its rail fails. */
 	struct sc_xr_piece pieces[OFI_MAX_IOV];
 	size_t n_pieces;
-	bool gone; /* abandoned on a stalled rail: never reused by this transfer */
+	bool gone;  /* abandoned on a stalled rail: never reused by this transfer */
 	bool fence; /* the last WRITE again, with FI_DELIVERY_COMPLETE: moves no new bytes */
 };
 
@@ -216,7 +216,8 @@ void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_c
 			    "libfabric RDMA %s of %" PRIu64 " bytes with peer %s on rail %zu "
 			    "(%s, %s) failed: %s%s: %s (provider error %d)",
 			    x->kind == SC_OP_READ ? "READ" : "WRITE", rq->bytes, x->meta->issuer,
-			    rl->index, ob->provider, rl->info->domain_attr->name, fi_strerror(e->err),
+			    rl->index, ob->provider, rl->info->domain_attr->name,
+			    fi_strerror(e->err),
 			    access ? " (remote access refused: the key was revoked or the range "
 				     "is outside the grant)"
 				   : "",
@@ -230,15 +231,16 @@ void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_c
 	pthread_mutex_unlock(&ob->mu);
 	if (moved && atomic_load(&rl->cooling) && atomic_exchange(&rl->cooling, false))
 		sc_rail_set_state(&ob->base, rl->index, SC_RAIL_UP,
-				  "libfabric provider %s, domain %s: carrying bytes again", ob->provider,
-				  rl->info->domain_attr->name);
+				  "libfabric provider %s, domain %s: carrying bytes again",
+				  ob->provider, rl->info->domain_attr->name);
 	if (moved) {
 		sc_rail_add_bytes(&ob->base, x, rl->index, moved);
 		x->on_progress(x, moved);
 	}
 }
 
-/* ---- setup ------------------------------------------------------------------------------------ */
+/* ---- setup ------------------------------------------------------------------------------------
+ */
 
 static struct sc_peer_conn *control_conn(struct ofi_backend *ob, const struct sc_metadata *md,
 					 uint64_t deadline, const atomic_bool *cancel,
@@ -308,7 +310,8 @@ static int setup(struct ofi_xfer *xf, struct sc_err *err)
 	return 0;
 }
 
-/* ---- moving ----------------------------------------------------------------------------------- */
+/* ---- moving -----------------------------------------------------------------------------------
+ */
 
 /* The key of the grant holding remote address va, and the RMA address to use on rail r. */
 static int remote_of(const struct sc_metadata *md, size_t r, uint64_t va, uint64_t len,
@@ -432,7 +435,8 @@ static struct ofi_req *free_req(struct ofi_xfer *xf)
  * rail, completing sooner, carries more); OFI_MAX_RAILS when none has room. */
 static size_t pick_rail(const struct ofi_xfer *xf)
 {
-	size_t live = xf->n_rails - xf->n_dead, per = live ? OFI_WINDOW / live : 0, best = OFI_MAX_RAILS;
+	size_t live = xf->n_rails - xf->n_dead, per = live ? OFI_WINDOW / live : 0,
+	       best = OFI_MAX_RAILS;
 	for (size_t r = 0; r < xf->n_rails; r++) {
 		size_t k = (xf->next_rail + r) % xf->n_rails;
 		if (xf->rail_dead[k] || xf->rail_inflight[k] >= per)
@@ -534,9 +538,10 @@ static void move(struct ofi_xfer *xf)
 					batch[nb][0] = xf->redo[--xf->n_redo];
 					k = 1;
 				} else {
-					uint64_t maxb = rl->max_msg < OFI_CHUNK ? rl->max_msg : OFI_CHUNK;
-					k = sc_xr_cursor_take(&xf->cur, x, maxb, rl->iov_limit, joins,
-							      batch[nb]);
+					uint64_t maxb =
+					    rl->max_msg < OFI_CHUNK ? rl->max_msg : OFI_CHUNK;
+					k = sc_xr_cursor_take(&xf->cur, x, maxb, rl->iov_limit,
+							      joins, batch[nb]);
 				}
 				if (k == 0)
 					break;
@@ -590,11 +595,13 @@ static void move(struct ofi_xfer *xf)
 					continue;
 				fi_addr_t fa = xf->fa[i];
 				xf->have_peer[i] = false;
-				SC_WARN("libfabric",
-					"transfer %016" PRIx64 ": %zu message(s) to %s still out "
-					"%d ms after it stopped: removing the peer's address on rail "
-					"%zu",
-					x->xfer_id, xf->rail_inflight[i], x->meta->issuer, OFI_DRAIN_MS, i);
+				SC_WARN(
+				    "libfabric",
+				    "transfer %016" PRIx64 ": %zu message(s) to %s still out "
+				    "%d ms after it stopped: removing the peer's address on rail "
+				    "%zu",
+				    x->xfer_id, xf->rail_inflight[i], x->meta->issuer, OFI_DRAIN_MS,
+				    i);
 				pthread_rwlock_rdlock(&ob->rails[i].out_lock);
 				fi_av_remove(ob->rails[i].av_out, &fa, 1, 0);
 				pthread_rwlock_unlock(&ob->rails[i].out_lock);
@@ -604,7 +611,8 @@ static void move(struct ofi_xfer *xf)
 				/* Still held: give up on them, and keep this transfer's records for
 				 * ever (their completions may come). */
 				SC_ERROR("libfabric",
-					 "transfer %016" PRIx64 ": %zu message(s) to %s never completed; "
+					 "transfer %016" PRIx64
+					 ": %zu message(s) to %s never completed; "
 					 "ending it without them",
 					 x->xfer_id, xf->inflight, x->meta->issuer);
 				for (size_t i = 0; i < OFI_WINDOW; i++)
@@ -622,7 +630,8 @@ static void move(struct ofi_xfer *xf)
 	}
 }
 
-/* ---- the task --------------------------------------------------------------------------------- */
+/* ---- the task ---------------------------------------------------------------------------------
+ */
 
 static void run_task(struct sc_xr_task *t)
 {
@@ -669,8 +678,10 @@ static void run_task(struct sc_xr_task *t)
 	pthread_mutex_unlock(&ob->mu);
 	if (lost_peer) {
 		/* Messages the provider never completed: their contexts must outlive it. */
-		SC_ERROR("libfabric", "transfer %016" PRIx64 ": messages never completed; keeping "
-			 "their records", x->xfer_id);
+		SC_ERROR("libfabric",
+			 "transfer %016" PRIx64 ": messages never completed; keeping "
+			 "their records",
+			 x->xfer_id);
 	} else {
 		pthread_cond_destroy(&xf->cv);
 		free(xf->redo);

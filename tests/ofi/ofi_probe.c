@@ -49,7 +49,7 @@ static char *slurp(const char *path)
 	return buf;
 }
 
-#define DIE(...)                                                                                 \
+#define DIE(...)                                                                                   \
 	do {                                                                                       \
 		fprintf(stderr, "ofi-probe: " __VA_ARGS__);                                        \
 		fputc('\n', stderr);                                                               \
@@ -87,7 +87,8 @@ int main(int argc, char **argv)
 			DIE("unknown option %s", k);
 	}
 	if (!key_file || !md_file || !prov || !dom)
-		DIE("usage: --key-file F --metadata-file M --provider P --domain D [--op read|write] "
+		DIE("usage: --key-file F --metadata-file M --provider P --domain D [--op "
+		    "read|write] "
 		    "[--desc I] [--offset O] [--len N] [--fill B] [--timeout-ms T]");
 	struct sc_err err;
 	sc_err_clear(&err);
@@ -111,8 +112,8 @@ int main(int argc, char **argv)
 	hints->caps = FI_RMA | FI_READ | FI_WRITE;
 	hints->ep_attr->type = FI_EP_RDM;
 	hints->mode = FI_CONTEXT | FI_CONTEXT2;
-	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY |
-				      FI_MR_ALLOCATED | FI_MR_ENDPOINT;
+	hints->domain_attr->mr_mode =
+	    FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED | FI_MR_ENDPOINT;
 	hints->fabric_attr->prov_name = strdup(prov);
 	hints->domain_attr->name = strdup(dom);
 	int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
@@ -123,11 +124,13 @@ int main(int argc, char **argv)
 	struct fid_ep *ep;
 	struct fid_av *av;
 	struct fid_cq *cq;
-	struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_CONTEXT, .size = 16, .wait_obj = FI_WAIT_NONE};
+	struct fi_cq_attr cqa = {
+	    .format = FI_CQ_FORMAT_CONTEXT, .size = 16, .wait_obj = FI_WAIT_NONE};
 	struct fi_av_attr ava = {.type = FI_AV_TABLE, .count = 4};
 	if ((rc = fi_fabric(info->fabric_attr, &fab, NULL)) ||
 	    (rc = fi_domain(fab, info, &domain, NULL)) ||
-	    (rc = fi_cq_open(domain, &cqa, &cq, NULL)) || (rc = fi_av_open(domain, &ava, &av, NULL)) ||
+	    (rc = fi_cq_open(domain, &cqa, &cq, NULL)) ||
+	    (rc = fi_av_open(domain, &ava, &av, NULL)) ||
 	    (rc = fi_endpoint(domain, info, &ep, NULL)) || (rc = fi_ep_bind(ep, &av->fid, 0)) ||
 	    (rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) || (rc = fi_enable(ep)))
 		DIE("opening %s on %s: %s", prov, dom, fi_strerror(-rc));
@@ -156,11 +159,16 @@ int main(int argc, char **argv)
 	bool is_read = strcmp(op, "read") == 0;
 	long long until = now_ms() + (long long)timeout;
 	for (;;) {
-		/* A write completes once the peer placed it (or refused it): FI_DELIVERY_COMPLETE. */
+		/* A write completes once the peer placed it (or refused it): FI_DELIVERY_COMPLETE.
+		 */
 		struct iovec iov = {.iov_base = buf, .iov_len = len};
 		struct fi_rma_iov rma = {.addr = addr, .len = len, .key = key};
-		struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &ldesc, .iov_count = 1,
-					 .addr = peer, .rma_iov = &rma, .rma_iov_count = 1,
+		struct fi_msg_rma msg = {.msg_iov = &iov,
+					 .desc = &ldesc,
+					 .iov_count = 1,
+					 .addr = peer,
+					 .rma_iov = &rma,
+					 .rma_iov_count = 1,
 					 .context = &ctx};
 		ssize_t r = is_read ? fi_read(ep, buf, len, ldesc, peer, addr, key, &ctx)
 				    : fi_writemsg(ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
@@ -195,7 +203,8 @@ int main(int argc, char **argv)
 			memset(&ee, 0, sizeof(ee));
 			fi_cq_readerr(cq, &ee, 0);
 			char txt[256];
-			const char *t = fi_cq_strerror(cq, ee.prov_errno, ee.err_data, txt, sizeof(txt));
+			const char *t =
+			    fi_cq_strerror(cq, ee.prov_errno, ee.err_data, txt, sizeof(txt));
 			printf("REFUSED %s: %s\n", fi_strerror(ee.err), t ? t : "");
 			status = 3;
 			break;
