@@ -361,8 +361,8 @@ static const struct sc_option sc_options[] = {
 	 .group = "libfabric",
 	 .help = "the libfabric provider of the libfabric backend (FI_EP_RDM with FI_RMA): efa, cxi, "
 		 "verbs, tcp, or a full fi_info name such as \"tcp;ofi_rxm\". Without it the best "
-		 "one that is not TCP-emulating is chosen (efa, cxi, verbs, psm3, opx...); tcp and "
-		 "sockets are used only when named here, and are then reported as TCP-emulating",
+		 "fabric provider is chosen (efa, cxi, opx, psm3, ...); tcp and sockets (reported as "
+		 "TCP-emulating) and verbs (which the ibverbs backend drives natively) only when named",
 	 .def = "best available, never tcp/sockets"},
 	{.id = OPT_OFI_DOMAINS, T_STR(ofi_domains), .name = "ofi-domains", .arg = ARG_REQUIRED, .value = "LIST",
 	 .group = "libfabric",

@@ -3,8 +3,9 @@
  * ofi/backend.c: the libfabric backend's ops table and lifecycle, the top of ofi/. At create
  * (main thread, before the engine starts) it asks fi_getinfo (FI_VERSION(1, 17)) for FI_EP_RDM
  * endpoints with FI_RMA, chooses the provider (--ofi-provider, or the best one that is not
- * TCP-emulating: efa, cxi, opx, psm3, verbs;ofi_rxm, ...; tcp and sockets only when named, and
- * then reported as TCP-emulating), and opens one rail per domain of that provider (EFA: one per
+ * TCP-emulating: efa, cxi, opx, psm3, psm2, ...; tcp and sockets only when named, and then
+ * reported as TCP-emulating; verbs only when named, since the ibverbs backend drives those
+ * devices natively), and opens one rail per domain of that provider (EFA: one per
  * NIC; tcp: one per interface), in --ofi-domains order (ofi/rail.c). `detail` says exactly what
  * was chosen, or why nothing is usable.
  *
@@ -30,8 +31,7 @@
 /* Providers in order of preference when none is named (lower first). */
 static int rank(const char *prov)
 {
-	static const char *const order[] = {"efa",  "cxi",	     "opx",  "psm3",
-					    "psm2", "verbs;ofi_rxm", "verbs"};
+	static const char *const order[] = {"efa", "cxi", "opx", "psm3", "psm2"};
 	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
 		if (strcmp(prov, order[i]) == 0)
 			return (int)i;
@@ -59,6 +59,15 @@ static bool node_local(const char *prov)
 	char core[32];
 	core_of(prov, core, sizeof(core));
 	return strcmp(core, "shm") == 0 || strcmp(core, "sm2") == 0;
+}
+
+/* The verbs provider drives the same devices as the ibverbs backend, which does it natively: taken
+ * only when named. */
+static bool verbs_based(const char *prov)
+{
+	char core[32];
+	core_of(prov, core, sizeof(core));
+	return strcmp(core, "verbs") == 0;
 }
 
 static bool name_matches(const char *want, const char *prov)
@@ -134,7 +143,8 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 		if (want) {
 			if (name_matches(want, p) && (!prov || strcasecmp(want, p) == 0))
 				prov = p;
-		} else if (!tcp_emulating(p) && !node_local(p) && (!prov || rank(p) < rank(prov))) {
+		} else if (!tcp_emulating(p) && !node_local(p) && !verbs_based(p) &&
+			   (!prov || rank(p) < rank(prov))) {
 			prov = p;
 		}
 	}
@@ -147,9 +157,9 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 		else
 			snprintf(
 			    b->detail, sizeof(b->detail),
-			    "only TCP-emulating or node-local libfabric providers here (%s); the "
-			    "tcp backend does as well. Name one with --ofi-provider (e.g. tcp) "
-			    "to use it anyway",
+			    "only TCP-emulating, node-local or verbs libfabric providers here (%s); "
+			    "the tcp and ibverbs backends serve those. Name one with "
+			    "--ofi-provider (e.g. tcp) to use it anyway",
 			    seen);
 		fi_freeinfo(list);
 		return;

@@ -155,7 +155,7 @@ class OfiTransferTest(SidecarTest):
         c = self.sidecar("c", extra=["--backends", "tcp,libfabric"])
         be = ofi_backend(c.info())
         self.assertFalse(be.available)
-        self.assertIn("only TCP-emulating", be.detail)
+        self.assertIn("only TCP-emulating, node-local or verbs", be.detail)
         self.assertIn("--ofi-provider", be.detail)
 
 
