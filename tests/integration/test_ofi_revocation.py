@@ -50,6 +50,7 @@ class OfiRevocationTest(SidecarTest):
         code, out = self.probe(metadata, op=op)
         self.assertEqual(code, 3, "%s: the old key still works: %s" % (what, out))
         self.assertTrue(out.startswith("REFUSED "), out)
+        print("figure: %s: the old key is refused: %s" % (what, out))
 
     def test_all(self):
         self.check_key_lifetimes()
