@@ -1,7 +1,9 @@
+# syntax=docker/dockerfile:1
 # SPDX-License-Identifier: Apache-2.0
-# rdma-sidecar container image (Debian bookworm).
-#   docker build -t rdma-sidecar:0.1.0 .
-#   docker run --rm rdma-sidecar:0.1.0 --help
+# rdma-sidecar container image (Debian bookworm), with GPU memory support compiled in:
+#   docker build --build-context cuda-include=/usr/local/cuda/include -t rdma-sidecar:0.1.0 .
+#   docker run --rm rdma-sidecar:0.1.0 --help       # says "GPU memory: supported; ..."
+# or scripts/build-image.sh (podman), which passes the CUDA headers the same way.
 # Run it beside a worker that shares its /dev/shm and /run/rdma-sidecar (deploy/ has the
 # Kubernetes pod); with plain Docker give the shared /dev/shm room (--shm-size, default 64 MiB).
 # The ibverbs backend additionally needs the RDMA devices (--device /dev/infiniband/...) and
@@ -12,6 +14,22 @@
 ARG VERSION=0.1.0
 ARG COMMIT=unknown
 
+# ---- CUDA headers (build time only) --------------------------------------------------------------
+# GPU memory support needs one header when compiling, the CUDA driver API's cuda.h (self-contained:
+# it includes only stdlib.h and stdint.h); nothing links against CUDA: the sidecar dlopens the
+# driver, libcuda.so.1, at run time, which the NVIDIA container runtime mounts from the node. So the
+# image carries no CUDA file at all, and runs on nodes without GPUs too.
+# Debian has no usable cuda.h: main none, non-free's nvidia-cuda-dev CUDA 11.8's (too old: the
+# sidecar needs CUDA 12.0's cuGetProcAddress, and it is a 774 MB download for one header). So the
+# build takes it from the build host, as a named build context (a directory, not the source tree):
+#   --build-context cuda-include=DIR      DIR holds cuda.h of CUDA 12.0 or newer: a toolkit's
+#                                         include directory (/usr/local/cuda/include), or that of
+#                                         NVIDIA's small cuda-driver-dev-12-* package
+# This empty stage stands in when no such context is given; the build then stops (GPU=required,
+# the default: an image for the GPU overlays must not lack GPU support by accident), or, with
+# --build-arg GPU=off, builds without GPU support (CUDA regions refused; GetInfo says so).
+FROM scratch AS cuda-include
+
 # ---- build ---------------------------------------------------------------------------------------
 FROM debian:bookworm-slim AS build
 WORKDIR /src
@@ -19,11 +37,23 @@ WORKDIR /src
 # daemon needs to build (--image-build), not the test, VM and benchmark tools.
 COPY scripts/install-deps.sh scripts/install-deps.sh
 RUN bash scripts/install-deps.sh --image-build && rm -rf /var/lib/apt/lists/*
+ARG GPU=required
+COPY --from=cuda-include / /opt/cuda/include/
 COPY . .
-RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
+RUN case "$GPU" in \
+      required) test -f /opt/cuda/include/cuda.h || { \
+        echo "no cuda.h: build with --build-context cuda-include=/usr/local/cuda/include (a directory" \
+             "holding the CUDA toolkit's cuda.h; scripts/build-image.sh does this), or" \
+             "--build-arg GPU=off for an image without GPU support" >&2; exit 1; } ;; \
+      off) rm -rf /opt/cuda/include ;; \
+      *) echo "GPU must be required or off, not '$GPU'" >&2; exit 1 ;; \
+    esac \
+ && cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
+          $([ "$GPU" = required ] && echo -DCUDA_INCLUDE_DIR=/opt/cuda/include || echo -DSC_WITH_CUDA=OFF) \
  && cmake --build /build -j"$(nproc)" --target rdma-sidecar \
  && strip /build/rdma-sidecar \
  && /build/rdma-sidecar --version \
+ && if [ "$GPU" = required ]; then /build/rdma-sidecar --help | grep -q '^GPU memory: supported'; fi \
  && cmake --build /build --target man_rdma_sidecar \
  && gzip -9n /build/man/rdma-sidecar.8
 

@@ -24,7 +24,7 @@ is made (and prepared) before the clock starts. Prints p50/p99/p99.9 and transfe
 the ratios fast/raw-TCP and fast/gRPC (p50 latency; rate), and Python/C for the fast path and gRPC.
 --py-profile FILE: the python-fast rows also run once more under cProfile (FILE.<dir>.<size>).
 
-Usage: /usr/bin/python3 bench/fast_path_bench.py [--quick] [--build build] [--json FILE]
+Usage: /usr/bin/python3 bench/fast_path_bench.py [--quick] [--build build] [--json FILE] [--plot PNG]
        [--sizes 4096,65536,1048576] [--clients 1,16] [--no-python] [--py-profile FILE]
 """
 import argparse
@@ -151,6 +151,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="shorter runs (about a minute)")
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"), help="the build directory")
     ap.add_argument("--json", metavar="FILE", help="write every figure to FILE")
+    ap.add_argument("--plot", metavar="PNG", default="fast_path_bench.png",
+                    help="also plot throughput and latency against size beside the baselines (PNG; "
+                         "default %(default)s in the current directory; '' for none)")
     ap.add_argument("--sizes", default="4096,65536,1048576", help="comma-separated transfer sizes in bytes")
     ap.add_argument("--clients", default="1,16", help="comma-separated client counts")
     ap.add_argument("--seconds", type=float, help="time per row (default 2, --quick 0.5)")
@@ -222,6 +225,11 @@ def main():
     res["seconds"] = round(time.monotonic() - t_begin, 1)
     report(res, sizes, clients)
     write_json(args.json, res)
+    if args.plot:
+        import plot
+        series, levels = plot.fast_series(res)
+        if plot.sweep(args.plot, "rdma-sidecar fast path and gRPC (READ, 1 client) beside raw TCP ping-pong and ucx tag_lat, one run", series, levels, plot.run_note(res)):
+            print("plot: %s" % os.path.abspath(args.plot))
 
 
 def report(res, sizes, clients):

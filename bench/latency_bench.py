@@ -10,7 +10,7 @@ every 20 ms). Baselines in the same run, where installed: iperf3 with one stream
 streams as the sidecar uses (--tcp-streams), and `UCX_TLS=tcp ucx_perftest` ucp_get, ucp_put_bw
 and tag_lat at 4 KiB. Each sidecar figure is printed beside its baseline with the ratio.
 
-Usage: /usr/bin/python3 bench/latency_bench.py [--quick] [--build build] [--json FILE] [--sizes 4096,65536]
+Usage: /usr/bin/python3 bench/latency_bench.py [--quick] [--build build] [--json FILE] [--plot PNG] [--sizes 4096,65536]
 """
 import argparse
 import contextlib
@@ -205,6 +205,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer and smaller sizes, shorter runs (under 2 minutes)")
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"), help="the build directory")
     ap.add_argument("--json", metavar="FILE", help="write every figure to FILE")
+    ap.add_argument("--plot", metavar="PNG", default="latency_bench.png",
+                    help="also plot throughput and latency against size beside the baselines (PNG; "
+                         "default %(default)s in the current directory; '' for none)")
     ap.add_argument("--tcp-streams", type=int, default=2, help="the sidecars' --tcp-streams (default 2)")
     ap.add_argument("--multi", type=int, default=16, help="concurrent clients of the multi-client rows")
     ap.add_argument("--multi-max-size", type=int, default=MiB, help="largest size run with --multi clients")
@@ -272,6 +275,11 @@ def main():
     result["seconds"] = round(time.monotonic() - t_begin, 1)
     report(result)
     write_json(args.json, result)
+    if args.plot:
+        import plot
+        series, levels = plot.latency_series(result)
+        if plot.sweep(args.plot, "rdma-sidecar (C client, two sidecars) beside iperf3 and ucx_perftest, one run", series, levels, plot.run_note(result)):
+            print("plot: %s" % os.path.abspath(args.plot))
 
 
 def report(res):

@@ -10,7 +10,7 @@ end as a worker sees it: from the BeginRead/BeginWrite call to WaitOperation ret
 two gRPC round trips from Python included (the "rtt" row shows one round trip alone; metadata
 creation is outside the timed span, as a producer creates it ahead of time).
 
-Usage: /usr/bin/python3 bench/tcp_bench.py [--quick] [--build build]
+Usage: /usr/bin/python3 bench/tcp_bench.py [--quick] [--build build] [--plot PNG]
 """
 import argparse
 import json
@@ -101,6 +101,9 @@ def main():
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"), help="build dir (default: build)")
     ap.add_argument("--quick", action="store_true", help="fewer iterations")
     ap.add_argument("--streams", type=int, default=2, help="--tcp-streams for the sidecars (default 2)")
+    ap.add_argument("--plot", metavar="PNG", default="tcp_bench.png",
+                    help="also plot throughput and latency against size beside the baselines (PNG; "
+                         "default %(default)s in the current directory; '' for none)")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     os.environ.setdefault("SC_PYTHON_STUBS", os.path.join(build, "python"))
@@ -149,6 +152,27 @@ def main():
           % (best[("WRITE", 256 << 20)] / ip, best[("WRITE", 256 << 20)] / max(ips)))
     if ucx_get:
         print("  sidecar READ 64 MiB / ucx ucp_get 64 MiB    : %.2f" % (best[("READ", 64 << 20)] / ucx_get[0]))
+    if args.plot:
+        import plot
+        series = []
+        for direction in ("READ", "WRITE"):
+            pts = sorted((size, times) for d, size, _, times in rows if d == direction)
+            series.append({"label": "sidecar %s" % direction, "sizes": [p[0] for p in pts],
+                           "gbps": [p[0] / pct(p[1], 50) / 1e9 for p in pts],
+                           "p50_us": [pct(p[1], 50) * 1e6 for p in pts],
+                           "p99_us": [pct(p[1], 99) * 1e6 for p in pts]})
+        for label, size, v in (("ucx ucp_get", 64 << 20, ucx_get), ("ucx ucp_put_bw", 64 << 20, ucx_put),
+                               ("ucx ucp_get", 4096, ucx_lat)):
+            if v:
+                # a bandwidth test's "latency" is per message of a pipelined stream: not drawn
+                series.append({"label": "%s %s (UCX_TLS=tcp)" % (label, human(size)), "sizes": [size],
+                               "gbps": [v[0]], "p50_us": [None if "bw" in label else v[1]],
+                               "baseline": True})
+        if plot.sweep(args.plot, "rdma-sidecar TCP data plane (Python worker, two sidecars) beside iperf3 "
+                      "and ucx_perftest, one run", series,
+                      [("iperf3 1 stream, median of 3", ip)],
+                      time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()) + ", " + (os.uname().release)):
+            print("plot: %s" % os.path.abspath(args.plot))
     # ucp_put_bw over TCP was erratic here (23 MB/s to 1.5 GB/s between runs, sometimes ending in
     # a reset): it is printed above as measured but not used for a ratio.
 

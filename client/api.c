@@ -156,6 +156,7 @@ static void op_from(rsc_operation *o, const RdmaSidecar__V1__Operation *m)
 	o->request_id = sdup(m->request_id);
 	o->backend_reason = sdup(m->backend_reason);
 	o->uses_left = m->uses_left;
+	o->trace_id = sdup(m->trace_id);
 	o->descriptors = calloc(m->n_descriptors ? m->n_descriptors : 1, sizeof(*o->descriptors));
 	if (o->descriptors) {
 		o->n_descriptors = m->n_descriptors;
@@ -177,6 +178,7 @@ void rsc_operation_clear(rsc_operation *o)
 	free(o->peer);
 	free(o->request_id);
 	free(o->backend_reason);
+	free(o->trace_id);
 	for (size_t i = 0; o->descriptors && i < o->n_descriptors; i++)
 		free((char *)o->descriptors[i].region_id);
 	free(o->descriptors);
@@ -364,6 +366,33 @@ int rsc_get_info_rails(rsc_client *c, rsc_info *info, rsc_info_rails *rails, rsc
 	info_rails_from(rails, m);
 	protobuf_c_message_free_unpacked(resp, NULL);
 	return RSC_OK;
+}
+
+int rsc_get_info_limits(rsc_client *c, rsc_info_limits *out, rsc_status *st)
+{
+	if (!out)
+		return rsc_fail(st, RSC_INVALID_ARGUMENT, "rsc_get_info_limits: out is NULL");
+	ProtobufCMessage *resp = NULL;
+	int rc = get_info_call(c, &resp, st);
+	if (rc != RSC_OK)
+		return rc;
+	const RdmaSidecar__V1__SidecarInfo *m = (const void *)resp;
+	memset(out, 0, sizeof(*out));
+	out->open_files_limit = m->open_files_limit;
+	out->memlock_limit = m->memlock_limit;
+	out->memlock_needed = m->memlock_needed;
+	out->memlock_enough = m->memlock_enough;
+	out->memlock_detail = sdup(m->memlock_detail);
+	protobuf_c_message_free_unpacked(resp, NULL);
+	return RSC_OK;
+}
+
+void rsc_info_limits_clear(rsc_info_limits *out)
+{
+	if (!out)
+		return;
+	free(out->memlock_detail);
+	memset(out, 0, sizeof(*out));
 }
 
 int rsc_health_check(rsc_client *c, const char *service, int *serving, rsc_status *st)

@@ -153,12 +153,27 @@ int rsc_client_create(const rsc_options *opts, rsc_client **out, rsc_status *st)
 		free(c);
 		return st ? st->code : RSC_INVALID_ARGUMENT;
 	}
-	grpc_arg args[2];
+	grpc_arg args[5];
 	size_t nargs = 0;
 	args[nargs].type = GRPC_ARG_INTEGER;
 	args[nargs].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
 	args[nargs].value.integer = -1;
 	nargs++;
+	/* Reconnect soon after a failed attempt (gRPC's default backs off from 1 s to 120 s): the
+	 * sidecar is local, an attempt is cheap, and rsc_client_wait_ready should see a sidecar
+	 * that came up within a fraction of a second, not after the next long back-off. */
+	static const struct {
+		const char *key;
+		int value;
+	} backoff[] = {{GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100},
+		       {GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100},
+		       {GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000}};
+	for (size_t i = 0; i < sizeof(backoff) / sizeof(backoff[0]); i++) {
+		args[nargs].type = GRPC_ARG_INTEGER;
+		args[nargs].key = (char *)backoff[i].key;
+		args[nargs].value.integer = backoff[i].value;
+		nargs++;
+	}
 	if (o->tls_server_name) {
 		args[nargs].type = GRPC_ARG_STRING;
 		args[nargs].key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
@@ -236,6 +251,63 @@ int rsc_client_connect(rsc_client *c, uint32_t timeout_ms, rsc_status *st)
 				      "cannot reach the sidecar at %s: not connected within %u ms "
 				      "(is it running?)",
 				      c->target, timeout_ms ? timeout_ms : 5000);
+			break;
+		}
+		s = grpc_channel_check_connectivity_state(c->channel, 1);
+	}
+	destroy_cq(cq);
+	return rc == RSC_OK ? rsc_ok(st) : rc;
+}
+
+static const char *state_name(grpc_connectivity_state s)
+{
+	switch (s) {
+	case GRPC_CHANNEL_IDLE:
+		return "idle";
+	case GRPC_CHANNEL_CONNECTING:
+		return "connecting";
+	case GRPC_CHANNEL_READY:
+		return "ready";
+	case GRPC_CHANNEL_TRANSIENT_FAILURE:
+		return "the last connection attempt failed";
+	case GRPC_CHANNEL_SHUTDOWN:
+		return "shut down";
+	}
+	return "unknown";
+}
+
+int rsc_client_wait_ready(rsc_client *c, uint32_t timeout_ms, rsc_status *st)
+{
+	if (!c)
+		return rsc_fail(st, RSC_INVALID_ARGUMENT, "no client");
+	grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+	gpr_timespec start = gpr_now(GPR_CLOCK_MONOTONIC);
+	gpr_timespec deadline = deadline_in(timeout_ms ? timeout_ms : 1);
+	grpc_connectivity_state s = grpc_channel_check_connectivity_state(c->channel, 1);
+	int rc = RSC_OK;
+	/* Unlike rsc_client_connect, a failed attempt is no reason to stop: the channel tries again
+	 * (after at most 1 s, see rsc_client_create) until the sidecar answers or the time is up.
+	 */
+	while (s != GRPC_CHANNEL_READY) {
+		if (s == GRPC_CHANNEL_SHUTDOWN) {
+			rc = rsc_fail(st, RSC_UNAVAILABLE, "the channel to %s was shut down",
+				      c->target);
+			break;
+		}
+		grpc_channel_watch_connectivity_state(c->channel, s, deadline, cq, c);
+		grpc_event ev =
+		    grpc_completion_queue_pluck(cq, c, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+		if (!ev.success) {
+			double waited = gpr_timespec_to_micros(
+					    gpr_time_sub(gpr_now(GPR_CLOCK_MONOTONIC), start)) /
+					1e6;
+			rc = rsc_fail(
+			    st, RSC_UNAVAILABLE,
+			    "the sidecar at %s was not ready after waiting %.1f s (%s): is "
+			    "it running, and is the address right? (--sidecar or "
+			    "RDMA_SIDECAR_ADDR; wait longer with --wait or "
+			    "RDMA_SIDECAR_WAIT_FOR_READY)",
+			    c->target, waited, state_name(s));
 			break;
 		}
 		s = grpc_channel_check_connectivity_state(c->channel, 1);

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,6 +146,7 @@ static void op_json(const rsc_operation *o, const rsc_rail_usage_list *rails)
 	putchar(']');
 	jkv_s("backend_reason", o->backend_reason, &f);
 	jkv_u("uses_left", o->uses_left, &f);
+	jkv_s("trace_id", o->trace_id, &f);
 	if (rails) {
 		jkey("rails", &f);
 		putchar('[');
@@ -160,7 +162,7 @@ static void op_json(const rsc_operation *o, const rsc_rail_usage_list *rails)
 	putchar('}');
 }
 
-static void op_text(const rsc_operation *o)
+static void op_text_trace(const rsc_operation *o, bool trace)
 {
 	printf("%s  %s  %s  %s  %" PRIu64 "/%" PRIu64 " bytes", o->operation_id,
 	       rsc_op_kind_name(o->kind), rsc_op_status_name(o->status),
@@ -169,7 +171,14 @@ static void op_text(const rsc_operation *o)
 		printf("  peer %s", o->peer);
 	if (o->error_code || (o->error_message && o->error_message[0]))
 		printf("  error %s: %s", rsc_code_name(o->error_code), o->error_message);
+	if (trace && o->trace_id && o->trace_id[0])
+		printf("  trace %s", o->trace_id);
 	putchar('\n');
+}
+
+static void op_text(const rsc_operation *o)
+{
+	op_text_trace(o, false);
 }
 
 /* rails: the operation's rail usage (op ID), or NULL. */
@@ -310,8 +319,14 @@ static int cmd_info(struct ctl *x, char **argv)
 	rsc_info in;
 	rsc_info_rails rl;
 	rsc_status st;
+	rsc_info_limits lim;
 	if (rsc_get_info_rails(x->c, &in, &rl, &st) != RSC_OK)
 		return fail(&st, "info");
+	if (rsc_get_info_limits(x->c, &lim, &st) != RSC_OK) {
+		rsc_info_rails_clear(&rl);
+		rsc_info_clear(&in);
+		return fail(&st, "info");
+	}
 	if (x->json) {
 		int f = 1;
 		putchar('{');
@@ -348,6 +363,11 @@ static int cmd_info(struct ctl *x, char **argv)
 			putchar('}');
 		}
 		putchar(']');
+		jkv_u("open_files_limit", lim.open_files_limit, &f);
+		jkv_u("memlock_limit", lim.memlock_limit, &f);
+		jkv_u("memlock_needed", lim.memlock_needed, &f);
+		jkv_b("memlock_enough", lim.memlock_enough, &f);
+		jkv_s("memlock_detail", lim.memlock_detail, &f);
 		rails_json(&rl, &f);
 		puts("}");
 	} else {
@@ -367,8 +387,11 @@ static int cmd_info(struct ctl *x, char **argv)
 		for (size_t i = 0; i < in.n_gpus; i++)
 			printf("gpu %u    %s %s (%s)\n", in.gpus[i].index, in.gpus[i].name,
 			       in.gpus[i].pci_bus_id, in.gpus[i].rdma_path);
+		printf("memlock  %s%s\n",
+		       lim.memlock_enough ? "" : "TOO LOW: ", lim.memlock_detail);
 		rails_text(&rl);
 	}
+	rsc_info_limits_clear(&lim);
 	rsc_info_rails_clear(&rl);
 	rsc_info_clear(&in);
 	return 0;
@@ -577,7 +600,14 @@ struct watch_state {
 static int on_watch(const rsc_operation *o, void *user)
 {
 	struct watch_state *w = user;
-	op_print(w->x, o);
+	if (w->x->json) {
+		op_print(w->x, o);
+	} else {
+		/* Each update with its trace id, the key to both sidecars' log lines of it. */
+		op_text_trace(o, true);
+		if (o->metadata && o->metadata[0])
+			printf("metadata %s\n", o->metadata);
+	}
 	fflush(stdout);
 	w->last_status = o->status;
 	return 0;
@@ -934,7 +964,8 @@ static const struct command commands[] = {
      cmd_wait},
     {"watch", "ID", 1,
      "print the operation's state, then every change and progress update until it is terminal "
-     "(--timeout S bounds it); exit 0 only when COMPLETE",
+     "(--timeout S bounds it), each with the operation's trace id (\"trace <id>\"; --json: "
+     "trace_id), the key to both sidecars' log lines of the transfer; exit 0 only when COMPLETE",
      cmd_watch},
     {"cancel", "ID", 1, "cancel an operation (the peer's ends too); prints its state", cmd_cancel},
     {"publish", "SUBJECT OPID", 2, "publish a passive operation's metadata on a NATS subject",
@@ -980,6 +1011,9 @@ static void usage(FILE *out)
 	    "  --interval-ms M    ping: milliseconds between calls (default 100)\n"
 	    "  --queue G          subscribe: NATS queue group\n"
 	    "  --connect-timeout S  seconds to reach the sidecar (default 5)\n"
+	    "  --wait S           wait up to S seconds for a sidecar that is not up yet, retrying\n"
+	    "                     failed connections (env RDMA_SIDECAR_WAIT_FOR_READY; default 0:\n"
+	    "                     fail at once, after --connect-timeout)\n"
 	    "  --tls-ca FILE      TLS: PEM roots of the sidecar's certificate (env "
 	    "RDMA_SIDECAR_TLS_CA)\n"
 	    "  --tls-cert FILE, --tls-key FILE   mutual TLS client certificate and key\n"
@@ -1015,6 +1049,21 @@ static int parse_seconds(const char *s, double *out)
 	return 0;
 }
 
+/* --wait: one quick look first; when the sidecar is not there, say so (on stderr, once) and wait
+ * for it up to wait_s in all. */
+static int wait_ready(rsc_client *c, double wait_s, rsc_status *st)
+{
+	uint32_t total_ms = wait_s * 1000 > 4e9 ? 4000000000u : (uint32_t)(wait_s * 1000);
+	if (total_ms == 0)
+		total_ms = 1;
+	uint32_t first_ms = total_ms < 200 ? total_ms : 200;
+	if (rsc_client_connect(c, first_ms, st) == RSC_OK)
+		return RSC_OK;
+	fprintf(stderr, "rdma-sidecar-ctl: waiting up to %.1f s for the sidecar at %s\n", wait_s,
+		rsc_client_target(c));
+	return rsc_client_wait_ready(c, total_ms, st);
+}
+
 int main(int argc, char **argv)
 {
 	enum {
@@ -1028,7 +1077,8 @@ int main(int argc, char **argv)
 		O_CA,
 		O_CERT,
 		O_KEY,
-		O_NAME
+		O_NAME,
+		O_WAIT
 	};
 	static const struct option longopts[] = {
 	    {"sidecar", required_argument, NULL, O_SIDECAR},
@@ -1042,14 +1092,23 @@ int main(int argc, char **argv)
 	    {"tls-cert", required_argument, NULL, O_CERT},
 	    {"tls-key", required_argument, NULL, O_KEY},
 	    {"tls-server-name", required_argument, NULL, O_NAME},
+	    {"wait", required_argument, NULL, O_WAIT},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct ctl x = {.timeout_s = -1, .interval_ms = -1};
 	rsc_options o = {.target = getenv("RDMA_SIDECAR_ADDR"),
 			 .tls_ca_file = getenv("RDMA_SIDECAR_TLS_CA")};
-	double connect_s = 5;
+	double connect_s = 5, wait_s = 0;
 	int help = 0, opt, li = -1;
+	const char *wait_env = getenv("RDMA_SIDECAR_WAIT_FOR_READY");
+	if (wait_env && wait_env[0] && parse_seconds(wait_env, &wait_s) != 0) {
+		fprintf(stderr,
+			"rdma-sidecar-ctl: bad value %s for RDMA_SIDECAR_WAIT_FOR_READY (seconds, "
+			"e.g. 30)\n",
+			wait_env);
+		return EXIT_USAGE;
+	}
 	while ((opt = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
 		switch (opt) {
 		case O_SIDECAR:
@@ -1064,6 +1123,10 @@ int main(int argc, char **argv)
 			break;
 		case O_CONNECT:
 			if (parse_seconds(optarg, &connect_s) != 0)
+				goto bad_value;
+			break;
+		case O_WAIT:
+			if (parse_seconds(optarg, &wait_s) != 0)
 				goto bad_value;
 			break;
 		case O_COUNT: {
@@ -1148,7 +1211,8 @@ int main(int argc, char **argv)
 	}
 	x.target = rsc_client_target(x.c);
 	int rc;
-	if (rsc_client_connect(x.c, (uint32_t)(connect_s * 1000), &st) != RSC_OK) {
+	if (wait_s > 0 ? wait_ready(x.c, wait_s, &st) != RSC_OK
+		       : rsc_client_connect(x.c, (uint32_t)(connect_s * 1000), &st) != RSC_OK) {
 		fprintf(stderr, "rdma-sidecar-ctl: %s\n", st.message);
 		rc = EXIT_UNREACHABLE;
 	} else {

@@ -67,10 +67,10 @@ def parse_args(doc, size_help, read_subject_help, write_subject_help):
 
     The description is the first paragraph of `doc` (the worker's module docstring)."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
-                                epilog="Environment: SIDECAR_ADDR and SIDECAR_PYTHON_STUBS set the "
+                                epilog="Environment: RDMA_SIDECAR_ADDR and SIDECAR_PYTHON_STUBS set the "
                                        "defaults of --sidecar and --stubs.")
     p.add_argument("--sidecar", metavar="ADDR",
-                   default=os.environ.get("SIDECAR_ADDR", "unix:/tmp/rdma-sidecar/sidecar.sock"),
+                   default=os.environ.get("RDMA_SIDECAR_ADDR", "unix:/tmp/rdma-sidecar/sidecar.sock"),
                    help="gRPC address of this worker's own sidecar (default: %(default)s)")
     p.add_argument("--stubs", metavar="DIR", default=os.environ.get("SIDECAR_PYTHON_STUBS", DEFAULT_STUBS),
                    help="unused: the workers use the rdma_sidecar package now (kept so that older scripts "

@@ -116,7 +116,9 @@ def _die_with_parent():
 def start_nats(nats_server, tmp):
     for _ in range(3):
         port = free_port()
-        p = Proc("nats", [nats_server, "-a", "127.0.0.1", "-p", str(port)], os.path.join(tmp, "nats.log"))
+        # -js: the sidecars keep published metadata in JetStream (their default --nats-handoff).
+        p = Proc("nats", [nats_server, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", os.path.join(tmp, "js")],
+                 os.path.join(tmp, "nats.log"))
 
         def up():
             if not p.alive():

@@ -24,11 +24,13 @@ build=(build-essential cmake pkg-config git
        iproute2 iptables procps psmisc valgrind clang libclang-rt-14-dev
        openssl   # the openssl CLI: test_security_listen.py makes its CA and certificates
        nodejs   # test_reflection.py's reflection client and the manifest validator (tests/node)
-       prometheus   # promtool: test_metrics_promtool.py checks /metrics with it
+       prometheus   # promtool: test_metrics_promtool.py checks /metrics with it; test_prometheus_dashboard.py runs it
        python3-yaml   # test_deploy_manifests.py reads the rendered manifests
+       python3-matplotlib   # the benchmarks' plots (bench/plot.py: throughput and latency against size)
        mkdocs mkdocs-material   # the documentation site (docs/, mkdocs.yml; ctest docs.site)
        help2man   # the man pages rdma-sidecar(8) and rdma-sidecar-ctl(1) (build/man; ctest docs.man)
-       podman mmdebstrap)  # scripts/build-image.sh and the image test (tests/image)
+       dpkg-dev   # dpkg-shlibdeps: scripts/build-deb.sh computes the .deb's Depends
+       podman mmdebstrap)  # scripts/build-image.sh and the image test (tests/image); the .deb test (tests/packaging)
 # The Soft-RoCE VM test and the benchmarks.
 vm=(qemu-system-x86 busybox-static kmod cpio perftest iperf3 ucx-utils)
 

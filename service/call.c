@@ -11,7 +11,9 @@
  * Threads: completions run on the completion-queue workers; handlers, engine/NATS/timer threads
  * answer on calls they hold a reference to (every sc_call_* is thread-safe, under the call's mu).
  * Owns each call's send queue, received buffers and handler state. Also the accessors handlers
- * use for the service (engine, config, health, listeners).
+ * use for the service (engine, config, health, listeners). Each call that arrived is counted for
+ * the metrics when its last reference goes, with the status the client saw and the time since
+ * arrival (the engine's grpc_server_* families).
  */
 #include "internal.h"
 #include "base/log.h"
@@ -73,6 +75,24 @@ size_t sc_service_listeners(struct sc_service *svc, const char ***out)
 	return svc->n_listeners;
 }
 
+bool sc_call_header(const struct sc_call *c, const char *key, char *out, size_t cap)
+{
+	for (size_t i = 0; i < c->req_md.count; i++) {
+		const grpc_metadata *md = &c->req_md.metadata[i];
+		if (grpc_slice_str_cmp(md->key, key) != 0)
+			continue;
+		size_t n = GRPC_SLICE_LENGTH(md->value);
+		if (n >= cap)
+			n = cap - 1;
+		memcpy(out, GRPC_SLICE_START_PTR(md->value), n);
+		out[n] = '\0';
+		return true;
+	}
+	if (cap)
+		out[0] = '\0';
+	return false;
+}
+
 const char *sc_call_method(struct sc_call *c)
 {
 	return c->method ? c->method->path : "(unknown)";
@@ -130,10 +150,30 @@ void sc_call_ref(struct sc_call *c)
 	atomic_fetch_add(&c->refs, 1);
 }
 
+void sc_call_arrived(struct sc_call *c, size_t method_index)
+{
+	c->method_index = method_index;
+	c->arrived_ns = sc_engine_clock_ns();
+	sc_engine_grpc_call_started(c->svc->eng, method_index);
+}
+
+/* The call is over (its last reference went): the status the client saw (CANCELLED when it left
+ * or the status could not be sent) and how long since arrival. */
+static void count_handled(struct sc_call *c)
+{
+	enum sc_status code = c->final_code;
+	if (atomic_load(&c->cancelled) || c->cancelled_flag || !c->answered)
+		code = SC_CANCELLED;
+	sc_engine_grpc_call_done(c->svc->eng, c->method_index, code,
+				 sc_engine_clock_ns() - c->arrived_ns);
+}
+
 void sc_call_unref(struct sc_call *c)
 {
 	if (atomic_fetch_sub(&c->refs, 1) != 1)
 		return;
+	if (c->arrived_ns && !atomic_load(&c->svc->calls_uncounted))
+		count_handled(c);
 	if (c->state_free)
 		c->state_free(c->state);
 	while (c->q_head) {

@@ -31,6 +31,9 @@ const struct sc_config *sc_call_config(struct sc_call *c);
 uint64_t sc_call_deadline_left_ms(struct sc_call *c);
 /* The method path, e.g. "/rdma_sidecar.v1.Sidecar/GetInfo". */
 const char *sc_call_method(struct sc_call *c);
+/* The value of the request's metadata header `key` (lowercase, as gRPC keeps them; the first
+ * one) into out (NUL-terminated, cut to cap - 1): true when the call has it. */
+bool sc_call_header(const struct sc_call *c, const char *key, char *out, size_t cap);
 bool sc_call_is_cancelled(struct sc_call *c);
 
 void sc_call_ref(struct sc_call *c);

@@ -32,6 +32,7 @@ void sc_pb_op_fill(struct sc_pb_op *p, const struct sc_op_info *info)
 	m->deadline_unix_ms = info->deadline_unix_ms;
 	m->completed_unix_ms = info->completed_unix_ms;
 	m->request_id = s(info->request_id);
+	m->trace_id = s(info->trace_id);
 	m->backend_reason = s(info->backend_reason);
 	m->uses_left = info->uses_left;
 	m->uses_done = info->uses_done;

@@ -72,6 +72,7 @@ void sc_h_server_reflection(struct sc_call *c, ProtobufCMessage *req);
 /* metadata_bus.c */
 void sc_h_publish_metadata(struct sc_call *c, ProtobufCMessage *req);
 void sc_h_subscribe_metadata(struct sc_call *c, ProtobufCMessage *req);
+void sc_h_wait_metadata(struct sc_call *c, ProtobufCMessage *req);
 
 /* convert.c: fill protobuf messages from engine snapshots. The message points into `info` for
  * strings, so keep info alive until the message is packed (sc_call_send packs at once); then

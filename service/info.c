@@ -1,13 +1,25 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * info.c: GetInfo: identity, version, listeners, backends (and why one is unavailable), data
- * endpoints, rails, NATS state, signing, CUDA. A gRPC worker thread.
+ * endpoints, rails, NATS state, signing, CUDA, the memlock limit. A gRPC worker thread.
  */
 #include "handlers.h"
+#include "internal.h"
 #include "service.h"
+
+#include "os/memlock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+
+/* Whether an RDMA backend (ibverbs) is available: it pins registered memory (os/memlock.h). */
+static bool info_has_rdma(const struct sc_info *info)
+{
+	for (size_t i = 0; i < info->n_backends; i++)
+		if (info->backends[i].backend == SC_BACKEND_IBVERBS && info->backends[i].available)
+			return true;
+	return false;
+}
 
 /* The topology rows as messages: allocated together (a table has up to 32 rows of 32 rails). */
 struct topo_msgs {
@@ -154,6 +166,13 @@ void sc_h_get_info(struct sc_call *c, ProtobufCMessage *req)
 	m.rails = rp;
 	m.topology_source = (char *)(info.topology_source ? info.topology_source : "");
 	m.open_files_limit = info.open_files_limit;
+	struct sc_memlock ml;
+	sc_memlock_assess(info_has_rdma(&info), sc_call_service(c)->cfg->max_total_region_bytes,
+			  &ml);
+	m.memlock_limit = ml.limit;
+	m.memlock_needed = ml.needed;
+	m.memlock_enough = ml.enough;
+	m.memlock_detail = ml.detail;
 	struct topo_msgs *tm = topology_fill(info.topo_table, &m);
 	sc_call_reply(c, &m.base);
 	free(tm);

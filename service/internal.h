@@ -69,6 +69,8 @@ struct sc_call {
 	void (*drained_fn)(struct sc_call *c);
 	bool cancel_fired;
 	uint64_t trace_xfer; /* the hand-off trace (base/trace.h): the transfer this call answers */
+	uint64_t arrived_ns; /* sc_engine_clock_ns at arrival; 0: never arrived (armed only) */
+	size_t method_index; /* sc_methods index, sc_n_methods for an unknown method (metrics) */
 };
 
 struct sc_service {
@@ -92,6 +94,9 @@ struct sc_service {
 	struct sc_uds_acceptor *uds[SC_MAX_GRPC_LISTENERS];
 	size_t n_uds;
 	atomic_int live_calls;
+	/* Set once shutdown is over: a call freed later (the engine, and its metrics, may be gone)
+	 * is not counted. */
+	atomic_bool calls_uncounted;
 	/* Batches start under the read side; closing the queue takes the write side, so no batch
 	 * can start on a queue that is shut down (gRPC asserts on that). */
 	pthread_rwlock_t batch_lock;
@@ -101,6 +106,10 @@ struct sc_service {
 /* call.c: a new call for server s and method m (NULL: the generic request), holding one reference
  * (the arrival's); counted in the service's live calls until its last reference goes. */
 struct sc_call *sc_call_new(struct srv *s, const struct sc_method_def *m);
+/* call.c: the call arrived (its request is in): counted under method_index (its sc_methods index,
+ * sc_n_methods for an unknown method), and timed until its last reference goes (grpc_server_*
+ * metrics). */
+void sc_call_arrived(struct sc_call *c, size_t method_index);
 /* call.c: start the RECV_CLOSE_ON_SERVER batch that learns of the client's cancellation (and runs
  * on_cancel). */
 void sc_call_watch_close(struct sc_call *c);

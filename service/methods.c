@@ -44,6 +44,7 @@ const struct sc_method_def sc_methods[] = {
 	 sc_h_publish_metadata},
 	{SIDECAR("SubscribeMetadata"), SC_METHOD_SERVER_STREAM, REQ(subscribe_metadata_request),
 	 sc_h_subscribe_metadata},
+	{SIDECAR("WaitMetadata"), SC_METHOD_UNARY, REQ(wait_metadata_request), sc_h_wait_metadata},
 	{SIDECAR("ReportProgress"), SC_METHOD_UNARY, REQ(report_progress_request),
 	 sc_h_report_progress},
 	{"/grpc.health.v1.Health/Check", SC_METHOD_UNARY,

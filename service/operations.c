@@ -62,11 +62,38 @@ static int desc_list(struct sc_call *c, RdmaSidecar__V1__Descriptor **plain, siz
 	return -1;
 }
 
+/*
+ * The call's W3C trace id into out: the request's traceparent field (a malformed one is
+ * INVALID_ARGUMENT: answered, -1), else the "traceparent" metadata header (a malformed header is
+ * ignored, as W3C Trace Context asks), else "" (the engine starts a new trace where it needs one).
+ */
+static int call_trace_id(struct sc_call *c, const char *field, char out[SC_TRACE_ID_LEN])
+{
+	out[0] = '\0';
+	if (field && field[0]) {
+		if (sc_trace_id_from_traceparent(field, out))
+			return 0;
+		sc_call_fail(c, SC_INVALID_ARGUMENT,
+			     "traceparent is not a W3C traceparent: expected "
+			     "\"00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>\", neither id "
+			     "all zeros; leave it empty to start a new trace");
+		return -1;
+	}
+	char header[256];
+	if (sc_call_header(c, "traceparent", header, sizeof(header)) &&
+	    !sc_trace_id_from_traceparent(header, out))
+		SC_DEBUG("grpc", "%s: ignored a malformed traceparent header", sc_call_method(c));
+	return 0;
+}
+
 static void create_passive(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind)
 {
 	RdmaSidecar__V1__CreatePassiveRequest *r = (RdmaSidecar__V1__CreatePassiveRequest *)req;
 	struct sc_err err;
 	sc_err_clear(&err);
+	char trace_id[SC_TRACE_ID_LEN];
+	if (call_trace_id(c, r->traceparent, trace_id) != 0)
+		return;
 	struct sc_desc *descs;
 	size_t n_descs;
 	if (desc_list(c, r->descriptors, r->n_descriptors, r->descriptor_sets, r->n_descriptor_sets,
@@ -80,6 +107,7 @@ static void create_passive(struct sc_call *c, ProtobufCMessage *req, enum sc_op_
 		.max_uses = r->max_uses,
 		.any_uses = r->any_uses,
 		.request_id = r->request_id,
+		.trace_id = trace_id,
 		.omit_descs = r->n_descriptor_sets > 0,
 	};
 	struct sc_op_info info;
@@ -113,6 +141,9 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 	sc_trace_call_in();
 	struct sc_err err;
 	sc_err_clear(&err);
+	char trace_id[SC_TRACE_ID_LEN];
+	if (call_trace_id(c, r->traceparent, trace_id) != 0)
+		return;
 	struct sc_desc *descs;
 	size_t n_descs;
 	if (desc_list(c, r->descriptors, r->n_descriptors, r->descriptor_sets, r->n_descriptor_sets,
@@ -125,6 +156,7 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 		.timeout_ms = r->timeout_ms,
 		.backend = (enum sc_backend_kind)r->backend,
 		.request_id = r->request_id,
+		.trace_id = trace_id,
 		.omit_descs = r->n_descriptor_sets > 0,
 	};
 	if (r->requirement) {

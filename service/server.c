@@ -143,6 +143,7 @@ static void on_call_start(struct tag *t, bool ok)
 		return;
 	}
 	arm(c->srv, (size_t)(c->method - sc_methods));
+	sc_call_arrived(c, (size_t)(c->method - sc_methods));
 	sc_call_watch_close(c);
 	const struct sc_method_def *m = c->method;
 	SC_DEBUG("grpc", "call %s%s", m->path, c->srv->probe ? " (probe port)" : "");
@@ -181,6 +182,7 @@ static void on_generic_start(struct tag *t, bool ok)
 		return;
 	}
 	arm(c->srv, sc_n_methods);
+	sc_call_arrived(c, sc_n_methods);
 	char path[256];
 	size_t len = GRPC_SLICE_LENGTH(c->details.method);
 	if (len >= sizeof(path))
@@ -294,6 +296,22 @@ static char *shown_addr(const char *addr, int port)
 	return shown;
 }
 
+/* The method table's names and kinds for the engine's gRPC metrics (index = sc_methods index). */
+static void name_methods(struct sc_engine *eng)
+{
+	static const char *const kind_name[] = {[SC_METHOD_UNARY] = "unary",
+						[SC_METHOD_SERVER_STREAM] = "server_stream",
+						[SC_METHOD_CLIENT_STREAM] = "client_stream",
+						[SC_METHOD_BIDI_STREAM] = "bidi_stream"};
+	const char *paths[64], *types[64];
+	size_t n = sc_n_methods < 64 ? sc_n_methods : 64;
+	for (size_t i = 0; i < n; i++) {
+		paths[i] = sc_methods[i].path;
+		types[i] = kind_name[sc_methods[i].kind];
+	}
+	sc_engine_grpc_methods(eng, paths, types, n);
+}
+
 int sc_service_create(struct sc_engine *eng, const struct sc_config *cfg,
 		      struct sc_service **out, struct sc_err *err)
 {
@@ -305,6 +323,7 @@ int sc_service_create(struct sc_engine *eng, const struct sc_config *cfg,
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
 	svc->eng = eng;
 	svc->cfg = cfg;
+	name_methods(eng);
 	pthread_rwlock_init(&svc->batch_lock, NULL);
 	svc->health = sc_health_create();
 	sc_absl_tune(); /* before gRPC locks its first absl::Mutex: see absl_tune.h */
@@ -503,6 +522,7 @@ void sc_service_shutdown(struct sc_service *svc, uint64_t grace_ms)
 		pthread_join(svc->threads[i], NULL);
 	svc->n_threads = 0;
 	svc->started = false;
+	atomic_store(&svc->calls_uncounted, true);
 }
 
 /*

@@ -8,13 +8,14 @@
  *                   TLS certificates, keys and CAs (also reloaded when their files change)
  * Exit codes: 0 clean, 1 runtime failure, 2 bad configuration.
  */
+#include "base/log.h"
+#include "base/trace.h"
 #include "conf/config.h"
 #include "engine/engine.h"
 #include "fast/socket.h"
-#include "base/log.h"
 #include "nats/client.h"
+#include "os/memlock.h"
 #include "service.h"
-#include "base/trace.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -53,6 +54,7 @@ int main(int argc, char **argv)
 	struct sc_fast_path *fast = NULL;
 	/* Creation fails only on configuration the host cannot honour (shm dir, key file, data
 	 * port, listeners): exit 2 like a bad flag. */
+	sc_memlock_raise(); /* before any backend registers memory */
 	if (sc_engine_create(&cfg, &eng, &err) != 0) {
 		fprintf(stderr, "rdma-sidecar: %s\n", err.msg);
 		rc = 2;
@@ -84,6 +86,16 @@ int main(int argc, char **argv)
 		info.version, info.sidecar_id,
 		info.n_data_endpoints ? info.data_endpoints[0] : "(none)", info.nats_state,
 		info.signing_enabled ? info.signing_key_id : "off (no --key-file)");
+	bool rdma = false;
+	for (size_t i = 0; i < info.n_backends; i++)
+		rdma |=
+		    info.backends[i].backend == SC_BACKEND_IBVERBS && info.backends[i].available;
+	struct sc_memlock ml;
+	sc_memlock_assess(rdma, cfg.max_total_region_bytes, &ml);
+	if (ml.enough)
+		SC_INFO("main", "%s", ml.detail);
+	else
+		SC_WARN("main", "%s", ml.detail);
 
 	for (;;) {
 		int sig = 0;

@@ -125,6 +125,12 @@ int rsc_client_create(const rsc_options *opts, rsc_client **out, rsc_status *st)
  * target) as soon as a connection attempt fails or the time is up. Optional: every call connects
  * by itself (and fails with RSC_UNAVAILABLE at once when it cannot). */
 int rsc_client_connect(rsc_client *c, uint32_t timeout_ms, rsc_status *st);
+/* Waits up to timeout_ms for a sidecar that may not be up yet (a worker that starts before its
+ * sidecar): failed connection attempts are retried (at most 1 s apart) until the sidecar answers
+ * or the time is up. RSC_OK once connected; RSC_UNAVAILABLE when the time passes, the message
+ * naming the target and how long it waited. timeout_ms 0 checks once. Environment: the
+ * library reads none; rdma-sidecar-ctl takes --wait or RDMA_SIDECAR_WAIT_FOR_READY (seconds). */
+int rsc_client_wait_ready(rsc_client *c, uint32_t timeout_ms, rsc_status *st);
 /* The target the client was created with (owned by the client). */
 const char *rsc_client_target(const rsc_client *c);
 /* Closes the channel. No call may be running on c. NULL is accepted. */
@@ -222,6 +228,20 @@ typedef struct rsc_info_rails {
 int rsc_get_info_rails(rsc_client *c, rsc_info *info, rsc_info_rails *rails, rsc_status *st);
 void rsc_info_rails_clear(rsc_info_rails *rails);
 
+/* The sidecar's process limits (SidecarInfo.open_files_limit, .memlock_*), in their own struct
+ * for the same reason. Limits of 2^64-1 mean unlimited. */
+typedef struct rsc_info_limits {
+	uint64_t open_files_limit;
+	uint64_t memlock_limit;	 /* soft RLIMIT_MEMLOCK, bytes */
+	uint64_t memlock_needed; /* what RDMA may pin; 0: no RDMA backend available */
+	int memlock_enough;	 /* the limit covers it (or CAP_IPC_LOCK lifts it) */
+	char *memlock_detail;	 /* one line: the figures, and what to raise when not enough */
+} rsc_info_limits;
+
+/* GetInfo's limits into *out (filled only on RSC_OK; rsc_info_limits_clear frees it). */
+int rsc_get_info_limits(rsc_client *c, rsc_info_limits *out, rsc_status *st);
+void rsc_info_limits_clear(rsc_info_limits *out);
+
 /* grpc.health.v1.Health/Check. service: NULL or "" for the whole server. *serving gets the
  * HealthCheckResponse status (1 = SERVING, 2 = NOT_SERVING). */
 int rsc_health_check(rsc_client *c, const char *service, int *serving, rsc_status *st);
@@ -296,6 +316,9 @@ typedef struct rsc_operation {
 	rsc_descriptor *descriptors;
 	char *backend_reason;
 	uint32_t uses_left;
+	/* The W3C trace id (32 hex digits) that ties the operation's log lines on both sidecars
+	 * together; "" when it has none (yet). */
+	char *trace_id;
 } rsc_operation;
 
 typedef struct rsc_operation_list {

@@ -17,10 +17,13 @@
 #include "meta/metadata.h"
 #include "backend/passive.h"
 #include "base/types.h"
+#include "base/log.h"
 
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #ifndef container_of
 #define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
@@ -93,6 +96,10 @@ struct sc_xfer {
 	enum sc_op_kind kind; /* SC_OP_READ (remote -> local) or SC_OP_WRITE (local -> remote) */
 	const struct sc_metadata *meta; /* verified: endpoints, token, ibverbs endpoint */
 	uint64_t xfer_id;
+	/* Set by the engine: the operation's id and W3C trace id (32 hex digits, "" = none), for
+	 * log lines (base/log.h fields) and for the OPEN that tells the peer (sc_peer_open_xfer). */
+	const char *op_id;
+	char trace_id[SC_TRACE_ID_LEN];
 	struct sc_xfer_seg *segs;
 	size_t n_segs;
 	uint64_t total;
@@ -120,6 +127,34 @@ struct sc_xfer {
 	 * they complete; Operation.rails reports the non-zero ones. */
 	atomic_uint_fast64_t rail_bytes[SC_XFER_MAX_RAILS];
 };
+
+/*
+ * A backend thread's log scope for one transfer (base/log.h sc_log_scope_enter): while it runs a
+ * task of x, every line it logs (its own, the peer channel's) carries x's op, peer, backend and
+ * trace_id. The strings are copied, so the scope outlives nothing it points to. On the caller's
+ * stack; enter and leave on the same thread.
+ */
+struct sc_xfer_log_scope {
+	char op[SC_ID_MAX];
+	char peer[SC_NAME_MAX];
+	char trace_id[SC_TRACE_ID_LEN];
+	struct sc_log_fields fields;
+	const struct sc_log_fields *prev;
+};
+static inline void sc_xfer_log_scope_enter(struct sc_xfer_log_scope *s, const struct sc_xfer *x,
+					   const char *backend)
+{
+	snprintf(s->op, sizeof(s->op), "%s", x->op_id ? x->op_id : "");
+	snprintf(s->peer, sizeof(s->peer), "%s", x->meta ? x->meta->issuer : "");
+	memcpy(s->trace_id, x->trace_id, sizeof(s->trace_id));
+	s->fields = (struct sc_log_fields){
+	    .op = s->op, .peer = s->peer, .backend = backend, .trace_id = s->trace_id};
+	s->prev = sc_log_scope_enter(&s->fields);
+}
+static inline void sc_xfer_log_scope_leave(const struct sc_xfer_log_scope *s)
+{
+	sc_log_scope_leave(s->prev);
+}
 
 /* A backend's table may leave ops (and name, transport_level) out: engine/backend_registry.c completes
  * it from the registry row and the stubs below. */

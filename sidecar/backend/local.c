@@ -51,7 +51,8 @@ static enum sc_status run_one(const struct sc_backend_env *env, struct sc_xfer *
 	struct sc_err err;
 	sc_err_clear(&err);
 	const uint8_t *token = x->meta->token;
-	if (sc_passive_open(pv, token, x->xfer_id, x->kind, env->self_id, x->total, &err) != 0)
+	if (sc_passive_open(pv, token, x->xfer_id, x->kind, env->self_id, x->total, x->trace_id,
+			    &err) != 0)
 		goto fail;
 	for (size_t i = 0; i < x->n_segs; i++) {
 		const struct sc_xfer_seg *s = &x->segs[i];

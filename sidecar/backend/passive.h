@@ -59,11 +59,12 @@ struct sc_passive_ops {
 	 * "metadata does not name a live operation"), FAILED_PRECONDITION (expired, uses
 	 * exhausted, cancelled, completed), INVALID_ARGUMENT (direction or size mismatch),
 	 * PERMISSION_DENIED (peer is not the audience), RESOURCE_EXHAUSTED (SC_OP_MAX_OPEN_USES
-	 * uses already open).
+	 * uses already open). trace_id: the transfer's W3C trace id (32 hex digits) as the peer
+	 * sent it, NULL or "" for none; an operation created without one takes it.
 	 */
 	int (*open)(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		    enum sc_op_kind peer_kind, const char *peer_id, uint64_t total_bytes,
-		    struct sc_err *err);
+		    const char *trace_id, struct sc_err *err);
 	/* Record which backend moves this use's bytes (default: LOCAL for this sidecar, else
 	 * TCP); the control path calls it after open when the peer said another backend moves
 	 * them (OPEN's via-backend flag). */
@@ -107,9 +108,9 @@ struct sc_passive {
 
 static inline int sc_passive_open(const struct sc_passive *p, const uint8_t token[SC_TOKEN_LEN],
 				  uint64_t xfer_id, enum sc_op_kind peer_kind, const char *peer_id,
-				  uint64_t total_bytes, struct sc_err *err)
+				  uint64_t total_bytes, const char *trace_id, struct sc_err *err)
 {
-	return p->ops->open(p->ctx, token, xfer_id, peer_kind, peer_id, total_bytes, err);
+	return p->ops->open(p->ctx, token, xfer_id, peer_kind, peer_id, total_bytes, trace_id, err);
 }
 static inline void sc_passive_set_backend(const struct sc_passive *p,
 					  const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,

@@ -98,6 +98,9 @@ enum opt_id {
 	OPT_MAX_DESCRIPTORS,
 	OPT_MAX_TOTAL_REGION_BYTES,
 	OPT_NATS_SUBJECT_PREFIX,
+	OPT_NATS_HANDOFF,
+	OPT_NATS_STREAM,
+	OPT_NATS_STREAM_REPLICAS,
 	OPT_LOG_LEVEL,
 	OPT_LOG_JSON,
 	OPT_METRICS_LISTEN,
@@ -162,6 +165,25 @@ static const struct sc_option sc_options[] = {
 	 .group = "General",
 	 .help = "NATS for metadata exchange: nats://HOST:PORT[,...]; empty = off",
 	 .def = "off"},
+	{.id = OPT_NATS_HANDOFF, .name = "nats-handoff", .arg = ARG_REQUIRED, .value = "MODE",
+	 .group = "General",
+	 .help = "how PublishMetadata hands metadata over: jetstream keeps it in a JetStream "
+		 "stream until its operation ends, so a reader that subscribes later still gets "
+		 "it (needs a server with JetStream, nats-server -js); core uses plain NATS "
+		 "subjects: metadata published before the reader subscribes is LOST, and so is "
+		 "what is published while a subscriber's NATS connection is down",
+	 .def = "jetstream"},
+	{.id = OPT_NATS_STREAM, T_STR(nats_stream), .name = "nats-stream", .arg = ARG_REQUIRED,
+	 .value = "NAME", .group = "General",
+	 .help = "JetStream stream that keeps published metadata (jetstream hand-off); created "
+		 "on first use with subjects NAME.>, one message per subject, 1 GiB, file storage, "
+		 "max age 7 days, unless it exists (an operator's, with one subject ROOT.>)",
+	 .def = "RDMA_SIDECAR_METADATA"},
+	{.id = OPT_NATS_STREAM_REPLICAS, T_U32(nats_stream_replicas, 0, 5),
+	 .name = "nats-stream-replicas", .arg = ARG_REQUIRED, .value = "N", .group = "General",
+	 .help = "replicas of a stream the sidecar creates, 1-5; 0 = 3 when --nats-url names "
+		 "(or the server reports) at least 3 servers, else 1",
+	 .def = "0"},
 	{.id = OPT_WARM_PEERS, T_BOOL(warm_peers), .name = "warm-peers", .arg = ARG_BOOL,
 	 .group = "General",
 	 .help = "connect to the issuer of metadata received on a NATS subscription in the "
@@ -230,10 +252,11 @@ static const struct sc_option sc_options[] = {
 	 .help = "where peer sidecars connect; port 0 = ephemeral; a comma list (up to 4) serves "
 		 "on each, one TCP path (rail) per interface",
 	 .def = "0.0.0.0:0"},
-	{.id = OPT_ADVERTISE, .name = "advertise", .arg = ARG_REQUIRED, .value = "HOST[,...]",
+	{.id = OPT_ADVERTISE, .name = "advertise", .arg = ARG_REQUIRED, .value = "HOST|if:NAME[,...]",
 	 .group = "Data plane",
 	 .help = "address peers dial, put into metadata; a comma list: one per --data-listen "
-		 "endpoint, same order",
+		 "endpoint, same order; if:NAME (e.g. if:net1) takes the address of network "
+		 "interface NAME at start and follows it when it changes",
 	 .def = "derived from the data listener"},
 	{.id = OPT_BACKENDS, .name = "backends", .arg = ARG_REQUIRED, .value = "LIST",
 	 .group = "Data plane",
@@ -442,7 +465,9 @@ static const struct sc_option sc_options[] = {
 	{.id = OPT_LOG_LEVEL, .name = "log-level", .arg = ARG_REQUIRED, .value = "LEVEL",
 	 .group = "Logging and metrics", .help = "debug, info, warn, error or off", .def = "info"},
 	{.id = OPT_LOG_JSON, T_BOOL(log_json), .name = "log-json", .arg = ARG_BOOL, .group = "Logging and metrics",
-	 .help = "JSON log lines (env: 1/true/yes or 0/false/no)", .def = "off"},
+	 .help = "JSON log lines: ts, level, area, msg, then the keys op, peer, backend, rail, bytes, code, "
+		 "key_id and trace_id where a line has them (the text form writes them key=value after "
+		 "the message; docs/operations/logs.md) (env: 1/true/yes or 0/false/no)", .def = "off"},
 	{.id = OPT_METRICS_LISTEN, T_HOSTPORT(metrics_listen, true), .name = "metrics-listen", .arg = ARG_REQUIRED,
 	 .value = "HOST:PORT", .group = "Logging and metrics",
 	 .help = "serve Prometheus metrics over HTTP here", .def = "off"},
@@ -534,11 +559,29 @@ static int check_grpc_addr(const char *v, struct sc_err *err)
 			  SC_VALUE_SHOWN, v);
 }
 
-/* HOST without port: a hostname, an IPv4 address, or an IPv6 address with or without brackets. */
+/* HOST without port: a hostname, an IPv4 address, or an IPv6 address with or without brackets;
+ * or if:NAME, a network interface whose address the data plane resolves at start and follows
+ * (peer/server.c with net/ifaddr.c; here only the name's syntax is checked). */
 static int check_advertise(const char *v, char **out, struct sc_err *err)
 {
 	size_t n = strlen(v);
 	const char *h = v;
+	if (strncmp(v, "if:", 3) == 0) {
+		const char *name = v + 3;
+		size_t len = n - 3;
+		bool ok = len > 0 && len < 16 && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+		for (size_t i = 0; ok && i < len; i++)
+			ok = name[i] != '/' && name[i] != ':' && (unsigned char)name[i] > ' ' &&
+			     (unsigned char)name[i] < 0x7f;
+		if (!ok)
+			return sc_err_set(
+			    err, SC_INVALID_ARGUMENT,
+			    "\"%.*s\": expected if:NAME with a network interface name "
+			    "of 1 to 15 characters (e.g. if:net1)",
+			    SC_VALUE_SHOWN, v);
+		*out = strdup(v);
+		return *out ? 0 : sc_err_set(err, SC_INTERNAL, "out of memory");
+	}
 	if (n >= 2 && v[0] == '[' && v[n - 1] == ']') {
 		h = v + 1;
 		n -= 2;
@@ -1141,6 +1184,15 @@ static int apply(struct sc_config *cfg, struct parse_state *st, const struct sc_
 	case OPT_REGISTER_DIR:
 		rc = apply_register_dirs(cfg, st, v, from_env, err);
 		break;
+	case OPT_NATS_HANDOFF:
+		if (strcmp(v, "core") == 0)
+			cfg->nats_handoff_core = true;
+		else if (strcmp(v, "jetstream") == 0)
+			cfg->nats_handoff_core = false;
+		else
+			rc = sc_err_set(err, SC_INVALID_ARGUMENT,
+					"\"%.*s\": expected jetstream or core", SC_VALUE_SHOWN, v);
+		break;
 	case OPT_NATS_SUBJECT_PREFIX:
 		rc = check_subject_prefix(v, err);
 		if (rc == 0)
@@ -1455,6 +1507,7 @@ void sc_config_free(struct sc_config *cfg)
 	for (size_t i = 0; i < SC_MAX_REGISTER_DIRS; i++)
 		free(cfg->register_dirs[i]);
 	free(cfg->nats_subject_prefix);
+	free(cfg->nats_stream);
 	free(cfg->health_listen);
 	free(cfg->grpc_tls_cert);
 	free(cfg->grpc_tls_key);

@@ -105,6 +105,9 @@ struct sc_config {
 	uint32_t max_descriptors;                     /* --max-descriptors per operation, 65536 */
 	uint64_t max_total_region_bytes;              /* --max-total-region-bytes; 0 = unlimited */
 	char *nats_subject_prefix;                    /* --nats-subject-prefix; NULL = any */
+	bool nats_handoff_core;                       /* --nats-handoff core (default jetstream) */
+	char *nats_stream;                            /* --nats-stream; NULL = RDMA_SIDECAR_METADATA */
+	uint32_t nats_stream_replicas;                /* --nats-stream-replicas; 0 = auto */
 	char *peer_tls_cert;                          /* --peer-tls-cert; NULL = no peer TLS */
 	char *peer_tls_key;                           /* --peer-tls-key */
 	char *peer_tls_ca;                            /* --peer-tls-ca */

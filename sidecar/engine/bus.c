@@ -6,14 +6,34 @@
  * what passes, logging the rest. With --nats-subject-prefix, workers may only publish and subscribe
  * beneath that prefix. RPC threads publish and subscribe; NATS delivery threads run
  * on_message. Owns the subscriber list (under eng->mu).
+ *
+ * Hand-off (--nats-handoff): jetstream (the default) keeps each published message in a JetStream
+ * stream (nats/store.c) as the latest of its subject, and removes it when the operation behind it
+ * ends (an operation watch) or, for metadata text published as is, when that metadata expires (a
+ * timer); subscriptions get what is stored, then what comes. core publishes on the subject
+ * itself: nothing is kept. The records of stored copies (struct sc_bus_stored) are on
+ * eng->stored under eng->mu; the operation watch (engine lock held), the timer thread or
+ * sc_bus_stop removes each, whoever takes it off the list frees it.
  */
 #include "engine/internal.h"
 #include "base/log.h"
+#include "base/timer.h"
 #include "engine/metrics.h"
 #include "nats/client.h"
+#include "nats/store.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+/* One stored copy to remove when its operation ends or its metadata expires. */
+struct sc_bus_stored {
+	struct sc_list node; /* eng->stored, under eng->mu */
+	bool listed;	     /* under eng->mu */
+	struct sc_engine *eng;
+	uint64_t seq;
+	uint64_t watch_id; /* an operation watch, or */
+	uint64_t timer_id; /* a timer at the metadata's expiry */
+};
 
 struct sc_bus_sub {
 	uint64_t id;
@@ -65,12 +85,116 @@ static int verify_text(struct sc_engine *eng, const char *text, const char *self
 	return sc_engine_verify_metadata(eng, text, self_id, SC_MD_SOURCE_BUS, md, err);
 }
 
+/* Take rec off eng->stored; true when the caller now owns it. Under eng->mu. */
+static bool unlist(struct sc_bus_stored *rec)
+{
+	if (!rec->listed)
+		return false;
+	rec->listed = false;
+	sc_list_remove(&rec->node);
+	return true;
+}
+
+/* Operation watch (engine lock held): the operation ended, so its stored copy goes. */
+static bool on_op_change(void *ctx, const struct sc_op_info *info)
+{
+	struct sc_bus_stored *rec = ctx;
+	if (!sc_op_status_terminal(info->status))
+		return true;
+	sc_nats_store_forget(rec->eng->store, rec->seq);
+	if (unlist(rec))
+		free(rec);
+	return false;
+}
+
+/* Timer thread: metadata published as text has expired. */
+static void on_expired(void *ctx)
+{
+	struct sc_bus_stored *rec = ctx;
+	struct sc_engine *eng = rec->eng;
+	pthread_mutex_lock(&eng->mu);
+	bool mine = unlist(rec);
+	if (mine)
+		sc_nats_store_forget(eng->store, rec->seq);
+	pthread_mutex_unlock(&eng->mu);
+	if (mine)
+		free(rec);
+}
+
+/* Remember seq so it is removed when op_id ends, or (no op_id) at expires_unix_ms. */
+static void track_stored(struct sc_engine *eng, const char *op_id, uint64_t expires_unix_ms,
+			 uint64_t seq)
+{
+	struct sc_bus_stored *rec = calloc(1, sizeof(*rec));
+	if (!rec) {
+		SC_WARN("bus", "out of memory: stored metadata #%llu stays until the stream's max age",
+			(unsigned long long)seq);
+		return;
+	}
+	rec->eng = eng;
+	rec->seq = seq;
+	pthread_mutex_lock(&eng->mu);
+	rec->listed = true;
+	sc_list_insert_head(&eng->stored, &rec->node);
+	pthread_mutex_unlock(&eng->mu);
+	struct sc_err err;
+	sc_err_clear(&err);
+	if (op_id) {
+		struct sc_op_info first;
+		memset(&first, 0, sizeof(first));
+		if (sc_op_watch(eng, op_id, on_op_change, rec, &rec->watch_id, &first, &err) == 0) {
+			bool ended = sc_op_status_terminal(first.status);
+			sc_op_info_free(&first);
+			if (!ended)
+				return;
+		}
+		/* Gone or ended meanwhile: remove the copy now. */
+		pthread_mutex_lock(&eng->mu);
+		bool mine = unlist(rec);
+		pthread_mutex_unlock(&eng->mu);
+		sc_nats_store_forget(eng->store, seq);
+		if (mine)
+			free(rec);
+		return;
+	}
+	uint64_t now = sc_clock_unix_ms();
+	uint64_t delay = expires_unix_ms > now ? expires_unix_ms - now : 0;
+	pthread_mutex_lock(&eng->mu);
+	rec->timer_id = sc_timers_add(eng->timers, sc_clock_mono_after_ms(delay), on_expired, rec);
+	pthread_mutex_unlock(&eng->mu);
+}
+
+int sc_bus_start(struct sc_engine *eng, struct sc_err *err)
+{
+	const struct sc_config *c = eng->cfg;
+	if (c->nats_handoff_core) {
+		SC_INFO("bus",
+			"metadata hand-off: core NATS (--nats-handoff core): metadata published "
+			"before its reader subscribes is lost");
+		return 0;
+	}
+	/* The stream's max age: the longest any metadata is valid, so a copy whose sidecar died
+	 * before removing it never outlives its metadata. */
+	struct sc_nats_store_opts so = {.stream = c->nats_stream,
+					.replicas = (int)c->nats_stream_replicas,
+					.max_age_ms = (int64_t)SC_OP_TIMEOUT_MAX_MS};
+	if (sc_nats_store_create(eng->bus, &so, &eng->store, err) != 0) {
+		sc_metrics_jetstream_error(eng->metrics, SC_JS_OP_SETUP);
+		sc_err_prefix(err, "--nats-handoff jetstream");
+		return -1;
+	}
+	SC_INFO("bus", "metadata hand-off: JetStream stream %s (--nats-handoff jetstream)",
+		sc_nats_store_stream(eng->store));
+	return 0;
+}
+
 int sc_bus_publish(struct sc_engine *eng, const char *subject, const char *op_id,
 		   const char *metadata, struct sc_err *err)
 {
 	if (need_bus(eng, err) != 0 || check_subject(eng, subject, err) != 0)
 		return -1;
 	char *text = NULL;
+	uint64_t expires = 0;
 	if (op_id && op_id[0]) {
 		struct sc_op_info info;
 		if (sc_op_get(eng, op_id, &info, err) != 0)
@@ -91,6 +215,7 @@ int sc_bus_publish(struct sc_engine *eng, const char *subject, const char *op_id
 		struct sc_metadata md;
 		if (verify_text(eng, metadata, NULL, &md, err) != 0)
 			return -1;
+		expires = md.expires_unix_ms;
 		sc_metadata_free(&md);
 		text = strdup(metadata);
 		if (!text)
@@ -99,7 +224,17 @@ int sc_bus_publish(struct sc_engine *eng, const char *subject, const char *op_id
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "give operation_id or metadata to publish");
 	}
-	int rc = sc_nats_bus_publish(eng->bus, subject, text, strlen(text), err);
+	int rc;
+	if (eng->store) {
+		uint64_t seq = 0;
+		rc = sc_nats_store_put(eng->store, subject, text, strlen(text), &seq, err);
+		if (rc == 0)
+			track_stored(eng, op_id && op_id[0] ? op_id : NULL, expires, seq);
+		else
+			sc_metrics_jetstream_error(eng->metrics, SC_JS_OP_STORE);
+	} else {
+		rc = sc_nats_bus_publish(eng->bus, subject, text, strlen(text), err);
+	}
 	free(text);
 	return rc;
 }
@@ -125,6 +260,9 @@ static void on_message(void *ctx, const char *subject, const void *data, size_t 
 		/* Anyone who may publish on the subject can send these: rate-limited. */
 		SC_WARN_LIMITED("bus", "bus-bad-metadata", "dropped metadata on %s: %s (%s)", subject,
 				err.msg, sc_status_name(err.code));
+		struct sc_bus_event bad = {.subject = subject, .refused = err.msg,
+					   .refused_code = err.code};
+		s->fn(s->ctx, &bad);
 		free(text);
 		return;
 	}
@@ -150,6 +288,12 @@ static void on_message(void *ctx, const char *subject, const void *data, size_t 
 	free(text);
 }
 
+static void on_stored(void *ctx, const char *subject, const void *data, size_t len, uint64_t seq)
+{
+	(void)seq;
+	on_message(ctx, subject, data, len);
+}
+
 int sc_bus_subscribe(struct sc_engine *eng, const char *subject, const char *queue_group,
 		     sc_bus_event_fn fn, void *ctx, uint64_t *sub_id, struct sc_err *err)
 {
@@ -161,8 +305,18 @@ int sc_bus_subscribe(struct sc_engine *eng, const char *subject, const char *que
 	s->eng = eng;
 	s->fn = fn;
 	s->ctx = ctx;
-	if (sc_nats_bus_subscribe(eng->bus, subject, queue_group, on_message, s, &s->nats_id,
-				  err) != 0) {
+	int rc;
+	if (!eng->store)
+		rc = sc_nats_bus_subscribe(eng->bus, subject, queue_group, on_message, s,
+					   &s->nats_id, err);
+	else if (queue_group && queue_group[0])
+		rc = sc_nats_store_queue_subscribe(eng->store, subject, queue_group, on_stored, s,
+						   &s->nats_id, err);
+	else
+		rc = sc_nats_store_watch(eng->store, subject, on_stored, s, &s->nats_id, err);
+	if (rc != 0) {
+		if (eng->store)
+			sc_metrics_jetstream_error(eng->metrics, SC_JS_OP_READ);
 		free(s);
 		return -1;
 	}
@@ -196,6 +350,24 @@ void sc_bus_unsubscribe(struct sc_engine *eng, uint64_t sub_id)
 
 void sc_bus_stop(struct sc_engine *eng)
 {
+	/* Stored copies of operations still live (none after the drain, usually): removed now. */
+	for (;;) {
+		pthread_mutex_lock(&eng->mu);
+		struct sc_list *first = sc_list_first(&eng->stored);
+		struct sc_bus_stored *rec =
+		    first ? sc_list_entry(first, struct sc_bus_stored, node) : NULL;
+		if (rec)
+			unlist(rec);
+		pthread_mutex_unlock(&eng->mu);
+		if (!rec)
+			break;
+		if (rec->watch_id)
+			sc_op_unwatch(eng, rec->watch_id);
+		if (rec->timer_id)
+			sc_timers_cancel(eng->timers, rec->timer_id);
+		sc_nats_store_forget(eng->store, rec->seq);
+		free(rec);
+	}
 	for (;;) {
 		pthread_mutex_lock(&eng->mu);
 		struct sc_list *first = sc_list_first(&eng->subs);
@@ -205,4 +377,11 @@ void sc_bus_stop(struct sc_engine *eng)
 			break;
 		sc_bus_unsubscribe(eng, id);
 	}
+	sc_nats_store_destroy(eng->store); /* runs the removals queued above, bounded */
+	eng->store = NULL;
+}
+
+const char *sc_bus_store_name(struct sc_engine *eng)
+{
+	return eng->store ? sc_nats_store_stream(eng->store) : NULL;
 }

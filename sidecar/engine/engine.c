@@ -204,6 +204,9 @@ static void read_gauges(void *ctx, struct sc_gauges *g)
 		c->not_after = eng->grpc_cert_not_after;
 	}
 	pthread_mutex_unlock(&eng->mu);
+	/* The bus exists from before the metrics serve until after they stop. */
+	g->nats_state = eng->bus ? sc_nats_bus_state(eng->bus) : "disabled";
+	sc_nats_bus_stats(eng->bus, &g->nats);
 	if (eng->peer_tls) {
 		struct sc_tls_cert_info ci;
 		sc_peer_tls_info(eng->peer_tls, &ci);
@@ -238,6 +241,7 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 	pthread_cond_init(&eng->idle_cv, NULL);
 	sc_sched_init(eng, &sched_hooks);
 	sc_list_init(&eng->subs);
+	sc_list_init(&eng->stored);
 	snprintf(eng->id, sizeof(eng->id), "%s", cfg->id);
 	eng->regions = sc_idmap_create();
 	eng->ops = sc_idmap_create();
@@ -271,7 +275,9 @@ int sc_engine_create(const struct sc_config *cfg, struct sc_engine **out, struct
 			sc_err_prefix(err, "--key-file");
 			goto fail;
 		}
-		SC_INFO("keys", "loaded %zu key(s) from %s; signing with \"%s\"",
+		SC_INFO_KV("keys",
+			   (&(struct sc_log_fields){.key_id = sc_keyring_signing_id(eng->keys)}),
+			   "loaded %zu key(s) from %s; signing with \"%s\"",
 			sc_keyring_count(eng->keys), cfg->key_file,
 			sc_keyring_signing_id(eng->keys));
 	} else {
@@ -381,6 +387,8 @@ int sc_engine_start(struct sc_engine *eng, struct sc_err *err)
 			sc_err_prefix(err, "--nats-url");
 			return -1;
 		}
+		if (sc_bus_start(eng, err) != 0)
+			return -1;
 		if (c->warm_peers && eng->peer_pool && sc_warmer_start(eng, &eng->warmer, err) != 0)
 			return -1;
 	}
@@ -486,6 +494,34 @@ void sc_engine_fast_path_note(struct sc_engine *eng, enum sc_fast_event ev)
 {
 	if (eng && ev < SC_FAST_EVENTS)
 		atomic_fetch_add(&eng->fast_events[ev], 1);
+}
+
+void sc_engine_fast_path_run_time(struct sc_engine *eng, uint64_t ns)
+{
+	if (eng)
+		sc_metrics_fast_run_time(eng->metrics, ns);
+}
+
+void sc_engine_grpc_methods(struct sc_engine *eng, const char *const *paths,
+			    const char *const *types, size_t n)
+{
+	sc_metrics_grpc_methods(eng->metrics, paths, types, n);
+}
+
+void sc_engine_grpc_call_started(struct sc_engine *eng, size_t method)
+{
+	sc_metrics_grpc_started(eng->metrics, method);
+}
+
+void sc_engine_grpc_call_done(struct sc_engine *eng, size_t method, enum sc_status code,
+			      uint64_t ns)
+{
+	sc_metrics_grpc_handled(eng->metrics, method, (int)code, ns);
+}
+
+uint64_t sc_engine_clock_ns(void)
+{
+	return sc_metrics_clock_ns();
 }
 
 void sc_engine_set_grpc_certificate(struct sc_engine *eng, const char *serial, int64_t not_after)

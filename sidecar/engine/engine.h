@@ -15,6 +15,7 @@
 #include "gpu/gpu.h"
 #include "base/types.h"
 #include "base/status.h"
+#include "base/log.h"
 #include "os/topology.h"
 #include "backend/xfer_runner.h"
 
@@ -58,6 +59,23 @@ int sc_engine_reload_tls(struct sc_engine *eng, struct sc_err *err);
 
 /* The fast path counts what happens to its sessions and runs (metrics). Any thread, lock-free. */
 void sc_engine_fast_path_note(struct sc_engine *eng, enum sc_fast_event ev);
+/* A fast-path run that began a transfer ended ns after its entry was taken (metrics). Any
+ * thread, lock-free. */
+void sc_engine_fast_path_run_time(struct sc_engine *eng, uint64_t ns);
+/* A monotonic clock in nanoseconds, for the timings reported here. */
+uint64_t sc_engine_clock_ns(void);
+
+/* The gRPC layer's calls, for the metrics (grpc_server_*). It names its methods once before
+ * serving (paths[i] "/package.Service/Method" and types[i] "unary", "client_stream",
+ * "server_stream" or "bidi_stream", strings that outlive the engine; index i below, any index
+ * >= n: an unknown method), then reports each call's arrival and its end with its status and the
+ * nanoseconds since arrival. Any thread, lock-free, except sc_engine_grpc_methods (main thread,
+ * before the first call). */
+void sc_engine_grpc_methods(struct sc_engine *eng, const char *const *paths,
+			    const char *const *types, size_t n);
+void sc_engine_grpc_call_started(struct sc_engine *eng, size_t method);
+void sc_engine_grpc_call_done(struct sc_engine *eng, size_t method, enum sc_status code,
+			      uint64_t ns);
 
 /* ---- info ------------------------------------------------------------------------------------ */
 
@@ -201,6 +219,7 @@ struct sc_op_info {
 	uint64_t deadline_unix_ms;
 	uint64_t completed_unix_ms;
 	char request_id[SC_NAME_MAX];
+	char trace_id[SC_TRACE_ID_LEN]; /* W3C trace id (Operation.trace_id); "" when none yet */
 	struct sc_desc *descs; /* owned; none for an operation created with omit_descs */
 	size_t n_descs;
 	char backend_reason[256];
@@ -237,6 +256,9 @@ struct sc_passive_req {
 	uint32_t max_uses; /* 0 = 1 */
 	bool any_uses;	   /* any number of uses until the deadline (max_uses ignored) */
 	const char *request_id;
+	/* The W3C trace id (32 hex digits) the caller's traceparent named; NULL/"": none, and the
+	 * operation takes the trace id of the first transfer that uses it (the reader's). */
+	const char *trace_id;
 	/* Created from compact lists: snapshots (GetOperation, Wait, Watch, List) carry desc_count
 	 * but not the expanded descriptors, which would repeat in every reply and progress update. */
 	bool omit_descs;
@@ -274,6 +296,9 @@ struct sc_active_req {
 	const char *request_id;
 	bool omit_descs; /* as in sc_passive_req */
 	bool quiet;	 /* its start and end logged at debug, not info (the fast path's runs) */
+	/* The W3C trace id (32 hex digits) the caller's traceparent named; NULL/"": a new one. It
+	 * travels to the peer with the transfer (peer/proto.h OPEN). */
+	const char *trace_id;
 	/* The caller's offer to run a small transfer on its own thread (struct sc_run_here); NULL:
 	 * none, every transfer goes to a backend's worker threads. */
 	struct sc_run_here *here;
@@ -336,16 +361,24 @@ struct sc_bus_event {
 	const uint64_t *descriptor_lengths;
 	size_t n_descriptors;
 	uint64_t expires_unix_ms;
+	/* Non-NULL: a message arrived on subject and was refused (why, with refused_code); the
+	 * fields above but subject are unset. Handlers that only want metadata skip these. */
+	const char *refused;
+	enum sc_status refused_code;
 };
 /* Either op_id (a local passive operation) or metadata ("rsm1." text, verified first). */
 int sc_bus_publish(struct sc_engine *eng, const char *subject, const char *op_id,
 		   const char *metadata, struct sc_err *err);
-/* fn runs on a NATS thread; it must not block. Only verified metadata reaches it. */
+/* fn runs on a NATS thread; it must not block. Only verified metadata reaches it as metadata;
+ * refused messages come as events with `refused` set. With the JetStream hand-off the latest
+ * stored message of every matching subject comes first (not for a queue group). */
 typedef void (*sc_bus_event_fn)(void *ctx, const struct sc_bus_event *ev);
 int sc_bus_subscribe(struct sc_engine *eng, const char *subject, const char *queue_group,
 		     sc_bus_event_fn fn, void *ctx, uint64_t *sub_id, struct sc_err *err);
-/* Synchronous: when it returns fn will not run again. */
+/* Synchronous: when it returns fn will not run again (from fn itself: returns at once). */
 void sc_bus_unsubscribe(struct sc_engine *eng, uint64_t sub_id);
+/* The JetStream stream that keeps published metadata; NULL with --nats-handoff core or no NATS. */
+const char *sc_bus_store_name(struct sc_engine *eng);
 
 /* ---- timers ---------------------------------------------------------------------------------- */
 

@@ -39,6 +39,7 @@
 #include <stdatomic.h>
 
 struct sc_nats_bus;
+struct sc_nats_store;
 struct sc_peer_pool;
 struct sc_peer_server;
 struct sc_peer_tls;
@@ -80,6 +81,7 @@ struct sc_watch {
 /* One claimed use of a passive operation. */
 struct sc_use {
 	uint64_t xfer_id;
+	char trace_id[SC_TRACE_ID_LEN]; /* the peer's, from its OPEN; "" = none */
 	bool done;
 	/* The code of the first request of this use that the passive span call refused (SC_OK: none): a
 	 * DONE reporting success after it (pipelined behind that request) is refused. */
@@ -105,6 +107,7 @@ struct sc_op {
 	uint64_t completed_unix_ms;
 	uint64_t xfer_start_ns; /* sc_metrics_clock_ns() at the transfer's slot; 0 = never */
 	char request_id[SC_NAME_MAX];
+	char trace_id[SC_TRACE_ID_LEN]; /* W3C trace id; passive: "" until a creator's or first use's */
 	struct sc_desc *descs;
 	struct sc_region **regions; /* one per descriptor, each holding a reference */
 	size_t n_descs;
@@ -214,6 +217,8 @@ struct sc_engine {
 	int64_t grpc_cert_not_after;  /* under mu: its notAfter, unix seconds */
 	atomic_uint_fast64_t fast_events[SC_FAST_EVENTS]; /* sc_engine_fast_path_note */
 	struct sc_nats_bus *bus;
+	struct sc_nats_store *store; /* JetStream hand-off (engine/bus.c); NULL: core or no NATS */
+	struct sc_list stored;	     /* struct sc_bus_stored (engine/bus.c), under mu */
 	struct sc_metrics *metrics; /* counters; the --metrics-listen server */
 	struct sc_list subs; /* struct sc_bus_sub (engine/bus.c), newest first */
 	uint64_t next_sub_id;
@@ -326,6 +331,11 @@ int sc_op_copy_str(char *dst, size_t cap, const char *src, const char *what, str
 /* Fill a snapshot. Under mu. -1 only when out of memory (info still usable, without metadata
  * and descriptors). */
 int sc_op_fill_info(const struct sc_op *op, struct sc_op_info *info);
+/* The log fields (base/log.h) of op: op, peer, backend, bytes (its total), trace_id. The strings
+ * point into op: log before mu is released (or before op can go). */
+struct sc_log_fields sc_op_log_fields(const struct sc_op *op);
+/* The same as a pointer for a log call: SC_INFO_KV("op", SC_OP_FIELDS(op), "..."). */
+#define SC_OP_FIELDS(o) ((const struct sc_log_fields[]){sc_op_log_fields(o)})
 /* Tell every watcher. Under mu. */
 void sc_op_notify(struct sc_engine *eng, struct sc_op *op);
 /* A terminal operation nothing pins gives its regions back at once. Under mu. */
@@ -367,6 +377,7 @@ int sc_region_create_gpu(struct sc_engine *eng, uint64_t size, uint32_t device,
 			 const char *name, struct sc_region_info *out, struct sc_err *err);
 
 /* engine/bus.c */
+int sc_bus_start(struct sc_engine *eng, struct sc_err *err); /* after eng->bus is created */
 void sc_bus_stop(struct sc_engine *eng);
 
 /* engine/rail_table.c: the PCIe topology and the rail table (GetInfo topology). */

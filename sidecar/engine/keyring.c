@@ -67,7 +67,8 @@ int sc_engine_reload_keys(struct sc_engine *eng, struct sc_err *err)
 	eng->keys_ephemeral = false;
 	pthread_mutex_unlock(&eng->mu);
 	sc_keyring_release(old);
-	SC_INFO("keys", "reloaded %zu key(s) from %s; signing with \"%s\"",
+	SC_INFO_KV("keys", (&(struct sc_log_fields){.key_id = sc_keyring_signing_id(ring)}),
+		"reloaded %zu key(s) from %s; signing with \"%s\"",
 		sc_keyring_count(ring), eng->cfg->key_file, sc_keyring_signing_id(ring));
 	return 0;
 }

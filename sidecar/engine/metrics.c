@@ -2,10 +2,13 @@
 /*
  * engine/metrics.c: the engine's counters and the Prometheus text endpoint of --metrics-listen.
  *
- * Counters (operations created, operations finished, bytes moved, metadata refused by reason)
- * and the transfer histograms (duration, size; by direction and backend) are atomics bumped by
- * the operations (engine/operation.c, engine/op_active.c) and engine/keyring.c from whatever
- * thread ends an operation or verifies metadata; nothing here locks for them. Gauges are read at
+ * Counters (operations created, operations finished, bytes moved, metadata refused by reason,
+ * gRPC calls by method and code, JetStream errors) and the histograms (transfer duration and
+ * size by direction and backend, gRPC handling time by method, fast-path run time) are atomics
+ * bumped by the operations (engine/operation.c, engine/op_active.c), engine/keyring.c, the gRPC
+ * layer and the fast path (through engine/engine.h) from whatever thread ends an operation, a
+ * call or a run, or verifies metadata; nothing here locks for them. The process_* family comes
+ * from /proc at scrape time (os/proc_stats.c). Gauges are read at
  * scrape time through the source handed to sc_metrics_create (the engine copies its tables out
  * under its lock) and formatted afterwards. sc_metrics_create binds the listening socket (on the
  * main thread, so a port in use is a start-up error) and hands it to libmicrohttpd, whose one
@@ -19,6 +22,7 @@
 #include "engine/backend_registry.h"
 #include "gpu/gpu.h"
 #include "os/heap_trim.h"
+#include "os/proc_stats.h"
 #include "net/listen.h"
 #include "base/log.h"
 
@@ -53,6 +57,30 @@ static const uint64_t size_bounds[] = {
     UINT64_C(1) << 20, UINT64_C(1) << 22, UINT64_C(1) << 24, UINT64_C(1) << 26, UINT64_C(1) << 28,
     UINT64_C(1) << 30, UINT64_C(1) << 32, UINT64_C(1) << 34};
 #define N_SIZE_BUCKETS (sizeof(size_bounds) / sizeof(size_bounds[0]))
+/* gRPC handling time buckets, seconds: 100 us (GetInfo) to 5 min (a long WaitOperation). */
+static const double grpc_bounds[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+				     0.025,  0.05,    0.1,    0.25,  0.5,    1,	    2.5,
+				     5,	     10,      30,     60,    300};
+#define N_GRPC_BUCKETS (sizeof(grpc_bounds) / sizeof(grpc_bounds[0]))
+/* Fast-path run buckets, seconds: 5 us (a small LOCAL copy run on the session thread) to 10 s. */
+static const double fast_bounds[] = {0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025,
+				     0.0005,   0.001,	0.0025,	  0.005,   0.01,   0.025,
+				     0.05,     0.1,	0.25,	  0.5,	   1,	   10};
+#define N_FAST_BUCKETS (sizeof(fast_bounds) / sizeof(fast_bounds[0]))
+#define N_GRPC_CODES 17 /* OK (0) .. UNAUTHENTICATED (16) */
+static const char *const grpc_code_name[N_GRPC_CODES] = {
+    "OK",	 "CANCELLED",	   "UNKNOWN",		"INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED",	 "OUT_OF_RANGE",   "UNIMPLEMENTED",	"INTERNAL",	      "UNAVAILABLE",
+    "DATA_LOSS", "UNAUTHENTICATED"};
+/* Method slots: the registered ones, then one for every unknown method. */
+#define N_METHOD_SLOTS (SC_METRICS_MAX_METHODS + 1)
+static const char *const js_op_label[SC_JS_NUM_OPS] = {"setup", "store", "read"};
+static const char *const fallback_label[SC_FALLBACK_NUM_REASONS] = {
+    [SC_FALLBACK_PEER_LACKS] = "peer_lacks",
+    [SC_FALLBACK_UNAVAILABLE] = "unavailable",
+    [SC_FALLBACK_GPU_UNREACHABLE] = "gpu_unreachable",
+    [SC_FALLBACK_FAILED_MID_TRANSFER] = "failed_mid_transfer"};
 static const char *const md_source_label[SC_MD_NUM_SOURCES] = {"begin", "bus"};
 
 struct sc_metrics {
@@ -70,6 +98,19 @@ struct sc_metrics {
 	atomic_uint_fast64_t size_bucket[N_DIRS][SC_NUM_BACKENDS][N_SIZE_BUCKETS + 1];
 	atomic_uint_fast64_t size_sum[N_DIRS][SC_NUM_BACKENDS];
 	atomic_uint_fast64_t md_rejected[SC_MD_NUM_SOURCES][SC_MD_NUM_REJECT];
+	/* gRPC: the methods named by sc_metrics_grpc_methods (n_methods of them), then "unknown".
+	 */
+	const char *method_path[SC_METRICS_MAX_METHODS];
+	const char *method_type[SC_METRICS_MAX_METHODS];
+	size_t n_methods;
+	atomic_uint_fast64_t grpc_started[N_METHOD_SLOTS];
+	atomic_uint_fast64_t grpc_handled[N_METHOD_SLOTS][N_GRPC_CODES];
+	atomic_uint_fast64_t grpc_bucket[N_METHOD_SLOTS][N_GRPC_BUCKETS + 1];
+	atomic_uint_fast64_t grpc_sum_ns[N_METHOD_SLOTS];
+	atomic_uint_fast64_t fast_bucket[N_FAST_BUCKETS + 1];
+	atomic_uint_fast64_t fast_sum_ns;
+	atomic_uint_fast64_t js_errors[SC_JS_NUM_OPS];
+	atomic_uint_fast64_t fallbacks[SC_NUM_BACKENDS][SC_NUM_BACKENDS][SC_FALLBACK_NUM_REASONS];
 };
 
 /* Label values, lower case as Prometheus labels usually are. */
@@ -161,6 +202,82 @@ void sc_metrics_metadata_rejected(struct sc_metrics *m, enum sc_md_source source
 	atomic_fetch_add_explicit(&m->md_rejected[source][why], 1, memory_order_relaxed);
 }
 
+/* The bucket (index into bounds, n = +Inf) of secs. */
+static size_t bucket_of(const double *bounds, size_t n, double secs)
+{
+	size_t i = 0;
+	while (i < n && secs > bounds[i])
+		i++;
+	return i;
+}
+
+static size_t method_slot(struct sc_metrics *m, size_t method)
+{
+	return method < m->n_methods ? method : SC_METRICS_MAX_METHODS;
+}
+
+void sc_metrics_grpc_methods(struct sc_metrics *m, const char *const *paths,
+			     const char *const *types, size_t n)
+{
+	if (!m)
+		return;
+	if (n > SC_METRICS_MAX_METHODS) {
+		SC_WARN("metrics",
+			"%zu gRPC methods, %d counted by name; raise "
+			"SC_METRICS_MAX_METHODS",
+			n, SC_METRICS_MAX_METHODS);
+		n = SC_METRICS_MAX_METHODS;
+	}
+	for (size_t i = 0; i < n; i++) {
+		m->method_path[i] = paths[i];
+		m->method_type[i] = types[i];
+	}
+	m->n_methods = n;
+}
+
+void sc_metrics_grpc_started(struct sc_metrics *m, size_t method)
+{
+	if (m)
+		atomic_fetch_add_explicit(&m->grpc_started[method_slot(m, method)], 1,
+					  memory_order_relaxed);
+}
+
+void sc_metrics_grpc_handled(struct sc_metrics *m, size_t method, int code, uint64_t ns)
+{
+	if (!m)
+		return;
+	size_t slot = method_slot(m, method);
+	if (code < 0 || code >= N_GRPC_CODES)
+		code = 2; /* UNKNOWN */
+	atomic_fetch_add_explicit(&m->grpc_handled[slot][code], 1, memory_order_relaxed);
+	size_t b = bucket_of(grpc_bounds, N_GRPC_BUCKETS, (double)ns / 1e9);
+	atomic_fetch_add_explicit(&m->grpc_bucket[slot][b], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m->grpc_sum_ns[slot], ns, memory_order_relaxed);
+}
+
+void sc_metrics_fast_run_time(struct sc_metrics *m, uint64_t ns)
+{
+	if (!m)
+		return;
+	size_t b = bucket_of(fast_bounds, N_FAST_BUCKETS, (double)ns / 1e9);
+	atomic_fetch_add_explicit(&m->fast_bucket[b], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m->fast_sum_ns, ns, memory_order_relaxed);
+}
+
+void sc_metrics_fallback(struct sc_metrics *m, enum sc_backend_kind from, enum sc_backend_kind to,
+			 enum sc_fallback_reason why)
+{
+	if (m && backend_ok(from) && backend_ok(to) && (int)why >= 0 &&
+	    why < SC_FALLBACK_NUM_REASONS)
+		atomic_fetch_add_explicit(&m->fallbacks[from][to][why], 1, memory_order_relaxed);
+}
+
+void sc_metrics_jetstream_error(struct sc_metrics *m, enum sc_js_op op)
+{
+	if (m && (int)op >= 0 && op < SC_JS_NUM_OPS)
+		atomic_fetch_add_explicit(&m->js_errors[op], 1, memory_order_relaxed);
+}
+
 static uint64_t get(atomic_uint_fast64_t *a)
 {
 	return (uint64_t)atomic_load_explicit(a, memory_order_relaxed);
@@ -186,12 +303,13 @@ static void label_value(FILE *f, const char *v)
 	}
 }
 
-/* The le label of a bucket bound: Prometheus' shortest float form ("0.0001", "2.5", "60"). */
+/* The le label of a bucket bound: the shortest plain decimal that reads back as the bound
+ * ("0.00005", "2.5", "10", "60"), never an exponent ("1e+01"), so that a selector such as
+ * {le="10"} or {le="0.005"} finds the bucket. */
 static void le_text(char *buf, size_t cap, double v)
 {
-	snprintf(buf, cap, "%.17g", v);
-	for (int prec = 1; prec <= 17; prec++) {
-		snprintf(buf, cap, "%.*g", prec, v);
+	for (int prec = 0; prec <= 20; prec++) {
+		snprintf(buf, cap, "%.*f", prec, v);
 		if (strtod(buf, NULL) == v)
 			return;
 	}
@@ -211,14 +329,15 @@ static void histogram_rows(FILE *f, const char *name, const char *labels,
 			le_text(le, sizeof(le), dbl[i]);
 		else
 			snprintf(le, sizeof(le), "%llu", (unsigned long long)u64[i]);
-		fprintf(f, "%s_bucket{%s,le=\"%s\"} %llu\n", name, labels, le,
-			(unsigned long long)cum);
+		fprintf(f, "%s_bucket{%s%sle=\"%s\"} %llu\n", name, labels ? labels : "",
+			labels ? "," : "", le, (unsigned long long)cum);
 	}
+	const char *open = labels ? "{" : "", *l = labels ? labels : "", *close = labels ? "}" : "";
 	if (dbl) /* seconds from nanoseconds: nine decimals are exact */
-		fprintf(f, "%s_sum{%s} %.9f\n", name, labels, sum);
+		fprintf(f, "%s_sum%s%s%s %.9f\n", name, open, l, close, sum);
 	else /* bytes: integral, exact below 2^53 */
-		fprintf(f, "%s_sum{%s} %.17g\n", name, labels, sum);
-	fprintf(f, "%s_count{%s} %llu\n", name, labels, (unsigned long long)cum);
+		fprintf(f, "%s_sum%s%s%s %.17g\n", name, open, l, close, sum);
+	fprintf(f, "%s_count%s%s%s %llu\n", name, open, l, close, (unsigned long long)cum);
 }
 
 static void render_histograms(FILE *f, struct sc_metrics *m)
@@ -247,6 +366,181 @@ static void render_histograms(FILE *f, struct sc_metrics *m)
 				       m->size_bucket[d][b], N_SIZE_BUCKETS, NULL, size_bounds,
 				       (double)get(&m->size_sum[d][b]));
 		}
+	family(f, "rdma_sidecar_fast_path_run_duration_seconds", "histogram",
+	       "Fast-path runs that began a transfer (complete or failed): from taking the entry "
+	       "off the ring to posting its completion.");
+	histogram_rows(f, "rdma_sidecar_fast_path_run_duration_seconds", NULL, m->fast_bucket,
+		       N_FAST_BUCKETS, fast_bounds, NULL, (double)get(&m->fast_sum_ns) / 1e9);
+}
+
+/* The grpc_service, grpc_method and grpc_type labels of a method slot. */
+static void method_labels(struct sc_metrics *m, size_t slot, char *out, size_t cap)
+{
+	if (slot >= m->n_methods) {
+		snprintf(out, cap,
+			 "grpc_service=\"unknown\",grpc_method=\"unknown\","
+			 "grpc_type=\"unknown\"");
+		return;
+	}
+	const char *path = m->method_path[slot];
+	const char *svc = path[0] == '/' ? path + 1 : path;
+	const char *slash = strrchr(svc, '/');
+	int svc_len = slash ? (int)(slash - svc) : (int)strlen(svc);
+	snprintf(out, cap, "grpc_service=\"%.*s\",grpc_method=\"%s\",grpc_type=\"%s\"", svc_len,
+		 svc, slash ? slash + 1 : svc, m->method_type[slot]);
+}
+
+/* The families go-grpc-prometheus defines, so that dashboards made for gRPC servers work:
+ * calls started (every method listed from the start), calls handled by code and the handling
+ * time (the methods called so far; the unknown-method row once one was called). */
+static void render_grpc(FILE *f, struct sc_metrics *m)
+{
+	char labels[300];
+	family(f, "grpc_server_started_total", "counter",
+	       "gRPC calls that arrived, by service, method and type (unknown: a method this "
+	       "server does not have).");
+	for (size_t i = 0; i < N_METHOD_SLOTS; i++) {
+		uint64_t v = get(&m->grpc_started[i]);
+		if (i >= m->n_methods && (i != SC_METRICS_MAX_METHODS || v == 0))
+			continue;
+		method_labels(m, i, labels, sizeof(labels));
+		fprintf(f, "grpc_server_started_total{%s} %llu\n", labels, (unsigned long long)v);
+	}
+	family(f, "grpc_server_handled_total", "counter",
+	       "gRPC calls that ended, by service, method, type and status code (grpc_code).");
+	for (size_t i = 0; i < N_METHOD_SLOTS; i++) {
+		if (i >= m->n_methods && i != SC_METRICS_MAX_METHODS)
+			continue;
+		method_labels(m, i, labels, sizeof(labels));
+		for (int c = 0; c < N_GRPC_CODES; c++) {
+			uint64_t v = get(&m->grpc_handled[i][c]);
+			if (v)
+				fprintf(f, "grpc_server_handled_total{%s,grpc_code=\"%s\"} %llu\n",
+					labels, grpc_code_name[c], (unsigned long long)v);
+		}
+	}
+	family(f, "grpc_server_handling_seconds", "histogram",
+	       "Time from a gRPC call's arrival to its end (status sent, or the client gone), by "
+	       "service, method and type.");
+	for (size_t i = 0; i < N_METHOD_SLOTS; i++) {
+		if (i >= m->n_methods && i != SC_METRICS_MAX_METHODS)
+			continue;
+		uint64_t n = 0;
+		for (size_t b = 0; b <= N_GRPC_BUCKETS; b++)
+			n += get(&m->grpc_bucket[i][b]);
+		if (!n)
+			continue;
+		method_labels(m, i, labels, sizeof(labels));
+		histogram_rows(f, "grpc_server_handling_seconds", labels, m->grpc_bucket[i],
+			       N_GRPC_BUCKETS, grpc_bounds, NULL,
+			       (double)get(&m->grpc_sum_ns[i]) / 1e9);
+	}
+}
+
+/* The process_* families every Prometheus client library exports. */
+static void render_process(FILE *f)
+{
+	struct sc_proc_stats ps;
+	sc_proc_stats(&ps);
+	family(f, "process_cpu_seconds_total", "counter",
+	       "Total user and system CPU time spent in "
+	       "seconds.");
+	fprintf(f, "process_cpu_seconds_total %.2f\n", ps.cpu_seconds);
+	family(f, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+	fprintf(f, "process_resident_memory_bytes %llu\n", (unsigned long long)ps.resident_bytes);
+	family(f, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
+	fprintf(f, "process_virtual_memory_bytes %llu\n", (unsigned long long)ps.virtual_bytes);
+	family(f, "process_open_fds", "gauge", "Number of open file descriptors.");
+	fprintf(f, "process_open_fds %llu\n", (unsigned long long)ps.open_fds);
+	family(f, "process_max_fds", "gauge", "Maximum number of open file descriptors.");
+	if (ps.max_fds == UINT64_MAX)
+		fputs("process_max_fds +Inf\n", f);
+	else
+		fprintf(f, "process_max_fds %llu\n", (unsigned long long)ps.max_fds);
+	family(f, "process_start_time_seconds", "gauge",
+	       "Start time of the process since unix epoch in seconds.");
+	fprintf(f, "process_start_time_seconds %.2f\n", ps.start_time_seconds);
+	family(f, "process_threads", "gauge", "Number of OS threads in the process.");
+	fprintf(f, "process_threads %llu\n", (unsigned long long)ps.threads);
+}
+
+/* NATS: the connection's state (one row per state, 1 for the current one), its counters and the
+ * JetStream errors. */
+static void render_nats(FILE *f, struct sc_metrics *m, const struct sc_gauges *g)
+{
+	static const char *const states[] = {"disabled", "connecting", "connected", "reconnecting",
+					     "closed"};
+	const char *now = g->nats_state ? g->nats_state : "disabled";
+	family(f, "rdma_sidecar_nats_connection_state", "gauge",
+	       "1 for the NATS connection's state now, 0 for the others (disabled: no "
+	       "--nats-url).");
+	for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++)
+		fprintf(f, "rdma_sidecar_nats_connection_state{state=\"%s\"} %d\n", states[i],
+			strcmp(now, states[i]) == 0 ? 1 : 0);
+	family(f, "rdma_sidecar_nats_reconnects_total", "counter",
+	       "Times the NATS connection was re-established after it dropped.");
+	fprintf(f, "rdma_sidecar_nats_reconnects_total %llu\n",
+		(unsigned long long)g->nats.reconnects);
+	family(f, "rdma_sidecar_nats_messages_total", "counter",
+	       "NATS messages this sidecar received (in) and sent (out).");
+	fprintf(f, "rdma_sidecar_nats_messages_total{direction=\"in\"} %llu\n",
+		(unsigned long long)g->nats.in_msgs);
+	fprintf(f, "rdma_sidecar_nats_messages_total{direction=\"out\"} %llu\n",
+		(unsigned long long)g->nats.out_msgs);
+	family(f, "rdma_sidecar_nats_bytes_total", "counter",
+	       "NATS payload bytes this sidecar received (in) and sent (out).");
+	fprintf(f, "rdma_sidecar_nats_bytes_total{direction=\"in\"} %llu\n",
+		(unsigned long long)g->nats.in_bytes);
+	fprintf(f, "rdma_sidecar_nats_bytes_total{direction=\"out\"} %llu\n",
+		(unsigned long long)g->nats.out_bytes);
+	family(f, "rdma_sidecar_nats_jetstream_errors_total", "counter",
+	       "JetStream calls that failed, by what they did: setup (create or find the stream "
+	       "or bucket), store (publish, put), read (get, fetch, watch).");
+	for (int i = 0; i < SC_JS_NUM_OPS; i++)
+		fprintf(f, "rdma_sidecar_nats_jetstream_errors_total{op=\"%s\"} %llu\n",
+			js_op_label[i], (unsigned long long)get(&m->js_errors[i]));
+}
+
+/*
+ * A rail's label: stable across restarts. An ibverbs rail's name (device:port) already is; a TCP
+ * rail is named by its endpoint, whose port may be ephemeral, so it goes by its interface (netdev)
+ * or else its address without the port. Two rails of one backend that would share a label get
+ * their index appended ("eth0#1").
+ */
+static void rail_label(const struct sc_gauges *g, size_t i, char *out, size_t cap)
+{
+	const struct sc_rail_entry *e = &g->rails[i];
+	if (e->backend != SC_BACKEND_TCP) {
+		snprintf(out, cap, "%s", e->r.name);
+		return;
+	}
+	char base[SC_METRICS_MAX_RAILS][80];
+	size_t same = 0;
+	for (size_t j = 0; j < g->n_rails; j++) {
+		const struct sc_rail_entry *o = &g->rails[j];
+		if (o->backend != e->backend) {
+			base[j][0] = '\0';
+			continue;
+		}
+		if (o->r.netdev[0]) {
+			snprintf(base[j], sizeof(base[j]), "%s", o->r.netdev);
+		} else {
+			const char *n = o->r.name, *colon = strrchr(n, ':');
+			size_t len = colon ? (size_t)(colon - n) : strlen(n);
+			if (n[0] == '[' && len >= 2 && n[len - 1] == ']') { /* "[v6]:port" */
+				n++;
+				len -= 2;
+			}
+			snprintf(base[j], sizeof(base[j]), "%.*s", (int)len, n);
+		}
+	}
+	for (size_t j = 0; j < g->n_rails; j++)
+		if (base[j][0] && strcmp(base[j], base[i]) == 0)
+			same++;
+	if (same > 1)
+		snprintf(out, cap, "%s#%u", base[i], e->index);
+	else
+		snprintf(out, cap, "%s", base[i]);
 }
 
 char *sc_metrics_render(struct sc_metrics *m, size_t *len)
@@ -350,12 +644,31 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 	fprintf(f, "rdma_sidecar_fast_path_runs_total{result=\"refused\"} %llu\n",
 		(unsigned long long)fe[SC_FAST_RUN_REFUSED]);
 
+	char rails[SC_METRICS_MAX_RAILS][80];
+	for (size_t i = 0; i < g.n_rails; i++)
+		rail_label(&g, i, rails[i], sizeof(rails[i]));
+	family(f, "rdma_sidecar_rail_info", "gauge",
+	       "1 for every rail, with its facts: endpoint (TCP: the data listener's address; "
+	       "ibverbs: device:port), netdev, pci, numa.");
+	for (size_t i = 0; i < g.n_rails; i++) {
+		const struct sc_rail_report *r = &g.rails[i].r;
+		fprintf(f, "rdma_sidecar_rail_info{backend=\"%s\",rail=\"",
+			sc_backend_name(g.rails[i].backend));
+		label_value(f, rails[i]);
+		fputs("\",endpoint=\"", f);
+		label_value(f, r->name);
+		fputs("\",netdev=\"", f);
+		label_value(f, r->netdev);
+		fputs("\",pci=\"", f);
+		label_value(f, r->pci);
+		fprintf(f, "\",numa=\"%d\"} 1\n", r->numa);
+	}
 	family(f, "rdma_sidecar_rail_up", "gauge",
 	       "1 while the rail can carry data (GetInfo rails says why not), by backend and rail.");
 	for (size_t i = 0; i < g.n_rails; i++) {
 		fprintf(f, "rdma_sidecar_rail_up{backend=\"%s\",rail=\"",
 			sc_backend_name(g.rails[i].backend));
-		label_value(f, g.rails[i].r.name);
+		label_value(f, rails[i]);
 		fprintf(f, "\",state=\"%s\"} %d\n", sc_rail_state_name(g.rails[i].r.state),
 			g.rails[i].r.state == SC_RAIL_UP ? 1 : 0);
 	}
@@ -366,7 +679,7 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 			memcpy(&v, (const char *)&g.rails[i].r + rail_families[k].off, sizeof(v));
 			fprintf(f, "%s{backend=\"%s\",rail=\"", rail_families[k].name,
 				sc_backend_name(g.rails[i].backend));
-			label_value(f, g.rails[i].r.name);
+			label_value(f, rails[i]);
 			fprintf(f, "\"} %llu\n", (unsigned long long)v);
 		}
 	}
@@ -420,7 +733,33 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 				dir_label[d], sc_backend_name(real_backend(i)),
 				(unsigned long long)get(&m->bytes[d][real_backend(i)]));
 
+	/* Every reason from each faster backend to TCP at zero from the start (the alert and the
+	 * dashboard need the series); other pairs once they happen. */
+	family(f, "rdma_sidecar_backend_fallbacks_total", "counter",
+	       "Active operations that moved to a slower backend than a configured faster one, by "
+	       "from, to and reason: peer_lacks (the issuer does not offer it), unavailable (not "
+	       "usable here), gpu_unreachable (the NIC cannot reach the GPU memory), "
+	       "failed_mid_transfer.");
+	for (int from = 0; from < SC_NUM_BACKENDS; from++)
+		for (int to = 0; to < SC_NUM_BACKENDS; to++)
+			for (int r = 0; r < SC_FALLBACK_NUM_REASONS; r++) {
+				uint64_t v = get(&m->fallbacks[from][to][r]);
+				bool listed = to == SC_BACKEND_TCP && from == SC_BACKEND_IBVERBS &&
+					      sc_backend_registry_find(SC_BACKEND_IBVERBS);
+				if (!v && !listed)
+					continue;
+				fprintf(
+				    f,
+				    "rdma_sidecar_backend_fallbacks_total{from=\"%s\",to=\"%s\","
+				    "reason=\"%s\"} %llu\n",
+				    sc_backend_name((enum sc_backend_kind)from),
+				    sc_backend_name((enum sc_backend_kind)to), fallback_label[r],
+				    (unsigned long long)v);
+			}
+
 	render_histograms(f, m);
+	render_grpc(f, m);
+	render_nats(f, m, &g);
 
 	family(f, "rdma_sidecar_metadata_rejected_total", "counter",
 	       "Metadata refused by verification, by where it came from (begin: BeginRead/"
@@ -491,6 +830,8 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 	fprintf(f, "rdma_sidecar_heap_bytes{state=\"arena\"} %llu\n", (unsigned long long)hs.arena);
 	fprintf(f, "rdma_sidecar_heap_bytes{state=\"mmapped\"} %llu\n",
 		(unsigned long long)hs.mmapped);
+
+	render_process(f);
 
 	bool failed = ferror(f) != 0;
 	if (fclose(f) != 0 || failed) {

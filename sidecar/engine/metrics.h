@@ -16,6 +16,7 @@
 #define SC_METRICS_H
 
 #include "meta/metadata.h"
+#include "nats/client.h"
 #include "peer/server.h"
 #include "base/types.h"
 #include "base/status.h"
@@ -55,6 +56,9 @@ struct sc_gauges {
 	uint64_t fast_events[SC_FAST_EVENTS]; /* the fast path's counters (enum sc_fast_event) */
 	struct sc_rail_entry rails[SC_METRICS_MAX_RAILS]; /* every backend's rails */
 	size_t n_rails;
+	/* NATS: "disabled" (no --nats-url), else sc_nats_bus_state's; the connection's counters. */
+	const char *nats_state;
+	struct sc_nats_bus_stats nats;
 };
 
 /* What the metrics read from their owner (the engine), handed in at creation: the sidecar id
@@ -103,6 +107,50 @@ enum sc_md_source { SC_MD_SOURCE_BEGIN, SC_MD_SOURCE_BUS, SC_MD_NUM_SOURCES };
 /* Metadata verification refused metadata (rdma_sidecar_metadata_rejected_total). NULL ok. */
 void sc_metrics_metadata_rejected(struct sc_metrics *m, enum sc_md_source source,
 				  enum sc_md_reject why);
+
+/* ---- the gRPC layer's calls (grpc_server_* families) ---------------------------------------- */
+
+#define SC_METRICS_MAX_METHODS 48
+/* Name the methods once, before serving: paths[i] ("/package.Service/Method", a string that lives
+ * as long as the metrics) of kind types[i] ("unary", "client_stream", "server_stream",
+ * "bidi_stream") is method index i below; indexes >= n (an unknown method) count as
+ * grpc_service="unknown". At most SC_METRICS_MAX_METHODS are kept. Main thread. */
+void sc_metrics_grpc_methods(struct sc_metrics *m, const char *const *paths,
+			     const char *const *types, size_t n);
+/* A call of method index `method` arrived (grpc_server_started_total). Any thread; NULL ok. */
+void sc_metrics_grpc_started(struct sc_metrics *m, size_t method);
+/* It ended with gRPC status `code` (0-16) after ns since its arrival
+ * (grpc_server_handled_total, grpc_server_handling_seconds). Any thread; NULL ok. */
+void sc_metrics_grpc_handled(struct sc_metrics *m, size_t method, int code, uint64_t ns);
+
+/* Why an active operation moved to a slower backend than a configured faster one
+ * (rdma_sidecar_backend_fallbacks_total{from,to,reason}): the faster one is usable here but the
+ * issuer does not offer it (peer_lacks), is configured but unusable here (unavailable), cannot
+ * reach the local GPU memory (gpu_unreachable), or failed during the transfer
+ * (failed_mid_transfer). */
+enum sc_fallback_reason {
+	SC_FALLBACK_PEER_LACKS,
+	SC_FALLBACK_UNAVAILABLE,
+	SC_FALLBACK_GPU_UNREACHABLE,
+	SC_FALLBACK_FAILED_MID_TRANSFER,
+	SC_FALLBACK_NUM_REASONS
+};
+/* An operation fell back from backend `from` to `to`. Any thread, lock-free; NULL ok. */
+void sc_metrics_fallback(struct sc_metrics *m, enum sc_backend_kind from, enum sc_backend_kind to,
+			 enum sc_fallback_reason why);
+
+/* ---- the fast path and NATS ------------------------------------------------------------------ */
+
+/* A fast-path run ended (complete or failed) ns after its entry was taken from the ring
+ * (rdma_sidecar_fast_path_run_duration_seconds). Any thread; NULL ok. */
+void sc_metrics_fast_run_time(struct sc_metrics *m, uint64_t ns);
+
+/* What a JetStream call was doing when it failed (rdma_sidecar_nats_jetstream_errors_total
+ * {op}): setting up the store (stream or bucket: create, look up, bind), storing a message
+ * (publish, put), reading one (get, fetch, watch). */
+enum sc_js_op { SC_JS_OP_SETUP, SC_JS_OP_STORE, SC_JS_OP_READ, SC_JS_NUM_OPS };
+/* A JetStream call failed. Any thread, lock-free; NULL ok. */
+void sc_metrics_jetstream_error(struct sc_metrics *m, enum sc_js_op op);
 
 /* The exposition text a scrape returns, NUL-terminated; malloc'd (free() it), NULL when out of
  * memory. Takes eng->mu briefly. */

@@ -11,6 +11,7 @@
  * progress counting. Owns each active operation's struct sc_xfer.
  */
 #include "engine/internal.h"
+#include "engine/metrics.h"
 #include "engine/backend_registry.h"
 #include "base/log.h"
 #include "base/trace.h"
@@ -19,6 +20,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <ctype.h>
 #include <string.h>
 
 /* ---- active operations ----------------------------------------------------------------------- */
@@ -54,11 +56,15 @@ static int fall_back_locked(struct sc_engine *eng, struct sc_op *op, const char 
 	enum sc_backend_kind from = op->backend;
 	snprintf(op->backend_reason, sizeof(op->backend_reason),
 		 "tcp: %s failed mid-transfer, moved to tcp (%s)", sc_backend_name(from), msg);
-	SC_WARN("op", "%s: %s path to %s failed, going on over tcp: %s", op->id,
-		sc_backend_name(from), op->meta.issuer, msg);
+	struct sc_log_fields lf = sc_op_log_fields(op);
+	lf.backend = sc_backend_name(from);
+	lf.code = sc_status_name(SC_ABORTED);
+	SC_WARN_KV("op", &lf, "%s: %s path to %s failed, going on over tcp: %s", op->id,
+		   sc_backend_name(from), op->meta.issuer, msg);
 	op->backend = SC_BACKEND_TCP;
 	op->be = tcp;
 	x->fallback_ok = false;
+	sc_metrics_fallback(eng->metrics, from, SC_BACKEND_TCP, SC_FALLBACK_FAILED_MID_TRANSFER);
 	atomic_store(&x->committed, false);
 	atomic_store(&op->bytes_done, 0);
 	for (size_t i = 0; i < SC_XFER_MAX_RAILS; i++) /* rail_bytes name the new backend's rails */
@@ -66,7 +72,9 @@ static int fall_back_locked(struct sc_engine *eng, struct sc_op *op, const char 
 	struct sc_err err;
 	sc_err_clear(&err);
 	if (sc_backend_submit(tcp, x, &err) != 0) {
-		SC_WARN("op", "%s: tcp could not take it over: %s", op->id, err.msg);
+		struct sc_log_fields tf = sc_op_log_fields(op);
+		tf.code = sc_status_name(err.code);
+		SC_WARN_KV("op", &tf, "%s: tcp could not take it over: %s", op->id, err.msg);
 		return -1;
 	}
 	sc_op_notify(eng, op);
@@ -126,6 +134,8 @@ void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op)
 	x->on_progress = xfer_progress;
 	x->on_complete = xfer_complete;
 	x->owner = op;
+	x->op_id = op->id;
+	memcpy(x->trace_id, op->trace_id, sizeof(x->trace_id));
 	/* An ibverbs path that fails may hand the transfer to tcp when the issuer offers tcp. */
 	x->fallback_ok = op->backend == SC_BACKEND_IBVERBS && backend_usable(eng, SC_BACKEND_TCP) &&
 			 (op->meta.backends & SC_BACKEND_BIT_TCP) && op->meta.n_endpoints > 0;
@@ -208,11 +218,23 @@ static const char *explain_slower(struct sc_engine *eng, struct sc_op *op,
 			snprintf(buf, cap, "%s is available here but the issuing sidecar %s does not "
 					   "offer it for this operation",
 				 c->name, op->meta.issuer);
-			SC_WARN("op", "%s uses %s although %s is configured: %s", op->id,
-				pick->kind == SC_BACKEND_TCP ? "TCP" : pick->name, c->name, buf);
+			SC_WARN_KV("op",
+				   (&(struct sc_log_fields){.op = op->id, .peer = op->meta.issuer,
+							    .backend = pick->name,
+							    .trace_id = op->trace_id}),
+				   "%s uses %s although %s is configured: %s", op->id,
+				   pick->kind == SC_BACKEND_TCP ? "TCP" : pick->name, c->name, buf);
+			sc_metrics_fallback(eng->metrics, c->kind, pick->kind,
+					    SC_FALLBACK_PEER_LACKS);
 		} else {
 			snprintf(buf, cap, "%s unavailable here: %s", c->name,
 				 eng->backends[c->kind]->detail);
+			/* A fall back only where --backends asked for it: by default a
+			 * backend this host cannot use is not expected (a TCP-only host). */
+			if (c->kind == SC_BACKEND_IBVERBS &&
+			    (eng->cfg->backends & SC_BACKEND_BIT_IBVERBS))
+				sc_metrics_fallback(eng->metrics, c->kind, pick->kind,
+						    SC_FALLBACK_UNAVAILABLE);
 		}
 		return buf;
 	}
@@ -281,6 +303,8 @@ static int choose_backend(struct sc_engine *eng, struct sc_op *op, enum sc_backe
 					 sc_backend_name(pick), r->gpu, r->backend_note[pick]);
 				why = buf;
 				pick = SC_BACKEND_TCP;
+				sc_metrics_fallback(eng->metrics, SC_BACKEND_IBVERBS,
+						    SC_BACKEND_TCP, SC_FALLBACK_GPU_UNREACHABLE);
 				break;
 			}
 		}
@@ -379,12 +403,35 @@ int sc_op_check_active(struct sc_engine *eng, enum sc_op_kind kind,
 	return rc;
 }
 
+/* A refused BeginRead/BeginWrite, at INFO with its reason: anyone holding metadata can cause
+ * them at will, so rate-limited (one line a second per direction, then "N similar suppressed"). */
+static void log_refused(enum sc_op_kind kind, const struct sc_active_req *req,
+			const struct sc_err *err)
+{
+	if (!sc_log_enabled(SC_LOG_INFO))
+		return;
+	char key_id[SC_KEY_ID_MAX];
+	sc_metadata_peek_key_id(req->metadata, key_id);
+	struct sc_log_fields lf = {
+	    .code = sc_status_name(err->code),
+	    .key_id = key_id,
+	    .trace_id = req->trace_id && sc_trace_id_valid(req->trace_id) ? req->trace_id : NULL,
+	};
+	const char *what = kind == SC_OP_READ ? "BeginRead" : "BeginWrite";
+	sc_log_kv_limited(SC_LOG_INFO, "op", kind == SC_OP_READ ? "begin-read-refused"
+							       : "begin-write-refused",
+			  &lf, "%s refused (%s): %s", what, sc_status_name(err->code), err->msg);
+}
+
 int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_active_req *req,
 		struct sc_op_info *out, struct sc_err *err)
 {
 	struct sc_metadata md;
-	if (check_active(eng, kind, req, &md, err) != 0)
+	if (check_active(eng, kind, req, &md, err) != 0) {
+		log_refused(kind, req, err);
 		return -1;
+	}
+	char md_key_id[SC_KEY_ID_MAX] = "";
 
 	pthread_mutex_lock(&eng->mu);
 	struct sc_op *op = sc_op_new(eng, kind, req->descs, req->n_descs, req->timeout_ms,
@@ -392,12 +439,19 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 	if (!op) {
 		pthread_mutex_unlock(&eng->mu);
 		sc_metadata_free(&md);
+		log_refused(kind, req, err);
 		return -1;
 	}
 	op->omit_descs = req->omit_descs;
 	op->quiet = req->quiet;
+	if (req->trace_id && sc_trace_id_valid(req->trace_id))
+		for (size_t i = 0; i < sizeof(op->trace_id); i++) /* lowercase, as W3C writes it */
+			op->trace_id[i] = (char)tolower((unsigned char)req->trace_id[i]);
+	else
+		sc_trace_id_new(op->trace_id);
 	op->meta = md;
 	op->meta_valid = true;
+	snprintf(md_key_id, sizeof(md_key_id), "%s", md.key_id);
 	snprintf(op->peer, sizeof(op->peer), "%s", md.issuer);
 	if (choose_backend(eng, op, req->backend, err) != 0)
 		goto fail;
@@ -433,14 +487,19 @@ int sc_op_begin(struct sc_engine *eng, enum sc_op_kind kind, const struct sc_act
 	sc_op_fill_info(op, out);
 	sc_op_unref(eng, op);
 	pthread_mutex_unlock(&eng->mu);
-	sc_log(req->quiet ? SC_LOG_DEBUG : SC_LOG_INFO, "op",
-	       "%s %s %s %s: %zu descriptor(s), %" PRIu64 " bytes, backend %s (%s)%s", out->id,
-	       sc_op_kind_name(kind), kind == SC_OP_READ ? "from" : "to", out->peer, out->n_descs,
-	       out->bytes_total, sc_backend_name(out->backend), out->backend_reason,
-	       out->status == SC_OPS_SCHEDULED ? ", scheduled" : "");
+	sc_log_kv(req->quiet ? SC_LOG_DEBUG : SC_LOG_INFO, "op",
+		  &(struct sc_log_fields){.op = out->id, .peer = out->peer,
+					  .backend = sc_backend_name(out->backend),
+					  .bytes = out->bytes_total, .has_bytes = true,
+					  .key_id = md_key_id, .trace_id = out->trace_id},
+		  "%s %s %s %s: %zu descriptor(s), %" PRIu64 " bytes, backend %s (%s)%s", out->id,
+		  sc_op_kind_name(kind), kind == SC_OP_READ ? "from" : "to", out->peer, out->n_descs,
+		  out->bytes_total, sc_backend_name(out->backend), out->backend_reason,
+		  out->status == SC_OPS_SCHEDULED ? ", scheduled" : "");
 	return 0;
 fail:
 	sc_op_unref(eng, op);
 	pthread_mutex_unlock(&eng->mu);
+	log_refused(kind, req, err);
 	return -1;
 }

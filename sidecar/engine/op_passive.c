@@ -19,6 +19,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <ctype.h>
 #include <string.h>
 
 #define MAX_USES (1u << 20) /* counted uses; any_uses has no limit */
@@ -35,6 +36,7 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 				  "max_uses %u: at most %u (any_uses: any number until the deadline)",
 				  req->max_uses, MAX_USES);
 
+	char signing_key[SC_KEY_ID_MAX] = "";
 	pthread_mutex_lock(&eng->mu);
 	struct sc_op *op = sc_op_new(eng, kind, req->descs, req->n_descs, req->timeout_ms,
 				  req->request_id, err);
@@ -44,6 +46,9 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 		goto fail;
 	op->omit_descs = req->omit_descs;
 	op->any_uses = req->any_uses;
+	if (req->trace_id && sc_trace_id_valid(req->trace_id))
+		for (size_t i = 0; i < sizeof(op->trace_id); i++)
+			op->trace_id[i] = (char)tolower((unsigned char)req->trace_id[i]);
 	op->max_uses = req->any_uses ? UINT32_MAX : req->max_uses ? req->max_uses : 1;
 	op->status = SC_OPS_INITIALIZED;
 	do {
@@ -110,16 +115,24 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 					 be->ops->name);
 			granted |= op->exposure[b] != NULL;
 		} else if (any_gpu) {
-			SC_INFO("op", "%s: %s cannot reach its GPU memory, peers will use tcp "
-				      "(staged through pinned host buffers): %s",
-				op->id, be->ops->name, berr.msg);
+			SC_INFO_KV("op", (&(struct sc_log_fields){.op = op->id,
+							     .backend = be->ops->name,
+							     .code = sc_status_name(berr.code),
+							     .trace_id = op->trace_id}),
+				   "%s: %s cannot reach its GPU memory, peers will use tcp "
+				   "(staged through pinned host buffers): %s",
+				   op->id, be->ops->name, berr.msg);
 			snprintf(op->backend_reason, sizeof(op->backend_reason),
 				 "tcp, GPU memory staged through pinned host buffers (%s: %s)",
 				 be->ops->name, berr.msg);
 			refused = true;
 		} else {
-			SC_WARN("op", "%s: %s cannot expose it, peers will use tcp: %s", op->id,
-				be->ops->name, berr.msg);
+			SC_WARN_KV("op", (&(struct sc_log_fields){.op = op->id,
+							     .backend = be->ops->name,
+							     .code = sc_status_name(berr.code),
+							     .trace_id = op->trace_id}),
+				   "%s: %s cannot expose it, peers will use tcp: %s", op->id,
+				   be->ops->name, berr.msg);
 			snprintf(op->backend_reason, sizeof(op->backend_reason),
 				 "%s expose failed: %s", be->ops->name, berr.msg);
 			refused = true;
@@ -134,12 +147,15 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 	md.issued_unix_ms = op->created_unix_ms;
 	md.expires_unix_ms = op->deadline_unix_ms;
 	md.max_uses = op->max_uses;
+	md.peer_features = SC_MD_FEATURE_OPEN_EXT;
 	if (sc_random_bytes(md.nonce, sizeof(md.nonce)) != 0) {
 		sc_metadata_free(&md); /* descs, and the other rails' rkeys (ibverbs expose) */
 		sc_err_set(err, SC_INTERNAL, "no randomness for the metadata nonce");
 		goto fail;
 	}
 	int rc = sc_metadata_sign(eng->keys, &md, &op->metadata, err);
+	const char *kid = sc_keyring_signing_id(eng->keys);
+	snprintf(signing_key, sizeof(signing_key), "%s", kid ? kid : "");
 	sc_metadata_free(&md);
 	if (rc != 0)
 		goto fail;
@@ -156,7 +172,11 @@ int sc_op_create_passive(struct sc_engine *eng, enum sc_op_kind kind,
 	sc_op_fill_info(op, out);
 	sc_op_unref(eng, op); /* creation reference; the table keeps it */
 	pthread_mutex_unlock(&eng->mu);
-	SC_INFO("op", "%s %s: %zu descriptor(s), %" PRIu64 " bytes, uses %u, deadline in %" PRIu64
+	SC_INFO_KV("op",
+		   (&(struct sc_log_fields){.op = out->id, .bytes = out->bytes_total,
+					    .has_bytes = true, .key_id = signing_key,
+					    .trace_id = out->trace_id}),
+		   "%s %s: %zu descriptor(s), %" PRIu64 " bytes, uses %u, deadline in %" PRIu64
 		" ms%s%s",
 		out->id, sc_op_kind_name(kind), out->n_descs, out->bytes_total, op->max_uses,
 		out->deadline_unix_ms - out->created_unix_ms, req->audience && req->audience[0] ?
@@ -249,14 +269,17 @@ static void drop_use(struct sc_op *op, struct sc_use *use)
 /* One use of an any_uses operation failed: the others go on (a reader that fails or vanishes
  * does not end the broadcast for everyone). Under mu. */
 static void use_failed_locked(struct sc_engine *eng, struct sc_op *op, uint64_t xfer_id,
-			      const char *why)
+			      const char *trace_id, const char *why)
 {
 	op->uses_failed++;
 	/* A peer can fail uses at will (DONE with an error, a cut connection): rate-limited. */
-	sc_log_limited(SC_LOG_INFO, "op", "op-use-failed",
-		       "%s: use by transfer %016" PRIx64 " failed (%" PRIu64 " failed, %" PRIu64
-		       " done so far; the operation goes on): %s",
-		       op->id, xfer_id, op->uses_failed, op->uses_done, why);
+	struct sc_log_fields lf = sc_op_log_fields(op);
+	if (trace_id && trace_id[0]) /* the use's, from its OPEN */
+		lf.trace_id = trace_id;
+	sc_log_kv_limited(SC_LOG_INFO, "op", "op-use-failed", &lf,
+			  "%s: use by transfer %016" PRIx64 " failed (%" PRIu64 " failed, %" PRIu64
+			  " done so far; the operation goes on): %s",
+			  op->id, xfer_id, op->uses_failed, op->uses_done, why);
 	sc_op_notify(eng, op);
 }
 
@@ -269,10 +292,14 @@ static struct sc_use *find_use(struct sc_op *op, uint64_t xfer_id)
 
 static int passive_open(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 			enum sc_op_kind peer_kind, const char *peer_id, uint64_t total_bytes,
-			struct sc_err *err)
+			const char *trace_id, struct sc_err *err)
 {
 	struct sc_engine *eng = ctx;
 	int rc = -1;
+	bool first = false;
+	char op_id[SC_ID_MAX] = "", op_trace[SC_TRACE_ID_LEN] = "";
+	uint64_t begun = 0;
+	uint32_t max_uses = 0;
 	pthread_mutex_lock(&eng->mu);
 	struct sc_op *op = open_lookup(eng, token, err);
 	if (!op)
@@ -334,8 +361,18 @@ static int passive_open(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 		}
 		use->xfer_id = xfer_id;
 		use->refused = SC_OK;
+		if (trace_id && sc_trace_id_valid(trace_id)) {
+			snprintf(use->trace_id, sizeof(use->trace_id), "%s", trace_id);
+			if (!op->trace_id[0]) /* one transfer, one trace: the reader's */
+				snprintf(op->trace_id, sizeof(op->trace_id), "%s", trace_id);
+		}
 		op->n_uses++;
 		op->uses_begun++;
+		first = true;
+		begun = op->uses_begun;
+		max_uses = op->max_uses;
+		snprintf(op_id, sizeof(op_id), "%s", op->id);
+		snprintf(op_trace, sizeof(op_trace), "%s", op->trace_id);
 		snprintf(op->peer, sizeof(op->peer), "%s", peer_id ? peer_id : "");
 		if (op->backend == SC_BACKEND_NONE)
 			op->backend = strcmp(op->peer, eng->id) == 0 ? SC_BACKEND_LOCAL
@@ -348,6 +385,17 @@ static int passive_open(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 	rc = 0;
 out:
 	pthread_mutex_unlock(&eng->mu);
+	if (first) {
+		char of[16];
+		snprintf(of, sizeof(of), max_uses == UINT32_MAX ? "any" : "%u", max_uses);
+		sc_log_kv(begun == 1 ? SC_LOG_INFO : SC_LOG_DEBUG, "op",
+			  &(struct sc_log_fields){.op = op_id, .peer = peer_id,
+						  .bytes = total_bytes, .has_bytes = true,
+						  .trace_id = trace_id && trace_id[0] ? trace_id
+										 : op_trace},
+			  "%s: transfer %016" PRIx64 " of peer %s opened (use %" PRIu64 " of %s)",
+			  op_id, xfer_id, peer_id ? peer_id : "", begun, of);
+	}
 	return rc;
 }
 
@@ -465,9 +513,14 @@ static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 	if (status == SC_ABORTED) {
 		/* The active side's path failed; the same transfer comes back on another one (an
 		 * ibverbs transfer going on over tcp): the use stays open. */
-		sc_log_limited(SC_LOG_INFO, "op", "op-path-moved",
-			       "%s: peer %s moves transfer %016" PRIx64 " to another path: %s",
-			       op->id, op->peer, xfer_id, msg && msg[0] ? msg : "its path failed");
+		struct sc_log_fields lf = sc_op_log_fields(op);
+		lf.code = sc_status_name(SC_ABORTED);
+		if (use->trace_id[0])
+			lf.trace_id = use->trace_id;
+		sc_log_kv_limited(SC_LOG_INFO, "op", "op-path-moved", &lf,
+				  "%s: peer %s moves transfer %016" PRIx64 " to another path: %s",
+				  op->id, op->peer, xfer_id,
+				  msg && msg[0] ? msg : "its path failed");
 		if (op->max_uses == 1)
 			atomic_store(&op->bytes_done, 0);
 		op->backend = SC_BACKEND_TCP; /* the only path a transfer moves to today */
@@ -478,6 +531,8 @@ static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 		goto out;
 	}
 	enum sc_status refused = use->refused;
+	char use_trace[SC_TRACE_ID_LEN];
+	memcpy(use_trace, use->trace_id, sizeof(use_trace));
 	drop_use(op, use); /* finished: only the uses in flight keep a record */
 	if (status == SC_OK && refused != SC_OK) {
 		/* A success pipelined behind a request this side refused: the bytes did not all
@@ -487,7 +542,7 @@ static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 			 "peer %s reported success after this side refused one of its requests (%s)",
 			 op->peer, sc_status_name(refused));
 		if (op->any_uses)
-			use_failed_locked(eng, op, xfer_id, text);
+			use_failed_locked(eng, op, xfer_id, use_trace, text);
 		else
 			sc_op_finish_locked(eng, op, SC_OPS_ERRORED, refused, text);
 		sc_err_set(err, SC_FAILED_PRECONDITION,
@@ -528,7 +583,7 @@ static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 		snprintf(text, sizeof(text), "peer %s: %s", op->peer,
 			 msg && msg[0] ? msg : sc_status_text(status));
 		if (op->any_uses)
-			use_failed_locked(eng, op, xfer_id, text);
+			use_failed_locked(eng, op, xfer_id, use_trace, text);
 		else
 			sc_op_finish_locked(eng, op,
 					    status == SC_CANCELLED ? SC_OPS_CANCELLED : SC_OPS_ERRORED,
@@ -552,8 +607,10 @@ static void passive_abandon(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64
 		snprintf(text, sizeof(text), "peer %s disconnected mid-transfer: %s", op->peer,
 			 why ? why : "connection lost");
 		if (op->any_uses) {
+			char use_trace[SC_TRACE_ID_LEN];
+			memcpy(use_trace, use->trace_id, sizeof(use_trace));
 			drop_use(op, use);
-			use_failed_locked(eng, op, xfer_id, text);
+			use_failed_locked(eng, op, xfer_id, use_trace, text);
 		} else {
 			sc_op_finish_locked(eng, op, SC_OPS_ERRORED, SC_UNAVAILABLE, text);
 		}

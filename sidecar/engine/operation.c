@@ -130,6 +130,7 @@ int sc_op_fill_info(const struct sc_op *op, struct sc_op_info *info)
 	info->deadline_unix_ms = op->deadline_unix_ms;
 	info->completed_unix_ms = op->completed_unix_ms;
 	memcpy(info->request_id, op->request_id, sizeof(info->request_id));
+	memcpy(info->trace_id, op->trace_id, sizeof(info->trace_id));
 	memcpy(info->backend_reason, op->backend_reason, sizeof(info->backend_reason));
 	info->uses_left = (op->kind == SC_OP_READABLE || op->kind == SC_OP_WRITABLE) ? uses_left(op)
 										    : 0;
@@ -259,7 +260,8 @@ static void op_retention_cb(void *ctx)
 	pthread_mutex_lock(&eng->mu);
 	op->retention_timer = 0;
 	if (op->in_table)
-		SC_DEBUG("op", "operation %s forgotten: --retention (%llu ms) passed since it ended; "
+		SC_DEBUG_KV("op", SC_OP_FIELDS(op),
+			    "operation %s forgotten: --retention (%llu ms) passed since it ended; "
 			 "GetOperation/WaitOperation/ReleaseOperation now answer NOT_FOUND",
 			 op->id, (unsigned long long)eng->cfg->retention_ms);
 	op_forget_locked(eng, op);
@@ -285,6 +287,18 @@ static void op_timer_drop(struct sc_engine *eng, struct sc_op *op, uint64_t *tim
 	if (*timer_id && sc_timers_try_cancel(eng->timers, *timer_id))
 		op->refs--;
 	*timer_id = 0;
+}
+
+struct sc_log_fields sc_op_log_fields(const struct sc_op *op)
+{
+	return (struct sc_log_fields){
+	    .op = op->id,
+	    .peer = op->peer,
+	    .backend = op->backend != SC_BACKEND_NONE ? sc_backend_name(op->backend) : NULL,
+	    .bytes = op->bytes_total,
+	    .has_bytes = true,
+	    .trace_id = op->trace_id,
+	};
 }
 
 static void set_error(struct sc_op *op, enum sc_status code, const char *msg)
@@ -343,7 +357,8 @@ static void passive_wait_unpinned_locked(struct sc_engine *eng, struct sc_op *op
 	while (op->pins > 0 && sc_clock_mono_ms() < end)
 		sc_cond_wait_until_mono(&eng->idle_cv, &eng->mu, end);
 	if (op->pins > 0)
-		SC_WARN("op", "%s ended but %d data-plane request(s) still hold its memory after %d "
+		SC_WARN_KV("op", SC_OP_FIELDS(op),
+			"%s ended but %d data-plane request(s) still hold its memory after %d "
 			      "ms: their connections were cut; a wedged peer connection thread would "
 			      "explain it",
 			op->id, op->pins, UNPIN_WAIT_MS);
@@ -397,13 +412,17 @@ void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_sta
 	}
 	sc_op_release_regions(eng, op);
 	enum sc_log_level lvl = op->quiet ? SC_LOG_DEBUG : SC_LOG_INFO;
-	if (status == SC_OPS_COMPLETE)
-		sc_log(lvl, "op", "%s %s COMPLETE: %" PRIu64 " bytes via %s%s%s", op->id,
-		       sc_op_kind_name(op->kind), op->bytes_total, sc_backend_name(op->backend),
-		       op->peer[0] ? " peer " : "", op->peer);
-	else
-		sc_log(lvl, "op", "%s %s %s (%s): %s", op->id, sc_op_kind_name(op->kind),
-		       sc_op_status_name(status), sc_status_name(code), op->err_msg);
+	struct sc_log_fields lf = sc_op_log_fields(op);
+	if (status == SC_OPS_COMPLETE) {
+		lf.code = sc_status_name(SC_OK);
+		sc_log_kv(lvl, "op", &lf, "%s %s COMPLETE: %" PRIu64 " bytes via %s%s%s", op->id,
+			  sc_op_kind_name(op->kind), op->bytes_total, sc_backend_name(op->backend),
+			  op->peer[0] ? " peer " : "", op->peer);
+	} else {
+		lf.code = sc_status_name(code);
+		sc_log_kv(lvl, "op", &lf, "%s %s %s (%s): %s", op->id, sc_op_kind_name(op->kind),
+			  sc_op_status_name(status), sc_status_name(code), op->err_msg);
+	}
 	sc_op_notify(eng, op);
 	if (op->in_table && !op->retention_timer)
 		op->retention_timer = op_timer_add(eng, op,

@@ -62,6 +62,7 @@ struct run {
 	uint64_t user_data;
 	char op_id[SC_ID_MAX];
 	uint64_t watch_id;
+	uint64_t taken_ns; /* sc_engine_clock_ns when its entry was taken (the run-time metric) */
 };
 
 /* A prepared transfer: what every run of it begins with. */
@@ -173,6 +174,7 @@ static void post_end(struct run *r, const struct sc_op_info *info)
 			 (uint32_t)info->status, info->bytes_done, (uint32_t)info->backend,
 			 ok ? "" : info->err_msg);
 	post(s, &c);
+	sc_engine_fast_path_run_time(s->p.eng, sc_engine_clock_ns() - r->taken_ns);
 	atomic_store(&r->done, true);
 	sc_engine_fast_path_note(s->p.eng, ok ? SC_FAST_RUN_COMPLETE : SC_FAST_RUN_FAILED);
 	wake(s);
@@ -225,6 +227,7 @@ static void run_begin(struct sc_fast_session *s, const struct rsc_fast_sqe *e)
 {
 	struct sc_err err;
 	sc_err_clear(&err);
+	uint64_t taken_ns = sc_engine_clock_ns();
 	struct handle *h = handle_find(s, e->handle);
 	if (!h) {
 		sc_err_set(&err, SC_NOT_FOUND,
@@ -258,6 +261,7 @@ static void run_begin(struct sc_fast_session *s, const struct rsc_fast_sqe *e)
 	r->used = true;
 	r->s = s;
 	r->user_data = e->user_data;
+	r->taken_ns = taken_ns;
 	atomic_store(&r->done, false);
 	memcpy(r->op_id, info.id, sizeof(r->op_id));
 	sc_op_info_free(&info);

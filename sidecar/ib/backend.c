@@ -111,8 +111,11 @@ static void ib_destroy(struct sc_backend *b)
  * md->backends comes with a grant (ib_expose): the rkeys are what a peer needs. */
 static void ib_advertise(struct sc_backend *b, struct sc_metadata *md)
 {
-	if (md->n_endpoints == 0 && b->endpoint[0]) {
-		snprintf(md->endpoints[0], sizeof(md->endpoints[0]), "%s", b->endpoint);
+	struct ib_backend *ib = to_ib(b);
+	/* The server's endpoint as it is now (--advertise if:NAME follows its interface). */
+	const char *ep = ib->srv ? sc_peer_server_endpoint(ib->srv) : b->endpoint;
+	if (md->n_endpoints == 0 && ep[0]) {
+		snprintf(md->endpoints[0], sizeof(md->endpoints[0]), "%s", ep);
 		md->n_endpoints = 1;
 	}
 }

@@ -566,4 +566,9 @@ static inline uint64_t ib_get_le(const uint8_t *p, size_t width)
 	return v;
 }
 
+/* The log fields (base/log.h) of transfer x on ibverbs, for SC_*_KV. */
+#define IB_XFER_FIELDS(x)                                                                          \
+	(&(struct sc_log_fields){.op = (x)->op_id, .peer = (x)->meta->issuer,                      \
+				 .backend = "ibverbs", .trace_id = (x)->trace_id})
+
 #endif

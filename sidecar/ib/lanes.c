@@ -63,7 +63,10 @@ void ib_lanes_open(struct ib_backend *ib, const struct sc_backend_ops *lane_ops,
 		l->rail_port[r] = ib->rail_port[r];
 		char why[256];
 		if (ib_open_rail(l, list, n, r, why, sizeof(why)) != 0) {
-			SC_WARN("ibverbs", "rail %s cannot carry data: %s", ib->base.rails[r].name, why);
+			SC_WARN_KV("ibverbs",
+				   (&(struct sc_log_fields){.backend = "ibverbs",
+							    .rail = ib->base.rails[r].name}),
+				   "rail %s cannot carry data: %s", ib->base.rails[r].name, why);
 			sc_rail_set_state(&ib->base, r, SC_RAIL_UNUSABLE, "%s", why);
 			ib_backend_free(l);
 			continue;

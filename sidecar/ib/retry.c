@@ -73,7 +73,7 @@ void ib_retry_resume_locked(struct ib_xfer *xf, struct ib_qp *fresh, struct ib_q
 	/* Rewind to the first byte not known complete (all of its work requests are back). */
 	sc_xr_cursor_seek(&xf->cur, x, xf->bytes_acked);
 	xf->notice = IB_NOTICE_NONE; /* posted again behind the last chunk, on the fresh QP */
-	SC_INFO("ibverbs",
+	SC_INFO_KV("ibverbs", IB_XFER_FIELDS(x),
 		"transfer %016" PRIx64 ": QP %u to peer %s failed under it (%s); continuing at "
 		"byte %" PRIu64 " of %" PRIu64 " on QP %u (move %u of %d, %" PRIu64 " ms)",
 		x->xfer_id, (*old)->qp->qp_num, (*old)->peer,

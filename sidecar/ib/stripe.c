@@ -167,10 +167,13 @@ static void lane_fail(struct sx *sx, unsigned k, const char *why)
 	if (used + 8 < sizeof(sx->tried))
 		snprintf(sx->tried + used, sizeof(sx->tried) - used, "%s%s: %.120s",
 			 used ? "; " : "", rail_name(ib, k), why);
-	SC_WARN("ibverbs",
-		"transfer %016" PRIx64 ": rail %s failed (%s): its slices move to the other rails; it "
-		"cools down %" PRIu64 " s, then carries one slice as a probe",
-		sx->x->xfer_id, rail_name(ib, k), why, cool / 1000);
+	SC_WARN_KV("ibverbs",
+		   (&(struct sc_log_fields){.op = sx->x->op_id, .peer = sx->x->meta->issuer,
+					    .backend = "ibverbs", .rail = rail_name(ib, k),
+					    .trace_id = sx->x->trace_id}),
+		   "transfer %016" PRIx64 ": rail %s failed (%s): its slices move to the other rails; "
+		   "it cools down %" PRIu64 " s, then carries one slice as a probe",
+		   sx->x->xfer_id, rail_name(ib, k), why, cool / 1000);
 }
 
 static void lane_ok(struct sx *sx, unsigned k)
@@ -190,8 +193,9 @@ static void lane_ok(struct sx *sx, unsigned k)
 	if (healed && r >= 0) {
 		sc_rail_set_state(&ib->base, (size_t)r, SC_RAIL_UP,
 				  "carries data again: a probe slice completed after its cool-down");
-		SC_INFO("ibverbs", "rail %s carries data again after its cool-down",
-			rail_name(ib, k));
+		SC_INFO_KV("ibverbs",
+			   (&(struct sc_log_fields){.backend = "ibverbs", .rail = rail_name(ib, k)}),
+			   "rail %s carries data again after its cool-down", rail_name(ib, k));
 	}
 }
 
@@ -533,10 +537,7 @@ static void *sx_main(void *arg)
 	struct sc_peer_conn *c =
 	    ib_control_conn(ib, x->meta, x->deadline_mono_ms, &x->cancel_requested, &ep, &err);
 	if (c) {
-		enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
-		if (sc_peer_open_via(c, x->meta->token, x->xfer_id, peer_kind, x->total,
-				     SC_BACKEND_IBVERBS, x->deadline_mono_ms, &x->cancel_requested,
-				     &err) != 0) {
+		if (sc_peer_open_xfer(c, x, SC_BACKEND_IBVERBS, &err) != 0) {
 			sc_peer_pool_put(ib->pool, c, sc_peer_conn_usable(c));
 			c = NULL;
 		} else {
@@ -594,8 +595,13 @@ static void *sx_main(void *arg)
 						  memory_order_relaxed);
 	}
 	if (status != SC_OK && status != SC_CANCELLED)
-		SC_INFO("ibverbs", "striped transfer %016" PRIx64 " with %s ended %s: %s",
-			x->xfer_id, x->meta->issuer, sc_status_name(status), msg);
+		SC_INFO_KV("ibverbs",
+			   (&(struct sc_log_fields){.op = x->op_id, .peer = x->meta->issuer,
+						    .backend = "ibverbs",
+						    .code = sc_status_name(status),
+						    .trace_id = x->trace_id}),
+			   "striped transfer %016" PRIx64 " with %s ended %s: %s", x->xfer_id,
+			   x->meta->issuer, sc_status_name(status), msg);
 	struct ib_stripe *st = ib->stripe;
 	pthread_mutex_lock(&st->mu);
 	sc_list_remove(&sx->node);

@@ -163,7 +163,8 @@ static void finish(struct ib_xfer *xf)
 			 now_us() - xf->t_acked_us,
 			 noticed ? " (completion notice acknowledged)" : "");
 	if (status != SC_OK && status != SC_CANCELLED)
-		SC_INFO("ibverbs", "transfer %016" PRIx64 " with %s ended %s: %s", x->xfer_id,
+		SC_INFO_KV("ibverbs", IB_XFER_FIELDS(x),
+			   "transfer %016" PRIx64 " with %s ended %s: %s", x->xfer_id,
 			x->meta->issuer, sc_status_name(status), msg);
 
 	pthread_mutex_lock(&ib->mu);
@@ -189,7 +190,8 @@ bool ib_hand_to_tcp(struct ib_backend *ib, struct sc_xfer *x, struct sc_peer_con
 	struct sc_err e;
 	sc_err_clear(&e);
 	if (sc_peer_done(c, x->meta->token, x->xfer_id, SC_ABORTED, msg, until, NULL, &e) != 0) {
-		SC_INFO("ibverbs", "transfer %016" PRIx64 " not moved to tcp: peer %s did not take "
+		SC_INFO_KV("ibverbs", IB_XFER_FIELDS(x),
+			   "transfer %016" PRIx64 " not moved to tcp: peer %s did not take "
 			"the attempt back: %s", x->xfer_id, x->meta->issuer, e.msg);
 		return false;
 	}
@@ -230,10 +232,7 @@ static void setup(struct ib_xfer *xf)
 		if (!c && !(c = ib_control_conn(ib, x->meta, x->deadline_mono_ms,
 						&x->cancel_requested, &xf->endpoint, &err)))
 			goto fail;
-		enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
-		if (sc_peer_open_via(c, x->meta->token, x->xfer_id, peer_kind, x->total,
-				     SC_BACKEND_IBVERBS, x->deadline_mono_ms, &x->cancel_requested,
-				     &err) == 0)
+		if (sc_peer_open_xfer(c, x, SC_BACKEND_IBVERBS, &err) == 0)
 			break;
 		/* After a refused OPEN the connection is still good; one broken mid-OPEN is closed
 		 * (the server abandons whatever it may have opened). A pooled one that the peer
@@ -247,7 +246,7 @@ static void setup(struct ib_xfer *xf)
 		c = NULL;
 		if (!again)
 			goto fail;
-		SC_INFO("ibverbs",
+		SC_INFO_KV("ibverbs", IB_XFER_FIELDS(x),
 			"transfer %016" PRIx64 ": the control connection to %s closed under the OPEN "
 			"(%s): once more on a fresh one",
 			x->xfer_id, x->meta->issuer, err.msg);
@@ -349,6 +348,8 @@ static void move_qp(struct ib_xfer *xf)
 static void run_task(struct sc_xr_task *t)
 {
 	struct ib_xfer *xf = container_of(t, struct ib_xfer, run);
+	struct sc_xfer_log_scope scope;
+	sc_xfer_log_scope_enter(&scope, xf->xr.x, "ibverbs");
 	switch (xf->task) {
 	case IB_TASK_SETUP:
 		setup(xf);
@@ -365,6 +366,7 @@ static void run_task(struct sc_xr_task *t)
 	case IB_TASK_NONE:
 		break;
 	}
+	sc_xfer_log_scope_leave(&scope);
 }
 
 /* ---- a stalled path (completion thread) ---------------------------------------------------- */
@@ -390,7 +392,8 @@ static void stall_locked(struct ib_backend *ib, struct ib_xfer *xf, uint64_t now
 			 xf->qp->peer, now - xf->last_progress_mono_ms, rail, xf->bytes_acked,
 			 xf->xr.x->total);
 	xfer_stop_locked(xf);
-	SC_WARN("ibverbs", "transfer %016" PRIx64 ": no completion for %" PRIu64
+	SC_WARN_KV("ibverbs", IB_XFER_FIELDS(xf->xr.x),
+		   "transfer %016" PRIx64 ": no completion for %" PRIu64
 		" ms from peer %s on rail %s: flushing QP %u",
 		xf->xr.x->xfer_id, now - xf->last_progress_mono_ms, xf->qp->peer, rail,
 		xf->qp->qp->qp_num);
@@ -858,7 +861,8 @@ static void pollset_check_locked(struct ib_backend *ib, const struct pollset *ps
 				 "peer sidecar %s closed the control connection mid-transfer (it "
 				 "stopped or died) after %" PRIu64 " of %" PRIu64 " bytes",
 				 xf->xr.x->meta->issuer, xf->bytes_acked, xf->xr.x->total);
-		SC_WARN("ibverbs", "transfer %016" PRIx64 ": %s", xf->xr.x->xfer_id, xf->xr.msg);
+		SC_WARN_KV("ibverbs", IB_XFER_FIELDS(xf->xr.x), "transfer %016" PRIx64 ": %s",
+			   xf->xr.x->xfer_id, xf->xr.msg);
 		/* Its work requests will not complete against a dead peer: flush them now. */
 		fail_qp_locked(ib, xf->qp, false, "the peer closed its control connection");
 		ib_qp_flush(xf->qp);

@@ -236,6 +236,7 @@ int sc_metadata_sign(const struct sc_keyring *ring, const struct sc_metadata *md
 	m.nonce.data = (uint8_t *)md->nonce;
 	m.nonce.len = SC_TOKEN_LEN;
 	m.max_uses = md->max_uses;
+	m.peer_features = md->peer_features;
 
 	payload_len = rdma_sidecar__v1__rdma_metadata__get_packed_size(&m);
 	/* base64 grows by 4/3; the envelope adds the key id and MAC. */
@@ -532,6 +533,7 @@ static int metadata_from_pb(const pb_metadata *m, const char *key_id, struct sc_
 	out->issued_unix_ms = m->issued_unix_ms;
 	out->expires_unix_ms = m->expires_unix_ms;
 	out->max_uses = m->max_uses;
+	out->peer_features = m->peer_features;
 	memcpy(out->key_id, key_id, strlen(key_id) + 1); /* sc_key_id_valid: fits */
 
 	if (m->version >= 2) {
@@ -710,6 +712,29 @@ out:
 		rdma_sidecar__v1__signed_metadata__free_unpacked(s, NULL);
 	free(env_bytes);
 	return rc;
+}
+
+bool sc_metadata_peek_key_id(const char *text, char out[SC_KEY_ID_MAX])
+{
+	out[0] = '\0';
+	size_t len = text ? strnlen(text, SC_METADATA_MAX_TEXT + 1) : 0;
+	if (len < PREFIX_LEN || len > SC_METADATA_MAX_TEXT ||
+	    memcmp(text, SC_METADATA_PREFIX, PREFIX_LEN) != 0)
+		return false;
+	uint8_t *env_bytes = NULL;
+	size_t env_len = 0;
+	if (!sc_base64url_decode(text + PREFIX_LEN, len - PREFIX_LEN, &env_bytes, &env_len))
+		return false;
+	RdmaSidecar__V1__SignedMetadata *s =
+	    rdma_sidecar__v1__signed_metadata__unpack(NULL, env_len, env_bytes);
+	bool ok = s && s->key_id && sc_key_id_valid(s->key_id, strlen(s->key_id)) &&
+		  strlen(s->key_id) < SC_KEY_ID_MAX;
+	if (ok)
+		memcpy(out, s->key_id, strlen(s->key_id) + 1);
+	if (s)
+		rdma_sidecar__v1__signed_metadata__free_unpacked(s, NULL);
+	free(env_bytes);
+	return ok;
 }
 
 int sc_metadata_verify_why(const struct sc_keyring *ring, const char *text, const char *self_id,

@@ -34,6 +34,8 @@
 #define SC_METADATA_MAX_TEXT (256 * 1024)
 #define SC_METADATA_MAX_DESCS 1048576 /* = SC_MAX_DESCRIPTORS */
 #define SC_METADATA_SKEW_MS 5000
+/* RdmaMetadata.peer_features: the issuer reads OPEN frames with extensions (peer/proto.h). */
+#define SC_MD_FEATURE_OPEN_EXT 0x1u
 #define SC_TOKEN_LEN 16
 #define SC_MAX_ENDPOINTS 4
 _Static_assert(SC_MAX_ENDPOINTS == SC_CONFIG_MAX_DATA_ENDPOINTS, "--data-listen fits the metadata");
@@ -100,6 +102,7 @@ struct sc_metadata {
 	uint64_t expires_unix_ms;
 	uint8_t nonce[SC_TOKEN_LEN];
 	uint32_t max_uses;
+	uint32_t peer_features;     /* SC_MD_FEATURE_* the issuer's peer server reads */
 	char key_id[SC_KEY_ID_MAX]; /* filled by verify: which key signed it */
 };
 
@@ -131,6 +134,9 @@ int sc_metadata_verify_why(const struct sc_keyring *ring, const char *text, cons
 			   uint64_t now_unix_ms, struct sc_metadata *out, enum sc_md_reject *why,
 			   struct sc_err *err);
 void sc_metadata_free(struct sc_metadata *md);
+/* The key id the envelope of `text` names, unverified (for a log line about refused metadata):
+ * true with out filled when it parses and the id is a valid key id; else false, out "". */
+bool sc_metadata_peek_key_id(const char *text, char out[SC_KEY_ID_MAX]);
 /* The distinct rkeys of descs in order of first appearance into out[] (NULL: count only); returns
  * how many. (size_t)-1 when out of memory. */
 size_t sc_metadata_rkey_groups(const struct sc_meta_desc *descs, size_t n, uint32_t *out);

@@ -11,6 +11,7 @@
  *
  */
 #include "nats/client.h"
+#include "nats/internal.h"
 #include "nats/nkey.h"
 
 #include <openssl/crypto.h>
@@ -70,7 +71,9 @@ struct nats_sub {
 	uint64_t id;	       /* set under bus->mu */
 	natsSubscription *nsub;
 	sc_nats_msg_fn fn;
+	sc_nats_raw_fn raw; /* instead of fn: nats/store.c's JetStream handlers */
 	void *ctx;
+	void (*free_ctx)(void *ctx); /* with raw: frees ctx with the subscription */
 	char *subject;
 	atomic_int refs;
 	pthread_mutex_t mu; /* guards closed and in_cb */
@@ -356,6 +359,8 @@ static void sub_unref(struct nats_sub *s)
 		return;
 	pthread_cond_destroy(&s->cond);
 	pthread_mutex_destroy(&s->mu);
+	if (s->free_ctx)
+		s->free_ctx(s->ctx);
 	free(s->subject);
 	free(s);
 }
@@ -377,8 +382,11 @@ static void on_msg(natsConnection *nc, natsSubscription *nsub, natsMsg *msg, voi
 		struct nats_sub *prev = tl_sub;
 		tl_sub = s;
 		tl_cb_depth++;
-		s->fn(s->ctx, natsMsg_GetSubject(msg), natsMsg_GetData(msg),
-		      (size_t)natsMsg_GetDataLength(msg));
+		if (s->raw)
+			s->raw(s->ctx, msg);
+		else
+			s->fn(s->ctx, natsMsg_GetSubject(msg), natsMsg_GetData(msg),
+			      (size_t)natsMsg_GetDataLength(msg));
 		tl_cb_depth--;
 		tl_sub = prev;
 	}
@@ -898,35 +906,35 @@ int sc_nats_bus_publish(struct sc_nats_bus *bus, const char *subject, const void
 	return 0;
 }
 
-int sc_nats_bus_subscribe(struct sc_nats_bus *bus, const char *subject, const char *queue_group,
-			  sc_nats_msg_fn fn, void *ctx, uint64_t *sub_id, struct sc_err *err)
+/* Both kinds of subscription: open calls nats.c; fn or raw is the handler behind the gate. */
+static int sub_open(struct sc_nats_bus *bus, const char *subject, sc_nats_open_fn open, void *arg,
+		    sc_nats_msg_fn fn, sc_nats_raw_fn raw, void *ctx, void (*free_ctx)(void *ctx),
+		    uint64_t *sub_id, struct sc_err *err)
 {
 	char b[80];
-	if (!bus || !fn || !sub_id)
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "subscribe: bus, handler and sub_id must not be NULL");
-	if (check_subject(subject, true, "subscribe", err) != 0)
-		return -1;
-	if (queue_group && !*queue_group)
-		queue_group = NULL;
-	if (queue_group && check_queue_group(queue_group, err) != 0)
-		return -1;
 	natsConnection *nc = bus->nc;
-	if (atomic_load(&bus->closing) || natsConnection_Status(nc) == NATS_CONN_STATUS_CLOSED)
+	if (atomic_load(&bus->closing) || natsConnection_Status(nc) == NATS_CONN_STATUS_CLOSED) {
+		if (free_ctx)
+			free_ctx(ctx);
 		return sc_err_set(err, SC_UNAVAILABLE,
 				  "subscribe to %s: the NATS connection is closed",
 				  shown(subject, b));
+	}
 
 	struct nats_sub *s = calloc(1, sizeof(*s));
 	if (!s || !(s->subject = strdup(subject))) {
 		free(s);
+		if (free_ctx)
+			free_ctx(ctx);
 		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "subscribe to %s: out of memory",
 				  shown(subject, b));
 	}
 	s->bus = bus;
 	sc_list_init(&s->node);
 	s->fn = fn;
+	s->raw = raw;
 	s->ctx = ctx;
+	s->free_ctx = free_ctx;
 	atomic_init(&s->refs, 2); /* the bus's list and nats.c's on_complete */
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->cond, NULL);
@@ -936,21 +944,14 @@ int sc_nats_bus_subscribe(struct sc_nats_bus *bus, const char *subject, const ch
 	pthread_mutex_unlock(&bus->mu);
 
 	natsSubscription *nsub = NULL;
-	natsStatus st =
-	    queue_group ? natsConnection_QueueSubscribe(&nsub, nc, subject, queue_group, on_msg, s)
-			: natsConnection_Subscribe(&nsub, nc, subject, on_msg, s);
-	if (st == NATS_OK)
+	natsStatus st = open(arg, nc, on_msg, s, &nsub, err);
+	if (st == NATS_OK) {
 		st = natsSubscription_SetOnCompleteCB(nsub, on_complete, s);
+		if (st != NATS_OK)
+			sc_err_set(err, SC_INTERNAL, "subscribe to %s: %s %s", shown(subject, b),
+				   natsStatus_GetText(st), nats_detail());
+	}
 	if (st != NATS_OK) {
-		enum sc_status code = SC_INTERNAL;
-		if (st == NATS_CONNECTION_CLOSED)
-			code = SC_UNAVAILABLE;
-		else if (st == NATS_INVALID_SUBJECT || st == NATS_INVALID_QUEUE_NAME)
-			code = SC_INVALID_ARGUMENT;
-		else if (st == NATS_NO_MEMORY)
-			code = SC_RESOURCE_EXHAUSTED;
-		sc_err_set(err, code, "subscribe to %s: %s %s", shown(subject, b),
-			   natsStatus_GetText(st), nats_detail());
 		if (nsub) {
 			/* Subscribed but no on_complete: shut the gate so fn never runs, and leave
 			 * s allocated, since the delivery thread may still hold it. */
@@ -966,6 +967,8 @@ int sc_nats_bus_subscribe(struct sc_nats_bus *bus, const char *subject, const ch
 		} else {
 			pthread_cond_destroy(&s->cond);
 			pthread_mutex_destroy(&s->mu);
+			if (free_ctx)
+				free_ctx(ctx);
 			free(s->subject);
 			free(s);
 		}
@@ -993,6 +996,74 @@ int sc_nats_bus_subscribe(struct sc_nats_bus *bus, const char *subject, const ch
 				shown(subject, b), bus->flush_timeout_ms, natsStatus_GetText(st));
 	}
 	return 0;
+}
+
+int sc_nats_check_subject(const char *subject, bool wildcards, const char *what,
+			  struct sc_err *err)
+{
+	return check_subject(subject, wildcards, what, err);
+}
+
+natsConnection *sc_nats_bus_conn(struct sc_nats_bus *bus)
+{
+	return bus->nc;
+}
+
+struct core_open {
+	const char *subject;
+	const char *queue_group;
+};
+
+static natsStatus open_core(void *arg, natsConnection *nc, natsMsgHandler cb, void *closure,
+			    natsSubscription **out, struct sc_err *err)
+{
+	const struct core_open *o = arg;
+	char b[80];
+	natsStatus st =
+	    o->queue_group
+		? natsConnection_QueueSubscribe(out, nc, o->subject, o->queue_group, cb, closure)
+		: natsConnection_Subscribe(out, nc, o->subject, cb, closure);
+	if (st != NATS_OK) {
+		enum sc_status code = SC_INTERNAL;
+		if (st == NATS_CONNECTION_CLOSED)
+			code = SC_UNAVAILABLE;
+		else if (st == NATS_INVALID_SUBJECT || st == NATS_INVALID_QUEUE_NAME)
+			code = SC_INVALID_ARGUMENT;
+		else if (st == NATS_NO_MEMORY)
+			code = SC_RESOURCE_EXHAUSTED;
+		sc_err_set(err, code, "subscribe to %s: %s %s", shown(o->subject, b),
+			   natsStatus_GetText(st), nats_detail());
+	}
+	return st;
+}
+
+int sc_nats_bus_subscribe(struct sc_nats_bus *bus, const char *subject, const char *queue_group,
+			  sc_nats_msg_fn fn, void *ctx, uint64_t *sub_id, struct sc_err *err)
+{
+	if (!bus || !fn || !sub_id)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "subscribe: bus, handler and sub_id must not be NULL");
+	if (check_subject(subject, true, "subscribe", err) != 0)
+		return -1;
+	if (queue_group && !*queue_group)
+		queue_group = NULL;
+	if (queue_group && check_queue_group(queue_group, err) != 0)
+		return -1;
+	struct core_open o = {.subject = subject, .queue_group = queue_group};
+	return sub_open(bus, subject, open_core, &o, fn, NULL, ctx, NULL, sub_id, err);
+}
+
+int sc_nats_sub_open(struct sc_nats_bus *bus, const char *subject, sc_nats_open_fn open, void *arg,
+		     sc_nats_raw_fn raw, void *ctx, void (*free_ctx)(void *ctx), uint64_t *sub_id,
+		     struct sc_err *err)
+{
+	if (!bus || !open || !raw || !sub_id || !subject) {
+		if (free_ctx)
+			free_ctx(ctx);
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "subscribe: bus, open, handler, subject and sub_id must not be NULL");
+	}
+	return sub_open(bus, subject, open, arg, NULL, raw, ctx, free_ctx, sub_id, err);
 }
 
 void sc_nats_bus_unsubscribe(struct sc_nats_bus *bus, uint64_t sub_id)
@@ -1088,4 +1159,15 @@ void sc_nats_bus_library_shutdown(void)
 	 * crash at exit. Finishing OpenSSL here (the process is about to exit; NATS was its last
 	 * user) makes nats.c's handler find nothing to free, and OpenSSL's a no-op. */
 	OPENSSL_cleanup();
+}
+
+void sc_nats_bus_stats(struct sc_nats_bus *bus, struct sc_nats_bus_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	natsStatistics *st = NULL;
+	if (bus && bus->nc && natsStatistics_Create(&st) == NATS_OK &&
+	    natsConnection_GetStats(bus->nc, st) == NATS_OK)
+		(void)natsStatistics_GetCounts(st, &out->in_msgs, &out->in_bytes, &out->out_msgs,
+					       &out->out_bytes, &out->reconnects);
+	natsStatistics_Destroy(st);
 }

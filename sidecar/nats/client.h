@@ -131,4 +131,11 @@ void sc_nats_bus_unsubscribe(struct sc_nats_bus *bus, uint64_t sub_id);
  */
 void sc_nats_bus_library_shutdown(void);
 
+/* The connection's counters, for the metrics: times nats.c reconnected it, and the messages and
+ * bytes it carried in and out. Any thread; all zero for NULL or when nats.c cannot say. */
+struct sc_nats_bus_stats {
+	uint64_t reconnects, in_msgs, out_msgs, in_bytes, out_bytes;
+};
+void sc_nats_bus_stats(struct sc_nats_bus *bus, struct sc_nats_bus_stats *out);
+
 #endif

@@ -299,9 +299,8 @@ static int setup(struct ofi_xfer *xf, struct sc_err *err)
 	    control_conn(ob, md, x->deadline_mono_ms, &x->cancel_requested, &xf->endpoint, err);
 	if (!c)
 		return -1;
-	enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
-	if (sc_peer_open_via(c, md->token, x->xfer_id, peer_kind, x->total, SC_BACKEND_LIBFABRIC,
-			     x->deadline_mono_ms, &x->cancel_requested, err) != 0) {
+	/* The OPEN carries the transfer's trace id where the issuer reads it. */
+	if (sc_peer_open_xfer(c, x, SC_BACKEND_LIBFABRIC, err) != 0) {
 		sc_peer_pool_put(ob->pool, c, sc_peer_conn_usable(c));
 		return -1;
 	}

@@ -340,7 +340,8 @@ static int handshake(struct conn *c, char *why, size_t why_cap)
 	if (rc == 0) {
 		snprintf(c->what, sizeof(c->what), "peer sidecar \"%s\" at %s", c->peer_id,
 			 c->addr);
-		SC_DEBUG("peer", "authenticated %s", c->what);
+		SC_DEBUG_KV("peer", (&(struct sc_log_fields){.peer = c->peer_id}), "authenticated %s",
+			    c->what);
 		return 0;
 	}
 	/* A bare connect-and-close (a port probe) is not worth a warning; an idle or refused one
@@ -352,7 +353,9 @@ static int handshake(struct conn *c, char *why, size_t why_cap)
 		 * hide a peer that fails to authenticate. */
 		char key[32];
 		snprintf(key, sizeof(key), "peer-hello-rejected-%d", (int)err.code);
-		SC_WARN_LIMITED("peer", key, "rejected connection from %s: %s", c->addr, err.msg);
+		sc_log_kv_limited(SC_LOG_WARN, "peer", key,
+				  &(struct sc_log_fields){.code = sc_status_name(err.code)},
+				  "rejected connection from %s: %s", c->addr, err.msg);
 	}
 	snprintf(why, why_cap, "hello failed: %s", err.msg);
 	if (err.code != SC_DEADLINE_EXCEEDED && err.code != SC_CANCELLED)

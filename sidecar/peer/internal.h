@@ -164,6 +164,12 @@ struct worker {
 	struct held held; /* empty whenever no connection is taken */
 };
 
+/* One advertised endpoint's text (never changed once published; see sc_peer_server.endpoint). */
+struct ps_endpoint {
+	struct ps_endpoint *next;
+	char text[80];
+};
+
 struct sc_peer_server {
 	struct sc_passive passive; /* the engine's passive operations (backend/passive.h) */
 	char self_id[SC_NAME_MAX];
@@ -176,7 +182,16 @@ struct sc_peer_server {
 	int stop_fd; /* written once, at destroy: level-triggered, it wakes every pool thread */
 	int spare_fd; /* /dev/null, given up to refuse a peer with a reason when out of fds */
 	char listen_addr[SC_MAX_ENDPOINTS][300];
-	char endpoint[SC_MAX_ENDPOINTS][80]; /* what peers dial, in --data-listen order */
+	/* What peers dial, in --data-listen order: "host:port" text in a struct ps_endpoint. An
+	 * --advertise if:NAME entry (adv_if[i] non-empty) is re-resolved by the accept thread every
+	 * IF_CHECK_MS; a change swaps the pointer, and the old text stays allocated (on
+	 * `endpoints`) until destroy, so a reader's pointer is never freed under it. */
+	_Atomic(struct ps_endpoint *) endpoint[SC_MAX_ENDPOINTS];
+	struct ps_endpoint *endpoints;	       /* every text ever current; freed at destroy */
+	char adv_if[SC_MAX_ENDPOINTS][16];     /* the interface of if:NAME entries, else "" */
+	uint16_t bound_port[SC_MAX_ENDPOINTS]; /* the data port of each endpoint */
+	uint64_t last_if_check_mono_ms;	       /* accept thread only */
+	bool if_missing[SC_MAX_ENDPOINTS];     /* accept thread only: said once per loss */
 	pthread_t accept_thread;
 	bool started, accept_started;
 	atomic_bool stopping;

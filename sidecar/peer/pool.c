@@ -424,10 +424,11 @@ static int dial(struct sc_peer_pool *pool, const char *endpoint, uint64_t deadli
 	}
 	sc_keyring_release(ring);
 	snprintf(c->what, sizeof(c->what), "peer sidecar \"%s\" at %s", c->peer_id, endpoint);
+	struct sc_log_fields lf = {.peer = c->peer_id, .rail = endpoint};
 	if (attempts > 1)
-		SC_INFO("peer", "connected to %s after %u attempts", c->what, attempts);
+		SC_INFO_KV("peer", &lf, "connected to %s after %u attempts", c->what, attempts);
 	else
-		SC_DEBUG("peer", "connected to %s", c->what);
+		SC_DEBUG_KV("peer", &lf, "connected to %s", c->what);
 	*out = c;
 	return 0;
 fail:

@@ -85,6 +85,20 @@ static void put_xfer_ref(struct wbuf *b, const struct sc_peer_msg *m)
 	put_uint(b, m->xfer_id, 8);
 }
 
+/* 32 hex digits (sc_trace_id_valid) into 16 bytes. */
+static bool trace_hex_to_raw(const char *hex, uint8_t raw[16])
+{
+	if (!sc_trace_id_valid(hex))
+		return false;
+	for (size_t i = 0; i < 16; i++) {
+		unsigned v;
+		if (sscanf(hex + 2 * i, "%2x", &v) != 1)
+			return false;
+		raw[i] = (uint8_t)v;
+	}
+	return true;
+}
+
 size_t sc_peer_encode(const struct sc_peer_msg *m, uint8_t *buf, size_t cap)
 {
 	if (cap < SC_PEER_HDR_LEN)
@@ -117,6 +131,14 @@ size_t sc_peer_encode(const struct sc_peer_msg *m, uint8_t *buf, size_t cap)
 		put_xfer_ref(&b, m);
 		put_uint(&b, m->peer_kind, 1);
 		put_uint(&b, m->total, 8);
+		if (m->trace_id[0]) {
+			uint8_t raw[16];
+			if (!trace_hex_to_raw(m->trace_id, raw))
+				return 0;
+			put_uint(&b, SC_PEER_OPEN_EXT_TRACE, 1);
+			put_uint(&b, sizeof(raw), 1);
+			put_bytes(&b, raw, sizeof(raw));
+		}
 		break;
 	case SC_FRAME_READ:
 	case SC_FRAME_WRITE:
@@ -249,6 +271,32 @@ static void get_xfer_ref(struct rbuf *b, struct sc_peer_msg *m)
 	m->xfer_id = get_uint(b, 8, "xfer_id");
 }
 
+/* OPEN's extensions, to the end of the body: the ones known are kept, the others skipped. */
+static void get_open_ext(struct rbuf *b, struct sc_peer_msg *m)
+{
+	m->trace_id[0] = '\0';
+	while (!b->bad && b->off < b->len) {
+		unsigned tag = (unsigned)get_uint(b, 1, "extension tag");
+		size_t n = (size_t)get_uint(b, 1, "extension length");
+		const uint8_t *v = get_bytes(b, n, "extension");
+		if (!v)
+			return;
+		if (tag == SC_PEER_OPEN_EXT_TRACE) {
+			if (n != 16) {
+				b->bad = "trace id extension (16 bytes)";
+				return;
+			}
+			for (size_t i = 0; i < 16; i++) {
+				m->trace_id[2 * i] = "0123456789abcdef"[v[i] >> 4];
+				m->trace_id[2 * i + 1] = "0123456789abcdef"[v[i] & 15];
+			}
+			m->trace_id[32] = '\0';
+			if (!sc_trace_id_valid(m->trace_id)) /* all zeros: no trace */
+				m->trace_id[0] = '\0';
+		}
+	}
+}
+
 int sc_peer_decode_hdr(const uint8_t in[SC_PEER_HDR_LEN], struct sc_frame_hdr *h,
 		       struct sc_err *err)
 {
@@ -314,6 +362,7 @@ int sc_peer_decode_body(unsigned type, const uint8_t *body, size_t len, struct s
 		m->total = get_uint(&b, 8, "total");
 		if (!b.bad && m->peer_kind != SC_OP_READ && m->peer_kind != SC_OP_WRITE)
 			b.bad = "peer kind";
+		get_open_ext(&b, m);
 		break;
 	case SC_FRAME_READ:
 	case SC_FRAME_WRITE:

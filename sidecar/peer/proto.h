@@ -19,6 +19,7 @@
  *   OK          (empty)
  *   ERROR       code u32 (enum sc_status), msg
  *   OPEN        token[16], xfer_id u64, peer_kind u8, total u64          OK | ERROR
+ *               [extensions: tag u8, len u8, len bytes; repeated to the end]
  *   READ        token[16], xfer_id u64, desc u32, offset u64, len u64    DATA + bulk | ERROR
  *   DATA        len u64                                                  (bulk of len bytes follows)
  *   WRITE       token[16], xfer_id u64, desc u32, offset u64, len u64    OK | ERROR (then closed)
@@ -29,6 +30,11 @@
  *   READV       token[16], xfer_id u64, n u32, n x {desc u32, offset u64, len u64}
  *                                                                        DATA + bulk | ERROR
  *   WRITEV      as READV, + the pieces' bytes in order as one bulk       OK | ERROR (then closed)
+ *
+ * OPEN extensions follow its fixed fields, each {tag u8, len u8, len bytes}; a reader skips tags
+ * it does not know. Tag 1 (SC_PEER_OPEN_EXT_TRACE): the transfer's W3C trace id, 16 bytes. An
+ * OPEN with extensions goes only to a sidecar whose metadata sets SC_MD_FEATURE_OPEN_EXT in
+ * peer_features (again the issuer is the serving side): older sidecars refuse trailing bytes.
  *
  * READV/WRITEV (many pieces per request, 1..SC_PEER_MAX_PIECES, the bulk being every piece's
  * bytes back to back, at most SC_PEER_MAX_BULK; GPU pieces are staged on either end, packed many
@@ -51,6 +57,7 @@
 #include "meta/metadata.h"
 #include "base/types.h"
 #include "base/status.h"
+#include "base/log.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -77,6 +84,8 @@
  * the OPEN ("unknown flags"), so a peer that does not know libfabric never counts it as ibverbs. */
 #define SC_PEER_FLAG_VIA_LIBFABRIC 0x0002u
 #define SC_PEER_OPEN_FLAGS (SC_PEER_FLAG_VIA_BACKEND | SC_PEER_FLAG_VIA_LIBFABRIC)
+/* OPEN extension tags (see above). */
+#define SC_PEER_OPEN_EXT_TRACE 1
 
 /* The OPEN header flags that say backend `via` moves a transfer's bytes (0 for NONE and TCP,
  * which the channel itself carries), and back (SC_BACKEND_NONE: the channel carries them). */
@@ -136,6 +145,7 @@ struct sc_peer_msg {
 	uint64_t xfer_id;
 	uint8_t peer_kind; /* OPEN: SC_OP_READ or SC_OP_WRITE */
 	uint64_t total;    /* OPEN */
+	char trace_id[SC_TRACE_ID_LEN]; /* OPEN: the trace id extension (32 hex); "" = none */
 	uint32_t desc;     /* READ, WRITE */
 	uint64_t offset;   /* READ, WRITE */
 	uint64_t len;      /* READ, WRITE, DATA: bulk byte count */

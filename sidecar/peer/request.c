@@ -122,7 +122,8 @@ static struct sc_peer_wait client_wait(const struct sc_peer_conn *conn, uint64_t
 
 static int open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
 		     uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total,
-		     enum sc_backend_kind via, uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err)
+		     enum sc_backend_kind via, const char *trace_id, uint64_t deadline_mono_ms,
+		     const atomic_bool *cancel, struct sc_err *err)
 {
 	struct sc_peer_wait w = client_wait(conn, deadline_mono_ms, cancel);
 	struct sc_peer_msg m;
@@ -130,7 +131,33 @@ static int open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN
 	m.flags = sc_peer_via_flags(via);
 	m.peer_kind = (uint8_t)peer_kind;
 	m.total = total;
+	if (trace_id && sc_trace_id_valid(trace_id))
+		snprintf(m.trace_id, sizeof(m.trace_id), "%s", trace_id);
 	return send_request(conn, &m, NULL, 0, &w, err);
+}
+
+/* x's trace id, when its issuer reads it in an OPEN; else NULL. */
+static const char *xfer_wire_trace(const struct sc_xfer *x)
+{
+	return x->meta && (x->meta->peer_features & SC_MD_FEATURE_OPEN_EXT) && x->trace_id[0]
+		       ? x->trace_id
+		       : NULL;
+}
+
+int sc_peer_open_xfer(struct sc_peer_conn *conn, const struct sc_xfer *x,
+		      enum sc_backend_kind via, struct sc_err *err)
+{
+	if (open_send(conn, x->meta->token, x->xfer_id, x->kind, x->total, via, xfer_wire_trace(x),
+		      x->deadline_mono_ms, &x->cancel_requested, err) != 0)
+		return -1;
+	return sc_peer_open_recv(conn, x->deadline_mono_ms, &x->cancel_requested, NULL, err);
+}
+
+int sc_peer_open_xfer_send(struct sc_peer_conn *conn, const struct sc_xfer *x, struct sc_err *err)
+{
+	sc_peer_conn_hold_next(conn);
+	return open_send(conn, x->meta->token, x->xfer_id, x->kind, x->total, SC_BACKEND_NONE,
+			 xfer_wire_trace(x), x->deadline_mono_ms, &x->cancel_requested, err);
 }
 
 int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN],
@@ -139,8 +166,8 @@ int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LE
 		      struct sc_err *err)
 {
 	sc_peer_conn_hold_next(conn);
-	return open_send(conn, token, xfer_id, peer_kind, total, via, deadline_mono_ms, cancel,
-			 err);
+	return open_send(conn, token, xfer_id, peer_kind, total, via, NULL, deadline_mono_ms,
+			 cancel, err);
 }
 
 int sc_peer_open_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,
@@ -160,7 +187,7 @@ int sc_peer_open_via(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LEN
 		     enum sc_backend_kind via, uint64_t deadline_mono_ms, const atomic_bool *cancel,
 		     struct sc_err *err)
 {
-	if (open_send(conn, token, xfer_id, peer_kind, total, via, deadline_mono_ms, cancel,
+	if (open_send(conn, token, xfer_id, peer_kind, total, via, NULL, deadline_mono_ms, cancel,
 		      err) != 0)
 		return -1;
 	return sc_peer_open_recv(conn, deadline_mono_ms, cancel, NULL, err);

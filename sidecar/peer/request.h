@@ -11,6 +11,7 @@
 #include "meta/metadata.h"
 #include "peer/pool.h"
 #include "peer/proto.h"
+#include "backend/backend.h"
 #include "base/types.h"
 #include "base/status.h"
 
@@ -42,6 +43,12 @@ int sc_peer_open_send(struct sc_peer_conn *conn, const uint8_t token[SC_TOKEN_LE
 		      uint64_t xfer_id, enum sc_op_kind peer_kind, uint64_t total,
 		      enum sc_backend_kind via,
 		      uint64_t deadline_mono_ms, const atomic_bool *cancel, struct sc_err *err);
+/* sc_peer_open_via and sc_peer_open_send for transfer x: its token, xfer_id, kind, total,
+ * deadline and cancel flag, and its trace id when the issuer reads OPEN extensions
+ * (x->meta->peer_features). */
+int sc_peer_open_xfer(struct sc_peer_conn *conn, const struct sc_xfer *x,
+		      enum sc_backend_kind via, struct sc_err *err);
+int sc_peer_open_xfer_send(struct sc_peer_conn *conn, const struct sc_xfer *x, struct sc_err *err);
 /* *refused (optional): the peer answered the OPEN with a refusal (nothing was opened); false when
  * the reply could not be read (then the OPEN may or may not have been accepted). */
 int sc_peer_open_recv(struct sc_peer_conn *conn, uint64_t deadline_mono_ms,

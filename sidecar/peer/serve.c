@@ -239,8 +239,18 @@ static int serve_open(struct conn *c, const struct sc_peer_msg *m, char *why, si
 	sc_err_clear(&err);
 	if (!ps_open_room(c, m, &err) ||
 	    sc_passive_open(&c->srv->passive, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind,
-			    c->peer_id, m->total, &err) != 0)
+			    c->peer_id, m->total, m->trace_id, &err) != 0) {
+		/* The passive side's refusal (used up, expired, wrong audience, unknown token): the
+		 * peer hears it too, and can send OPENs at will, so rate-limited. */
+		sc_log_kv_limited(SC_LOG_INFO, "peer", "peer-open-refused",
+				  &(struct sc_log_fields){.peer = c->peer_id,
+							  .bytes = m->total, .has_bytes = true,
+							  .code = sc_status_name(err.code),
+							  .trace_id = m->trace_id},
+				  "refused transfer %016" PRIx64 " of %s: %s", m->xfer_id, c->what,
+				  err.msg);
 		return reply_error(c, &err, why, why_cap);
+	}
 	enum sc_backend_kind via = sc_peer_via_backend(m->flags);
 	if (ps_track(c, m->token, m->xfer_id, (enum sc_op_kind)m->peer_kind, via) != 0) {
 		sc_passive_abandon(&c->srv->passive, m->token, m->xfer_id,
@@ -747,8 +757,10 @@ int ps_serve_one(struct conn *c, char *why, size_t why_cap)
 	    sc_peer_recv_msg_rb(c->fd, c->rb, c->buf, c->buf_cap, &m, &w, c->what, &err);
 	if (io != SC_PEER_IO_OK) {
 		if (io == SC_PEER_IO_PROTOCOL) /* the peer chose it: rate-limited */
-			SC_WARN_LIMITED("peer", "peer-protocol-error", "closing connection from %s: %s",
-					c->what, err.msg);
+			sc_log_kv_limited(SC_LOG_WARN, "peer", "peer-protocol-error",
+					  &(struct sc_log_fields){.peer = c->peer_id,
+								  .code = sc_status_name(err.code)},
+					  "closing connection from %s: %s", c->what, err.msg);
 		if (io == SC_PEER_IO_CANCELLED)
 			snprintf(why, why_cap, "sidecar \"%s\" is shutting down", srv->self_id);
 		else

@@ -18,6 +18,7 @@
 
 #include "base/log.h"
 #include "base/timer.h"
+#include "net/ifaddr.h"
 #include "net/listen.h"
 
 #include <errno.h>
@@ -35,6 +36,9 @@
 
 /* How often the accept thread looks for connections idle too long or without their hello. */
 #define SWEEP_MS 250
+/* How often it re-reads the address of --advertise if:NAME interfaces (tests may shorten it with
+ * SC_TEST_IF_CHECK_MS). */
+#define IF_CHECK_MS 1000
 
 static void format_addr(const struct sockaddr *sa, char *out, size_t cap)
 {
@@ -199,6 +203,55 @@ static void accept_one(struct sc_peer_server *srv, int listen_fd)
 	}
 }
 
+/* Publishes text as endpoint i's current value (the old one stays allocated until destroy). */
+static int set_endpoint(struct sc_peer_server *srv, size_t i, const char *text)
+{
+	struct ps_endpoint *e = calloc(1, sizeof(*e));
+	if (!e)
+		return -1;
+	snprintf(e->text, sizeof(e->text), "%s", text);
+	pthread_mutex_lock(&srv->mu);
+	e->next = srv->endpoints;
+	srv->endpoints = e;
+	pthread_mutex_unlock(&srv->mu);
+	atomic_store(&srv->endpoint[i], e);
+	return 0;
+}
+
+static bool join_hostport(char *out, size_t cap, const char *host, unsigned port);
+
+/* --advertise if:NAME: the interface's address now; a change is published (new metadata carries
+ * it; operations exposed before keep the address they were issued with), a lost interface or
+ * address keeps the last one and is said once. Accept thread. */
+static void follow_interfaces(struct sc_peer_server *srv)
+{
+	for (size_t i = 0; i < srv->n_listen; i++) {
+		if (!srv->adv_if[i][0])
+			continue;
+		char host[64], text[80];
+		struct sc_err err;
+		sc_err_clear(&err);
+		if (sc_ifaddr_lookup(srv->adv_if[i], host, sizeof(host), &err) != 0) {
+			if (!srv->if_missing[i])
+				SC_WARN("peer", "%s; peers are still told %s", err.msg,
+					atomic_load(&srv->endpoint[i])->text);
+			srv->if_missing[i] = true;
+			continue;
+		}
+		srv->if_missing[i] = false;
+		if (!join_hostport(text, sizeof(text), host, srv->bound_port[i]))
+			continue;
+		const char *old = atomic_load(&srv->endpoint[i])->text;
+		if (strcmp(old, text) == 0)
+			continue;
+		SC_INFO("peer",
+			"--advertise if:%s: the address changed, peers are now told %s (was %s)",
+			srv->adv_if[i], text, old);
+		if (set_endpoint(srv, i, text) != 0)
+			SC_WARN("peer", "out of memory following if:%s", srv->adv_if[i]);
+	}
+}
+
 static void *accept_main(void *arg)
 {
 	struct sc_peer_server *srv = arg;
@@ -233,6 +286,11 @@ static void *accept_main(void *arg)
 		if (now - srv->last_sweep_mono_ms >= SWEEP_MS) {
 			srv->last_sweep_mono_ms = now;
 			ps_sweep(srv);
+		}
+		if (now - srv->last_if_check_mono_ms >=
+		    sc_test_env_ms("SC_TEST_IF_CHECK_MS", IF_CHECK_MS)) {
+			srv->last_if_check_mono_ms = now;
+			follow_interfaces(srv);
 		}
 		for (size_t i = 0; n > 0 && i < srv->n_listen; i++)
 			if (pfd[1 + i].revents & POLLIN)
@@ -286,6 +344,18 @@ static int listen_one(struct sc_peer_server *srv, size_t i, const char *listen_t
 			  " port, or 0 for an ephemeral one", &srv->listen_fd[i], &bound, err) != 0)
 		return -1;
 	bool given = adv != NULL;
+	char if_host[64];
+	srv->bound_port[i] = bound;
+	if (adv && strncmp(adv, SC_IFADDR_PREFIX, strlen(SC_IFADDR_PREFIX)) == 0) {
+		const char *name = adv + strlen(SC_IFADDR_PREFIX);
+		if (!sc_ifname_valid(name))
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "--advertise %s: not a network interface name", adv);
+		if (sc_ifaddr_lookup(name, if_host, sizeof(if_host), err) != 0)
+			return -1;
+		snprintf(srv->adv_if[i], sizeof(srv->adv_if[i]), "%s", name);
+		adv = if_host;
+	}
 	if (!adv && is_wildcard(host)) {
 		SC_WARN("peer", "--data-listen %s listens on every address but peers are told "
 				"127.0.0.1: set --advertise to an address other hosts can reach "
@@ -293,13 +363,23 @@ static int listen_one(struct sc_peer_server *srv, size_t i, const char *listen_t
 			listen_text);
 		adv = "127.0.0.1";
 	}
-	if (!join_hostport(srv->endpoint[i], sizeof(srv->endpoint[i]), adv ? adv : host, bound))
-		return sc_err_set(err, SC_INVALID_ARGUMENT,
-				  "%s \"%s\" is too long for a data endpoint (at most %zu characters "
-				  "with the port)",
-				  given ? "--advertise" : "--data-listen host", adv ? adv : host,
-				  sizeof(srv->endpoint[i]) - 1);
-	SC_INFO("peer", "data listener on %s, advertised as %s", listen_text, srv->endpoint[i]);
+	char text[sizeof(((struct ps_endpoint *)0)->text)];
+	if (!join_hostport(text, sizeof(text), adv ? adv : host, bound))
+		return sc_err_set(
+		    err, SC_INVALID_ARGUMENT,
+		    "%s \"%s\" is too long for a data endpoint (at most %zu characters "
+		    "with the port)",
+		    given ? "--advertise" : "--data-listen host", adv ? adv : host,
+		    sizeof(text) - 1);
+	if (set_endpoint(srv, i, text) != 0)
+		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+	if (srv->adv_if[i][0])
+		SC_INFO("peer",
+			"data listener on %s, advertised as %s (the address of interface %s, "
+			"followed when it changes)",
+			listen_text, text, srv->adv_if[i]);
+	else
+		SC_INFO("peer", "data listener on %s, advertised as %s", listen_text, text);
 	return 0;
 }
 
@@ -427,10 +507,11 @@ int sc_peer_server_start(struct sc_peer_server *srv, struct sc_err *err)
 
 static int srv_open(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 		    enum sc_op_kind peer_kind, const char *peer_id, uint64_t total_bytes,
-		    struct sc_err *err)
+		    const char *trace_id, struct sc_err *err)
 {
 	struct sc_peer_server *srv = ctx;
-	return sc_passive_open(&srv->passive, token, xfer_id, peer_kind, peer_id, total_bytes, err);
+	return sc_passive_open(&srv->passive, token, xfer_id, peer_kind, peer_id, total_bytes,
+			       trace_id, err);
 }
 
 static void srv_set_backend(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
@@ -518,7 +599,7 @@ struct sc_passive sc_peer_server_passive(struct sc_peer_server *srv)
 
 const char *sc_peer_server_endpoint(const struct sc_peer_server *srv)
 {
-	return srv->endpoint[0];
+	return sc_peer_server_endpoint_at(srv, 0);
 }
 
 size_t sc_peer_server_n_endpoints(const struct sc_peer_server *srv)
@@ -528,7 +609,8 @@ size_t sc_peer_server_n_endpoints(const struct sc_peer_server *srv)
 
 const char *sc_peer_server_endpoint_at(const struct sc_peer_server *srv, size_t i)
 {
-	return i < srv->n_listen ? srv->endpoint[i] : "";
+	struct ps_endpoint *e = i < srv->n_listen ? atomic_load(&srv->endpoint[i]) : NULL;
+	return e ? e->text : "";
 }
 
 int sc_peer_server_set_handler(struct sc_peer_server *srv, enum sc_frame_type type,
@@ -628,6 +710,11 @@ void sc_peer_server_destroy(struct sc_peer_server *srv)
 		close(srv->wake_fd);
 	if (srv->spare_fd >= 0)
 		close(srv->spare_fd);
+	while (srv->endpoints) {
+		struct ps_endpoint *e = srv->endpoints;
+		srv->endpoints = e->next;
+		free(e);
+	}
 	pthread_cond_destroy(&srv->cv);
 	pthread_mutex_destroy(&srv->mu);
 	free(srv);

@@ -102,10 +102,17 @@ static void path_failed(struct tcp_xfer *tx, size_t path, const struct sc_err *e
 	sc_rail_set_state(&tb->base, rail, SC_RAIL_COOLING,
 			  "path to %s failed: %.120s; cooling down %u s, then probed", ep, err->msg,
 			  cool / 1000);
-	SC_WARN("tcp", "transfer %016" PRIx64 ": path to %s (rail %zu %s) failed: %s; %s, the path "
-		"cools down %u ms", tx->xr.x->xfer_id, ep, rail,
-		rail < tb->base.n_rails ? tb->base.rails[rail].name : "", err->msg,
-		left ? "its chunks move to the other paths" : "no path is left", cool);
+	const struct sc_xfer *x = tx->xr.x;
+	SC_WARN_KV("tcp",
+		   (&(struct sc_log_fields){.op = x->op_id, .peer = x->meta ? x->meta->issuer : NULL,
+					    .backend = "tcp",
+					    .rail = rail < tb->base.n_rails ? tb->base.rails[rail].name : ep,
+					    .code = sc_status_name(err->code),
+					    .trace_id = x->trace_id}),
+		   "transfer %016" PRIx64 ": path to %s (rail %zu %s) failed: %s; %s, the path "
+		   "cools down %u ms", x->xfer_id, ep, rail,
+		   rail < tb->base.n_rails ? tb->base.rails[rail].name : "", err->msg,
+		   left ? "its chunks move to the other paths" : "no path is left", cool);
 }
 
 /* A stream opened on path: a path that was cooling is healthy again (its probe worked). */
@@ -120,7 +127,10 @@ void tcp_path_works(struct tcp_xfer *tx, size_t path)
 		return;
 	size_t rail = tcp_rail_of(tb, path);
 	sc_rail_set_state(&tb->base, rail, SC_RAIL_UP, "path to %s is back (probed)", ep);
-	SC_INFO("tcp", "path to %s (rail %zu) works again after its cool-down", ep, rail);
+	SC_INFO_KV("tcp",
+		   (&(struct sc_log_fields){.backend = "tcp",
+					    .rail = rail < tb->base.n_rails ? tb->base.rails[rail].name : ep}),
+		   "path to %s (rail %zu) works again after its cool-down", ep, rail);
 }
 
 /* Why a failure is the path's (move its chunks to another) rather than the transfer's: the

@@ -80,7 +80,6 @@ struct sc_peer_conn *tcp_open_stream(struct tcp_xfer *tx, int slot, size_t path,
 				     bool pipelined, int *open_pending, struct sc_err *err)
 {
 	struct sc_xfer *x = tx->xr.x;
-	enum sc_op_kind peer_kind = x->kind == SC_OP_READ ? SC_OP_READ : SC_OP_WRITE;
 	/* A pooled connection whose peer went away unseen (its FIN lost in a partition, the peer
 	 * restarted on the same address) breaks on its first request: try the next one, then a
 	 * fresh dial; at most the pool's depth per endpoint plus one tries. */
@@ -94,10 +93,8 @@ struct sc_peer_conn *tcp_open_stream(struct tcp_xfer *tx, int slot, size_t path,
 		 * leader then starts over (restart_after_stale). */
 		bool pipe = pipelined;
 		if (set_conn(tx, slot, c) &&
-		    (pipe ? sc_peer_open_send(c, x->meta->token, x->xfer_id, peer_kind, x->total, 0,
-					      x->deadline_mono_ms, &x->cancel_requested, err)
-			  : sc_peer_open(c, x->meta->token, x->xfer_id, peer_kind, x->total,
-					 x->deadline_mono_ms, &x->cancel_requested, err)) == 0) {
+		    (pipe ? sc_peer_open_xfer_send(c, x, err)
+			  : sc_peer_open_xfer(c, x, SC_BACKEND_NONE, err)) == 0) {
 			*open_pending = pipe ? 1 : 0;
 			tcp_path_works(tx, path);
 			return c;

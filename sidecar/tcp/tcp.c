@@ -260,8 +260,11 @@ static void help(struct tcp_xfer *tx, int slot)
 static void run_task(struct sc_xr_task *t)
 {
 	struct task *task = container_of(t, struct task, t);
+	struct sc_xfer_log_scope scope;
+	sc_xfer_log_scope_enter(&scope, task->tx->xr.x, "tcp");
 	if (task->slot != 0) {
 		help(task->tx, task->slot);
+		sc_xfer_log_scope_leave(&scope);
 		return;
 	}
 	struct tcp_backend *tb = task->tx->tb;
@@ -269,6 +272,7 @@ static void run_task(struct sc_xr_task *t)
 	lead(task->tx); /* frees tx */
 	if (here)
 		atomic_fetch_sub(&tb->here_running, 1);
+	sc_xfer_log_scope_leave(&scope);
 }
 
 /* Whether a transfer may run on the thread that began it (see RUN_HERE_MAX_BYTES): one request

@@ -358,6 +358,15 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		write_seed(0, buf, n);
+		if (type == SC_FRAME_OPEN) { /* and with its trace id extension */
+			snprintf(m.trace_id, sizeof(m.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+			n = sc_peer_encode(&m, buf, sizeof(buf));
+			if (n == 0) {
+				fprintf(stderr, "cannot encode an OPEN seed with a trace id\n");
+				return 1;
+			}
+			write_seed(0, buf, n);
+		}
 	}
 	capture_hello();
 	printf("%d seeds in %s\n", seed_n, seed_dir);

@@ -9,7 +9,12 @@ volumes: /run/rdma-sidecar, /dev/shm, /tmp):
 - the daemon with the image's own environment (ENV of the Dockerfile, nothing added): health
   SERVING on the probe port :50053 (and the API refused there), GetInfo on the unix socket, the
   socket's mode; SIGTERM exits 0;
-- no compiler and no headers in the runtime image; OCI labels with version and commit;
+- GPU support compiled in (the image the gpu-rdma, dra, sriov and efa overlays run; no GPU needed to
+  see it): --help says "GPU memory: supported", and GetInfo's cuda_detail says the CUDA driver was
+  looked for at run time and not found here (no libcuda.so.1 in the image: the NVIDIA container
+  runtime mounts the node's), not "built without CUDA support";
+- no compiler and no headers in the runtime image (cuda.h stays in the build stage); OCI labels
+  with version and commit;
 - reports the build time and the image size.
 `podman run` cannot work in these sandboxes (setrlimit refused), hence chroot. Exits 77 (skipped)
 with the reason when podman/mmdebstrap/unshare are missing, the base cannot be bootstrapped (no
@@ -107,13 +112,17 @@ def inner(mnt, env, version):
     r = run(as_user + clean_env + ["/usr/local/bin/rdma-sidecar", "--help"])
     assert r.returncode == 0 and "--health-listen" in r.stdout and "--reflection" in r.stdout, r
     print("--version: rdma-sidecar %s; --help: %d lines" % (version, len(r.stdout.splitlines())))
+    gpu_line = next((l for l in r.stdout.splitlines() if l.startswith("GPU memory:")), None)
+    assert gpu_line and gpu_line.startswith("GPU memory: supported"), \
+        "the image was built without GPU support: %r (scripts/build-image.sh passes cuda.h)" % gpu_line
+    print("--help: " + gpu_line)
     # `man rdma-sidecar`: the help2man page (Dockerfile) and man-db (install-deps.sh --runtime)
     r = run(as_user + clean_env + ["PATH=/usr/bin:/bin", "MANPAGER=cat", "MANWIDTH=100", "/usr/bin/man", "rdma-sidecar"])
     assert r.returncode == 0 and "RDMA-SIDECAR(8)" in r.stdout and "--grpc-listen" in r.stdout, r
     print("man rdma-sidecar: %d lines" % len(r.stdout.splitlines()))
 
     # 3. no compiler, no headers
-    for p in ("usr/bin/gcc", "usr/bin/cc", "usr/bin/c++", "usr/bin/cpp", "usr/bin/cmake", "usr/bin/ld",
+    for p in ("opt/cuda", "usr/local/cuda", "usr/include/cuda.h", "usr/bin/gcc", "usr/bin/cc", "usr/bin/c++", "usr/bin/cpp", "usr/bin/cmake", "usr/bin/ld",
               "usr/bin/make", "usr/bin/protoc-c"):
         assert not os.path.lexists(os.path.join(root, p)), "the runtime image holds /" + p
     headers = run(["sh", "-c", "find %s/usr/include %s/usr/local/include -name '*.h' 2>/dev/null | head -5"
@@ -160,6 +169,12 @@ def inner(mnt, env, version):
         assert info.version == version, info
         assert "unix:" + SOCK in info.grpc_listeners, info.grpc_listeners
         assert any(e.endswith(":50052") for e in info.data_endpoints), info.data_endpoints
+        # GPU support compiled in: the driver was looked for (and is absent: no GPU runtime here).
+        assert "built without CUDA support" not in info.cuda_detail, info.cuda_detail
+        assert not info.cuda_available and info.cuda_detail.startswith("CUDA driver not found (dlopen libcuda.so.1"), \
+            info.cuda_detail
+        print("GetInfo: cuda_available false, cuda_detail %r (GPU support compiled in; no driver here)"
+              % info.cuda_detail)
         mode = os.stat(sock).st_mode & 0o777
         assert mode == 0o660, oct(mode)
         st = os.stat(os.path.dirname(sock))

@@ -186,14 +186,17 @@ class Sidecar:
 
 
 class NatsServer:
-    def __init__(self, workdir, port=None):
-        # A free port may be taken by someone else before nats-server binds it: retry.
+    def __init__(self, workdir, port=None, jetstream=True, extra=()):
+        # JetStream on (the sidecar's default --nats-handoff jetstream needs it), its store in the
+        # work dir. A free port may be taken by someone else before nats-server binds it: retry.
         for attempt in range(5):
             self.port = port or free_port()
             self.url = "nats://127.0.0.1:%d" % self.port
             self.log = open(os.path.join(workdir, "nats-%d.log" % self.port), "wb")
-            self.proc = subprocess.Popen([NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port)],
-                                         stdout=self.log, stderr=subprocess.STDOUT)
+            args = [NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port)]
+            if jetstream:
+                args += ["-js", "-sd", os.path.join(workdir, "js-%d" % self.port)]
+            self.proc = subprocess.Popen(args + list(extra), stdout=self.log, stderr=subprocess.STDOUT)
 
             def up():
                 if self.proc.poll() is not None:
@@ -267,8 +270,8 @@ class SidecarTest(unittest.TestCase):
         self._shms.append(s.shm)
         return s
 
-    def nats(self, port=None):
-        n = NatsServer(self.workdir, port)
+    def nats(self, port=None, jetstream=True, extra=()):
+        n = NatsServer(self.workdir, port, jetstream=jetstream, extra=extra)
         self._procs.append(n)
         return n
 

@@ -610,9 +610,20 @@ class CtlTest(SidecarTest):
         noise = os.urandom(region.size)
         a.fill(region, 0, noise)
         ro, descs = self.readable(a, region, [300000, 5])
-        libdir = os.path.dirname(pcdirs[0])
+        # Neither the example built with the .pc file (its RUNPATH) nor the installed ctl
+        # ($ORIGIN/../lib...) needs LD_LIBRARY_PATH or ldconfig to find the library.
+        bare = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+        r = subprocess.run([os.path.join(prefix, "bin", "rdma-sidecar-ctl"), "--sidecar", "unix:" + b.sock,
+                            "--json", "info"], capture_output=True, text=True, timeout=30 * SLOW, env=bare)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["sidecar_id"], "b")
+        ldd = subprocess.run(["ldd", os.path.join(prefix, "bin", "rdma-sidecar-ctl")], capture_output=True,
+                             text=True, env=bare, timeout=30).stdout
+        found = [ln.split("=>")[1].split()[0] for ln in ldd.splitlines() if "librdma-sidecar-client" in ln]
+        self.assertEqual([os.path.dirname(os.path.realpath(f)) for f in found],
+                         [os.path.realpath(os.path.dirname(pcdirs[0]))], ldd)
         r = subprocess.run([exe, "unix:" + b.sock, ro.metadata], capture_output=True, text=True,
-                           timeout=30 * SLOW, env=dict(os.environ, LD_LIBRARY_PATH=libdir))
+                           timeout=30 * SLOW, env=bare)
         self.assertEqual(r.returncode, 0, r.stderr)
         expect = b"".join(noise[d.offset:d.offset + d.length] for d in descs)
         self.assertEqual(r.stdout.strip(), "read %d bytes over tcp, fnv1a %016x" % (len(expect), fnv1a(expect)))

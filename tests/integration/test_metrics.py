@@ -3,15 +3,21 @@
 test_metrics_promtool.py runs promtool and checks the histograms and rejection counters), exact
 counters after a LOCAL
 transfer and a cancelled operation, gauges while a transfer hangs during a drain, /healthz, 404 and
-405, IPv6, and a port in use as a start-up error (exit 2)."""
+405, IPv6, and a port in use as a start-up error (exit 2); the standard process_* and grpc_server_*
+families (calls counted by method and code, exactly, an unknown method and a stream the client
+left included), NATS state and reconnects (a nats-server stopped and started again), and histogram
+bounds as plain decimals (le="10", never "1e+01")."""
 import os
 import re
 import signal
 import socket
 import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.request
+
+import grpc
 
 from harness import BINARY, SLOW, SidecarTest, desc, free_port, main, pb, wait_until
 
@@ -59,12 +65,16 @@ class MetricsTest(SidecarTest):
             m = SAMPLE.match(line)
             self.assertTrue(m, "not a sample line: %r" % line)
             name, labels, value = m.groups()
-            self.assertTrue(name.startswith("rdma_sidecar_"), line)
+            # The sidecar's own families, and the standard ones operators' dashboards expect.
+            self.assertTrue(name.startswith(("rdma_sidecar_", "process_", "grpc_server_")), line)
             self.assertIn(name, typed, "sample without HELP/TYPE: " + line)
             if typed[name] == "counter":
                 self.assertTrue(name.endswith("_total"), line)
             pairs = LABEL.findall(labels or "")
             self.assertEqual("".join('%s="%s",' % p for p in pairs).rstrip(","), labels or "", line)
+            for lname, lval in pairs:
+                if lname == "le":  # Prometheus' own form: a plain decimal or +Inf, no exponent
+                    self.assertRegex(lval, r"^(\+Inf|[0-9]+(\.[0-9]+)?)$", line)
             k = (name, tuple(sorted(pairs)))
             self.assertNotIn(k, samples, "duplicate sample: " + line)
             samples[k] = float(value)
@@ -174,6 +184,104 @@ class MetricsTest(SidecarTest):
         finished = sum(v for (n, _), v in m.items() if n == "rdma_sidecar_operations_total")
         live = sum(v for (n, _), v in m.items() if n == "rdma_sidecar_live_operations")
         self.assertEqual((created, finished, live), (3, 2, 1))
+
+    def test_process_grpc_and_nats_families(self):
+        before = time.time()
+        s, port = self.metrics_sidecar("fam")
+        t0 = time.time()
+        m = self.scrape(port)
+        # process_*: this very process (btime has whole seconds: 2 s of slack).
+        self.assertGreater(m[key("process_start_time_seconds")], before - 2)
+        self.assertLess(m[key("process_start_time_seconds")], t0 + 2)
+        self.assertGreater(m[key("process_resident_memory_bytes")], 1 << 20)
+        self.assertGreaterEqual(m[key("process_virtual_memory_bytes")], m[key("process_resident_memory_bytes")])
+        fds = len(os.listdir("/proc/%d/fd" % s.proc.pid))
+        self.assertLess(abs(m[key("process_open_fds")] - fds), 8)
+        with open("/proc/%d/limits" % s.proc.pid) as f:
+            soft = int(re.search(r"Max open files\s+(\d+)", f.read()).group(1))
+        self.assertEqual(m[key("process_max_fds")], soft)
+        self.assertGreaterEqual(m[key("process_cpu_seconds_total")], 0)
+        self.assertGreater(m[key("process_threads")], 2)
+        self.assertEqual(m[key("rdma_sidecar_nats_connection_state", state="disabled")], 1)
+        self.assertEqual(m[key("rdma_sidecar_nats_connection_state", state="connected")], 0)
+        for op in ("setup", "store", "read"):
+            self.assertEqual(m[key("rdma_sidecar_nats_jetstream_errors_total", op=op)], 0)
+
+        def labels(method, svc="rdma_sidecar.v1.Sidecar", kind="unary"):
+            return dict(grpc_service=svc, grpc_method=method, grpc_type=kind)
+        # Every method listed from the start; GetInfo and Health/Check were called at start-up.
+        self.assertEqual(m[key("grpc_server_started_total", **labels("BeginWrite"))], 0)
+        self.assertEqual(m[key("grpc_server_started_total", **labels("WatchOperation", kind="server_stream"))], 0)
+        self.assertEqual(m[key("grpc_server_started_total", **labels("WriteRegion", kind="client_stream"))], 0)
+        # A call is counted handled when its last reference goes, which can be just after the
+        # client has its answer: wait until the start-up calls are all counted.
+        def settled(extra=0, getop=0):
+            m = self.scrape(port)
+            started = m.get(key("grpc_server_started_total", **labels("GetInfo")), 0)
+            handled = m.get(key("grpc_server_handled_total", grpc_code="OK", **labels("GetInfo")), 0)
+            nf = m.get(key("grpc_server_handled_total", grpc_code="NOT_FOUND", **labels("GetOperation")), 0)
+            return started > extra and handled == started and nf == getop
+        wait_until(settled, 10 * SLOW, "the start-up GetInfo calls to be counted handled")
+        m = self.scrape(port)
+        info0 = m[key("grpc_server_handled_total", grpc_code="OK", **labels("GetInfo"))]
+        for _ in range(3):
+            s.info()
+        for _ in range(2):
+            self.assertRpcError(grpc.StatusCode.NOT_FOUND, s.stub.GetOperation,
+                                pb.GetOperationRequest(operation_id="no-such-op"), timeout=10 * SLOW)
+        unknown = s.channel.unary_unary("/rdma_sidecar.v1.Sidecar/NoSuchMethod")
+        self.assertRpcError(grpc.StatusCode.UNIMPLEMENTED, unknown, b"", timeout=10 * SLOW)
+        # A server stream the client leaves: counted CANCELLED once the call is over.
+        r = s.create_region(4096)
+        ro = s.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(r, 0, 4096)]), timeout=10 * SLOW)
+        stream = s.stub.WatchOperation(pb.WatchOperationRequest(operation_id=ro.operation_id), timeout=30 * SLOW)
+        next(stream)
+        stream.cancel()
+        def watch_done():
+            return self.scrape(port).get(key("grpc_server_handled_total", grpc_code="CANCELLED",
+                                             **labels("WatchOperation", kind="server_stream")), 0) == 1
+        wait_until(watch_done, 10 * SLOW, "the cancelled WatchOperation to be counted")
+        wait_until(lambda: settled(info0 + 2, 2), 10 * SLOW, "the GetInfo and GetOperation calls to be counted")
+        m = self.scrape(port)
+        self.assertEqual(m[key("grpc_server_handled_total", grpc_code="OK", **labels("GetInfo"))], info0 + 3)
+        self.assertEqual(m[key("grpc_server_started_total", **labels("GetInfo"))], info0 + 3)
+        self.assertEqual(m[key("grpc_server_started_total", **labels("GetOperation"))], 2)
+        self.assertEqual(m[key("grpc_server_handled_total", grpc_code="NOT_FOUND", **labels("GetOperation"))], 2)
+        self.assertNotIn(key("grpc_server_handled_total", grpc_code="OK", **labels("GetOperation")), m)
+        unk = dict(grpc_service="unknown", grpc_method="unknown", grpc_type="unknown")
+        self.assertEqual(m[key("grpc_server_started_total", **unk)], 1)
+        self.assertEqual(m[key("grpc_server_handled_total", grpc_code="UNIMPLEMENTED", **unk)], 1)
+        # The handling-time histogram of GetOperation: two calls, each under the time the test took.
+        self.assertEqual(m[key("grpc_server_handling_seconds_count", **labels("GetOperation"))], 2)
+        self.assertEqual(m[key("grpc_server_handling_seconds_bucket", le="+Inf", **labels("GetOperation"))], 2)
+        self.assertEqual(m[key("grpc_server_handling_seconds_bucket", le="300", **labels("GetOperation"))], 2)
+        self.assertLess(m[key("grpc_server_handling_seconds_sum", **labels("GetOperation"))], time.time() - t0)
+        self.assertIn(key("grpc_server_handling_seconds_bucket", le="0.005", **labels("GetOperation")), m)
+        # The fast-path histogram exists (at zero) without a run.
+        self.assertEqual(m[key("rdma_sidecar_fast_path_run_duration_seconds_count")], 0)
+        self.assertEqual(m[key("rdma_sidecar_fast_path_run_duration_seconds_bucket", le="0.000005")], 0)
+
+    def test_nats_state_and_reconnects(self):
+        nats = self.nats()
+        s, port = self.metrics_sidecar("natsy", nats_url=nats.url)
+
+        def state():
+            m = self.scrape(port)
+            on = [k[1][0][1] for k, v in m.items() if k[0] == "rdma_sidecar_nats_connection_state" and v == 1]
+            self.assertEqual(len(on), 1, on)
+            return on[0], m
+        wait_until(lambda: state()[0] == "connected", 10 * SLOW, "NATS connected")
+        st, m = state()
+        self.assertEqual(m[key("rdma_sidecar_nats_reconnects_total")], 0)
+        out0 = m[key("rdma_sidecar_nats_messages_total", direction="out")]
+        nats.stop()
+        wait_until(lambda: state()[0] == "reconnecting", 10 * SLOW, "NATS reconnecting")
+        again = self.nats(port=nats.port)  # the same address: the sidecar finds it again
+        wait_until(lambda: state()[0] == "connected", 20 * SLOW, "NATS connected again")
+        st, m = state()
+        self.assertEqual(m[key("rdma_sidecar_nats_reconnects_total")], 1)
+        self.assertGreaterEqual(m[key("rdma_sidecar_nats_messages_total", direction="out")], out0)
+        again.stop()
 
     def test_http_paths_and_methods(self):
         s, port = self.metrics_sidecar("solo")

@@ -117,7 +117,10 @@ class NatsClusterTest(SidecarTest):
         self.subject = "cluster.%d" % os.getpid()
 
     def start(self, name):
-        s = self.sidecar(name, key_file=self.keys, nats_url=self.urls, tcp=False)
+        # Core NATS: this test is about its semantics (queue groups, reconnects, what is lost);
+        # the JetStream hand-off on a cluster is test_nats_jetstream.py's.
+        s = self.sidecar(name, key_file=self.keys, nats_url=self.urls, tcp=False,
+                         extra=["--nats-handoff", "core"])
         wait_until(lambda: s.info().nats_state == "connected", 15, "%s to connect to NATS" % name)
         return s
 

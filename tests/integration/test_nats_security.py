@@ -87,11 +87,16 @@ def operator_setup(workdir):
     op_jwt = jwt(op, op, "op", {"type": "operator", "version": 2})
     acc_jwt = jwt(op, acc, "acc", {"type": "account", "version": 2,
                                    "limits": {"subs": -1, "data": -1, "payload": -1, "imports": -1,
-                                              "exports": -1, "wildcards": True, "conn": -1, "leaf": -1}})
+                                              "exports": -1, "wildcards": True, "conn": -1, "leaf": -1,
+                                              "mem_storage": -1, "disk_storage": -1, "streams": -1,
+                                              "consumer": -1}})
+    # JetStream (the sidecar's default hand-off) needs a system account in operator mode.
+    sys_acc = NKey(workdir, "sys-account", ACCOUNT)
+    sys_jwt = jwt(op, sys_acc, "SYS", {"type": "account", "version": 2})
     conf = os.path.join(workdir, "nats-operator.conf")
     with open(conf, "w") as f:
-        f.write('operator: "%s"\nresolver: MEMORY\nresolver_preload: {\n  %s: "%s"\n}\n'
-                % (op_jwt, acc.pub, acc_jwt))
+        f.write('operator: "%s"\nsystem_account: %s\nresolver: MEMORY\nresolver_preload: {\n  %s: "%s"\n'
+                '  %s: "%s"\n}\n' % (op_jwt, sys_acc.pub, acc.pub, acc_jwt, sys_acc.pub, sys_jwt))
     return conf, acc
 
 
@@ -121,7 +126,10 @@ class Nats:
         self.port = free_port()
         self.url = "nats://127.0.0.1:%d" % self.port
         self.log = open(os.path.join(workdir, "nats-%d.log" % self.port), "wb")
-        self.proc = subprocess.Popen([NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port)] + args,
+        # With JetStream: the sidecar's default hand-off keeps metadata there, through the same
+        # TLS and credentials.
+        js = ["-js", "-sd", os.path.join(workdir, "js-%d" % self.port)]
+        self.proc = subprocess.Popen([NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port)] + js + args,
                                      stdout=self.log, stderr=subprocess.STDOUT)
 
         def up():

@@ -10,7 +10,12 @@
 //     IntOrString, arrays, maps, nested objects); built-in kinds only;
 //  2. kubernetes-models' JSON-schema validators (ajv, from the same OpenAPI documents, and the
 //     Prometheus Operator CRDs for PodMonitor, cert-manager's for Issuer and Certificate): required
-//     fields, enums, formats, types.
+//     fields, enums, formats, types;
+//  3. for the kinds no npm package has a schema for, a JSON schema of our own in
+//     tests/k8s/schemas/<group>/<version>/<Kind>.json (ajv, strict: Multus'
+//     NetworkAttachmentDefinition, whose spec.config must also be a CNI configuration: the
+//     "jsonContent" keyword parses a JSON string and validates it), with the object's metadata
+//     checked against the Kubernetes ObjectMeta type as in 1.
 // Prints one line per error and exits 1, or a summary line and exits 0.
 import { createRequire } from "node:module";
 import { readFileSync } from "node:fs";
@@ -26,6 +31,46 @@ const versions = { "kubernetes-models": require("kubernetes-models/package.json"
                    "@kubernetes/client-node": require("@kubernetes/client-node/package.json").version };
 
 const errors = [];
+
+// Our own schemas (3.), compiled on first use.
+const Ajv = require("ajv");
+const ajv = new Ajv({ allErrors: true, strict: false });
+ajv.addKeyword({
+  keyword: "jsonContent",
+  type: "string",
+  compile(schema) {
+    const inner = ajv.compile(schema);
+    const check = (data) => {
+      let parsed;
+      try {
+        parsed = JSON.parse(data);
+      } catch (e) {
+        check.errors = [{ message: `is not JSON: ${e.message}` }];
+        return false;
+      }
+      if (inner(parsed)) return true;
+      check.errors = inner.errors.map((e) => ({ params: e.params, message: `(its JSON) ${e.instancePath || "/"} ${e.message}` }));
+      return false;
+    };
+    return check;
+  },
+});
+const schemaDir = path.join(path.dirname(new URL(import.meta.url).pathname), "schemas");
+const localValidators = new Map();
+function localSchema(apiVersion, kind) {
+  const key = `${apiVersion} ${kind}`;
+  if (!localValidators.has(key)) {
+    const file = path.join(schemaDir, ...apiVersion.split("/"), kind + ".json");
+    let v = null;
+    try {
+      v = ajv.compile(JSON.parse(readFileSync(file, "utf8")));
+    } catch (e) {
+      if (e.code !== "ENOENT") throw e;
+    }
+    localValidators.set(key, v);
+  }
+  return localValidators.get(key);
+}
 
 function typeName(v) {
   return Array.isArray(v) ? "array" : v === null ? "null" : typeof v;
@@ -111,6 +156,17 @@ for (const file of process.argv.slice(2)) {
     if (builtIn) {
       if (!models[modelName]) errors.push(`${id}: ${obj.apiVersion} ${obj.kind} is not a Kubernetes ${versions["@kubernetes/client-node"]} API type`);
       else walk(obj, modelName, id);
+    }
+    const own = builtIn ? null : localSchema(obj.apiVersion, obj.kind);
+    if (own) {
+      if (!own(obj)) {
+        for (const e of own.errors) {
+          const extra = e.params && e.params.additionalProperty ? `: "${e.params.additionalProperty}"` : "";
+          errors.push(`${id}: ${e.instancePath || "/"} ${e.message}${extra}`);
+        }
+      }
+      if (obj.metadata !== undefined) walk(obj.metadata, "V1ObjectMeta", `${id}.metadata`);
+      continue;
     }
     const Cls = await kmClass(obj.apiVersion, obj.kind);
     if (!Cls) {

@@ -388,6 +388,32 @@ TEST(reflection_flag)
 	EXPECT_ERROR(no_env, "unknown option --no-such", "--no-such");
 }
 
+TEST(nats_handoff_flags)
+{
+	struct sc_config c;
+	/* JetStream by default; core only when asked for; the stream name and replicas pass. */
+	CHECK_INT_EQ(sc_config_parse(&c, 1, no_args, no_env, NULL), SC_CONFIG_OK);
+	CHECK(!c.nats_handoff_core);
+	CHECK(c.nats_stream == NULL);
+	CHECK_INT_EQ(c.nats_stream_replicas, 0);
+	sc_config_free(&c);
+	EXPECT_OK(&c, no_env, "--nats-handoff", "core", "--nats-stream", "MD", "--nats-stream-replicas",
+		  "3");
+	CHECK(c.nats_handoff_core);
+	CHECK_STR_EQ(c.nats_stream, "MD");
+	CHECK_INT_EQ(c.nats_stream_replicas, 3);
+	sc_config_free(&c);
+	CHECK_INT_EQ(sc_config_parse(&c, 1, no_args, ENVP("RDMA_SIDECAR_NATS_HANDOFF=core"), NULL),
+		     SC_CONFIG_OK);
+	CHECK(c.nats_handoff_core);
+	sc_config_free(&c);
+	EXPECT_OK(&c, ENVP("RDMA_SIDECAR_NATS_HANDOFF=core"), "--nats-handoff=jetstream");
+	CHECK(!c.nats_handoff_core);
+	sc_config_free(&c);
+	EXPECT_ERROR(no_env, "--nats-handoff \"kv\": expected jetstream or core", "--nats-handoff=kv");
+	EXPECT_ERROR(no_env, "--nats-stream-replicas", "--nats-stream-replicas=6");
+}
+
 TEST(env_empty_is_unset_and_strangers_ignored)
 {
 	struct sc_config c;
@@ -767,6 +793,17 @@ TEST(error_other_values)
 		     "--data-listen", "a:1,b:2,c:3,d:4,e:5");
 	EXPECT_ERROR(no_env, "--data-listen \"b\": missing port", "--data-listen", "a:1,b");
 	EXPECT_ERROR(no_env, "--advertise \"a b\": expected a hostname", "--advertise", "x,a b");
+	/* if:NAME: an interface, resolved by the data listener (net/ifaddr.c); here the name's
+	 * syntax */
+	EXPECT_OK(&c, no_env, "--data-listen", "0.0.0.0:7000,0.0.0.0:7001", "--advertise",
+		  "if:net1,10.0.1.1");
+	CHECK_STR_EQ(c.advertise, "if:net1,10.0.1.1");
+	sc_config_free(&c);
+	EXPECT_ERROR(no_env, "--advertise \"if:\": expected if:NAME with a network interface name",
+		     "--advertise", "if:");
+	EXPECT_ERROR(no_env, "--advertise \"if:a/b\": expected if:NAME", "--advertise", "if:a/b");
+	EXPECT_ERROR(no_env, "--advertise \"if:0123456789abcdef\": expected if:NAME", "--advertise",
+		     "if:0123456789abcdef");
 }
 
 TEST(nats_url)
@@ -975,9 +1012,9 @@ TEST(usage_documents_every_option)
 	/* 47 + --reflection + --cancel-wait + --max-progress-records + --progress-grace + 3
 	 * identity/reload flags + --ib-devices + --warm-peers + --ib-stall-timeout +
 	 * --data-max-peers + --ib-stripe-min + --ib-slice-size + --ib-max-qps + --data-io-threads +
-	 * --data-first-byte-timeout + 6 --ofi-* (provider, domains, max-peers, stripe-min, hmem,
-	 * stall-timeout) */
-	CHECK_INT_EQ(options, 71);
+	 * --data-first-byte-timeout + --nats-handoff, --nats-stream, --nats-stream-replicas + 6 --ofi-*
+	 * (provider, domains, max-peers, stripe-min, hmem, stall-timeout) */
+	CHECK_INT_EQ(options, 74);
 }
 
 /* ---- free ---- */
@@ -1443,7 +1480,7 @@ TEST(identity_and_reload_flags)
 RUN_TESTS(T(defaults), T(default_id_is_host_dash_6_hex), T(every_flag_space_form),
 	  T(every_flag_equals_form), T(equals_value_may_contain_equals_and_be_empty),
 	  T(short_and_double_dash_end), T(env_twins), T(env_twins_numbers), T(env_log_json_values),
-	  T(reflection_flag), T(env_empty_is_unset_and_strangers_ignored), T(flag_beats_env),
+	  T(reflection_flag), T(nats_handoff_flags), T(env_empty_is_unset_and_strangers_ignored), T(flag_beats_env),
 	  T(last_flag_wins_for_single_values), T(grpc_listen_flag_replaces_default_then_appends),
 	  T(grpc_listen_flag_replaces_env_list), T(grpc_listen_at_most_8),
 	  T(grpc_listen_address_forms), T(listener_security_flags), T(error_unknown_option),

@@ -6,10 +6,16 @@
  * Exit 77 (skipped) when /usr/sbin/nats-server is missing.
  */
 #include "nats/client.h"
+#include "nats/store.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -109,12 +115,16 @@ static bool port_accepts(int port)
 	return ok;
 }
 
-/* Start nats-server on 127.0.0.1:port and wait until it accepts. Returns its pid or -1. */
-static pid_t start_server(int port)
+/* Start nats-server on 127.0.0.1:port (with JetStream storing in js_dir unless NULL) and wait
+ * until it accepts. Returns its pid or -1. */
+static pid_t start_server_js(int port, const char *js_dir)
 {
 	char port_s[16];
 	snprintf(port_s, sizeof(port_s), "%d", port);
-	char *const argv[] = {NATS_SERVER, "-a", "127.0.0.1", "-p", port_s, NULL};
+	char *const plain[] = {NATS_SERVER, "-a", "127.0.0.1", "-p", port_s, NULL};
+	char *const js[] = {NATS_SERVER, "-a", "127.0.0.1", "-p", port_s, "-js", "-sd", (char *)js_dir,
+			    NULL};
+	char *const *argv = js_dir ? js : plain;
 	pid_t parent = getpid();
 	pid_t pid = fork();
 	if (pid < 0)
@@ -153,6 +163,19 @@ static pid_t start_server(int port)
 	}
 	kill_server(pid);
 	return -1;
+}
+
+static pid_t start_server(int port)
+{
+	return start_server_js(port, NULL);
+}
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(path);
 }
 
 /* ---- receivers, observers, a publishing thread ------------------------------------------------
@@ -308,6 +331,8 @@ struct fix {
 	struct rx rx[NBUS];
 	struct observer obs[2];
 	struct pumper pump;
+	struct sc_nats_store *store; /* destroyed before the buses */
+	char js_dir[64];	     /* JetStream's store directory, removed at cleanup */
 };
 
 static void fix_init(struct fix *f)
@@ -324,12 +349,16 @@ static void fix_init(struct fix *f)
 static void fix_cleanup(struct fix *f)
 {
 	pump_stop(&f->pump);
+	sc_nats_store_destroy(f->store);
+	f->store = NULL;
 	for (int i = 0; i < NBUS; i++) {
 		sc_nats_bus_destroy(f->bus[i]);
 		f->bus[i] = NULL;
 	}
 	kill_server(f->server);
 	f->server = 0;
+	if (f->js_dir[0])
+		nftw(f->js_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 	for (int i = 0; i < NBUS; i++) {
 		for (int j = 0; j < RX_MAX; j++)
 			free(f->rx[i].msgs[j].data);
@@ -793,6 +822,78 @@ FIX_TEST(destroy_with_live_subscriptions)
 }
 
 /* Last: nats.c cannot be reopened in this process afterwards. */
+/* ---- the JetStream store (nats/store.c) -------------------------------------------------------
+ */
+
+static void store_rx_fn(void *ctx, const char *subject, const void *data, size_t len, uint64_t seq)
+{
+	(void)seq;
+	rx_fn(ctx, subject, data, len);
+}
+
+#define STORE_PUT(st, subject, text, seqp)                                                          \
+	do {                                                                                       \
+		struct sc_err e_ = {0};                                                            \
+		if (sc_nats_store_put((st), (subject), (text), strlen(text), (seqp), &e_) != 0)    \
+			CHECK_FAIL_("store put %s: %s", (subject), e_.msg);                        \
+	} while (0)
+
+FIX_TEST(store_keeps_the_latest_per_subject)
+{
+	snprintf(f->js_dir, sizeof(f->js_dir), "/tmp/sc-ut-js-XXXXXX");
+	CHECK(mkdtemp(f->js_dir) != NULL);
+	CHECK(f->port > 0);
+	f->server = start_server_js(f->port, f->js_dir);
+	CHECK(f->server > 0);
+	struct sc_nats_bus_opts o = fast_opts(NULL);
+	CREATE(f, 0, &o);
+	struct sc_err e = {0};
+	struct sc_nats_store *bad = NULL;
+	struct sc_nats_store_opts bo = {.stream = "a.b"};
+	CHECK_INT_EQ(sc_nats_store_create(f->bus[0], &bo, &bad, &e), -1);
+	CHECK_INT_EQ(e.code, SC_INVALID_ARGUMENT);
+	CHECK_STR_CONTAINS(e.msg, "may not hold '.'");
+	CHECK(bad == NULL);
+	struct sc_nats_store_opts so = {.stream = "UT_STORE"};
+	CHECK_INT_EQ(sc_nats_store_create(f->bus[0], &so, &f->store, &e), 0);
+	CHECK_STR_EQ(sc_nats_store_stream(f->store), "UT_STORE");
+	uint64_t s1 = 0, s2 = 0, s3 = 0, s4 = 0;
+	STORE_PUT(f->store, "ut.a", "one", &s1);
+	STORE_PUT(f->store, "ut.a", "two", &s2); /* replaces "one" */
+	STORE_PUT(f->store, "ut.b", "three", &s3);
+	CHECK(s1 > 0 && s1 < s2 && s2 < s3);
+	/* A watch that starts afterwards gets the latest of each subject, then what comes. */
+	uint64_t id = 0;
+	CHECK_INT_EQ(sc_nats_store_watch(f->store, "ut.>", store_rx_fn, &f->rx[0], &id, &e), 0);
+	STORE_PUT(f->store, "ut.c", "end", &s4);
+	WAIT_UNTIL(rx_has(&f->rx[0], "end"), WAIT_MS); /* stream order: everything before is in */
+	CHECK_INT_EQ(atomic_load(&f->rx[0].count), 3);
+	CHECK(rx_has(&f->rx[0], "two") && rx_has(&f->rx[0], "three") && !rx_has(&f->rx[0], "one"));
+	CHECK_STR_EQ(f->rx[0].msgs[0].subject, "ut.a"); /* the root is stripped */
+	sc_nats_bus_unsubscribe(f->bus[0], id);
+	/* Wildcards are for watching only. */
+	CHECK_INT_EQ(sc_nats_store_put(f->store, "ut.*", "x", 1, NULL, &e), -1);
+	CHECK_INT_EQ(e.code, SC_INVALID_ARGUMENT);
+}
+
+FIX_TEST(store_without_jetstream_says_what_to_enable)
+{
+	START_SERVER(f);
+	struct sc_nats_bus_opts o = fast_opts(NULL);
+	CREATE(f, 0, &o);
+	struct sc_err e = {0};
+	CHECK_INT_EQ(sc_nats_store_create(f->bus[0], NULL, &f->store, &e), 0);
+	CHECK_INT_EQ(sc_nats_store_put(f->store, "ut.x", "x", 1, NULL, &e), -1);
+	CHECK_INT_EQ(e.code, SC_FAILED_PRECONDITION);
+	CHECK_STR_CONTAINS(e.msg, "publish to ut.x: nothing was stored: the NATS server has no "
+				  "JetStream");
+	CHECK_STR_CONTAINS(e.msg, "-js");
+	uint64_t id = 0;
+	CHECK_INT_EQ(sc_nats_store_watch(f->store, "ut.x", store_rx_fn, &f->rx[0], &id, &e), -1);
+	CHECK_INT_EQ(e.code, SC_FAILED_PRECONDITION);
+	CHECK_STR_CONTAINS(e.msg, "wait on ut.x: nothing can be received");
+}
+
 TEST(library_shutdown)
 {
 	sc_nats_bus_library_shutdown();
@@ -806,4 +907,5 @@ TEST(library_shutdown)
 
 RUN_TESTS(T(round_trip_binary), T(queue_group_delivers_once), T(unsubscribe_is_synchronous),
 	  T(bad_arguments), T(connects_when_server_starts_later), T(survives_server_restart),
-	  T(destroy_with_live_subscriptions), T(library_shutdown))
+	  T(destroy_with_live_subscriptions), T(store_keeps_the_latest_per_subject),
+	  T(store_without_jetstream_says_what_to_enable), T(library_shutdown))

@@ -328,8 +328,63 @@ TEST(decode_rejects_truncated_and_padded_bodies)
 		struct sc_err err;
 		if (sc_peer_decode_body(t, buf + SC_PEER_HDR_LEN, body + 1, &out, &err) == 0)
 			CHECK_FAIL_("%s accepted with a trailing byte", sc_frame_type_name(t));
-		CHECK_STR_CONTAINS(err.msg, "trailing");
+		/* OPEN reads what follows its fixed fields as extensions: one byte is a cut one */
+		CHECK_STR_CONTAINS(err.msg, t == SC_FRAME_OPEN ? "bad extension" : "trailing");
 	}
+}
+
+TEST(open_extensions_trace_id_and_unknown_tags)
+{
+	uint8_t buf[1024];
+	struct sc_peer_msg in, out;
+	struct sc_err err;
+	size_t plain = encode_sample(SC_FRAME_OPEN, buf, sizeof(buf), &in);
+	/* The trace id: 16 bytes after the fixed fields, tag 1, and back as lowercase hex. */
+	snprintf(in.trace_id, sizeof(in.trace_id), "%s", "0af7651916cd43dd8448eb211c80319c");
+	size_t n = sc_peer_encode(&in, buf, sizeof(buf));
+	CHECK_U64_EQ(n, plain + 18);
+	CHECK_INT_EQ(buf[plain], SC_PEER_OPEN_EXT_TRACE);
+	CHECK_INT_EQ(buf[plain + 1], 16);
+	CHECK_INT_EQ(buf[plain + 2], 0x0a);
+	CHECK_INT_EQ(buf[plain + 17], 0x9c);
+	CHECK_INT_EQ(sc_peer_decode_body(SC_FRAME_OPEN, buf + 8, n - 8, &out, &err), 0);
+	CHECK_STR_EQ(out.trace_id, in.trace_id);
+	CHECK_U64_EQ(out.total, in.total);
+	/* Without one the frame is the old OPEN, byte for byte; decoded, no trace id. */
+	in.trace_id[0] = '\0';
+	CHECK_U64_EQ(sc_peer_encode(&in, buf, sizeof(buf)), plain);
+	CHECK_INT_EQ(sc_peer_decode_body(SC_FRAME_OPEN, buf + 8, plain - 8, &out, &err), 0);
+	CHECK_STR_EQ(out.trace_id, "");
+	/* A trace id that is not 32 hex digits is not encoded. */
+	snprintf(in.trace_id, sizeof(in.trace_id), "%s", "not-a-trace-id");
+	CHECK_U64_EQ(sc_peer_encode(&in, buf, sizeof(buf)), 0);
+
+	/* An unknown tag (a later release's) is skipped, before and after the trace id. */
+	in.trace_id[0] = '\0';
+	n = sc_peer_encode(&in, buf, sizeof(buf));
+	const uint8_t more[] = {200, 3, 'x', 'y', 'z', SC_PEER_OPEN_EXT_TRACE, 16,
+				0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6,
+				0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36, 201, 0};
+	memcpy(buf + n, more, sizeof(more));
+	CHECK_INT_EQ(sc_peer_decode_body(SC_FRAME_OPEN, buf + 8, n - 8 + sizeof(more), &out, &err),
+		     0);
+	CHECK_STR_EQ(out.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+	/* A trace extension of another length, or one cut short, is a protocol error. */
+	const uint8_t short_trace[] = {SC_PEER_OPEN_EXT_TRACE, 8, 1, 2, 3, 4, 5, 6, 7, 8};
+	memcpy(buf + n, short_trace, sizeof(short_trace));
+	CHECK(sc_peer_decode_body(SC_FRAME_OPEN, buf + 8, n - 8 + sizeof(short_trace), &out,
+				  &err) != 0);
+	CHECK_STR_CONTAINS(err.msg, "trace id");
+	const uint8_t cut[] = {SC_PEER_OPEN_EXT_TRACE, 16, 1, 2};
+	memcpy(buf + n, cut, sizeof(cut));
+	CHECK(sc_peer_decode_body(SC_FRAME_OPEN, buf + 8, n - 8 + sizeof(cut), &out, &err) != 0);
+	CHECK_INT_EQ(err.code, SC_INVALID_ARGUMENT);
+	/* All zeros is no trace (W3C: invalid). */
+	uint8_t zeros[18] = {SC_PEER_OPEN_EXT_TRACE, 16};
+	memcpy(buf + n, zeros, sizeof(zeros));
+	CHECK_INT_EQ(sc_peer_decode_body(SC_FRAME_OPEN, buf + 8, n - 8 + sizeof(zeros), &out, &err),
+		     0);
+	CHECK_STR_EQ(out.trace_id, "");
 }
 
 TEST(decode_rejects_bad_fields)
@@ -924,7 +979,8 @@ TEST(hello_error_frame_with_code_ok_is_a_refusal)
 
 RUN_TESTS(T(codec_round_trip_every_type), T(codec_layout_is_little_endian_and_fixed),
 	  T(encode_refuses_what_does_not_fit), T(decode_rejects_bad_headers),
-	  T(decode_rejects_truncated_and_padded_bodies), T(decode_rejects_bad_fields),
+	  T(decode_rejects_truncated_and_padded_bodies),
+	  T(open_extensions_trace_id_and_unknown_tags), T(decode_rejects_bad_fields),
 	  T(decode_survives_random_garbage), T(io_deadline_and_cancel),
 	  T(recv_msg_refuses_frames_larger_than_the_buffer), T(recv_through_read_ahead),
 	  T(hello_same_keyring_succeeds),

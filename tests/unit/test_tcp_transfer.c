@@ -560,6 +560,46 @@ TEST(forged_requests_get_errors_and_touch_nothing)
 	pair_down(&p);
 }
 
+/* The OPEN carries the transfer's trace id (its extension) only to an issuer whose metadata says
+ * it reads OPEN extensions: older sidecars refuse trailing bytes. The passive operation, created
+ * without a trace id, takes the one that came; from an OPEN without it, none. */
+TEST(open_sends_the_trace_id_only_to_issuers_that_read_it)
+{
+	struct pair p;
+	CHECK_INT_EQ(pair_up(&p, NULL), 0);
+	struct exposed e1, e2;
+	CHECK_INT_EQ(expose(&p.a, SC_OP_READABLE, 4096, &e1), 0);
+	CHECK_INT_EQ(expose(&p.a, SC_OP_READABLE, 4096, &e2), 0);
+	CHECK(e1.md.peer_features & SC_MD_FEATURE_OPEN_EXT);
+	CHECK_STR_EQ(e1.op.trace_id, "");
+	e2.md.peer_features = 0; /* as an older issuer's metadata */
+	struct sc_peer_pool *pool = sc_engine_peer_pool(p.b.eng);
+	struct sc_peer_conn *c;
+	struct sc_err err;
+	uint64_t dl = sc_clock_mono_ms() + 5000;
+	CHECK_INT_EQ(sc_peer_pool_get(pool, endpoint_of(&p.a), dl, &c, &err), 0);
+	struct sc_exposed_pair {
+		struct exposed *e;
+		const char *expect;
+	} cases[] = {{&e1, "4bf92f3577b34da6a3ce929d0e0e4736"}, {&e2, ""}};
+	for (size_t i = 0; i < 2; i++) {
+		struct sc_xfer x = {.kind = SC_OP_READ, .meta = &cases[i].e->md, .xfer_id = 21 + i,
+				    .total = 4096, .deadline_mono_ms = dl};
+		snprintf(x.trace_id, sizeof(x.trace_id), "%s", "4bf92f3577b34da6a3ce929d0e0e4736");
+		CHECK_INT_EQ(sc_peer_open_xfer(c, &x, SC_BACKEND_NONE, &err), 0);
+		struct sc_op_info info;
+		CHECK_INT_EQ(sc_op_get(p.a.eng, cases[i].e->op.id, &info, &err), 0);
+		CHECK_STR_EQ(info.trace_id, cases[i].expect);
+		CHECK_INT_EQ(info.status, SC_OPS_IN_PROGRESS);
+		sc_op_info_free(&info);
+	}
+	CHECK_INT_EQ(sc_peer_ping(c, dl, NULL, &err), 0);
+	sc_peer_pool_put(pool, c, true);
+	unexpose(&p.a, &e1);
+	unexpose(&p.a, &e2);
+	pair_down(&p);
+}
+
 /* READV / WRITEV from a forged client: pieces out of bounds or on a descriptor the operation
  * lacks are refused (naming the piece) with nothing sent; scattered pieces come back in order; a
  * WRITEV into a READABLE is refused and touches nothing. */
@@ -1108,7 +1148,8 @@ TEST(bench)
 RUN_TESTS(T(read_many_descriptors_odd_offsets), T(write_many_descriptors_odd_offsets),
 	  T(each_size_alone_both_directions_and_stream_counts),
 	  T(concurrent_transfers_share_workers_and_connections),
-	  T(forged_requests_get_errors_and_touch_nothing), T(forged_multi_piece_requests),
+	  T(forged_requests_get_errors_and_touch_nothing),
+	  T(open_sends_the_trace_id_only_to_issuers_that_read_it), T(forged_multi_piece_requests),
 	  T(done_pipelined_behind_the_last_request),
 	  T(qp_connect_handler_round_trip),
 	  T(dropped_connection_errors_the_passive_side), T(cancel_mid_transfer_ends_both_sides),

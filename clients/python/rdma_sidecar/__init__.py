@@ -17,6 +17,8 @@ import pkgutil as _pkgutil
 # live under the build directory instead (build/python/rdma_sidecar/, made by the CMake build, never
 # written into the source tree): with that directory on sys.path too, this finds them there.
 __path__ = _pkgutil.extend_path(__path__, __name__)
+from ._deps import check_versions as _check_versions  # noqa: E402
+_check_versions()  # grpcio and protobuf in the supported range (pyproject.toml), else ImportError
 from .connector import (ANY_USES, Backend, Connector, MetadataEvent, Operation, OperationKind, OperationState,  # noqa: F401
                         OperationStatus, PassiveOperation, ReadableOperation, ReadOperation, Subscription,
                         TransferRequirement, WritableOperation, WriteOperation)

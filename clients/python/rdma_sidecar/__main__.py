@@ -64,11 +64,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     """The command line: python3 -m rdma_sidecar [--address ADDR] [--json] {info,regions,ops}."""
     p = argparse.ArgumentParser(prog="python3 -m rdma_sidecar",
                                 description="A quick look at an rdma-sidecar through its gRPC API.",
-                                epilog="Environment: RDMA_SIDECAR_ADDR sets the default of --address.")
+                                epilog="Environment: RDMA_SIDECAR_ADDR sets the default of --address, "
+                                       "RDMA_SIDECAR_WAIT_FOR_READY that of --wait.")
     p.add_argument("--address", metavar="ADDR", default=None,
                    help="gRPC address of the sidecar (default: $RDMA_SIDECAR_ADDR, else "
                         "unix:/tmp/rdma-sidecar/sidecar.sock)")
     p.add_argument("--json", action="store_true", help="print the messages as JSON")
+    p.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                   help="wait up to SECONDS for a sidecar that is not up yet (default: "
+                        "$RDMA_SIDECAR_WAIT_FOR_READY, else 0)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                    help="seconds each call may take (default: %(default)s)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -77,7 +81,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub.add_parser("regions", help="the regions the sidecar holds")
     sub.add_parser("ops", help="the operations the sidecar holds")
     a = p.parse_args(argv)
-    c = Connector(a.address, rpc_timeout=a.timeout)
+    try:
+        c = Connector(a.address, rpc_timeout=a.timeout, wait_for_ready=a.wait)
+    except ValueError as e:
+        p.error(str(e))
     try:
         {"info": _info, "regions": _regions, "ops": _ops}[a.command](c, a.json)
     except errors.SidecarError as e:

@@ -10,6 +10,7 @@ and deregisters the regions, so nothing stays allocated in the sidecar after a f
 import asyncio
 import dataclasses
 import enum
+import logging
 import mmap
 import os
 import time
@@ -25,6 +26,38 @@ from .memory import (Descriptor, NotInRegionError, Region, as_descriptors, buffe
 
 DEFAULT_ADDRESS = "unix:/tmp/rdma-sidecar/sidecar.sock"
 ADDRESS_ENV = "RDMA_SIDECAR_ADDR"
+# Seconds the first call waits for a sidecar that is not up yet (a worker started before it).
+WAIT_ENV = "RDMA_SIDECAR_WAIT_FOR_READY"
+# A failed connection is tried again after 0.1 s, then at most 1 s apart (gRPC's default backs off
+# from 1 s to 120 s): the sidecar is local and an attempt is cheap, so a worker waiting for it sees
+# it within a second of it coming up.
+CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", 1000)]
+_log = logging.getLogger("rdma_sidecar")
+
+
+def wait_for_ready_default(value: Optional[float]) -> float:
+    """wait_for_ready as given, else $RDMA_SIDECAR_WAIT_FOR_READY, else 0 (no waiting)."""
+    where = "wait_for_ready"
+    if value is None:
+        env = os.environ.get(WAIT_ENV, "").strip()
+        if not env:
+            return 0.0
+        where = WAIT_ENV
+        try:
+            value = float(env)
+        except ValueError:
+            raise ValueError("%s=%r: not a number of seconds (e.g. 30)" % (WAIT_ENV, env)) from None
+    if not value >= 0:
+        raise ValueError("%s must be >= 0 seconds, not %r" % (where, value))
+    return float(value)
+
+
+def not_ready_error(address: str, waited: float) -> errors.UnavailableError:
+    return errors.UnavailableError(
+        grpc.StatusCode.UNAVAILABLE,
+        "the sidecar at %s was not ready after waiting %.1f s: is it running, and is the address right? "
+        "(address= or %s; wait longer with wait_for_ready= or %s)" % (address, waited, ADDRESS_ENV, WAIT_ENV))
 
 
 
@@ -150,6 +183,13 @@ class Operation:
     def backend_reason(self) -> str:
         """Why this backend, in words (e.g. "ibverbs unavailable on peer, using tcp")."""
         return self._proto.backend_reason
+
+    @property
+    def trace_id(self) -> str:
+        """The W3C trace id (32 hex digits) of the operation's log lines on both sidecars: the
+        `traceparent` it was created with, else a new one (a readable or writable created without
+        one takes the first transfer's). See docs/operations/logs.md."""
+        return self._proto.trace_id
 
     @property
     def bytes_total(self) -> int:
@@ -397,11 +437,18 @@ class Connector:
     """The client of this worker's own sidecar (asyncio; rdma_sidecar.sync.Connector blocks).
 
     address: a gRPC target ("unix:/path" or "host:port"); default $RDMA_SIDECAR_ADDR, else
-    unix:/tmp/rdma-sidecar/sidecar.sock. rpc_timeout: seconds each unary call may take."""
+    unix:/tmp/rdma-sidecar/sidecar.sock. rpc_timeout: seconds each unary call may take.
+    wait_for_ready: seconds the first call waits for a sidecar that is not up yet (failed
+    connections retried at most 1 s apart; a warning on the "rdma_sidecar" logger says it waits);
+    default $RDMA_SIDECAR_WAIT_FOR_READY, else 0: a missing sidecar fails the call at once
+    (UnavailableError). When the time passes: UnavailableError naming the address and the wait."""
 
-    def __init__(self, address: Optional[str] = None, rpc_timeout: float = 30.0):
+    def __init__(self, address: Optional[str] = None, rpc_timeout: float = 30.0,
+                 wait_for_ready: Optional[float] = None):
         self.address = address or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
         self.rpc_timeout = rpc_timeout
+        self.wait_for_ready = wait_for_ready_default(wait_for_ready)
+        self._ready = self.wait_for_ready == 0
         self._channel: Any = None
         self._stub_obj: Any = None
         self._regions: Dict[str, Region] = {}
@@ -415,18 +462,45 @@ class Connector:
             loop = asyncio.get_running_loop()
             if loop.get_exception_handler() is None:
                 quiet_grpc_poller(loop)
-            self._channel = grpc.aio.insecure_channel(self.address)
+            self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
             self._stub_obj = pb_grpc.SidecarStub(self._channel)
         return self._stub_obj
 
-    async def _call(self, method: str, req: Any, timeout: Optional[float] = None) -> Any:
+    async def _channel_ready(self, timeout: float) -> bool:
+        """Whether the channel connects within `timeout` seconds (failed attempts retried)."""
         try:
-            return await getattr(self._stub(), method)(req, timeout=timeout or self.rpc_timeout)
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def wait_ready(self, timeout: Optional[float] = None) -> None:
+        """Waits up to `timeout` seconds (default: wait_for_ready) for the sidecar to accept a
+        connection; UnavailableError (naming the address and the wait) when the time passes.
+        Calls do this by themselves the first time when wait_for_ready is set."""
+        t = self.wait_for_ready if timeout is None else float(timeout)
+        self._stub()
+        start = time.monotonic()
+        if not await self._channel_ready(min(0.2, t)):
+            _log.warning("rdma_sidecar: waiting up to %.1f s for the sidecar at %s", t, self.address)
+            if not await self._channel_ready(max(0.0, t - (time.monotonic() - start))):
+                raise not_ready_error(self.address, time.monotonic() - start)
+        self._ready = True
+
+    async def _call(self, method: str, req: Any, timeout: Optional[float] = None, traceparent: str = "") -> Any:
+        if not self._ready:
+            await self.wait_ready()
+        # traceparent: a W3C traceparent header, sent as gRPC metadata (the sidecar reads it).
+        md = (("traceparent", traceparent),) if traceparent else None
+        try:
+            return await getattr(self._stub(), method)(req, timeout=timeout or self.rpc_timeout, metadata=md)
         except grpc.aio.AioRpcError as e:
             raise errors.from_rpc_error(e) from None
 
     async def _unary(self, path: str, req: Any, resp_cls: Any) -> Any:
         """A unary call outside the Sidecar service (the health check)."""
+        if not self._ready:
+            await self.wait_ready()
         self._stub()
         call = self._channel.unary_unary(path, request_serializer=type(req).SerializeToString,
                                          response_deserializer=resp_cls.FromString)
@@ -675,30 +749,35 @@ class Connector:
         return op
 
     async def _passive(self, method: str, cls: type, descs: Any, timeout: Optional[float], audience: str,
-                       uses: int, request_id: str) -> Any:
+                       uses: int, request_id: str, traceparent: str = "") -> Any:
         ds, wire, sets = await self._wire_sets(descs)
         any_uses = uses == ANY_USES
         proto = await self._call(method, pb.CreatePassiveRequest(
             descriptors=wire, descriptor_sets=sets, timeout_ms=int((timeout or 0) * 1000), audience=audience or "",
-            max_uses=0 if any_uses else uses, any_uses=any_uses, request_id=request_id or ""))
+            max_uses=0 if any_uses else uses, any_uses=any_uses, request_id=request_id or ""),
+            traceparent=traceparent)
         return self._track(cls, proto, ds)
 
     async def create_readable(self, descs: Any, timeout: Optional[float] = None, audience: str = "",
-                              uses: int = 1, request_id: str = "") -> ReadableOperation:
+                              uses: int = 1, request_id: str = "", traceparent: str = "") -> ReadableOperation:
         """Exposes local memory for a remote read. timeout: seconds the operation and its metadata
         live (None: the sidecar's --default-timeout); audience: the only sidecar id that may use the
         metadata; uses: how many transfers may use it (at most 1,048,576), or ANY_USES: any number
-        until the deadline, one readable read by many workers. Hand `op.metadata` to the peer."""
-        return await self._passive("CreateReadable", ReadableOperation, descs, timeout, audience, uses, request_id)
+        until the deadline, one readable read by many workers; traceparent: a W3C traceparent
+        ("00-<trace id>-<parent id>-<flags>", e.g. your request's) whose trace id tags the
+        operation's log lines (op.trace_id). Hand `op.metadata` to the peer."""
+        return await self._passive("CreateReadable", ReadableOperation, descs, timeout, audience, uses, request_id,
+                                   traceparent)
 
     async def create_writable(self, descs: Any, timeout: Optional[float] = None, audience: str = "",
-                              uses: int = 1, request_id: str = "") -> WritableOperation:
+                              uses: int = 1, request_id: str = "", traceparent: str = "") -> WritableOperation:
         """Exposes local memory for a remote write; as create_readable()."""
-        return await self._passive("CreateWritable", WritableOperation, descs, timeout, audience, uses, request_id)
+        return await self._passive("CreateWritable", WritableOperation, descs, timeout, audience, uses, request_id,
+                                   traceparent)
 
     async def _active(self, method: str, cls: type, metadata: MetadataLike, descs: Any,
                       requirement: Optional[TransferRequirement], timeout: Optional[float],
-                      backend: Optional[Backend], request_id: str) -> Any:
+                      backend: Optional[Backend], request_id: str, traceparent: str = "") -> Any:
         ds, wire, sets = await self._wire_sets(descs)
         req = pb.BeginTransferRequest(metadata=_metadata_text(metadata), descriptors=wire, descriptor_sets=sets,
                                       timeout_ms=int((timeout or 0) * 1000), backend=int(backend or 0),
@@ -707,22 +786,24 @@ class Connector:
             req.requirement.CopyFrom(pb.TransferRequirement(
                 request_id=requirement.request_id, iteration=requirement.iteration,
                 has_layer=requirement.layer is not None, layer=requirement.layer or 0))
-        return self._track(cls, await self._call(method, req), ds)
+        return self._track(cls, await self._call(method, req, traceparent=traceparent), ds)
 
     async def begin_read(self, metadata: MetadataLike, descs: Any, requirement: Optional[TransferRequirement] = None,
                          timeout: Optional[float] = None, backend: Optional[Backend] = None,
-                         request_id: str = "") -> ReadOperation:
+                         request_id: str = "", traceparent: str = "") -> ReadOperation:
         """Pulls the remote readable named by `metadata` into local `descs` (count and lengths must
-        match). Returns at once (SCHEDULED or IN_PROGRESS): await op.wait_for_completion()."""
+        match). Returns at once (SCHEDULED or IN_PROGRESS): await op.wait_for_completion().
+        traceparent: a W3C traceparent whose trace id tags this transfer's log lines on both
+        sidecars (op.trace_id; without one the sidecar starts a new trace)."""
         return await self._active("BeginRead", ReadOperation, metadata, descs, requirement, timeout, backend,
-                                  request_id)
+                                  request_id, traceparent)
 
     async def begin_write(self, metadata: MetadataLike, descs: Any, requirement: Optional[TransferRequirement] = None,
                           timeout: Optional[float] = None, backend: Optional[Backend] = None,
-                          request_id: str = "") -> WriteOperation:
+                          request_id: str = "", traceparent: str = "") -> WriteOperation:
         """Pushes local `descs` into the remote writable named by `metadata`; as begin_read()."""
         return await self._active("BeginWrite", WriteOperation, metadata, descs, requirement, timeout, backend,
-                                  request_id)
+                                  request_id, traceparent)
 
     # ---- NATS and scheduling ----
     async def publish(self, subject: str, op: MetadataLike) -> None:
@@ -737,6 +818,18 @@ class Connector:
         """Metadata published on `subject` (wildcards allowed): `async for event in
         connector.subscribe(subject)`; with queue_group one member of the group gets each message."""
         return Subscription(self, subject, queue_group)
+
+    async def wait_metadata(self, subject: str, timeout: float = 30.0) -> MetadataEvent:
+        """The first verified metadata on `subject` (wildcards allowed), one call: published before
+        this call (kept by the sidecar's JetStream hand-off) or while it waits, so the two workers of
+        a hand-off may start in any order. Raises DeadlineExceededError when nothing valid came
+        within `timeout` seconds (the message says whether anything was stored), or the refusal's
+        error (PermissionDeniedError for a tampered copy: UNAUTHENTICATED) when only refused metadata came."""
+        ms = max(1, int(timeout * 1000))
+        ev = await self._call("WaitMetadata", pb.WaitMetadataRequest(subject=subject, timeout_ms=ms),
+                              timeout=timeout + max(10.0, self.rpc_timeout or 0))
+        return MetadataEvent(ev.subject, ev.metadata, ev.issuer, OperationKind(ev.kind),
+                             list(ev.descriptor_lengths), ev.expires_unix_ms)
 
     async def report_progress(self, request_id: str, iteration: int, layer: Optional[int] = None,
                               iteration_complete: bool = False) -> int:

@@ -38,18 +38,32 @@ class _Core(_aio.Connector):
 
     def _stub(self) -> Any:
         if self._stub_obj is None:
-            self._channel = grpc.insecure_channel(self.address)
+            self._channel = grpc.insecure_channel(self.address, options=_aio.CHANNEL_OPTIONS)
             self._stub_obj = pb_grpc.SidecarStub(self._channel)
         return self._stub_obj
 
-    async def _call(self, method: str, req: Any, timeout: Optional[float] = None) -> Any:
+    async def _channel_ready(self, timeout: float) -> bool:
+        fut = grpc.channel_ready_future(self._channel)
         try:
-            return getattr(self._stub(), method)(req, timeout=timeout or self.rpc_timeout)
+            fut.result(timeout=timeout)
+            return True
+        except grpc.FutureTimeoutError:
+            fut.cancel()
+            return False
+
+    async def _call(self, method: str, req: Any, timeout: Optional[float] = None, traceparent: str = "") -> Any:
+        if not self._ready:
+            await self.wait_ready()
+        md = (("traceparent", traceparent),) if traceparent else None  # as connector._call
+        try:
+            return getattr(self._stub(), method)(req, timeout=timeout or self.rpc_timeout, metadata=md)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
 
     async def _unary(self, path: str, req: Any, resp_cls: Any) -> Any:
         self._stub()
+        if not self._ready:
+            await self.wait_ready()
         call = self._channel.unary_unary(path, request_serializer=type(req).SerializeToString,
                                          response_deserializer=resp_cls.FromString)
         try:
@@ -203,11 +217,19 @@ class Connector:
     """The blocking client of this worker's own sidecar; methods as rdma_sidecar.Connector's.
 
     address: default $RDMA_SIDECAR_ADDR, else unix:/tmp/rdma-sidecar/sidecar.sock. Use one
-    Connector from one thread at a time (several threads: one Connector each)."""
+    Connector from one thread at a time (several threads: one Connector each). wait_for_ready:
+    seconds the first call waits for a sidecar that is not up yet (default
+    $RDMA_SIDECAR_WAIT_FOR_READY, else 0), as the asyncio Connector's."""
 
-    def __init__(self, address: Optional[str] = None, rpc_timeout: float = 30.0):
-        self.aio = _Core(address, rpc_timeout)
+    def __init__(self, address: Optional[str] = None, rpc_timeout: float = 30.0,
+                 wait_for_ready: Optional[float] = None):
+        self.aio = _Core(address, rpc_timeout, wait_for_ready)
         self.address = self.aio.address
+
+    def wait_ready(self, timeout: Optional[float] = None) -> None:
+        """Blocks up to `timeout` seconds (default: wait_for_ready) until the sidecar accepts a
+        connection; UnavailableError naming the address and the wait when the time passes."""
+        _drive(self.aio.wait_ready(timeout))
 
     def close(self) -> None:
         """Releases operations, ends subscriptions, deregisters regions, closes the channel."""
@@ -269,14 +291,16 @@ class Connector:
         _drive(self.aio.free(obj, force))
 
     def create_readable(self, descs: Any, timeout: Optional[float] = None, audience: str = "", uses: int = 1,
-                        request_id: str = "") -> ReadableOperation:
+                        request_id: str = "", traceparent: str = "") -> ReadableOperation:
         """Exposes local memory for a remote read."""
-        return ReadableOperation(_drive(self.aio.create_readable(descs, timeout, audience, uses, request_id)))
+        return ReadableOperation(_drive(self.aio.create_readable(descs, timeout, audience, uses, request_id,
+                                                                 traceparent)))
 
     def create_writable(self, descs: Any, timeout: Optional[float] = None, audience: str = "", uses: int = 1,
-                        request_id: str = "") -> WritableOperation:
+                        request_id: str = "", traceparent: str = "") -> WritableOperation:
         """Exposes local memory for a remote write."""
-        return WritableOperation(_drive(self.aio.create_writable(descs, timeout, audience, uses, request_id)))
+        return WritableOperation(_drive(self.aio.create_writable(descs, timeout, audience, uses, request_id,
+                                                                 traceparent)))
 
     @staticmethod
     def _meta(metadata: Any) -> Any:
@@ -284,17 +308,17 @@ class Connector:
 
     def begin_read(self, metadata: MetadataLike, descs: Any, requirement: Optional[TransferRequirement] = None,
                    timeout: Optional[float] = None, backend: Optional[Backend] = None,
-                   request_id: str = "") -> ReadOperation:
+                   request_id: str = "", traceparent: str = "") -> ReadOperation:
         """Pulls a remote readable into local memory; returns at once."""
         return ReadOperation(_drive(self.aio.begin_read(self._meta(metadata), descs, requirement, timeout, backend,
-                                                        request_id)))
+                                                        request_id, traceparent)))
 
     def begin_write(self, metadata: MetadataLike, descs: Any, requirement: Optional[TransferRequirement] = None,
                     timeout: Optional[float] = None, backend: Optional[Backend] = None,
-                    request_id: str = "") -> WriteOperation:
+                    request_id: str = "", traceparent: str = "") -> WriteOperation:
         """Pushes local memory into a remote writable; returns at once."""
         return WriteOperation(_drive(self.aio.begin_write(self._meta(metadata), descs, requirement, timeout, backend,
-                                                          request_id)))
+                                                          request_id, traceparent)))
 
     def publish(self, subject: str, op: Any) -> None:
         """Publishes a passive operation's metadata (or an rsm1. text) on a NATS subject."""
@@ -303,6 +327,11 @@ class Connector:
     def subscribe(self, subject: str, queue_group: Optional[str] = None) -> Subscription:
         """A subscription to `subject`, in place when this returns: `for event in sub`."""
         return Subscription(self.aio, subject, queue_group)
+
+    def wait_metadata(self, subject: str, timeout: float = 30.0) -> MetadataEvent:
+        """The first verified metadata on `subject`, published before this call or while it waits
+        (see Connector.wait_metadata in the asyncio API)."""
+        return _drive(self.aio.wait_metadata(subject, timeout))
 
     def report_progress(self, request_id: str, iteration: int, layer: Optional[int] = None,
                         iteration_complete: bool = False) -> int:

@@ -95,6 +95,23 @@ def test_nats_subscribe_publish_read(cluster):
         run(body())
 
 
+def test_wait_metadata_while_waiting(cluster):
+    async def body():
+        async with rs.Connector(addr(cluster.a)) as a, rs.Connector(addr(cluster.b)) as b:
+            src = await a.empty(777, np.uint8)
+            src[:] = np.frombuffer(np.random.default_rng(3).bytes(777), np.uint8)
+            dst = await b.zeros(777, np.uint8)
+            waiting = asyncio.ensure_future(b.wait_metadata("pyclient.async.wait", timeout=20 * SLOW))
+            async with await a.create_readable(rs.Descriptor(src)) as readable:
+                await a.publish("pyclient.async.wait", readable)
+                event = await waiting
+                assert event.metadata == readable.metadata and event.descriptor_lengths == [777]
+                async with await b.begin_read(event, rs.Descriptor(dst)) as op:
+                    await op.wait_for_completion(30 * SLOW)
+            assert dst.tobytes() == src.tobytes()
+    run(body())
+
+
 def test_errors_cancel_timeout_scheduling(cluster):
     async def body():
         async with rs.Connector(addr(cluster.a)) as a, rs.Connector(addr(cluster.b)) as b:

@@ -95,6 +95,29 @@ def test_write_across_sidecars_and_local(ca, cb):
     assert not out[500:1000].any() and not out[1500:].any()
 
 
+def test_traceparent_ties_both_sides(ca, cb):
+    # The caller's W3C traceparent (sent as gRPC metadata) names the transfer's trace on both
+    # sidecars; without one the sidecar starts a trace of its own, which the reader's side takes.
+    tid = os.urandom(16).hex()
+    tp = "00-%s-%s-01" % (tid, os.urandom(8).hex())
+    src = ca.empty((333,), np.uint8)
+    rand_fill(src)
+    dst = cb.zeros((333,), np.uint8)
+    with ca.create_readable(rs.Descriptor(src), traceparent=tp) as readable:
+        with cb.begin_read(readable.metadata, rs.Descriptor(dst), traceparent=tp) as op:
+            op.wait_for_completion(30 * SLOW)
+            assert op.trace_id == tid
+        assert readable.wait_for_completion(10) == rs.OperationStatus.COMPLETE
+        assert readable.trace_id == tid
+    assert dst.tobytes() == src.tobytes()
+    with ca.create_readable(rs.Descriptor(src)) as readable:
+        with cb.begin_read(readable.metadata, rs.Descriptor(dst)) as op:
+            op.wait_for_completion(30 * SLOW)
+            assert len(op.trace_id) == 32 and op.trace_id != tid
+        readable.wait_for_completion(10)
+        assert readable.trace_id == op.trace_id
+
+
 def test_memoryview_and_explicit_ranges(ca, cb):
     region = ca.create_region(10000, "raw")
     mv = region.memoryview()
@@ -291,3 +314,20 @@ def test_no_fd_or_mapping_leak_after_1000_operations(cluster):
         assert _fds() <= fds, "fds: %d before, %d after" % (fds, _fds())
         assert _maps() <= maps + 2, "mappings: %d before, %d after" % (maps, _maps())
         assert c.list_operations() == []
+
+
+def test_wait_metadata_published_before_the_wait(ca, cb):
+    src = ca.empty(5003, np.uint8)
+    rand_fill(src)
+    dst = cb.zeros(5003, np.uint8)
+    with ca.create_readable(rs.Descriptor(src)) as r:
+        ca.publish("pyclient.wait.first", r)  # before the reader asks: JetStream keeps it
+        ev = cb.wait_metadata("pyclient.wait.first", timeout=10 * SLOW)
+        assert (ev.subject, ev.metadata, ev.issuer, ev.descriptor_lengths) == \
+            ("pyclient.wait.first", r.metadata, "a", [5003])
+        with cb.begin_read(ev, rs.Descriptor(dst)) as op:
+            op.wait_for_completion(30 * SLOW)
+        r.wait_for_completion(10 * SLOW)
+    assert dst.tobytes() == src.tobytes()
+    with pytest.raises(rs.DeadlineExceededError, match="nothing is stored under this subject"):
+        cb.wait_metadata("pyclient.wait.none", timeout=0.3)
