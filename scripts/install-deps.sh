@@ -10,11 +10,13 @@ set -euo pipefail
 # No rdma-core at run time: its udev rules and daemons are the host's business, and it pulls in
 # udev and perl (~60 MB of the image); libibverbs1 + ibverbs-providers are the verbs user space.
 runtime=(libgrpc29 libprotobuf-c1 libnats3.4 libssl3 libmicrohttpd12 libibverbs1 ibverbs-providers
+         libfabric1   # the libfabric backend (sidecar/ofi/: EFA, cxi, verbs, tcp providers)
          libhwloc15   # the PCIe topology of the rails (sidecar/os/topology.c)
          man-db)  # `man rdma-sidecar` in the image (the page is built with help2man)
 build=(build-essential cmake pkg-config git
        libgrpc-dev protobuf-c-compiler libprotobuf-c-dev libssl-dev libnats-dev libmicrohttpd-dev
        libibverbs-dev rdma-core ibverbs-providers ibverbs-utils
+       libfabric-dev libfabric-bin   # sidecar/ofi/ and its tests (fi_info, fi_pingpong)
        libhwloc-dev hwloc   # topology.c; hwloc's lstopo/hwloc-info write and check the XML fixtures
        nats-server python3 python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc
        protoc-gen-go protoc-gen-go-grpc   # test_proto_contract.py: Go code from the proto, no flags
@@ -34,7 +36,7 @@ vm=(qemu-system-x86 busybox-static kmod cpio perftest iperf3 ucx-utils)
 
 # The image's build stage: the daemon only (no tests, clients, VM or benchmarks).
 image_build=(build-essential cmake pkg-config libgrpc-dev protobuf-c-compiler libprotobuf-c-dev
-             libssl-dev libnats-dev libmicrohttpd-dev libibverbs-dev libhwloc-dev
+             libssl-dev libnats-dev libmicrohttpd-dev libibverbs-dev libhwloc-dev libfabric-dev
              help2man)  # the man page rdma-sidecar(8)
 
 pkgs=("${build[@]}" "${vm[@]}")

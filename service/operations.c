@@ -173,7 +173,7 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 		ar.requirement.has_layer = r->requirement->has_layer;
 		ar.requirement.layer = r->requirement->layer;
 	}
-	if (r->backend > RDMA_SIDECAR__V1__BACKEND__BACKEND_LOCAL) {
+	if (r->backend > RDMA_SIDECAR__V1__BACKEND__BACKEND_LIBFABRIC) {
 		free(descs);
 		sc_call_fail(c, SC_INVALID_ARGUMENT, "unknown backend value");
 		return;

@@ -87,7 +87,8 @@ enum rsc_backend {
 	RSC_BACKEND_UNSPECIFIED = 0,
 	RSC_BACKEND_TCP = 1,
 	RSC_BACKEND_IBVERBS = 2,
-	RSC_BACKEND_LOCAL = 3
+	RSC_BACKEND_LOCAL = 3,
+	RSC_BACKEND_LIBFABRIC = 4
 };
 
 /* Lower-case names ("readable", "complete", "tcp"); never NULL. */

@@ -210,6 +210,9 @@ struct sc_backend {
 	/* ibverbs (every lane counts on the first's): incoming QPs destroyed to admit a new peer,
 	 * destroyed after idling, and peers refused because every QP was in use. Any thread. */
 	atomic_uint_fast64_t qps_evicted, qps_expired, qps_refused;
+	/* libfabric: remote keys granted and closed (one per operation span and rail), peers'
+	 * address-vector entries inserted and removed. Any thread. */
+	atomic_uint_fast64_t keys_granted, keys_revoked, addrs_inserted, addrs_evicted;
 };
 
 /* Set rail i's state and detail (printf-style; NULL keeps the detail). Any thread. */
@@ -276,5 +279,6 @@ static inline int sc_backend_connect(struct sc_backend *b, const struct sc_metad
 struct sc_backend *sc_backend_tcp_create(const struct sc_backend_env *env);
 struct sc_backend *sc_backend_local_create(const struct sc_backend_env *env);
 struct sc_backend *sc_backend_ibverbs_create(const struct sc_backend_env *env);
+struct sc_backend *sc_backend_libfabric_create(const struct sc_backend_env *env);
 
 #endif

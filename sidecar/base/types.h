@@ -23,7 +23,8 @@ enum sc_op_status {
 	SC_OPS_ERRORED = 5,
 	SC_OPS_SCHEDULED = 6,
 };
-enum sc_backend_kind { SC_BACKEND_NONE = 0, SC_BACKEND_TCP = 1, SC_BACKEND_IBVERBS = 2, SC_BACKEND_LOCAL = 3 };
+enum sc_backend_kind { SC_BACKEND_NONE = 0, SC_BACKEND_TCP = 1, SC_BACKEND_IBVERBS = 2, SC_BACKEND_LOCAL = 3,
+		       SC_BACKEND_LIBFABRIC = 4 };
 /* Backend kinds are below this: the proto's Backend values, and room for test-only backends. */
 #define SC_BACKEND_KIND_MAX 6
 #define SC_NUM_BACKENDS SC_BACKEND_KIND_MAX /* arrays indexed by enum sc_backend_kind */

@@ -77,6 +77,12 @@ enum opt_id {
 	OPT_IB_STRIPE_MIN,
 	OPT_IB_SLICE_SIZE,
 	OPT_IB_MAX_QPS,
+	OPT_OFI_PROVIDER,
+	OPT_OFI_DOMAINS,
+	OPT_OFI_MAX_PEERS,
+	OPT_OFI_STRIPE_MIN,
+	OPT_OFI_HMEM,
+	OPT_OFI_STALL_TIMEOUT,
 	OPT_DEFAULT_TIMEOUT,
 	OPT_RETENTION,
 	OPT_CANCEL_WAIT,
@@ -254,7 +260,7 @@ static const struct sc_option sc_options[] = {
 	 .def = "derived from the data listener"},
 	{.id = OPT_BACKENDS, .name = "backends", .arg = ARG_REQUIRED, .value = "LIST",
 	 .group = "Data plane",
-	 .help = "comma list of tcp, ibverbs, local, or all", .def = "all available"},
+	 .help = "comma list of tcp, ibverbs, libfabric, local, or all", .def = "all available"},
 	{.id = OPT_SHM_DIR, .name = "shm-dir", .arg = ARG_REQUIRED, .value = "DIR",
 	 .group = "Data plane", .help = "directory of region files shared with workers",
 	 .def = "/dev/shm"},
@@ -374,6 +380,42 @@ static const struct sc_option sc_options[] = {
 		 "host memory outgoing (work-request records and notice buffers), 2 KiB incoming, "
 		 "plus the NIC's queues and 32 completion-queue entries per incoming QP",
 	 .def = "1024"},
+	{.id = OPT_OFI_PROVIDER, T_STR(ofi_provider), .name = "ofi-provider", .arg = ARG_REQUIRED, .value = "NAME",
+	 .group = "libfabric",
+	 .help = "the libfabric provider of the libfabric backend (FI_EP_RDM with FI_RMA): efa, cxi, "
+		 "verbs, tcp, or a full fi_info name such as \"tcp;ofi_rxm\". Without it the best "
+		 "fabric provider is chosen (efa, cxi, opx, psm3, ...); tcp and sockets (reported as "
+		 "TCP-emulating) and verbs (which the ibverbs backend drives natively) only when named",
+	 .def = "best available, never tcp/sockets"},
+	{.id = OPT_OFI_DOMAINS, T_STR(ofi_domains), .name = "ofi-domains", .arg = ARG_REQUIRED, .value = "LIST",
+	 .group = "libfabric",
+	 .help = "the provider's domains that are rails, in rail order, comma-separated (EFA: "
+		 "rdmap16s27-rdm,...; tcp: interface names such as eth0,eth1); one domain, "
+		 "endpoint, address vector and completion queue each",
+	 .def = "every domain of the provider, loopback (lo) only when named"},
+	{.id = OPT_OFI_MAX_PEERS, T_U32(ofi_max_peers, 1, 1000000), .name = "ofi-max-peers", .arg = ARG_REQUIRED, .value = "N",
+	 .group = "libfabric",
+	 .help = "address-vector entries per rail, 1-1000000 (one per peer sidecar this one reads "
+		 "from or writes to); at the cap the least recently used idle entry is removed "
+		 "(fi_av_remove) for a new peer",
+	 .def = "1024"},
+	{.id = OPT_OFI_STRIPE_MIN, T_SIZE_ANY(ofi_stripe_min_bytes), .name = "ofi-stripe-min", .arg = ARG_REQUIRED, .value = "SIZE",
+	 .group = "libfabric",
+	 .help = "libfabric transfers this large are striped over every usable rail; smaller ones "
+		 "take one (0: never stripe)",
+	 .def = "4MiB"},
+	{.id = OPT_OFI_HMEM, T_STR(ofi_hmem), .name = "ofi-hmem", .arg = ARG_REQUIRED, .value = "MODE",
+	 .group = "libfabric",
+	 .help = "GPU memory with libfabric: auto (FI_HMEM_CUDA registration when the provider "
+		 "offers FI_HMEM, else staged through host buffers over tcp, with the reason in "
+		 "GetInfo) or off (always staged)",
+	 .def = "auto"},
+	{.id = OPT_OFI_STALL_TIMEOUT, T_DURATION(ofi_stall_ms), .name = "ofi-stall-timeout", .arg = ARG_REQUIRED,
+	 .value = "DURATION", .group = "libfabric",
+	 .help = "a rail of a striped libfabric transfer none of whose messages completes for this "
+		 "long is given up on for that transfer: its messages go again on the other rails "
+		 "(a cut link); 0 = never",
+	 .def = "5s"},
 
 	{.id = OPT_DEFAULT_TIMEOUT, .name = "default-timeout", .arg = ARG_REQUIRED,
 	 .value = "DURATION", .group = "Limits",
@@ -682,6 +724,7 @@ static int parse_backends(const char *v, unsigned *out, struct sc_err *err)
 	    {"tcp", SC_BACKEND_BIT_TCP},
 	    {"ibverbs", SC_BACKEND_BIT_IBVERBS},
 	    {"local", SC_BACKEND_BIT_LOCAL},
+	    {"libfabric", SC_BACKEND_BIT_LIBFABRIC},
 	};
 	unsigned bits = 0;
 	bool all = false;
@@ -705,7 +748,7 @@ static int parse_backends(const char *v, unsigned *out, struct sc_err *err)
 			return sc_err_set(
 			    err, SC_INVALID_ARGUMENT,
 			    "\"%.*s\": unknown backend \"%.*s\" (valid: tcp, ibverbs, "
-			    "local, all; comma-separated)",
+			    "libfabric, local, all; comma-separated)",
 			    SC_VALUE_SHOWN, v, (int)(len > SC_VALUE_SHOWN ? SC_VALUE_SHOWN : len), p);
 		if (!comma)
 			break;
@@ -1211,6 +1254,9 @@ static int set_defaults(struct sc_config *cfg, struct sc_err *err)
 	cfg->ib_stripe_min_bytes = 4 * SC_MIB;
 	cfg->ib_slice_bytes = SC_MIB;
 	cfg->ib_max_qps = 1024;
+	cfg->ofi_max_peers = 1024;
+	cfg->ofi_stripe_min_bytes = 4 * SC_MIB;
+	cfg->ofi_stall_ms = 5000;
 	cfg->data_max_unauth_per_ip = 16;
 	cfg->data_max_unauth = 64;
 	cfg->data_first_byte_timeout_ms = 1000;
@@ -1454,6 +1500,9 @@ void sc_config_free(struct sc_config *cfg)
 	free(cfg->nats_nkey_seed);
 	free(cfg->ib_device);
 	free(cfg->ib_devices);
+	free(cfg->ofi_provider);
+	free(cfg->ofi_domains);
+	free(cfg->ofi_hmem);
 	free(cfg->metrics_listen);
 	for (size_t i = 0; i < SC_MAX_REGISTER_DIRS; i++)
 		free(cfg->register_dirs[i]);

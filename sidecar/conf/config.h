@@ -21,6 +21,7 @@ enum {
 	SC_BACKEND_BIT_TCP = 1u << 0,
 	SC_BACKEND_BIT_IBVERBS = 1u << 1,
 	SC_BACKEND_BIT_LOCAL = 1u << 2,
+	SC_BACKEND_BIT_LIBFABRIC = 1u << 3,
 };
 
 #define SC_MAX_GRPC_LISTENERS 8
@@ -75,6 +76,12 @@ struct sc_config {
 	uint64_t ib_stripe_min_bytes;                 /* --ib-stripe-min, 4 MiB; 0 = never stripe */
 	uint64_t ib_slice_bytes;                      /* --ib-slice-size, 1 MiB */
 	uint32_t ib_max_qps;                          /* --ib-max-qps, 1024 (each way, per rail) */
+	char *ofi_provider;                           /* --ofi-provider; NULL = best non-TCP-emulating */
+	char *ofi_domains;                            /* --ofi-domains LIST; NULL = every domain but lo */
+	uint32_t ofi_max_peers;                       /* --ofi-max-peers, 1024 AV entries per rail */
+	uint64_t ofi_stripe_min_bytes;                /* --ofi-stripe-min, 4 MiB; 0 = never stripe */
+	char *ofi_hmem;                               /* --ofi-hmem auto|off (CUDA registration) */
+	uint64_t ofi_stall_ms;                        /* --ofi-stall-timeout, 5000; 0 = never */
 	enum sc_log_level log_level;                  /* --log-level, info */
 	bool log_json;                                /* --log-json */
 	char *metrics_listen;                         /* --metrics-listen HOST:PORT; NULL = off */

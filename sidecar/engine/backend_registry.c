@@ -28,6 +28,12 @@ static bool ibverbs_can_reach(const struct sc_metadata *md, bool same_sidecar)
 	return !same_sidecar && (md->backends & SC_BACKEND_BIT_IBVERBS) && md->ib.present;
 }
 
+static bool libfabric_can_reach(const struct sc_metadata *md, bool same_sidecar)
+{
+	return !same_sidecar && (md->backends & SC_BACKEND_BIT_LIBFABRIC) && md->ofi.present &&
+	       md->n_endpoints > 0;
+}
+
 /* ---- the table: one row per backend, in GetInfo and metrics order ---------------------------- */
 
 static struct sc_backend_class registry[SC_BACKEND_KIND_MAX - 1] = {
@@ -46,6 +52,13 @@ static struct sc_backend_class registry[SC_BACKEND_KIND_MAX - 1] = {
      .create = sc_backend_ibverbs_create,
      .can_reach = ibverbs_can_reach,
      .chosen_because = "both sidecars offer ibverbs"},
+    {.name = "libfabric",
+     .kind = SC_BACKEND_LIBFABRIC,
+     .transport_level = 2,
+     .peer_channel = true,
+     .create = sc_backend_libfabric_create,
+     .can_reach = libfabric_can_reach,
+     .chosen_because = "both sidecars offer libfabric"},
     {.name = "local",
      .kind = SC_BACKEND_LOCAL,
      .transport_level = 3,
@@ -53,7 +66,7 @@ static struct sc_backend_class registry[SC_BACKEND_KIND_MAX - 1] = {
      .can_reach = local_can_reach,
      .chosen_because = "both ends on this sidecar"},
 };
-static size_t n_registry = 3;
+static size_t n_registry = 4;
 
 size_t sc_backend_registry_count(void)
 {

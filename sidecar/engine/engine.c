@@ -188,6 +188,13 @@ static void read_gauges(void *ctx, struct sc_gauges *g)
 		g->ib_qps_expired = atomic_load(&ibb->qps_expired);
 		g->ib_qps_refused = atomic_load(&ibb->qps_refused);
 	}
+	const struct sc_backend *ofb = eng->backends[SC_BACKEND_LIBFABRIC];
+	if (ofb) {
+		g->ofi_keys_granted = atomic_load(&ofb->keys_granted);
+		g->ofi_keys_revoked = atomic_load(&ofb->keys_revoked);
+		g->ofi_addrs_inserted = atomic_load(&ofb->addrs_inserted);
+		g->ofi_addrs_evicted = atomic_load(&ofb->addrs_evicted);
+	}
 	for (int i = 0; i < SC_FAST_EVENTS; i++)
 		g->fast_events[i] = atomic_load(&eng->fast_events[i]);
 	if (eng->grpc_cert_serial[0]) {

@@ -607,6 +607,20 @@ char *sc_metrics_render(struct sc_metrics *m, size_t *len)
 	family(f, "rdma_sidecar_ib_qps_refused_total", "counter",
 	       "Peers refused a QP because every one of --ib-max-qps was in use.");
 	fprintf(f, "rdma_sidecar_ib_qps_refused_total %llu\n", (unsigned long long)g.ib_qps_refused);
+	family(f, "rdma_sidecar_ofi_keys_total", "counter",
+	       "libfabric remote keys (one per passive operation's region span and rail): granted, "
+	       "and closed when the operation ended (revoked).");
+	fprintf(f, "rdma_sidecar_ofi_keys_total{event=\"granted\"} %llu\n",
+		(unsigned long long)g.ofi_keys_granted);
+	fprintf(f, "rdma_sidecar_ofi_keys_total{event=\"revoked\"} %llu\n",
+		(unsigned long long)g.ofi_keys_revoked);
+	family(f, "rdma_sidecar_ofi_av_entries_total", "counter",
+	       "libfabric address-vector entries of peer sidecars: inserted, and removed (least "
+	       "recently used at --ofi-max-peers, or a failed peer's).");
+	fprintf(f, "rdma_sidecar_ofi_av_entries_total{event=\"inserted\"} %llu\n",
+		(unsigned long long)g.ofi_addrs_inserted);
+	fprintf(f, "rdma_sidecar_ofi_av_entries_total{event=\"evicted\"} %llu\n",
+		(unsigned long long)g.ofi_addrs_evicted);
 
 	const uint64_t *fe = g.fast_events;
 	family(f, "rdma_sidecar_fast_path_sessions", "gauge",

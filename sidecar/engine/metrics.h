@@ -52,6 +52,7 @@ struct sc_gauges {
 	/* ibverbs incoming QPs (counters): destroyed to admit a new peer at --ib-max-qps, expired
 	 * after idling, peers refused because every QP was in use. */
 	uint64_t ib_qps_evicted, ib_qps_expired, ib_qps_refused;
+	uint64_t ofi_keys_granted, ofi_keys_revoked, ofi_addrs_inserted, ofi_addrs_evicted;
 	uint64_t fast_events[SC_FAST_EVENTS]; /* the fast path's counters (enum sc_fast_event) */
 	struct sc_rail_entry rails[SC_METRICS_MAX_RAILS]; /* every backend's rails */
 	size_t n_rails;

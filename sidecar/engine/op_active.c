@@ -188,7 +188,9 @@ static void describe_gpu_path(struct sc_op *op)
 	const char *how = op->backend == SC_BACKEND_TCP ? "GPU memory staged through pinned host "
 							  "buffers"
 			  : op->backend == SC_BACKEND_IBVERBS ? "GPU memory via GPUDirect RDMA"
-							      : "GPU copies by the CUDA driver";
+			  : op->backend == SC_BACKEND_LIBFABRIC
+			      ? "GPU memory registered with libfabric (FI_HMEM_CUDA)"
+			      : "GPU copies by the CUDA driver";
 	char reason[sizeof(op->backend_reason)];
 	snprintf(reason, sizeof(reason), "%s, %s%s (%s)", sc_backend_name(op->backend), how,
 		 local_gpu && remote_gpu ? " on both sides" : local_gpu ? " here" : " at the peer",
@@ -290,15 +292,15 @@ static int choose_backend(struct sc_engine *eng, struct sc_op *op, enum sc_backe
 		pick = c->kind;
 		why = explain_slower(eng, op, c, buf, sizeof(buf));
 	}
-	if (pick == SC_BACKEND_IBVERBS && want == SC_BACKEND_NONE && peer_tcp &&
-	    backend_usable(eng, SC_BACKEND_TCP)) {
+	bool nic = pick == SC_BACKEND_IBVERBS || pick == SC_BACKEND_LIBFABRIC;
+	if (nic && want == SC_BACKEND_NONE && peer_tcp && backend_usable(eng, SC_BACKEND_TCP)) {
 		/* A local GPU range the NIC cannot reach: stage over TCP instead. */
 		for (size_t i = 0; i < op->n_descs; i++) {
 			const struct sc_region *r = op->regions[i];
-			if (r->gpu != SC_GPU_HOST && !r->backend_handle[SC_BACKEND_IBVERBS]) {
-				snprintf(buf, sizeof(buf), "ibverbs cannot reach local GPU %d "
+			if (r->gpu != SC_GPU_HOST && !r->backend_handle[pick]) {
+				snprintf(buf, sizeof(buf), "%s cannot reach local GPU %d "
 							   "memory (%s)",
-					 r->gpu, r->backend_note[SC_BACKEND_IBVERBS]);
+					 sc_backend_name(pick), r->gpu, r->backend_note[pick]);
 				why = buf;
 				pick = SC_BACKEND_TCP;
 				sc_metrics_fallback(eng->metrics, SC_BACKEND_IBVERBS,
@@ -306,14 +308,14 @@ static int choose_backend(struct sc_engine *eng, struct sc_op *op, enum sc_backe
 				break;
 			}
 		}
-	} else if (pick == SC_BACKEND_IBVERBS) {
+	} else if (nic) {
 		for (size_t i = 0; i < op->n_descs; i++) {
 			const struct sc_region *r = op->regions[i];
-			if (r->gpu != SC_GPU_HOST && !r->backend_handle[SC_BACKEND_IBVERBS])
+			if (r->gpu != SC_GPU_HOST && !r->backend_handle[pick])
 				return sc_err_set(err, SC_FAILED_PRECONDITION,
-						  "ibverbs cannot reach local GPU %d memory (%s) "
+						  "%s cannot reach local GPU %d memory (%s) "
 						  "and tcp is not possible with sidecar %s",
-						  r->gpu, r->backend_note[SC_BACKEND_IBVERBS],
+						  sc_backend_name(pick), r->gpu, r->backend_note[pick],
 						  md->issuer);
 		}
 	}
@@ -321,6 +323,15 @@ static int choose_backend(struct sc_engine *eng, struct sc_op *op, enum sc_backe
 	op->be = eng->backends[pick];
 	if (why != op->backend_reason)
 		snprintf(op->backend_reason, sizeof(op->backend_reason), "%s", why);
+	if (pick == SC_BACKEND_LIBFABRIC && op->be->n_rails) {
+		/* Which provider and rails: "..., over tcp;ofi_rxm:eth0,tcp;ofi_rxm:eth1". */
+		size_t used = strlen(op->backend_reason);
+		for (size_t r = 0; r < op->be->n_rails && used + 2 < sizeof(op->backend_reason); r++) {
+			snprintf(op->backend_reason + used, sizeof(op->backend_reason) - used, "%s%s",
+				 r ? "," : ", over ", op->be->rails[r].name);
+			used = strlen(op->backend_reason);
+		}
+	}
 	describe_gpu_path(op);
 	return 0;
 }

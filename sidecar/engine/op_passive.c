@@ -553,14 +553,14 @@ static int passive_done(void *ctx, const uint8_t token[SC_TOKEN_LEN], uint64_t x
 	} else if (status == SC_OK) {
 		/* RDMA moves the bytes without this side seeing them: a use confirmed by DONE moved
 		 * them all (info caps bytes_done at bytes_total). */
-		if (op->backend == SC_BACKEND_IBVERBS) {
+		if (op->backend == SC_BACKEND_IBVERBS || op->backend == SC_BACKEND_LIBFABRIC) {
 			/* The NIC moved them to or from the pages its MR pins: if the worker
 			 * truncated the file meanwhile, those pages are no longer the file's, so
 			 * the use did not move the region's bytes. ERRORED, naming the region;
 			 * a peer that sent DONE is told in its reply. */
 			char what[SC_NAME_MAX + 48];
-			snprintf(what, sizeof(what), "the ibverbs transfer with peer sidecar %s",
-				 op->peer);
+			snprintf(what, sizeof(what), "the %s transfer with peer sidecar %s",
+				 sc_backend_name(op->backend), op->peer);
 			struct sc_err lost;
 			sc_err_clear(&lost);
 			if (sc_op_probe_host_ranges(op, what, &lost) != 0) {

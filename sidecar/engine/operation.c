@@ -382,7 +382,8 @@ void sc_op_finish_locked(struct sc_engine *eng, struct sc_op *op, enum sc_op_sta
 		return;
 	}
 	enum sc_op_status was = op->status;
-	if (status == SC_OPS_COMPLETE && op->backend == SC_BACKEND_IBVERBS &&
+	if (status == SC_OPS_COMPLETE &&
+	    (op->backend == SC_BACKEND_IBVERBS || op->backend == SC_BACKEND_LIBFABRIC) &&
 	    (op->kind == SC_OP_READ || op->kind == SC_OP_WRITABLE)) {
 		/* The NIC wrote these ranges: make GPU writes visible before COMPLETE. */
 		for (size_t i = 0; i < op->n_descs; i++)

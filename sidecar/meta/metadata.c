@@ -36,6 +36,7 @@ static const struct {
     {SC_BACKEND_BIT_TCP, RDMA_SIDECAR__V1__BACKEND__BACKEND_TCP},
     {SC_BACKEND_BIT_IBVERBS, RDMA_SIDECAR__V1__BACKEND__BACKEND_IBVERBS},
     {SC_BACKEND_BIT_LOCAL, RDMA_SIDECAR__V1__BACKEND__BACKEND_LOCAL},
+    {SC_BACKEND_BIT_LIBFABRIC, RDMA_SIDECAR__V1__BACKEND__BACKEND_LIBFABRIC},
 };
 #define N_BACKENDS (sizeof(backend_map) / sizeof(backend_map[0]))
 
@@ -108,6 +109,7 @@ int sc_metadata_sign(const struct sc_keyring *ring, const struct sc_metadata *md
 	int rc = -1;
 	struct sc_meta_runs runs = {0};
 	pb_desc *descs = NULL;
+	RdmaSidecar__V1__OfiKey *ofi_keys = NULL, **ofi_key_ptrs = NULL;
 	pb_desc **desc_ptrs = NULL;
 	uint8_t *payload = NULL, *envelope = NULL;
 	size_t payload_len = 0;
@@ -163,6 +165,45 @@ int sc_metadata_sign(const struct sc_keyring *ring, const struct sc_metadata *md
 	}
 	m.n_ib_rails = md->n_ib_rails;
 	m.ib_rails = md->n_ib_rails ? rail_ptrs : NULL;
+	RdmaSidecar__V1__OfiEndpoint ofi = RDMA_SIDECAR__V1__OFI_ENDPOINT__INIT;
+	ProtobufCBinaryData ofi_addrs[SC_MAX_OFI_RAILS];
+	if (md->ofi.present) {
+		ofi.provider = (char *)md->ofi.provider;
+		for (size_t j = 0; j < md->ofi.n_addrs && j < SC_MAX_OFI_RAILS; j++) {
+			ofi_addrs[j].data = (uint8_t *)md->ofi.addr[j];
+			ofi_addrs[j].len = md->ofi.addr_len[j];
+		}
+		ofi.n_addresses = md->ofi.n_addrs;
+		ofi.addresses = ofi_addrs;
+		ofi.virt_addr = md->ofi.virt_addr;
+		if (md->ofi.n_keys) {
+			ofi_keys = calloc(md->ofi.n_keys, sizeof(*ofi_keys));
+			ofi_key_ptrs = calloc(md->ofi.n_keys, sizeof(*ofi_key_ptrs));
+			if (!ofi_keys || !ofi_key_ptrs) {
+				free(ofi_keys);
+				free(ofi_key_ptrs);
+				ofi_keys = NULL;
+				ofi_key_ptrs = NULL;
+				sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory signing metadata");
+				goto out;
+			}
+			for (size_t k = 0; k < md->ofi.n_keys; k++) {
+				RdmaSidecar__V1__OfiKey pk = RDMA_SIDECAR__V1__OFI_KEY__INIT;
+				pk.key = md->ofi.keys[k].key;
+				pk.address = md->ofi.keys[k].base;
+				pk.length = md->ofi.keys[k].length;
+				ofi_keys[k] = pk;
+				ofi_key_ptrs[k] = &ofi_keys[k];
+			}
+		}
+		ofi.n_keys = md->ofi.n_keys;
+		ofi.keys = ofi_key_ptrs;
+		if (md->ofi.rail_keys && md->ofi.n_addrs > 1) {
+			ofi.n_rail_keys = (md->ofi.n_addrs - 1) * md->ofi.n_keys;
+			ofi.rail_keys = md->ofi.rail_keys;
+		}
+		m.ofi = &ofi;
+	}
 	if (m.version != 1) {
 		/* version 2 and later: runs (meta/runs.c) */
 		if (sc_meta_runs_encode(md->descs, md->n_descs, &runs, err) != 0)
@@ -258,6 +299,8 @@ int sc_metadata_sign(const struct sc_keyring *ring, const struct sc_metadata *md
 	*text = t;
 	rc = 0;
 out:
+	free(ofi_keys);
+	free(ofi_key_ptrs);
 	sc_meta_runs_free(&runs);
 	free(envelope);
 	free(payload);
@@ -280,6 +323,62 @@ static bool copy_field(char *dst, size_t cap, const char *src)
 
 /* The issuer's other ibverbs rails (field 17): at most SC_MAX_IB_RAILS - 1, numbers 1..15 and
  * distinct, an endpoint with a 16-byte gid each, and one rkey per group of the descriptors. */
+/* The issuer's libfabric endpoints and keys (field 18). */
+static int ofi_from_pb(const pb_metadata *m, struct sc_metadata *out, struct sc_err *err)
+{
+	const RdmaSidecar__V1__OfiEndpoint *o = m->ofi;
+	if (!o)
+		return 0;
+	if (!copy_field(out->ofi.provider, sizeof(out->ofi.provider), o->provider))
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "metadata libfabric provider name is longer than %zu",
+				  sizeof(out->ofi.provider) - 1);
+	if (o->n_addresses == 0 || o->n_addresses > SC_MAX_OFI_RAILS)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "metadata has %zu libfabric addresses (1..%d)", o->n_addresses,
+				  SC_MAX_OFI_RAILS);
+	for (size_t j = 0; j < o->n_addresses; j++) {
+		if (o->addresses[j].len == 0 || o->addresses[j].len > SC_OFI_ADDR_MAX)
+			return sc_err_set(err, SC_INVALID_ARGUMENT,
+					  "metadata libfabric address %zu is %zu bytes (1..%d)", j,
+					  o->addresses[j].len, SC_OFI_ADDR_MAX);
+		memcpy(out->ofi.addr[j], o->addresses[j].data, o->addresses[j].len);
+		out->ofi.addr_len[j] = (uint32_t)o->addresses[j].len;
+	}
+	if (o->n_keys > SC_OFI_MAX_KEYS)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "metadata has %zu libfabric keys, at most %d", o->n_keys,
+				  SC_OFI_MAX_KEYS);
+	if (o->n_rail_keys && o->n_rail_keys != (o->n_addresses - 1) * o->n_keys)
+		return sc_err_set(err, SC_INVALID_ARGUMENT,
+				  "metadata has %zu libfabric rail keys for %zu rails and %zu keys",
+				  o->n_rail_keys, o->n_addresses, o->n_keys);
+	if (o->n_keys) {
+		out->ofi.keys = calloc(o->n_keys, sizeof(*out->ofi.keys));
+		if (!out->ofi.keys)
+			return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+					  "out of memory verifying metadata");
+		for (size_t k = 0; k < o->n_keys; k++) {
+			out->ofi.keys[k].key = o->keys[k]->key;
+			out->ofi.keys[k].base = o->keys[k]->address;
+			out->ofi.keys[k].length = o->keys[k]->length;
+		}
+	}
+	if (o->n_rail_keys) {
+		out->ofi.rail_keys = calloc(o->n_rail_keys, sizeof(uint64_t));
+		if (!out->ofi.rail_keys)
+			return sc_err_set(err, SC_RESOURCE_EXHAUSTED,
+					  "out of memory verifying metadata");
+		memcpy(out->ofi.rail_keys, o->rail_keys, o->n_rail_keys * sizeof(uint64_t));
+	}
+	out->ofi.n_keys = o->n_keys;
+	/* Rails without their own keys are not offered. */
+	out->ofi.n_addrs = o->n_rail_keys || o->n_keys == 0 ? o->n_addresses : 1;
+	out->ofi.virt_addr = o->virt_addr;
+	out->ofi.present = true;
+	return 0;
+}
+
 static int ib_rails_from_pb(const pb_metadata *m, struct sc_metadata *out, struct sc_err *err)
 {
 	if (m->n_ib_rails == 0)
@@ -455,6 +554,8 @@ static int metadata_from_pb(const pb_metadata *m, const char *key_id, struct sc_
 		}
 		out->n_descs = m->n_descriptors;
 	}
+	if (ofi_from_pb(m, out, err) != 0)
+		return -1;
 	return ib_rails_from_pb(m, out, err);
 }
 
@@ -678,6 +779,11 @@ void sc_metadata_free(struct sc_metadata *md)
 	md->n_descs = 0;
 	free(md->ib_rkeys);
 	md->ib_rkeys = NULL;
+	free(md->ofi.keys);
+	md->ofi.keys = NULL;
+	free(md->ofi.rail_keys);
+	md->ofi.rail_keys = NULL;
+	md->ofi.n_keys = 0;
 	md->n_ib_rails = 0;
 	md->n_ib_groups = 0;
 }

@@ -57,6 +57,27 @@ struct sc_ib_rail {
 	struct sc_ib_endpoint ep;
 };
 
+/* The issuer's libfabric part (OfiEndpoint): its provider, one fabric address per rail, and the
+ * keys of this operation's exposed ranges (rail 0's in keys; rail j >= 1's key k is
+ * rail_keys[(j - 1) * n_keys + k]). keys and rail_keys are owned (sc_metadata_free). */
+#define SC_MAX_OFI_RAILS 16
+#define SC_OFI_ADDR_MAX 64
+#define SC_OFI_MAX_KEYS 65536
+struct sc_ofi_key {
+	uint64_t key, base, length;
+};
+struct sc_ofi_endpoint {
+	bool present;
+	char provider[64];
+	uint8_t addr[SC_MAX_OFI_RAILS][SC_OFI_ADDR_MAX];
+	uint32_t addr_len[SC_MAX_OFI_RAILS];
+	size_t n_addrs;
+	bool virt_addr;
+	struct sc_ofi_key *keys;
+	size_t n_keys;
+	uint64_t *rail_keys; /* (n_addrs - 1) * n_keys, or NULL */
+};
+
 struct sc_metadata {
 	uint32_t version;
 	char issuer[SC_NAME_MAX];
@@ -74,6 +95,7 @@ struct sc_metadata {
 	size_t n_ib_rails;
 	uint32_t *ib_rkeys;
 	size_t n_ib_groups;
+	struct sc_ofi_endpoint ofi; /* libfabric; ofi.present when offered */
 	struct sc_meta_desc *descs; /* owned */
 	size_t n_descs;
 	uint64_t issued_unix_ms;

@@ -185,19 +185,23 @@ size_t sc_peer_encode(const struct sc_peer_msg *m, uint8_t *buf, size_t cap)
 	struct wbuf h = {.p = buf, .cap = SC_PEER_HDR_LEN};
 	put_uint(&h, SC_PEER_VERSION, 1);
 	put_uint(&h, (uint64_t)m->type, 1);
-	put_uint(&h, m->type == SC_FRAME_OPEN ? (m->flags & SC_PEER_FLAG_VIA_BACKEND) : 0, 2);
+	put_uint(&h, m->type == SC_FRAME_OPEN ? (m->flags & SC_PEER_OPEN_FLAGS) : 0, 2);
 	put_uint(&h, b.len, 4);
 	return SC_PEER_HDR_LEN + b.len;
 }
 
 uint16_t sc_peer_via_flags(enum sc_backend_kind via)
 {
-	return via == SC_BACKEND_IBVERBS ? SC_PEER_FLAG_VIA_BACKEND : 0;
+	return via == SC_BACKEND_IBVERBS     ? SC_PEER_FLAG_VIA_BACKEND
+	       : via == SC_BACKEND_LIBFABRIC ? SC_PEER_FLAG_VIA_BACKEND | SC_PEER_FLAG_VIA_LIBFABRIC
+					     : 0;
 }
 
 enum sc_backend_kind sc_peer_via_backend(uint16_t flags)
 {
-	return (flags & SC_PEER_FLAG_VIA_BACKEND) ? SC_BACKEND_IBVERBS : SC_BACKEND_NONE;
+	if (!(flags & SC_PEER_FLAG_VIA_BACKEND))
+		return SC_BACKEND_NONE;
+	return (flags & SC_PEER_FLAG_VIA_LIBFABRIC) ? SC_BACKEND_LIBFABRIC : SC_BACKEND_IBVERBS;
 }
 
 /* ---- decoding -------------------------------------------------------------------------------- */
@@ -313,7 +317,8 @@ int sc_peer_decode_hdr(const uint8_t in[SC_PEER_HDR_LEN], struct sc_frame_hdr *h
 	if (h->type < 1 || h->type > SC_FRAME_TYPE_MAX)
 		return sc_err_set(err, SC_INVALID_ARGUMENT, "protocol error: unknown frame type %u",
 				  h->type);
-	if (h->flags != 0 && !(h->type == SC_FRAME_OPEN && h->flags == SC_PEER_FLAG_VIA_BACKEND))
+	if (h->flags != 0 && !(h->type == SC_FRAME_OPEN && (h->flags == SC_PEER_FLAG_VIA_BACKEND ||
+						h->flags == SC_PEER_OPEN_FLAGS)))
 		return sc_err_set(err, SC_INVALID_ARGUMENT,
 				  "protocol error: %s frame with unknown flags 0x%x",
 				  sc_frame_type_name(h->type), h->flags);

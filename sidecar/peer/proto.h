@@ -80,6 +80,10 @@
  * channel. Which one is mapped at the edges (sc_peer_via_flags / sc_peer_via_backend): the wire
  * has one such bit, and it has always meant ibverbs (RDMA). */
 #define SC_PEER_FLAG_VIA_BACKEND 0x0001u
+/* With SC_PEER_FLAG_VIA_BACKEND: that backend is libfabric, not ibverbs. An older sidecar refuses
+ * the OPEN ("unknown flags"), so a peer that does not know libfabric never counts it as ibverbs. */
+#define SC_PEER_FLAG_VIA_LIBFABRIC 0x0002u
+#define SC_PEER_OPEN_FLAGS (SC_PEER_FLAG_VIA_BACKEND | SC_PEER_FLAG_VIA_LIBFABRIC)
 /* OPEN extension tags (see above). */
 #define SC_PEER_OPEN_EXT_TRACE 1
 

@@ -21,7 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SHM_KIND ((enum sc_backend_kind)4)
+#define SHM_KIND ((enum sc_backend_kind)5)
 
 /* ---- the test-only backend: a partial ops table and a constructor -----------------------------
  */
@@ -89,16 +89,16 @@ static const struct sc_backend_class shm_class = {.name = "shm",
 
 TEST(registers_once_and_refuses_bad_rows)
 {
-	CHECK_INT_EQ(sc_backend_registry_count(), 3);
-	CHECK_INT_EQ(sc_backend_registry_add(&shm_class), 0);
 	CHECK_INT_EQ(sc_backend_registry_count(), 4);
+	CHECK_INT_EQ(sc_backend_registry_add(&shm_class), 0);
+	CHECK_INT_EQ(sc_backend_registry_count(), 5);
 	CHECK_INT_EQ(sc_backend_registry_add(&shm_class), -1); /* kind taken */
 	struct sc_backend_class bad = shm_class;
 	bad.kind = (enum sc_backend_kind)SC_BACKEND_KIND_MAX;
 	CHECK_INT_EQ(sc_backend_registry_add(&bad), -1);
 	bad.kind = SC_BACKEND_NONE;
 	CHECK_INT_EQ(sc_backend_registry_add(&bad), -1);
-	CHECK_INT_EQ(sc_backend_registry_count(), 4);
+	CHECK_INT_EQ(sc_backend_registry_count(), 5);
 }
 
 TEST(names_come_from_the_table)
@@ -108,14 +108,16 @@ TEST(names_come_from_the_table)
 	CHECK_STR_EQ(sc_backend_name(SC_BACKEND_LOCAL), "local");
 	CHECK_STR_EQ(sc_backend_name(SHM_KIND), "shm");
 	CHECK_STR_EQ(sc_backend_name(SC_BACKEND_NONE), "none");
-	CHECK_STR_EQ(sc_backend_name((enum sc_backend_kind)5), "none");
+	CHECK_STR_EQ(sc_backend_name(SC_BACKEND_LIBFABRIC), "libfabric");
+	CHECK_STR_EQ(sc_backend_name((enum sc_backend_kind)SC_BACKEND_KIND_MAX), "none");
 	/* GetInfo and metrics order */
 	CHECK_INT_EQ(sc_backend_registry_at(0)->kind, SC_BACKEND_TCP);
 	CHECK_INT_EQ(sc_backend_registry_at(1)->kind, SC_BACKEND_IBVERBS);
-	CHECK_INT_EQ(sc_backend_registry_at(2)->kind, SC_BACKEND_LOCAL);
-	CHECK_INT_EQ(sc_backend_registry_at(3)->kind, SHM_KIND);
-	CHECK(sc_backend_registry_at(4) == NULL);
-	CHECK(sc_backend_registry_find(SHM_KIND) == sc_backend_registry_at(3));
+	CHECK_INT_EQ(sc_backend_registry_at(2)->kind, SC_BACKEND_LIBFABRIC);
+	CHECK_INT_EQ(sc_backend_registry_at(3)->kind, SC_BACKEND_LOCAL);
+	CHECK_INT_EQ(sc_backend_registry_at(4)->kind, SHM_KIND);
+	CHECK(sc_backend_registry_at(5) == NULL);
+	CHECK(sc_backend_registry_find(SHM_KIND) == sc_backend_registry_at(4));
 }
 
 TEST(config_names_match_the_registry)
@@ -171,10 +173,10 @@ static struct sc_backend fake[SC_BACKEND_KIND_MAX];
 static struct sc_backend *const *backends(bool tcp, bool ib, bool local, bool shm)
 {
 	static struct sc_backend *arr[SC_BACKEND_KIND_MAX];
-	bool on[SC_BACKEND_KIND_MAX] = {false, tcp, ib, local, shm};
+	bool on[SC_BACKEND_KIND_MAX] = {false, tcp, ib, local, false, shm};
 	for (int k = 1; k < SC_BACKEND_KIND_MAX; k++) {
 		fake[k].available = on[k];
-		arr[k] = k <= 4 ? &fake[k] : NULL;
+		arr[k] = k <= 5 ? &fake[k] : NULL;
 	}
 	return arr;
 }
@@ -234,11 +236,11 @@ TEST(engine_creates_reports_and_destroys_the_test_backend)
 	CHECK_INT_EQ(atomic_load(&shm_started), started + 1);
 	struct sc_info *info = calloc(1, sizeof(*info));
 	sc_engine_info(eng, info);
-	CHECK_INT_EQ(info->n_backends, 4);
+	CHECK_INT_EQ(info->n_backends, 5);
 	CHECK_INT_EQ(info->backends[0].backend, SC_BACKEND_TCP);
-	CHECK_INT_EQ(info->backends[3].backend, SHM_KIND);
-	CHECK(info->backends[3].available);
-	CHECK_STR_EQ(info->backends[3].detail, "test-only shared memory backend");
+	CHECK_INT_EQ(info->backends[4].backend, SHM_KIND);
+	CHECK(info->backends[4].available);
+	CHECK_STR_EQ(info->backends[4].detail, "test-only shared memory backend");
 	free(info);
 	sc_engine_destroy(eng);
 	sc_config_free(&cfg);

@@ -725,7 +725,7 @@ TEST(error_bad_backend)
 {
 	EXPECT_ERROR(
 	    no_env,
-	    "--backends \"tcp,rdma\": unknown backend \"rdma\" (valid: tcp, ibverbs, local, "
+	    "--backends \"tcp,rdma\": unknown backend \"rdma\" (valid: tcp, ibverbs, libfabric, local, "
 	    "all",
 	    "--backends", "tcp,rdma");
 	EXPECT_ERROR(no_env, "unknown backend \"\"", "--backends", "");
@@ -1012,8 +1012,9 @@ TEST(usage_documents_every_option)
 	/* 47 + --reflection + --cancel-wait + --max-progress-records + --progress-grace + 3
 	 * identity/reload flags + --ib-devices + --warm-peers + --ib-stall-timeout +
 	 * --data-max-peers + --ib-stripe-min + --ib-slice-size + --ib-max-qps + --data-io-threads +
-	 * --data-first-byte-timeout + --nats-handoff, --nats-stream, --nats-stream-replicas */
-	CHECK_INT_EQ(options, 68);
+	 * --data-first-byte-timeout + --nats-handoff, --nats-stream, --nats-stream-replicas + 6 --ofi-*
+	 * (provider, domains, max-peers, stripe-min, hmem, stall-timeout) */
+	CHECK_INT_EQ(options, 74);
 }
 
 /* ---- free ---- */
