@@ -47,12 +47,9 @@ struct sub_state {
 	atomic_bool ended;
 };
 
-static void on_event(void *ctx, const struct sc_bus_event *ev)
+/* A MetadataEvent message that borrows ev's fields (valid while ev is). */
+static RdmaSidecar__V1__MetadataEvent event_view(const struct sc_bus_event *ev)
 {
-	struct sc_call *c = ctx;
-	struct sub_state *st = sc_call_state(c);
-	if (atomic_load(&st->ended) || ev->refused)
-		return;
 	RdmaSidecar__V1__MetadataEvent m = RDMA_SIDECAR__V1__METADATA_EVENT__INIT;
 	m.subject = (char *)ev->subject;
 	m.metadata = (char *)ev->metadata;
@@ -61,6 +58,16 @@ static void on_event(void *ctx, const struct sc_bus_event *ev)
 	m.n_descriptor_lengths = ev->n_descriptors;
 	m.descriptor_lengths = (uint64_t *)ev->descriptor_lengths;
 	m.expires_unix_ms = ev->expires_unix_ms;
+	return m;
+}
+
+static void on_event(void *ctx, const struct sc_bus_event *ev)
+{
+	struct sc_call *c = ctx;
+	struct sub_state *st = sc_call_state(c);
+	if (atomic_load(&st->ended) || ev->refused)
+		return;
+	RdmaSidecar__V1__MetadataEvent m = event_view(ev);
 	sc_call_send(c, &m.base);
 }
 
@@ -183,14 +190,7 @@ static void on_wait_event(void *ctx, const struct sc_bus_event *ev)
 	}
 	uint64_t sub_id = w->sub_id, timer_id = w->timer_id;
 	pthread_mutex_unlock(&w->mu);
-	RdmaSidecar__V1__MetadataEvent m = RDMA_SIDECAR__V1__METADATA_EVENT__INIT;
-	m.subject = (char *)ev->subject;
-	m.metadata = (char *)ev->metadata;
-	m.issuer = (char *)ev->issuer;
-	m.kind = (RdmaSidecar__V1__OperationKind)ev->kind;
-	m.n_descriptor_lengths = ev->n_descriptors;
-	m.descriptor_lengths = (uint64_t *)ev->descriptor_lengths;
-	m.expires_unix_ms = ev->expires_unix_ms;
+	RdmaSidecar__V1__MetadataEvent m = event_view(ev);
 	sc_call_reply(c, &m.base);
 	sc_bus_unsubscribe(eng, sub_id); /* our own subscription: returns at once */
 	if (sc_engine_timer_try_cancel(eng, timer_id))

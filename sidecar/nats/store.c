@@ -536,6 +536,7 @@ static void free_watch(void *ctx)
 {
 	struct watch *w = ctx;
 	free((char *)w->full);
+	free((char *)w->queue);
 	free(w);
 }
 
@@ -567,6 +568,39 @@ static natsStatus open_watch(void *arg, natsConnection *nc, natsMsgHandler cb, v
 	return s;
 }
 
+/* A new watch of subject (under the store's root) for fn/ctx; queue_group NULL for none. NULL on
+ * failure (err set; what: "wait on", "subscribe to"). */
+static struct watch *watch_new(struct sc_nats_store *st, const char *subject,
+			       const char *queue_group, sc_nats_store_fn fn, void *ctx,
+			       const char *what, struct sc_err *err)
+{
+	struct watch *w = calloc(1, sizeof(*w));
+	char *full = malloc(SC_NATS_SUBJECT_MAX + ROOT_MAX + 1);
+	char *q = queue_group ? strdup(queue_group) : NULL;
+	if (!w || !full || (queue_group && !q)) {
+		sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
+		goto fail;
+	}
+	if (!full_subject(st, subject, full, SC_NATS_SUBJECT_MAX + ROOT_MAX + 1)) {
+		sc_err_set(err, SC_INVALID_ARGUMENT, "%s %s: subject too long", what, subject);
+		goto fail;
+	}
+	w->st = st;
+	w->fn = fn;
+	w->ctx = ctx;
+	w->full = full;
+	w->queue = q;
+	pthread_mutex_lock(&st->mu);
+	w->root_len = strlen(st->root);
+	pthread_mutex_unlock(&st->mu);
+	return w;
+fail:
+	free(w);
+	free(full);
+	free(q);
+	return NULL;
+}
+
 static int watch_once(struct sc_nats_store *st, const char *subject, sc_nats_store_fn fn, void *ctx,
 		      uint64_t *sub_id, struct sc_err *err)
 {
@@ -576,26 +610,9 @@ static int watch_once(struct sc_nats_store *st, const char *subject, sc_nats_sto
 		return -1;
 	if (ensure(st, "wait on", subject, "nothing can be received", err) != 0)
 		return -1;
-	struct watch *w = calloc(1, sizeof(*w));
-	char *full = malloc(SC_NATS_SUBJECT_MAX + ROOT_MAX + 1);
-	if (!w || !full) {
-		free(w);
-		free(full);
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
-	}
-	if (!full_subject(st, subject, full, SC_NATS_SUBJECT_MAX + ROOT_MAX + 1)) {
-		free(w);
-		free(full);
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "wait on %s: subject too long",
-				  subject);
-	}
-	w->st = st;
-	w->fn = fn;
-	w->ctx = ctx;
-	w->full = full;
-	pthread_mutex_lock(&st->mu);
-	w->root_len = strlen(st->root);
-	pthread_mutex_unlock(&st->mu);
+	struct watch *w = watch_new(st, subject, NULL, fn, ctx, "wait on", err);
+	if (!w)
+		return -1;
 	return sc_nats_sub_open(st->bus, subject, open_watch, w, on_stored, w, free_watch, sub_id,
 				err);
 }
@@ -628,13 +645,6 @@ static natsStatus open_queue(void *arg, natsConnection *nc, natsMsgHandler cb, v
 	return s;
 }
 
-static void free_queue_watch(void *ctx)
-{
-	struct watch *w = ctx;
-	free((char *)w->queue);
-	free_watch(w);
-}
-
 int sc_nats_store_queue_subscribe(struct sc_nats_store *st, const char *subject,
 				  const char *queue_group, sc_nats_store_fn fn, void *ctx,
 				  uint64_t *sub_id, struct sc_err *err)
@@ -652,30 +662,9 @@ int sc_nats_store_queue_subscribe(struct sc_nats_store *st, const char *subject,
 					  queue_group);
 	if (ensure(st, "subscribe to", subject, "nothing can be received", err) != 0)
 		return -1;
-	struct watch *w = calloc(1, sizeof(*w));
-	char *full = malloc(SC_NATS_SUBJECT_MAX + ROOT_MAX + 1);
-	char *q = strdup(queue_group);
-	if (!w || !full || !q) {
-		free(w);
-		free(full);
-		free(q);
-		return sc_err_set(err, SC_RESOURCE_EXHAUSTED, "out of memory");
-	}
-	if (!full_subject(st, subject, full, SC_NATS_SUBJECT_MAX + ROOT_MAX + 1)) {
-		free(w);
-		free(full);
-		free(q);
-		return sc_err_set(err, SC_INVALID_ARGUMENT, "subscribe to %s: subject too long",
-				  subject);
-	}
-	w->st = st;
-	w->fn = fn;
-	w->ctx = ctx;
-	w->full = full;
-	w->queue = q;
-	pthread_mutex_lock(&st->mu);
-	w->root_len = strlen(st->root);
-	pthread_mutex_unlock(&st->mu);
-	return sc_nats_sub_open(st->bus, subject, open_queue, w, on_stored, w, free_queue_watch,
-				sub_id, err);
+	struct watch *w = watch_new(st, subject, queue_group, fn, ctx, "subscribe to", err);
+	if (!w)
+		return -1;
+	return sc_nats_sub_open(st->bus, subject, open_queue, w, on_stored, w, free_watch, sub_id,
+				err);
 }
