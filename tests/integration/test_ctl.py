@@ -519,7 +519,7 @@ class CtlTest(SidecarTest):
                                    "wait-metadata", "wm.later"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
         try:
-            wait_until(lambda: waits_started() > before, 10 * SLOW, "b to have the wait")
+            wait_until(lambda: waits_started() > before, 10, "b to have the wait")
             self.assertIsNone(waiter.poll())
             dst = a.create_region(1 << 16)
             wo = a.stub.CreateWritable(pb.CreatePassiveRequest(descriptors=[desc(dst, 17, 4097)], timeout_ms=60000),
