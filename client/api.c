@@ -934,9 +934,9 @@ int rsc_create_writable_traced(rsc_client *c, const rsc_passive_args *a,
 	return passive(c, M("CreateWritable"), a, sets, n_sets, traceparent, out, st);
 }
 
-int rsc_begin_read_traced(rsc_client *c, const rsc_transfer_args *a,
-			  const rsc_descriptor_set *sets, size_t n_sets, const char *traceparent,
-			  rsc_operation *out, rsc_status *st)
+int rsc_begin_read_traced(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+			  size_t n_sets, const char *traceparent, rsc_operation *out,
+			  rsc_status *st)
 {
 	return begin_sets(c, M("BeginRead"), a, sets, n_sets, 0, 0, traceparent, out, st);
 }
@@ -949,8 +949,8 @@ int rsc_begin_write_traced(rsc_client *c, const rsc_transfer_args *a,
 }
 
 int rsc_read_traced(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
-		    size_t n_sets, uint64_t timeout_ms, const char *traceparent,
-		    rsc_operation *out, rsc_status *st)
+		    size_t n_sets, uint64_t timeout_ms, const char *traceparent, rsc_operation *out,
+		    rsc_status *st)
 {
 	return begin_sets(c, M("BeginRead"), a, sets, n_sets, 1, timeout_ms ? timeout_ms : 30000,
 			  traceparent, out, st);
@@ -1407,8 +1407,8 @@ int rsc_wait_metadata(rsc_client *c, const char *subject, uint64_t timeout_ms,
 	    .n_lengths = m->n_descriptor_lengths,
 	    .expires_unix_ms = m->expires_unix_ms,
 	};
-	uint64_t *lens = calloc(m->n_descriptor_lengths ? m->n_descriptor_lengths : 1,
-				sizeof(uint64_t));
+	uint64_t *lens =
+	    calloc(m->n_descriptor_lengths ? m->n_descriptor_lengths : 1, sizeof(uint64_t));
 	if (lens && m->n_descriptor_lengths)
 		memcpy(lens, m->descriptor_lengths, m->n_descriptor_lengths * sizeof(uint64_t));
 	ev.descriptor_lengths = lens;

@@ -2,9 +2,9 @@
 /*
  * ctl.c: rdma-sidecar-ctl, the operator's command line on librdma-sidecar-client. One command per
  * run (info, health, ping, regions, ops, op, wait, watch, cancel, publish, subscribe,
- * wait-metadata, read, write, connect), text or --json output on stdout, errors on stderr. Exit codes: 0 ok, 1 the operation
- * failed (connect: no path ready), 2 usage, 3 cannot reach the sidecar. Single-threaded; owns one
- * client for the run.
+ * wait-metadata, read, write, connect), text or --json output on stdout, errors on stderr. Exit
+ * codes: 0 ok, 1 the operation failed (connect: no path ready), 2 usage, 3 cannot reach the
+ * sidecar. Single-threaded; owns one client for the run.
  */
 #include <rdma_sidecar/client.h>
 
@@ -694,7 +694,8 @@ static void event_json(const rsc_metadata_event *ev)
 	puts("}");
 }
 
-/* One-shot wait (WaitMetadata): the metadata text alone on stdout, for `md=$(... wait-metadata)`. */
+/* One-shot wait (WaitMetadata): the metadata text alone on stdout, for `md=$(... wait-metadata)`.
+ */
 static int cmd_wait_metadata(struct ctl *x, char **argv)
 {
 	rsc_status st;
@@ -1060,9 +1061,11 @@ static void usage(FILE *out)
 	    "  --json             machine-readable output (one JSON object per line)\n"
 	    "  --timeout S        seconds: wait/wait-metadata/read/write/connect bound, subscribe\n"
 	    "                     duration\n"
-	    "  --traceparent TP   read/write: a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>) whose\n"
+	    "  --traceparent TP   read/write: a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>) "
+	    "whose\n"
 	    "                     trace id tags the transfer's log lines on both sidecars and is\n"
-	    "                     printed (\"trace <id>\"; --json: operation.trace_id); default: a new\n"
+	    "                     printed (\"trace <id>\"; --json: operation.trace_id); default: a "
+	    "new\n"
 	    "                     one the sidecar makes\n"
 	    "  --count N          subscribe: stop after N events; ping: calls (default 10)\n"
 	    "  --interval-ms M    ping: milliseconds between calls (default 100)\n"

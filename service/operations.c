@@ -108,9 +108,9 @@ static void log_begin_refused(enum sc_op_kind kind, const char *metadata, const 
 	    .trace_id = trace_id && sc_trace_id_valid(trace_id) ? trace_id : NULL,
 	};
 	const char *what = kind == SC_OP_READ ? "BeginRead" : "BeginWrite";
-	sc_log_kv_limited(SC_LOG_INFO, "op", kind == SC_OP_READ ? "begin-read-refused"
-							       : "begin-write-refused",
-			  &lf, "%s refused (%s): %s", what, sc_status_name(code), msg);
+	sc_log_kv_limited(SC_LOG_INFO, "op",
+			  kind == SC_OP_READ ? "begin-read-refused" : "begin-write-refused", &lf,
+			  "%s refused (%s): %s", what, sc_status_name(code), msg);
 }
 
 static void create_passive(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind)
@@ -193,7 +193,8 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 	if (r->requirement) {
 		const char *rid = r->requirement->request_id ? r->requirement->request_id : "";
 		if (!rid[0] || strlen(rid) >= sizeof(ar.requirement.request_id)) {
-			static const char msg[] = "requirement.request_id must be 1..127 characters";
+			static const char msg[] =
+			    "requirement.request_id must be 1..127 characters";
 			free(descs);
 			sc_call_fail(c, SC_INVALID_ARGUMENT, msg);
 			log_begin_refused(kind, r->metadata, trace_id, SC_INVALID_ARGUMENT, msg);

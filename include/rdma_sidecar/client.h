@@ -482,16 +482,16 @@ int rsc_create_readable_traced(rsc_client *c, const rsc_passive_args *a,
 int rsc_create_writable_traced(rsc_client *c, const rsc_passive_args *a,
 			       const rsc_descriptor_set *sets, size_t n_sets,
 			       const char *traceparent, rsc_operation *out, rsc_status *st);
-int rsc_begin_read_traced(rsc_client *c, const rsc_transfer_args *a,
-			  const rsc_descriptor_set *sets, size_t n_sets, const char *traceparent,
-			  rsc_operation *out, rsc_status *st);
+int rsc_begin_read_traced(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+			  size_t n_sets, const char *traceparent, rsc_operation *out,
+			  rsc_status *st);
 int rsc_begin_write_traced(rsc_client *c, const rsc_transfer_args *a,
 			   const rsc_descriptor_set *sets, size_t n_sets, const char *traceparent,
 			   rsc_operation *out, rsc_status *st);
 /* One round trip to the final state, as rsc_read / rsc_write (timeout_ms 0 = 30000). */
 int rsc_read_traced(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
-		    size_t n_sets, uint64_t timeout_ms, const char *traceparent,
-		    rsc_operation *out, rsc_status *st);
+		    size_t n_sets, uint64_t timeout_ms, const char *traceparent, rsc_operation *out,
+		    rsc_status *st);
 int rsc_write_traced(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
 		     size_t n_sets, uint64_t timeout_ms, const char *traceparent,
 		     rsc_operation *out, rsc_status *st);

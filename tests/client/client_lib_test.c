@@ -132,7 +132,8 @@ static long calls_started(int port, const char *method)
 	buf[n] = '\0';
 	char want[128];
 	snprintf(want, sizeof(want), "grpc_method=\"%s\"", method);
-	for (char *line = buf; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+	for (char *line = buf; line && *line;
+	     line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
 		char *eol = strchr(line, '\n'), *close_brace;
 		if (strncmp(line, "grpc_server_started_total{", 26) != 0)
 			continue;
@@ -175,7 +176,8 @@ static double mono_s(void)
 int main(int argc, char **argv)
 {
 	if (argc != 5) {
-		fprintf(stderr, "usage: %s unix:A.sock unix:B.sock FILE_FOR_B B_METRICS_PORT\n", argv[0]);
+		fprintf(stderr, "usage: %s unix:A.sock unix:B.sock FILE_FOR_B B_METRICS_PORT\n",
+			argv[0]);
 		return 2;
 	}
 	int b_metrics = atoi(argv[4]);
@@ -545,16 +547,16 @@ int main(int argc, char **argv)
 		  strcmp(ev.subject, "lib.wm.first") == 0 && strcmp(ev.issuer, "a") == 0 &&
 		  ev.kind == RSC_KIND_READABLE && ev.n_lengths == 1 &&
 		  ev.descriptor_lengths[0] == 77777 && ev.expires_unix_ms > 0,
-	      "wait_metadata (publisher first) got %s from %s, %zu lengths", ev.subject,
-	      ev.issuer, ev.n_lengths);
+	      "wait_metadata (publisher first) got %s from %s, %zu lengths", ev.subject, ev.issuer,
+	      ev.n_lengths);
 	ta = (rsc_transfer_args){
 	    .metadata = ev.metadata, .descriptors = &hd, .n_descriptors = 1, .timeout_ms = 30000};
 	/* A malformed traceparent is refused before anything moves (the metadata stays usable). */
 	CODE(rsc_begin_read_traced(b, &ta, NULL, 0, "00-not-a-trace", &act, &st),
 	     RSC_INVALID_ARGUMENT, "traceparent is not a W3C traceparent");
 	OK(rsc_read_traced(b, &ta, NULL, 0, 30000, tp_b, &act, &st));
-	CHECK(act.status == RSC_STATUS_COMPLETE && act.bytes_done == 77777,
-	      "traced read: %s %s", rsc_op_status_name(act.status), act.error_message);
+	CHECK(act.status == RSC_STATUS_COMPLETE && act.bytes_done == 77777, "traced read: %s %s",
+	      rsc_op_status_name(act.status), act.error_message);
 	CHECK(act.trace_id && strncmp(act.trace_id, tp_b + 3, 32) == 0,
 	      "read's trace id %s, sent %s", act.trace_id, tp_b);
 	CHECK(memcmp((char *)mb + 3, (char *)ma + 12345, 77777) == 0, "handed-off bytes differ");
