@@ -1051,7 +1051,7 @@ static void usage(FILE *out)
 	fprintf(out, "usage: rdma-sidecar-ctl [options] COMMAND [ARGS]\n\n"
 		     "Talks to an rdma-sidecar over gRPC (librdma-sidecar-client).\n\ncommands:\n");
 	for (size_t i = 0; i < N_COMMANDS; i++)
-		fprintf(out, "  %-9s %-14s %s\n", commands[i].name, commands[i].args,
+		fprintf(out, "  %-13s %-21s %s\n", commands[i].name, commands[i].args,
 			commands[i].help);
 	fprintf(
 	    out,
