@@ -11,7 +11,8 @@
  * and arrays; free them with the matching rsc_*_clear() (safe on a zeroed or already cleared
  * struct). They are filled only when the call returns RSC_OK. ABI: a released struct never
  * changes size or layout (callers allocate them and index their arrays); what the service adds
- * later comes in new structs and calls (rsc_get_info_rails, rsc_operation_get_rails).
+ * later comes in new structs and calls (rsc_get_info_rails, rsc_operation_get_rails,
+ * rsc_begin_read_traced, rsc_wait_metadata).
  *
  * Threads. A client may be used from any number of threads at once: every call runs on its own
  * gRPC call and completion queue, and blocks the calling thread until the answer (or its deadline).
