@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define M(name) "/rdma_sidecar.v1.Sidecar/" name
@@ -742,8 +743,8 @@ static int sets_to_pb(const rsc_descriptor_set *in, size_t n, struct pb_sets *p,
 }
 
 static int passive(rsc_client *c, const char *method, const rsc_passive_args *a,
-		   const rsc_descriptor_set *sets, size_t n_sets, rsc_operation *out,
-		   rsc_status *st)
+		   const rsc_descriptor_set *sets, size_t n_sets, const char *traceparent,
+		   rsc_operation *out, rsc_status *st)
 {
 	if (!a)
 		return rsc_fail(st, RSC_INVALID_ARGUMENT, "%s: no arguments", method);
@@ -766,6 +767,7 @@ static int passive(rsc_client *c, const char *method, const rsc_passive_args *a,
 	req.audience = pbs(a->audience);
 	req.max_uses = a->max_uses;
 	req.request_id = pbs(a->request_id);
+	req.traceparent = pbs(traceparent);
 	ProtobufCMessage *resp = NULL;
 	rc = rsc_call_unary(c, method, PBM(&req), &rdma_sidecar__v1__operation__descriptor, &resp,
 			    0, st);
@@ -778,33 +780,34 @@ static int passive(rsc_client *c, const char *method, const rsc_passive_args *a,
 int rsc_create_readable(rsc_client *c, const rsc_passive_args *a, rsc_operation *out,
 			rsc_status *st)
 {
-	return passive(c, M("CreateReadable"), a, NULL, 0, out, st);
+	return passive(c, M("CreateReadable"), a, NULL, 0, NULL, out, st);
 }
 
 int rsc_create_writable(rsc_client *c, const rsc_passive_args *a, rsc_operation *out,
 			rsc_status *st)
 {
-	return passive(c, M("CreateWritable"), a, NULL, 0, out, st);
+	return passive(c, M("CreateWritable"), a, NULL, 0, NULL, out, st);
 }
 
 int rsc_create_readable_sets(rsc_client *c, const rsc_passive_args *a,
 			     const rsc_descriptor_set *sets, size_t n_sets, rsc_operation *out,
 			     rsc_status *st)
 {
-	return passive(c, M("CreateReadable"), a, sets, n_sets, out, st);
+	return passive(c, M("CreateReadable"), a, sets, n_sets, NULL, out, st);
 }
 
 int rsc_create_writable_sets(rsc_client *c, const rsc_passive_args *a,
 			     const rsc_descriptor_set *sets, size_t n_sets, rsc_operation *out,
 			     rsc_status *st)
 {
-	return passive(c, M("CreateWritable"), a, sets, n_sets, out, st);
+	return passive(c, M("CreateWritable"), a, sets, n_sets, NULL, out, st);
 }
 
 /* wait: one call to the final state (BeginTransferRequest.wait), bounded by call_timeout_ms. */
 static int begin_sets(rsc_client *c, const char *method, const rsc_transfer_args *a,
 		      const rsc_descriptor_set *sets, size_t n_sets, int wait,
-		      uint64_t call_timeout_ms, rsc_operation *out, rsc_status *st)
+		      uint64_t call_timeout_ms, const char *traceparent, rsc_operation *out,
+		      rsc_status *st)
 {
 	if (!a || !a->metadata || !a->metadata[0])
 		return rsc_fail(st, RSC_INVALID_ARGUMENT,
@@ -830,6 +833,7 @@ static int begin_sets(rsc_client *c, const char *method, const rsc_transfer_args
 	req.backend = (RdmaSidecar__V1__Backend)a->backend;
 	req.request_id = pbs(a->request_id);
 	req.wait = wait != 0;
+	req.traceparent = pbs(traceparent);
 	if (a->has_requirement) {
 		reqm.request_id = pbs(a->req_request_id);
 		reqm.iteration = a->req_iteration;
@@ -849,33 +853,115 @@ static int begin_sets(rsc_client *c, const char *method, const rsc_transfer_args
 static int begin(rsc_client *c, const char *method, const rsc_transfer_args *a, int wait,
 		 uint64_t call_timeout_ms, rsc_operation *out, rsc_status *st)
 {
-	return begin_sets(c, method, a, NULL, 0, wait, call_timeout_ms, out, st);
+	return begin_sets(c, method, a, NULL, 0, wait, call_timeout_ms, NULL, out, st);
 }
 
 int rsc_begin_read_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
 			size_t n_sets, rsc_operation *out, rsc_status *st)
 {
-	return begin_sets(c, M("BeginRead"), a, sets, n_sets, 0, 0, out, st);
+	return begin_sets(c, M("BeginRead"), a, sets, n_sets, 0, 0, NULL, out, st);
 }
 
 int rsc_begin_write_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
 			 size_t n_sets, rsc_operation *out, rsc_status *st)
 {
-	return begin_sets(c, M("BeginWrite"), a, sets, n_sets, 0, 0, out, st);
+	return begin_sets(c, M("BeginWrite"), a, sets, n_sets, 0, 0, NULL, out, st);
 }
 
 int rsc_read_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
 		  size_t n_sets, uint64_t timeout_ms, rsc_operation *out, rsc_status *st)
 {
 	return begin_sets(c, M("BeginRead"), a, sets, n_sets, 1, timeout_ms ? timeout_ms : 30000,
-			  out, st);
+			  NULL, out, st);
 }
 
 int rsc_write_sets(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
 		   size_t n_sets, uint64_t timeout_ms, rsc_operation *out, rsc_status *st)
 {
 	return begin_sets(c, M("BeginWrite"), a, sets, n_sets, 1, timeout_ms ? timeout_ms : 30000,
-			  out, st);
+			  NULL, out, st);
+}
+
+char *rsc_traceparent_new(char buf[RSC_TRACEPARENT_SIZE])
+{
+	static const char hex[] = "0123456789abcdef";
+	uint8_t r[24] = {0};
+	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	ssize_t got = fd >= 0 ? read(fd, r, sizeof(r)) : -1;
+	if (fd >= 0)
+		close(fd);
+	if (got != (ssize_t)sizeof(r)) { /* no /dev/urandom: time and address, still non-zero */
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		uint64_t x = (uint64_t)ts.tv_sec * 1000000007u ^ (uint64_t)ts.tv_nsec ^
+			     (uint64_t)(uintptr_t)buf;
+		for (size_t i = 0; i < sizeof(r); i++) {
+			x ^= x << 13;
+			x ^= x >> 7;
+			x ^= x << 17;
+			r[i] = (uint8_t)x;
+		}
+	}
+	r[0] |= 1; /* W3C: an all-zero trace id or parent id is invalid */
+	r[16] |= 1;
+	char *p = buf;
+	memcpy(p, "00-", 3);
+	p += 3;
+	for (int i = 0; i < 16; i++) {
+		*p++ = hex[r[i] >> 4];
+		*p++ = hex[r[i] & 15];
+	}
+	*p++ = '-';
+	for (int i = 16; i < 24; i++) {
+		*p++ = hex[r[i] >> 4];
+		*p++ = hex[r[i] & 15];
+	}
+	memcpy(p, "-01", 4);
+	return buf;
+}
+
+int rsc_create_readable_traced(rsc_client *c, const rsc_passive_args *a,
+			       const rsc_descriptor_set *sets, size_t n_sets,
+			       const char *traceparent, rsc_operation *out, rsc_status *st)
+{
+	return passive(c, M("CreateReadable"), a, sets, n_sets, traceparent, out, st);
+}
+
+int rsc_create_writable_traced(rsc_client *c, const rsc_passive_args *a,
+			       const rsc_descriptor_set *sets, size_t n_sets,
+			       const char *traceparent, rsc_operation *out, rsc_status *st)
+{
+	return passive(c, M("CreateWritable"), a, sets, n_sets, traceparent, out, st);
+}
+
+int rsc_begin_read_traced(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+			  size_t n_sets, const char *traceparent, rsc_operation *out,
+			  rsc_status *st)
+{
+	return begin_sets(c, M("BeginRead"), a, sets, n_sets, 0, 0, traceparent, out, st);
+}
+
+int rsc_begin_write_traced(rsc_client *c, const rsc_transfer_args *a,
+			   const rsc_descriptor_set *sets, size_t n_sets, const char *traceparent,
+			   rsc_operation *out, rsc_status *st)
+{
+	return begin_sets(c, M("BeginWrite"), a, sets, n_sets, 0, 0, traceparent, out, st);
+}
+
+int rsc_read_traced(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+		    size_t n_sets, uint64_t timeout_ms, const char *traceparent, rsc_operation *out,
+		    rsc_status *st)
+{
+	return begin_sets(c, M("BeginRead"), a, sets, n_sets, 1, timeout_ms ? timeout_ms : 30000,
+			  traceparent, out, st);
+}
+
+int rsc_write_traced(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+		     size_t n_sets, uint64_t timeout_ms, const char *traceparent,
+		     rsc_operation *out, rsc_status *st)
+{
+	return begin_sets(c, M("BeginWrite"), a, sets, n_sets, 1, timeout_ms ? timeout_ms : 30000,
+			  traceparent, out, st);
 }
 
 int rsc_begin_read(rsc_client *c, const rsc_transfer_args *a, rsc_operation *out, rsc_status *st)
@@ -1290,6 +1376,60 @@ int rsc_subscribe_ready(rsc_client *c, const char *subject, const char *queue_gr
 	return rsc_call_server_stream(c, M("SubscribeMetadata"), PBM(&req),
 				      &rdma_sidecar__v1__metadata_event__descriptor, sub_msg,
 				      ready ? sub_ready : NULL, &s, timeout_ms, &stopped, st);
+}
+
+int rsc_wait_metadata(rsc_client *c, const char *subject, uint64_t timeout_ms,
+		      rsc_metadata_event *out, rsc_status *st)
+{
+	if (!subject || !subject[0])
+		return rsc_fail(st, RSC_INVALID_ARGUMENT, "wait_metadata: a subject is needed");
+	if (!out)
+		return rsc_fail(st, RSC_INVALID_ARGUMENT, "wait_metadata: no output event");
+	if (timeout_ms == 0)
+		timeout_ms = 30000;
+	RdmaSidecar__V1__WaitMetadataRequest req = RDMA_SIDECAR__V1__WAIT_METADATA_REQUEST__INIT;
+	req.subject = (char *)subject;
+	req.timeout_ms = timeout_ms;
+	/* The sidecar answers DEADLINE_EXCEEDED itself at timeout_ms, with a message that says
+	 * what was stored: the call's deadline leaves it room to. */
+	ProtobufCMessage *resp = NULL;
+	int rc = rsc_call_unary(c, M("WaitMetadata"), PBM(&req),
+				&rdma_sidecar__v1__metadata_event__descriptor, &resp,
+				timeout_ms + (c ? rsc_client_call_timeout(c) : 0), st);
+	if (rc != RSC_OK)
+		return rc;
+	const RdmaSidecar__V1__MetadataEvent *m = (const void *)resp;
+	rsc_metadata_event ev = {
+	    .subject = sdup(m->subject),
+	    .metadata = sdup(m->metadata),
+	    .issuer = sdup(m->issuer),
+	    .kind = m->kind,
+	    .n_lengths = m->n_descriptor_lengths,
+	    .expires_unix_ms = m->expires_unix_ms,
+	};
+	uint64_t *lens =
+	    calloc(m->n_descriptor_lengths ? m->n_descriptor_lengths : 1, sizeof(uint64_t));
+	if (lens && m->n_descriptor_lengths)
+		memcpy(lens, m->descriptor_lengths, m->n_descriptor_lengths * sizeof(uint64_t));
+	ev.descriptor_lengths = lens;
+	protobuf_c_message_free_unpacked(resp, NULL);
+	if (!ev.subject || !ev.metadata || !ev.issuer || !lens) {
+		rsc_metadata_event_clear(&ev);
+		return rsc_fail(st, RSC_RESOURCE_EXHAUSTED, "wait_metadata: out of memory");
+	}
+	*out = ev;
+	return rsc_ok(st);
+}
+
+void rsc_metadata_event_clear(rsc_metadata_event *ev)
+{
+	if (!ev)
+		return;
+	free((void *)ev->subject);
+	free((void *)ev->metadata);
+	free((void *)ev->issuer);
+	free((void *)ev->descriptor_lengths);
+	memset(ev, 0, sizeof(*ev));
 }
 
 int rsc_report_progress(rsc_client *c, const char *request_id, uint64_t iteration, int has_layer,

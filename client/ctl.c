@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ctl.c: rdma-sidecar-ctl, the operator's command line on librdma-sidecar-client. One command per
- * run (info, health, ping, regions, ops, op, wait, cancel, publish, subscribe, read, write,
- * connect), text or --json output on stdout, errors on stderr. Exit codes: 0 ok, 1 the operation
- * failed (connect: no path ready), 2 usage, 3 cannot reach the sidecar. Single-threaded; owns one
- * client for the run.
+ * run (info, health, ping, regions, ops, op, wait, watch, cancel, publish, subscribe,
+ * wait-metadata, read, write, connect), text or --json output on stdout, errors on stderr. Exit
+ * codes: 0 ok, 1 the operation failed (connect: no path ready), 2 usage, 3 cannot reach the
+ * sidecar. Single-threaded; owns one client for the run.
  */
 #include <rdma_sidecar/client.h>
 
@@ -31,6 +31,7 @@ struct ctl {
 	long interval_ms; /* ping: pause between calls; < 0 = not given */
 	const char *queue;
 	const char *target;
+	const char *traceparent; /* read/write: --traceparent */
 };
 
 struct command {
@@ -640,21 +641,72 @@ static int cmd_cancel(struct ctl *x, char **argv)
 	return 0;
 }
 
+static char *metadata_arg(const char *arg);
+
+/* OPID, or the metadata itself: "rsm1." text or @file holding it. */
 static int cmd_publish(struct ctl *x, char **argv)
 {
 	rsc_status st;
-	if (rsc_publish(x->c, argv[0], argv[1], &st) != RSC_OK)
+	const char *src = argv[1];
+	bool text = strncmp(src, "rsm1.", 5) == 0 || src[0] == '@';
+	char *md = text ? metadata_arg(src) : NULL;
+	if (text && !md)
+		return EXIT_USAGE;
+	int r = text ? rsc_publish_metadata(x->c, argv[0], md, &st)
+		     : rsc_publish(x->c, argv[0], src, &st);
+	if (r != RSC_OK) {
+		free(md);
 		return fail(&st, "publish");
+	}
 	if (x->json) {
 		int f = 1;
 		putchar('{');
 		jkv_b("published", 1, &f);
 		jkv_s("subject", argv[0], &f);
-		jkv_s("operation_id", argv[1], &f);
+		if (text)
+			jkv_s("metadata", md, &f);
+		else
+			jkv_s("operation_id", src, &f);
 		puts("}");
+	} else if (text) {
+		printf("published metadata (%zu characters) on %s\n", strlen(md), argv[0]);
 	} else {
-		printf("published %s on %s\n", argv[1], argv[0]);
+		printf("published %s on %s\n", src, argv[0]);
 	}
+	free(md);
+	return 0;
+}
+
+static void event_json(const rsc_metadata_event *ev)
+{
+	int f = 1;
+	putchar('{');
+	jkv_s("subject", ev->subject, &f);
+	jkv_s("issuer", ev->issuer, &f);
+	jkv_s("kind", rsc_op_kind_name(ev->kind), &f);
+	jkey("descriptor_lengths", &f);
+	putchar('[');
+	for (size_t i = 0; i < ev->n_lengths; i++)
+		printf("%s%" PRIu64, i ? "," : "", ev->descriptor_lengths[i]);
+	putchar(']');
+	jkv_u("expires_unix_ms", ev->expires_unix_ms, &f);
+	jkv_s("metadata", ev->metadata, &f);
+	puts("}");
+}
+
+/* One-shot wait (WaitMetadata): the metadata text alone on stdout, for `md=$(... wait-metadata)`.
+ */
+static int cmd_wait_metadata(struct ctl *x, char **argv)
+{
+	rsc_status st;
+	rsc_metadata_event ev = {0};
+	if (rsc_wait_metadata(x->c, argv[0], timeout_ms(x, 30), &ev, &st) != RSC_OK)
+		return fail(&st, "wait-metadata");
+	if (x->json)
+		event_json(&ev);
+	else
+		puts(ev.metadata);
+	rsc_metadata_event_clear(&ev);
 	return 0;
 }
 
@@ -667,19 +719,7 @@ static int on_event(const rsc_metadata_event *ev, void *user)
 {
 	struct sub_state *s = user;
 	if (s->x->json) {
-		int f = 1;
-		putchar('{');
-		jkv_s("subject", ev->subject, &f);
-		jkv_s("issuer", ev->issuer, &f);
-		jkv_s("kind", rsc_op_kind_name(ev->kind), &f);
-		jkey("descriptor_lengths", &f);
-		putchar('[');
-		for (size_t i = 0; i < ev->n_lengths; i++)
-			printf("%s%" PRIu64, i ? "," : "", ev->descriptor_lengths[i]);
-		putchar(']');
-		jkv_u("expires_unix_ms", ev->expires_unix_ms, &f);
-		jkv_s("metadata", ev->metadata, &f);
-		puts("}");
+		event_json(ev);
 	} else {
 		uint64_t total = 0;
 		for (size_t i = 0; i < ev->n_lengths; i++)
@@ -815,8 +855,8 @@ static int transfer(struct ctl *x, char **argv, int write)
 	uint64_t t = timeout_ms(x, 60);
 	rsc_transfer_args a = {.metadata = md, .timeout_ms = t};
 	double t0 = now_s();
-	int r = write ? rsc_write_sets(x->c, &a, sets, n_sets, t, &op, &st)
-		      : rsc_read_sets(x->c, &a, sets, n_sets, t, &op, &st);
+	int r = write ? rsc_write_traced(x->c, &a, sets, n_sets, t, x->traceparent, &op, &st)
+		      : rsc_read_traced(x->c, &a, sets, n_sets, t, x->traceparent, &op, &st);
 	double secs = now_s() - t0;
 	if (r != RSC_OK) {
 		fail(&st, what);
@@ -865,6 +905,8 @@ static int transfer(struct ctl *x, char **argv, int write)
 		       secs > 0 ? (double)total / secs / 1e9 : 0.0);
 		if (op.status != RSC_STATUS_COMPLETE)
 			printf("error %s: %s\n", rsc_code_name(op.error_code), op.error_message);
+		if (x->traceparent && op.trace_id && op.trace_id[0])
+			printf("trace %s\n", op.trace_id);
 	}
 	rc = op.status == RSC_STATUS_COMPLETE ? 0 : EXIT_FAILED;
 out:
@@ -968,8 +1010,19 @@ static const struct command commands[] = {
      "trace_id), the key to both sidecars' log lines of the transfer; exit 0 only when COMPLETE",
      cmd_watch},
     {"cancel", "ID", 1, "cancel an operation (the peer's ends too); prints its state", cmd_cancel},
-    {"publish", "SUBJECT OPID", 2, "publish a passive operation's metadata on a NATS subject",
+    {"publish", "SUBJECT OPID|METADATA", 2,
+     "publish a passive operation's metadata on a NATS subject: its operation id, or the "
+     "\"rsm1.\" text itself (METADATA: rsm1. text or @file holding it; the sidecar verifies it "
+     "first); with --nats-handoff jetstream the sidecar keeps it until the operation ends or "
+     "expires, so a waiter that starts later still gets it",
      cmd_publish},
+    {"wait-metadata", "SUBJECT", 1,
+     "wait for the first verified metadata on SUBJECT (wildcards allowed), published before "
+     "this call (kept by JetStream) or during it, and print its \"rsm1.\" text (--json: the "
+     "event: subject, issuer, kind, descriptor_lengths, expires_unix_ms, metadata); --timeout S "
+     "(default 30); exit 1 when nothing valid came in time (DEADLINE_EXCEEDED, saying whether "
+     "anything was stored) or the sidecar refused the wait",
+     cmd_wait_metadata},
     {"subscribe", "SUBJECT", 1,
      "print verified metadata published on SUBJECT (wildcards allowed), one line each; --count N "
      "stops "
@@ -978,11 +1031,11 @@ static const struct command commands[] = {
     {"read", "METADATA FILE", 2,
      "pull a remote readable into a fresh region and save its bytes to FILE (METADATA: rsm1. text "
      "or @file "
-     "holding it); --timeout S (default 60)",
+     "holding it); --timeout S (default 60); --traceparent TP tags the transfer's log lines",
      cmd_read},
     {"write", "METADATA FILE", 2,
      "push FILE's bytes (exactly the writable's size) into a remote writable; --timeout S (default "
-     "60)",
+     "60); --traceparent TP tags the transfer's log lines",
      cmd_write},
     {"connect", "METADATA", 1,
      "set up the connections to the sidecar that issued METADATA (rsm1. text or @file holding "
@@ -998,7 +1051,7 @@ static void usage(FILE *out)
 	fprintf(out, "usage: rdma-sidecar-ctl [options] COMMAND [ARGS]\n\n"
 		     "Talks to an rdma-sidecar over gRPC (librdma-sidecar-client).\n\ncommands:\n");
 	for (size_t i = 0; i < N_COMMANDS; i++)
-		fprintf(out, "  %-9s %-14s %s\n", commands[i].name, commands[i].args,
+		fprintf(out, "  %-13s %-21s %s\n", commands[i].name, commands[i].args,
 			commands[i].help);
 	fprintf(
 	    out,
@@ -1006,7 +1059,14 @@ static void usage(FILE *out)
 	    "  --sidecar ADDR     unix:/path or host:port (env RDMA_SIDECAR_ADDR; "
 	    "default " DEFAULT_ADDR ")\n"
 	    "  --json             machine-readable output (one JSON object per line)\n"
-	    "  --timeout S        seconds: wait/read/write/connect bound, subscribe duration\n"
+	    "  --timeout S        seconds: wait/wait-metadata/read/write/connect bound, subscribe\n"
+	    "                     duration\n"
+	    "  --traceparent TP   read/write: a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>) "
+	    "whose\n"
+	    "                     trace id tags the transfer's log lines on both sidecars and is\n"
+	    "                     printed (\"trace <id>\"; --json: operation.trace_id); default: a "
+	    "new\n"
+	    "                     one the sidecar makes\n"
 	    "  --count N          subscribe: stop after N events; ping: calls (default 10)\n"
 	    "  --interval-ms M    ping: milliseconds between calls (default 100)\n"
 	    "  --queue G          subscribe: NATS queue group\n"
@@ -1078,7 +1138,8 @@ int main(int argc, char **argv)
 		O_CERT,
 		O_KEY,
 		O_NAME,
-		O_WAIT
+		O_WAIT,
+		O_TRACEPARENT
 	};
 	static const struct option longopts[] = {
 	    {"sidecar", required_argument, NULL, O_SIDECAR},
@@ -1093,6 +1154,7 @@ int main(int argc, char **argv)
 	    {"tls-key", required_argument, NULL, O_KEY},
 	    {"tls-server-name", required_argument, NULL, O_NAME},
 	    {"wait", required_argument, NULL, O_WAIT},
+	    {"traceparent", required_argument, NULL, O_TRACEPARENT},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -1147,6 +1209,9 @@ int main(int argc, char **argv)
 		}
 		case O_QUEUE:
 			x.queue = optarg;
+			break;
+		case O_TRACEPARENT:
+			x.traceparent = optarg;
 			break;
 		case O_CA:
 			o.tls_ca_file = optarg;

@@ -11,7 +11,9 @@
  */
 #include "handlers.h"
 #include "paging.h"
+#include "base/log.h"
 #include "base/trace.h"
+#include "meta/metadata.h"
 
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -48,19 +50,22 @@ static void answer(struct sc_call *c, int rc, struct sc_op_info *info, const str
 }
 
 /* The request's plain descriptors then its descriptor sets, expanded (free *out); on failure the
- * call is answered. */
+ * call is answered and *err says why. */
 static int desc_list(struct sc_call *c, RdmaSidecar__V1__Descriptor **plain, size_t n_plain,
 		     RdmaSidecar__V1__DescriptorSet **sets, size_t n_sets, struct sc_desc **out,
-		     size_t *n_out)
+		     size_t *n_out, struct sc_err *err)
 {
-	struct sc_err err;
-	sc_err_clear(&err);
+	sc_err_clear(err);
 	if (sc_pb_desc_list(plain, n_plain, sets, n_sets, sc_call_config(c)->max_descriptors, out,
-			    n_out, &err) == 0)
+			    n_out, err) == 0)
 		return 0;
-	sc_call_fail_err(c, &err);
+	sc_call_fail_err(c, err);
 	return -1;
 }
+
+static const char bad_traceparent[] =
+    "traceparent is not a W3C traceparent: expected \"00-<32 hex trace id>-<16 hex parent id>-"
+    "<2 hex flags>\", neither id all zeros; leave it empty to start a new trace";
 
 /*
  * The call's W3C trace id into out: the request's traceparent field (a malformed one is
@@ -73,10 +78,7 @@ static int call_trace_id(struct sc_call *c, const char *field, char out[SC_TRACE
 	if (field && field[0]) {
 		if (sc_trace_id_from_traceparent(field, out))
 			return 0;
-		sc_call_fail(c, SC_INVALID_ARGUMENT,
-			     "traceparent is not a W3C traceparent: expected "
-			     "\"00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>\", neither id "
-			     "all zeros; leave it empty to start a new trace");
+		sc_call_fail(c, SC_INVALID_ARGUMENT, bad_traceparent);
 		return -1;
 	}
 	char header[256];
@@ -84,6 +86,31 @@ static int call_trace_id(struct sc_call *c, const char *field, char out[SC_TRACE
 	    !sc_trace_id_from_traceparent(header, out))
 		SC_DEBUG("grpc", "%s: ignored a malformed traceparent header", sc_call_method(c));
 	return 0;
+}
+
+/*
+ * A BeginRead/BeginWrite refused here, before it reaches the engine (a malformed traceparent,
+ * a bad descriptor list, requirement or backend): logged at INFO like the engine's own refusals
+ * (engine/op_active.c, same rate-limit keys: anyone holding metadata can cause them at will),
+ * with the code, the metadata's key id and the caller's trace id where known.
+ */
+static void log_begin_refused(enum sc_op_kind kind, const char *metadata, const char *trace_id,
+			      enum sc_status code, const char *msg)
+{
+	if (!sc_log_enabled(SC_LOG_INFO))
+		return;
+	char key_id[SC_KEY_ID_MAX] = "";
+	if (metadata)
+		sc_metadata_peek_key_id(metadata, key_id);
+	struct sc_log_fields lf = {
+	    .code = sc_status_name(code),
+	    .key_id = key_id[0] ? key_id : NULL,
+	    .trace_id = trace_id && sc_trace_id_valid(trace_id) ? trace_id : NULL,
+	};
+	const char *what = kind == SC_OP_READ ? "BeginRead" : "BeginWrite";
+	sc_log_kv_limited(SC_LOG_INFO, "op",
+			  kind == SC_OP_READ ? "begin-read-refused" : "begin-write-refused", &lf,
+			  "%s refused (%s): %s", what, sc_status_name(code), msg);
 }
 
 static void create_passive(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind)
@@ -97,7 +124,7 @@ static void create_passive(struct sc_call *c, ProtobufCMessage *req, enum sc_op_
 	struct sc_desc *descs;
 	size_t n_descs;
 	if (desc_list(c, r->descriptors, r->n_descriptors, r->descriptor_sets, r->n_descriptor_sets,
-		      &descs, &n_descs) != 0)
+		      &descs, &n_descs, &err) != 0)
 		return;
 	struct sc_passive_req pr = {
 		.descs = descs,
@@ -142,13 +169,17 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 	struct sc_err err;
 	sc_err_clear(&err);
 	char trace_id[SC_TRACE_ID_LEN];
-	if (call_trace_id(c, r->traceparent, trace_id) != 0)
+	if (call_trace_id(c, r->traceparent, trace_id) != 0) {
+		log_begin_refused(kind, r->metadata, NULL, SC_INVALID_ARGUMENT, bad_traceparent);
 		return;
+	}
 	struct sc_desc *descs;
 	size_t n_descs;
 	if (desc_list(c, r->descriptors, r->n_descriptors, r->descriptor_sets, r->n_descriptor_sets,
-		      &descs, &n_descs) != 0)
+		      &descs, &n_descs, &err) != 0) {
+		log_begin_refused(kind, r->metadata, trace_id, err.code, err.msg);
 		return;
+	}
 	struct sc_active_req ar = {
 		.metadata = r->metadata,
 		.descs = descs,
@@ -162,9 +193,11 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 	if (r->requirement) {
 		const char *rid = r->requirement->request_id ? r->requirement->request_id : "";
 		if (!rid[0] || strlen(rid) >= sizeof(ar.requirement.request_id)) {
+			static const char msg[] =
+			    "requirement.request_id must be 1..127 characters";
 			free(descs);
-			sc_call_fail(c, SC_INVALID_ARGUMENT,
-				     "requirement.request_id must be 1..127 characters");
+			sc_call_fail(c, SC_INVALID_ARGUMENT, msg);
+			log_begin_refused(kind, r->metadata, trace_id, SC_INVALID_ARGUMENT, msg);
 			return;
 		}
 		ar.requirement.set = true;
@@ -174,8 +207,11 @@ static void begin(struct sc_call *c, ProtobufCMessage *req, enum sc_op_kind kind
 		ar.requirement.layer = r->requirement->layer;
 	}
 	if (r->backend > RDMA_SIDECAR__V1__BACKEND__BACKEND_LIBFABRIC) {
+		char msg[96];
+		snprintf(msg, sizeof(msg), "unknown backend value %d", (int)r->backend);
 		free(descs);
-		sc_call_fail(c, SC_INVALID_ARGUMENT, "unknown backend value");
+		sc_call_fail(c, SC_INVALID_ARGUMENT, msg);
+		log_begin_refused(kind, r->metadata, trace_id, SC_INVALID_ARGUMENT, msg);
 		return;
 	}
 	struct sc_op_info info;

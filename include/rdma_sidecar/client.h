@@ -11,7 +11,8 @@
  * and arrays; free them with the matching rsc_*_clear() (safe on a zeroed or already cleared
  * struct). They are filled only when the call returns RSC_OK. ABI: a released struct never
  * changes size or layout (callers allocate them and index their arrays); what the service adds
- * later comes in new structs and calls (rsc_get_info_rails, rsc_operation_get_rails).
+ * later comes in new structs and calls (rsc_get_info_rails, rsc_operation_get_rails,
+ * rsc_begin_read_traced, rsc_wait_metadata).
  *
  * Threads. A client may be used from any number of threads at once: every call runs on its own
  * gRPC call and completion queue, and blocks the calling thread until the answer (or its deadline).
@@ -464,6 +465,38 @@ int rsc_read(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc
 int rsc_write(rsc_client *c, const rsc_transfer_args *a, uint64_t timeout_ms, rsc_operation *out,
 	      rsc_status *st);
 
+/*
+ * Trace context (docs/operations/logs.md). An operation's trace id ties its log lines on both
+ * sidecars together; it comes from a W3C traceparent "00-<32 hex trace id>-<16 hex parent id>-
+ * <2 hex flags>" given by the caller (sent as CreatePassiveRequest/BeginTransferRequest
+ * .traceparent), else BeginRead/BeginWrite make a new one. The *_traced calls are the calls above
+ * with sets (NULL, 0 for none) and a traceparent (NULL or "": none); the argument structs keep
+ * their size. A malformed traceparent fails with RSC_INVALID_ARGUMENT (the sidecar's message).
+ * rsc_operation.trace_id says which trace id the operation carries.
+ */
+#define RSC_TRACEPARENT_SIZE 56 /* 55 characters and the NUL */
+/* A new traceparent (random trace and parent ids, flags 01) into buf; returns buf. */
+char *rsc_traceparent_new(char buf[RSC_TRACEPARENT_SIZE]);
+int rsc_create_readable_traced(rsc_client *c, const rsc_passive_args *a,
+			       const rsc_descriptor_set *sets, size_t n_sets,
+			       const char *traceparent, rsc_operation *out, rsc_status *st);
+int rsc_create_writable_traced(rsc_client *c, const rsc_passive_args *a,
+			       const rsc_descriptor_set *sets, size_t n_sets,
+			       const char *traceparent, rsc_operation *out, rsc_status *st);
+int rsc_begin_read_traced(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+			  size_t n_sets, const char *traceparent, rsc_operation *out,
+			  rsc_status *st);
+int rsc_begin_write_traced(rsc_client *c, const rsc_transfer_args *a,
+			   const rsc_descriptor_set *sets, size_t n_sets, const char *traceparent,
+			   rsc_operation *out, rsc_status *st);
+/* One round trip to the final state, as rsc_read / rsc_write (timeout_ms 0 = 30000). */
+int rsc_read_traced(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+		    size_t n_sets, uint64_t timeout_ms, const char *traceparent, rsc_operation *out,
+		    rsc_status *st);
+int rsc_write_traced(rsc_client *c, const rsc_transfer_args *a, const rsc_descriptor_set *sets,
+		     size_t n_sets, uint64_t timeout_ms, const char *traceparent,
+		     rsc_operation *out, rsc_status *st);
+
 /* Lengths of the descriptors a "rsm1." text carries (what a reader must allocate), decoded
  * locally without checking the signature (the sidecar checks it). *lengths is malloc'd: free(). */
 int rsc_metadata_lengths(const char *metadata, uint64_t **lengths, size_t *n, int *kind,
@@ -525,6 +558,22 @@ int rsc_subscribe(rsc_client *c, const char *subject, const char *queue_group, r
 int rsc_subscribe_ready(rsc_client *c, const char *subject, const char *queue_group,
 			void (*ready)(void *user), rsc_metadata_cb cb, void *user,
 			uint64_t timeout_ms, rsc_status *st);
+
+/* WaitMetadata: the first verified metadata on `subject` (wildcards allowed), whether it was
+ * published before this call (the JetStream hand-off keeps it until the operation ends or expires)
+ * or during it, so the two workers of a hand-off may start in any order. timeout_ms 0 = 30000
+ * (at most 24 h); the call's own deadline is timeout_ms plus the client's call timeout.
+ * *out (filled only on RSC_OK) owns its strings and lengths: free it with
+ * rsc_metadata_event_clear. Errors: RSC_DEADLINE_EXCEEDED when nothing valid came in time (the
+ * message names the subject and whether anything was stored); the refusal's own code
+ * (RSC_UNAUTHENTICATED, RSC_FAILED_PRECONDITION, ...) when only refused metadata came (tampered or
+ * expired); RSC_PERMISSION_DENIED outside the sidecar's --nats-subject-prefix;
+ * RSC_FAILED_PRECONDITION when the sidecar has no NATS (or no JetStream). */
+int rsc_wait_metadata(rsc_client *c, const char *subject, uint64_t timeout_ms,
+		      rsc_metadata_event *out, rsc_status *st);
+/* Frees what rsc_wait_metadata put in *ev and zeroes it (safe on a zeroed or cleared struct;
+ * never on the events subscribe callbacks get). */
+void rsc_metadata_event_clear(rsc_metadata_event *ev);
 
 /* ReportProgress; *released (may be NULL) = scheduled operations released. */
 int rsc_report_progress(rsc_client *c, const char *request_id, uint64_t iteration, int has_layer,

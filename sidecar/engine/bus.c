@@ -257,9 +257,15 @@ static void on_message(void *ctx, const char *subject, const void *data, size_t 
 	struct sc_err err;
 	sc_err_clear(&err);
 	if (verify_text(eng, text, eng->id, &md, &err) != 0) {
-		/* Anyone who may publish on the subject can send these: rate-limited. */
-		SC_WARN_LIMITED("bus", "bus-bad-metadata", "dropped metadata on %s: %s (%s)", subject,
-				err.msg, sc_status_name(err.code));
+		/* Anyone who may publish on the subject can send these: rate-limited. The key id
+		 * it claims (unverified) says which signer, or which stale key, to look at. */
+		char key_id[SC_KEY_ID_MAX] = "";
+		sc_metadata_peek_key_id(text, key_id);
+		struct sc_log_fields lf = {.code = sc_status_name(err.code),
+					   .key_id = key_id[0] ? key_id : NULL};
+		sc_log_kv_limited(SC_LOG_WARN, "bus", "bus-bad-metadata", &lf,
+				  "dropped metadata on %s: %s (%s)", subject, err.msg,
+				  sc_status_name(err.code));
 		struct sc_bus_event bad = {.subject = subject, .refused = err.msg,
 					   .refused_code = err.code};
 		s->fn(s->ctx, &bad);

@@ -5,18 +5,24 @@
  * bytes moved compared, the error codes and messages checked, callbacks that stop streams, and
  * NULL-safe teardown. Single-threaded except the publisher thread of the subscribe check.
  *
- *   sc-client-test unix:A.sock unix:B.sock FILE_FOR_B
+ *   sc-client-test unix:A.sock unix:B.sock FILE_FOR_B B_METRICS_PORT
  * (FILE_FOR_B: an existing 1 MiB file B can open read-write, registered as a host-file region;
- * A runs with RDMA_SIDECAR_TOPOLOGY_XML=tests/unit/topology/dgx8.xml, B on this host's sysfs)
+ * A runs with RDMA_SIDECAR_TOPOLOGY_XML=tests/unit/topology/dgx8.xml, B on this host's sysfs;
+ * B_METRICS_PORT: B's --metrics-listen port on 127.0.0.1, whose gRPC call counts order the
+ * "waiter first" hand-off by construction)
  */
 #include "client_check.h"
 
 #include <rdma_sidecar/client.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -101,12 +107,80 @@ static int on_event(const rsc_metadata_event *ev, void *user)
 	return 1; /* one is enough: stop */
 }
 
+/* The sidecar's grpc_server_started_total of one method, read from its /metrics on
+ * 127.0.0.1:port (-1 when it cannot be read): a call counts there once the sidecar has it. */
+static long calls_started(int port, const char *method)
+{
+	static char buf[1 << 20];
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (fd < 0)
+		return -1;
+	struct timeval tv = {5, 0};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	static const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+	size_t n = 0;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+	    write(fd, req, sizeof(req) - 1) != (ssize_t)(sizeof(req) - 1)) {
+		close(fd);
+		return -1;
+	}
+	for (ssize_t r; n < sizeof(buf) - 1 && (r = read(fd, buf + n, sizeof(buf) - 1 - n)) > 0;)
+		n += (size_t)r;
+	close(fd);
+	buf[n] = '\0';
+	char want[128];
+	snprintf(want, sizeof(want), "grpc_method=\"%s\"", method);
+	for (char *line = buf; line && *line;
+	     line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+		char *eol = strchr(line, '\n'), *close_brace;
+		if (strncmp(line, "grpc_server_started_total{", 26) != 0)
+			continue;
+		if (eol)
+			*eol = '\0';
+		close_brace = strchr(line, '}');
+		long v = strstr(line, want) && close_brace ? strtol(close_brace + 1, NULL, 10) : -1;
+		if (eol)
+			*eol = '\n';
+		if (v >= 0)
+			return v;
+	}
+	return 0; /* not called yet: no row */
+}
+
+/* A WaitMetadata on its own thread (the waiter of a "waiter first" hand-off). */
+struct waiter {
+	rsc_client *c;
+	const char *subject;
+	uint64_t timeout_ms;
+	int rc;
+	rsc_status st;
+	rsc_metadata_event ev;
+};
+
+static void *wait_thread(void *arg)
+{
+	struct waiter *w = arg;
+	w->rc = rsc_wait_metadata(w->c, w->subject, w->timeout_ms, &w->ev, &w->st);
+	return NULL;
+}
+
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 int main(int argc, char **argv)
 {
-	if (argc != 4) {
-		fprintf(stderr, "usage: %s unix:A.sock unix:B.sock FILE_FOR_B\n", argv[0]);
+	if (argc != 5) {
+		fprintf(stderr, "usage: %s unix:A.sock unix:B.sock FILE_FOR_B B_METRICS_PORT\n",
+			argv[0]);
 		return 2;
 	}
+	int b_metrics = atoi(argv[4]);
 	rsc_status st;
 	rsc_client *a = NULL, *b = NULL, *gone = NULL;
 	rsc_region ra = {0}, rb = {0};
@@ -447,6 +521,102 @@ int main(int argc, char **argv)
 	CODE(rsc_publish(a, "lib.x", "op-nope", &st), RSC_NOT_FOUND, "op-nope");
 	OK(rsc_publish_metadata(a, "lib.x", op.metadata, &st));
 	rsc_operation_clear(&op);
+
+	/* WaitMetadata, the JetStream hand-off: publisher first, then waiter first (the wait is
+	 * seen in b's call counts before the publish), then a deadline that passes. The metadata
+	 * got is used by a traced read; each side's operation carries the trace id it was given. */
+	fill((unsigned char *)ma, MIB, 7);
+	memset(mb, 0, MIB);
+	rsc_descriptor hs = {ra.region_id, 12345, 77777}, hd = {rb.region_id, 3, 77777};
+	char tp_a[RSC_TRACEPARENT_SIZE], tp_b[RSC_TRACEPARENT_SIZE];
+	rsc_traceparent_new(tp_a);
+	rsc_traceparent_new(tp_b);
+	CHECK(strlen(tp_a) == 55 && strncmp(tp_a, "00-", 3) == 0 && tp_a[35] == '-' &&
+		  strcmp(tp_a + 52, "-01") == 0 && strspn(tp_a + 3, "0123456789abcdef") == 32 &&
+		  strcmp(tp_a, tp_b) != 0,
+	      "traceparents %s %s", tp_a, tp_b);
+	OK(rsc_create_readable_traced(
+	    a, &(rsc_passive_args){.descriptors = &hs, .n_descriptors = 1, .timeout_ms = 60000},
+	    NULL, 0, tp_a, &op, &st));
+	CHECK(op.trace_id && strncmp(op.trace_id, tp_a + 3, 32) == 0 && strlen(op.trace_id) == 32,
+	      "readable's trace id %s, sent %s", op.trace_id, tp_a);
+	OK(rsc_publish(a, "lib.wm.first", op.operation_id, &st));
+	rsc_metadata_event ev = {0};
+	OK(rsc_wait_metadata(b, "lib.wm.first", 10000, &ev, &st));
+	CHECK(ev.metadata && strcmp(ev.metadata, op.metadata) == 0 &&
+		  strcmp(ev.subject, "lib.wm.first") == 0 && strcmp(ev.issuer, "a") == 0 &&
+		  ev.kind == RSC_KIND_READABLE && ev.n_lengths == 1 &&
+		  ev.descriptor_lengths[0] == 77777 && ev.expires_unix_ms > 0,
+	      "wait_metadata (publisher first) got %s from %s, %zu lengths", ev.subject, ev.issuer,
+	      ev.n_lengths);
+	ta = (rsc_transfer_args){
+	    .metadata = ev.metadata, .descriptors = &hd, .n_descriptors = 1, .timeout_ms = 30000};
+	/* A malformed traceparent is refused before anything moves (the metadata stays usable). */
+	CODE(rsc_begin_read_traced(b, &ta, NULL, 0, "00-not-a-trace", &act, &st),
+	     RSC_INVALID_ARGUMENT, "traceparent is not a W3C traceparent");
+	OK(rsc_read_traced(b, &ta, NULL, 0, 30000, tp_b, &act, &st));
+	CHECK(act.status == RSC_STATUS_COMPLETE && act.bytes_done == 77777, "traced read: %s %s",
+	      rsc_op_status_name(act.status), act.error_message);
+	CHECK(act.trace_id && strncmp(act.trace_id, tp_b + 3, 32) == 0,
+	      "read's trace id %s, sent %s", act.trace_id, tp_b);
+	CHECK(memcmp((char *)mb + 3, (char *)ma + 12345, 77777) == 0, "handed-off bytes differ");
+	CHECK(((char *)mb)[2] == 0 && ((char *)mb)[3 + 77777] == 0,
+	      "bytes outside the handed-off range changed");
+	rsc_metadata_event_clear(&ev);
+	rsc_metadata_event_clear(&ev); /* twice: safe */
+	rsc_metadata_event_clear(NULL);
+	rsc_operation_clear(&act);
+	rsc_operation_clear(&op);
+
+	/* Waiter first: the write side waits for a writable that does not exist yet. */
+	long before = calls_started(b_metrics, "WaitMetadata");
+	CHECK(before >= 1, "b's /metrics on port %d: WaitMetadata calls %ld", b_metrics, before);
+	struct waiter wt = {.c = b, .subject = "lib.wm.later", .timeout_ms = 20000};
+	pthread_t wth;
+	pthread_create(&wth, NULL, wait_thread, &wt);
+	double until = mono_s() + 20;
+	while (calls_started(b_metrics, "WaitMetadata") <= before && mono_s() < until)
+		usleep(20000);
+	CHECK(calls_started(b_metrics, "WaitMetadata") > before, "the wait never reached b");
+	fill((unsigned char *)mb, MIB, 8);
+	rsc_descriptor ws = {rb.region_id, 999, 5001}, wd = {ra.region_id, 70001, 5001};
+	OK(rsc_create_writable(
+	    a, &(rsc_passive_args){.descriptors = &wd, .n_descriptors = 1, .timeout_ms = 60000},
+	    &op, &st));
+	OK(rsc_publish_metadata(a, "lib.wm.later", op.metadata, &st));
+	pthread_join(wth, NULL);
+	CHECK(wt.rc == RSC_OK && wt.ev.metadata && strcmp(wt.ev.metadata, op.metadata) == 0 &&
+		  wt.ev.kind == RSC_KIND_WRITABLE && wt.ev.n_lengths == 1 &&
+		  wt.ev.descriptor_lengths[0] == 5001,
+	      "wait_metadata (waiter first): %s %s", rsc_code_name(wt.rc), wt.st.message);
+	if (wt.rc == RSC_OK) {
+		ta = (rsc_transfer_args){.metadata = wt.ev.metadata,
+					 .descriptors = &ws,
+					 .n_descriptors = 1,
+					 .timeout_ms = 30000};
+		OK(rsc_write(b, &ta, 30000, &act, &st));
+		CHECK(act.status == RSC_STATUS_COMPLETE &&
+			  memcmp((char *)ma + 70001, (char *)mb + 999, 5001) == 0,
+		      "write after waiter-first hand-off: %s", rsc_op_status_name(act.status));
+		CHECK(act.trace_id && strlen(act.trace_id) == 32, "untraced write got trace id %s",
+		      act.trace_id);
+	}
+	rsc_metadata_event_clear(&wt.ev);
+	rsc_operation_clear(&act);
+	rsc_operation_clear(&op);
+
+	/* A deadline that passes: DEADLINE_EXCEEDED from the sidecar, naming the subject and what
+	 * was stored, after the wait and not long after. */
+	double t0 = mono_s();
+	CODE(rsc_wait_metadata(b, "lib.wm.nobody", 400, &ev, &st), RSC_DEADLINE_EXCEEDED,
+	     "WaitMetadata on lib.wm.nobody: no metadata within 400 ms: nothing is stored");
+	double took = mono_s() - t0;
+	CHECK(took >= 0.39 && took < 15, "the 400 ms wait took %.3f s", took);
+	CHECK(ev.metadata == NULL, "a failed wait filled the event");
+	CODE(rsc_wait_metadata(b, "", 400, &ev, &st), RSC_INVALID_ARGUMENT, "subject");
+	CODE(rsc_wait_metadata(b, "lib.x", 400, NULL, &st), RSC_INVALID_ARGUMENT, "output");
+	CODE(rsc_wait_metadata(NULL, "lib.x", 400, &ev, &st), RSC_INVALID_ARGUMENT, "no client");
+	CODE(rsc_wait_metadata(b, "bad subject", 400, &ev, &st), RSC_INVALID_ARGUMENT, "");
 
 	/* Errors the client sees itself, and an unreachable sidecar. */
 	CODE(rsc_get_info(NULL, &info, &st), RSC_INVALID_ARGUMENT, "no client");

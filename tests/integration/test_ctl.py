@@ -3,15 +3,18 @@
 every command, --json output parsed and checked, exit codes (0 ok, 1 failed, 2 usage, 3 cannot
 reach the sidecar), files moved with `ctl read` / `ctl write` compared byte for byte with the
 bytes outside the ranges unchanged, rails and the topology table (a sidecar on the dgx8 hwloc
-fixture), `connect` to a peer, and the installed library used through pkg-config."""
+fixture), `connect` to a peer, the JetStream hand-off with `publish` and `wait-metadata` (publisher
+first, waiter first, a deadline that passes), `--traceparent` on a transfer, and the installed library
+used through pkg-config."""
 import json
 import os
 import re
 import shutil
 import subprocess
 import time
+import urllib.request
 
-from harness import SLOW, SidecarTest, desc, free_port, main, pb
+from harness import SLOW, SidecarTest, desc, free_port, main, pb, wait_until
 
 BUILD = os.path.dirname(os.path.abspath(os.environ.get("SC_BINARY", "build/rdma-sidecar")))
 CTL = os.path.join(BUILD, "client", "rdma-sidecar-ctl")
@@ -467,6 +470,93 @@ class CtlTest(SidecarTest):
         self.assertEqual(bad.returncode, 1)
         self.assertIn("NOT_FOUND", bad.stderr)
 
+    def test_wait_metadata_handoff(self):
+        nats = self.nats()  # -js: the sidecars' default --nats-handoff jetstream
+        port = free_port()
+        keys = self.key_file()
+        a = self.sidecar("a", key_file=keys, nats_url=nats.url)
+        b = self.sidecar("b", key_file=keys, nats_url=nats.url,
+                         extra=["--metrics-listen", "127.0.0.1:%d" % port])
+
+        def waits_started():  # b's WaitMetadata calls so far (grpc_server_started_total)
+            text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5).read().decode()
+            m = re.search(r'^grpc_server_started_total\{[^}]*grpc_method="WaitMetadata"[^}]*\} (\d+)$', text, re.M)
+            return int(m.group(1)) if m else 0
+
+        src = a.create_region(1 << 18)
+        n = 40001 + int.from_bytes(os.urandom(2), "little")
+        data = os.urandom(n)
+        a.fill(src, 333, data)
+        # Publisher first: the stored copy is what the later wait gets; text output is the metadata
+        # alone (md=$(rdma-sidecar-ctl wait-metadata SUBJECT)), --json the event.
+        ro = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(src, 333, n)], timeout_ms=60000),
+                                   timeout=10)
+        self.assertEqual(self.ok_json(a, "publish", "wm.first", ro.operation_id),
+                         {"published": True, "subject": "wm.first", "operation_id": ro.operation_id})
+        r = self.ctl(b, "--timeout", str(10 * SLOW), "wait-metadata", "wm.first")
+        self.assertEqual((r.returncode, r.stdout), (0, ro.metadata + "\n"), r.stderr)
+        ev = self.ok_json(b, "wait-metadata", "wm.*")
+        self.assertEqual((ev["subject"], ev["issuer"], ev["kind"], ev["descriptor_lengths"], ev["metadata"]),
+                         ("wm.first", "a", "readable", [n], ro.metadata))
+        self.assertGreater(ev["expires_unix_ms"], time.time() * 1000)
+        # The metadata got is used, with a traceparent of the caller's: the bytes, and the trace id.
+        tid = os.urandom(16).hex()
+        out = os.path.join(self.workdir, "wm.bin")
+        res = self.ok_json(b, "--traceparent", "00-%s-%s-01" % (tid, os.urandom(8).hex()), "read", r.stdout.strip(), out)
+        self.assertEqual((res["operation"]["status"], res["operation"]["trace_id"]), ("complete", tid))
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(), data)
+        bad_tp = self.ctl(b, "--traceparent", "00-xyz", "read", ro.metadata, out)
+        self.assertEqual(bad_tp.returncode, 1)
+        self.assertIn("INVALID_ARGUMENT", bad_tp.stderr)
+        self.assertIn("traceparent is not a W3C traceparent", bad_tp.stderr)
+
+        # Waiter first: b's wait is counted before the writable even exists; then a publishes the
+        # metadata as text (@file), and the waiter prints it.
+        before = waits_started()
+        self.assertGreaterEqual(before, 2)
+        waiter = subprocess.Popen([CTL, "--sidecar", "unix:" + b.sock, "--json", "--timeout", str(20 * SLOW),
+                                   "wait-metadata", "wm.later"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        try:
+            wait_until(lambda: waits_started() > before, 10, "b to have the wait")
+            self.assertIsNone(waiter.poll())
+            dst = a.create_region(1 << 16)
+            wo = a.stub.CreateWritable(pb.CreatePassiveRequest(descriptors=[desc(dst, 17, 4097)], timeout_ms=60000),
+                                       timeout=10)
+            md_file = os.path.join(self.workdir, "wm.md")
+            with open(md_file, "w") as f:
+                f.write(wo.metadata + "\n")
+            self.assertEqual(self.ok_json(a, "publish", "wm.later", "@" + md_file),
+                             {"published": True, "subject": "wm.later", "metadata": wo.metadata})
+            wout, werr = waiter.communicate(timeout=20 * SLOW)
+        finally:
+            if waiter.poll() is None:
+                waiter.kill()
+                waiter.wait()
+        self.assertEqual(waiter.returncode, 0, werr)
+        wev = json.loads(wout)
+        self.assertEqual((wev["subject"], wev["kind"], wev["descriptor_lengths"], wev["metadata"]),
+                         ("wm.later", "writable", [4097], wo.metadata))
+        text = self.ctl(a, "publish", "wm.text", wo.metadata)
+        self.assertEqual((text.returncode, text.stdout.strip()),
+                         (0, "published metadata (%d characters) on wm.text" % len(wo.metadata)), text.stderr)
+
+        # A deadline that passes: exit 1, the sidecar's reason (nothing stored under the subject).
+        t0 = time.monotonic()
+        late = self.ctl(b, "--timeout", "0.4", "wait-metadata", "wm.nobody")
+        self.assertGreaterEqual(time.monotonic() - t0, 0.4)
+        self.assertEqual((late.returncode, late.stdout), (1, ""), late.stderr)
+        self.assertIn("rdma-sidecar-ctl: wait-metadata: DEADLINE_EXCEEDED: WaitMetadata on wm.nobody: no metadata "
+                      "within 400 ms: nothing is stored", late.stderr)
+        # Refusals: text the sidecar cannot verify is not published; a subject NATS refuses.
+        bad = self.ctl(a, "publish", "wm.bad", "rsm1.!!!")
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn("publish: INVALID_ARGUMENT", bad.stderr)
+        self.assertEqual(self.ctl(b, "--timeout", "1", "wait-metadata", "bad subject").returncode, 1)
+        self.assertEqual(self.ctl(b, "wait-metadata").returncode, 2)
+        self.assertEqual(self.ctl(a, "publish", "wm.x", "@" + os.path.join(self.workdir, "none")).returncode, 2)
+
     def test_usage_and_unreachable(self):
         for args in ([], ["frobnicate"], ["op"], ["op", "a", "b"], ["--timeout", "abc", "ops"],
                      ["--count", "0", "subscribe", "x"], ["--bogus", "info"], ["help", "nope"]):
@@ -476,7 +566,8 @@ class CtlTest(SidecarTest):
         h = self.ctl(None, "--help")
         self.assertEqual(h.returncode, 0)
         for name in ("info", "health", "regions", "ops", "op", "wait", "watch", "cancel", "publish", "subscribe",
-                     "read", "write", "connect", "RDMA_SIDECAR_ADDR", "exit codes"):
+                     "wait-metadata", "read", "write", "connect", "--traceparent", "RDMA_SIDECAR_ADDR",
+                     "exit codes"):
             self.assertIn(name, h.stdout)
         for args in (["help", "read"], ["read", "--help"]):
             r = self.ctl(None, *args)

@@ -6,11 +6,16 @@ Two sidecars log JSON (--log-json) and move random bytes at odd offsets: every l
 parses as JSON; the transfer's lines on both sides carry the trace id of the traceparent the
 worker sent (gRPC metadata, or the request's traceparent field), and filtering by the `op` key
 finds an operation's lines. A third sidecar logs text: the same keys follow the message as
-key=value. Refused BeginReads are logged at INFO with their reason, code and key id, rate-limited.
+key=value. Refused BeginReads are logged at INFO with their reason, code and key id, rate-limited,
+whether the engine refused them or the service did before they reached it (a malformed traceparent
+field, a bad descriptor set, requirement or backend). Metadata refused on NATS receipt (a tampered
+copy in the JetStream stream) is logged with the key id it claims.
 """
+import base64
 import json
 import os
 import re
+import socket
 import subprocess
 import time
 
@@ -196,6 +201,84 @@ class LogsTest(SidecarTest):
                        "the BeginWrite refusal line")
         self.assertEqual((w[0]["level"], w[0]["code"], w[0]["trace_id"]), ("INFO", "INVALID_ARGUMENT", tid), w)
         self.assertIn("base64url", w[0]["msg"])
+
+    def test_refused_before_the_engine_logged(self):
+        a, b = self.a, self.b
+        r, ra = b.create_region(4096), a.create_region(4096)
+        ro = a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(ra, 0, 16)], timeout_ms=30000), timeout=5)
+        tp, tid = traceparent()
+
+        def refusal(what, n=1):
+            return wait_until(lambda: (lambda got: got if len(got) >= n else None)(
+                [x for x in json_lines(b) if x["msg"].startswith(what + " refused")]), 5, what + " refused")
+
+        # A malformed traceparent field: no trace id is known, the metadata's key id is.
+        e = self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, b.stub.BeginRead,
+                                pb.BeginTransferRequest(metadata=ro.metadata, descriptors=[desc(r, 0, 16)],
+                                                        traceparent="00-zz"), timeout=5)
+        x = refusal("BeginRead")[0]
+        self.assertEqual((x["level"], x["code"], x["key_id"]), ("INFO", "INVALID_ARGUMENT", "k1"), x)
+        self.assertNotIn("trace_id", x)
+        self.assertIn(e.details(), x["msg"])
+        # A bad descriptor set, with the caller's trace id (gRPC metadata).
+        e = self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, b.stub.BeginWrite,
+                                pb.BeginTransferRequest(metadata=ro.metadata, descriptor_sets=[pb.DescriptorSet(
+                                    strided_run=pb.StridedRun(region_id=r.region_id, offset=0, stride=0, count=3, length=8))]),
+                                metadata=[("traceparent", tp)], timeout=5)
+        self.assertIn("strided_run.stride is 0", e.details())
+        x = refusal("BeginWrite")[0]
+        self.assertEqual((x["level"], x["code"], x["key_id"], x["trace_id"]), ("INFO", "INVALID_ARGUMENT", "k1", tid), x)
+        self.assertIn(e.details(), x["msg"])
+        # An unknown backend and a bad requirement (past the limiter's second for each direction).
+        time.sleep(1.1)
+        e = self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, b.stub.BeginRead,
+                                pb.BeginTransferRequest(metadata=ro.metadata, descriptors=[desc(r, 0, 16)], backend=97),
+                                metadata=[("traceparent", tp)], timeout=5)
+        self.assertIn("unknown backend value 97", e.details())
+        e2 = self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT, b.stub.BeginWrite,
+                                 pb.BeginTransferRequest(metadata=ro.metadata, descriptors=[desc(r, 0, 16)],
+                                                         requirement=pb.TransferRequirement(iteration=1)), timeout=5)
+        x = refusal("BeginRead", 2)[1]
+        self.assertEqual((x["code"], x["trace_id"]), ("INVALID_ARGUMENT", tid), x)
+        self.assertIn("unknown backend value 97", x["msg"])
+        x = refusal("BeginWrite", 2)[1]
+        self.assertEqual((x["code"], x["key_id"]), ("INVALID_ARGUMENT", "k1"), x)
+        self.assertIn(e2.details(), x["msg"])
+        self.assertIn("requirement.request_id", x["msg"])
+        # The readable was never touched: still usable.
+        self.assertEqual(a.stub.GetOperation(pb.GetOperationRequest(operation_id=ro.operation_id), timeout=5).uses_left, 1)
+
+    def test_metadata_refused_on_nats_receipt_logged_with_key_id(self):
+        nats = self.nats()
+        n = self.sidecar("n", key_file=self.key_file("nk", [("k-nats", os.urandom(32))]), nats_url=nats.url,
+                         extra=["--log-json"])
+        rn = n.create_region(4096)
+        op = n.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(rn, 0, 64)], timeout_ms=30000), timeout=5)
+        n.stub.PublishMetadata(pb.PublishMetadataRequest(subject="logs.ok", operation_id=op.operation_id),
+                               timeout=10 * SLOW)  # the stream exists from here on
+        # A tampered copy (one bit of its MAC) put straight into the stream by another NATS client.
+        sm = pb.SignedMetadata.FromString(base64.urlsafe_b64decode(op.metadata[5:] + "=" * (-len(op.metadata[5:]) % 4)))
+        sm.mac = bytes([sm.mac[0] ^ 1]) + sm.mac[1:]
+        bad = ("rsm1." + base64.urlsafe_b64encode(sm.SerializeToString()).decode().rstrip("=")).encode()
+        host, port = nats.url[len("nats://"):].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            f = sock.makefile("rb")
+            f.readline()  # INFO
+            sock.sendall(b'CONNECT {"verbose":false}\r\nPUB RDMA_SIDECAR_METADATA.logs.bad %d\r\n%s\r\nPING\r\n'
+                         % (len(bad), bad))
+            while True:
+                line = f.readline()
+                self.assertTrue(line and not line.startswith(b"-ERR"), line)
+                if line.startswith(b"PONG"):
+                    break
+        e = self.assertRpcError(grpc.StatusCode.UNAUTHENTICATED, n.stub.WaitMetadata,
+                                pb.WaitMetadataRequest(subject="logs.bad", timeout_ms=700), timeout=10 * SLOW)
+        self.assertIn("WaitMetadata on logs.bad", e.details())
+        lines = wait_until(lambda: [x for x in json_lines(n) if x["msg"].startswith("dropped metadata on logs.bad: ")],
+                           5, "the refusal line")
+        x = lines[0]
+        self.assertEqual((x["level"], x["area"], x["code"], x["key_id"]), ("WARN", "bus", "UNAUTHENTICATED", "k-nats"), x)
+        self.assertIn("signature", x["msg"])
 
     def test_text_format_keeps_keys_as_key_value(self):
         t = self.sidecar("t", key_file=self.key_file("tk"))
