@@ -27,18 +27,20 @@
 #define CQ_BATCH 64
 #define CQ_WAIT_MS 100
 
-/* One endpoint with its AV and CQ (FI_WAIT_NONE: the progress thread polls; providers with
- * manual data progress, such as tcp;ofi_rxm, progress only inside fi_cq_read). */
-static int open_ep(struct ofi_rail *rl, struct fid_ep **ep, struct fid_av **av, struct fid_cq **cq,
-		   char *why, size_t cap)
+static void close_ep(struct fid_ep **ep, struct fid_av **av, struct fid_cq **cq);
+
+/* One endpoint with its AV and CQ. The CQ has a wait fd (FI_WAIT_FD) where the provider offers
+ * one, so the progress thread can sleep in poll(); a provider whose endpoint will not take such a
+ * CQ (binding or enabling fails) gets a FI_WAIT_NONE one, which the progress thread polls in short
+ * naps. With manual data progress (tcp;ofi_rxm) bytes move only inside fi_cq_read. `why` names
+ * the call that failed. */
+static int open_ep_wait(struct ofi_rail *rl, struct fid_ep **ep, struct fid_av **av,
+			struct fid_cq **cq, enum fi_wait_obj wait, char *why, size_t cap)
 {
 	const char *dom = rl->info->domain_attr->name;
-	/* FI_WAIT_FD where the provider has it: the progress thread sleeps in poll() until a
-	 * socket or device has work (fi_trywait), instead of polling on a timer. */
-	struct fi_cq_attr cq_attr = {
-	    .format = FI_CQ_FORMAT_CONTEXT, .size = 4096, .wait_obj = FI_WAIT_FD};
+	struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_CONTEXT, .size = 4096, .wait_obj = wait};
 	int rc = fi_cq_open(rl->domain, &cq_attr, cq, NULL);
-	if (rc) {
+	if (rc && wait != FI_WAIT_NONE) {
 		cq_attr.wait_obj = FI_WAIT_NONE;
 		rc = fi_cq_open(rl->domain, &cq_attr, cq, NULL);
 	}
@@ -59,12 +61,39 @@ static int open_ep(struct ofi_rail *rl, struct fid_ep **ep, struct fid_av **av, 
 		snprintf(why, cap, "fi_endpoint(%s): %s", dom, fi_strerror(-rc));
 		return -1;
 	}
-	if ((rc = fi_ep_bind(*ep, &(*av)->fid, 0)) ||
-	    (rc = fi_ep_bind(*ep, &(*cq)->fid, FI_TRANSMIT | FI_RECV)) || (rc = fi_enable(*ep))) {
-		snprintf(why, cap, "binding an endpoint of %s: %s", dom, fi_strerror(-rc));
+	const char *step = "fi_ep_bind(address vector)";
+	if (!(rc = fi_ep_bind(*ep, &(*av)->fid, 0))) {
+		step = cq_attr.wait_obj == FI_WAIT_FD ? "fi_ep_bind(completion queue, FI_WAIT_FD)"
+						      : "fi_ep_bind(completion queue)";
+		if (!(rc = fi_ep_bind(*ep, &(*cq)->fid, FI_TRANSMIT | FI_RECV))) {
+			step = "fi_enable";
+			rc = fi_enable(*ep);
+		}
+	}
+	if (rc) {
+		snprintf(why, cap, "%s on an endpoint of %s: %s", step, dom, fi_strerror(-rc));
 		return -1;
 	}
 	return 0;
+}
+
+static int open_ep(struct ofi_rail *rl, struct fid_ep **ep, struct fid_av **av, struct fid_cq **cq,
+		   char *why, size_t cap)
+{
+	if (open_ep_wait(rl, ep, av, cq, FI_WAIT_FD, why, cap) == 0)
+		return 0;
+	char first[256];
+	snprintf(first, sizeof(first), "%s", why);
+	close_ep(ep, av, cq);
+	if (open_ep_wait(rl, ep, av, cq, FI_WAIT_NONE, why, cap) == 0) {
+		SC_INFO("libfabric", "%s: %s; polling a FI_WAIT_NONE completion queue instead",
+			rl->info->domain_attr->name, first);
+		return 0;
+	}
+	char second[256];
+	snprintf(second, sizeof(second), "%s", why);
+	snprintf(why, cap, "%s (and without a wait fd: %s)", first, second);
+	return -1;
 }
 
 static void close_ep(struct fid_ep **ep, struct fid_av **av, struct fid_cq **cq)

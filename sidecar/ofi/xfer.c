@@ -82,6 +82,9 @@ struct ofi_xfer {
 	bool use_fence, fenced;
 	struct sc_xr_piece last_piece;
 	bool leaked; /* messages given up on may still complete: never freed */
+	/* Completion handlers still reporting bytes to the operation (x->on_progress) after they
+	 * let go of ob->mu: the transfer must not end (nor x be freed) until they return. */
+	unsigned in_cb;
 	size_t rail_inflight[OFI_MAX_RAILS];
 	uint64_t rail_last_ms[OFI_MAX_RAILS]; /* a completion, or the first post after none */
 	bool rail_dead[OFI_MAX_RAILS];	      /* failed or stalled: nothing more goes on it */
@@ -227,16 +230,22 @@ void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_c
 	rq->busy = false;
 	xf->inflight--;
 	xf->rail_inflight[rq->rail]--;
+	if (moved)
+		xf->in_cb++; /* x stays alive until the report below is done (run_task waits) */
 	pthread_cond_broadcast(&xf->cv);
 	pthread_mutex_unlock(&ob->mu);
-	if (moved && atomic_load(&rl->cooling) && atomic_exchange(&rl->cooling, false))
+	if (!moved)
+		return;
+	if (atomic_load(&rl->cooling) && atomic_exchange(&rl->cooling, false))
 		sc_rail_set_state(&ob->base, rl->index, SC_RAIL_UP,
 				  "libfabric provider %s, domain %s: carrying bytes again",
 				  ob->provider, rl->info->domain_attr->name);
-	if (moved) {
-		sc_rail_add_bytes(&ob->base, x, rl->index, moved);
-		x->on_progress(x, moved);
-	}
+	sc_rail_add_bytes(&ob->base, x, rl->index, moved);
+	x->on_progress(x, moved);
+	pthread_mutex_lock(&ob->mu);
+	xf->in_cb--;
+	pthread_cond_broadcast(&xf->cv);
+	pthread_mutex_unlock(&ob->mu);
 }
 
 /* ---- setup ------------------------------------------------------------------------------------
@@ -648,6 +657,11 @@ static void run_task(struct sc_xr_task *t)
 	} else {
 		move(xf);
 	}
+	/* The last completion's handler may still be reporting its bytes (x->on_progress): the
+	 * operation's byte count must include them, and x must outlive them. It takes no lock
+	 * that is held while waiting for this worker, so the wait is short. */
+	while (xf->in_cb)
+		wait_us(xf, 1000);
 	uint64_t moved = xf->bytes_done;
 	bool lost_peer = xf->inflight > 0 || xf->leaked;
 	pthread_mutex_unlock(&ob->mu);
