@@ -155,12 +155,11 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 				 "here (found: %s)",
 				 want, seen);
 		else
-			snprintf(
-			    b->detail, sizeof(b->detail),
-			    "only TCP-emulating, node-local or verbs libfabric providers here (%s); "
-			    "the tcp and ibverbs backends serve those. Name one with "
-			    "--ofi-provider (e.g. tcp) to use it anyway",
-			    seen);
+			snprintf(b->detail, sizeof(b->detail),
+				 "only TCP-emulating, node-local or verbs libfabric providers here "
+				 "(%s); the tcp and ibverbs backends serve those. Name one with "
+				 "--ofi-provider (e.g. tcp) to use it anyway",
+				 seen);
 		fi_freeinfo(list);
 		return;
 	}
@@ -331,6 +330,7 @@ static void ofi_destroy(struct sc_backend *b)
 	ofi_stop(b);
 	for (size_t i = 0; i < ob->n_rails; i++)
 		ofi_rail_close(&ob->rails[i]);
+	ofi_xfer_free_kept(ob); /* no completion can come now */
 	sc_xr_destroy(&ob->xr);
 	pthread_mutex_destroy(&ob->mu);
 	free(ob);

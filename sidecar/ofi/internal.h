@@ -82,6 +82,8 @@ struct ofi_rail {
 	size_t n_peers;
 };
 
+struct ofi_xfer;
+
 struct ofi_backend {
 	struct sc_backend base;
 	pthread_mutex_t mu;
@@ -103,6 +105,11 @@ struct ofi_backend {
 			      const struct fi_cq_err_entry *err);
 	atomic_uint_fast64_t next_key;
 	atomic_uint_fast64_t eagain;
+	/* Transfers that ended with messages the provider never completed (under mu): their
+	 * records must outlive the rails' endpoints, so ofi_xfer_free_kept frees them once the
+	 * rails are closed. */
+	struct ofi_xfer *kept;
+	size_t n_kept;
 };
 
 static inline struct ofi_backend *to_ofi(struct sc_backend *b)
@@ -147,6 +154,8 @@ int ofi_xfer_start(struct ofi_backend *ob, struct sc_err *err);
 void ofi_xfer_stop(struct ofi_backend *ob);
 int ofi_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err);
 void ofi_xfer_cancel(struct sc_backend *b, struct sc_xfer *x);
+/* Frees the kept transfers' records: after every rail is closed (no completion can come). */
+void ofi_xfer_free_kept(struct ofi_backend *ob);
 /* A completion (err NULL) or an error entry for one posted request: the progress thread. */
 void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_cq_err_entry *err);
 

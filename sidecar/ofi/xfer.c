@@ -81,7 +81,8 @@ struct ofi_xfer {
 	 * FI_DELIVERY_COMPLETE) lands after all of them, so its completion says they all landed. */
 	bool use_fence, fenced;
 	struct sc_xr_piece last_piece;
-	bool leaked; /* messages given up on may still complete: never freed */
+	bool leaked; /* messages given up on may still complete: kept until the rails close */
+	struct ofi_xfer *kept_next; /* on ob->kept */
 	/* Completion handlers still reporting bytes to the operation (x->on_progress) after they
 	 * let go of ob->mu: the transfer must not end (nor x be freed) until they return. */
 	unsigned in_cb;
@@ -185,13 +186,14 @@ void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_c
 		return;
 	struct ofi_xfer *xf = rq->xf;
 	struct ofi_backend *ob = xf->ob;
-	struct sc_xfer *x = xf->xr.x;
 	uint64_t moved = 0;
 	pthread_mutex_lock(&ob->mu);
-	if (!rq->busy) { /* already given up on (a stalled rail): its pieces went elsewhere */
+	if (!rq->busy) { /* already given up on (a stalled rail): its pieces went elsewhere, or
+			  * its transfer ended and is kept (ob->kept, xr.x NULL) */
 		pthread_mutex_unlock(&ob->mu);
 		return;
 	}
+	struct sc_xfer *x = xf->xr.x;
 	xf->rail_last_ms[rq->rail] = sc_clock_mono_ms();
 	if (!e) {
 		moved = rq->fence ? 0 : rq->bytes;
@@ -641,6 +643,13 @@ static void move(struct ofi_xfer *xf)
 /* ---- the task ---------------------------------------------------------------------------------
  */
 
+static void free_xfer(struct ofi_xfer *xf)
+{
+	pthread_cond_destroy(&xf->cv);
+	free(xf->redo);
+	free(xf);
+}
+
 static void run_task(struct sc_xr_task *t)
 {
 	struct ofi_xfer *xf = container_of(t, struct ofi_xfer, run);
@@ -689,18 +698,38 @@ static void run_task(struct sc_xr_task *t)
 	pthread_mutex_lock(&ob->mu);
 	sc_xr_retire_locked(&ob->xr, &xf->xr);
 	pthread_mutex_unlock(&ob->mu);
-	if (lost_peer) {
-		/* Messages the provider never completed: their contexts must outlive it. */
-		SC_ERROR("libfabric",
-			 "transfer %016" PRIx64 ": messages never completed; keeping "
-			 "their records",
-			 x->xfer_id);
-	} else {
-		pthread_cond_destroy(&xf->cv);
-		free(xf->redo);
-		free(xf);
-	}
+	uint64_t xfer_id = x->xfer_id;
 	sc_xr_complete(x, status, msg);
+	if (lost_peer) {
+		/* Messages the provider never completed: their contexts must outlive its endpoints
+		 * (a late completion still finds its request); freed when the rails close. */
+		pthread_mutex_lock(&ob->mu);
+		xf->xr.x = NULL; /* x belongs to the operation, which may go now */
+		xf->kept_next = ob->kept;
+		ob->kept = xf;
+		size_t n = ++ob->n_kept;
+		pthread_mutex_unlock(&ob->mu);
+		SC_WARN("libfabric",
+			"transfer %016" PRIx64 ": messages never completed; keeping its records "
+			"(%zu KiB) until the backend stops (%zu transfer(s) kept)",
+			xfer_id, sizeof(*xf) >> 10, n);
+	} else {
+		free_xfer(xf);
+	}
+}
+
+void ofi_xfer_free_kept(struct ofi_backend *ob)
+{
+	pthread_mutex_lock(&ob->mu);
+	struct ofi_xfer *xf = ob->kept;
+	ob->kept = NULL;
+	ob->n_kept = 0;
+	pthread_mutex_unlock(&ob->mu);
+	while (xf) {
+		struct ofi_xfer *next = xf->kept_next;
+		free_xfer(xf);
+		xf = next;
+	}
 }
 
 int ofi_xfer_submit(struct sc_backend *b, struct sc_xfer *x, struct sc_err *err)
