@@ -13,6 +13,7 @@
  * Owns: the rails (ofi/rail.c), the transfer runner (ofi/xfer.c).
  */
 #include "ofi/internal.h"
+#include "os/topology.h"
 
 #include "base/log.h"
 #include "peer/server.h"
@@ -253,6 +254,9 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 			const struct fi_pci_attr *pa = &rails[k]->nic->bus_attr->attr.pci;
 			snprintf(r->pci, sizeof(r->pci), "%04x:%02x:%02x.%x", pa->domain_id,
 				 pa->bus_id, pa->device_id, pa->function_id);
+			/* Its NUMA node, for GetInfo's rail table (GPU and NUMA rows rank the
+			 * rails by PCI distance through the engine's topology). */
+			r->numa = sc_topo_sysfs_pci_numa(r->pci);
 		}
 		if (b->n_devices < 4)
 			memcpy(b->devices[b->n_devices++], r->name, sizeof(b->devices[0]) - 1);

@@ -210,6 +210,22 @@ int sc_topo_pci_normalize(const char *pci, char *out, size_t cap)
 	return 0;
 }
 
+int sc_topo_sysfs_pci_numa(const char *pci)
+{
+	char norm[32], path[96];
+	if (!pci || sc_topo_pci_normalize(pci, norm, sizeof(norm)) != 0)
+		return -1;
+	snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/numa_node", norm);
+	FILE *f = fopen(path, "r");
+	int numa = -1;
+	if (f) {
+		if (fscanf(f, "%d", &numa) != 1 || numa < 0)
+			numa = -1;
+		fclose(f);
+	}
+	return numa;
+}
+
 static void obj_pci(hwloc_obj_t o, char *out, size_t cap)
 {
 	struct pci_addr a = {o->attr->pcidev.domain, o->attr->pcidev.bus, o->attr->pcidev.dev,

@@ -93,6 +93,9 @@ const char *sc_topo_source(const struct sc_topo *topo);
  * when pci is not a PCI address (or its domain exceeds 16 bits, which hwloc does not model) or
  * cap is too small. Pure. */
 int sc_topo_pci_normalize(const char *pci, char *out, size_t cap);
+/* This host's NUMA node of PCI device pci (either form), from sysfs
+ * (/sys/bus/pci/devices/<pci>/numa_node); -1 when unknown. Any thread. */
+int sc_topo_sysfs_pci_numa(const char *pci);
 
 /* The class between two PCI devices (see above). UNKNOWN when either is not in the topology, is
  * malformed or NULL, or topo is NULL. A device with itself: PIX. */

@@ -17,6 +17,7 @@
 #include "check.h"
 #include "os/topology.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -604,7 +605,37 @@ TEST(this_host)
 	CHECK_INT_EQ(rc, 0);
 }
 
+/* sc_topo_sysfs_pci_numa: what sysfs says for this host's PCI devices, -1 for a non-address or
+ * a device that does not exist. */
+TEST(sysfs_pci_numa)
+{
+	CHECK_INT_EQ(sc_topo_sysfs_pci_numa(NULL), -1);
+	CHECK_INT_EQ(sc_topo_sysfs_pci_numa("not-a-pci-address"), -1);
+	CHECK_INT_EQ(sc_topo_sysfs_pci_numa("ffff:ff:1f.7"), -1);
+	DIR *d = opendir("/sys/bus/pci/devices");
+	if (!d)
+		return; /* no PCI bus here */
+	struct dirent *e;
+	size_t seen = 0;
+	while ((e = readdir(d)) && seen < 8) {
+		if (e->d_name[0] == '.')
+			continue;
+		char path[320];
+		snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/numa_node", e->d_name);
+		FILE *f = fopen(path, "r");
+		int want = -1;
+		if (f) {
+			if (fscanf(f, "%d", &want) != 1 || want < 0)
+				want = -1;
+			fclose(f);
+		}
+		CHECK_INT_EQ(sc_topo_sysfs_pci_numa(e->d_name), want);
+		seen++;
+	}
+	closedir(d);
+}
+
 RUN_TESTS(T(dgx8_rail_per_gpu), T(dgx8_ranking_and_gpu_pairs), T(shared2_four_gpus_per_nic),
 	  T(onesocket_nics_on_socket0), T(nic_pci_by_name), T(unknown_devices), T(pci_forms),
 	  T(rank_pure), T(table_limits_and_no_topology), T(load_errors_name_the_file),
-	  T(xml_from_env), T(this_host))
+	  T(xml_from_env), T(sysfs_pci_numa), T(this_host))
