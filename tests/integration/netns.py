@@ -9,6 +9,7 @@ not."""
 import os
 import shutil
 import subprocess
+import sys
 
 
 def sh(*args, check=True):
@@ -30,6 +31,19 @@ def can_run(iptables=True):
     ok = not iptables or sh("ip", "netns", "exec", probe, "iptables", "-L", "-n", check=False).returncode == 0
     sh("ip", "netns", "del", probe, check=False)
     return None if ok else "iptables does not work in a network namespace here"
+
+
+class NeedsNetns:
+    """A test case mixin (before SidecarTest): the whole class skips (exit 77, with the reason)
+    where network namespaces, veth and tc cannot be used here."""
+
+    @classmethod
+    def setUpClass(cls):
+        why = can_run()
+        if why:
+            print("skipped: " + why)
+            sys.exit(77)
+        super().setUpClass()
 
 
 class Net:

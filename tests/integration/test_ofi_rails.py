@@ -18,27 +18,19 @@ Every byte compared. Needs root, ip netns and tc (skipped, 77, otherwise).
 Figures printed (look for "figure:")."""
 import os
 import signal
-import sys
 import time
 
 import grpc
 
 from harness import SLOW, SidecarTest, desc, main, pb, wait_until
-from netns import Paths, can_run
+from netns import NeedsNetns, Paths
 
 SIZE = 24 << 20
 RATE = os.environ.get("SC_OFI_RAILS_RATE", "160mbit")  # 24 MiB: about 1.3 s on one rail
 TERMINAL = (pb.OPERATION_STATUS_COMPLETE, pb.OPERATION_STATUS_ERRORED, pb.OPERATION_STATUS_CANCELLED)
 
 
-class OfiRailsTest(SidecarTest):
-    @classmethod
-    def setUpClass(cls):
-        why = can_run()
-        if why:
-            print("skipped: " + why)
-            sys.exit(77)
-
+class OfiRailsTest(NeedsNetns, SidecarTest):
     def setUp(self):
         super().setUp()
         self.net = Paths(2, RATE)

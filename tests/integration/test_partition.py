@@ -14,13 +14,12 @@ peer are rebuilt). Needs root, `ip netns` and iptables: exits 77 (skipped) other
 Figures printed (look for "figure:"): transfer times, time to detect a dead peer.
 """
 import os
-import sys
 import threading
 import time
 
 import grpc
 from harness import SLOW, SidecarTest, desc, main, pb, wait_until
-from netns import Net, can_run, sh  # noqa: F401
+from netns import NeedsNetns, Net, sh  # noqa: F401
 
 SIZE = int(os.environ.get("SC_PARTITION_MIB", "256")) << 20
 RATE = os.environ.get("SC_PARTITION_RATE", "600mbit")  # 256 MiB in about 3.6 s
@@ -32,14 +31,7 @@ CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 TERMINAL = (pb.OPERATION_STATUS_COMPLETE, pb.OPERATION_STATUS_ERRORED, pb.OPERATION_STATUS_CANCELLED)
 
 
-class PartitionTest(SidecarTest):
-    @classmethod
-    def setUpClass(cls):
-        why = can_run()
-        if why:
-            print("skipped: " + why)
-            sys.exit(77)
-
+class PartitionTest(NeedsNetns, SidecarTest):
     def setUp(self):
         super().setUp()
         self.net = Net(RATE)

@@ -27,7 +27,7 @@ import sys
 import time
 
 from harness import SLOW, SidecarTest, desc, main, pb, wait_until
-from netns import Paths, can_run
+from netns import NeedsNetns, Paths
 
 SIZE = 64 << 20
 RATE = os.environ.get("SC_PATHS_RATE", "100mbit")  # 64 MiB: about 5.4 s on one path
@@ -35,14 +35,7 @@ METRICS_PORT = 9464  # inside a's namespace: nothing else listens there
 TERMINAL = (pb.OPERATION_STATUS_COMPLETE, pb.OPERATION_STATUS_ERRORED, pb.OPERATION_STATUS_CANCELLED)
 
 
-class TcpPathsTest(SidecarTest):
-    @classmethod
-    def setUpClass(cls):
-        why = can_run()
-        if why:
-            print("skipped: " + why)
-            sys.exit(77)
-
+class TcpPathsTest(NeedsNetns, SidecarTest):
     def setUp(self):
         super().setUp()
         self.net = Paths(2, RATE)
