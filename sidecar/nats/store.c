@@ -491,8 +491,10 @@ static bool retry_after(struct sc_nats_store *st, const struct sc_err *err, uint
 	return true;
 }
 
-int sc_nats_store_put(struct sc_nats_store *st, const char *subject, const void *data, size_t len,
-		      uint64_t *seq, struct sc_err *err)
+/* Calls once(arg) until it succeeds, or fails in a way retry_after does not retry, or the
+ * store's fail-over time (failover_ms) has passed. */
+static int with_failover(struct sc_nats_store *st, int (*once)(void *arg, struct sc_err *err),
+			 void *arg, struct sc_err *err)
 {
 	struct sc_err local;
 	if (!err)
@@ -500,11 +502,32 @@ int sc_nats_store_put(struct sc_nats_store *st, const char *subject, const void 
 	uint64_t until = sc_clock_mono_after_ms((uint64_t)st->failover_ms);
 	for (;;) {
 		sc_err_clear(err);
-		if (put_once(st, subject, data, len, seq, err) == 0)
+		if (once(arg, err) == 0)
 			return 0;
 		if (!retry_after(st, err, until))
 			return -1;
 	}
+}
+
+struct put_args {
+	struct sc_nats_store *st;
+	const char *subject;
+	const void *data;
+	size_t len;
+	uint64_t *seq;
+};
+
+static int put_try(void *arg, struct sc_err *err)
+{
+	struct put_args *a = arg;
+	return put_once(a->st, a->subject, a->data, a->len, a->seq, err);
+}
+
+int sc_nats_store_put(struct sc_nats_store *st, const char *subject, const void *data, size_t len,
+		      uint64_t *seq, struct sc_err *err)
+{
+	struct put_args a = {st, subject, data, len, seq};
+	return with_failover(st, put_try, &a, err);
 }
 
 struct watch {
@@ -617,20 +640,25 @@ static int watch_once(struct sc_nats_store *st, const char *subject, sc_nats_sto
 				err);
 }
 
+struct watch_args {
+	struct sc_nats_store *st;
+	const char *subject;
+	sc_nats_store_fn fn;
+	void *ctx;
+	uint64_t *sub_id;
+};
+
+static int watch_try(void *arg, struct sc_err *err)
+{
+	struct watch_args *a = arg;
+	return watch_once(a->st, a->subject, a->fn, a->ctx, a->sub_id, err);
+}
+
 int sc_nats_store_watch(struct sc_nats_store *st, const char *subject, sc_nats_store_fn fn,
 			void *ctx, uint64_t *sub_id, struct sc_err *err)
 {
-	struct sc_err local;
-	if (!err)
-		err = &local;
-	uint64_t until = sc_clock_mono_after_ms((uint64_t)st->failover_ms);
-	for (;;) {
-		sc_err_clear(err);
-		if (watch_once(st, subject, fn, ctx, sub_id, err) == 0)
-			return 0;
-		if (!retry_after(st, err, until))
-			return -1;
-	}
+	struct watch_args a = {st, subject, fn, ctx, sub_id};
+	return with_failover(st, watch_try, &a, err);
 }
 
 static natsStatus open_queue(void *arg, natsConnection *nc, natsMsgHandler cb, void *closure,
