@@ -64,7 +64,7 @@ Architecture: $arch
 Maintainer: rdma-sidecar developers <rdma-sidecar@invalid>
 Installed-Size: $size
 Depends: $deps, passwd
-Recommends: ibverbs-providers
+Recommends: ibverbs-providers, libfabric1
 Section: net
 Priority: optional
 Description: moves memory between ML pipeline workers over RDMA or TCP

@@ -59,13 +59,13 @@ static int reg(struct ofi_backend *ob, struct ofi_rail *rl, void *addr, uint64_t
 	if (rc) {
 		snprintf(why, cap, "fi_mr_regattr of %" PRIu64 " bytes on %s (%s): %s", len,
 			 rl->info->domain_attr->name, gpu == SC_GPU_HOST ? "host" : "FI_HMEM_CUDA",
-			 fi_strerror(-rc));
+			 ofi_fn.strerror(-rc));
 		return -1;
 	}
 	if (rl->mr_mode & FI_MR_ENDPOINT) {
 		if ((rc = fi_mr_bind(*out, &rl->ep->fid, 0)) || (rc = fi_mr_enable(*out))) {
 			snprintf(why, cap, "binding an MR to the endpoint of %s: %s",
-				 rl->info->domain_attr->name, fi_strerror(-rc));
+				 rl->info->domain_attr->name, ofi_fn.strerror(-rc));
 			fi_close(&(*out)->fid);
 			*out = NULL;
 			return -1;

@@ -97,7 +97,7 @@ static bool in_list(const char *list, const char *dom, size_t *pos)
 
 static struct fi_info *get_info(bool hmem, int *rc)
 {
-	struct fi_info *hints = fi_allocinfo();
+	struct fi_info *hints = ofi_fn.dupinfo(NULL);
 	if (!hints) {
 		*rc = -FI_ENOMEM;
 		return NULL;
@@ -110,8 +110,8 @@ static struct fi_info *get_info(bool hmem, int *rc)
 	hints->domain_attr->threading = FI_THREAD_SAFE;
 	hints->tx_attr->op_flags = FI_COMPLETION;
 	struct fi_info *list = NULL;
-	*rc = fi_getinfo(OFI_API_VERSION, NULL, NULL, 0, hints, &list);
-	fi_freeinfo(hints);
+	*rc = ofi_fn.getinfo(OFI_API_VERSION, NULL, NULL, 0, hints, &list);
+	ofi_fn.freeinfo(hints);
 	return *rc ? NULL : list;
 }
 
@@ -123,12 +123,14 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 	bool hmem_allowed = !(cfg->ofi_hmem && strcasecmp(cfg->ofi_hmem, "off") == 0);
 	int rc = 0;
 	bool hmem = false;
+	if (ofi_lib_load(b->detail, sizeof(b->detail)) != 0)
+		return;
 	struct fi_info *list = get_info(false, &rc);
 	if (!list) {
 		snprintf(b->detail, sizeof(b->detail),
 			 "libfabric %u.%u: no provider offers FI_EP_RDM endpoints with FI_RMA "
 			 "(fi_getinfo: %s); check fi_info -t FI_EP_RDM -c FI_RMA",
-			 FI_MAJOR(fi_version()), FI_MINOR(fi_version()), fi_strerror(-rc));
+			 FI_MAJOR(ofi_fn.version()), FI_MINOR(ofi_fn.version()), ofi_fn.strerror(-rc));
 		return;
 	}
 	/* The provider: the named one, or the best-ranked that is a real fabric. */
@@ -161,7 +163,7 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 				 "(%s); the tcp and ibverbs backends serve those. Name one with "
 				 "--ofi-provider (e.g. tcp) to use it anyway",
 				 seen);
-		fi_freeinfo(list);
+		ofi_fn.freeinfo(list);
 		return;
 	}
 	snprintf(ob->provider, sizeof(ob->provider), "%s", prov);
@@ -174,10 +176,10 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 		for (struct fi_info *i = hl; i && !hmem; i = i->next)
 			hmem = strcmp(i->fabric_attr->prov_name, prov) == 0;
 		if (hmem) {
-			fi_freeinfo(list);
+			ofi_fn.freeinfo(list);
 			list = hl;
 		} else if (hl) {
-			fi_freeinfo(hl);
+			ofi_fn.freeinfo(hl);
 		}
 	}
 	ob->tcp_emulating = tcp_emulating(prov);
@@ -231,7 +233,7 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 			 domains ? " among --ofi-domains " : "", domains ? domains : "",
 			 skipped_lo ? " (lo is a rail only when --ofi-domains names it)" : "",
 			 why[0] ? why : "");
-		fi_freeinfo(list);
+		ofi_fn.freeinfo(list);
 		return;
 	}
 	for (size_t k = 0; k < nr; k++) {
@@ -284,7 +286,7 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 			 prov, ob->rails[0].info->domain_attr->name);
 	else
 		ob->hmem = true;
-	fi_freeinfo(list);
+	ofi_fn.freeinfo(list);
 	if (ob->n_rails == 0) {
 		snprintf(b->detail, sizeof(b->detail), "libfabric provider %s: %s", prov, why);
 		return;
@@ -298,7 +300,7 @@ static void choose(struct ofi_backend *ob, const struct sc_config *cfg)
 	snprintf(b->detail, sizeof(b->detail),
 		 "libfabric %u.%u provider %s%s, %zu rail(s): %s; mr_mode 0x%" PRIx64
 		 ", %zu iov/msg; GPU memory: %s",
-		 FI_MAJOR(fi_version()), FI_MINOR(fi_version()), prov,
+		 FI_MAJOR(ofi_fn.version()), FI_MINOR(ofi_fn.version()), prov,
 		 ob->tcp_emulating ? " (TCP-emulating)" : "", ob->n_rails, names,
 		 ob->rails[0].mr_mode, ob->rails[0].iov_limit,
 		 ob->hmem ? "FI_HMEM_CUDA registration" : ob->hmem_reason);

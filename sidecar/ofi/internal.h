@@ -7,6 +7,7 @@
  *              the progress thread, and the AV entries of the peers (one per peer, evicted)
  *   access.c   regions (a local MR per rail) and grants (a remote key per operation span, closed
  *              when the operation ends)
+ *   lib.c      libfabric itself, loaded at run time (dlopen)
  *   xfer.c     the active side: OPEN on the control channel, batched fi_readmsg/fi_writemsg with
  *              FI_MORE, completions, DONE
  *
@@ -31,6 +32,23 @@
 #include <stdbool.h>
 
 #define OFI_API_VERSION FI_VERSION(1, 17)
+
+/* lib.c: the functions libfabric exports, looked up at run time (the binary does not link
+ * libfabric). Valid once ofi_lib_load returned 0. */
+struct ofi_lib {
+	bool loaded;
+	int (*getinfo)(uint32_t version, const char *node, const char *service, uint64_t flags,
+		       const struct fi_info *hints, struct fi_info **info);
+	void (*freeinfo)(struct fi_info *info);
+	struct fi_info *(*dupinfo)(const struct fi_info *info);
+	int (*fabric)(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context);
+	const char *(*strerror)(int errnum);
+	uint32_t (*version)(void);
+};
+extern struct ofi_lib ofi_fn;
+/* Loads libfabric.so.1 (RDMA_SIDECAR_LIBFABRIC names another) once; 0, or -1 with why. Any
+ * thread. */
+int ofi_lib_load(char *why, size_t cap);
 /* The rails of one backend (SC_MAX_OFI_RAILS in metadata; SC_MAX_RAILS in GetInfo). */
 #define OFI_MAX_RAILS (SC_MAX_OFI_RAILS < SC_MAX_RAILS ? SC_MAX_OFI_RAILS : SC_MAX_RAILS)
 

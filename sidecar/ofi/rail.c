@@ -45,7 +45,7 @@ static int open_ep_wait(struct ofi_rail *rl, struct fid_ep **ep, struct fid_av *
 		rc = fi_cq_open(rl->domain, &cq_attr, cq, NULL);
 	}
 	if (rc) {
-		snprintf(why, cap, "fi_cq_open(%s): %s", dom, fi_strerror(-rc));
+		snprintf(why, cap, "fi_cq_open(%s): %s", dom, ofi_fn.strerror(-rc));
 		return -1;
 	}
 	struct fi_av_attr av_attr = {.type = FI_AV_TABLE, .count = rl->ob->max_peers};
@@ -53,12 +53,12 @@ static int open_ep_wait(struct ofi_rail *rl, struct fid_ep **ep, struct fid_av *
 		av_attr.type = rl->info->domain_attr->av_type;
 	rc = fi_av_open(rl->domain, &av_attr, av, NULL);
 	if (rc) {
-		snprintf(why, cap, "fi_av_open(%s): %s", dom, fi_strerror(-rc));
+		snprintf(why, cap, "fi_av_open(%s): %s", dom, ofi_fn.strerror(-rc));
 		return -1;
 	}
 	rc = fi_endpoint(rl->domain, rl->info, ep, NULL);
 	if (rc) {
-		snprintf(why, cap, "fi_endpoint(%s): %s", dom, fi_strerror(-rc));
+		snprintf(why, cap, "fi_endpoint(%s): %s", dom, ofi_fn.strerror(-rc));
 		return -1;
 	}
 	const char *step = "fi_ep_bind(address vector)";
@@ -71,7 +71,7 @@ static int open_ep_wait(struct ofi_rail *rl, struct fid_ep **ep, struct fid_av *
 		}
 	}
 	if (rc) {
-		snprintf(why, cap, "%s on an endpoint of %s: %s", step, dom, fi_strerror(-rc));
+		snprintf(why, cap, "%s on an endpoint of %s: %s", step, dom, ofi_fn.strerror(-rc));
 		return -1;
 	}
 	return 0;
@@ -118,20 +118,20 @@ int ofi_rail_open(struct ofi_backend *ob, size_t r, const struct fi_info *info, 
 	pthread_mutex_init(&rl->av_mu, NULL);
 	pthread_rwlock_init(&rl->out_lock, NULL);
 	atomic_init(&rl->thread_exit, false);
-	rl->info = fi_dupinfo(info);
+	rl->info = ofi_fn.dupinfo(info);
 	if (!rl->info) {
 		snprintf(why, cap, "out of memory");
 		return -1;
 	}
 	const char *dom = info->domain_attr->name;
-	int rc = fi_fabric(rl->info->fabric_attr, &rl->fabric, NULL);
+	int rc = ofi_fn.fabric(rl->info->fabric_attr, &rl->fabric, NULL);
 	if (rc) {
-		snprintf(why, cap, "fi_fabric(%s): %s", dom, fi_strerror(-rc));
+		snprintf(why, cap, "fi_fabric(%s): %s", dom, ofi_fn.strerror(-rc));
 		return -1;
 	}
 	rc = fi_domain(rl->fabric, rl->info, &rl->domain, NULL);
 	if (rc) {
-		snprintf(why, cap, "fi_domain(%s): %s", dom, fi_strerror(-rc));
+		snprintf(why, cap, "fi_domain(%s): %s", dom, ofi_fn.strerror(-rc));
 		return -1;
 	}
 	rc = open_ep(rl, &rl->ep, &rl->av, &rl->cq, why, cap);
@@ -141,7 +141,7 @@ int ofi_rail_open(struct ofi_backend *ob, size_t r, const struct fi_info *info, 
 	rc = fi_getname(&rl->ep->fid, rl->addr, &rl->addr_len);
 	if (rc) {
 		snprintf(why, cap, "fi_getname(%s): %s (address longer than %d bytes?)", dom,
-			 fi_strerror(-rc), SC_OFI_ADDR_MAX);
+			 ofi_fn.strerror(-rc), SC_OFI_ADDR_MAX);
 		return -1;
 	}
 	rl->split = !(rl->info->domain_attr->mr_mode & FI_MR_ENDPOINT);
@@ -187,7 +187,7 @@ const char *ofi_cq_errtext(struct ofi_rail *rl, const struct fi_cq_err_entry *e,
 	if (t && t != buf)
 		snprintf(buf, cap, "%s", t);
 	else if (!t)
-		snprintf(buf, cap, "%s", fi_strerror(e->err));
+		snprintf(buf, cap, "%s", ofi_fn.strerror(e->err));
 	return buf;
 }
 
@@ -210,7 +210,7 @@ static int poll_cq(struct ofi_rail *rl, struct fid_cq *cq)
 	}
 	if (n != -FI_EAGAIN && n != -FI_EINTR) {
 		SC_ERROR("libfabric", "rail %zu (%s): fi_cq_read failed: %s", rl->index,
-			 rl->info->domain_attr->name, fi_strerror((int)-n));
+			 rl->info->domain_attr->name, ofi_fn.strerror((int)-n));
 		struct timespec ts = {0, 10000000};
 		nanosleep(&ts, NULL);
 	}
@@ -291,7 +291,7 @@ void ofi_rail_close(struct ofi_rail *rl)
 	if (rl->fabric)
 		fi_close(&rl->fabric->fid);
 	if (rl->info)
-		fi_freeinfo(rl->info);
+		ofi_fn.freeinfo(rl->info);
 	rl->domain = NULL;
 	rl->fabric = NULL;
 	rl->info = NULL;
@@ -312,7 +312,7 @@ static void remove_locked(struct ofi_rail *rl, struct ofi_peer **link)
 	int rc = fi_av_remove(rl->av_out, &fa, 1, 0);
 	if (rc)
 		SC_WARN("libfabric", "rail %zu: fi_av_remove of peer %s: %s", rl->index, p->id,
-			fi_strerror(-rc));
+			ofi_fn.strerror(-rc));
 	*link = p->next;
 	free(p);
 	rl->n_peers--;
@@ -376,7 +376,7 @@ int ofi_peer_get(struct ofi_rail *rl, const char *id, const uint8_t *addr, size_
 		return sc_err_set(err, SC_UNAVAILABLE,
 				  "libfabric: fi_av_insert of peer %s's address on rail %zu "
 				  "failed: %s",
-				  id, rl->index, n < 0 ? fi_strerror(-n) : "not inserted");
+				  id, rl->index, n < 0 ? ofi_fn.strerror(-n) : "not inserted");
 	}
 	p->refs = 1;
 	p->last_used = sc_clock_mono_ms();

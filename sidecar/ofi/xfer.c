@@ -213,7 +213,7 @@ void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_c
 		    (xf->rail_dead[rq->rail] || xf->n_dead + 1 < xf->n_rails) &&
 		    redo_locked(xf, rq)) {
 			char why[300];
-			snprintf(why, sizeof(why), "%s: %s", fi_strerror(e->err), txt);
+			snprintf(why, sizeof(why), "%s: %s", ofi_fn.strerror(e->err), txt);
 			rail_dead_locked(xf, rq->rail, why);
 		} else {
 			sc_xr_fail_locked(
@@ -222,7 +222,7 @@ void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_c
 			    "(%s, %s) failed: %s%s: %s (provider error %d)",
 			    x->kind == SC_OP_READ ? "READ" : "WRITE", rq->bytes, x->meta->issuer,
 			    rl->index, ob->provider, rl->info->domain_attr->name,
-			    fi_strerror(e->err),
+			    ofi_fn.strerror(e->err),
 			    access ? " (remote access refused: the key was revoked or the range "
 				     "is outside the grant)"
 				   : "",
@@ -428,7 +428,7 @@ static int post_one(struct ofi_xfer *xf, struct ofi_req *rq, const struct sc_xr_
 					  "libfabric: %s on rail %zu (%s) failed: %s",
 					  x->kind == SC_OP_READ ? "fi_readmsg" : "fi_writemsg",
 					  rq->rail, rl->info->domain_attr->name,
-					  fi_strerror((int)-rc));
+					  ofi_fn.strerror((int)-rc));
 		return -1;
 	}
 }

@@ -112,22 +112,26 @@ TEST(a_failed_peer_is_evicted)
 /* First: a real rail on lo (skips the whole program when the provider is absent). */
 TEST(open_rail)
 {
-	struct fi_info *hints = fi_allocinfo(), *info = NULL;
+	char why[256];
+	if (ofi_lib_load(why, sizeof(why)) != 0) {
+		printf("skipped: %s\n", why);
+		exit(77);
+	}
+	struct fi_info *hints = ofi_fn.dupinfo(NULL), *info = NULL;
 	hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
 	hints->ep_attr->type = FI_EP_RDM;
 	hints->mode = FI_CONTEXT | FI_CONTEXT2;
 	hints->fabric_attr->prov_name = strdup("tcp;ofi_rxm");
 	hints->domain_attr->name = strdup("lo");
-	if (fi_getinfo(OFI_API_VERSION, NULL, NULL, 0, hints, &info) != 0) {
+	if (ofi_fn.getinfo(OFI_API_VERSION, NULL, NULL, 0, hints, &info) != 0) {
 		printf("skipped: libfabric's tcp;ofi_rxm provider on lo is not available\n");
 		exit(77);
 	}
 	ob = calloc(1, sizeof(*ob));
 	ob->max_peers = 256;
-	char why[256];
 	int rc = ofi_rail_open(ob, 0, info, why, sizeof(why));
-	fi_freeinfo(info);
-	fi_freeinfo(hints);
+	ofi_fn.freeinfo(info);
+	ofi_fn.freeinfo(hints);
 	if (rc != 0)
 		CHECK_FAIL_("rail: %s", why);
 	ob->n_rails = 1;
