@@ -407,13 +407,6 @@ void ib_qp_stop_handler(struct ib_backend *ib);
 int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t deadline_mono_ms,
 	      const atomic_bool *cancel, struct ib_qp **out, struct sc_peer_conn **conn,
 	      int *endpoint, struct sc_err *err);
-/* An authenticated control connection to the issuer of md (the first of its endpoints that
- * answers as the issuer); *endpoint receives its index. cancel (NULL: none) ends a dial or a
- * hello in progress with CANCELLED (a stopped peer never answers the hello). NULL with err on
- * failure. */
-struct sc_peer_conn *ib_control_conn(struct ib_backend *ib, const struct sc_metadata *md,
-				     uint64_t deadline_mono_ms, const atomic_bool *cancel,
-				     int *endpoint, struct sc_err *err);
 /* ConnectPeer: a QP to md's issuer (cached, or set up now) and a pooled control connection, so
  * that its first transfer finds both. The backend's connect op. gRPC worker thread. */
 int ib_connect(struct sc_backend *b, const struct sc_metadata *md, uint64_t deadline_mono_ms,

@@ -7,7 +7,7 @@
  * "incoming" QPs, which never post anything. Both kinds are capped at --ib-max-qps, idle ones
  * making room. The rendezvous, the caps and expiry, tombstones and VERIFY: below.
  *
- * Threads: ib_qp_get and ib_control_conn on worker threads (and striped transfers' threads),
+ * Threads: ib_qp_get on worker threads (and striped transfers' threads),
  * ib_connect on gRPC threads, the QP_CONNECT handler on peer-server threads, async errors and
  * expiry on the completion thread.
  * Owns: the peer table, the outgoing and incoming QPs (ib/internal.h, Lifetime), the QP_CONNECT
@@ -329,41 +329,6 @@ void ib_qp_flush(struct ib_qp *q)
 			q->peer, strerror(rc));
 }
 
-struct sc_peer_conn *ib_control_conn(struct ib_backend *ib, const struct sc_metadata *md,
-				     uint64_t deadline_mono_ms, const atomic_bool *cancel,
-				     int *endpoint, struct sc_err *err)
-{
-	if (md->n_endpoints == 0) {
-		sc_err_set(err, SC_FAILED_PRECONDITION,
-			   "the metadata from sidecar %s names no control endpoint", md->issuer);
-		return NULL;
-	}
-	for (size_t i = 0; i < md->n_endpoints; i++) {
-		struct sc_peer_conn *c;
-		if (sc_peer_pool_get_cancellable(ib->pool, md->endpoints[i], deadline_mono_ms, cancel,
-						 &c, err) != 0) {
-			if (err->code == SC_DEADLINE_EXCEEDED || err->code == SC_CANCELLED)
-				break;
-			continue;
-		}
-		if (sc_peer_conn_check_issuer(c, md->issuer, err) != 0) {
-			sc_peer_pool_put(ib->pool, c, false); /* an impostor: no rendezvous */
-			break;
-		}
-		if (strcmp(sc_peer_conn_peer_id(c), md->issuer) != 0) {
-			sc_err_set(
-			    err, SC_UNAVAILABLE,
-			    "control endpoint %s is sidecar \"%s\", but the metadata was issued "
-			    "by \"%s\" (stale metadata, or a wrong --advertise)",
-			    md->endpoints[i], sc_peer_conn_peer_id(c), md->issuer);
-			sc_peer_pool_put(ib->pool, c, true);
-			continue;
-		}
-		*endpoint = (int)i;
-		return c;
-	}
-	return NULL;
-}
 
 /* Connect a new outgoing QP to md's issuer. *failed_qpn: our QP number when it got as far as
  * asking the peer (so the next attempt tells the peer to drop its half). */
@@ -373,7 +338,7 @@ static int connect_peer(struct ib_backend *ib, const struct sc_metadata *md, uin
 			struct sc_err *err)
 {
 	*failed_qpn = 0;
-	struct sc_peer_conn *c = ib_control_conn(ib, md, deadline_mono_ms, cancel, endpoint, err);
+	struct sc_peer_conn *c = sc_peer_pool_get_issuer(ib->pool, md, deadline_mono_ms, cancel, endpoint, err);
 	if (!c) {
 		if (err->code == SC_OK)
 			sc_err_set(err, SC_UNAVAILABLE, "cannot reach sidecar %s", md->issuer);
@@ -514,7 +479,7 @@ static int verify_cached(struct ib_backend *ib, struct ib_peer *p, struct ib_qp 
 			 struct sc_err *err)
 {
 	int ep = -1;
-	struct sc_peer_conn *c = ib_control_conn(ib, md, deadline_mono_ms, cancel, &ep, err);
+	struct sc_peer_conn *c = sc_peer_pool_get_issuer(ib->pool, md, deadline_mono_ms, cancel, &ep, err);
 	int rc = c ? verify_peer(ib, q, c, deadline_mono_ms, cancel, err) : -1;
 	struct ib_qp *drop = NULL;
 	pthread_mutex_lock(&ib->mu);
@@ -669,7 +634,7 @@ int ib_qp_get(struct ib_backend *ib, const struct sc_metadata *md, uint64_t dead
 		 */
 		struct ib_qp *q = *out;
 		int ep = -1;
-		struct sc_peer_conn *c = ib_control_conn(ib, md, deadline_mono_ms, cancel, &ep, err);
+		struct sc_peer_conn *c = sc_peer_pool_get_issuer(ib->pool, md, deadline_mono_ms, cancel, &ep, err);
 		int rc = !c ? -1 : sc_peer_conn_reused(c) ? 1
 							   : verify_peer(ib, q, c, deadline_mono_ms,
 									 cancel, err);

@@ -535,7 +535,7 @@ static void *sx_main(void *arg)
 	int ep = -1;
 	bool opened = false;
 	struct sc_peer_conn *c =
-	    ib_control_conn(ib, x->meta, x->deadline_mono_ms, &x->cancel_requested, &ep, &err);
+	    sc_peer_pool_get_issuer(ib->pool, x->meta, x->deadline_mono_ms, &x->cancel_requested, &ep, &err);
 	if (c) {
 		if (sc_peer_open_xfer(c, x, SC_BACKEND_IBVERBS, &err) != 0) {
 			sc_peer_pool_put(ib->pool, c, sc_peer_conn_usable(c));

@@ -229,7 +229,7 @@ static void setup(struct ib_xfer *xf)
 		pthread_mutex_lock(&ib->mu);
 		xf->qp = qp;
 		pthread_mutex_unlock(&ib->mu);
-		if (!c && !(c = ib_control_conn(ib, x->meta, x->deadline_mono_ms,
+		if (!c && !(c = sc_peer_pool_get_issuer(ib->pool, x->meta, x->deadline_mono_ms,
 						&x->cancel_requested, &xf->endpoint, &err)))
 			goto fail;
 		if (sc_peer_open_xfer(c, x, SC_BACKEND_IBVERBS, &err) == 0)

@@ -253,41 +253,6 @@ void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_c
 /* ---- setup ------------------------------------------------------------------------------------
  */
 
-static struct sc_peer_conn *control_conn(struct ofi_backend *ob, const struct sc_metadata *md,
-					 uint64_t deadline, const atomic_bool *cancel,
-					 int *endpoint, struct sc_err *err)
-{
-	if (md->n_endpoints == 0) {
-		sc_err_set(err, SC_FAILED_PRECONDITION,
-			   "the metadata from sidecar %s names no control endpoint", md->issuer);
-		return NULL;
-	}
-	for (size_t i = 0; i < md->n_endpoints; i++) {
-		struct sc_peer_conn *c;
-		if (sc_peer_pool_get_cancellable(ob->pool, md->endpoints[i], deadline, cancel, &c,
-						 err) != 0) {
-			if (err->code == SC_DEADLINE_EXCEEDED || err->code == SC_CANCELLED)
-				break;
-			continue;
-		}
-		if (sc_peer_conn_check_issuer(c, md->issuer, err) != 0) {
-			sc_peer_pool_put(ob->pool, c, false);
-			break;
-		}
-		if (strcmp(sc_peer_conn_peer_id(c), md->issuer) != 0) {
-			sc_err_set(err, SC_UNAVAILABLE,
-				   "control endpoint %s is sidecar \"%s\", but the metadata was "
-				   "issued by \"%s\" (stale metadata, or a wrong --advertise)",
-				   md->endpoints[i], sc_peer_conn_peer_id(c), md->issuer);
-			sc_peer_pool_put(ob->pool, c, true);
-			continue;
-		}
-		*endpoint = (int)i;
-		return c;
-	}
-	return NULL;
-}
-
 static int setup(struct ofi_xfer *xf, struct sc_err *err)
 {
 	struct ofi_backend *ob = xf->ob;
@@ -306,8 +271,8 @@ static int setup(struct ofi_xfer *xf, struct sc_err *err)
 		xf->have_peer[i] = true;
 		atomic_fetch_add(&ob->base.rails[i].operations, 1);
 	}
-	struct sc_peer_conn *c =
-	    control_conn(ob, md, x->deadline_mono_ms, &x->cancel_requested, &xf->endpoint, err);
+	struct sc_peer_conn *c = sc_peer_pool_get_issuer(ob->pool, md, x->deadline_mono_ms,
+							 &x->cancel_requested, &xf->endpoint, err);
 	if (!c)
 		return -1;
 	/* The OPEN carries the transfer's trace id where the issuer reads it. */

@@ -639,3 +639,39 @@ void sc_peer_conn_flush(struct sc_peer_conn *conn)
 		atomic_store(&conn->broken, true);
 }
 
+struct sc_peer_conn *sc_peer_pool_get_issuer(struct sc_peer_pool *pool,
+					     const struct sc_metadata *md,
+					     uint64_t deadline_mono_ms, const atomic_bool *cancel,
+					     int *endpoint, struct sc_err *err)
+{
+	if (md->n_endpoints == 0) {
+		sc_err_set(err, SC_FAILED_PRECONDITION,
+			   "the metadata from sidecar %s names no control endpoint", md->issuer);
+		return NULL;
+	}
+	for (size_t i = 0; i < md->n_endpoints; i++) {
+		struct sc_peer_conn *c;
+		if (sc_peer_pool_get_cancellable(pool, md->endpoints[i], deadline_mono_ms, cancel,
+						 &c, err) != 0) {
+			if (err->code == SC_DEADLINE_EXCEEDED || err->code == SC_CANCELLED)
+				break;
+			continue;
+		}
+		if (sc_peer_conn_check_issuer(c, md->issuer, err) != 0) {
+			sc_peer_pool_put(pool, c, false); /* an impostor: no rendezvous */
+			break;
+		}
+		if (strcmp(sc_peer_conn_peer_id(c), md->issuer) != 0) {
+			sc_err_set(
+			    err, SC_UNAVAILABLE,
+			    "control endpoint %s is sidecar \"%s\", but the metadata was issued "
+			    "by \"%s\" (stale metadata, or a wrong --advertise)",
+			    md->endpoints[i], sc_peer_conn_peer_id(c), md->issuer);
+			sc_peer_pool_put(pool, c, true);
+			continue;
+		}
+		*endpoint = (int)i;
+		return c;
+	}
+	return NULL;
+}

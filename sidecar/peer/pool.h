@@ -19,9 +19,10 @@
 #ifndef SC_PEER_POOL_H
 #define SC_PEER_POOL_H
 
-#include "peer/proto.h"
-#include "base/types.h"
 #include "base/status.h"
+#include "base/types.h"
+#include "meta/metadata.h"
+#include "peer/proto.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -73,6 +74,16 @@ int sc_peer_pool_get(struct sc_peer_pool *pool, const char *endpoint, uint64_t d
 int sc_peer_pool_get_cancellable(struct sc_peer_pool *pool, const char *endpoint,
 				 uint64_t deadline_mono_ms, const atomic_bool *cancel,
 				 struct sc_peer_conn **out, struct sc_err *err);
+/* A connection to the sidecar that issued md: its control endpoints tried in order (each as
+ * sc_peer_pool_get_cancellable), the first one that is md's issuer (checked against its TLS
+ * identity, and its hello's id) wins; *endpoint: its index in md->endpoints. cancel (NULL: none)
+ * ends a dial or a hello in progress with CANCELLED (a stopped peer never answers the hello).
+ * NULL with err set when none is (a deadline, a cancel or an impostor ends the search at once).
+ * The backends' workers call it. */
+struct sc_peer_conn *sc_peer_pool_get_issuer(struct sc_peer_pool *pool,
+					     const struct sc_metadata *md,
+					     uint64_t deadline_mono_ms, const atomic_bool *cancel,
+					     int *endpoint, struct sc_err *err);
 /* Give a connection back: kept for reuse when reusable, not broken and there is room; else
  * closed. NULL conn ok. */
 void sc_peer_pool_put(struct sc_peer_pool *pool, struct sc_peer_conn *conn, bool reusable);
