@@ -13,6 +13,7 @@
  * ties the lines of one transfer together.
  */
 #include "base/log.h"
+#include "base/parse.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -264,23 +265,12 @@ void sc_log_kv(enum sc_log_level level, const char *area, const struct sc_log_fi
 	va_end(ap);
 }
 
-static int hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* n hex digits at s, not all zero (when nonzero is set): lowercased into out (n + 1). */
 static bool hex_run(const char *s, size_t n, bool nonzero, char *out)
 {
 	bool any = false;
 	for (size_t i = 0; i < n; i++) {
-		int v = hexval(s[i]);
+		int v = sc_parse_hex_digit(s[i]);
 		if (v < 0)
 			return false;
 		any |= v != 0;
@@ -310,7 +300,7 @@ bool sc_trace_id_from_traceparent(const char *tp, char out[SC_TRACE_ID_LEN])
 		n--;
 	if (n < 55 || tp[2] != '-' || tp[35] != '-' || tp[52] != '-')
 		return false;
-	if (!hex_run(tp, 2, false, NULL) || (hexval(tp[0]) == 0xf && hexval(tp[1]) == 0xf))
+	if (!hex_run(tp, 2, false, NULL) || (sc_parse_hex_digit(tp[0]) == 0xf && sc_parse_hex_digit(tp[1]) == 0xf))
 		return false; /* version ff is invalid */
 	bool v00 = tp[0] == '0' && tp[1] == '0';
 	if ((v00 && n != 55) || (!v00 && n > 55 && tp[55] != '-'))

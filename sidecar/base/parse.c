@@ -308,3 +308,14 @@ int sc_parse_uid_list(const char *text, uint32_t *uids, size_t cap, size_t *n, s
 	*n = k;
 	return 0;
 }
+
+int sc_parse_hex_digit(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}

@@ -28,6 +28,8 @@
 int sc_parse_hostport(const char *text, char *host, size_t host_cap, uint16_t *port,
 		      struct sc_err *err);
 /* "64MiB", "4k", "1G", "123" -> bytes. Returns 0 or -1 with err. */
+/* The value of hex digit c (either case), or -1. Pure. */
+int sc_parse_hex_digit(char c);
 int sc_parse_size(const char *text, uint64_t *out, struct sc_err *err);
 /* "500ms", "30s", "2m", "1h", "1500" (ms) -> milliseconds. Returns 0 or -1 with err. */
 int sc_parse_duration_ms(const char *text, uint64_t *out, struct sc_err *err);

@@ -11,6 +11,7 @@
  * source name; the tables it fills are the caller's.
  */
 #include "os/topology.h"
+#include "base/parse.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -151,17 +152,6 @@ struct pci_addr {
 	unsigned domain, bus, dev, func;
 };
 
-static int hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* Exactly `digits` hex digits (min..max) at *p, then the separator sep (or the end for '\0'). */
 static int hex_field(const char **p, size_t min, size_t max, char sep, unsigned *val)
 {
@@ -169,7 +159,7 @@ static int hex_field(const char **p, size_t min, size_t max, char sep, unsigned 
 	unsigned v = 0;
 	int h;
 
-	while (n < max && (h = hexval((*p)[n])) >= 0) {
+	while (n < max && (h = sc_parse_hex_digit((*p)[n])) >= 0) {
 		v = v * 16 + (unsigned)h;
 		n++;
 	}
