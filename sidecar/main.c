@@ -130,6 +130,9 @@ out:
 	sc_fast_path_destroy(fast);
 	/* The engine goes first: it cancels and waits for its transfers, which gRPC calls watch. */
 	sc_engine_destroy(eng);
+	/* What the peer server's threads recorded between the dump above and their end (a DONE's
+	 * answer leaves before its record is made: the peer may already have told us to stop). */
+	sc_trace_dump();
 	sc_service_destroy(svc);
 	sc_nats_bus_library_shutdown();
 	sc_config_free(&cfg);

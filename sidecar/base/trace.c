@@ -2,7 +2,7 @@
 /*
  * base/trace.c: the hand-off trace (base/trace.h). Any thread records into one fixed table,
  * claiming a slot with an atomic counter; main dumps the table to stderr when the sidecar starts
- * draining. Owns the table (allocated on first use when the trace is on, never freed: the process
+ * draining, and what came after once the threads that record have ended. Owns the table (allocated on first use when the trace is on, never freed: the process
  * is ending when it is dumped).
  */
 #include "base/trace.h"
@@ -91,10 +91,14 @@ void sc_trace_dump(void)
 	uint64_t end = atomic_load(&next_slot);
 	uint64_t n = end < SC_TRACE_MAX ? end : SC_TRACE_MAX;
 	atomic_thread_fence(memory_order_acquire);
-	for (uint64_t i = atomic_exchange(&dumped, n); i < n; i++)
-		if (table[i].stage) /* NULL: a record still being written */
-			fprintf(stderr, "handoff xfer=%016" PRIx64 " stage=%s us=%" PRIu64 "\n",
-				table[i].xfer_id, table[i].stage, table[i].us);
+	uint64_t i = atomic_load(&dumped);
+	for (; i < n; i++) {
+		if (!table[i].stage) /* a record still being written: the next dump starts there */
+			break;
+		fprintf(stderr, "handoff xfer=%016" PRIx64 " stage=%s us=%" PRIu64 "\n",
+			table[i].xfer_id, table[i].stage, table[i].us);
+	}
+	atomic_store(&dumped, i);
 	if (end > SC_TRACE_MAX)
 		fprintf(stderr, "handoff dropped=%" PRIu64 " (table full)\n", end - SC_TRACE_MAX);
 	fflush(stderr);

@@ -54,7 +54,8 @@ uint64_t sc_trace_call_take(void);
 void sc_trace_set_current(uint64_t xfer_id);
 uint64_t sc_trace_current(void);
 
-/* Write every record to stderr (once; later calls write what was recorded since). */
+/* Write every record to stderr (once; later calls write what was recorded since, a record still
+ * being written included). Called by one thread at a time. */
 void sc_trace_dump(void);
 
 #endif
