@@ -108,6 +108,33 @@ void sc_rail_snapshot(struct sc_backend *b, size_t i, struct sc_rail_report *out
 	out->failovers = atomic_load_explicit(&r->failovers, memory_order_relaxed);
 }
 
+static bool in_list(const char *list, const char *name)
+{
+	size_t n = strlen(name);
+	for (const char *p = list; p && *p;) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		if (len == n && strncmp(p, name, n) == 0)
+			return true;
+		p = end ? end + 1 : NULL;
+	}
+	return false;
+}
+
+bool sc_rail_choice(const struct sc_backend *b, int gpu, const char *test_env, bool *allow)
+{
+	const struct sc_backend_env *env = &b->env;
+	if (gpu != SC_GPU_HOST)
+		return env->rail_choice && env->rail_choice(env->rail_choice_ctx, b, gpu, allow);
+	const char *test = test_env ? getenv(test_env) : NULL;
+	if (!test || !*test)
+		return false;
+	bool any = false;
+	for (size_t i = 0; i < b->n_rails && i < SC_MAX_RAILS; i++)
+		any |= allow[i] = in_list(test, b->rails[i].name);
+	return any;
+}
+
 #if !SC_HAVE_IBVERBS
 static void noverbs_destroy(struct sc_backend *b)
 {

@@ -220,6 +220,12 @@ void sc_rail_set_state(struct sc_backend *b, size_t i, enum sc_rail_state st, co
 	__attribute__((format(printf, 4, 5)));
 /* A copy of rail i with its state and detail read together. Any thread. */
 void sc_rail_snapshot(struct sc_backend *b, size_t i, struct sc_rail_report *out);
+/* Which of b's rails should carry memory of `gpu` (allow[i] for each rail, up to SC_MAX_RAILS):
+ * the node's topology for GPU memory (struct sc_backend_env.rail_choice). Host memory has no
+ * known NUMA node here, so no choice, except in tests: the environment variable test_env (a
+ * comma-separated list of rail names) names the rails host memory is near. false: no choice,
+ * every rail may. Any thread, once the engine has started. */
+bool sc_rail_choice(const struct sc_backend *b, int gpu, const char *test_env, bool *allow);
 /* Count bytes moved on rail i for transfer x (x may be NULL). Any thread. */
 static inline void sc_rail_add_bytes(struct sc_backend *b, struct sc_xfer *x, size_t i,
 				     uint64_t n)

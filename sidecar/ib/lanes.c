@@ -142,37 +142,6 @@ struct ibv_mr *ib_lane_mr(struct ib_backend *ib, const void *mr0, unsigned k)
 /* ---- regions --------------------------------------------------------------------------------- */
 
 /* Whether `name` is an entry of the comma list `list`. */
-static bool in_list(const char *list, const char *name)
-{
-	size_t n = strlen(name);
-	for (const char *p = list; p && *p;) {
-		const char *end = strchr(p, ',');
-		size_t len = end ? (size_t)(end - p) : strlen(p);
-		if (len == n && strncmp(p, name, n) == 0)
-			return true;
-		p = end ? end + 1 : NULL;
-	}
-	return false;
-}
-
-/* Which rails should carry memory of `gpu` (allow[] over the rails of ib->top): the topology's
- * answer for GPU memory (struct sc_backend_env.rail_choice). Host memory has no known NUMA node
- * here, so no choice, except in tests: SC_TEST_IB_HOST_RAILS names the rails host memory is near
- * (the VM's soft devices have no PCI address, so no topology places them). False: any rail. */
-static bool lane_choice(struct ib_backend *ib, int gpu, bool *allow)
-{
-	const struct sc_backend_env *env = &ib->base.env;
-	if (gpu != SC_GPU_HOST)
-		return env->rail_choice && env->rail_choice(env->rail_choice_ctx, ib->top, gpu, allow);
-	const char *test = getenv("SC_TEST_IB_HOST_RAILS");
-	if (!test || !*test)
-		return false;
-	bool any = false;
-	for (size_t i = 0; i < ib->top->n_rails && i < SC_MAX_RAILS; i++)
-		any |= allow[i] = in_list(test, ib->top->rails[i].name);
-	return any;
-}
-
 bool ib_lane_far0(struct ib_backend *ib, const void *mr0)
 {
 	struct ib_backend *p = ib->primary;
@@ -205,7 +174,9 @@ int ib_lanes_register(struct sc_backend *b, void *addr, uint64_t len, int gpu, v
 	 * it too, since its MR is the handle and one-rail peers use that rail, but when it is not
 	 * among them (far0) this side's transfers of it leave lane 0 out (ib/stripe.c). */
 	bool allow[SC_MAX_RAILS];
-	bool chosen = lane_choice(ib, gpu, allow);
+	/* (SC_TEST_IB_HOST_RAILS: the VM's soft devices have no PCI address, so no topology places
+	 * them; the tests name the rails host memory is near.) */
+	bool chosen = sc_rail_choice(ib->top, gpu, "SC_TEST_IB_HOST_RAILS", allow);
 	r->far0 = chosen && ib->rail >= 0 && !allow[ib->rail];
 	for (size_t k = 1; k < ib->n_lanes; k++) {
 		struct sc_err e2;

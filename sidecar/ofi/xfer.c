@@ -70,7 +70,8 @@ struct ofi_xfer {
 	struct sc_peer_conn *conn;
 	int endpoint;
 	bool opened;
-	size_t n_rails; /* rails this transfer uses: 0..n_rails-1 */
+	size_t n_rails; /* rails this transfer uses: 0..n_rails-1, but those marked dead at setup */
+	size_t first_rail; /* the first live one at setup (a one-rail transfer's) */
 	fi_addr_t fa[OFI_MAX_RAILS];
 	bool have_peer[OFI_MAX_RAILS];
 	uint64_t bytes_done;
@@ -253,6 +254,21 @@ void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_c
 /* ---- setup ------------------------------------------------------------------------------------
  */
 
+/* Whether the transfer's local memory is one GPU's (or, in tests, host memory named near some
+ * rails by SC_TEST_OFI_HOST_RAILS) that the node's topology puts nearer some rails: allow[] says
+ * which, as for ibverbs (backend/backend.h, sc_rail_choice). */
+static bool near_rails(struct ofi_xfer *xf, bool *allow)
+{
+	const struct sc_xfer *x = xf->xr.x;
+	if (x->n_segs == 0)
+		return false;
+	int gpu = x->segs[0].local_gpu;
+	for (size_t i = 1; i < x->n_segs; i++)
+		if (x->segs[i].local_gpu != gpu)
+			return false; /* memory of several devices: any rail */
+	return sc_rail_choice(&xf->ob->base, gpu, "SC_TEST_OFI_HOST_RAILS", allow);
+}
+
 static int setup(struct ofi_xfer *xf, struct sc_err *err)
 {
 	struct ofi_backend *ob = xf->ob;
@@ -260,11 +276,37 @@ static int setup(struct ofi_xfer *xf, struct sc_err *err)
 	const struct sc_metadata *md = x->meta;
 	/* Rails: rail i to the issuer's rail i; large transfers use every common one. */
 	size_t common = ob->n_rails < md->ofi.n_addrs ? ob->n_rails : md->ofi.n_addrs;
-	xf->n_rails = ob->stripe_min && x->total >= ob->stripe_min ? common : 1;
+	bool stripe = ob->stripe_min && x->total >= ob->stripe_min;
+	xf->n_rails = stripe ? common : 1;
+	/* Local memory the topology puts nearer some rails (GPU memory): only those, a small
+	 * transfer on the first of them; the others are out of this transfer from the start. */
+	bool allow[SC_MAX_RAILS];
+	size_t near = 0;
+	if (common > 1 && near_rails(xf, allow)) {
+		for (size_t i = 0; i < common; i++)
+			near += allow[i];
+		if (near) {
+			xf->n_rails = common;
+			size_t kept = 0;
+			for (size_t i = 0; i < common; i++) {
+				bool use = allow[i] && (stripe || kept == 0);
+				kept += use;
+				if (!use) {
+					xf->rail_dead[i] = true;
+					xf->n_dead++;
+				}
+			}
+		}
+	}
+	for (xf->first_rail = 0; xf->rail_dead[xf->first_rail];)
+		xf->first_rail++;
 	/* Several rails: every WRITE delivery-complete, so a cut rail's messages can go again on
 	 * another without losing any that only left the socket. */
-	xf->use_fence = x->kind != SC_OP_READ && xf->n_rails == 1 && ob->rails[0].waw;
+	xf->use_fence = x->kind != SC_OP_READ && xf->n_rails - xf->n_dead == 1 &&
+			ob->rails[xf->first_rail].waw;
 	for (size_t i = 0; i < xf->n_rails; i++) {
+		if (xf->rail_dead[i])
+			continue;
 		if (ofi_peer_get(&ob->rails[i], md->issuer, md->ofi.addr[i], md->ofi.addr_len[i],
 				 &xf->fa[i], err) != 0)
 			return -1;
@@ -554,7 +596,7 @@ static void move(struct ofi_xfer *xf)
 			struct ofi_req *rq = free_req(xf);
 			if (rq) {
 				rq->xf = xf;
-				rq->rail = 0;
+				rq->rail = xf->first_rail;
 				rq->fence = true;
 				post_one(xf, rq, &xf->last_piece, 1, false);
 				continue;

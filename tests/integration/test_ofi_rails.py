@@ -5,7 +5,8 @@ sidecar runs the libfabric backend (tcp;ofi_rxm) with one rail (domain + endpoin
 
   (a) a 24 MiB READ striped over both rails against the same READ from a sidecar with one rail:
       at least 1.5x faster, bytes on both rails (Operation.rails), GetInfo listing both rails with
-      the provider;
+      the provider; memory near one rail (GPU memory by the topology; here SC_TEST_OFI_HOST_RAILS)
+      moved on that rail only, small and big, READ and WRITE;
   (c) the peer SIGSTOPped mid-transfer (RMA messages in flight on both rails): CancelOperation
       ends the transfer CANCELLED in bounded time, and after SIGCONT the pair moves bytes again;
   (d) the peer killed mid-transfer: the READ ends ERRORED (UNAVAILABLE) in bounded time, naming
@@ -40,12 +41,13 @@ class OfiRailsTest(NeedsNetns, SidecarTest):
         (da0, db0), (da1, db1) = self.net.devs
         ns_a, ns_b = self.net.ns
 
-        def start(name, ns, listen, domains):
-            return self.sidecar(name, key_file=keys, tcp=False, data_listen=listen + ":0",
+        def start(name, ns, listen, domains, env=None):
+            return self.sidecar(name, key_file=keys, tcp=False, data_listen=listen + ":0", env=env,
                                 extra=("--advertise", listen, "--backends", "tcp,libfabric",
                                        "--ofi-provider", "tcp;ofi_rxm", "--ofi-domains", domains,
                                        "--ofi-stall-timeout", "1s", "--ofi-stripe-min", "1MiB"),
                                 prefix=("ip", "netns", "exec", ns))
+        self.start = start
         # The control channel on pair 0 only: cutting pair 1 leaves OPEN/DONE alone.
         self.a = start("a", ns_a, a0, "%s,%s" % (da0, da1))
         self.a1 = start("a1", ns_a, a0, da0)
@@ -83,6 +85,7 @@ class OfiRailsTest(NeedsNetns, SidecarTest):
 
     def test_all(self):
         self.check_striping()
+        self.check_nearest_rails()
         self.check_cut("read")
         # A fresh region for the WRITE: READ messages given up on at the cut may still land in
         # the first one once the link is back (see ofi/xfer.c, check_stalls).
@@ -108,6 +111,46 @@ class OfiRailsTest(NeedsNetns, SidecarTest):
         for name, n in used.items():
             self.assertGreater(n, SIZE // 4, "rail %s carried too little: %s" % (name, used))
         self.assertGreaterEqual(one / two, 1.5)
+
+    def check_nearest_rails(self):
+        """Memory the topology puts nearer one rail (GPU memory on a real node; here host memory
+        told so by SC_TEST_OFI_HOST_RAILS, as no topology places a veth) moves through that rail
+        only, a small transfer (under --ofi-stripe-min) as well as big ones, READ and WRITE, every
+        byte compared; the same pair's other transfers still start on the first rail."""
+        (_, db0), (_, db1) = self.net.devs
+        near = "tcp;ofi_rxm:" + db1
+        bn = self.start("bn", self.net.ns[1], self.net.addrs[0][1], "%s,%s" % (db0, db1),
+                        env={"SC_TEST_OFI_HOST_RAILS": near})
+        rbn = bn.create_region(SIZE)
+        for size, direction, off in ((4099, "read", 13), (12 << 20, "write", 7), ((3 << 20) + 5, "read", 0)):
+            data = os.urandom(size)
+            (self.a.fill(self.ra, off, data) if direction == "read" else bn.fill(rbn, off, data))
+            create = self.a.stub.CreateReadable if direction == "read" else self.a.stub.CreateWritable
+            po = create(pb.CreatePassiveRequest(descriptors=[desc(self.ra, off, size)], timeout_ms=60000),
+                        timeout=10 * SLOW)
+            begin = bn.stub.BeginRead if direction == "read" else bn.stub.BeginWrite
+            done = begin(pb.BeginTransferRequest(metadata=po.metadata, descriptors=[desc(rbn, off, size)],
+                                                 timeout_ms=60000, backend=pb.BACKEND_LIBFABRIC, wait=True),
+                         timeout=70 * SLOW)
+            self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, done.error.message)
+            got = bn.peek(rbn, off, size) if direction == "read" else self.a.peek(self.ra, off, size)
+            self.assertTrue(got == data, "%s of %d bytes: bytes differ" % (direction, size))
+            used = {u.rail: u.bytes for u in done.rails}
+            self.assertEqual(set(used), {near}, "%s of %d bytes: %s" % (direction, size, used))
+            self.assertGreaterEqual(used[near], size)
+            print("figure: %s of %d bytes from memory near %s: bytes per rail %s" % (direction, size, near, used))
+        # b, told nothing, starts a small transfer on its first rail as always.
+        data = os.urandom(4099)
+        self.a.fill(self.ra, 0, data)
+        po = self.a.stub.CreateReadable(pb.CreatePassiveRequest(descriptors=[desc(self.ra, 0, 4099)],
+                                                                timeout_ms=60000), timeout=10 * SLOW)
+        done = self.b.stub.BeginRead(pb.BeginTransferRequest(metadata=po.metadata, descriptors=[desc(self.rb, 0, 4099)],
+                                                             timeout_ms=60000, backend=pb.BACKEND_LIBFABRIC,
+                                                             wait=True), timeout=70 * SLOW)
+        self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, done.error.message)
+        self.assertEqual(self.b.peek(self.rb, 0, 4099), data)
+        self.assertEqual({u.rail for u in done.rails}, {"tcp;ofi_rxm:" + db0}, done.rails)
+        bn.stop()
 
     def check_cut(self, direction):
         po, ao, data, t0 = self.begin(self.a, self.ra, direction)
