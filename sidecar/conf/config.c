@@ -412,9 +412,11 @@ static const struct sc_option sc_options[] = {
 	 .def = "auto"},
 	{.id = OPT_OFI_STALL_TIMEOUT, T_DURATION(ofi_stall_ms), .name = "ofi-stall-timeout", .arg = ARG_REQUIRED,
 	 .value = "DURATION", .group = "libfabric",
-	 .help = "a rail of a striped libfabric transfer none of whose messages completes for this "
-		 "long is given up on for that transfer: its messages go again on the other rails "
-		 "(a cut link); 0 = never",
+	 .help = "a rail of a libfabric transfer none of whose messages completes for this long "
+		 "is given up on for that transfer: its messages go again on the other rails (a cut "
+		 "link); the last rail's end the transfer UNAVAILABLE, saying the rail stalled, or, "
+		 "when the provider fails them all and the peer offers tcp, the transfer goes on over "
+		 "tcp (Operation.backend_reason says so); 0 = never",
 	 .def = "5s"},
 
 	{.id = OPT_DEFAULT_TIMEOUT, .name = "default-timeout", .arg = ARG_REQUIRED,

@@ -179,22 +179,8 @@ static void finish(struct ib_xfer *xf)
 bool ib_hand_to_tcp(struct ib_backend *ib, struct sc_xfer *x, struct sc_peer_conn *c, bool opened,
 		    const char *msg, size_t n_rails, const int *rails)
 {
-	/* Only a transfer the peer knows (OPENed) whose control connection still answers: a peer
-	 * that is unreachable or gone is not reached over tcp either. */
-	if (!x->fallback_ok || !opened || !c || !sc_peer_conn_usable(c) ||
-	    atomic_load(&x->cancel_requested) || sc_xr_deadline_passed(x, sc_clock_mono_ms()))
+	if (!sc_peer_take_back(c, x, opened, msg, "ibverbs"))
 		return false;
-	uint64_t until = sc_clock_mono_ms() + 2000;
-	if (x->deadline_mono_ms && x->deadline_mono_ms < until)
-		until = x->deadline_mono_ms;
-	struct sc_err e;
-	sc_err_clear(&e);
-	if (sc_peer_done(c, x->meta->token, x->xfer_id, SC_ABORTED, msg, until, NULL, &e) != 0) {
-		SC_INFO_KV("ibverbs", IB_XFER_FIELDS(x),
-			   "transfer %016" PRIx64 " not moved to tcp: peer %s did not take "
-			"the attempt back: %s", x->xfer_id, x->meta->issuer, e.msg);
-		return false;
-	}
 	for (size_t i = 0; i < n_rails; i++)
 		if (rails[i] >= 0)
 			atomic_fetch_add_explicit(&ib->top->rails[rails[i]].failovers, 1,

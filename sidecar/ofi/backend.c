@@ -330,12 +330,23 @@ static void ofi_stop(struct sc_backend *b)
 		ofi_rail_stop(&ob->rails[i]);
 }
 
+/* A backend with a rail left open (ofi_rail_close): the provider may still hold pointers into it
+ * and its kept transfers, so it stays, reachable, until the process ends. */
+static struct ofi_backend *left_open;
+
 static void ofi_destroy(struct sc_backend *b)
 {
 	struct ofi_backend *ob = to_ofi(b);
 	ofi_stop(b);
-	for (size_t i = 0; i < ob->n_rails; i++)
+	bool open = false;
+	for (size_t i = 0; i < ob->n_rails; i++) {
 		ofi_rail_close(&ob->rails[i]);
+		open |= ob->rails[i].left_open;
+	}
+	if (open) {
+		left_open = ob;
+		return;
+	}
 	ofi_xfer_free_kept(ob); /* no completion can come now */
 	sc_xr_destroy(&ob->xr);
 	pthread_mutex_destroy(&ob->mu);

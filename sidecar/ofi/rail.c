@@ -283,6 +283,17 @@ void ofi_rail_close(struct ofi_rail *rl)
 		rl->peers = p->next;
 		free(p);
 	}
+	size_t out = atomic_load(&rl->abandoned);
+	if (out && rl->ep_out) {
+		/* The provider may still touch those messages' contexts and memory: everything of
+		 * this rail stays as it is until the process ends (ofi_destroy keeps the backend). */
+		SC_WARN("libfabric",
+			"rail %zu (%s): %zu message(s) given up on never completed; leaving its "
+			"endpoint open (libfabric cannot close an endpoint with RMA outstanding)",
+			rl->index, rl->info->domain_attr->name, out);
+		rl->left_open = true;
+		return;
+	}
 	if (rl->split)
 		close_ep(&rl->ep_out, &rl->av_out, &rl->cq_out);
 	close_ep(&rl->ep, &rl->av, &rl->cq);

@@ -59,6 +59,7 @@ struct ofi_req {
 	struct sc_xr_piece pieces[OFI_MAX_IOV];
 	size_t n_pieces;
 	bool gone;  /* abandoned on a stalled rail: never reused by this transfer */
+	bool came_late; /* gone, and its completion came after all (rail.abandoned counted down) */
 	bool fence; /* the last WRITE again, with FI_DELIVERY_COMPLETE: moves no new bytes */
 };
 
@@ -74,6 +75,7 @@ struct ofi_xfer {
 	size_t first_rail; /* the first live one at setup (a one-rail transfer's) */
 	fi_addr_t fa[OFI_MAX_RAILS];
 	bool have_peer[OFI_MAX_RAILS];
+	bool rail_used[OFI_MAX_RAILS]; /* carried this transfer (its peer's address was found) */
 	uint64_t bytes_done;
 	size_t inflight;
 	size_t next_rail;
@@ -191,6 +193,10 @@ void ofi_xfer_completed(struct ofi_rail *rl, void *op_context, const struct fi_c
 	pthread_mutex_lock(&ob->mu);
 	if (!rq->busy) { /* already given up on (a stalled rail): its pieces went elsewhere, or
 			  * its transfer ended and is kept (ob->kept, xr.x NULL) */
+		if (rq->gone && !rq->came_late) {
+			rq->came_late = true;
+			atomic_fetch_sub(&ob->rails[rq->rail].abandoned, 1);
+		}
 		pthread_mutex_unlock(&ob->mu);
 		return;
 	}
@@ -310,7 +316,7 @@ static int setup(struct ofi_xfer *xf, struct sc_err *err)
 		if (ofi_peer_get(&ob->rails[i], md->issuer, md->ofi.addr[i], md->ofi.addr_len[i],
 				 &xf->fa[i], err) != 0)
 			return -1;
-		xf->have_peer[i] = true;
+		xf->have_peer[i] = xf->rail_used[i] = true;
 		atomic_fetch_add(&ob->base.rails[i].operations, 1);
 	}
 	struct sc_peer_conn *c = sc_peer_pool_get_issuer(ob->pool, md, x->deadline_mono_ms,
@@ -479,15 +485,34 @@ static size_t pick_rail(const struct ofi_xfer *xf)
 static void check_stalls(struct ofi_xfer *xf, uint64_t now)
 {
 	struct ofi_backend *ob = xf->ob;
-	if (!ob->stall_ms || xf->n_rails < 2)
+	struct sc_xfer *x = xf->xr.x;
+	if (!ob->stall_ms)
 		return;
 	for (size_t r = 0; r < xf->n_rails; r++) {
 		if (xf->rail_dead[r] || xf->rail_inflight[r] == 0 ||
-		    now - xf->rail_last_ms[r] < ob->stall_ms || xf->n_dead + 1 >= xf->n_rails)
+		    now - xf->rail_last_ms[r] < ob->stall_ms)
 			continue;
 		char why[96];
 		snprintf(why, sizeof(why), "no completion for %" PRIu64 " ms",
 			 now - xf->rail_last_ms[r]);
+		if (xf->n_dead + 1 >= xf->n_rails) {
+			/* The last rail: the transfer ends UNAVAILABLE, saying so, rather than
+			 * wait for its deadline. Its messages are failed by dropping the peer's
+			 * address (move's drain) and awaited; when every one is accounted for, tcp
+			 * may take the transfer over (run_task, the engine's fall-back), since none
+			 * can land after tcp moved the bytes. */
+			if (!sc_xr_should_stop(&xf->xr)) {
+				atomic_store(&ob->rails[r].cooling, true);
+				sc_rail_set_state(&ob->base, r, SC_RAIL_COOLING,
+						  "rail %zu to peer %s failed: %s", r, x->meta->issuer,
+						  why);
+				sc_xr_fail_locked(&xf->xr, false, SC_UNAVAILABLE,
+						  "libfabric rail %zu (%s, %s) to peer %s stalled: %s", r,
+						  ob->provider, ob->rails[r].info->domain_attr->name,
+						  x->meta->issuer, why);
+			}
+			continue;
+		}
 		for (size_t i = 0; i < OFI_WINDOW; i++) {
 			struct ofi_req *rq = &xf->reqs[i];
 			if (!rq->busy || rq->rail != r)
@@ -497,6 +522,7 @@ static void check_stalls(struct ofi_xfer *xf, uint64_t now)
 						  "out of memory moving rail %zu's messages", r);
 			rq->busy = false;
 			rq->gone = true;
+			atomic_fetch_add(&ob->rails[r].abandoned, 1);
 			xf->inflight--;
 			xf->rail_inflight[r]--;
 			xf->leaked = true;
@@ -636,6 +662,8 @@ static void move(struct ofi_xfer *xf)
 					if (xf->reqs[i].busy) {
 						xf->reqs[i].busy = false;
 						xf->reqs[i].gone = true;
+						atomic_fetch_add(
+						    &ob->rails[xf->reqs[i].rail].abandoned, 1);
 						xf->rail_inflight[xf->reqs[i].rail]--;
 					}
 				xf->inflight = 0;
@@ -686,10 +714,20 @@ static void run_task(struct sc_xr_task *t)
 
 	struct sc_peer_conn *c = xf->conn;
 	xf->conn = NULL;
-	if (xf->opened)
+	/* The path failed with every message accounted for (completed or failed: none can land
+	 * later) and the control connection still answers: tcp goes on with it (SC_ABORTED). */
+	bool to_tcp = status == SC_UNAVAILABLE && !lost_peer &&
+		     sc_peer_take_back(c, x, xf->opened, msg, "libfabric");
+	if (to_tcp) {
+		status = SC_ABORTED;
+		for (size_t i = 0; i < xf->n_rails; i++)
+			if (xf->rail_used[i])
+				atomic_fetch_add(&ob->base.rails[i].failovers, 1);
+	} else if (xf->opened) {
 		sc_peer_tell_verdict(ob->pool, &c, x->meta->endpoints[xf->endpoint], x->meta->token,
 				     x->xfer_id, x->deadline_mono_ms, &status, msg, sizeof(msg),
 				     "libfabric");
+	}
 	if (c)
 		sc_peer_pool_put(ob->pool, c, sc_peer_conn_usable(c));
 	for (size_t i = 0; i < xf->n_rails; i++)

@@ -582,6 +582,32 @@ uint64_t sc_peer_verdict_ok_deadline(uint64_t xfer_deadline_mono_ms)
 									  : deadline;
 }
 
+bool sc_peer_take_back(struct sc_peer_conn *c, const struct sc_xfer *x, bool opened,
+		       const char *msg, const char *area)
+{
+	/* Only a transfer the peer knows (OPENed) whose control connection still answers: a peer
+	 * that is unreachable or gone is not reached over tcp either. */
+	if (!x->fallback_ok || !opened || !c || !sc_peer_conn_usable(c) ||
+	    atomic_load(&x->cancel_requested) ||
+	    (x->deadline_mono_ms && sc_clock_mono_ms() >= x->deadline_mono_ms))
+		return false;
+	uint64_t until = sc_clock_mono_ms() + 2000;
+	if (x->deadline_mono_ms && x->deadline_mono_ms < until)
+		until = x->deadline_mono_ms;
+	struct sc_err e;
+	sc_err_clear(&e);
+	if (sc_peer_done(c, x->meta->token, x->xfer_id, SC_ABORTED, msg, until, NULL, &e) != 0) {
+		SC_INFO_KV(area,
+			   (&(struct sc_log_fields){.op = x->op_id, .peer = x->meta->issuer,
+						    .backend = area, .trace_id = x->trace_id}),
+			   "transfer %016" PRIx64 " not moved to tcp: peer %s did not take the "
+			   "attempt back: %s",
+			   x->xfer_id, x->meta->issuer, e.msg);
+		return false;
+	}
+	return true;
+}
+
 void sc_peer_tell_verdict(struct sc_peer_pool *pool, struct sc_peer_conn **conn,
 			  const char *endpoint, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 			  uint64_t xfer_deadline_mono_ms, enum sc_status *status, char *msg,

@@ -143,6 +143,15 @@ void sc_peer_tell_verdict(struct sc_peer_pool *pool, struct sc_peer_conn **conn,
 			  const char *endpoint, const uint8_t token[SC_TOKEN_LEN], uint64_t xfer_id,
 			  uint64_t xfer_deadline_mono_ms, enum sc_status *status, char *msg,
 			  size_t msg_cap, const char *area);
+/*
+ * An RDMA path (ibverbs, libfabric) of transfer x failed and tcp may go on with it
+ * (x->fallback_ok): asks the passive side, on c, to take this attempt back (DONE with
+ * SC_ABORTED: its operation stays open for the same transfer on another path). true when it did;
+ * false (tell the failure as usual) when the transfer was never OPENed, c no longer answers, a
+ * cancel or the deadline came, or the peer refused. area: the caller's log area.
+ */
+bool sc_peer_take_back(struct sc_peer_conn *c, const struct sc_xfer *x, bool opened,
+		       const char *msg, const char *area);
 int sc_peer_ping(struct sc_peer_conn *conn, uint64_t deadline_mono_ms, const atomic_bool *cancel,
 		 struct sc_err *err);
 /* A generic request/reply (QP_CONNECT): sends a frame of `type` with body, expects a reply of

@@ -103,7 +103,7 @@ class Paths:
         self.ns = ["scqa%s" % tag, "scqb%s" % tag]
         self.devs = []  # per pair: (dev in a, dev in b)
         self.addrs = []  # per pair: (address in a, address in b)
-        self.cuts = set()
+        self.cuts = {}  # pair -> the iptables rule cutting it
         for ns in self.ns:
             sh("ip", "netns", "del", ns, check=False)
             sh("ip", "netns", "add", ns)
@@ -128,17 +128,19 @@ class Paths:
             sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
                "rate", rate, "burst", burst, "latency", latency)
 
-    def cut(self, i):
+    def cut(self, i, reset=False):
+        """Pair i drops everything it receives (a cut link: silence), or with reset=True answers
+        every TCP segment with a reset (a port gone down that the peer hears about)."""
+        rule = ["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"] if reset else ["-j", "DROP"]
         for ns, dev in zip(self.ns, self.devs[i]):
-            sh("ip", "netns", "exec", ns, "iptables", "-I", "INPUT", "-i", dev, "-j", "DROP")
-        self.cuts.add(i)
+            sh("ip", "netns", "exec", ns, "iptables", "-I", "INPUT", "-i", dev, *rule)
+        self.cuts[i] = rule
 
     def restore(self, i):
-        if i in self.cuts:
+        rule = self.cuts.pop(i, None)
+        if rule:
             for ns, dev in zip(self.ns, self.devs[i]):
-                sh("ip", "netns", "exec", ns, "iptables", "-D", "INPUT", "-i", dev, "-j", "DROP",
-                   check=False)
-            self.cuts.discard(i)
+                sh("ip", "netns", "exec", ns, "iptables", "-D", "INPUT", "-i", dev, *rule, check=False)
 
     def close(self):
         for i in list(self.cuts):

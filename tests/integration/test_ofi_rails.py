@@ -13,7 +13,9 @@ sidecar runs the libfabric backend (tcp;ofi_rxm) with one rail (domain + endpoin
       the peer, and b stays healthy;
   (b) one rail cut (iptables DROP) once the transfer shows progress: it completes on the other
       (--ofi-stall-timeout 1s), the cut rail reported cooling with its reason and a failover; and
-      a WRITE the same way (into a fresh region: see test_all).
+      a WRITE the same way (into a fresh region: see test_all); a pair whose only libfabric rail
+      goes down (connection reset) goes on over tcp (the engine's fall-back), READ and WRITE,
+      and one whose only rail goes silent ends UNAVAILABLE in bounded time and exits cleanly;
 
 Every byte compared. Needs root, ip netns and tc (skipped, 77, otherwise).
 Figures printed (look for "figure:")."""
@@ -91,6 +93,8 @@ class OfiRailsTest(NeedsNetns, SidecarTest):
         # the first one once the link is back (see ofi/xfer.c, check_stalls).
         self.rb = self.b.create_region(SIZE)
         self.check_cut("write")
+        self.check_tcp_takes_over()
+        self.check_silent_last_rail()
         self.rb = self.b.create_region(SIZE)
         self.check_stopped_peer_mid_transfer()
         self.rb = self.b.create_region(SIZE)
@@ -174,6 +178,85 @@ class OfiRailsTest(NeedsNetns, SidecarTest):
         self.assertIn("failed", rail.detail)
         self.assertGreaterEqual(rail.failovers, 1)
 
+
+    def one_rail_pair(self, name):
+        """A pair whose only libfabric rail is pair 1, with tcp and the control channel on pair 0."""
+        a0, b0 = self.net.addrs[0]
+        da1, db1 = self.net.devs[1]
+        pa = self.start("a" + name, self.net.ns[0], a0, da1)
+        pb_ = self.start("b" + name, self.net.ns[1], b0, db1)
+        return pa, pb_
+
+    def cut_mid_transfer(self, pa, pb_, direction, reset):
+        """A 24 MiB transfer (pb_ active) over the only rail, pair 1 cut once a sixth has moved;
+        returns both sides' final Operation, the bytes expected and where they went, and the
+        seconds from the cut to the end."""
+        ra, rb = pa.create_region(SIZE), pb_.create_region(SIZE)
+        data = os.urandom(SIZE)
+        (pa.fill(ra, 0, data) if direction == "read" else pb_.fill(rb, 0, data))
+        create = pa.stub.CreateReadable if direction == "read" else pa.stub.CreateWritable
+        po = create(pb.CreatePassiveRequest(descriptors=[desc(ra, 0, SIZE)], timeout_ms=120000),
+                    timeout=10 * SLOW)
+        begin = pb_.stub.BeginRead if direction == "read" else pb_.stub.BeginWrite
+        ao = begin(pb.BeginTransferRequest(metadata=po.metadata, descriptors=[desc(rb, 0, SIZE)],
+                                           timeout_ms=90000, backend=pb.BACKEND_LIBFABRIC),
+                   timeout=10 * SLOW)
+
+        def moved():
+            o = pb_.stub.GetOperation(pb.GetOperationRequest(operation_id=ao.operation_id), timeout=5)
+            if o.status in TERMINAL:
+                self.fail("transfer ended before the cut: lower SC_OFI_RAILS_RATE")
+            return o.bytes_done >= SIZE // 6
+        wait_until(moved, 30 * SLOW, "a sixth of the bytes to move")
+        self.net.cut(1, reset=reset)
+        t_cut = time.monotonic()
+        try:
+            done = pb_.wait(ao.operation_id, 90000)
+            p = pa.wait(po.operation_id, 30000)
+        finally:
+            self.net.restore(1)
+        took = time.monotonic() - t_cut
+        got = (lambda: pb_.peek(rb, 0, SIZE)) if direction == "read" else (lambda: pa.peek(ra, 0, SIZE))
+        return done, p, data, got, took
+
+    def check_tcp_takes_over(self):
+        """The only libfabric rail goes down mid-transfer so that the provider hears of it (its
+        TCP connection reset: a port gone down): every message fails, none is left out, and the
+        same transfer goes on over tcp: every byte compared, both sides COMPLETE with backend tcp
+        and the reason, the rail's failover counted, the log saying so. READ and WRITE."""
+        pa, pb_ = self.one_rail_pair("2")
+        for direction in ("read", "write"):
+            done, p, data, got, took = self.cut_mid_transfer(pa, pb_, direction, reset=True)
+            self.assertEqual(done.status, pb.OPERATION_STATUS_COMPLETE, done.error.message)
+            self.assertEqual(p.status, pb.OPERATION_STATUS_COMPLETE, p.error.message)
+            self.assertTrue(got() == data, "%s: bytes differ after the move to tcp" % direction)
+            self.assertEqual(done.backend, pb.BACKEND_TCP, done.backend_reason)
+            self.assertIn("libfabric failed mid-transfer, moved to tcp", done.backend_reason)
+            self.assertIn("moved the transfer to tcp", p.backend_reason)
+            rail = self.rails(pb_)[0]
+            self.assertGreaterEqual(rail.failovers, 1, rail)
+            print("figure: %s 24 MiB, its only libfabric rail reset: COMPLETE over tcp %.1f s after "
+                  "the cut; %s" % (direction, took, done.backend_reason))
+        self.assertIn("going on over tcp", pb_.read_log())
+        self.assertEqual(pa.stop(), 0)
+        self.assertEqual(pb_.stop(), 0)
+
+    def check_silent_last_rail(self):
+        """The only libfabric rail goes silent mid-READ (iptables DROP): past --ofi-stall-timeout the
+        transfer ends UNAVAILABLE saying the rail stalled, in bounded time, not at its deadline.
+        On tcp;ofi_rxm the messages in flight are never accounted for (dropping the peer's
+        address does not fail them), so tcp does not take over (a late READ reply could land
+        after tcp's bytes), and the sidecar, which cannot close that endpoint, still exits 0."""
+        pa, pb_ = self.one_rail_pair("3")
+        done, p, _, _, took = self.cut_mid_transfer(pa, pb_, "read", reset=False)
+        print("figure: READ 24 MiB, its only libfabric rail silent: %s in %.1f s: %s"
+              % (pb.OperationStatus.Name(done.status), took, done.error.message))
+        self.assertEqual(done.status, pb.OPERATION_STATUS_ERRORED, done.error.message)
+        self.assertEqual(done.error.code, 14, done.error.message)  # UNAVAILABLE
+        self.assertIn("stalled", done.error.message)
+        self.assertLess(took, 30)
+        self.assertEqual(pb_.stop(), 0)
+        self.assertEqual(pa.stop(), 0)
 
     def check_stopped_peer_mid_transfer(self):
         po, ao, data, t0 = self.begin(self.a, self.ra, "read")
