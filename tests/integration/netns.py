@@ -129,18 +129,21 @@ class Paths:
                "rate", rate, "burst", burst, "latency", latency)
 
     def cut(self, i, reset=False):
-        """Pair i drops everything it receives (a cut link: silence), or with reset=True answers
-        every TCP segment with a reset (a port gone down that the peer hears about)."""
-        rule = ["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"] if reset else ["-j", "DROP"]
-        for ns, dev in zip(self.ns, self.devs[i]):
+        """Both ends of pair i drop everything they receive (a cut link: silence); or, with
+        reset=True, the first namespace's end answers every TCP segment from pair i with a reset
+        (a port gone down that the second namespace's programs hear about at once; on both ends
+        a reset would be rejected too, and nobody would hear)."""
+        if reset:
+            sides = [(self.ns[0], self.devs[i][0], ["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"])]
+        else:
+            sides = [(ns, dev, ["-j", "DROP"]) for ns, dev in zip(self.ns, self.devs[i])]
+        for ns, dev, rule in sides:
             sh("ip", "netns", "exec", ns, "iptables", "-I", "INPUT", "-i", dev, *rule)
-        self.cuts[i] = rule
+        self.cuts[i] = sides
 
     def restore(self, i):
-        rule = self.cuts.pop(i, None)
-        if rule:
-            for ns, dev in zip(self.ns, self.devs[i]):
-                sh("ip", "netns", "exec", ns, "iptables", "-D", "INPUT", "-i", dev, *rule, check=False)
+        for ns, dev, rule in self.cuts.pop(i, ()):
+            sh("ip", "netns", "exec", ns, "iptables", "-D", "INPUT", "-i", dev, *rule, check=False)
 
     def close(self):
         for i in list(self.cuts):
