@@ -6,7 +6,7 @@
  * synchronously first). WaitMetadata is a one-shot subscription answered by the first verified
  * event (the stored copy, with the JetStream hand-off) or by its deadline (an engine timer).
  * Handlers start on gRPC worker threads; events run on NATS delivery threads, deadlines on the
- * engine's timer thread.
+ * engine's timer thread (which hands the unsubscribe to the store's deleter thread).
  */
 #include "handlers.h"
 #include "base/timer.h"
@@ -198,6 +198,11 @@ static void on_wait_event(void *ctx, const struct sc_bus_event *ev)
 	/* else the deadline timer is running: it sees `answered` and drops the reference */
 }
 
+static void unref_call(void *ctx)
+{
+	sc_call_unref(ctx);
+}
+
 static void wait_deadline(void *ctx)
 {
 	struct sc_call *c = ctx;
@@ -208,9 +213,7 @@ static void wait_deadline(void *ctx)
 	w->answered = true;
 	uint64_t sub_id = w->sub_id;
 	pthread_mutex_unlock(&w->mu);
-	/* Answer first: a handler running now sees `answered` and does nothing, and the
-	 * unsubscribe below (removing a JetStream consumer is a NATS request, bounded by the
-	 * store's timeout) does not delay the client's error. */
+	/* Answer first: a handler running now sees `answered` and does nothing. */
 	if (mine) {
 		char msg[SC_ERR_MSG_MAX + 1400];
 		const char *stream = sc_bus_store_name(eng);
@@ -238,8 +241,10 @@ static void wait_deadline(void *ctx)
 			sc_call_fail(c, SC_DEADLINE_EXCEEDED, msg);
 		}
 	}
-	sc_bus_unsubscribe(eng, sub_id); /* waits for a handler that is running */
-	sc_call_unref(c);
+	/* Off this (timer) thread: removing a JetStream consumer is a NATS request, which waits
+	 * out the store's timeout while NATS does not answer, and operation deadlines run here
+	 * too. The call stays referenced until its handler can no longer run. */
+	sc_bus_unsubscribe_later(eng, sub_id, unref_call, c);
 }
 
 static void wait_cancelled(struct sc_call *c)

@@ -354,6 +354,43 @@ void sc_bus_unsubscribe(struct sc_engine *eng, uint64_t sub_id)
 	free(s);
 }
 
+struct unsub_job {
+	struct sc_engine *eng;
+	uint64_t sub_id;
+	void (*then)(void *ctx);
+	void *ctx;
+};
+
+static void unsub_job_run(void *p)
+{
+	struct unsub_job *j = p;
+	sc_bus_unsubscribe(j->eng, j->sub_id);
+	if (j->then)
+		j->then(j->ctx);
+	free(j);
+}
+
+void sc_bus_unsubscribe_later(struct sc_engine *eng, uint64_t sub_id, void (*then)(void *ctx),
+			      void *ctx)
+{
+	struct unsub_job *j = malloc(sizeof(*j));
+	if (!j) {
+		sc_bus_unsubscribe(eng, sub_id);
+		if (then)
+			then(ctx);
+		return;
+	}
+	*j = (struct unsub_job){eng, sub_id, then, ctx};
+	/* Core NATS unsubscribes locally (no request): the store (JetStream) defers it to its
+	 * deleter thread, or runs it here once it is being destroyed. Under eng->mu, so that
+	 * sc_bus_stop cannot free the store meanwhile. */
+	pthread_mutex_lock(&eng->mu);
+	bool queued = !eng->store_closing && sc_nats_store_defer(eng->store, unsub_job_run, j);
+	pthread_mutex_unlock(&eng->mu);
+	if (!queued)
+		unsub_job_run(j);
+}
+
 void sc_bus_stop(struct sc_engine *eng)
 {
 	/* Stored copies of operations still live (none after the drain, usually): removed now. */
@@ -383,7 +420,11 @@ void sc_bus_stop(struct sc_engine *eng)
 			break;
 		sc_bus_unsubscribe(eng, id);
 	}
-	sc_nats_store_destroy(eng->store); /* runs the removals queued above, bounded */
+	pthread_mutex_lock(&eng->mu);
+	eng->store_closing = true; /* sc_bus_unsubscribe_later defers nothing more to it */
+	pthread_mutex_unlock(&eng->mu);
+	sc_nats_store_destroy(eng->store); /* runs the removals queued above (bounded), and what
+					    * was deferred to it */
 	eng->store = NULL;
 }
 

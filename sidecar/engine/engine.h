@@ -377,6 +377,11 @@ int sc_bus_subscribe(struct sc_engine *eng, const char *subject, const char *que
 		     sc_bus_event_fn fn, void *ctx, uint64_t *sub_id, struct sc_err *err);
 /* Synchronous: when it returns fn will not run again (from fn itself: returns at once). */
 void sc_bus_unsubscribe(struct sc_engine *eng, uint64_t sub_id);
+/* Unsubscribes soon, off the calling thread when that may take a NATS request (removing a
+ * JetStream consumer waits up to the store's timeout while NATS does not answer), then calls
+ * then(ctx) (may be NULL) on the thread that did. For the timer thread, which must not wait. */
+void sc_bus_unsubscribe_later(struct sc_engine *eng, uint64_t sub_id, void (*then)(void *ctx),
+			      void *ctx);
 /* The JetStream stream that keeps published metadata; NULL with --nats-handoff core or no NATS. */
 const char *sc_bus_store_name(struct sc_engine *eng);
 

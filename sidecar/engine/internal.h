@@ -218,6 +218,7 @@ struct sc_engine {
 	atomic_uint_fast64_t fast_events[SC_FAST_EVENTS]; /* sc_engine_fast_path_note */
 	struct sc_nats_bus *bus;
 	struct sc_nats_store *store; /* JetStream hand-off (engine/bus.c); NULL: core or no NATS */
+	bool store_closing;	     /* under mu: sc_bus_stop is destroying the store */
 	struct sc_list stored;	     /* struct sc_bus_stored (engine/bus.c), under mu */
 	struct sc_metrics *metrics; /* counters; the --metrics-listen server */
 	struct sc_list subs; /* struct sc_bus_sub (engine/bus.c), newest first */

@@ -7,8 +7,8 @@
  * (nats/internal.h); removes forgotten copies on its own deleter thread. Turns JetStream's
  * refusals into messages that say what to enable.
  *
- * Threads: callers' threads (put, watch, forget); the deleter thread (removals); nats.c delivery
- * threads (watch handlers). st->mu guards the stream's state and the deleter's queue.
+ * Threads: callers' threads (put, watch, forget, defer); the deleter thread (removals and deferred
+ * calls); nats.c delivery threads (watch handlers). st->mu guards the stream's state and the deleter's queue.
  */
 #include "nats/store.h"
 #include "nats/internal.h"
@@ -38,6 +38,13 @@ enum {
 #define MAX_BYTES (1LL << 30)
 #define MAX_MSGS (1000000LL)
 
+/* A call deferred to the deleter thread (sc_nats_store_defer). */
+struct job {
+	void (*fn)(void *ctx);
+	void *ctx;
+	struct job *next;
+};
+
 struct sc_nats_store {
 	struct sc_nats_bus *bus;
 	jsCtx *js;
@@ -54,6 +61,7 @@ struct sc_nats_store {
 	int replicas;	     /* what the stream has */
 	uint64_t *queue;     /* seqs to remove */
 	size_t n_queue, cap_queue;
+	struct job *jobs, **jobs_tail; /* sc_nats_store_defer's, in order */
 	bool stopping;
 	pthread_t deleter;
 };
@@ -292,8 +300,19 @@ static void *deleter_main(void *arg)
 	struct sc_nats_store *st = arg;
 	pthread_mutex_lock(&st->mu);
 	for (;;) {
-		while (!st->n_queue && !st->stopping)
+		while (!st->n_queue && !st->jobs && !st->stopping)
 			pthread_cond_wait(&st->cond, &st->mu);
+		if (st->jobs) { /* first, and every one even when stopping: its caller waits on it */
+			struct job *j = st->jobs;
+			st->jobs = j->next;
+			if (!st->jobs)
+				st->jobs_tail = &st->jobs;
+			pthread_mutex_unlock(&st->mu);
+			j->fn(j->ctx);
+			free(j);
+			pthread_mutex_lock(&st->mu);
+			continue;
+		}
 		if (!st->n_queue)
 			break;
 		uint64_t seq = st->queue[--st->n_queue];
@@ -326,6 +345,25 @@ void sc_nats_store_forget(struct sc_nats_store *st, uint64_t seq)
 		pthread_cond_signal(&st->cond);
 	}
 	pthread_mutex_unlock(&st->mu);
+}
+
+bool sc_nats_store_defer(struct sc_nats_store *st, void (*fn)(void *ctx), void *ctx)
+{
+	struct job *j = st ? malloc(sizeof(*j)) : NULL;
+	if (!j)
+		return false;
+	*j = (struct job){fn, ctx, NULL};
+	pthread_mutex_lock(&st->mu);
+	bool ok = !st->stopping;
+	if (ok) {
+		*st->jobs_tail = j;
+		st->jobs_tail = &j->next;
+		pthread_cond_signal(&st->cond);
+	}
+	pthread_mutex_unlock(&st->mu);
+	if (!ok)
+		free(j);
+	return ok;
 }
 
 /* ---- public --------------------------------------------------------------------------------- */
@@ -376,6 +414,7 @@ int sc_nats_store_create(struct sc_nats_bus *bus, const struct sc_nats_store_opt
 	}
 	pthread_mutex_init(&st->mu, NULL);
 	pthread_cond_init(&st->cond, NULL);
+	st->jobs_tail = &st->jobs;
 	if (pthread_create(&st->deleter, NULL, deleter_main, st) != 0) {
 		pthread_cond_destroy(&st->cond);
 		pthread_mutex_destroy(&st->mu);

@@ -9,7 +9,7 @@
  *
  * Threads: every call may be made from any thread, except sc_nats_store_destroy. Watch handlers
  * run on the subscription's nats.c delivery thread (as nats/client.h's). One deleter thread per
- * store runs the removals queued by sc_nats_store_forget.
+ * store runs the removals queued by sc_nats_store_forget and the calls of sc_nats_store_defer.
  *
  * Errors: 0 or -1 with the caller's struct sc_err filled; messages name the subject, say whether
  * anything was stored, and what to enable (JetStream on the server, the account's permission
@@ -18,6 +18,7 @@
 #ifndef SC_NATS_STORE_H
 #define SC_NATS_STORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,8 +42,8 @@ struct sc_nats_store_opts {
  * Errors: INVALID_ARGUMENT (a stream name with '.', '*', '>', whitespace), RESOURCE_EXHAUSTED. */
 int sc_nats_store_create(struct sc_nats_bus *bus, const struct sc_nats_store_opts *opts,
 			 struct sc_nats_store **out, struct sc_err *err);
-/* Runs the removals still queued (bounded: 2 s in all), stops the deleter, frees. Destroy the
- * store before its bus. NULL is a no-op. */
+/* Runs the removals still queued (bounded: 2 s in all) and every deferred call, stops the
+ * deleter, frees. Destroy the store before its bus. NULL is a no-op. */
 void sc_nats_store_destroy(struct sc_nats_store *st);
 
 /* The stream's name (as configured). */
@@ -58,6 +59,13 @@ const char *sc_nats_store_stream(const struct sc_nats_store *st);
  */
 int sc_nats_store_put(struct sc_nats_store *st, const char *subject, const void *data, size_t len,
 		      uint64_t *seq, struct sc_err *err);
+
+/* Run fn(ctx) soon on the deleter thread, in order with other deferred calls: for work that is
+ * a NATS request bounded by the store's timeout (removing a JetStream consumer), off a thread
+ * that must not wait that long (the engine's timer thread). true: queued, and it runs, at the
+ * latest during sc_nats_store_destroy; false (st NULL, the store being destroyed, out of
+ * memory): not queued, the caller runs it. Any thread. */
+bool sc_nats_store_defer(struct sc_nats_store *st, void (*fn)(void *ctx), void *ctx);
 
 /* Remove the stored message seq (if it is still there) soon, on the deleter thread. Never
  * blocks; callable with any lock held. seq 0 is ignored. */

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -146,6 +147,66 @@ class JetStreamHandoff(SidecarTest):
     def wait_md(self, side, subject, timeout_ms):
         return side.stub.WaitMetadata(pb.WaitMetadataRequest(subject=subject, timeout_ms=timeout_ms),
                                       timeout=timeout_ms / 1000.0 + 10)
+
+    def test_wait_timeouts_in_an_outage_hold_no_deadline(self):
+        """Ten WaitMetadata calls time out while nats-server is SIGSTOPped (so removing each one's
+        JetStream consumer waits out the store's 2 s timeout): every call still gets its
+        DEADLINE_EXCEEDED on time, and an operation whose deadline falls among them still expires
+        on time, since those removals run on the store's own thread, not on the engine's timer
+        thread (ten removals there would have held every deadline about 20 s). After SIGCONT the
+        sidecar stops cleanly."""
+        nats = self.nats()
+        a = self.sidecar("js-o", key_file=self.key_file(), nats_url=nats.url)
+        raw = RawNats(nats.url)
+        self.addCleanup(raw.close)
+        info = raw.stream_info()  # no stream yet: the first wait creates it
+        before = 0 if "error" in info else info.get("state", {}).get("consumer_count", 0)
+        n, wait_ms = 10, 1500
+        results = [None] * n
+
+        def one(i):
+            t0 = time.monotonic()
+            try:
+                self.wait_md(a, "outage.%d" % i, wait_ms)
+                results[i] = ("answered", time.monotonic() - t0)
+            except grpc.RpcError as e:
+                results[i] = (e.code(), time.monotonic() - t0)
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+
+        def consumers():
+            info = raw.stream_info()
+            return info.get("state", {}).get("consumer_count", 0) if "error" not in info else 0
+        wait_until(lambda: consumers() >= before + n, 20 * SLOW, "the waits' consumers on the stream")
+        raw.close()
+        nats.proc.send_signal(signal.SIGSTOP)
+        try:
+            op, _ = self.readable(a, 4096, timeout_ms=2500)
+            t0 = time.monotonic()
+            for t in threads:
+                t.join(30 * SLOW)
+            ended = None
+            while time.monotonic() - t0 < 40:
+                o = a.stub.GetOperation(pb.GetOperationRequest(operation_id=op.operation_id), timeout=10)
+                if o.status in (pb.OPERATION_STATUS_ERRORED, pb.OPERATION_STATUS_CANCELLED,
+                                pb.OPERATION_STATUS_COMPLETE):
+                    ended = time.monotonic() - t0
+                    break
+                time.sleep(0.05)
+        finally:
+            nats.proc.send_signal(signal.SIGCONT)
+        print("figure: %d WaitMetadata timeouts during a NATS outage: answered after %s s; an operation "
+              "with a 2.5 s deadline ended after %s s" % (n, sorted(round(r[1], 1) for r in results if r),
+                                                          ended and round(ended, 1)))
+        for r in results:
+            self.assertIsNotNone(r, "a WaitMetadata call never returned")
+            self.assertEqual(r[0], grpc.StatusCode.DEADLINE_EXCEEDED, r)
+            self.assertLess(r[1], wait_ms / 1000.0 + 5, results)
+        self.assertIsNotNone(ended, "the operation never ended")
+        self.assertEqual(o.status, pb.OPERATION_STATUS_ERRORED, o.error.message)
+        self.assertLess(ended, 2.5 + 5, "the operation's deadline was held up")
+        self.assertEqual(a.stop(), 0)
 
     def test_handoff_in_any_order(self):
         nats = self.nats()
