@@ -700,15 +700,73 @@ int sc_nats_store_watch(struct sc_nats_store *st, const char *subject, sc_nats_s
 	return with_failover(st, watch_try, &a, err);
 }
 
+/* The durable consumer a queue group shares on a subject: the same name on every sidecar (a
+ * 128-bit FNV-1a of group and stream subject, two seeds), a valid consumer name. */
+static void queue_durable(const struct watch *w, char *out, size_t cap)
+{
+	uint64_t h[2] = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};
+	for (int k = 0; k < 2; k++) {
+		for (const char *p = w->queue; *p; p++)
+			h[k] = (h[k] ^ (unsigned char)*p) * 0x100000001b3ull;
+		h[k] = (h[k] ^ 0xff) * 0x100000001b3ull; /* between group and subject */
+		for (const char *p = w->full; *p; p++)
+			h[k] = (h[k] ^ (unsigned char)*p) * 0x100000001b3ull;
+	}
+	snprintf(out, cap, "rdma-sidecar-q-%016llx%016llx", (unsigned long long)h[0],
+		 (unsigned long long)h[1]);
+}
+
+/*
+ * A queue group on the stream: one durable push consumer per (group, subject) that every member
+ * binds to, delivering what is stored (the latest per subject) and then each new message, each
+ * to one member; a message a member took but did not acknowledge goes to another after the ack
+ * wait. The consumer is created here (idempotent: the same configuration from every member) and
+ * bound, not created by nats.c, which would delete it when its creator leaves the group; it
+ * outlives its members, so what is published while none is subscribed reaches the next one, and
+ * the server removes it after the stream's max age without members.
+ */
 static natsStatus open_queue(void *arg, natsConnection *nc, natsMsgHandler cb, void *closure,
 			     natsSubscription **out, struct sc_err *err)
 {
 	struct watch *w = arg;
-	natsStatus s = natsConnection_QueueSubscribe(out, nc, w->full, w->queue, cb, closure);
-	if (s != NATS_OK)
-		sc_err_set(err, s == NATS_CONNECTION_CLOSED ? SC_UNAVAILABLE : SC_INVALID_ARGUMENT,
-			   "subscribe to %s (queue group %s): %s", w->full + w->root_len, w->queue,
-			   natsStatus_GetText(s));
+	(void)nc;
+	char durable[64], deliver[96];
+	queue_durable(w, durable, sizeof(durable));
+	snprintf(deliver, sizeof(deliver), "_RDMA_SIDECAR_Q.%s", durable);
+	jsOptions jo;
+	jsOptions_Init(&jo);
+	jo.Wait = w->st->timeout_ms;
+	jsConsumerConfig cc;
+	jsConsumerConfig_Init(&cc);
+	cc.Durable = durable;
+	cc.DeliverSubject = deliver;
+	cc.DeliverGroup = w->queue;
+	cc.DeliverPolicy = js_DeliverLastPerSubject;
+	cc.AckPolicy = js_AckExplicit;
+	cc.FilterSubject = w->full;
+	cc.InactiveThreshold = w->st->max_age_ms * 1000000LL; /* nanoseconds */
+	jsConsumerInfo *ci = NULL;
+	jsErrCode jerr = 0;
+	natsStatus s = js_AddConsumer(&ci, w->st->js, w->st->stream, &cc, &jo, &jerr);
+	jsConsumerInfo_Destroy(ci);
+	if (s == NATS_OK) {
+		jsSubOptions so;
+		jsSubOptions_Init(&so);
+		so.Stream = w->st->stream;
+		so.Consumer = durable;
+		so.Queue = w->queue;
+		s = js_Subscribe(out, w->st->js, w->full, cb, closure, &jo, &so, &jerr);
+	}
+	if (s != NATS_OK && (jerr == JSStreamNotFoundErr || s == NATS_NOT_FOUND)) {
+		pthread_mutex_lock(&w->st->mu);
+		w->st->ready = false; /* deleted meanwhile: look it up (or create it) again */
+		pthread_mutex_unlock(&w->st->mu);
+		sc_err_set(err, SC_UNAVAILABLE, "subscribe to %s (queue group %s): the JetStream "
+			   "stream %s is gone", w->full + w->root_len, w->queue, w->st->stream);
+	} else if (s != NATS_OK) {
+		js_error(w->st, s, jerr, "subscribe to", w->full + w->root_len,
+			 "nothing can be received", err);
+	}
 	return s;
 }
 

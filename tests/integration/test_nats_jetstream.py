@@ -9,7 +9,8 @@ stored copy; the transfer's bytes are compared); the stored copy is removed when
 completes and when it expires (read back through the JetStream API); a tampered stored message is
 refused (UNAUTHENTICATED, named); a stream deleted by an operator is created again on the next
 publish; --nats-subject-prefix confines the wait; an account denied $JS.API.> gets the documented
-refusal. A server without JetStream:
+refusal; a queue group gets stored copies, each message once, and keeps them while it has no
+member; WaitMetadata timeouts while nats-server is stopped hold no deadline. A server without JetStream:
 the documented FAILED_PRECONDITION, and --nats-handoff core still works there. A three-node cluster:
 the stream is created with R3, a node is SIGKILLed between publish and wait, and the metadata is
 delivered and used. The two-worker example of docs/howto/python.md runs in both orders (the order is
@@ -207,6 +208,77 @@ class JetStreamHandoff(SidecarTest):
         self.assertEqual(o.status, pb.OPERATION_STATUS_ERRORED, o.error.message)
         self.assertLess(ended, 2.5 + 5, "the operation's deadline was held up")
         self.assertEqual(a.stop(), 0)
+
+    def test_queue_group_gets_stored_copies(self):
+        """A queue group (SubscribeMetadata with queue_group) on the stream: metadata published
+        before any member subscribed reaches the group, each message exactly one member, spread
+        over members on two sidecars; then new messages the same way; a member that leaves takes
+        nothing with it; with every member gone what is published waits for the next one (the
+        group's consumer outlives its members). One message's transfer is used, bytes compared."""
+        nats = self.nats()
+        keys = self.key_file("qkeys")
+        a = self.sidecar("q-a", key_file=keys, nats_url=nats.url)
+        b = self.sidecar("q-b", key_file=keys, nats_url=nats.url)
+        c = self.sidecar("q-c", key_file=keys, nats_url=nats.url)
+        ops = {}
+
+        def publish(name):
+            op, data = self.readable(a, 1000 + len(ops))
+            a.stub.PublishMetadata(pb.PublishMetadataRequest(subject="qg." + name, operation_id=op.operation_id),
+                                   timeout=10)
+            ops["qg." + name] = (op, data)
+
+        class Member:
+            def __init__(self, side):
+                self.events = []
+                self.stream = side.stub.SubscribeMetadata(pb.SubscribeMetadataRequest(
+                    subject="qg.*", queue_group="decoders"), timeout=300 * SLOW)
+                self.thread = threading.Thread(target=self.run, daemon=True)
+                self.thread.start()
+
+            def run(self):
+                try:
+                    for ev in self.stream:
+                        self.events.append(ev)
+                except grpc.RpcError:
+                    pass
+
+            def close(self):
+                self.stream.cancel()
+                self.thread.join(10)
+
+        def delivered(members):
+            return sorted(ev.subject for m in members for ev in m.events)
+
+        def settle(members, want, what):
+            wait_until(lambda: len(delivered(members)) >= len(want), 30 * SLOW, what)
+            time.sleep(1.0)  # nothing more (no second copy) arrives
+            self.assertEqual(delivered(members), sorted(want), what)
+
+        for i in range(6):  # before any member: stored
+            publish("early%d" % i)
+        m1, m2 = Member(b), Member(c)
+        self.addCleanup(m1.close)
+        self.addCleanup(m2.close)
+        settle([m1, m2], ["qg.early%d" % i for i in range(6)], "the six stored copies, once each")
+        for i in range(6):
+            publish("live%d" % i)
+        settle([m1, m2], ["qg.early%d" % i for i in range(6)] + ["qg.live%d" % i for i in range(6)],
+               "six more published while both are members, once each")
+        print("figure: queue group over two sidecars: member b got %d, member c got %d of 12"
+              % (len(m1.events), len(m2.events)))
+        m1.close()
+        m2.close()
+        for i in range(3):  # nobody in the group now
+            publish("late%d" % i)
+        m3 = Member(b)
+        self.addCleanup(m3.close)
+        settle([m3], ["qg.late%d" % i for i in range(3)], "what was published while the group was empty")
+        # one of them used: the bytes arrive
+        ev = m3.events[0]
+        op, data = ops[ev.subject]
+        rb = b.create_region(len(data))
+        read_bytes_back(self, a, b, ev.metadata, data, rb)
 
     def test_handoff_in_any_order(self):
         nats = self.nats()
