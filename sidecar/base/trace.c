@@ -2,8 +2,8 @@
 /*
  * base/trace.c: the hand-off trace (base/trace.h). Any thread records into one fixed table,
  * claiming a slot with an atomic counter; main dumps the table to stderr when the sidecar starts
- * draining, and what came after once the threads that record have ended. Owns the table (allocated on first use when the trace is on, never freed: the process
- * is ending when it is dumped).
+ * draining, and what came after once the threads that record have ended. Owns the table (allocated
+ * on first use when the trace is on, never freed: the process is ending when it is dumped).
  */
 #include "base/trace.h"
 

@@ -138,9 +138,10 @@ void sc_op_start_transfer(struct sc_engine *eng, struct sc_op *op)
 	memcpy(x->trace_id, op->trace_id, sizeof(x->trace_id));
 	/* An RDMA path (ibverbs, libfabric) that fails may hand the transfer to tcp when the
 	 * issuer offers tcp. */
-	x->fallback_ok = (op->backend == SC_BACKEND_IBVERBS || op->backend == SC_BACKEND_LIBFABRIC) &&
-			 backend_usable(eng, SC_BACKEND_TCP) &&
-			 (op->meta.backends & SC_BACKEND_BIT_TCP) && op->meta.n_endpoints > 0;
+	x->fallback_ok =
+	    (op->backend == SC_BACKEND_IBVERBS || op->backend == SC_BACKEND_LIBFABRIC) &&
+	    backend_usable(eng, SC_BACKEND_TCP) && (op->meta.backends & SC_BACKEND_BIT_TCP) &&
+	    op->meta.n_endpoints > 0;
 	if (sc_random_bytes(&x->xfer_id, sizeof(x->xfer_id)) != 0)
 		x->xfer_id = (uint64_t)(uintptr_t)op ^ sc_clock_mono_ms();
 	if (sc_trace_on()) {

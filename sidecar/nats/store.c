@@ -8,7 +8,8 @@
  * refusals into messages that say what to enable.
  *
  * Threads: callers' threads (put, watch, forget, defer); the deleter thread (removals and deferred
- * calls); nats.c delivery threads (watch handlers). st->mu guards the stream's state and the deleter's queue.
+ * calls); nats.c delivery threads (watch handlers). st->mu guards the stream's state and the
+ * deleter's queue.
  */
 #include "nats/store.h"
 #include "nats/internal.h"
@@ -302,7 +303,8 @@ static void *deleter_main(void *arg)
 	for (;;) {
 		while (!st->n_queue && !st->jobs && !st->stopping)
 			pthread_cond_wait(&st->cond, &st->mu);
-		if (st->jobs) { /* first, and every one even when stopping: its caller waits on it */
+		/* Deferred calls first, and every one even when stopping: each caller counts on it. */
+		if (st->jobs) {
 			struct job *j = st->jobs;
 			st->jobs = j->next;
 			if (!st->jobs)
@@ -761,8 +763,10 @@ static natsStatus open_queue(void *arg, natsConnection *nc, natsMsgHandler cb, v
 		pthread_mutex_lock(&w->st->mu);
 		w->st->ready = false; /* deleted meanwhile: look it up (or create it) again */
 		pthread_mutex_unlock(&w->st->mu);
-		sc_err_set(err, SC_UNAVAILABLE, "subscribe to %s (queue group %s): the JetStream "
-			   "stream %s is gone", w->full + w->root_len, w->queue, w->st->stream);
+		sc_err_set(err, SC_UNAVAILABLE,
+			   "subscribe to %s (queue group %s): the JetStream "
+			   "stream %s is gone",
+			   w->full + w->root_len, w->queue, w->st->stream);
 	} else if (s != NATS_OK) {
 		js_error(w->st, s, jerr, "subscribe to", w->full + w->root_len,
 			 "nothing can be received", err);

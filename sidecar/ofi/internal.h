@@ -83,11 +83,11 @@ struct ofi_rail {
 	struct fid_cq *cq_out;
 	bool split;
 	atomic_bool cooling; /* a transfer gave up on it; the next completion on it clears it */
-	/* Messages given up on (a stalled rail, a peer that never answered) whose completion has not
-	 * come: while any is out, the initiator endpoint cannot be closed (libfabric 1.17's ofi_rxm
-	 * crashes in fi_close with RMA outstanding), so ofi_rail_close leaves it open. */
+	/* Messages given up on (a stalled rail, a peer that never answered) whose completion has
+	 * not come: while any is out, the initiator endpoint cannot be closed (libfabric 1.17's
+	 * ofi_rxm crashes in fi_close with RMA outstanding), so ofi_rail_close leaves it open. */
 	atomic_size_t abandoned;
-	bool left_open; /* ofi_rail_close left it open for that reason */
+	bool left_open;		   /* ofi_rail_close left it open for that reason */
 	pthread_rwlock_t out_lock; /* read: posting, polling; write: none yet (kept for a reset) */
 	uint8_t addr[SC_OFI_ADDR_MAX];
 	size_t addr_len;

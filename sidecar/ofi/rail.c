@@ -285,8 +285,8 @@ void ofi_rail_close(struct ofi_rail *rl)
 	}
 	size_t out = atomic_load(&rl->abandoned);
 	if (out && rl->ep_out) {
-		/* The provider may still touch those messages' contexts and memory: everything of
-		 * this rail stays as it is until the process ends (ofi_destroy keeps the backend). */
+		/* The provider may still touch those messages' contexts and memory: all of this
+		 * rail stays as it is until the process ends (ofi_destroy keeps the backend). */
 		SC_WARN("libfabric",
 			"rail %zu (%s): %zu message(s) given up on never completed; leaving its "
 			"endpoint open (libfabric cannot close an endpoint with RMA outstanding)",

@@ -308,8 +308,8 @@ static int setup(struct ofi_xfer *xf, struct sc_err *err)
 		xf->first_rail++;
 	/* Several rails: every WRITE delivery-complete, so a cut rail's messages can go again on
 	 * another without losing any that only left the socket. */
-	xf->use_fence = x->kind != SC_OP_READ && xf->n_rails - xf->n_dead == 1 &&
-			ob->rails[xf->first_rail].waw;
+	xf->use_fence =
+	    x->kind != SC_OP_READ && xf->n_rails - xf->n_dead == 1 && ob->rails[xf->first_rail].waw;
 	for (size_t i = 0; i < xf->n_rails; i++) {
 		if (xf->rail_dead[i])
 			continue;
@@ -504,12 +504,13 @@ static void check_stalls(struct ofi_xfer *xf, uint64_t now)
 			if (!sc_xr_should_stop(&xf->xr)) {
 				atomic_store(&ob->rails[r].cooling, true);
 				sc_rail_set_state(&ob->base, r, SC_RAIL_COOLING,
-						  "rail %zu to peer %s failed: %s", r, x->meta->issuer,
-						  why);
-				sc_xr_fail_locked(&xf->xr, false, SC_UNAVAILABLE,
-						  "libfabric rail %zu (%s, %s) to peer %s stalled: %s", r,
-						  ob->provider, ob->rails[r].info->domain_attr->name,
+						  "rail %zu to peer %s failed: %s", r,
 						  x->meta->issuer, why);
+				sc_xr_fail_locked(
+				    &xf->xr, false, SC_UNAVAILABLE,
+				    "libfabric rail %zu (%s, %s) to peer %s stalled: %s", r,
+				    ob->provider, ob->rails[r].info->domain_attr->name,
+				    x->meta->issuer, why);
 			}
 			continue;
 		}
@@ -717,7 +718,7 @@ static void run_task(struct sc_xr_task *t)
 	/* The path failed with every message accounted for (completed or failed: none can land
 	 * later) and the control connection still answers: tcp goes on with it (SC_ABORTED). */
 	bool to_tcp = status == SC_UNAVAILABLE && !lost_peer &&
-		     sc_peer_take_back(c, x, xf->opened, msg, "libfabric");
+		      sc_peer_take_back(c, x, xf->opened, msg, "libfabric");
 	if (to_tcp) {
 		status = SC_ABORTED;
 		for (size_t i = 0; i < xf->n_rails; i++)

@@ -598,8 +598,10 @@ bool sc_peer_take_back(struct sc_peer_conn *c, const struct sc_xfer *x, bool ope
 	sc_err_clear(&e);
 	if (sc_peer_done(c, x->meta->token, x->xfer_id, SC_ABORTED, msg, until, NULL, &e) != 0) {
 		SC_INFO_KV(area,
-			   (&(struct sc_log_fields){.op = x->op_id, .peer = x->meta->issuer,
-						    .backend = area, .trace_id = x->trace_id}),
+			   (&(struct sc_log_fields){.op = x->op_id,
+						    .peer = x->meta->issuer,
+						    .backend = area,
+						    .trace_id = x->trace_id}),
 			   "transfer %016" PRIx64 " not moved to tcp: peer %s did not take the "
 			   "attempt back: %s",
 			   x->xfer_id, x->meta->issuer, e.msg);
